@@ -1,0 +1,64 @@
+"""Provides the `decodetop` command: argument parsing and dispatch to the subcommands.
+
+Each subcommand lives in `decodetop.commands.<name>` with `add_arguments(parser)` and `run(args) -> int`. Those
+modules import nothing heavy at module level (no torch, no textual), so `decodetop budget` stays fast and the
+headless commands run where textual is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from decodetop import __version__
+from decodetop.errors import DecodetopError
+
+SUBCOMMANDS: tuple[tuple[str, str], ...] = (
+    ("probe", "measure decode-step primitives and components on every GPU (headless)"),
+    ("budget", "the per-token budget and roofline of a model on a deployment (no GPU needed)"),
+    ("check", "host and GPU health checks; exit 0 ok, 1 warning, 2 critical, 3 unknown"),
+    ("trace", "attribute a serving engine's profiler trace to the budget's components"),
+    ("exporter", "serve telemetry, checks and probe results as Prometheus metrics (headless)"),
+)
+
+
+def _command_module(name: str) -> ModuleType:
+    return importlib.import_module(f"decodetop.commands.{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: the live UI's flags at the top level, one subparser per headless command."""
+    parser = argparse.ArgumentParser(
+        prog="decodetop",
+        description="Where a multi-GPU LLM decode step's time goes, and whether the host is set up right. "
+        "With no subcommand, starts the live terminal UI.",
+    )
+    parser.add_argument("--version", action="version", version=f"decodetop {__version__}")
+    _command_module("tui").add_arguments(parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, help_text in SUBCOMMANDS:
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        _command_module(name).add_arguments(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    name = args.command or "tui"
+    try:
+        return int(_command_module(name).run(args))
+    except DecodetopError as exc:
+        print(f"decodetop: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("decodetop: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Provides the host and GPU health checks (see docs/architecture.md, "Health checks")."""

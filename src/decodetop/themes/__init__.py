@@ -1,0 +1,1 @@
+"""Provides decodetop's built-in themes as data."""

@@ -1,0 +1,1 @@
+"""Provides profiler-trace reading, decode-step segmentation and kernel attribution (stdlib only)."""

@@ -1,0 +1,1 @@
+"""Provides the Textual app (the only package besides `themes` that imports textual)."""
