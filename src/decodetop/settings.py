@@ -1,0 +1,182 @@
+"""Provides the live UI's settings: a flat TOML file under the config dir, overridden by command-line flags.
+
+The file (``settings.toml`` under `decodetop.paths.config_dir()`, or the path given by ``--config``) holds a few
+scalar keys::
+
+    model = "glm-5"
+    tp = 8
+    observed_ms = 95.0
+    target_tps = 309.0
+    theme = "decodetop-dark"
+    tick_s = 1.0
+
+A missing file means the defaults. A malformed file, an unknown key or a value of the wrong type raises
+`decodetop.errors.UserInputError` naming the file and the problem; the file itself is never rewritten on a read.
+`save_settings` writes the whole table atomically (the UI does so when the user cycles the theme), so comments in
+a hand-edited file do not survive a save.
+
+Stdlib only (tomllib on 3.11+, tomli before).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from decodetop import paths
+from decodetop.atomic import write_text_atomic
+from decodetop.errors import UserInputError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
+
+SETTINGS_FILE_NAME = "settings.toml"
+
+DEFAULT_OBSERVED_MS = 95.0
+"""probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
+DEFAULT_TARGET_TPS = 309.0
+"""The issue's target throughput (309 tok/s = 3.24 ms per token)."""
+DEFAULT_MODEL = "glm-5"
+"""probes.md §0: the seed computation is GLM-5 (NVFP4) at TP8."""
+DEFAULT_THEME = "decodetop-dark"
+DEFAULT_TICK_S = 1.0
+"""peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor tick."""
+MIN_TICK_S = 0.25
+"""The shortest telemetry tick accepted, as nvitop's (peers.md §2)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the live UI shows and how often; every field has a flag of the same name."""
+
+    model: str = DEFAULT_MODEL
+    """Model preset name (see `decodetop.budget`) or a path to an HF config.json."""
+    tp: int | None = None
+    """Tensor-parallel degree; None means the number of GPUs (or CPU ranks) found."""
+    observed_ms: float = DEFAULT_OBSERVED_MS
+    """The decode step time the serving engine shows, in milliseconds."""
+    target_tps: float = DEFAULT_TARGET_TPS
+    """The single-stream throughput the deployment should reach, in tokens per second."""
+    theme: str = DEFAULT_THEME
+    """Name of a registered theme (see `decodetop.themes.THEME_NAMES`)."""
+    tick_s: float = DEFAULT_TICK_S
+    """Telemetry period in seconds."""
+
+    @property
+    def target_ms(self) -> float:
+        """The target step time in milliseconds (1000 / target_tps)."""
+        return 1000.0 / self.target_tps
+
+    def __post_init__(self) -> None:
+        _check_values(self, "settings")
+
+
+def _check_values(settings: Settings, where: str) -> None:
+    if not settings.model.strip():
+        raise UserInputError(f"{where}: model must not be empty")
+    if settings.tp is not None and not 1 <= settings.tp <= 1024:
+        raise UserInputError(f"{where}: tp must be between 1 and 1024, got {settings.tp}")
+    for name in ("observed_ms", "target_tps", "tick_s"):
+        value = getattr(settings, name)
+        if not math.isfinite(value) or value <= 0:
+            raise UserInputError(f"{where}: {name} must be a positive number, got {value!r}")
+    if settings.tick_s < MIN_TICK_S:
+        raise UserInputError(f"{where}: tick_s must be at least {MIN_TICK_S} s, got {settings.tick_s}")
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "model": (str,),
+    "tp": (int,),
+    "observed_ms": (int, float),
+    "target_tps": (int, float),
+    "theme": (str,),
+    "tick_s": (int, float),
+}
+
+
+def default_settings_path() -> Path:
+    """`settings.toml` under the user's config dir (DECODETOP_CONFIG_DIR overrides)."""
+    return paths.config_dir() / SETTINGS_FILE_NAME
+
+
+def settings_from_mapping(data: Mapping[str, Any], where: str) -> Settings:
+    """Build `Settings` from a parsed TOML table; unknown keys and wrong types raise `UserInputError`."""
+    unknown = sorted(set(data) - set(_FIELD_TYPES))
+    if unknown:
+        known = ", ".join(_FIELD_TYPES)
+        raise UserInputError(f"{where}: unknown setting {unknown[0]!r} (known: {known})")
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        value_any: Any = value
+        allowed = _FIELD_TYPES[key]
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            wanted = " or ".join(t.__name__ for t in allowed)
+            raise UserInputError(f"{where}: {key} must be {wanted}, got {type(value).__name__} {value!r}")
+        values[key] = float(value_any) if float in allowed else value_any
+    try:
+        return Settings(**values)
+    except UserInputError as exc:
+        raise UserInputError(f"{where}: {str(exc).removeprefix('settings: ')}") from None
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """Read the settings file; a missing file gives the defaults, a bad one a `UserInputError` naming it."""
+    target = path if path is not None else default_settings_path()
+    try:
+        raw = target.read_bytes()
+    except FileNotFoundError:
+        if path is not None:
+            raise UserInputError(f"{target}: settings file not found") from None
+        return Settings()
+    except OSError as exc:
+        raise UserInputError(f"{target}: cannot read settings ({exc.strerror})") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserInputError(f"{target}: settings file is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserInputError(f"{target}: not valid TOML ({exc})") from None
+    return settings_from_mapping(data, str(target))
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def dumps_settings(settings: Settings) -> str:
+    """The TOML text of `settings`, one key per line; `tp` is left out while it is None (automatic)."""
+    lines = ["# decodetop settings; flags of the same name override these."]
+    for field in dataclasses.fields(settings):
+        value = getattr(settings, field.name)
+        if value is None:
+            continue
+        lines.append(f"{field.name} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def save_settings(settings: Settings, path: Path | None = None) -> Path:
+    """Write `settings` atomically (temp file + rename) and return the path written."""
+    target = path if path is not None else default_settings_path()
+    write_text_atomic(target, dumps_settings(settings))
+    return target
+
+
+def with_overrides(settings: Settings, **overrides: Any) -> Settings:
+    """`settings` with every override that is not None applied (flags left unset leave the file's value)."""
+    changes: dict[str, Any] = {key: value for key, value in overrides.items() if value is not None}
+    unknown = sorted(set(changes) - set(_FIELD_TYPES))
+    if unknown:
+        raise UserInputError(f"settings: unknown setting {unknown[0]!r}")
+    return dataclasses.replace(settings, **changes)
