@@ -9,6 +9,7 @@ A root is either the live host (`/`) or a directory holding a copied host tree (
 - Device numbers: `dev/.rdev` lists `NAME TYPE MAJOR MINOR` per node (`nvidia-uvm c 510 0`), NAME relative to /dev.
 - The cgroup-v2 open probe: `dev/.open` lists `NAME OUTCOME` where OUTCOME is `ok` or an errno name (`EPERM`).
 - The kernel log: `dev/kmsg` is a text file, one record per line, in /dev/kmsg's own format.
+- A second sample of counters (cpuidle `usage`): `.later/<path>` holds the value read one interval after `<path>`.
 
 Symlinks inside a copied tree are resolved against the tree, never against the real `/`: an absolute link target
 (`/sys/devices/...`) means that path under the root.
@@ -32,6 +33,7 @@ _KMSG_MAX_RECORDS = 200_000
 RDEV_SIDE_FILE = "dev/.rdev"
 OPEN_SIDE_FILE = "dev/.open"
 KMSG_FILE = "dev/kmsg"
+LATER_DIR = ".later"
 
 
 class HostReadError(OSError):
@@ -172,6 +174,18 @@ class HostRoot:
     def read_text(self, rel: str) -> str:
         """Text of host file `rel` (UTF-8, undecodable bytes replaced)."""
         return self.read_bytes(rel).decode("utf-8", errors="replace")
+
+    def read_text_later(self, rel: str) -> str:
+        """The second sample of counter file `rel`: live, a fresh read; a copied tree, `.later/<rel>` when present."""
+        if not self.is_live:
+            later = self.base / LATER_DIR / self._norm(rel)
+            if later.is_file():
+                return later.read_text(encoding="utf-8", errors="replace")
+        return self.read_text(rel)
+
+    def has_later_sample(self) -> bool:
+        """Whether a copied tree carries a second sample (`.later/`); always True live (sample it now)."""
+        return self.is_live or (self.base / LATER_DIR).is_dir()
 
     def try_read_text(self, rel: str) -> str | None:
         """Text of `rel`, or None when it cannot be read (absent, no permission)."""

@@ -1,0 +1,120 @@
+"""Provides the public entry points of the health checks: `run_host_checks` (C1-C16, P1, P3-P7, N8, N12 over a
+`HostRoot`) and `run_all_checks` (those plus the NVML GPU checks N1-N11 and P2 when their module is there)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S, HostContext, build_context
+from decodetop.collectors.checks.cpu import CPU_CHECKS
+from decodetop.collectors.checks.devices import DEVICE_CHECKS
+from decodetop.collectors.checks.kernel import KERNEL_CHECKS
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.pcie import PCIE_CHECKS
+from decodetop.collectors.hostroot import HostRoot
+
+HOST_CHECKS = (*KERNEL_CHECKS[-1:], *CPU_CHECKS, *KERNEL_CHECKS[:-1], *PCIE_CHECKS, *DEVICE_CHECKS)
+"""C16 first (it sets the context the rest is read in), then C1-C15, P1-P7, N12, N8."""
+
+GPU_CHECKS_MODULE = "decodetop.collectors.checks.gpu"
+
+
+def run_host_checks(
+    root: HostRoot,
+    *,
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+    gpu_busy: Mapping[str, bool] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    lxc_config_paths: tuple[str, ...] | None = None,
+) -> list[CheckResult]:
+    """Run every host check over `root`, in table order.
+
+    `sample_interval_s` spaces C8's two cpuidle samples (live root only; a copied tree uses its `.later/` sample).
+    `gpu_busy` (bdf → busy) lets P1 judge link speed; without it an idle-looking link is "recheck under load".
+    """
+    ctx = build_context(root, sample_interval_s=sample_interval_s, gpu_busy=gpu_busy, sleep=sleep)
+    if lxc_config_paths is not None:
+        ctx.lxc_config_paths = lxc_config_paths
+    return run_checks(ctx)
+
+
+def run_checks(ctx: HostContext) -> list[CheckResult]:
+    """Run the host checks over a prepared context."""
+    results: list[CheckResult] = []
+    for check in HOST_CHECKS:
+        results.extend(check(ctx))
+    return results
+
+
+def gpu_checks_unavailable(reason: str) -> CheckResult:
+    """The one info line that stands for N1-N11 and P2 when they cannot run."""
+    return CheckResult(
+        "N1-N11",
+        "GPU checks (NVML)",
+        Status.INFO,
+        f"skipped: {reason}",
+        "NVML readable for N1-N11 and P2",
+        "Driver, persistence, throttle reasons, ECC, row remapping, NVLink and P2P come from NVML.",
+        subject="GPUs",
+    )
+
+
+def run_gpu_checks(root: HostRoot, nvml: Any | None = None) -> list[CheckResult]:
+    """The NVML helper's `gpu_checks(root, nvml)`, imported lazily; one info line when it cannot run.
+
+    A copied tree is not described by this machine's NVML, so there `nvml` is passed as None.
+    """
+    try:
+        module = importlib.import_module(GPU_CHECKS_MODULE)
+    except ImportError as exc:
+        return [gpu_checks_unavailable(f"{GPU_CHECKS_MODULE} is not available ({exc})")]
+    gpu_checks = getattr(module, "gpu_checks", None)
+    if gpu_checks is None:
+        return [gpu_checks_unavailable(f"{GPU_CHECKS_MODULE} has no gpu_checks()")]
+    if nvml is None and root.is_live:
+        from decodetop.collectors.nvml import Nvml
+
+        nvml = Nvml()
+    try:
+        results = gpu_checks(root, nvml if root.is_live else None)
+    except Exception as exc:
+        return [
+            CheckResult(
+                "N1-N11",
+                "GPU checks (NVML)",
+                Status.UNKNOWN,
+                f"GPU checks crashed: {type(exc).__name__}: {exc}",
+                "NVML readable for N1-N11 and P2",
+                subject="GPUs",
+            )
+        ]
+    return list(results)
+
+
+def run_all_checks(
+    root: HostRoot | None = None,
+    *,
+    nvml: Any | None = None,
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
+    gpu_busy: Mapping[str, bool] | None = None,
+    sleep: Callable[[float], None] | None = None,
+    lxc_config_paths: tuple[str, ...] | None = None,
+) -> list[CheckResult]:
+    """Host checks, then GPU checks (NVML on a live root only). `root` defaults to the live host."""
+    root = root if root is not None else HostRoot()
+    results = run_host_checks(
+        root,
+        sample_interval_s=sample_interval_s,
+        gpu_busy=gpu_busy,
+        sleep=sleep,
+        lxc_config_paths=lxc_config_paths,
+    )
+    results.extend(run_gpu_checks(root, nvml))
+    return results
+
+
+def sort_for_display(results: list[CheckResult]) -> list[CheckResult]:
+    """Failing first (fail, warn, unknown, info, pass), stable within a status."""
+    return sorted(results, key=lambda r: -r.status.severity)

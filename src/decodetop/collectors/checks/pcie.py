@@ -1,0 +1,432 @@
+"""Provides the PCIe checks read from sysfs: P1 link, P3 MaxPayload/MaxReadReq, P4 ACS on bridges, P5 IOMMU,
+P6 GPU-CPU NUMA affinity and P7 GPU-pair topology (healthchecks.md §1-§2). One result per GPU (or pair)."""
+
+from __future__ import annotations
+
+import itertools
+
+from decodetop.collectors.checks.context import HostContext, guarded
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int
+from decodetop.collectors.hostroot import HostRoot
+from decodetop.collectors.pci import (
+    HEADER_ONLY_BYTES,
+    PciConfig,
+    PciConfigError,
+    PciDevice,
+    parse_link_speed,
+    read_config,
+    root_complex,
+    upstream_bdfs,
+)
+
+P3_MRRS_RECOMMENDED_BYTES = 4096
+"""healthchecks.md P3: MRRS 4096 for DMA-heavy devices ([MLNX-PCIE]; the GPU optimum is unconfirmed)."""
+P3_MRRS_TOO_LOW_BYTES = 256
+"""fwts maxreadreq: below 256 is too low ([FWTS-MRRS])."""
+
+_NO_GPU = "no NVIDIA GPU (vendor 0x10de, class 0x03xxxx) in /sys/bus/pci/devices"
+
+
+def _no_gpu(check_id: str, title: str) -> list[CheckResult]:
+    return [CheckResult(check_id, title, Status.INFO, _NO_GPU, "one result per GPU")]
+
+
+def _config_or_reason(root: HostRoot, bdf: str) -> tuple[PciConfig | None, str]:
+    """Decoded config, or None and a reason ('only 64 bytes readable: needs host root')."""
+    try:
+        config = read_config(root, bdf)
+    except PciConfigError as exc:
+        return None, f"{bdf} config: {exc}"
+    except OSError as exc:
+        return None, f"{bdf} config unreadable: {exc}"
+    if config.header_only:
+        return None, (
+            f"{bdf} config: only {config.size_bytes} bytes readable"
+            + (
+                " (the header): capabilities need host root (CAP_SYS_ADMIN in the init user namespace)"
+                if config.size_bytes == HEADER_ONLY_BYTES
+                else ""
+            )
+        )
+    return config, ""
+
+
+@guarded("P1", "GPU PCIe link (sysfs)")
+def check_link(ctx: HostContext) -> list[CheckResult]:
+    """P1: width current = max (else fail); speed current = max, judged only under load."""
+    title = "GPU PCIe link (sysfs)"
+    if not ctx.gpus:
+        return _no_gpu("P1", title)
+    results = []
+    for gpu in ctx.gpus:
+        results.append(_link_one(ctx, gpu, title))
+    return results
+
+
+def _link_one(ctx: HostContext, gpu: PciDevice, title: str) -> CheckResult:
+    root = ctx.root
+    cur_speed = parse_link_speed(root.read_text(gpu.sysfs("current_link_speed")))
+    max_speed = parse_link_speed(root.read_text(gpu.sysfs("max_link_speed")))
+    cur_width = parse_int(root.read_text(gpu.sysfs("current_link_width")), gpu.sysfs("current_link_width"))
+    max_width = parse_int(root.read_text(gpu.sysfs("max_link_width")), gpu.sysfs("max_link_width"))
+    expected = "width current = max; speed current = max under load"
+    why = (
+        "A narrower link cuts host-GPU bandwidth in proportion; NVIDIA GPUs retrain to 2.5 GT/s when idle, so "
+        "speed only counts under load."
+    )
+    facts = {
+        "link": f"{cur_speed or '?'} GT/s x{cur_width}",
+        "link_max": f"{max_speed or '?'} GT/s x{max_width}",
+    }
+    subject = f"GPU {gpu.bdf}"
+    observed = f"{cur_speed or '?'} GT/s x{cur_width} (max {max_speed or '?'} GT/s x{max_width})"
+    bridges = upstream_bdfs(gpu)
+    slot_note = ""
+    if bridges and max_speed is not None:
+        parent_text = root.try_read_text(f"/sys/bus/pci/devices/{bridges[-1]}/max_link_speed")
+        parent_max = parse_link_speed(parent_text) if parent_text else None
+        if parent_max is not None and parent_max < max_speed:
+            slot_note = f"; the slot ({bridges[-1]}) tops out at {parent_max} GT/s"
+    if cur_speed is None or max_speed is None:
+        return CheckResult(
+            f"P1:{gpu.bdf}",
+            title,
+            Status.UNKNOWN,
+            observed + ": link speed reads Unknown",
+            expected,
+            why,
+            subject=subject,
+            facts=facts,
+        )
+    if cur_width < max_width:
+        return CheckResult(
+            f"P1:{gpu.bdf}",
+            title,
+            Status.FAIL,
+            observed + slot_note,
+            expected,
+            why,
+            "Reseat the GPU or riser, check the slot's lane wiring (BIOS bifurcation) and the cable.",
+            subject=subject,
+            facts=facts,
+        )
+    if slot_note:
+        return CheckResult(
+            f"P1:{gpu.bdf}",
+            title,
+            Status.WARN,
+            observed + slot_note,
+            expected,
+            why,
+            "Move the GPU to a slot whose bridge supports the GPU's speed, or check the riser.",
+            subject=subject,
+            facts=facts,
+        )
+    if cur_speed >= max_speed:
+        return CheckResult(f"P1:{gpu.bdf}", title, Status.PASS, observed, expected, why, subject=subject, facts=facts)
+    busy = None if ctx.gpu_busy is None else ctx.gpu_busy.get(gpu.bdf)
+    if busy:
+        return CheckResult(
+            f"P1:{gpu.bdf}",
+            title,
+            Status.WARN,
+            observed + " under load",
+            expected,
+            why,
+            "Check the slot and riser; set the PCIe speed in the BIOS to the GPU's generation.",
+            subject=subject,
+            facts=facts,
+        )
+    facts["link"] = "idle"
+    return CheckResult(
+        f"P1:{gpu.bdf}",
+        title,
+        Status.INFO,
+        observed + ": idle, recheck under load" + ("" if busy is False else " (load unknown)"),
+        expected,
+        why,
+        "Re-run `decodetop check` while the GPU serves traffic.",
+        subject=subject,
+        facts=facts,
+    )
+
+
+@guarded("P3", "MaxPayload / MaxReadReq")
+def check_payload(ctx: HostContext) -> list[CheckResult]:
+    """P3: MRRS 4096 (warn below); MPS equal to the smallest supported MPS along the path."""
+    title = "MaxPayload / MaxReadReq"
+    if not ctx.gpus:
+        return _no_gpu("P3", title)
+    results = []
+    for gpu in ctx.gpus:
+        subject = f"GPU {gpu.bdf}"
+        expected = f"MaxReadReq {P3_MRRS_RECOMMENDED_BYTES} B; MaxPayload = the smallest DevCap MPS on the path"
+        why = (
+            "Small read requests split every DMA read into more TLPs, each with its own completion; NIC tuning "
+            "guides set 4096 for DMA-heavy devices (the GPU optimum is not confirmed)."
+        )
+        config, reason = _config_or_reason(ctx.root, gpu.bdf)
+        if config is None or config.pcie is None:
+            results.append(
+                CheckResult(
+                    f"P3:{gpu.bdf}",
+                    title,
+                    Status.UNKNOWN,
+                    reason or f"{gpu.bdf}: no PCI Express capability",
+                    expected,
+                    why,
+                    "Run `decodetop check` as root on the host (not in a container).",
+                    subject=subject,
+                )
+            )
+            continue
+        pcie = config.pcie
+        path_caps = [pcie.devcap_mps_bytes]
+        unread: list[str] = []
+        for bridge in upstream_bdfs(gpu):
+            bconfig, _ = _config_or_reason(ctx.root, bridge)
+            if bconfig is None or bconfig.pcie is None:
+                unread.append(bridge)
+                continue
+            path_caps.append(bconfig.pcie.devcap_mps_bytes)
+        known_caps = [c for c in path_caps if c is not None]
+        path_mps = min(known_caps) if known_caps else None
+        observed = f"MaxPayload {pcie.mps_bytes} B, MaxReadReq {pcie.mrrs_bytes} B"
+        if path_mps is not None:
+            observed += f" (path supports MPS {path_mps} B" + (
+                f", {len(unread)} bridge(s) unreadable)" if unread else ")"
+            )
+        problems = []
+        status = Status.PASS
+        if pcie.mrrs_bytes is None or pcie.mrrs_bytes < P3_MRRS_TOO_LOW_BYTES:
+            problems.append("MaxReadReq below 256 B (fwts: too low)")
+            status = Status.WARN
+        elif pcie.mrrs_bytes < P3_MRRS_RECOMMENDED_BYTES:
+            problems.append(f"MaxReadReq {pcie.mrrs_bytes} B < {P3_MRRS_RECOMMENDED_BYTES} B")
+            status = Status.WARN
+        if path_mps is not None and pcie.mps_bytes is not None and pcie.mps_bytes != path_mps and not unread:
+            problems.append(f"MaxPayload {pcie.mps_bytes} B != path {path_mps} B")
+            status = Status.WARN
+        results.append(
+            CheckResult(
+                f"P3:{gpu.bdf}",
+                title,
+                status,
+                observed,
+                expected,
+                why,
+                "Set MaxReadReq in the BIOS (PCIe 'Max Read Request Size'), or pass pci=pcie_bus_perf; decodetop "
+                "never writes config space."
+                if problems
+                else "",
+                subject=subject,
+                facts={"mps_bytes": str(pcie.mps_bytes), "mrrs_bytes": str(pcie.mrrs_bytes)},
+            )
+        )
+    return results
+
+
+@guarded("P4", "ACS on bridges")
+def check_acs(ctx: HostContext) -> list[CheckResult]:
+    """P4: RR, CR and EC clear in ACS Control on every bridge above each GPU (bare metal)."""
+    title = "ACS on bridges"
+    if not ctx.gpus:
+        return _no_gpu("P4", title)
+    expected = "ReqRedir- CmpltRedir- EgressCtrl- on every bridge between GPUs that do P2P"
+    why = (
+        "ACS redirect sends GPU peer-to-peer traffic up to the root complex (or blocks it): NCCL P2P gets slow "
+        "or hangs (NCCL troubleshooting, NCCL#199)."
+    )
+    results = []
+    for gpu in ctx.gpus:
+        bridges = upstream_bdfs(gpu)
+        subject = f"GPU {gpu.bdf}"
+        if not bridges:
+            results.append(
+                CheckResult(
+                    f"P4:{gpu.bdf}",
+                    title,
+                    Status.PASS,
+                    "no bridge between the GPU and its root complex",
+                    expected,
+                    why,
+                    subject=subject,
+                )
+            )
+            continue
+        redirecting: list[str] = []
+        unknown: list[str] = []
+        clean = 0
+        for bridge in bridges:
+            config, reason = _config_or_reason(ctx.root, bridge)
+            if config is None:
+                unknown.append(reason)
+                continue
+            if not config.has_extended_space:
+                unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
+                continue
+            if config.acs is None:
+                clean += 1
+                continue
+            if config.acs.redirects_p2p:
+                redirecting.append(f"{bridge} {config.acs.describe_control()}")
+            else:
+                clean += 1
+        if redirecting:
+            status = Status.INFO if ctx.virt.vm or len(ctx.gpus) < 2 else Status.WARN
+            observed = "; ".join(redirecting)
+            if len(ctx.gpus) < 2:
+                observed += " (one GPU: no P2P to redirect)"
+        elif unknown:
+            status, observed = Status.UNKNOWN, "; ".join(unknown)
+        else:
+            status, observed = Status.PASS, f"{clean} bridge(s), none redirects P2P"
+        results.append(
+            CheckResult(
+                f"P4:{gpu.bdf}",
+                title,
+                status,
+                observed,
+                expected,
+                why,
+                "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
+                "that need it for passthrough)."
+                if redirecting
+                else ("Run as root on the host to read bridge config space." if unknown else ""),
+                subject=subject,
+                facts={"acs_redirect_bridges": str(len(redirecting))},
+            )
+        )
+    return results
+
+
+@guarded("P5", "IOMMU mode")
+def check_iommu(ctx: HostContext) -> list[CheckResult]:
+    """P5: no IOMMU or `identity` (iommu=pt) on bare metal; DMA/DMA-FQ translation on a GPU group warns."""
+    title = "IOMMU mode"
+    units = ctx.root.try_listdir("/sys/class/iommu")
+    expected = "no IOMMU, or identity (iommu=pt) for GPU groups"
+    why = "A translating IOMMU (DMA, DMA-FQ) adds IOTLB lookups and map/unmap work to every GPU DMA."
+    if not ctx.gpus:
+        observed = f"{len(units)} IOMMU unit(s); " + _NO_GPU
+        return [CheckResult("P5", title, Status.INFO, observed, expected, why, facts={"iommu_units": str(len(units))})]
+    results = []
+    for gpu in ctx.gpus:
+        subject = f"GPU {gpu.bdf}"
+        group_path = gpu.sysfs("iommu_group")
+        if not units and not ctx.root.exists(group_path):
+            results.append(
+                CheckResult(
+                    f"P5:{gpu.bdf}",
+                    title,
+                    Status.PASS,
+                    "no IOMMU active",
+                    expected,
+                    why,
+                    subject=subject,
+                    facts={"iommu": "off"},
+                )
+            )
+            continue
+        group = ctx.root.realpath(group_path).rsplit("/", 1)[1]
+        kind = ctx.root.read_text(f"/sys/kernel/iommu_groups/{group}/type").strip()
+        if not kind:
+            raise ValueError(f"/sys/kernel/iommu_groups/{group}/type is empty")
+        if kind == "identity":
+            status = Status.PASS
+        elif kind.startswith("DMA"):
+            status = Status.INFO if ctx.virt.vm else Status.WARN
+        else:
+            status = Status.INFO
+        results.append(
+            CheckResult(
+                f"P5:{gpu.bdf}",
+                title,
+                status,
+                f"group {group} type {kind}" + (" (VM guest: the vIOMMU is the host's choice)" if ctx.virt.vm else ""),
+                expected,
+                why,
+                "Boot with iommu=pt (amd_iommu=on iommu=pt / intel_iommu=on iommu=pt)."
+                if status == Status.WARN
+                else "",
+                subject=subject,
+                facts={"iommu": kind},
+            )
+        )
+    return results
+
+
+@guarded("P6", "GPU-CPU NUMA affinity")
+def check_numa_affinity(ctx: HostContext) -> list[CheckResult]:
+    """P6: report each GPU's NUMA node and local CPUs; numa_node -1 on a multi-node host warns."""
+    title = "GPU-CPU NUMA affinity"
+    if not ctx.gpus:
+        return _no_gpu("P6", title)
+    nodes = [n for n in ctx.root.try_listdir("/sys/devices/system/node") if n.startswith("node") and n[4:].isdigit()]
+    results = []
+    for gpu in ctx.gpus:
+        node = parse_int(ctx.root.read_text(gpu.sysfs("numa_node")), gpu.sysfs("numa_node"))
+        local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
+        local = format_cpulist(parse_cpulist(local_text)) if local_text is not None else "?"
+        status = Status.WARN if node < 0 and len(nodes) > 1 else Status.INFO
+        results.append(
+            CheckResult(
+                f"P6:{gpu.bdf}",
+                title,
+                status,
+                f"numa_node {node}, local CPUs {local} ({len(nodes)} NUMA node(s))",
+                "a NUMA node on multi-socket hosts; serving processes pinned inside the local CPUs",
+                "Host threads on the far socket reach the GPU across the socket interconnect.",
+                "Enable the BIOS's ACPI SRAT/proximity info; pin the server with numactl --cpunodebind."
+                if status == Status.WARN
+                else "",
+                subject=f"GPU {gpu.bdf}",
+                facts={"numa_node": str(node), "local_cpus": local},
+            )
+        )
+    return results
+
+
+def pair_topology(ctx: HostContext, a: PciDevice, b: PciDevice) -> str:
+    """nvidia-smi topo's words from sysfs: PIX (one bridge), PXB (several), PHB (same root complex),
+    NODE (same NUMA node, different root complexes), SYS (across sockets)."""
+    up_a, up_b = upstream_bdfs(a), upstream_bdfs(b)
+    common = [x for x, _ in itertools.takewhile(lambda xy: xy[0] == xy[1], zip(up_a, up_b, strict=False))]
+    if common and root_complex(a) == root_complex(b):
+        below = max(len(up_a), len(up_b)) - len(common)
+        return "PIX" if below <= 1 else "PXB"
+    if root_complex(a) == root_complex(b):
+        return "PHB"
+    node_a = ctx.root.try_read_text(a.sysfs("numa_node"))
+    node_b = ctx.root.try_read_text(b.sysfs("numa_node"))
+    if node_a is not None and node_a.strip() == (node_b or "").strip() and node_a.strip() != "-1":
+        return "NODE"
+    return "SYS"
+
+
+@guarded("P7", "GPU-pair topology")
+def check_pair_topology(ctx: HostContext) -> list[CheckResult]:
+    """P7: each GPU pair's common ancestor from the sysfs paths (NVML gives the same via GPU checks)."""
+    title = "GPU-pair topology"
+    if len(ctx.gpus) < 2:
+        return [CheckResult("P7", title, Status.INFO, f"{len(ctx.gpus)} GPU(s): no pairs", "reported only")]
+    results = []
+    for a, b in itertools.combinations(ctx.gpus, 2):
+        level = pair_topology(ctx, a, b)
+        results.append(
+            CheckResult(
+                f"P7:{a.bdf}-{b.bdf}",
+                title,
+                Status.INFO,
+                f"{level} (PCIe path; NVLink, if any, is reported by the GPU checks)",
+                "reported; pairs at SYS get poor PCIe P2P",
+                "PCIe peer traffic that crosses sockets (SYS) goes through the CPU interconnect.",
+                subject=f"{a.bdf} ↔ {b.bdf}",
+                facts={"topology": level},
+            )
+        )
+    return results
+
+
+PCIE_CHECKS = (check_link, check_payload, check_acs, check_iommu, check_numa_affinity, check_pair_topology)
