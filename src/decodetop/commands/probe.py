@@ -1,16 +1,213 @@
-"""Provides `decodetop probe` (placeholder until its issue lands)."""
+"""Provides `decodetop probe`: run probes on every GPU (or on CPU ranks), print tables, write JSON.
+
+Module level imports nothing heavy: torch is only imported by the spawned ranks, or by this process itself under
+`--launcher torchrun` (where this process *is* a rank).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from decodetop.errors import DecodetopError
+from decodetop.errors import UserInputError
+
+MiB = 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
+    parser.add_argument("names", nargs="*", metavar="NAME", help="probes to run (default: all); e.g. allreduce launch")
+    parser.add_argument("--json", metavar="PATH", help="write full results as JSON to PATH ('-' for stdout)")
+    parser.add_argument("--gpus", metavar="LIST", help="GPUs to use, e.g. 0,1 (default: every visible GPU)")
+    parser.add_argument("--cpu-ranks", type=int, metavar="N", help="CPU ranks (gloo) where there is no GPU (default 2)")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="force CPU ranks or GPUs (default auto)"
+    )
+    parser.add_argument("--sizes", metavar="LIST", help="all-reduce sizes replacing the default sweep, e.g. 8,4K,1M")
+    parser.add_argument("--add-sizes", metavar="LIST", help="all-reduce sizes added to the sweep, e.g. 12K,96K")
+    parser.add_argument("--timeout", type=float, metavar="S", help="deadline per probe in seconds (default per probe)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PROBE.KEY=VALUE",
+        help="override a probe parameter (VALUE as JSON, or a comma list), e.g. allreduce.samples=10",
+    )
+    parser.add_argument("--force", action="store_true", help="probe GPUs even where other processes hold memory")
+    parser.add_argument(
+        "--launcher",
+        choices=("spawn", "torchrun"),
+        default="spawn",
+        help="spawn ranks here (default), or be one rank under torchrun (env:// rendezvous)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the probes and their default parameters, then exit")
+
+
+def parse_size_list(text: str, flag: str) -> list[int]:
+    """'8,4K,1M' → [8, 4096, 1048576]; one-line UserInputError naming the flag otherwise."""
+    from decodetop.textfmt import parse_size
+
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise UserInputError(f"{flag}: no sizes given")
+    sizes = []
+    for item in items:
+        try:
+            sizes.append(parse_size(item))
+        except ValueError as exc:
+            raise UserInputError(f"{flag}: {exc}") from None
+    return sizes
+
+
+def parse_gpu_list(text: str) -> list[int]:
+    """'0,1' → [0, 1]; one-line UserInputError otherwise."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if not items:
+        raise UserInputError("--gpus: no GPU given")
+    out = []
+    for item in items:
+        if not item.lstrip("-").isdigit():
+            raise UserInputError(f"--gpus: {item!r} is not a GPU index")
+        out.append(int(item))
+    return out
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    if "," in raw:
+        return [_parse_value(p.strip()) for p in raw.split(",") if p.strip()]
+    return raw
+
+
+def collect_params(args: argparse.Namespace, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-probe parameter overrides from --sizes, --add-sizes and --set."""
+    params: dict[str, dict[str, Any]] = {n: {} for n in names}
+    if args.sizes:
+        params.setdefault("allreduce", {})["sizes"] = parse_size_list(args.sizes, "--sizes")
+    if args.add_sizes:
+        params.setdefault("allreduce", {})["extra_sizes"] = parse_size_list(args.add_sizes, "--add-sizes")
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        probe, dot, name = key.partition(".")
+        if not sep or not dot or not probe or not name:
+            raise UserInputError(f"--set {item!r}: expected PROBE.KEY=VALUE")
+        params.setdefault(probe, {})[name] = _parse_value(raw)
+    return params
+
+
+def _progress_printer(stream: Any) -> Callable[[Any], None]:
+    def show(progress: Any) -> None:
+        print(f"decodetop probe: {progress.line()}", file=stream, flush=True)
+
+    return show
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    raise DecodetopError("'probe' is not implemented yet")
+    from decodetop.probes.registry import ProbeRegistry
+
+    registry = ProbeRegistry()
+    if args.list:
+        for spec in registry.specs():
+            print(f"{spec.name:10s} {spec.description} (deadline {spec.default_timeout_s:g} s)")
+        return 0
+    names = list(args.names) or registry.names()
+    specs = [registry.get(n) for n in names]
+    params = collect_params(args, names)
+    for probe in params:
+        if probe not in names and probe not in registry:
+            registry.get(probe)  # raises: unknown probe
+    for spec in specs:
+        spec.resolve_params(params.get(spec.name))  # bad parameters fail before anything is spawned
+    if args.timeout is not None and args.timeout <= 0:
+        raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
+    if args.cpu_ranks is not None and args.cpu_ranks < 1:
+        raise UserInputError(f"--cpu-ranks must be at least 1, got {args.cpu_ranks}")
+    gpus = parse_gpu_list(args.gpus) if args.gpus else None
+    if args.launcher == "torchrun":
+        from decodetop.probes.worker.torchrun import run_under_torchrun
+
+        results = run_under_torchrun(
+            names, params, registry=registry, progress=_progress_printer(sys.stderr), device=args.device
+        )
+        if results is None:  # not rank 0: rank 0 prints and writes
+            return 0
+        return _report(results, args)
+    return _run_spawned(args, names, params, gpus, registry)
+
+
+def _run_spawned(
+    args: argparse.Namespace,
+    names: Sequence[str],
+    params: dict[str, dict[str, Any]],
+    gpus: list[int] | None,
+    registry: Any,
+) -> int:
+    from decodetop.probes.controller import ProbeController, resolve_layout
+    from decodetop.probes.gpuinfo import compute_processes
+
+    layout = resolve_layout(gpus, args.cpu_ranks, args.device)
+    if layout.kind == "cuda":
+        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
+        if busy and not args.force:
+            from decodetop.textfmt import format_bytes
+
+            who = "; ".join(
+                f"GPU {p.cuda_index}: pid {p.pid} ({p.name}"
+                + (f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else "")
+                + ")"
+                for p in busy
+            )
+            raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
+    where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
+    print(f"decodetop probe: starting {where}", file=sys.stderr, flush=True)
+    results = []
+    show = _progress_printer(sys.stderr)
+    with ProbeController(layout=layout, registry=registry) as controller:
+        for name in names:
+            print(f"decodetop probe: {name} ...", file=sys.stderr, flush=True)
+            result = controller.run(name, params.get(name), timeout_s=args.timeout, on_progress=show)
+            results.append(result)
+            if args.json != "-":
+                _print_one(result, registry)
+    return _report(results, args, printed=args.json != "-")
+
+
+def _print_one(result: Any, registry: Any) -> None:
+    from decodetop.probes.report import format_result
+
+    spec = registry.get(result.probe)
+    print(format_result(result, spec.table_columns), flush=True)
+    print(flush=True)
+    if result.traceback:
+        print(f"decodetop probe: {result.probe} traceback (rank {result.error_rank}):", file=sys.stderr)
+        print(result.traceback.rstrip(), file=sys.stderr, flush=True)
+
+
+def _report(results: Sequence[Any], args: argparse.Namespace, printed: bool = False) -> int:
+    from pathlib import Path
+
+    from decodetop.atomic import write_text_atomic
+    from decodetop.probes.registry import ProbeRegistry
+    from decodetop.probes.results import ProbeStatus, results_to_json
+
+    if not printed and args.json != "-":
+        registry = ProbeRegistry()
+        for result in results:
+            _print_one(result, registry)
+    if args.json:
+        text = results_to_json(results)
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            write_text_atomic(Path(args.json), text)
+            print(f"decodetop probe: wrote {args.json}", file=sys.stderr)
+    bad = [r for r in results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
+    return 1 if bad else 0

@@ -1,0 +1,548 @@
+"""Provides `ProbeController`: spawns the probe group, runs probes on it, owns deadlines, cancel and shutdown.
+
+The controller never imports torch. It spawns one process per chosen GPU (or `cpu_ranks` CPU processes where
+there is no GPU) with the `spawn` start method; the ranks join torch.distributed through a FileStore in a private
+temporary directory (no fixed port), NCCL on GPUs and gloo on CPUs. Each rank has one duplex pipe to the
+controller; the controller waits on those pipes, the ranks' process sentinels and a wake-up pipe for `cancel()`.
+
+- A probe that raises on a rank gives a `failed` result with that rank's error and traceback. Ranks that are
+  left waiting in a collective get `error_grace_s` to finish; then the group is terminated and respawned lazily.
+- A probe that outlives its deadline: the group is terminated, the result says "timed out after N s", and the next
+  `run` spawns a fresh group.
+- `cancel()` (from any thread) ends the running probe at once with a `cancelled` result.
+- `close()` asks idle ranks to leave (they free CUDA graphs, give `destroy_process_group` a deadline — it can
+  hang after graph-captured collectives, h200-machine.md — and exit), then terminates and kills whatever is left,
+  all within `close_timeout_s` (5 s).
+
+Usage::
+
+    with ProbeController(cpu_ranks=2) as pc:
+        result = pc.run("allreduce", {"sizes": [8, 4096]}, on_progress=lambda p: print(p.line()))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import multiprocessing
+import os
+import platform
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from decodetop.errors import DecodetopError, UserInputError
+from decodetop.probes.gpuinfo import GpuInfo, host_environment_fields, visible_gpus
+from decodetop.probes.protocol import (
+    RANK_ENV_DEFAULTS,
+    Fatal,
+    Progress,
+    RankConfig,
+    RankDone,
+    Ready,
+    RunProbe,
+    Shutdown,
+)
+from decodetop.probes.rankmain import rank_entry
+from decodetop.probes.registry import ProbeRegistry
+from decodetop.probes.results import (
+    Environment,
+    ProbeResult,
+    ProbeStatus,
+    RankOutput,
+    merge_rank_outputs,
+)
+
+ProgressCallback = Callable[[Progress], None]
+
+#: Default number of CPU ranks where there is no GPU (the issue's default: 2, enough for a real collective).
+DEFAULT_CPU_RANKS = 2
+#: Time the ranks get to import torch and join the group (torch import alone takes seconds on a cold disk).
+DEFAULT_START_TIMEOUT_S = 180.0
+#: After one rank fails, how long the others get to report before the group is restarted (they may be stuck in a
+#: collective the failed rank never joined).
+DEFAULT_ERROR_GRACE_S = 3.0
+#: The issue's bound: closing ends every rank within 5 s.
+DEFAULT_CLOSE_TIMEOUT_S = 5.0
+#: Longest single wait between checks of the deadline and the cancel flag.
+_POLL_S = 0.25
+
+
+class ProbeGroupError(DecodetopError):
+    """The probe group could not be started (a rank failed to import torch or to join the group)."""
+
+
+@dataclass(frozen=True)
+class GroupLayout:
+    """Which devices the group runs on: `kind` "cuda" with `gpus`, or "cpu" with `world_size` ranks."""
+
+    kind: str
+    world_size: int
+    gpus: tuple[GpuInfo, ...] = ()
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.kind == "cuda" else "gloo"
+
+
+def resolve_layout(
+    gpus: Sequence[int] | None = None,
+    cpu_ranks: int | None = None,
+    device: str = "auto",
+    available: Sequence[GpuInfo] | None = None,
+) -> GroupLayout:
+    """Pick the group's devices; one-line `UserInputError` for a GPU that is not there or a bad rank count.
+
+    device "auto" uses every visible GPU (or `gpus`), falling back to CPU ranks where there is none;
+    "cpu" forces CPU ranks (gloo) even on a GPU host; "cuda" requires GPUs.
+    """
+    if device not in {"auto", "cpu", "cuda"}:
+        raise UserInputError(f"device must be auto, cpu or cuda, got {device!r}")
+    if cpu_ranks is not None and cpu_ranks < 1:
+        raise UserInputError(f"--cpu-ranks must be at least 1, got {cpu_ranks}")
+    found = list(visible_gpus() if available is None else available)
+    if device == "cpu":
+        if gpus:
+            raise UserInputError("--gpus cannot be combined with CPU ranks")
+        return GroupLayout("cpu", cpu_ranks or DEFAULT_CPU_RANKS)
+    if gpus is not None:
+        if not gpus:
+            raise UserInputError("--gpus names no GPU")
+        if len(set(gpus)) != len(gpus):
+            raise UserInputError(f"--gpus names a GPU twice: {','.join(map(str, gpus))}")
+        for index in gpus:
+            if index < 0 or index >= len(found):
+                have = (
+                    f"this host shows {len(found)}: {', '.join(str(g.cuda_index) for g in found)}"
+                    if found
+                    else ("this host shows no CUDA GPU")
+                )
+                raise UserInputError(f"--gpus: no GPU {index} ({have})")
+        return GroupLayout("cuda", len(gpus), tuple(found[i] for i in gpus))
+    if found:
+        return GroupLayout("cuda", len(found), tuple(found))
+    if device == "cuda":
+        raise UserInputError("no CUDA GPU visible on this host")
+    return GroupLayout("cpu", cpu_ranks or DEFAULT_CPU_RANKS)
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class _Replies:
+    """The ranks' replies to probe command `seq`."""
+
+    seq: int
+    on_progress: ProgressCallback | None
+    outputs: dict[int, RankOutput] = field(default_factory=dict)
+    errors: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+
+    def answered(self, rank: int) -> bool:
+        return rank in self.outputs or rank in self.errors
+
+    def handle(self, msg: object, rank: int) -> None:
+        if isinstance(msg, Progress):
+            if msg.seq == self.seq and self.on_progress is not None:
+                with contextlib.suppress(Exception):  # a broken UI callback must not break the probe
+                    self.on_progress(msg)
+        elif isinstance(msg, RankDone):
+            if msg.seq != self.seq:
+                return
+            if msg.error is not None:
+                self.errors[rank] = (msg.error, msg.traceback)
+            elif msg.output is not None:
+                self.outputs[rank] = msg.output
+            else:
+                self.errors[rank] = ("rank returned no output", None)
+        elif isinstance(msg, Fatal):
+            self.errors[rank] = (msg.error, msg.traceback)
+
+    def read_pending(self, conn: Connection, rank: int) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while conn.poll(0):
+                self.handle(conn.recv(), rank)
+
+
+@dataclass
+class _Group:
+    procs: list[BaseProcess]
+    conns: list[Connection]
+    tmpdir: str
+    environment: Environment | None = None
+    busy: bool = False
+
+
+class ProbeController:
+    """Runs probes on a spawned group of ranks. Context manager; `run` is blocking, `cancel` works from any thread."""
+
+    def __init__(
+        self,
+        *,
+        gpus: Sequence[int] | None = None,
+        cpu_ranks: int | None = None,
+        device: str = "auto",
+        registry: ProbeRegistry | None = None,
+        rank_env: Mapping[str, str] | None = None,
+        start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
+        error_grace_s: float = DEFAULT_ERROR_GRACE_S,
+        close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+        layout: GroupLayout | None = None,
+    ) -> None:
+        self.layout = layout or resolve_layout(gpus, cpu_ranks, device)
+        self.registry = registry or ProbeRegistry()
+        self._rank_env_extra = dict(rank_env or {})
+        self.start_timeout_s = start_timeout_s
+        self.error_grace_s = error_grace_s
+        self.close_timeout_s = close_timeout_s
+        self._group: _Group | None = None
+        self._run_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        self._seq = 0
+        self._closed = False
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.layout.backend
+
+    @property
+    def environment(self) -> Environment | None:
+        """The environment rank 0 reported when the current group started (None before `start`)."""
+        group = self._group
+        return group.environment if group else None
+
+    def rank_pids(self) -> list[int]:
+        """PIDs of the live ranks (for tests and the UI's process list)."""
+        group = self._group
+        return [p.pid for p in group.procs if p.pid is not None and p.is_alive()] if group else []
+
+    def __enter__(self) -> ProbeController:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Spawn the group and wait until every rank joined (no-op when it is up). Raises `ProbeGroupError`."""
+        with self._run_lock:
+            self._ensure_group()
+
+    def close(self) -> None:
+        """End every rank (graceful when idle, else terminate/kill) within `close_timeout_s`; idempotent."""
+        self._closed = True
+        self.cancel()
+        with self._run_lock:
+            self._stop_group(graceful=True)
+            self._cancel.clear()
+
+    def cancel(self) -> None:
+        """End the running probe now (its result is `cancelled`); a no-op when nothing runs."""
+        self._cancel.set()
+        with contextlib.suppress(OSError):
+            self._wake_w.send(None)
+
+    # ----------------------------------------------------------------------------------------------- probing
+    def run(
+        self,
+        probe: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> ProbeResult:
+        """Run `probe` on every rank and return the merged result (never raises for a probe's own failure)."""
+        spec = self.registry.get(probe)
+        resolved = spec.resolve_params(params)
+        deadline_s = spec.default_timeout_s if timeout_s is None else float(timeout_s)
+        if deadline_s <= 0:
+            raise UserInputError(f"timeout must be positive, got {deadline_s}")
+        with self._run_lock:
+            if self._closed:
+                raise DecodetopError("probe controller is closed")
+            self._drain_wake()
+            self._cancel.clear()
+            started_utc = _utc_now()
+            t0 = time.monotonic()
+
+            def finish(status: ProbeStatus, **kw: Any) -> ProbeResult:
+                env = self._group.environment if self._group else None
+                return ProbeResult(
+                    probe=probe,
+                    status=status,
+                    params=resolved,
+                    environment=replace(env, time_utc=started_utc) if env else None,
+                    started_utc=started_utc,
+                    duration_s=round(time.monotonic() - t0, 3),
+                    world_size=self.world_size,
+                    **kw,
+                )
+
+            try:
+                group = self._ensure_group()
+            except ProbeGroupError as exc:
+                return finish(ProbeStatus.FAILED, message=str(exc), error=str(exc))
+            self._seq += 1
+            seq = self._seq
+            group.busy = True
+            try:
+                for conn in group.conns:
+                    conn.send(RunProbe(seq=seq, probe=probe, module=spec.module, params=resolved))
+                return self._collect(group, seq, deadline_s=deadline_s, t0=t0, on_progress=on_progress, finish=finish)
+            except BaseException:
+                # KeyboardInterrupt or a broken pipe mid-probe: ranks are in an unknown state; end them now.
+                self._stop_group(graceful=False)
+                raise
+
+    def _collect(
+        self,
+        group: _Group,
+        seq: int,
+        *,
+        deadline_s: float,
+        t0: float,
+        on_progress: ProgressCallback | None,
+        finish: Callable[..., ProbeResult],
+    ) -> ProbeResult:
+        replies = _Replies(seq=seq, on_progress=on_progress)
+        outputs, errors = replies.outputs, replies.errors
+        first_error_at: float | None = None
+        conn_rank = {id(c): r for r, c in enumerate(group.conns)}
+        sentinel_rank = {p.sentinel: r for r, p in enumerate(group.procs)}
+        open_conns = list(group.conns)
+        while True:
+            now = time.monotonic()
+            if self._cancel.is_set():
+                self._stop_group(graceful=False)
+                return finish(ProbeStatus.CANCELLED, message="cancelled")
+            if now - t0 >= deadline_s:
+                self._stop_group(graceful=False)
+                msg = f"timed out after {deadline_s:g} s"
+                return finish(ProbeStatus.TIMED_OUT, message=msg, error=msg)
+            if len(outputs) + len(errors) == self.world_size:
+                break
+            if first_error_at is not None and now - first_error_at >= self.error_grace_s:
+                self._stop_group(graceful=False)  # ranks left in a collective the failed rank never joined
+                break
+            wait_s = min(_POLL_S, deadline_s - (now - t0))
+            ready = wait([*open_conns, *sentinel_rank, self._wake_r], timeout=max(wait_s, 0.0))
+            for obj in ready:
+                if obj is self._wake_r:
+                    self._drain_wake()
+                    continue
+                if isinstance(obj, int):  # a process sentinel: that rank exited
+                    rank = sentinel_rank.pop(obj)
+                    if not replies.answered(rank):
+                        code = group.procs[rank].exitcode
+                        replies.read_pending(group.conns[rank], rank)  # it may have replied just before dying
+                        if not replies.answered(rank):
+                            errors[rank] = (f"rank {rank} exited unexpectedly (exit code {code})", None)
+                    if rank in errors and first_error_at is None:
+                        first_error_at = time.monotonic()
+                    continue
+                assert isinstance(obj, Connection)
+                rank = conn_rank[id(obj)]
+                try:
+                    replies.handle(obj.recv(), rank)
+                except (EOFError, OSError):
+                    open_conns.remove(obj)
+                    continue
+                if rank in errors and first_error_at is None:
+                    first_error_at = time.monotonic()
+        group.busy = False
+        if errors:
+            rank = min(errors)
+            error, tb = errors[rank]
+            if group is self._group and any(not p.is_alive() for p in group.procs):
+                self._stop_group(graceful=False)
+            return finish(
+                ProbeStatus.FAILED,
+                message=f"rank {rank}: {error}",
+                error_rank=rank,
+                error=error,
+                traceback=tb,
+                measurements=merge_rank_outputs(outputs),
+            )
+        reasons = [o.unsupported_reason for o in outputs.values() if o.unsupported_reason]
+        if reasons and not any(o.measurements for o in outputs.values()):
+            return finish(ProbeStatus.UNSUPPORTED, message=reasons[0])
+        return finish(ProbeStatus.OK, measurements=merge_rank_outputs(outputs), message=reasons[0] if reasons else "")
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(EOFError, OSError):
+            while self._wake_r.poll(0):
+                self._wake_r.recv()
+
+    # ----------------------------------------------------------------------------------------------- the group
+    def _rank_env(self) -> dict[str, str]:
+        env = {k: v for k, v in RANK_ENV_DEFAULTS.items() if k not in os.environ}
+        if self.layout.kind == "cuda":
+            if "CUDA_DEVICE_ORDER" not in os.environ:
+                env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA numbering = NVML's, so --gpus means what smi shows
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in self.layout.gpus)
+        else:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks must not touch a GPU even where one exists
+        env.update(self._rank_env_extra)
+        return env
+
+    def _ensure_group(self) -> _Group:
+        if self._group is not None:
+            return self._group
+        ctx = multiprocessing.get_context("spawn")
+        tmpdir = tempfile.mkdtemp(prefix="decodetop-probe-")
+        env = self._rank_env()
+        procs: list[BaseProcess] = []
+        conns: list[Connection] = []
+        group = _Group(procs=procs, conns=conns, tmpdir=tmpdir, busy=True)
+        self._group = group
+        try:
+            for rank in range(self.world_size):
+                parent_conn, child_conn = ctx.Pipe(duplex=True)
+                config = RankConfig(
+                    rank=rank,
+                    world_size=self.world_size,
+                    device_kind=self.layout.kind,
+                    store_path=str(Path(tmpdir) / "store"),
+                    env=env,
+                    extra_probe_modules=self.registry.extra_modules,
+                    parent_pid=os.getpid(),
+                    join_timeout_s=self.start_timeout_s,
+                )
+                proc = ctx.Process(
+                    target=rank_entry, args=(config, child_conn), name=f"decodetop-probe-rank{rank}", daemon=True
+                )
+                proc.start()
+                child_conn.close()
+                procs.append(proc)
+                conns.append(parent_conn)
+            self._await_ready(group)
+        except BaseException:
+            self._stop_group(graceful=False)
+            raise
+        group.busy = False
+        return group
+
+    def _await_ready(self, group: _Group) -> None:
+        ready: set[int] = set()
+        deadline = time.monotonic() + self.start_timeout_s
+        conn_rank = {id(c): r for r, c in enumerate(group.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(group.procs)}
+        while len(ready) < self.world_size:
+            remaining = deadline - time.monotonic()
+            if self._cancel.is_set():
+                raise ProbeGroupError("probe group start cancelled")
+            if remaining <= 0:
+                raise ProbeGroupError(
+                    f"probe group did not start within {self.start_timeout_s:g} s "
+                    f"({len(ready)}/{self.world_size} ranks joined)"
+                )
+            for obj in wait([*group.conns, *sentinels, self._wake_r], timeout=min(remaining, _POLL_S)):
+                if obj is self._wake_r:
+                    self._drain_wake()
+                    continue
+                if isinstance(obj, int):
+                    rank = sentinels[obj]
+                    conn = group.conns[rank]
+                    with contextlib.suppress(EOFError, OSError):
+                        if conn.poll(0):
+                            msg = conn.recv()
+                            if isinstance(msg, Fatal):
+                                raise ProbeGroupError(f"probe rank {rank} failed to start: {msg.error}")
+                    code = group.procs[rank].exitcode
+                    raise ProbeGroupError(f"probe rank {rank} exited during start (exit code {code})")
+                assert isinstance(obj, Connection)
+                rank = conn_rank[id(obj)]
+                try:
+                    msg = obj.recv()
+                except (EOFError, OSError):
+                    continue  # its sentinel reports the exit
+                if isinstance(msg, Fatal):
+                    raise ProbeGroupError(f"probe rank {rank} failed to start: {msg.error}")
+                if isinstance(msg, Ready):
+                    ready.add(rank)
+                    if msg.environment is not None:
+                        group.environment = self._complete_environment(msg.environment)
+
+    def _complete_environment(self, env: Environment) -> Environment:
+        host = host_environment_fields(self.layout.gpus)
+        # Rank 0 knows torch's view; the controller adds the host's (driver, NVML names, topology, NCCL_* here).
+        nccl_env = {**host.get("nccl_env", {}), **dict(env.nccl_env)}
+        return replace(
+            env,
+            host=str(host.get("host") or env.host),
+            driver=host.get("driver") or env.driver,
+            gpu_names=tuple(host.get("gpu_names") or env.gpu_names),
+            gpu_uuids=tuple(host.get("gpu_uuids") or env.gpu_uuids),
+            topology=host.get("topology") or env.topology,
+            nccl_env=nccl_env,
+            extra={**dict(env.extra), "controller_python": platform.python_version()},
+        )
+
+    def _stop_group(self, graceful: bool) -> None:
+        """End the group: ask idle ranks to leave, then terminate and kill; never takes longer than close_timeout_s."""
+        with self._state_lock:
+            group, self._group = self._group, None
+        if group is None:
+            return
+        t_end = time.monotonic() + self.close_timeout_s
+        if graceful and not group.busy:
+            for conn in group.conns:
+                with contextlib.suppress(OSError, EOFError, BrokenPipeError):
+                    conn.send(Shutdown(destroy_timeout_s=max(0.5, self.close_timeout_s - 3.0)))
+            # Leave 1.5 s of the budget for terminate + kill.
+            soft_end = t_end - 1.5
+            for proc in group.procs:
+                proc.join(timeout=max(0.0, soft_end - time.monotonic()))
+        _end_processes(group.procs, deadline=t_end)
+        for conn in group.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+        shutil.rmtree(group.tmpdir, ignore_errors=True)
+
+
+def _end_processes(procs: Sequence[BaseProcess], deadline: float) -> None:
+    """SIGTERM the living ranks (and any children they made), wait until near `deadline`, then SIGKILL."""
+    extra: list[Any] = []
+    try:
+        import psutil
+
+        for proc in procs:
+            if proc.pid is not None and proc.is_alive():
+                with contextlib.suppress(psutil.Error):
+                    extra.extend(psutil.Process(proc.pid).children(recursive=True))
+    except ImportError:
+        psutil = None  # type: ignore[assignment]
+    for proc in procs:
+        if proc.is_alive():
+            with contextlib.suppress(OSError):
+                proc.terminate()
+    kill_at = max(time.monotonic() + 0.2, deadline - 0.5)
+    for proc in procs:
+        proc.join(timeout=max(0.0, kill_at - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            with contextlib.suppress(OSError):
+                proc.kill()
+    for proc in procs:
+        proc.join(timeout=max(0.1, deadline - time.monotonic()))
+    for child in extra:
+        with contextlib.suppress(Exception):
+            child.kill()

@@ -1,0 +1,152 @@
+"""Provides the `allreduce` probe: latency and bandwidth of torch.distributed all-reduce per message size.
+
+Three modes per size (probes.md §7.1, h200-machine.md):
+
+- `pipelined`: N back-to-back ops per sample, time / N, as nccl-tests times (probes.md §1). On GPUs CUDA events on
+  the current stream bracket the N ops; on CPU ranks (gloo, where every op blocks) the host clock does.
+- `graph`: the N ops captured into one CUDA graph, replayed; time / N. CUDA only: strips the host's launch cost.
+- `synced`: every op followed by a device synchronize, host-timed; p50 and p99.
+
+bf16 on GPUs (the TP activation dtype), fp32 on gloo (gloo has no bf16 sum on every build). Metrics per point:
+`time_us` (median; p50 for synced), `algbw_gbps` = bytes / time, `busbw_gbps` = algbw · 2(n−1)/n
+(nccl-tests' all-reduce bus bandwidth: probes.md §1), and `p99_us` for synced. The sum is checked once per size,
+outside the timing (inputs rank+1 everywhere; expected n(n+1)/2). Timed buffers hold zeros, so repeated in-place
+sums never overflow.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput, Stats
+from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.timing import plan_counts, time_events, time_graph, time_host
+from decodetop.textfmt import format_bytes
+
+MODES = ("pipelined", "graph", "synced")
+#: Ops used to estimate one op's time before planning the counts (not kept).
+_ESTIMATE_OPS = 3
+
+
+def bus_factor(world_size: int) -> float:
+    """busbw / algbw for all-reduce: 2(n−1)/n (nccl-tests doc/PERFORMANCE.md, probes.md §1)."""
+    return 2.0 * (world_size - 1) / world_size
+
+
+def metrics_for(nbytes: int, time_us: float, world_size: int) -> dict[str, float]:
+    """time_us, algbw_gbps (1 GB = 1e9 B, as nccl-tests) and busbw_gbps for one all-reduce of `nbytes`."""
+    algbw = nbytes / time_us / 1e3 if time_us > 0 else 0.0
+    return {"time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(world_size)}
+
+
+def _sizes(params: dict[str, Any]) -> list[int]:
+    sizes = [int(s) for s in params["sizes"]] + [int(s) for s in params["extra_sizes"]]
+    for s in sizes:
+        if s <= 0:
+            raise ValueError(f"all-reduce size must be positive, got {s}")
+    return sorted(set(sizes))
+
+
+def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
+    """Sweep the sizes on every rank; returns this rank's samples and metrics per (size, mode)."""
+    sizes = _sizes(params)
+    modes = [str(m) for m in params["modes"]]
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"unknown all-reduce mode(s) {bad} (known: {', '.join(MODES)})")
+    for key in ("ops_per_sample", "samples", "min_samples", "synced_ops"):
+        if int(params[key]) < 1:
+            raise ValueError(f"all-reduce parameter {key} must be at least 1, got {params[key]}")
+    dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
+    elsize = torch.tensor([], dtype=dtype).element_size()
+    ctx.require_free_bytes(max(sizes) + elsize, "all-reduce buffer")
+    n = ctx.world_size
+    out: list[RankMeasurement] = []
+    for index, size in enumerate(sizes):
+        ctx.progress(f"{format_bytes(size)}", index, len(sizes))
+        numel = max(1, size // elsize)
+        nbytes = numel * elsize
+        buf = torch.empty(numel, dtype=dtype, device=ctx.device)
+        _check_sum(ctx, buf)
+        buf.zero_()
+
+        def op(buf: torch.Tensor = buf) -> None:
+            dist.all_reduce(buf)
+
+        # Estimate one op (host time, synced), agreed across ranks so every rank runs the same number of ops.
+        est_us = statistics.median(
+            time_host(op, 1, _ESTIMATE_OPS, warmup=int(params["warmup_ops"]), sync=ctx.synchronize)
+        )
+        est_us = ctx.agree_max(est_us)
+        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n}
+        for mode in modes:
+            name = f"allreduce {format_bytes(nbytes)} {mode}"
+            point = {**base, "mode": mode}
+            if mode == "graph" and not ctx.is_cuda:
+                out.append(
+                    RankMeasurement(
+                        name, point, "us", status=MeasurementStatus.UNSUPPORTED, note="CUDA graphs need a GPU"
+                    )
+                )
+                continue
+            if mode == "synced":
+                counts = plan_counts(
+                    est_us,
+                    float(params["budget_ms"]),
+                    max_ops=1,
+                    max_samples=int(params["synced_ops"]),
+                    min_samples=int(params["min_samples"]),
+                )
+            else:
+                counts = plan_counts(
+                    est_us,
+                    float(params["budget_ms"]),
+                    max_ops=int(params["ops_per_sample"]),
+                    max_samples=int(params["samples"]),
+                    min_samples=int(params["min_samples"]),
+                )
+            ctx.host_barrier()
+            if mode == "pipelined":
+                if ctx.is_cuda:
+                    samples = time_events(op, counts.ops, counts.samples, warmup=int(params["warmup_ops"]))
+                else:
+                    samples = time_host(op, counts.ops, counts.samples, warmup=1)
+            elif mode == "graph":
+                samples = time_graph(op, counts.ops, counts.samples, warmup=2, keep=ctx.keep_graph)
+                ctx.release_graphs()
+            else:
+                samples = time_host(op, 1, counts.samples, warmup=1, sync=ctx.synchronize)
+            stats = Stats.from_samples(samples, "us")
+            metrics = metrics_for(nbytes, stats.median, n)
+            metrics["ops_per_sample"] = float(counts.ops)
+            if mode == "synced":
+                metrics["p99_us"] = stats.p99
+            out.append(RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics))
+        del buf
+    ctx.progress("done", len(sizes), len(sizes))
+    return RankOutput(measurements=tuple(out))
+
+
+def _check_sum(ctx: ProbeContext, buf: torch.Tensor) -> None:
+    """Fill with rank+1, all-reduce once, expect n(n+1)/2 everywhere.
+
+    bf16 holds integers exactly up to 256 (8 significant bits), so rank+1 works up to 22 ranks; beyond that every
+    rank adds 1 (sum n, exact up to 256 ranks).
+    """
+    n = ctx.world_size
+    exact_limit = 22
+    value = ctx.rank + 1 if n <= exact_limit else 1
+    buf.fill_(value)
+    dist.all_reduce(buf)
+    expected = n * (n + 1) / 2 if n <= exact_limit else float(n)
+    wrong = int((buf != expected).sum().item())
+    if wrong:
+        first = buf[(buf != expected).nonzero()[0]].item()
+        raise RuntimeError(
+            f"all-reduce sum is wrong at {format_bytes(buf.numel() * buf.element_size())}: "
+            f"{wrong} of {buf.numel()} elements differ from {expected:g} (e.g. {first:g})"
+        )
