@@ -178,7 +178,8 @@ class HostRoot:
     def read_text_later(self, rel: str) -> str:
         """The second sample of counter file `rel`: live, a fresh read; a copied tree, `.later/<rel>` when present."""
         if not self.is_live:
-            later = self.base / LATER_DIR / self._norm(rel)
+            resolved = self._resolve(rel)
+            later = self.base / LATER_DIR / resolved.relative_to(self.base)
             if later.is_file():
                 return later.read_text(encoding="utf-8", errors="replace")
         return self.read_text(rel)
@@ -351,7 +352,8 @@ class HostRoot:
                     ) from exc
                 if not chunk:
                     break
-                records.append(chunk.decode("utf-8", errors="replace").rstrip("\n"))
+                # A record is 'prefix;message' plus optional ' KEY=value' dictionary lines: keep the first line.
+                records.append(chunk.decode("utf-8", errors="replace").split("\n", 1)[0])
         finally:
             os.close(fd)
         return records

@@ -1,16 +1,230 @@
-"""Provides `decodetop check` (placeholder until its issue lands)."""
+"""Provides `decodetop check`: host and GPU health checks as a table or JSON, with baselines and a review tarball.
+
+Exit codes follow the monitoring-plugin convention (`checks.model.exit_code`): 0 ok, 1 warning, 2 critical,
+3 unknown. Module level imports nothing heavy; the work is imported inside `run`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+import textwrap
+from typing import TYPE_CHECKING, Any
 
-from decodetop.errors import DecodetopError
+if TYPE_CHECKING:
+    from decodetop.collectors.baseline import Change
+    from decodetop.collectors.checks.model import CheckResult
+
+_OBSERVED_WIDTH = 60
+_EXPECTED_WIDTH = 40
+_TEXT_WIDTH = 100
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
+    parser.add_argument("--json", action="store_true", help="print results, context and changes as JSON")
+    parser.add_argument("--verbose", "-v", action="store_true", help="add why each check matters and how to fix it")
+    parser.add_argument(
+        "--root",
+        metavar="DIR",
+        help="check a copied host tree (a directory, or a --collect tarball) instead of this host",
+    )
+    parser.add_argument(
+        "--collect",
+        metavar="FILE",
+        help="also write the files the checks read to FILE (.tar.gz) for review; --root on it gives the same findings",
+    )
+    parser.add_argument(
+        "--save-baseline",
+        nargs="?",
+        const="default",
+        metavar="NAME",
+        help="save these results as baseline NAME (default: 'default')",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="NAME",
+        help="list what changed since baseline NAME (default: the 'default' baseline when it exists)",
+    )
+    parser.add_argument(
+        "--sample-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="time between the two cpuidle usage samples of C8 (default 0.25)",
+    )
+    parser.add_argument(
+        "--lxc-config-dir",
+        action="append",
+        metavar="DIR",
+        help="container config folder to compare with live NVIDIA majors (default /etc/pve/lxc and /var/lib/lxc)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the command."""
-    raise DecodetopError("'check' is not implemented yet")
+    """Run the checks, print them, handle baselines and --collect; return the exit code."""
+    import tempfile
+    from pathlib import Path
+
+    from decodetop.collectors import baseline as bl
+    from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S
+    from decodetop.collectors.checks.host import run_all_checks, sort_for_display
+    from decodetop.collectors.checks.model import exit_code
+    from decodetop.collectors.collect import RecordingRoot, unpack_collected, write_collect_tarball
+    from decodetop.collectors.hostroot import HostReadError, HostRoot
+    from decodetop.errors import UserInputError
+
+    interval = DEFAULT_SAMPLE_INTERVAL_S if args.sample_interval is None else args.sample_interval
+    if interval < 0 or interval > 60:
+        raise UserInputError(f"--sample-interval {interval}: give 0 to 60 seconds")
+    if args.root and args.collect:
+        raise UserInputError("--collect records this host; it cannot be combined with --root")
+    lxc_dirs = tuple(args.lxc_config_dir) if args.lxc_config_dir else None
+
+    # Load the baseline first, so a corrupt one fails before any work and is never overwritten.
+    explicit = args.baseline is not None
+    base_name = args.baseline if explicit else bl.DEFAULT_BASELINE
+    baseline = None
+    baseline_note = ""
+    try:
+        if explicit or not args.root:
+            baseline = bl.load_baseline(base_name)
+    except UserInputError as exc:
+        if explicit or args.save_baseline:
+            raise
+        baseline_note = f"baseline not compared: {exc}"
+    if explicit and baseline is None:
+        saved = ", ".join(bl.list_baselines()) or "none"
+        raise UserInputError(f"--baseline {base_name}: no such baseline (saved: {saved})")
+    if args.save_baseline:
+        bl.baseline_path(args.save_baseline)  # validate the name early
+        if args.save_baseline != base_name:
+            bl.load_baseline(args.save_baseline)  # raises on a corrupt target, which stays untouched
+
+    tmp: tempfile.TemporaryDirectory[str] | None = None
+    try:
+        if args.root:
+            root_path = Path(args.root)
+            if root_path.is_file():
+                tmp = tempfile.TemporaryDirectory(prefix="decodetop-root-")
+                root_path = unpack_collected(root_path, Path(tmp.name))
+            try:
+                root: HostRoot = HostRoot(root_path)
+            except HostReadError as exc:
+                raise UserInputError(f"--root {args.root}: {exc}") from exc
+        elif args.collect:
+            root = RecordingRoot()
+        else:
+            root = HostRoot()
+        results = run_all_checks(root, sample_interval_s=interval, lxc_config_paths=lxc_dirs)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+    ordered = sort_for_display(results)
+    changes = bl.diff_baseline(baseline, results) if baseline is not None else []
+    code = exit_code(results)
+    context = next((r.observed for r in results if r.check_id == "C16"), "")
+    where = str(root.base) if not root.is_live else "this host"
+
+    if args.json:
+        import json
+
+        document: dict[str, Any] = {
+            "root": str(root.base),
+            "context": context,
+            "exit_code": code,
+            "results": bl.results_to_json(ordered),
+            "baseline": base_name if baseline is not None else None,
+            "changes": [c.__dict__ for c in changes],
+        }
+        if baseline_note:
+            document["baseline_note"] = baseline_note
+        print(json.dumps(document, indent=1, ensure_ascii=False))
+    else:
+        print(f"decodetop check: {where}")
+        print(render_table(ordered, verbose=args.verbose))
+        print()
+        print(summary_line(results, code))
+        if baseline is not None:
+            print(render_changes(base_name, changes))
+        if baseline_note:
+            print(baseline_note, file=sys.stderr)
+
+    if args.collect:
+        assert isinstance(root, RecordingRoot)
+        findings = {"exit_code": code, "results": bl.results_to_json(ordered)}
+        count = write_collect_tarball(root, Path(args.collect), findings)
+        print(
+            f"collected {count} paths into {args.collect} (check it with: decodetop check --root {args.collect})",
+            file=sys.stderr,
+        )
+    if args.save_baseline:
+        path = bl.save_baseline(results, args.save_baseline, root=str(root.base))
+        print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
+    return code
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def render_table(results: list[CheckResult], *, verbose: bool = False) -> str:
+    """id, status, title, observed, expected; long cells wrap onto continuation lines; --verbose adds why/fix."""
+    headers = ("ID", "STATUS", "TITLE", "OBSERVED", "EXPECTED")
+    rows = [
+        (
+            r.check_id,
+            r.status.value.upper(),
+            r.title,
+            _wrap(r.observed, _OBSERVED_WIDTH),
+            _wrap(r.expected, _EXPECTED_WIDTH),
+        )
+        for r in results
+    ]
+    w_id = max([len(headers[0])] + [len(r[0]) for r in rows])
+    w_st = max([len(headers[1])] + [len(r[1]) for r in rows])
+    w_title = max([len(headers[2])] + [len(r[2]) for r in rows])
+    w_obs = max([len(headers[3])] + [len(line) for r in rows for line in r[3]])
+
+    def line(a: str, b: str, c: str, d: str, e: str) -> str:
+        return f"{a:<{w_id}}  {b:<{w_st}}  {c:<{w_title}}  {d:<{w_obs}}  {e}".rstrip()
+
+    out = [line(*headers), line("-" * w_id, "-" * w_st, "-" * w_title, "-" * w_obs, "-" * _EXPECTED_WIDTH)]
+    for result, (cid, status, title, observed, expected) in zip(results, rows, strict=True):
+        for i in range(max(len(observed), len(expected))):
+            out.append(
+                line(
+                    cid if i == 0 else "",
+                    status if i == 0 else "",
+                    title if i == 0 else "",
+                    observed[i] if i < len(observed) else "",
+                    expected[i] if i < len(expected) else "",
+                )
+            )
+        if verbose:
+            indent = " " * (w_id + 2)
+            for label, text in (("why", result.why), ("fix", result.fix)):
+                if text:
+                    wrapped = textwrap.wrap(f"{label}: {text}", _TEXT_WIDTH)
+                    out.extend(indent + w for w in wrapped)
+    return "\n".join(out)
+
+
+def summary_line(results: list[CheckResult], code: int) -> str:
+    """'26 checks: 1 fail, 2 warn, 0 unknown, 12 info, 11 pass → exit 2 (critical)'."""
+    from collections import Counter
+
+    counts = Counter(r.status.value for r in results)
+    meaning = {0: "ok", 1: "warning", 2: "critical", 3: "unknown"}[code]
+    parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in ("fail", "warn", "unknown", "info", "pass"))
+    return f"{len(results)} checks: {parts} → exit {code} ({meaning})"
+
+
+def render_changes(name: str, changes: list[Change]) -> str:
+    """'Changed since baseline default:' and one line per change, or 'no change'."""
+    if not changes:
+        return f"No change since baseline {name!r}."
+    lines = [f"Changed since baseline {name!r}:"]
+    lines.extend(f"  {c.describe()}" for c in changes)
+    return "\n".join(lines)

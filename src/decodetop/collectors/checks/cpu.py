@@ -28,7 +28,7 @@ def _policies(ctx: HostContext) -> list[str]:
 def _not_exposed(ctx: HostContext, what: str) -> str:
     """'no cpufreq directory: not exposed in this VM' or the bare-metal wording."""
     if ctx.virt.guest:
-        return f"{what}: not exposed in this {ctx.virt.short()} ({ctx.virt.describe()})"
+        return f"{what}: not exposed in this {ctx.virt.describe()}"
     return f"{what} (driver not loaded, or firmware owns P-states)"
 
 

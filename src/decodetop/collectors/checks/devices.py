@@ -88,10 +88,10 @@ def _cgroup_v1_rules(ctx: HostContext) -> tuple[tuple[DeviceRule, ...] | None, s
     return None, candidates[0]
 
 
-@guarded("N12", "NVIDIA device nodes vs /proc/devices vs device cgroup")
+@guarded("N12", "NVIDIA device nodes and cgroup")
 def check_device_majors(ctx: HostContext) -> list[CheckResult]:
     """N12: every /dev/nvidia* node carries the live major and the device cgroup allows it (rw)."""
-    title = "NVIDIA device nodes vs /proc/devices vs device cgroup"
+    title = "NVIDIA device nodes and cgroup"
     expected = "each /dev/nvidia* major = its live major in /proc/devices, and allowed rw by the device cgroup"
     fix_base = (
         "Recreate stale nodes (nvidia-modprobe -u -c0, or bind-mount the host's /dev/nvidia-uvm) and update the "

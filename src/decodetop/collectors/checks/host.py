@@ -61,10 +61,10 @@ def gpu_checks_unavailable(reason: str) -> CheckResult:
     )
 
 
-def run_gpu_checks(root: HostRoot, nvml: Any | None = None) -> list[CheckResult]:
+def run_gpu_checks(root: HostRoot, nvml: Any | None = None, *, under_load: bool = False) -> list[CheckResult]:
     """The NVML helper's `gpu_checks(root, nvml)`, imported lazily; one info line when it cannot run.
 
-    A copied tree is not described by this machine's NVML, so there `nvml` is passed as None.
+    A copied tree is not described by this machine's NVML, so GPU checks are skipped there with one info line.
     """
     try:
         module = importlib.import_module(GPU_CHECKS_MODULE)
@@ -73,12 +73,14 @@ def run_gpu_checks(root: HostRoot, nvml: Any | None = None) -> list[CheckResult]
     gpu_checks = getattr(module, "gpu_checks", None)
     if gpu_checks is None:
         return [gpu_checks_unavailable(f"{GPU_CHECKS_MODULE} has no gpu_checks()")]
-    if nvml is None and root.is_live:
+    if not root.is_live:
+        return [gpu_checks_unavailable("NVML describes this machine, not a copied host tree")]
+    if nvml is None:
         from decodetop.collectors.nvml import Nvml
 
         nvml = Nvml()
     try:
-        results = gpu_checks(root, nvml if root.is_live else None)
+        results = gpu_checks(root, nvml, under_load=under_load)
     except Exception as exc:
         return [
             CheckResult(
@@ -111,7 +113,8 @@ def run_all_checks(
         sleep=sleep,
         lxc_config_paths=lxc_config_paths,
     )
-    results.extend(run_gpu_checks(root, nvml))
+    under_load = bool(gpu_busy) and all(gpu_busy.values()) if gpu_busy else False
+    results.extend(run_gpu_checks(root, nvml, under_load=under_load))
     return results
 
 
