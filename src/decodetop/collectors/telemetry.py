@@ -1,0 +1,870 @@
+"""Provides GPU telemetry: frozen snapshots read through the NVML choke point, and a thread that takes one per tick.
+
+`TelemetrySampler.sample()` reads every GPU once (clocks, clock-event reasons and their accumulated time, PCIe link
+and traffic, power, temperature, utilisation, memory, ECC, row remapping, NVLink, persistence, processes) and the
+topology and P2P status of every pair (once: they do not change while the driver is loaded). Every value NVML cannot
+give is `None`, and the snapshot's `unavailable` map says why. The cost of each tick is measured and carried in
+the snapshot, in total and per GPU.
+
+`TelemetryCollector` runs the sampler on a thread (1 s default tick) and hands each snapshot to a callback; the TUI
+and the exporter both use it. Process lists are costly (MangoHud PR #2104: ~4.5 ms per call holding the driver's
+lock, peers.md §3.8), so they are skipped while `collector.costly_paused` is set, which a latency probe sets for
+its duration (`with collector.latency_probe(): ...`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from decodetop.collectors.nvml import NA, GpuRef, Nvml
+
+log = logging.getLogger(__name__)
+
+# --- NVML enums used here (nvidia-ml-py 13.615.71 pynvml.py, healthchecks.md [PYNVML]) -----------------------
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
+NVML_NVLINK_MAX_LINKS = 36
+"""Link indices to scan when the driver does not give the link count (36 in nvidia-ml-py 13.x, healthchecks N10)."""
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
+NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
+NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+CPU_SET_WORDS = 16
+"""64-bit words passed to nvmlDeviceGetCpuAffinity: 1024 CPUs, more than any current host. NVML fills at most
+this many words; a fixed size keeps recordings independent of the recording host's CPU count."""
+PCIE_THROUGHPUT_UNIT_BYTES = 1024
+"""nvmlDeviceGetPcieThroughput reports KB/s (nvml.h); nvtop converts with 1024, and so do we."""
+
+P2P_CAPS: tuple[tuple[str, int], ...] = (("read", 0), ("write", 1), ("nvlink", 2), ("atomics", 3), ("pci", 4))
+"""nvmlDeviceGetP2PStatus indices, passed as ints: pynvml's NVML_P2P_CAPS_INDEX_READ is the tuple (0,) (N9)."""
+
+P2P_STATUS_NAMES = {
+    0: "OK",
+    1: "CHIPSET_NOT_SUPPORTED",
+    2: "GPU_NOT_SUPPORTED",
+    3: "IOH_TOPOLOGY_NOT_SUPPORTED",
+    4: "DISABLED_BY_REGKEY",
+    5: "NOT_SUPPORTED",
+    6: "UNKNOWN",
+}
+"""nvmlGpuP2PStatus_t (healthchecks.md N9)."""
+
+TOPOLOGY_NAMES = {0: "INTERNAL", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+"""nvmlGpuTopologyLevel_t with nvidia-smi topo's names: SINGLE=PIX, MULTIPLE=PXB, HOSTBRIDGE=PHB (healthchecks P7)."""
+
+
+@dataclass(frozen=True)
+class ClockEventReason:
+    """One bit of the clock-event (throttle) reason mask and how serious it is (healthchecks.md N3)."""
+
+    bit: int
+    name: str
+    severity: str
+    """"fail", "warn" or "info" as N3 grades it (warn for SwPowerCap only when sustained under load)."""
+    meaning: str
+    counter_field_id: int | None = None
+    """NVML field id of the accumulated time (ns) spent with this reason, where the driver counts it."""
+
+
+CLOCK_EVENT_REASONS: tuple[ClockEventReason, ...] = (
+    # Bits and names: NVML nvmlClocksEventReasons (healthchecks.md N3, [NVML-CER]); counters: pynvml
+    # NVML_FI_DEV_CLOCKS_EVENT_REASON_* / NVML_FI_DEV_PERF_POLICY_* (nanoseconds).
+    ClockEventReason(0x1, "GpuIdle", "info", "nothing is running; clocks drop at idle"),
+    ClockEventReason(0x2, "ApplicationsClocksSetting", "info", "application clocks hold the clocks down", 80),
+    ClockEventReason(0x4, "SwPowerCap", "warn", "the software power cap lowers clocks to stay under the limit", 74),
+    ClockEventReason(0x8, "HwSlowdown", "fail", "hardware slowdown (thermal or power brake), clocks cut ≥ 2×"),
+    ClockEventReason(0x10, "SyncBoost", "info", "clocks held to the slowest GPU of a sync-boost group", 76),
+    ClockEventReason(0x20, "SwThermalSlowdown", "warn", "software thermal slowdown: GPU or memory too hot", 269),
+    ClockEventReason(0x40, "HwThermalSlowdown", "fail", "hardware thermal slowdown: temperature over the limit", 270),
+    ClockEventReason(0x80, "HwPowerBrakeSlowdown", "fail", "external power brake asserted (PSU or board)", 271),
+    ClockEventReason(0x100, "DisplayClockSetting", "info", "clocks follow the display clock"),
+    # pynvml 13.x nvmlClocksThrottleReasonBoardLimit / Reliability (values "not checked" in healthchecks.md N3).
+    ClockEventReason(0x200, "BoardLimit", "info", "board-level limit", 77),
+    ClockEventReason(0x400, "Reliability", "info", "reliability limit", 79),
+)
+CLOCK_EVENT_BY_NAME = {r.name: r for r in CLOCK_EVENT_REASONS}
+
+EXTRA_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("Thermal", 75),
+    ("LowUtilization", 78),
+    ("TotalBaseClocks", 81),
+)
+"""Other perf-policy time counters (ns) read with the reason counters (pynvml NVML_FI_DEV_PERF_POLICY_*)."""
+
+
+def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
+    """Names of the bits set in a clock-event reason mask; unknown bits as "Unknown(0x...)"."""
+    names = [r.name for r in CLOCK_EVENT_REASONS if mask & r.bit]
+    known = 0
+    for r in CLOCK_EVENT_REASONS:
+        known |= r.bit
+    unknown = mask & ~known
+    bit = 1
+    while unknown:
+        if unknown & bit:
+            names.append(f"Unknown(0x{bit:x})")
+            unknown &= ~bit
+        bit <<= 1
+    return tuple(names)
+
+
+def normalize_bus_id(nvml_bus_id: str) -> str:
+    """NVML's "00000000:3B:00.0" → sysfs's "0000:3b:00.0" (healthchecks.md §1 notes); already-sysfs ids pass."""
+    text = nvml_bus_id.strip().lower()
+    parts = text.split(":")
+    if len(parts) == 3:
+        domain, bus, devfn = parts
+        try:
+            return f"{int(domain, 16):04x}:{bus}:{devfn}"
+        except ValueError:
+            return text
+    if len(parts) == 2:  # no domain
+        return f"0000:{text}"
+    return text
+
+
+def cpus_from_affinity(words: list[int]) -> tuple[int, ...]:
+    """CPU ids set in nvmlDeviceGetCpuAffinity's 64-bit words (bit i of word j = CPU 64j+i, healthchecks P6)."""
+    cpus: list[int] = []
+    for j, word in enumerate(words):
+        for i in range(64):
+            if (int(word) >> i) & 1:
+                cpus.append(64 * j + i)
+    return tuple(cpus)
+
+
+# --- snapshots ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process with a context on a GPU (nvmlDeviceGet{Compute,Graphics}RunningProcesses)."""
+
+    pid: int
+    used_mem_bytes: int | None
+    kind: str
+    """"compute" or "graphics"."""
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU at one tick. None means NVML could not give the value; `unavailable[field]` says why."""
+
+    index: int
+    name: str | None
+    uuid: str | None
+    pci_bus_id: str | None
+    """sysfs form, "0000:3b:00.0" (NVML's 8-digit domain normalised) so it joins sysfs data."""
+    minor_number: int | None
+    """N in /dev/nvidiaN."""
+    compute_capability: str | None
+    # clocks
+    sm_clock_mhz: int | None
+    sm_clock_max_mhz: int | None
+    mem_clock_mhz: int | None
+    mem_clock_max_mhz: int | None
+    app_sm_clock_mhz: int | None
+    app_mem_clock_mhz: int | None
+    default_app_sm_clock_mhz: int | None
+    default_app_mem_clock_mhz: int | None
+    performance_state: int | None
+    """P-state: 0 = P0 (max performance) … 15; 32 = unknown."""
+    # clock-event reasons
+    clock_event_mask: int | None
+    clock_event_supported_mask: int | None
+    clock_event_reasons: tuple[str, ...]
+    """Names decoded from `clock_event_mask` (empty when none, or when the mask is unavailable)."""
+    clock_event_time_ns: Mapping[str, int]
+    """Accumulated time per reason (and other perf-policy counters) since driver load, where the driver counts it."""
+    clock_event_share: Mapping[str, float]
+    """Share (0–1) of the last tick's wall time spent with each counted reason; empty on the first tick."""
+    # PCIe
+    pcie_gen: int | None
+    pcie_gen_max: int | None
+    """The system's max (slot, riser and GPU together)."""
+    pcie_gen_gpu_max: int | None
+    """The GPU's own max; greater than `pcie_gen_max` means the slot or riser limits the link (P2)."""
+    pcie_width: int | None
+    pcie_width_max: int | None
+    pcie_tx_bytes_per_s: float | None
+    pcie_rx_bytes_per_s: float | None
+    pcie_tx_bytes_total: int | None
+    pcie_rx_bytes_total: int | None
+    pcie_rate_source: str
+    """"counters" (delta of NVML's byte counters between ticks), "sampled" (nvmlDeviceGetPcieThroughput, a
+    20 ms window per call) or "" (none yet)."""
+    pcie_replay_count: int | None
+    # power and thermals
+    power_w: float | None
+    power_limit_enforced_w: float | None
+    power_limit_w: float | None
+    """The power-management limit currently set (nvmlDeviceGetPowerManagementLimit)."""
+    power_limit_default_w: float | None
+    temperature_c: int | None
+    # load and memory
+    gpu_util_pct: int | None
+    mem_util_pct: int | None
+    mem_total_bytes: int | None
+    mem_used_bytes: int | None
+    mem_free_bytes: int | None
+    memory_bus_width_bits: int | None
+    # reliability
+    ecc_enabled: bool | None
+    ecc_pending_enabled: bool | None
+    ecc_uncorrected_volatile: int | None
+    ecc_uncorrected_aggregate: int | None
+    ecc_corrected_volatile: int | None
+    ecc_corrected_aggregate: int | None
+    retired_pages_pending: bool | None
+    remapped_rows_correctable: int | None
+    remapped_rows_uncorrectable: int | None
+    remapped_rows_pending: bool | None
+    remapped_rows_failure: bool | None
+    # links, modes, placement
+    nvlink_links: int | None
+    """Links present at this GPU (indices NVML answers for)."""
+    nvlink_active_links: int | None
+    persistence_mode: bool | None
+    cpu_affinity: tuple[int, ...] | None
+    """CPUs NVML calls local to this GPU."""
+    numa_node_id: int | None
+    # processes (costly)
+    processes: tuple[GpuProcess, ...] | None
+    """None when not read this tick (see `processes_note`)."""
+    processes_note: str
+    # cost
+    sample_cost_s: float
+    """Wall time spent reading this GPU this tick."""
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    """Field name → why NVML could not give it ("not supported on this GPU or driver", ...)."""
+
+
+@dataclass(frozen=True)
+class GpuPairSnapshot:
+    """Topology and P2P capability of one GPU pair (a < b), read once."""
+
+    gpu_a: int
+    gpu_b: int
+    topology_level: int | None
+    """nvmlDeviceGetTopologyCommonAncestor: 0 INTERNAL, 10 PIX, 20 PXB, 30 PHB, 40 NODE, 50 SYS (P7)."""
+    topology_name: str | None
+    p2p_status: Mapping[str, int | None]
+    """Capability ("read", "write", "nvlink", "atomics", "pci") → nvmlGpuP2PStatus_t (0 = OK)."""
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+
+    def p2p_name(self, capability: str) -> str:
+        """The status name of one capability ("OK", "NOT_SUPPORTED", ... or "N/A")."""
+        code = self.p2p_status.get(capability)
+        return "N/A" if code is None else P2P_STATUS_NAMES.get(code, f"status {code}")
+
+
+@dataclass(frozen=True)
+class NvmlSystemInfo:
+    """Driver-wide facts."""
+
+    driver_version: str | None
+    cuda_driver_version: str | None
+    """"12.4" from nvmlSystemGetCudaDriverVersion's 12040 (v//1000, (v%1000)//10; healthchecks N1)."""
+    nvml_version: str | None
+    device_count: int
+
+
+@dataclass(frozen=True)
+class TelemetrySnapshot:
+    """Every GPU and pair at one tick, with where the data came from and what the tick cost."""
+
+    tick: int
+    taken_at_unix_s: float
+    monotonic_s: float
+    source: str
+    """Backend label: "nvml", "fake: h200x2-load (replicated 2→8 GPUs)", "none"."""
+    nvml_available: bool
+    nvml_reason: str
+    """Why NVML is unavailable ("" when available): library not found, driver not loaded, version mismatch."""
+    system: NvmlSystemInfo
+    gpus: tuple[GpuSnapshot, ...]
+    pairs: tuple[GpuPairSnapshot, ...]
+    processes_sampled: bool
+    processes_note: str
+    tick_cost_s: float
+    """Wall time of this tick's NVML reads (all GPUs; the one-time static reads are in `static_cost_s`)."""
+    tick_cost_per_gpu_s: float
+    """`tick_cost_s` divided by the GPU count (0 with no GPU)."""
+    static_cost_s: float
+    """Wall time of the one-time reads (names, max clocks, topology, P2P) made on this tick; 0 once cached."""
+    nvml_calls: int
+    """NVML calls made this tick."""
+
+    def gpu(self, index: int) -> GpuSnapshot | None:
+        """The GPU with this NVML index, if present."""
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+
+# --- reading ------------------------------------------------------------------------------------------------
+
+
+class _Reads:
+    """Query helper that records why a field is missing and counts calls."""
+
+    def __init__(self, nvml: Nvml) -> None:
+        self.nvml = nvml
+        self.unavailable: dict[str, str] = {}
+        self.calls = 0
+
+    def raw(self, name: str, fn: str, *args: Any) -> Any:
+        self.calls += 1
+        value = self.nvml.query(fn, *args)
+        if isinstance(value, NA):
+            self.unavailable[name] = value.reason
+            return None
+        return value
+
+    def int_(self, name: str, fn: str, *args: Any) -> int | None:
+        value = self.raw(name, fn, *args)
+        if isinstance(value, bool):
+            return int(value)
+        if isinstance(value, int):
+            return value
+        if value is not None:
+            self.unavailable[name] = f"unexpected value {value!r} from {fn}"
+        return None
+
+    def first_int(self, name: str, fns: tuple[str, ...], *args: Any) -> int | None:
+        """The first function that answers (newer name first, then the older one)."""
+        reasons: list[str] = []
+        for fn in fns:
+            self.calls += 1
+            value = self.nvml.query(fn, *args)
+            if isinstance(value, NA):
+                reasons.append(value.reason)
+                continue
+            if isinstance(value, int):
+                return value
+        self.unavailable[name] = reasons[0] if reasons else "no answer"
+        return None
+
+
+def _mw_to_w(value: int | None) -> float | None:
+    return None if value is None else value / 1000.0
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class _GpuStatic:
+    values: Mapping[str, Any]
+    unavailable: Mapping[str, str]
+    nvlink_indices: tuple[int, ...]
+
+
+_COUNTER_FIELDS: tuple[tuple[str, int], ...] = (
+    *((r.name, r.counter_field_id) for r in CLOCK_EVENT_REASONS if r.counter_field_id is not None),
+    *EXTRA_COUNTERS,
+)
+_FIELD_IDS: tuple[int, ...] = (
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    *(fid for _, fid in _COUNTER_FIELDS),
+)
+_NVML_SUCCESS = 0
+
+
+class TelemetrySampler:
+    """Reads snapshots through an `Nvml`; keeps the one-time reads and the previous tick (for rates)."""
+
+    def __init__(self, nvml: Nvml) -> None:
+        self.nvml = nvml
+        self._static: dict[int, _GpuStatic] = {}
+        self._pairs: tuple[GpuPairSnapshot, ...] = ()
+        self._system: NvmlSystemInfo | None = None
+        self._previous: TelemetrySnapshot | None = None
+        self._tick = 0
+
+    @property
+    def previous(self) -> TelemetrySnapshot | None:
+        """The last snapshot taken."""
+        return self._previous
+
+    def sample(self, *, processes: bool = True, processes_note: str = "") -> TelemetrySnapshot:
+        """Read every GPU once. `processes=False` skips the costly process lists (say why in `processes_note`)."""
+        self._tick += 1
+        now_mono = time.monotonic()
+        now_unix = time.time()
+        status = self.nvml.status()
+        if not status.available:
+            snap = TelemetrySnapshot(
+                tick=self._tick,
+                taken_at_unix_s=now_unix,
+                monotonic_s=now_mono,
+                source=status.source,
+                nvml_available=False,
+                nvml_reason=status.reason,
+                system=NvmlSystemInfo(None, None, None, 0),
+                gpus=(),
+                pairs=(),
+                processes_sampled=False,
+                processes_note="NVML unavailable",
+                tick_cost_s=0.0,
+                tick_cost_per_gpu_s=0.0,
+                static_cost_s=0.0,
+                nvml_calls=0,
+            )
+            self._previous = snap
+            return snap
+
+        static_start = time.perf_counter()
+        static_calls = 0
+        if self._system is None:
+            self._system, static_calls = self._read_system()
+        count = self._system.device_count
+        for index in range(count):
+            if index not in self._static:
+                static, calls = self._read_static(index)
+                self._static[index] = static
+                static_calls += calls
+        if not self._pairs and count > 1:
+            self._pairs, calls = self._read_pairs(count)
+            static_calls += calls
+        static_cost = time.perf_counter() - static_start if static_calls else 0.0
+
+        if not processes and not processes_note:
+            processes_note = "process lists not read this tick"
+        tick_start = time.perf_counter()
+        calls = 0
+        gpus: list[GpuSnapshot] = []
+        for index in range(count):
+            snap_gpu, gpu_calls = self._read_gpu(
+                index, processes=processes, processes_note=processes_note, now=now_mono
+            )
+            gpus.append(snap_gpu)
+            calls += gpu_calls
+        tick_cost = time.perf_counter() - tick_start
+        snap = TelemetrySnapshot(
+            tick=self._tick,
+            taken_at_unix_s=now_unix,
+            monotonic_s=now_mono,
+            source=status.source,
+            nvml_available=True,
+            nvml_reason="",
+            system=self._system,
+            gpus=tuple(gpus),
+            pairs=self._pairs,
+            processes_sampled=processes,
+            processes_note="" if processes else processes_note,
+            tick_cost_s=tick_cost,
+            tick_cost_per_gpu_s=tick_cost / count if count else 0.0,
+            static_cost_s=static_cost,
+            nvml_calls=calls + static_calls,
+        )
+        self._previous = snap
+        return snap
+
+    # one-time reads ------------------------------------------------------------------------------------------
+
+    def _read_system(self) -> tuple[NvmlSystemInfo, int]:
+        r = _Reads(self.nvml)
+        driver = r.raw("driver_version", "nvmlSystemGetDriverVersion")
+        cuda = r.int_("cuda_driver_version", "nvmlSystemGetCudaDriverVersion")
+        nvml_version = r.raw("nvml_version", "nvmlSystemGetNVMLVersion")
+        count = r.int_("device_count", "nvmlDeviceGetCount") or 0
+        cuda_text = f"{cuda // 1000}.{(cuda % 1000) // 10}" if cuda is not None else None  # healthchecks N1
+        info = NvmlSystemInfo(
+            driver_version=str(driver) if driver is not None else None,
+            cuda_driver_version=cuda_text,
+            nvml_version=str(nvml_version) if nvml_version is not None else None,
+            device_count=count,
+        )
+        return info, r.calls
+
+    def _read_static(self, index: int) -> tuple[_GpuStatic, int]:
+        r = _Reads(self.nvml)
+        g = GpuRef(index)
+        v: dict[str, Any] = {}
+        name = r.raw("name", "nvmlDeviceGetName", g)
+        v["name"] = str(name) if name is not None else None
+        uuid = r.raw("uuid", "nvmlDeviceGetUUID", g)
+        v["uuid"] = str(uuid) if uuid is not None else None
+        pci = r.raw("pci_bus_id", "nvmlDeviceGetPciInfo", g)
+        bus_id = _as_dict(pci).get("busId")
+        v["pci_bus_id"] = normalize_bus_id(str(bus_id)) if bus_id else None
+        if pci is not None and not bus_id:
+            r.unavailable["pci_bus_id"] = "no busId in nvmlDeviceGetPciInfo"
+        v["minor_number"] = r.int_("minor_number", "nvmlDeviceGetMinorNumber", g)
+        cc = r.raw("compute_capability", "nvmlDeviceGetCudaComputeCapability", g)
+        v["compute_capability"] = f"{cc[0]}.{cc[1]}" if isinstance(cc, list) and len(cc) == 2 else None
+        v["sm_clock_max_mhz"] = r.int_("sm_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", g, NVML_CLOCK_SM)
+        v["mem_clock_max_mhz"] = r.int_("mem_clock_max_mhz", "nvmlDeviceGetMaxClockInfo", g, NVML_CLOCK_MEM)
+        v["default_app_sm_clock_mhz"] = r.int_(
+            "default_app_sm_clock_mhz", "nvmlDeviceGetDefaultApplicationsClock", g, NVML_CLOCK_SM
+        )
+        v["default_app_mem_clock_mhz"] = r.int_(
+            "default_app_mem_clock_mhz", "nvmlDeviceGetDefaultApplicationsClock", g, NVML_CLOCK_MEM
+        )
+        v["pcie_gen_max"] = r.int_("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", g)
+        v["pcie_gen_gpu_max"] = r.int_("pcie_gen_gpu_max", "nvmlDeviceGetGpuMaxPcieLinkGeneration", g)
+        v["pcie_width_max"] = r.int_("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", g)
+        v["power_limit_default_w"] = _mw_to_w(
+            r.int_("power_limit_default_w", "nvmlDeviceGetPowerManagementDefaultLimit", g)
+        )
+        v["memory_bus_width_bits"] = r.int_("memory_bus_width_bits", "nvmlDeviceGetMemoryBusWidth", g)
+        v["clock_event_supported_mask"] = r.first_int(
+            "clock_event_supported_mask",
+            ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons"),
+            g,
+        )
+        words = r.raw("cpu_affinity", "nvmlDeviceGetCpuAffinity", g, CPU_SET_WORDS)
+        v["cpu_affinity"] = cpus_from_affinity(words) if isinstance(words, list) else None
+        v["numa_node_id"] = r.int_("numa_node_id", "nvmlDeviceGetNumaNodeId", g)
+        # NVLink: the indices this GPU answers for (N10). The link-count field bounds the scan where it works.
+        fields = r.raw("nvlink_links", "nvmlDeviceGetFieldValues", g, (NVML_FI_DEV_NVLINK_LINK_COUNT,))
+        link_count: int | None = None
+        if isinstance(fields, list) and fields:
+            entry = _as_dict(fields[0])
+            if entry.get("nvmlReturn") == _NVML_SUCCESS:
+                link_count = _int_or_none(entry.get("value"))
+        indices: list[int] = []
+        for link in range(link_count if link_count is not None else NVML_NVLINK_MAX_LINKS):
+            r.calls += 1
+            state = self.nvml.query("nvmlDeviceGetNvLinkState", g, link)
+            if isinstance(state, int):
+                indices.append(link)
+        unavailable = dict(r.unavailable)
+        if indices or link_count == 0:
+            unavailable.pop("nvlink_links", None)
+        else:
+            unavailable["nvlink_links"] = "no NVLink link answered (no NVLink on this GPU)"
+        v["nvlink_links"] = len(indices) if (indices or link_count == 0) else None
+        return _GpuStatic(v, unavailable, tuple(indices)), r.calls
+
+    def _read_pairs(self, count: int) -> tuple[tuple[GpuPairSnapshot, ...], int]:
+        pairs: list[GpuPairSnapshot] = []
+        calls = 0
+        for a in range(count):
+            for b in range(a + 1, count):
+                r = _Reads(self.nvml)
+                level = r.int_("topology_level", "nvmlDeviceGetTopologyCommonAncestor", GpuRef(a), GpuRef(b))
+                status: dict[str, int | None] = {}
+                for cap, idx in P2P_CAPS:
+                    status[cap] = r.int_(f"p2p_{cap}", "nvmlDeviceGetP2PStatus", GpuRef(a), GpuRef(b), idx)
+                pairs.append(
+                    GpuPairSnapshot(
+                        gpu_a=a,
+                        gpu_b=b,
+                        topology_level=level,
+                        topology_name=TOPOLOGY_NAMES.get(level, f"level {level}") if level is not None else None,
+                        p2p_status=status,
+                        unavailable=dict(r.unavailable),
+                    )
+                )
+                calls += r.calls
+        return tuple(pairs), calls
+
+    # per-tick reads ------------------------------------------------------------------------------------------
+
+    def _read_gpu(self, index: int, *, processes: bool, processes_note: str, now: float) -> tuple[GpuSnapshot, int]:
+        start = time.perf_counter()
+        static = self._static[index]
+        r = _Reads(self.nvml)
+        g = GpuRef(index)
+        v: dict[str, Any] = dict(static.values)
+        v["sm_clock_mhz"] = r.int_("sm_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_SM)
+        v["mem_clock_mhz"] = r.int_("mem_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_MEM)
+        v["app_sm_clock_mhz"] = r.int_("app_sm_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_SM)
+        v["app_mem_clock_mhz"] = r.int_("app_mem_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_MEM)
+        v["performance_state"] = r.int_("performance_state", "nvmlDeviceGetPerformanceState", g)
+        mask = r.first_int(
+            "clock_event_mask",
+            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+            g,
+        )
+        v["clock_event_mask"] = mask
+        v["clock_event_reasons"] = decode_clock_event_reasons(mask) if mask is not None else ()
+        v["pcie_gen"] = r.int_("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", g)
+        v["pcie_width"] = r.int_("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", g)
+        v["pcie_replay_count"] = r.int_("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", g)
+        v["power_w"] = _mw_to_w(r.int_("power_w", "nvmlDeviceGetPowerUsage", g))
+        v["power_limit_enforced_w"] = _mw_to_w(r.int_("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", g))
+        v["power_limit_w"] = _mw_to_w(r.int_("power_limit_w", "nvmlDeviceGetPowerManagementLimit", g))
+        v["temperature_c"] = r.int_("temperature_c", "nvmlDeviceGetTemperature", g, NVML_TEMPERATURE_GPU)
+        util = r.raw("gpu_util_pct", "nvmlDeviceGetUtilizationRates", g)
+        v["gpu_util_pct"] = _int_or_none(_as_dict(util).get("gpu"))
+        v["mem_util_pct"] = _int_or_none(_as_dict(util).get("memory"))
+        if util is None:
+            r.unavailable["mem_util_pct"] = r.unavailable.get("gpu_util_pct", "")
+        mem = r.raw("mem_used_bytes", "nvmlDeviceGetMemoryInfo", g)
+        v["mem_total_bytes"] = _int_or_none(_as_dict(mem).get("total"))
+        v["mem_used_bytes"] = _int_or_none(_as_dict(mem).get("used"))
+        v["mem_free_bytes"] = _int_or_none(_as_dict(mem).get("free"))
+        if mem is None:
+            r.unavailable["mem_total_bytes"] = r.unavailable["mem_free_bytes"] = r.unavailable["mem_used_bytes"]
+        # ECC (N5), retired pages (N6), row remapping (N7)
+        ecc = r.raw("ecc_enabled", "nvmlDeviceGetEccMode", g)
+        ok_ecc = isinstance(ecc, list) and len(ecc) == 2
+        v["ecc_enabled"] = bool(ecc[0]) if ok_ecc else None
+        v["ecc_pending_enabled"] = bool(ecc[1]) if ok_ecc else None
+        if ecc is None:
+            r.unavailable["ecc_pending_enabled"] = r.unavailable["ecc_enabled"]
+        for name, etype, ctype in (
+            ("ecc_uncorrected_volatile", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
+            ("ecc_uncorrected_aggregate", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
+            ("ecc_corrected_volatile", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
+            ("ecc_corrected_aggregate", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
+        ):
+            v[name] = r.int_(name, "nvmlDeviceGetTotalEccErrors", g, etype, ctype)
+        pending = r.int_("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", g)
+        v["retired_pages_pending"] = bool(pending) if pending is not None else None
+        rows = r.raw("remapped_rows", "nvmlDeviceGetRemappedRows", g)
+        ok_rows = isinstance(rows, list) and len(rows) == 4
+        v["remapped_rows_correctable"] = int(rows[0]) if ok_rows else None
+        v["remapped_rows_uncorrectable"] = int(rows[1]) if ok_rows else None
+        v["remapped_rows_pending"] = bool(rows[2]) if ok_rows else None
+        v["remapped_rows_failure"] = bool(rows[3]) if ok_rows else None
+        if not ok_rows:
+            reason = r.unavailable.pop("remapped_rows", "unexpected answer from nvmlDeviceGetRemappedRows")
+            for name in ("correctable", "uncorrectable", "pending", "failure"):
+                r.unavailable[f"remapped_rows_{name}"] = reason
+        else:
+            r.unavailable.pop("remapped_rows", None)
+        persistence = r.int_("persistence_mode", "nvmlDeviceGetPersistenceMode", g)
+        v["persistence_mode"] = bool(persistence) if persistence is not None else None
+        # NVLink (N10)
+        if static.nvlink_indices:
+            active = 0
+            for link in static.nvlink_indices:
+                r.calls += 1
+                state = self.nvml.query("nvmlDeviceGetNvLinkState", g, link)
+                active += int(isinstance(state, int) and state == 1)
+            v["nvlink_active_links"] = active
+        else:
+            v["nvlink_active_links"] = 0 if static.values.get("nvlink_links") == 0 else None
+            if v["nvlink_active_links"] is None:
+                r.unavailable["nvlink_active_links"] = static.unavailable.get("nvlink_links", "no NVLink")
+        # Counters in one batched call: PCIe bytes and the clock-event reason times.
+        self._read_counters(r, g, v, now)
+        # Processes (costly: MangoHud PR #2104, peers.md §3.8)
+        if processes:
+            procs: list[GpuProcess] = []
+            notes: list[str] = []
+            for kind, fn in (
+                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+            ):
+                r.calls += 1
+                listed = self.nvml.query(fn, g)
+                if isinstance(listed, NA):
+                    notes.append(f"{kind}: {listed.reason}")
+                    continue
+                for p in listed if isinstance(listed, list) else []:
+                    d = _as_dict(p)
+                    pid = _int_or_none(d.get("pid"))
+                    if pid is not None:
+                        procs.append(GpuProcess(pid, _int_or_none(d.get("usedGpuMemory")), kind))
+            v["processes"] = tuple(procs)
+            v["processes_note"] = "; ".join(notes)
+        else:
+            v["processes"] = None
+            v["processes_note"] = processes_note
+        unavailable = dict(static.unavailable)
+        unavailable.update(r.unavailable)
+        for key, value in v.items():
+            if value is not None:
+                unavailable.pop(key, None)
+        snap = GpuSnapshot(
+            index=index,
+            sample_cost_s=time.perf_counter() - start,
+            unavailable=unavailable,
+            **v,
+        )
+        return snap, r.calls
+
+    def _read_counters(self, r: _Reads, g: GpuRef, v: dict[str, Any], now: float) -> None:
+        values: dict[int, int] = {}
+        entries = r.raw("counters", "nvmlDeviceGetFieldValues", g, _FIELD_IDS)
+        reason = r.unavailable.pop("counters", "")
+        for entry in entries if isinstance(entries, list) else []:
+            d = _as_dict(entry)
+            fid = _int_or_none(d.get("fieldId"))
+            value = d.get("value")
+            if fid is not None and d.get("nvmlReturn") == _NVML_SUCCESS and isinstance(value, (int, float)):
+                values[fid] = int(value)
+        times = {name: values[fid] for name, fid in _COUNTER_FIELDS if fid in values}
+        v["clock_event_time_ns"] = times
+        if not times:
+            r.unavailable["clock_event_time_ns"] = reason or "counters not supported on this GPU or driver"
+        v["pcie_tx_bytes_total"] = values.get(NVML_FI_DEV_PCIE_COUNT_TX_BYTES)
+        v["pcie_rx_bytes_total"] = values.get(NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+        prev = self._previous.gpu(g.index) if self._previous is not None else None
+        dt = now - self._previous.monotonic_s if self._previous is not None else 0.0
+        share: dict[str, float] = {}
+        tx_rate: float | None = None
+        rx_rate: float | None = None
+        rate_source = ""
+        if prev is not None and dt > 0:
+            for name, ns in times.items():
+                before = prev.clock_event_time_ns.get(name)
+                if before is not None and ns >= before:
+                    share[name] = min(1.0, (ns - before) / (dt * 1e9))
+            tx_rate = _rate(prev.pcie_tx_bytes_total, v["pcie_tx_bytes_total"], dt)
+            rx_rate = _rate(prev.pcie_rx_bytes_total, v["pcie_rx_bytes_total"], dt)
+            if tx_rate is not None or rx_rate is not None:
+                rate_source = "counters"
+        if v["pcie_tx_bytes_total"] is None and v["pcie_rx_bytes_total"] is None:
+            # Fallback: nvmlDeviceGetPcieThroughput samples a 20 ms window per call (nvml.h), so it is costly.
+            tx = r.int_("pcie_tx_bytes_per_s", "nvmlDeviceGetPcieThroughput", g, NVML_PCIE_UTIL_TX_BYTES)
+            rx = r.int_("pcie_rx_bytes_per_s", "nvmlDeviceGetPcieThroughput", g, NVML_PCIE_UTIL_RX_BYTES)
+            tx_rate = tx * PCIE_THROUGHPUT_UNIT_BYTES if tx is not None else None
+            rx_rate = rx * PCIE_THROUGHPUT_UNIT_BYTES if rx is not None else None
+            rate_source = "sampled" if tx_rate is not None or rx_rate is not None else ""
+            r.unavailable.setdefault("pcie_tx_bytes_total", reason or "PCIe byte counters not supported")
+            r.unavailable.setdefault("pcie_rx_bytes_total", reason or "PCIe byte counters not supported")
+        elif prev is None:
+            r.unavailable["pcie_tx_bytes_per_s"] = r.unavailable["pcie_rx_bytes_per_s"] = "first tick: no rate yet"
+        v["pcie_tx_bytes_per_s"] = tx_rate
+        v["pcie_rx_bytes_per_s"] = rx_rate
+        v["pcie_rate_source"] = rate_source
+        v["clock_event_share"] = share
+
+
+def _rate(before: int | None, after: int | None, dt_s: float) -> float | None:
+    """Bytes per second between two counter readings; None across a reset (the counter went back)."""
+    if before is None or after is None or dt_s <= 0 or after < before:
+        return None
+    return (after - before) / dt_s
+
+
+# --- collector ----------------------------------------------------------------------------------------------
+
+
+class TelemetryCollector:
+    """Takes a snapshot every `interval_s` on its own thread and hands it to `on_snapshot`.
+
+    Thread-based (no textual): `start()`, then `stop()` sets the stop event and joins. `costly_paused` is a
+    `threading.Event`: while set (a latency probe runs), process lists are not read. `latest` is the last snapshot.
+    """
+
+    def __init__(
+        self,
+        nvml: Nvml,
+        *,
+        interval_s: float = 1.0,
+        on_snapshot: Callable[[TelemetrySnapshot], None] | None = None,
+        read_processes: bool = True,
+        costly_paused: threading.Event | None = None,
+        thread_name: str = "decodetop-telemetry",
+    ) -> None:
+        if not (interval_s > 0 and math.isfinite(interval_s)):
+            raise ValueError(f"telemetry interval must be a positive number of seconds, got {interval_s!r}")
+        self.nvml = nvml
+        self.interval_s = interval_s
+        self.on_snapshot = on_snapshot
+        self.read_processes = read_processes
+        self.costly_paused = costly_paused if costly_paused is not None else threading.Event()
+        self.sampler = TelemetrySampler(nvml)
+        self._thread_name = thread_name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._latest: TelemetrySnapshot | None = None
+        self._latest_lock = threading.Lock()
+        self._sample_lock = threading.Lock()
+        self._pause_depth = 0
+        self._pause_lock = threading.Lock()
+        self.errors = 0
+        """Ticks that raised (logged; the thread goes on)."""
+
+    @property
+    def latest(self) -> TelemetrySnapshot | None:
+        """The last snapshot taken (None before the first tick)."""
+        with self._latest_lock:
+            return self._latest
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def sample_once(self) -> TelemetrySnapshot:
+        """Take one snapshot now (on the caller's thread), store it as `latest` and call `on_snapshot`."""
+        with self._sample_lock:
+            if not self.read_processes:
+                snap = self.sampler.sample(processes=False, processes_note="process lists turned off")
+            elif self.costly_paused.is_set():
+                snap = self.sampler.sample(processes=False, processes_note="skipped: a latency probe is running")
+            else:
+                snap = self.sampler.sample(processes=True)
+        with self._latest_lock:
+            self._latest = snap
+        if self.on_snapshot is not None:
+            self.on_snapshot(snap)
+        return snap
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.sample_once()
+            except Exception:  # a tick must not kill the thread; the next one retries
+                self.errors += 1
+                log.exception("telemetry tick failed")
+            elapsed = time.monotonic() - started
+            self._stop.wait(max(0.0, self.interval_s - elapsed))
+
+    def start(self) -> None:
+        """Start the thread (a daemon, so a forgotten collector never blocks exit)."""
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=self._thread_name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Set the stop event and join the thread (a tick in flight finishes first)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("telemetry thread did not stop within %.1f s", timeout_s)
+        self._thread = None
+
+    @contextmanager
+    def latency_probe(self) -> Iterator[None]:
+        """Mark a latency probe as running: no costly NVML calls until the block ends (nests safely)."""
+        with self._pause_lock:
+            self._pause_depth += 1
+            self.costly_paused.set()
+        try:
+            yield
+        finally:
+            with self._pause_lock:
+                self._pause_depth -= 1
+                if self._pause_depth == 0:
+                    self.costly_paused.clear()
+
+    def __enter__(self) -> TelemetryCollector:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
