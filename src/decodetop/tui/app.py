@@ -1,0 +1,604 @@
+"""Provides DecodetopApp: the live UI (budget bar, probes, GPUs, health, charts) over injected `Sources`.
+
+Threads: the telemetry collector runs its own thread and posts `TelemetryReady`; one long-lived thread worker
+takes probe ids from a `ProbeQueue` and runs them one at a time (blocking calls into the probe group); short
+thread workers read the history, plan the probes, run the checks and write files. Results come back as messages,
+so the event loop only draws. Quitting cancels the running probe, closes the probe group and the collector
+(in a worker, so the screen stays live while ranks exit), then exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Container
+from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.worker import get_current_worker
+
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry
+from decodetop.settings import Settings, save_settings
+from decodetop.themes import THEME_NAMES, next_theme, register_themes, theme_variable_defaults
+from decodetop.tui.messages import (
+    BaselineSaved,
+    ChecksReady,
+    HistoryLoaded,
+    ProbeFinished,
+    ProbePlanned,
+    ProbeProgress,
+    ProbeStarted,
+    TelemetryReady,
+)
+from decodetop.tui.model import HealthView, ProbeState, ProbeView, TelemetryFrame
+from decodetop.tui.probe_queue import ProbeQueue
+from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
+from decodetop.tui.screens.help import HelpScreen
+from decodetop.tui.screens.model_picker import ModelPickerScreen
+from decodetop.tui.sources import ProbeOutcome, Sources
+from decodetop.tui.widgets.budget_bar import BudgetBar
+from decodetop.tui.widgets.charts import Charts, TelemetryHistory
+from decodetop.tui.widgets.gpu_table import GpuTable
+from decodetop.tui.widgets.health_panel import HealthPanel
+from decodetop.tui.widgets.probe_table import ProbeTable
+
+POP_TIMEOUT_S = 0.2
+"""How often the idle probe worker looks at its cancel flag."""
+BASELINE_NAME = "default"
+TABS = ("probes", "gpus", "health", "charts")
+
+EXTRA_KEYS: tuple[tuple[str, str], ...] = (
+    ("enter", "details of the selected probe or check"),
+    ("↑ ↓ / pgup pgdn", "move in a table"),
+    ("tab", "move focus"),
+    ("ctrl+p", "command palette"),
+)
+
+
+def baseline_payload(checks: list[CheckResult], probes: Mapping[str, ProbeView]) -> dict[str, Any]:
+    """What a baseline stores: each check's status, observed value and facts; each probe's value."""
+    return {
+        "checks": {
+            c.check_id: {"status": c.status.value, "observed": c.observed, "facts": dict(c.facts)} for c in checks
+        },
+        "probes": {pid: v.value_text for pid, v in probes.items() if v.value_text},
+    }
+
+
+def changed_since(checks: list[CheckResult], baseline: HistoryEntry | None) -> frozenset[str]:
+    """Ids of checks whose status or observed value differs from the baseline (new checks count as changed)."""
+    if baseline is None:
+        return frozenset()
+    stored = baseline.payload.get("checks", {})
+    if not isinstance(stored, dict):
+        return frozenset()
+    changed = set()
+    for check in checks:
+        old = stored.get(check.check_id)
+        if (
+            not isinstance(old, dict)
+            or old.get("status") != check.status.value
+            or old.get("observed") != check.observed
+        ):
+            changed.add(check.check_id)
+    return frozenset(changed)
+
+
+class DecodetopApp(App[int]):
+    """The live UI."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "decodetop"
+    ENABLE_COMMAND_PALETTE = True
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark", "help", "keys", key_display="?"),
+        Binding("r", "rerun", "re-run"),
+        Binding("R", "rerun_all", "all", key_display="R"),
+        Binding("x", "cancel_probe", "cancel"),
+        Binding("s", "save_baseline", "baseline"),
+        Binding("m", "pick_model", "model"),
+        Binding("t", "cycle_theme", "theme"),
+        Binding("1", "show_tab('probes')", "probes", show=False),
+        Binding("2", "show_tab('gpus')", "GPUs", show=False),
+        Binding("3", "show_tab('health')", "health", show=False),
+        Binding("4", "show_tab('charts')", "charts", show=False),
+    ]
+
+    def __init__(
+        self,
+        sources: Sources,
+        settings: Settings,
+        settings_path: Path | None = None,
+        *,
+        save_theme: bool = True,
+        age_refresh_s: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.sources = sources
+        """Where data comes from (real adapters, or fixed ones in tests)."""
+        self.settings = settings
+        """Current settings (flags over the file); `m` and `t` change them."""
+        self.settings_path = settings_path
+        """Where `t`/`m` save settings; None means the default path."""
+        self.save_theme = save_theme
+        """False in tests and when the user passed --theme (a flag is not a preference to remember)."""
+        self.age_refresh_s = age_refresh_s
+        self.probe_views: dict[str, ProbeView] = {}
+        """Every probe's row, by id."""
+        self.results: dict[str, object] = {}
+        """The latest good raw result of each probe (what the budget composes from)."""
+        self.checks: list[CheckResult] = []
+        self.baseline: HistoryEntry | None = None
+        self.telemetry = TelemetryHistory()
+        self.last_frame: TelemetryFrame | None = None
+        self.queue = ProbeQueue()
+        self.running_probe: str | None = None
+        self.closing = False
+        self._history_latest: dict[str, HistoryEntry] = {}
+        self._status_notes: list[str] = list(sources.notes)
+        register_themes(self)
+        self.theme = settings.theme if settings.theme in self.available_themes else THEME_NAMES[0]
+
+    # -- layout ----------------------------------------------------------------------------------------------------
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        """decodetop's variables for themes that lack them (Textual's built-ins)."""
+        return theme_variable_defaults()
+
+    def compose(self) -> ComposeResult:
+        """Budget on top, the tables and charts in tabs below, a status line and the footer."""
+        with Container(id="budget-box"):
+            yield BudgetBar(id="budget")
+        with TabbedContent(initial="probes", id="tabs"):
+            with TabPane("Probes 1", id="probes"):
+                yield ProbeTable(id="probe-table")
+            with TabPane("GPUs 2", id="gpus"):
+                yield Static("", id="gpu-note")
+                yield GpuTable(id="gpu-table")
+            with TabPane("Health 3", id="health"):
+                yield HealthPanel(id="health-panel")
+            with TabPane("Charts 4", id="charts"):
+                yield Charts(id="charts-grid")
+        yield Static("", id="status")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        """Draw the empty frame at once, then start everything in the background."""
+        self.query_one("#budget-box").border_title = "per-token budget"
+        self.query_one(BudgetBar).compact = self.size.height < self.COMPACT_BELOW_ROWS
+        self._recompose_budget()
+        self._set_status()
+        self.sources.telemetry.start(self._on_frame_from_thread)
+        self._load_history()
+        self._plan_probes(run_now=self.sources.run_probes_at_start)
+        self._probe_loop()
+        self._run_checks()
+        if self.age_refresh_s > 0:
+            self.set_interval(self.age_refresh_s, self._refresh_ages)
+        self.query_one(ProbeTable).focus()
+
+    COMPACT_BELOW_ROWS = 40
+    """Terminals shorter than this get the compact budget legend (so 80×24 keeps room for the tables)."""
+
+    def on_resize(self) -> None:
+        """Compact legend on short terminals."""
+        self.query_one(BudgetBar).compact = self.size.height < self.COMPACT_BELOW_ROWS
+
+    def now(self) -> float:
+        """The app's clock (fixed in snapshot tests)."""
+        return self.sources.clock()
+
+    # -- telemetry ---------------------------------------------------------------------------------------------
+
+    def _on_frame_from_thread(self, frame: TelemetryFrame) -> None:
+        self.post_message(TelemetryReady(frame))
+
+    @on(TelemetryReady)
+    def _show_frame(self, message: TelemetryReady) -> None:
+        frame = message.frame
+        self.last_frame = frame
+        self.query_one(GpuTable).show(frame)
+        self.telemetry.add(frame)
+        note = frame.source_note
+        if not frame.gpus:
+            note = f"no GPU telemetry: {frame.unavailable_reason or 'no GPU found'}"
+        self.query_one("#gpu-note", Static).update(note)
+        if self.query_one(TabbedContent).active == "charts":
+            self.query_one(Charts).show_history(self.telemetry, frame.taken_at_s)
+        self._set_status()
+
+    # -- history -------------------------------------------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="files")
+    def _load_history(self) -> None:
+        history = self.sources.history
+        if history is None:
+            self.post_message(HistoryLoaded(entries=[], problem=None))
+            return
+        loaded = history.load()
+        self.post_message(HistoryLoaded(entries=list(loaded.entries), problem=loaded.problem))
+
+    @on(HistoryLoaded)
+    def _apply_history(self, message: HistoryLoaded) -> None:
+        if message.problem:
+            self._status_notes.append(message.problem)
+            self.notify(message.problem, title="history", severity="warning", timeout=15)
+        latest: dict[str, HistoryEntry] = {}
+        baseline: HistoryEntry | None = None
+        for entry in message.entries:
+            if entry.kind == KIND_PROBE:
+                latest[entry.key] = entry
+            elif entry.kind == KIND_BASELINE and entry.key == BASELINE_NAME:
+                baseline = entry
+        self._history_latest = latest
+        if baseline is not None:
+            self.baseline = baseline
+        for probe_id in list(self.probe_views):
+            self._restore_from_history(probe_id)
+        self._recompose_budget()
+        self._show_health()
+        self._set_status()
+
+    def _restore_from_history(self, probe_id: str) -> None:
+        entry = self._history_latest.get(probe_id)
+        view = self.probe_views.get(probe_id)
+        if entry is None or view is None or probe_id in self.results:
+            return
+        outcome = self.sources.probes.restore(probe_id, entry.payload, entry.recorded_at_s)
+        if outcome is None:
+            return
+        if outcome.result is not None:
+            self.results[probe_id] = outcome.result
+        restored = dataclasses.replace(
+            outcome.view,
+            state=view.state if view.state in (ProbeState.QUEUED, ProbeState.RUNNING) else outcome.view.state,
+            progress=view.progress,
+            from_history=True,
+            measured_at_s=entry.recorded_at_s,
+        )
+        self._update_probe(restored)
+
+    # -- probes ----------------------------------------------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="plan", exclusive=True)
+    def _plan_probes(self, run_now: bool) -> None:
+        try:
+            views = self.sources.probes.plan(self.settings)
+        except Exception as exc:  # a bad model config must not close the UI
+            self.call_from_thread(self.notify, f"probe plan: {exc}", severity="error", timeout=15)
+            views = []
+        self.post_message(ProbePlanned(probes=views, run_now=run_now))
+
+    @on(ProbePlanned)
+    def _apply_plan(self, message: ProbePlanned) -> None:
+        table = self.query_one(ProbeTable)
+        kept = {v.probe_id: self.probe_views[v.probe_id] for v in message.probes if v.probe_id in self.probe_views}
+        self.probe_views = {v.probe_id: kept.get(v.probe_id, v) for v in message.probes}
+        table.replace_all(list(self.probe_views.values()))
+        for probe_id in self.probe_views:
+            self._restore_from_history(probe_id)
+        if message.run_now:
+            for probe_id in self.probe_views:
+                self._enqueue(probe_id)
+        self._recompose_budget()
+
+    def _enqueue(self, probe_id: str) -> None:
+        if probe_id == self.running_probe or self.closing:
+            return
+        if self.queue.push(probe_id):
+            view = self.probe_views[probe_id]
+            self._update_probe(dataclasses.replace(view, state=ProbeState.QUEUED, progress=None, progress_note=""))
+
+    def _update_probe(self, view: ProbeView) -> None:
+        self.probe_views[view.probe_id] = view
+        table = self.query_one(ProbeTable)
+        table.now_s = self.now()
+        table.show(view)
+
+    @work(thread=True, exit_on_error=False, group="probe-loop", exclusive=True)
+    def _probe_loop(self) -> None:
+        worker = get_current_worker()
+        probes = self.sources.probes
+        while not worker.is_cancelled and not self.queue.closed:
+            probe_id = self.queue.pop(POP_TIMEOUT_S)
+            if probe_id is None:
+                continue
+            self.running_probe = probe_id
+            self.post_message(ProbeStarted(probe_id))
+            quiet = probes.is_latency_probe(probe_id)
+            if quiet:
+                self.sources.telemetry.set_quiet(True)
+            try:
+
+                def progress(fraction: float | None, note: str, probe_id: str = probe_id) -> None:
+                    self.post_message(ProbeProgress(probe_id, fraction, note))
+
+                outcome = probes.run(probe_id, progress)
+            except Exception as exc:  # an adapter bug must show as a failed probe, not kill the loop
+                import traceback
+
+                view = ProbeView(
+                    probe_id=probe_id,
+                    title=probe_id,
+                    state=ProbeState.FAILED,
+                    error=f"{type(exc).__name__}: {exc}",
+                    traceback=traceback.format_exc(),
+                )
+                outcome = ProbeOutcome(view=view)
+            finally:
+                if quiet:
+                    self.sources.telemetry.set_quiet(False)
+                self.running_probe = None
+            if outcome.view.measured_at_s is None:
+                outcome = dataclasses.replace(outcome, view=dataclasses.replace(outcome.view, measured_at_s=self.now()))
+            history = self.sources.history
+            if history is not None and outcome.payload and not self.closing:
+                try:
+                    history.record(KIND_PROBE, probe_id, outcome.payload, recorded_at_s=outcome.view.measured_at_s)
+                except (OSError, ValueError) as exc:
+                    self.call_from_thread(self.notify, f"history: cannot save {probe_id}: {exc}", severity="warning")
+            self.post_message(ProbeFinished(probe_id, outcome))
+
+    @on(ProbeStarted)
+    def _probe_started(self, message: ProbeStarted) -> None:
+        view = self.probe_views.get(message.probe_id)
+        if view is not None:
+            self._update_probe(dataclasses.replace(view, state=ProbeState.RUNNING, progress=0.0, progress_note=""))
+        self._set_status()
+
+    @on(ProbeProgress)
+    def _probe_progress(self, message: ProbeProgress) -> None:
+        view = self.probe_views.get(message.probe_id)
+        if view is not None and view.state is ProbeState.RUNNING:
+            self._update_probe(dataclasses.replace(view, progress=message.fraction, progress_note=message.note))
+
+    @on(ProbeFinished)
+    def _probe_finished(self, message: ProbeFinished) -> None:
+        outcome = message.outcome
+        old = self.probe_views.get(message.probe_id)
+        view = outcome.view
+        if old is not None and not view.title:
+            view = dataclasses.replace(view, title=old.title)
+        if view.state is not ProbeState.DONE and old is not None and old.value_text and not view.value_text:
+            # keep showing the last good value (with its age) under the new state
+            view = dataclasses.replace(
+                view, value_text=old.value_text, measured_at_s=old.measured_at_s, from_history=old.from_history
+            )
+        if message.probe_id in self.probe_views or old is None:
+            self._update_probe(view)
+        if view.state is ProbeState.DONE and outcome.result is not None:
+            self.results[message.probe_id] = outcome.result
+            self._recompose_budget()
+        self._set_status()
+
+    # -- checks and baseline -------------------------------------------------------------------------------------
+
+    @work(thread=True, exit_on_error=False, group="checks", exclusive=True)
+    def _run_checks(self) -> None:
+        try:
+            checks = self.sources.checks.run()
+        except Exception as exc:  # checks must never take the UI down
+            self.post_message(ChecksReady(checks=[], problem=f"health checks failed: {type(exc).__name__}: {exc}"))
+            return
+        self.post_message(ChecksReady(checks=checks))
+
+    @on(ChecksReady)
+    def _apply_checks(self, message: ChecksReady) -> None:
+        self.checks = message.checks
+        self._show_health(problem=message.problem)
+
+    def _show_health(self, problem: str = "") -> None:
+        view = HealthView(
+            checks=tuple(self.checks),
+            changed_ids=changed_since(self.checks, self.baseline),
+            baseline_at_s=None if self.baseline is None else self.baseline.recorded_at_s,
+            problem=problem,
+        )
+        self.query_one(HealthPanel).show(view, self.now())
+
+    def action_save_baseline(self) -> None:
+        """`s`: save the current checks and probe values as the baseline."""
+        self._save_baseline(baseline_payload(self.checks, self.probe_views))
+
+    @work(thread=True, exit_on_error=False, group="files")
+    def _save_baseline(self, payload: dict[str, Any]) -> None:
+        history = self.sources.history
+        if history is None:
+            self.post_message(BaselineSaved(entry=None, problem="no history file in this session"))
+            return
+        try:
+            entry = history.record(KIND_BASELINE, BASELINE_NAME, payload, recorded_at_s=self.now())
+        except (OSError, ValueError) as exc:
+            self.post_message(BaselineSaved(entry=None, problem=f"baseline not saved: {exc}"))
+            return
+        self.post_message(BaselineSaved(entry=entry))
+
+    @on(BaselineSaved)
+    def _baseline_saved(self, message: BaselineSaved) -> None:
+        if message.entry is None:
+            self.notify(message.problem, severity="error")
+            return
+        self.baseline = message.entry
+        self._show_health()
+        self.notify(f"baseline saved ({len(self.checks)} checks)", timeout=3)
+
+    # -- budget ----------------------------------------------------------------------------------------------------
+
+    def _recompose_budget(self) -> None:
+        try:
+            view = self.sources.budget.compose(self.settings, self.results, self.now())
+        except Exception as exc:  # a model the budget cannot handle: say so, keep running
+            self._status_notes.append(f"budget: {exc}")
+            self._set_status()
+            return
+        bar = self.query_one(BudgetBar)
+        bar.now_s = self.now()
+        bar.budget = view
+        self.query_one(Charts).show_curves(self.sources.budget.curves(self.results))
+
+    def _refresh_ages(self) -> None:
+        now = self.now()
+        self.query_one(BudgetBar).now_s = now
+        self.query_one(ProbeTable).refresh_ages(now)
+
+    # -- status line -----------------------------------------------------------------------------------------------
+
+    def _set_status(self) -> None:
+        parts = [f"model {self.settings.model}"]
+        if self.settings.tp is not None:
+            parts.append(f"tp {self.settings.tp}")
+        if self.running_probe:
+            parts.append(f"probing {self.running_probe}")
+        waiting = len(self.queue)
+        if waiting:
+            parts.append(f"{waiting} queued")
+        frame = self.last_frame
+        if frame is not None and frame.sample_ms is not None:
+            parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
+        parts.extend(self._status_notes[-2:])
+        self.query_one("#status", Static).update(" · ".join(parts))
+
+    # -- actions ---------------------------------------------------------------------------------------------------
+
+    def action_show_tab(self, tab: str) -> None:
+        """1-4: switch tabs."""
+        tabs = self.query_one(TabbedContent)
+        tabs.active = tab
+        if tab == "charts":
+            self.query_one(Charts).show_history(self.telemetry, self.now())
+        focus = {
+            "probes": "#probe-table",
+            "gpus": "#gpu-table",
+            "health": "#health-table",
+        }.get(tab)
+        if focus:
+            self.query_one(focus).focus()
+
+    def action_help(self) -> None:
+        """`?`: list every key."""
+        keys = []
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding):
+                keys.append((binding.key_display or binding.key, binding.description or binding.action))
+        keys[0:0] = []
+        keys.extend(EXTRA_KEYS)
+        self.push_screen(HelpScreen(keys))
+
+    def _selected_probe(self) -> str | None:
+        return self.query_one(ProbeTable).selected_id
+
+    def action_rerun(self) -> None:
+        """`r`: re-run the selected probe."""
+        probe_id = self._selected_probe()
+        if probe_id is None:
+            self.notify("no probe selected", severity="warning", timeout=3)
+            return
+        self._enqueue(probe_id)
+        self._set_status()
+
+    def action_rerun_all(self) -> None:
+        """`R`: re-run every probe."""
+        for probe_id in self.probe_views:
+            self._enqueue(probe_id)
+        self._set_status()
+
+    def action_cancel_probe(self) -> None:
+        """`x`: cancel the running probe and everything queued."""
+        for probe_id in self.queue.clear():
+            view = self.probe_views.get(probe_id)
+            if view is not None:
+                self._update_probe(dataclasses.replace(view, state=ProbeState.CANCELLED, progress=None))
+        if self.running_probe is not None:
+            self._cancel_running()
+        self._set_status()
+
+    @work(thread=True, exit_on_error=False, group="cancel")
+    def _cancel_running(self) -> None:
+        self.sources.probes.cancel()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        """`enter` in a table: details of the probe or check under the cursor."""
+        if isinstance(event.data_table, ProbeTable):
+            key = event.row_key.value
+            if key is not None and key in self.probe_views:
+                self.push_screen(ProbeDetailScreen(self.probe_views[key], self.now()))
+        elif event.data_table.id == "health-table":
+            check = self.query_one(HealthPanel).selected
+            if check is not None:
+                changed = check.check_id in changed_since(self.checks, self.baseline)
+                self.push_screen(CheckDetailScreen(check, changed))
+
+    def action_pick_model(self) -> None:
+        """`m`: choose a model preset; the probe plan and the budget follow."""
+        try:
+            models = list(self.sources.budget.models())
+        except Exception as exc:  # the budget package may be missing presets
+            self.notify(f"no model list: {exc}", severity="error")
+            return
+        self.push_screen(ModelPickerScreen(models, self.settings.model), self._model_picked)
+
+    def _model_picked(self, model: str | None) -> None:
+        if model is None or model == self.settings.model:
+            return
+        self.settings = dataclasses.replace(self.settings, model=model)
+        self.results = {}
+        self._recompose_budget()
+        self._plan_probes(run_now=self.sources.run_probes_at_start)
+        self._save_settings()
+        self._set_status()
+
+    def action_cycle_theme(self) -> None:
+        """`t`: next theme, remembered in the settings file."""
+        self.theme = next_theme(self.theme)
+        self.settings = dataclasses.replace(self.settings, theme=self.theme)
+        self.query_one(BudgetBar).refresh()
+        self.notify(f"theme {self.theme}", timeout=2)
+        self._save_settings()
+
+    @work(thread=True, exit_on_error=False, group="files")
+    def _save_settings(self) -> None:
+        if not self.save_theme:
+            return
+        try:
+            save_settings(self.settings, self.settings_path)
+        except OSError as exc:
+            self.call_from_thread(self.notify, f"settings not saved: {exc}", severity="warning")
+
+    async def action_quit(self) -> None:
+        """`q`: stop the probe group and the collector, then exit (nothing is left running)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.queue.close()
+        self.query_one("#status", Static).update("stopping probe ranks and telemetry…")
+        self._shutdown_worker()
+
+    @work(thread=True, exit_on_error=False, group="shutdown")
+    def _shutdown_worker(self) -> None:
+        self.shutdown_sources()
+        self.call_from_thread(self.exit, 0)
+
+    def shutdown_sources(self) -> None:
+        """Cancel and close the probe group and the collector (blocking, bounded; safe to call twice)."""
+        self.queue.close()
+        try:
+            if self.running_probe is not None:
+                self.sources.probes.cancel()
+        finally:
+            try:
+                self.sources.probes.close()
+            finally:
+                self.sources.telemetry.close()
+
+
+def monotonic_ms() -> float:
+    """Milliseconds on the monotonic clock (for benchmarks and tests)."""
+    return time.monotonic() * 1000.0

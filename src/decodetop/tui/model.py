@@ -1,0 +1,174 @@
+"""Provides the UI's own view data: frozen dataclasses the widgets draw, filled by the adapters in `tui.sources`.
+
+Widgets depend only on these types, never on the probe, budget or collector packages directly, so a change in a
+layer beneath touches one adapter, and tests and snapshots feed the widgets fixed data.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from decodetop.collectors.checks.model import CheckResult
+
+
+class ProbeState(str, enum.Enum):
+    """Where one probe stands in the UI."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    TIMED_OUT = "timed out"
+    UNSUPPORTED = "unsupported"
+    CANCELLED = "cancelled"
+    IDLE = "idle"
+    """Not run in this session (and no history), e.g. with --no-probes."""
+
+
+@dataclass(frozen=True)
+class RankValue:
+    """One rank's value for a probe's headline figure."""
+
+    rank: int
+    value_text: str
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class ProbeView:
+    """Everything the probe table and the detail screen show for one probe."""
+
+    probe_id: str
+    title: str
+    state: ProbeState = ProbeState.IDLE
+    progress: float | None = None
+    """0..1 while running, when the probe reports it."""
+    progress_note: str = ""
+    value_text: str = ""
+    """The headline figure, e.g. "41.2 µs @ 32 KiB (p50)"."""
+    measured_at_s: float | None = None
+    """Unix time the shown value was measured (from this session or the history)."""
+    from_history: bool = False
+    """The value was read back from the history file, not measured in this session."""
+    error: str = ""
+    traceback: str = ""
+    ranks: tuple[RankValue, ...] = ()
+    spread_text: str = ""
+    """Spread across ranks / repetitions, e.g. "p10 39.8 µs, p90 44.0 µs, ranks ±3%"."""
+    telemetry_text: tuple[str, ...] = ()
+    """What NVML saw during the run: clocks, clock-event reasons, PCIe link, one line each."""
+    details: tuple[tuple[str, str], ...] = ()
+    """Further key/value lines for the detail screen (sizes, modes, environment)."""
+
+
+@dataclass(frozen=True)
+class BudgetSegment:
+    """One component's share of the per-token step."""
+
+    key: str
+    """`Component` value or `UNEXPLAINED_KEY`."""
+    label: str
+    ms: float
+    status: str = "measured"
+    """"measured", "interpolated", "missing" (no figure yet) or "remainder" (the unexplained part)."""
+    measured_at_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetView:
+    """The stacked bar's data: components, observed and target step, roofline."""
+
+    title: str
+    """e.g. "GLM-5 (NVFP4) · TP8 · batch 1"."""
+    segments: tuple[BudgetSegment, ...]
+    observed_ms: float
+    target_ms: float
+    roofline_ms: float | None = None
+    note: str = ""
+    """One line under the bar (what is missing, what source the observed figure came from)."""
+
+    @property
+    def components(self) -> tuple[BudgetSegment, ...]:
+        """Segments other than the unexplained remainder."""
+        return tuple(s for s in self.segments if s.status != "remainder")
+
+    @property
+    def explained_ms(self) -> float:
+        """Sum of the component segments."""
+        return sum(s.ms for s in self.components)
+
+    @property
+    def unexplained_ms(self) -> float:
+        """Observed minus explained (never negative)."""
+        return max(0.0, self.observed_ms - self.explained_ms)
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """One GPU row; None means NVML did not give the value."""
+
+    index: int
+    name: str = ""
+    util_pct: float | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pcie_tx_gbps: float | None = None
+    pcie_rx_gbps: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    clock_reasons: tuple[str, ...] = ()
+    """Active clock-event reasons by name ("gpu_idle", "sw_power_cap", "hw_slowdown"...)."""
+    mem_used_bytes: int | None = None
+    mem_total_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class TelemetryFrame:
+    """One telemetry tick: every GPU, or why there are none."""
+
+    taken_at_s: float
+    gpus: tuple[GpuView, ...] = ()
+    unavailable_reason: str = ""
+    """Why the GPU table is empty ("NVML library not found", "no NVIDIA driver loaded"...)."""
+    source_note: str = ""
+    """Where the data comes from when it is not live NVML ("fake NVML replaying ... replicated to 8 GPUs")."""
+    sample_ms: float | None = None
+    """How long the tick took to read (the collector's own cost)."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line on a chart."""
+
+    label: str
+    x: tuple[float, ...]
+    y: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ProbeCurves:
+    """Chart data taken from probe results: all-reduce latency vs size per mode, GEMM GB/s vs M."""
+
+    allreduce_us_by_mode: tuple[Series, ...] = ()
+    """x: message size in bytes, y: latency in µs; one series per mode (pipelined, graph, synced p50)."""
+    gemm_gbps_by_shape: tuple[Series, ...] = ()
+    """x: M (tokens), y: achieved GB/s; one series per weight shape."""
+
+
+@dataclass(frozen=True)
+class HealthView:
+    """The health panel's input: checks (from `collectors.checks`) and what changed since the baseline."""
+
+    checks: tuple[CheckResult, ...] = ()
+    changed_ids: frozenset[str] = frozenset()
+    """check_id values whose status or observed value differs from the baseline."""
+    baseline_at_s: float | None = None
+    problem: str = ""
+    """Why checks could not run, if they could not."""

@@ -1,0 +1,102 @@
+"""Provides the interfaces the UI reads through (telemetry, probes, budget, checks) and the bundle the app gets.
+
+The app calls these only from worker threads (blocking calls) or as cheap, non-blocking ones from the event loop
+(`start`, `cancel`, `set_quiet`), so the event loop never waits on a probe, an NVML call or a file. Tests and
+snapshots pass their own implementations; `decodetop.tui.adapters` builds the real ones over the packages beneath.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.history import History
+from decodetop.settings import Settings
+from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
+
+ProgressCallback = Callable[[float | None, str], None]
+"""(fraction done 0..1 or None, one-line note); called from the probe worker thread."""
+
+
+class TelemetrySource(Protocol):
+    """A telemetry collector running its own thread and calling back once per tick."""
+
+    def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
+        """Start collecting (non-blocking); `on_frame` is called from the collector's thread."""
+
+    def set_quiet(self, quiet: bool) -> None:
+        """While True, skip costly calls (process lists) because a latency probe is running."""
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (bounded)."""
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What a finished probe gives the UI: its row, a JSON body for the history, the raw result for the budget."""
+
+    view: ProbeView
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    result: object = None
+
+
+class ProbeSource(Protocol):
+    """The probe group: one blocking run at a time, cancellable from the event loop."""
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The probes to run for `settings`' model, in order (may block briefly: called in a worker)."""
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """Run one probe to the end (blocking); failures come back as an outcome, not an exception."""
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """Rebuild an outcome from a history entry (None if the payload is not understood)."""
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """True if telemetry should go quiet while this probe runs."""
+
+    def cancel(self) -> None:
+        """Cancel the running probe (non-blocking; the run returns a cancelled outcome)."""
+
+    def close(self) -> None:
+        """End every rank (bounded wait)."""
+
+
+class BudgetSource(Protocol):
+    """Composes the budget from probe results (pure computation, fast)."""
+
+    def models(self) -> Sequence[tuple[str, str]]:
+        """Model presets as (name, one-line description) for the picker."""
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        """The budget for `settings` from the probe results so far (keyed by probe id)."""
+
+    def curves(self, results: Mapping[str, object]) -> ProbeCurves:
+        """Chart series taken from the probe results."""
+
+
+class ChecksSource(Protocol):
+    """Host health checks and baselines."""
+
+    def run(self) -> list[CheckResult]:
+        """Run every check (blocking: reads files, NVML)."""
+
+
+@dataclass
+class Sources:
+    """Everything the app reads through, plus the clock and the history file."""
+
+    telemetry: TelemetrySource
+    probes: ProbeSource
+    budget: BudgetSource
+    checks: ChecksSource
+    history: History | None = None
+    clock: Callable[[], float] = time.time
+    """Wall clock for ages; snapshot tests pass a fixed one."""
+    run_probes_at_start: bool = True
+    """Queue the whole probe plan at start (False with --no-probes and --demo)."""
+    notes: tuple[str, ...] = ()
+    """Lines to show once at start (where data comes from, what is off)."""

@@ -1,0 +1,1 @@
+"""Provides the live UI's widgets, one per module."""

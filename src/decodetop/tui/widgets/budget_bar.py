@@ -1,0 +1,327 @@
+"""Provides BudgetBar: the stacked per-token latency bar, a zoomed bar, markers and a legend with ms, % and age.
+
+The full bar spans 0 to the largest of observed, explained, target and roofline, so the unexplained remainder
+(hatched) is seen against the observed step. A step of 95 ms next to a 3 ms target leaves the target a single
+cell wide, so a second bar zooms to 0 .. ~1.2 × max(explained, target, roofline): the components, the target and
+the roofline all read at 80 columns. Every colour comes from a component class whose CSS names a theme variable.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from rich.style import Style
+from rich.text import Text
+from textual.geometry import Size
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from decodetop.history import format_age
+from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
+from decodetop.tui.model import BudgetSegment, BudgetView
+
+STALE_AFTER_S = 600.0
+"""Values older than this (10 min) are drawn muted: the host may have changed since."""
+ZOOM_HEADROOM = 1.2
+"""The zoomed bar spans this much beyond the largest of explained, target and roofline."""
+ZOOM_WORTH_IT = 3.0
+"""Draw the zoomed bar only when the full scale is at least this many times the zoomed one."""
+LEGEND_ENTRY_WIDTH = 38
+"""Characters per legend entry: glyph, label, ms, %, age and a gap (two columns fit at 80)."""
+LABEL_WIDTH = 14
+COMPACT_ENTRY_WIDTH = 25
+"""Compact legend entry (glyph, short label, ms, %): three columns fit at 80."""
+COMPACT_LABEL_WIDTH = 11
+SHORT_LABELS = {
+    "attention": "attention",
+    "attention_proj": "attn proj",
+    "dense_mlp": "dense MLP",
+    "routed_experts": "experts",
+    "shared_experts": "shared exp",
+    "routing": "routing",
+    "communication": "all-reduce",
+    "norms": "norms",
+    "lm_head": "lm_head",
+    "launch": "launch",
+    "unexplained": "unexplained",
+}
+"""Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
+UNEXPLAINED_GLYPH = "░"
+CONTRAST_GLYPHS = ("█", "▓", "▒")
+"""Fill glyphs rotated per segment in the high-contrast theme, so adjacent segments differ by more than hue."""
+
+_SEGMENT_CLASSES = {key: f"budget-bar--{segment_variable(key)}" for key in SEGMENT_KEYS}
+_MARK_CLASSES = ("budget-bar--mark-observed", "budget-bar--mark-target", "budget-bar--mark-roofline")
+
+
+def _css() -> str:
+    rules = [
+        "BudgetBar { height: auto; padding: 0 1; }",
+        "BudgetBar > .budget-bar--title { text-style: bold; }",
+        "BudgetBar > .budget-bar--muted { color: $state-muted; }",
+        "BudgetBar > .budget-bar--missing { color: $state-muted; text-style: italic; }",
+    ]
+    rules += [f"BudgetBar > .{cls} {{ color: ${segment_variable(key)}; }}" for key, cls in _SEGMENT_CLASSES.items()]
+    rules += [
+        f"BudgetBar > .{cls} {{ color: ${cls.removeprefix('budget-bar--')}; text-style: bold; }}"
+        for cls in _MARK_CLASSES
+    ]
+    return "\n".join(rules)
+
+
+@dataclass(frozen=True)
+class _Marker:
+    position_ms: float
+    glyph: str
+    label: str
+    style_class: str
+
+
+def format_ms(value_ms: float) -> str:
+    """Milliseconds with three significant figures ("0.412", "3.24", "95.0", "112")."""
+    if value_ms <= 0:
+        return "0"
+    if value_ms >= 100:
+        return f"{value_ms:.0f}"
+    decimals = max(0, 2 - math.floor(math.log10(value_ms)))
+    return f"{value_ms:.{min(decimals, 3)}f}"
+
+
+class BudgetBar(Widget):
+    """The per-token budget: stacked bar, zoomed bar, observed/target/roofline markers and a legend.
+
+    | Class | Description |
+    | :- | :- |
+    | `budget-bar--seg-<component>` | One segment's colour (theme variable `$seg-<component>`). |
+    | `budget-bar--seg-unexplained` | The unexplained remainder. |
+    | `budget-bar--mark-observed` / `-target` / `-roofline` | The markers. |
+    | `budget-bar--muted` | Stale values and secondary text. |
+    | `budget-bar--missing` | Components with no figure yet. |
+    | `budget-bar--title` | The first line. |
+    """
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {
+        "budget-bar--title",
+        "budget-bar--muted",
+        "budget-bar--missing",
+        *_SEGMENT_CLASSES.values(),
+        *_MARK_CLASSES,
+    }
+    DEFAULT_CSS = _css()
+
+    budget: reactive[BudgetView | None] = reactive(None, layout=True)
+    """What to draw; None until the first composition."""
+    now_s: reactive[float] = reactive(0.0)
+    """The wall-clock time ages are measured against (set by the app once a second)."""
+    compact: reactive[bool] = reactive(False, layout=True)
+    """Short legend (three columns, no ages: stale values are muted instead); the app sets it on short screens."""
+
+    def _style(self, name: str) -> Style:
+        return self.get_component_rich_style(name, partial=True)
+
+    def _glyph(self, index: int) -> str:
+        if self.app.theme == "decodetop-contrast":
+            return CONTRAST_GLYPHS[index % len(CONTRAST_GLYPHS)]
+        return "█"
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """Lines `render` produces at `width`."""
+        return len(self._lines(max(10, width)))
+
+    def render(self) -> Text:
+        """The whole panel as one Text."""
+        return Text("\n").join(self._lines(max(10, self.content_region.width or self.size.width)))
+
+    # -- drawing -------------------------------------------------------------------------------------------------
+
+    def _lines(self, width: int) -> list[Text]:
+        budget = self.budget
+        if budget is None:
+            return [Text("composing the budget…", style=self._style("budget-bar--muted"))]
+        lines = self._title_lines(budget, width)
+        full_scale = max(budget.observed_ms, budget.explained_ms, budget.target_ms, budget.roofline_ms or 0.0)
+        markers = self._markers(budget)
+        label_width = 11
+        bar_width = max(10, width - label_width)
+        lines.append(self._bar_line(budget, f"0–{format_ms(full_scale)} ms", label_width, bar_width, full_scale, True))
+        lines.append(self._marker_line(markers, label_width, bar_width, full_scale))
+        zoom_scale = ZOOM_HEADROOM * max(budget.explained_ms, budget.target_ms, budget.roofline_ms or 0.0)
+        if zoom_scale > 0 and full_scale >= ZOOM_WORTH_IT * zoom_scale:
+            zoom_label = f"zoom {format_ms(zoom_scale)}"
+            lines.append(self._bar_line(budget, zoom_label, label_width, bar_width, zoom_scale, False))
+            lines.append(self._marker_line(markers, label_width, bar_width, zoom_scale))
+        lines.extend(self._legend(budget, width))
+        if budget.note:
+            lines.append(Text(budget.note[:width], style=self._style("budget-bar--muted")))
+        return lines
+
+    def _title_lines(self, budget: BudgetView, width: int) -> list[Text]:
+        observed = budget.observed_ms
+        unexplained = budget.unexplained_ms
+        share = 100.0 * unexplained / observed if observed > 0 else 0.0
+        text = Text()
+        text.append(budget.title, style=self._style("budget-bar--title"))
+        text.append("  explained ")
+        text.append(f"{format_ms(budget.explained_ms)} ms", style="bold")
+        text.append(" · unexplained ")
+        text.append(f"{format_ms(unexplained)} ms ({share:.0f}%)", style=self._style(_SEGMENT_CLASSES["unexplained"]))
+        text.truncate(width, overflow="ellipsis")
+        second = Text()
+        text, first = second, text
+        text.append("observed ", style=self._style("budget-bar--mark-observed"))
+        text.append(f"{format_ms(observed)} ms")
+        text.append(" · target ", style=self._style("budget-bar--mark-target"))
+        text.append(f"{format_ms(budget.target_ms)} ms ({1000.0 / budget.target_ms:.0f} tok/s)")
+        if budget.roofline_ms is not None:
+            text.append(" · roofline ", style=self._style("budget-bar--mark-roofline"))
+            text.append(f"{format_ms(budget.roofline_ms)} ms")
+        gap = observed / budget.target_ms if budget.target_ms > 0 else 0.0
+        if gap > 1:
+            text.append(f" · {gap:.1f}× over target", style=self._style("budget-bar--muted"))
+        text.truncate(width, overflow="ellipsis")
+        return [first, text]
+
+    def _markers(self, budget: BudgetView) -> list[_Marker]:
+        markers = [
+            _Marker(budget.target_ms, "◆", "target", "budget-bar--mark-target"),
+            _Marker(budget.observed_ms, "▲", "observed", "budget-bar--mark-observed"),
+        ]
+        if budget.roofline_ms is not None:
+            markers.append(_Marker(budget.roofline_ms, "◇", "roofline", "budget-bar--mark-roofline"))
+        return sorted(markers, key=lambda m: m.position_ms)
+
+    def _bar_line(  # noqa: PLR0917
+        self, budget: BudgetView, label: str, label_width: int, bar_width: int, scale_ms: float, full: bool
+    ) -> Text:
+        cells: list[tuple[str, str]] = [(" ", "")] * bar_width
+        position = 0.0
+        for index, segment in enumerate(budget.components):
+            if segment.ms <= 0 or segment.status == "missing":
+                continue
+            start = position
+            position += segment.ms
+            self._fill(cells, start, position, scale_ms, self._glyph(index), _SEGMENT_CLASSES[segment.key])
+        end = budget.observed_ms if full else max(budget.observed_ms, position)
+        if end > position:
+            self._fill(cells, position, end, scale_ms, UNEXPLAINED_GLYPH, _SEGMENT_CLASSES["unexplained"])
+        text = Text(label.rjust(label_width - 1)[: label_width - 1] + " ", style=self._style("budget-bar--muted"))
+        overflow = not full and end > scale_ms
+        if overflow:
+            cells[-1] = ("»", _SEGMENT_CLASSES["unexplained"])
+        for char, cls in cells:
+            text.append(char, style=self._style(cls) if cls else "")
+        return text
+
+    @staticmethod
+    def _fill(  # noqa: PLR0917
+        cells: list[tuple[str, str]], start_ms: float, end_ms: float, scale_ms: float, glyph: str, cls: str
+    ) -> None:
+        width = len(cells)
+        first = round(start_ms / scale_ms * width)
+        last = round(end_ms / scale_ms * width)
+        if last == first and end_ms > start_ms and first < width:
+            last = first + 1  # never let a non-zero segment vanish; it takes at least one cell
+        for i in range(max(0, first), min(width, last)):
+            if cells[i][1] == "" or glyph != UNEXPLAINED_GLYPH:
+                cells[i] = (glyph, cls)
+
+    def _marker_line(self, markers: list[_Marker], label_width: int, bar_width: int, scale_ms: float) -> Text:
+        cells: list[tuple[str, str]] = [(" ", "")] * bar_width
+        placed: list[tuple[int, _Marker]] = []
+        for marker in markers:
+            if marker.position_ms > scale_ms * 1.0001:
+                continue
+            col = min(bar_width - 1, max(0, round(marker.position_ms / scale_ms * bar_width) - 1))
+            cells[col] = (marker.glyph, marker.style_class)
+            placed.append((col, marker))
+        for col, marker in placed:
+            for label in (f"{marker.label} {format_ms(marker.position_ms)}", marker.label, marker.label[0]):
+                start = self._label_start(cells, col, len(label))
+                if start is not None:
+                    for offset, char in enumerate(label):
+                        cells[start + offset] = (char, marker.style_class)
+                    break
+        text = Text(" " * label_width)
+        for char, cls in cells:
+            text.append(char, style=self._style(cls) if cls else "")
+        text.rstrip()
+        return text
+
+    @staticmethod
+    def _label_start(cells: list[tuple[str, str]], col: int, length: int) -> int | None:
+        """Where a label of `length` fits beside the marker at `col` (right first, then left), or None."""
+        width = len(cells)
+        right = col + 1
+        if right + length <= width and all(c[0] == " " for c in cells[right : min(width, right + length + 1)]):
+            return right
+        left = col - length
+        if left >= 0 and all(c[0] == " " for c in cells[max(0, left - 1) : col]):
+            return left
+        return None
+
+    def _legend(self, budget: BudgetView, width: int) -> list[Text]:
+        entries: list[tuple[int, BudgetSegment]] = []
+        missing: list[str] = []
+        for index, segment in enumerate(budget.components):
+            if segment.status == "missing":
+                missing.append(segment.label)
+            else:
+                entries.append((index, segment))
+        remainder = BudgetSegment(key="unexplained", label="unexplained", ms=budget.unexplained_ms, status="remainder")
+        entries.append((-1, remainder))
+        entry_width = COMPACT_ENTRY_WIDTH if self.compact else LEGEND_ENTRY_WIDTH
+        columns = max(1, width // entry_width)
+        rows = math.ceil(len(entries) / columns)
+        lines: list[Text] = []
+        for row in range(rows):
+            line = Text()
+            for col in range(columns):
+                k = col * rows + row
+                if k >= len(entries):
+                    break
+                index, segment = entries[k]
+                line.append_text(self._legend_entry(budget, index, segment))
+            line.rstrip()
+            lines.append(line)
+        if missing:
+            text = Text("no figure yet: " + ", ".join(missing), style=self._style("budget-bar--missing"))
+            text.truncate(width, overflow="ellipsis")
+            lines.append(text)
+        return lines
+
+    def _legend_entry(self, budget: BudgetView, index: int, segment: BudgetSegment) -> Text:
+        cls = _SEGMENT_CLASSES.get(segment.key, _SEGMENT_CLASSES["unexplained"])
+        glyph = UNEXPLAINED_GLYPH if segment.status == "remainder" else self._glyph(index)
+        share = 100.0 * segment.ms / budget.observed_ms if budget.observed_ms > 0 else 0.0
+        stale = segment.measured_at_s is not None and self.now_s - segment.measured_at_s > STALE_AFTER_S
+        value_style = self._style("budget-bar--muted") if stale else Style()
+        if self.compact:
+            short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
+            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
+            text = Text()
+            text.append(glyph, style=self._style(cls))
+            text.append(" " + short.ljust(COMPACT_LABEL_WIDTH))
+            text.append(f"{format_ms(segment.ms):>6}", style=value_style)
+            text.append(f"{pct:>5} ", style=value_style)
+            return text
+        label = segment.label if len(segment.label) <= LABEL_WIDTH else segment.label[: LABEL_WIDTH - 1] + "…"
+        age = format_age(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
+        if segment.status == "interpolated":
+            age = "~" + age  # interpolated between measured points
+        text = Text()
+        text.append(glyph, style=self._style(cls))
+        text.append(" " + label.ljust(LABEL_WIDTH))
+        text.append(f"{format_ms(segment.ms):>6} ms", style=value_style)
+        text.append(f"{share:>5.1f}%", style=value_style)
+        text.append(f" {age:<4}  ", style=self._style("budget-bar--muted"))
+        return text
+
+    def watch_compact(self) -> None:
+        """Redraw when the legend changes shape."""
+        self.refresh(layout=True)
+
+    def watch_budget(self) -> None:
+        """Redraw on a new budget (layout=True handles the height)."""
+        self.refresh()

@@ -1,0 +1,146 @@
+"""Provides Charts: all-reduce latency vs size (log-log, a line per mode), GEMM GB/s vs M, and per-GPU time series
+of SM clock, PCIe throughput and power. Each plot is a `PlotextPlot` drawn through its own `.plt` (never the global
+plotext module); line colours come from the theme's segment variables."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+from textual.app import ComposeResult
+from textual.color import Color
+from textual.containers import Grid
+from textual_plotext import PlotextPlot
+
+from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
+from decodetop.tui.model import ProbeCurves, Series, TelemetryFrame
+
+HISTORY_POINTS = 300
+"""Telemetry points kept per GPU (5 minutes at a 1 s tick)."""
+
+_PLOTS = (
+    ("chart-allreduce", "all-reduce latency µs vs size (log-log)"),
+    ("chart-gemm", "GEMM achieved GB/s vs M"),
+    ("chart-sm", "SM clock MHz per GPU"),
+    ("chart-pcie", "PCIe TX+RX GB/s per GPU"),
+    ("chart-power", "power W per GPU"),
+)
+
+
+class TelemetryHistory:
+    """Per-GPU rings of (time, value) for the time-series charts."""
+
+    def __init__(self, points: int = HISTORY_POINTS) -> None:
+        self.points = points
+        self.series: dict[str, dict[int, deque[tuple[float, float]]]] = {"sm": {}, "pcie": {}, "power": {}}
+
+    def add(self, frame: TelemetryFrame) -> None:
+        """Append one frame's values."""
+        for gpu in frame.gpus:
+            values = {
+                "sm": gpu.sm_clock_mhz,
+                "pcie": None
+                if gpu.pcie_tx_gbps is None or gpu.pcie_rx_gbps is None
+                else gpu.pcie_tx_gbps + gpu.pcie_rx_gbps,
+                "power": gpu.power_w,
+            }
+            for name, value in values.items():
+                if value is not None:
+                    self.series[name].setdefault(gpu.index, deque(maxlen=self.points)).append((frame.taken_at_s, value))
+
+
+class Charts(Grid):
+    """Five plots in a grid; `show_curves` and `show_history` re-plot them."""
+
+    DEFAULT_CSS = """
+    Charts { grid-size: 2 3; grid-gutter: 0 1; height: 1fr; }
+    Charts > PlotextPlot { height: 1fr; min-height: 6; }
+    """
+
+    def compose(self) -> ComposeResult:
+        """One PlotextPlot per chart."""
+        for plot_id, _ in _PLOTS:
+            yield PlotextPlot(id=plot_id)
+
+    def on_mount(self) -> None:
+        """Draw empty axes with titles; re-plot on theme change so colours follow the theme."""
+        self.curves = ProbeCurves()
+        self.history = TelemetryHistory()
+        self.now_s = 0.0
+        self.app.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self.replot))
+        self.replot()
+
+    def _colours(self) -> list[tuple[int, int, int]]:
+        variables = self.app.theme_variables
+        out = []
+        for key in SEGMENT_KEYS[:-1]:
+            colour = Color.parse(variables.get(segment_variable(key), "#888888"))
+            out.append((colour.r, colour.g, colour.b))
+        return out
+
+    def _plot(self, plot_id: str) -> PlotextPlot:
+        return self.query_one(f"#{plot_id}", PlotextPlot)
+
+    def show_curves(self, curves: ProbeCurves) -> None:
+        """New probe curves."""
+        self.curves = curves
+        self.replot()
+
+    def show_history(self, history: TelemetryHistory, now_s: float) -> None:
+        """New telemetry (called at the telemetry tick while the charts are visible)."""
+        self.history = history
+        self.now_s = now_s
+        self.replot()
+
+    def replot(self) -> None:
+        """Redraw every plot from the data held."""
+        colours = self._colours()
+        titles = dict(_PLOTS)
+        self._draw_xy("chart-allreduce", titles, self.curves.allreduce_us_by_mode, colours, log=True)
+        self._draw_xy("chart-gemm", titles, self.curves.gemm_gbps_by_shape, colours, log=False)
+        for name in ("sm", "pcie", "power"):
+            series = [
+                Series(
+                    label=f"GPU{index}",
+                    x=tuple(t - self.now_s for t, _ in points),
+                    y=tuple(v for _, v in points),
+                )
+                for index, points in sorted(self.history.series[name].items())
+            ]
+            self._draw_xy(f"chart-{name}", titles, series, colours, log=False, xlabel="seconds ago")
+
+    def _draw_xy(  # noqa: PLR0917
+        self,
+        plot_id: str,
+        titles: dict[str, str],
+        series: Sequence[Series],
+        colours: list[tuple[int, int, int]],
+        log: bool,
+        xlabel: str = "",
+    ) -> None:
+        widget = self._plot(plot_id)
+        plt = widget.plt
+        plt.clear_data()
+        plt.clear_figure()
+        plt.title(titles[plot_id])
+        drawn = False
+        for i, line in enumerate(series):
+            points = [(x, y) for x, y in zip(line.x, line.y, strict=True) if not log or (x > 0 and y > 0)]
+            if not points:
+                continue
+            plt.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                label=line.label,
+                color=colours[i % len(colours)],
+                marker="braille",
+            )
+            drawn = True
+        if log and drawn:
+            plt.xscale("log")
+            plt.yscale("log")
+        if xlabel:
+            plt.xlabel(xlabel)
+        if not drawn:
+            plt.title(titles[plot_id] + " — no data yet")
+        widget.refresh()

@@ -1,0 +1,314 @@
+"""Fixed data sources for Pilot and snapshot tests: no threads of their own, no probes, no NVML, a fixed clock.
+
+The 8-GPU frame is the shape of the H200 recording (h200-machine.md: SM max 1980 MHz, mem 3201 MHz, PCIe Gen5 x16,
+700 W limit, GpuIdle at rest) replicated to 8 GPUs, as `--demo` does; stated in `source_note`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from decodetop.budget.components import Component
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.settings import Settings
+from decodetop.tui.model import (
+    BudgetSegment,
+    BudgetView,
+    GpuView,
+    ProbeCurves,
+    ProbeState,
+    ProbeView,
+    RankValue,
+    Series,
+    TelemetryFrame,
+)
+from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
+
+NOW_S = 1_800_000_000.0
+"""The fixed clock of every UI test."""
+GIB = 1024**3
+
+
+def fixed_clock() -> float:
+    return NOW_S
+
+
+def h200_gpu(index: int, **changes: Any) -> GpuView:
+    base: dict[str, Any] = {
+        "index": index,
+        "name": "NVIDIA H200",
+        "util_pct": 0.0,
+        "sm_clock_mhz": 345.0,
+        "sm_clock_max_mhz": 1980.0,
+        "mem_clock_mhz": 3201.0,
+        "pcie_gen": 5,
+        "pcie_gen_max": 5,
+        "pcie_width": 16,
+        "pcie_width_max": 16,
+        "pcie_tx_gbps": 0.1,
+        "pcie_rx_gbps": 0.2,
+        "power_w": 76.0,
+        "power_limit_w": 700.0,
+        "temp_c": 31.0,
+        "clock_reasons": ("gpu_idle",),
+        "mem_used_bytes": 1 * GIB,
+        "mem_total_bytes": 141 * GIB,
+    }
+    base.update(changes)
+    return GpuView(**base)
+
+
+def eight_gpu_frame(t: float = NOW_S) -> TelemetryFrame:
+    gpus = [h200_gpu(i) for i in range(8)]
+    gpus[3] = h200_gpu(3, pcie_width=8, util_pct=95.0, sm_clock_mhz=1410.0, clock_reasons=("sw_power_cap",))
+    gpus[5] = h200_gpu(5, temp_c=88.0, clock_reasons=("hw_thermal_slowdown",))
+    return TelemetryFrame(
+        taken_at_s=t,
+        gpus=tuple(gpus),
+        source_note="fake NVML replaying the 2×H200 recording, replicated to 8 GPUs",
+        sample_ms=2.5,
+    )
+
+
+NO_GPU_FRAME = TelemetryFrame(taken_at_s=NOW_S, unavailable_reason="NVML library not found (no NVIDIA driver)")
+
+
+class FakeTelemetry:
+    """Delivers given frames when started (synchronously, on start) and records quiet/close calls."""
+
+    def __init__(self, frames: Sequence[TelemetryFrame] = (NO_GPU_FRAME,)) -> None:
+        self.frames = list(frames)
+        self.quiet_calls: list[bool] = []
+        self.closed = False
+        self.on_frame: Callable[[TelemetryFrame], None] | None = None
+
+    def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
+        self.on_frame = on_frame
+        for frame in self.frames:
+            on_frame(frame)
+
+    def set_quiet(self, quiet: bool) -> None:
+        self.quiet_calls.append(quiet)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+PROBES = (("allreduce", "all-reduce"), ("gemm", "GEMM at decode shapes"), ("launch", "kernel launch"))
+
+
+class FakeProbes:
+    """Scripted probe group. `script[probe_id]` is the state it ends in; `gate` holds runs until released."""
+
+    def __init__(self, script: Mapping[str, ProbeState] | None = None, hold: bool = False) -> None:
+        self.script = dict(script or {})
+        self.runs: list[str] = []
+        self.cancelled = 0
+        self.closed = False
+        self.gate = threading.Event()
+        if not hold:
+            self.gate.set()
+        self._cancel = threading.Event()
+        self.started = threading.Event()
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        return [ProbeView(probe_id=pid, title=title) for pid, title in PROBES]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        self.runs.append(probe_id)
+        self.started.set()
+        on_progress(0.5, "size 4 KiB")
+        while not self.gate.wait(0.01):
+            if self._cancel.is_set():
+                break
+        if self._cancel.is_set():
+            self._cancel.clear()
+            return ProbeOutcome(view=ProbeView(probe_id, "", ProbeState.CANCELLED, error="cancelled by the user"))
+        state = self.script.get(probe_id, ProbeState.DONE)
+        return outcome_for(probe_id, state)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        value = payload.get("value")
+        if not isinstance(value, str):
+            return None
+        return ProbeOutcome(
+            view=ProbeView(probe_id, "", ProbeState.DONE, value_text=value, measured_at_s=measured_at_s),
+            payload=payload,
+            result=float(payload.get("ms", 0.0)),
+        )
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        return probe_id in {"allreduce", "launch"}
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+        self._cancel.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.gate.set()
+
+
+def outcome_for(probe_id: str, state: ProbeState, at_s: float = NOW_S - 30) -> ProbeOutcome:
+    if state is ProbeState.DONE:
+        view = ProbeView(
+            probe_id,
+            "",
+            state,
+            value_text={"allreduce": "41.2 µs @ 32 KiB", "gemm": "2.91 TB/s @ M=1", "launch": "9.6 µs/op"}.get(
+                probe_id, "1.0"
+            ),
+            measured_at_s=at_s,
+            ranks=(RankValue(0, "41.0 µs", "cuda:0"), RankValue(1, "41.4 µs", "cuda:1")),
+            spread_text="p10 39.8 µs · p90 44.0 µs · ranks ±0.5%",
+            telemetry_text=("SM 1980/1980 MHz on every GPU", "clock events: none"),
+        )
+        ms = {"allreduce": 6.55, "gemm": 3.2, "launch": 1.5}.get(probe_id, 1.0)
+        return ProbeOutcome(view=view, payload={"value": view.value_text, "ms": ms}, result=ms)
+    if state is ProbeState.FAILED:
+        view = ProbeView(
+            probe_id,
+            "",
+            state,
+            error="rank 1: RuntimeError: NCCL error: unhandled system error",
+            traceback=(
+                'Traceback (most recent call last):\n  File "worker.py", line 12, in run\nRuntimeError: NCCL error'
+            ),
+            measured_at_s=at_s,
+        )
+        return ProbeOutcome(view=view)
+    if state is ProbeState.TIMED_OUT:
+        return ProbeOutcome(
+            view=ProbeView(probe_id, "", state, error="no answer within 300 s; ranks terminated", measured_at_s=at_s)
+        )
+    if state is ProbeState.UNSUPPORTED:
+        return ProbeOutcome(
+            view=ProbeView(probe_id, "", state, error="CUDA graphs need a GPU (CPU ranks)", measured_at_s=at_s)
+        )
+    return ProbeOutcome(view=ProbeView(probe_id, "", state, measured_at_s=at_s))
+
+
+_MS = {
+    Component.ATTENTION: 1.2,
+    Component.ATTENTION_PROJ: 0.41,
+    Component.ROUTED_EXPERTS: 2.1,
+    Component.SHARED_EXPERTS: 0.35,
+    Component.ROUTING: 0.12,
+    Component.NORMS: 0.3,
+    Component.LM_HEAD: 0.22,
+}
+
+
+class FakeBudget:
+    """A GLM-5-like budget: fixed component figures, plus communication/launch from the fake probe results."""
+
+    def models(self) -> Sequence[tuple[str, str]]:
+        return [("glm-5", "GLM-5 (NVFP4)"), ("llama-3.1-70b", "Llama 3.1 70B (BF16)"), ("deepseek-v3", "DeepSeek-V3")]
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        segments = []
+        for component in Component:
+            ms = _MS.get(component)
+            status = "measured"
+            at: float | None = NOW_S - 120
+            if component is Component.COMMUNICATION:
+                ms = _as_float(results.get("allreduce"))
+            elif component is Component.LAUNCH:
+                ms = _as_float(results.get("launch"))
+            elif component is Component.DENSE_MLP:
+                ms = _as_float(results.get("gemm"))
+            if component is Component.ROUTING:
+                status = "interpolated"
+            if ms is None:
+                status, at, ms = "missing", None, 0.0
+            segments.append(BudgetSegment(component.value, component.label, ms, status, at))
+        return BudgetView(
+            title=f"{settings.model} · TP{settings.tp or 8}",
+            segments=tuple(segments),
+            observed_ms=settings.observed_ms,
+            target_ms=settings.target_ms,
+            roofline_ms=2.1,
+        )
+
+    def curves(self, results: Mapping[str, object]) -> ProbeCurves:
+        if "allreduce" not in results:
+            return ProbeCurves()
+        sizes = tuple(float(8 * 4**i) for i in range(10))
+        return ProbeCurves(
+            allreduce_us_by_mode=(
+                Series("pipelined", sizes, tuple(13.0 + s / 2e5 for s in sizes)),
+                Series("graph", sizes, tuple(6.5 + s / 2.2e5 for s in sizes)),
+            ),
+            gemm_gbps_by_shape=(Series("7168×18432", (1, 2, 4, 8, 16), (2900, 2950, 3000, 3010, 3020)),),
+        )
+
+
+def _as_float(value: object) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def failing_checks() -> list[CheckResult]:
+    return [
+        CheckResult(
+            "C1",
+            "CPU frequency governor",
+            Status.WARN,
+            "powersave",
+            "performance",
+            "slow ramp",
+            "cpupower frequency-set -g performance",
+        ),
+        CheckResult(
+            "N3",
+            "clock event reasons",
+            Status.FAIL,
+            "HwSlowdown on GPU5",
+            "none under load",
+            "clocks halve",
+            "check cooling",
+        ),
+        CheckResult("C3", "NUMA balancing", Status.PASS, "0", "0"),
+        CheckResult(
+            "P1",
+            "PCIe link at max",
+            Status.FAIL,
+            "GPU3 Gen5 x8",
+            "Gen5 x16",
+            "half the H2D bandwidth",
+            "reseat the card",
+        ),
+        CheckResult("C5", "kernel", Status.INFO, "6.18.44", "any"),
+        CheckResult("N12", "persistence mode", Status.PASS, "on", "on"),
+    ]
+
+
+class FakeChecks:
+    def __init__(self, checks: Sequence[CheckResult] | None = None, error: Exception | None = None) -> None:
+        self.checks = list(checks if checks is not None else failing_checks())
+        self.error = error
+
+    def run(self) -> list[CheckResult]:
+        if self.error is not None:
+            raise self.error
+        return list(self.checks)
+
+
+def make_sources(
+    *,
+    telemetry: FakeTelemetry | None = None,
+    probes: FakeProbes | None = None,
+    checks: FakeChecks | None = None,
+    run_probes: bool = False,
+    history: Any = None,
+) -> Sources:
+    return Sources(
+        telemetry=telemetry or FakeTelemetry(),
+        probes=probes or FakeProbes(),
+        budget=FakeBudget(),
+        checks=checks or FakeChecks(),
+        history=history,
+        clock=fixed_clock,
+        run_probes_at_start=run_probes,
+    )
