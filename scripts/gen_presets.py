@@ -142,19 +142,28 @@ def presets(ref: dict[str, Any]) -> dict[str, dict[str, Any]]:
         }
 
     modelopt(
-        "qwen3-235b-a22b-nvfp4", "nvidia/Qwen3-235B-A22B-NVFP4", "Qwen3-235B-A22B-NVFP4", "Qwen/Qwen3-235B-A22B",
+        "qwen3-235b-a22b-nvfp4",
+        "nvidia/Qwen3-235B-A22B-NVFP4",
+        "Qwen3-235B-A22B-NVFP4",
+        "Qwen/Qwen3-235B-A22B",
         "config.json taken from Qwen/Qwen3-235B-A22B (the same architecture); hf_quant_config.json from nvidia.",
-    )  # fmt: skip
+    )
     modelopt(
-        "deepseek-v3.1-nvfp4", "nvidia/DeepSeek-V3.1-NVFP4", "DeepSeek-V3.1-NVFP4", "deepseek-ai/DeepSeek-V3",
+        "deepseek-v3.1-nvfp4",
+        "nvidia/DeepSeek-V3.1-NVFP4",
+        "DeepSeek-V3.1-NVFP4",
+        "deepseek-ai/DeepSeek-V3",
         "config.json taken from DeepSeek-V3 (V3.1 keeps the V3 architecture; its own config.json was not read); "
         "hf_quant_config.json from nvidia/DeepSeek-V3.1-NVFP4.",
-    )  # fmt: skip
+    )
     modelopt(
-        "llama-3.1-70b-fp8", "nvidia/Llama-3.1-70B-Instruct-FP8", "Llama-3.1-70B-FP8", "meta-llama/Llama-3.1-70B",
+        "llama-3.1-70b-fp8",
+        "nvidia/Llama-3.1-70B-Instruct-FP8",
+        "Llama-3.1-70B-FP8",
+        "meta-llama/Llama-3.1-70B",
         "config.json taken from meta-llama/Llama-3.1-70B (Instruct has the same architecture); hf_quant_config.json "
         "from nvidia/Llama-3.1-70B-Instruct-FP8.",
-    )  # fmt: skip
+    )
     for body in out.values():
         body["generated_by"] = "scripts/gen_presets.py from the shared reference model_configs.json"
     return out

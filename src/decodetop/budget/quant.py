@@ -389,9 +389,15 @@ def read_quantization_config(qc_value: object, file: str, base: WeightFormat) ->
         fmt, bits, lm_head = _ct_weights(qc, file)
         kv = _kv_scheme(qc.get("kv_cache_scheme"), file, "quantization_config.kv_cache_scheme")
         return QuantScheme(
-            "compressed-tensors", source, base, fmt, bits, Exclusions("ct", excl), quantize_lm_head=lm_head,
+            "compressed-tensors",
+            source,
+            base,
+            fmt,
+            bits,
+            Exclusions("ct", excl),
+            quantize_lm_head=lm_head,
             kv_cache_dtype=kv,
-        )  # fmt: skip
+        )
     raise ConfigError(
         file,
         "quantization_config.quant_method",

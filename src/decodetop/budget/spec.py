@@ -448,8 +448,9 @@ def spec_from_config(
                 if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
                     raise r.error("mlp_layer_types", f"expected {n_layers} layer type strings")
                 moe_layers = tuple(i for i, t in enumerate(types) if t != "dense")
-            scoring = r.str_("scoring_func", "sigmoid" if model_type != "deepseek_v2" else "softmax",
-                             ("softmax", "sigmoid"))  # fmt: skip
+            scoring = r.str_(
+                "scoring_func", "sigmoid" if model_type != "deepseek_v2" else "softmax", ("softmax", "sigmoid")
+            )
             n_group = r.int_("n_group", default=1, hi=_MAX_EXPERTS)
             topk_group = r.int_("topk_group", default=1, hi=n_group)
             if n_experts % n_group:
@@ -521,9 +522,15 @@ def _read_quant(
         if hf_quant is not None and scheme.kv_cache_dtype is None:
             legacy = read_hf_quant_config(hf_quant, hf_quant_file, base)
             return QuantScheme(
-                scheme.method, scheme.source, scheme.base_format, scheme.weight_format, scheme.weight_bits,
-                scheme.exclusions, scheme.quantize_lm_head, legacy.kv_cache_dtype,
-            )  # fmt: skip
+                scheme.method,
+                scheme.source,
+                scheme.base_format,
+                scheme.weight_format,
+                scheme.weight_bits,
+                scheme.exclusions,
+                scheme.quantize_lm_head,
+                legacy.kv_cache_dtype,
+            )
         return scheme
     if hf_quant is not None:
         return read_hf_quant_config(hf_quant, hf_quant_file, base)
@@ -573,8 +580,15 @@ def _build_modules(spec: ModelSpec, include_mtp: bool) -> tuple[WeightModule, ..
             else:
                 add(a + "q_proj", "q_proj", attn, "linear", i, d, h * spec.head_dim)
             add(a + "kv_a_proj_with_mqa", "kv_a_proj", attn, "linear", i, d, spec.kv_lora_rank + spec.qk_rope_head_dim)
-            add(a + "kv_b_proj", "kv_b_proj", attn, "linear", i, spec.kv_lora_rank,
-                h * (spec.qk_nope_head_dim + spec.v_head_dim))  # fmt: skip
+            add(
+                a + "kv_b_proj",
+                "kv_b_proj",
+                attn,
+                "linear",
+                i,
+                spec.kv_lora_rank,
+                h * (spec.qk_nope_head_dim + spec.v_head_dim),
+            )
             add(a + "o_proj", "o_proj", attn, "linear", i, h * spec.v_head_dim, d)
             if spec.index_topk:
                 # DeepSeek-V3.2 indexer layout, assumed for GLM-5 (models.md §3, UNCONFIRMED there); GLM-5 names
@@ -608,8 +622,19 @@ def _build_modules(spec: ModelSpec, include_mtp: bool) -> tuple[WeightModule, ..
             add(m + "down_proj", "down_proj", dense, "linear", i, spec.ffn_dense, d)
     add("lm_head", "lm_head", Component.LM_HEAD, "lm_head", -1, d, spec.vocab_size)
     if spec.tie_word_embeddings:
-        out[-1] = WeightModule("lm_head", "lm_head", Component.LM_HEAD, "lm_head", -1, d, spec.vocab_size, 1, False,
-                               out[-1].fmt, out[-1].bits_per_weight)  # fmt: skip
+        out[-1] = WeightModule(
+            "lm_head",
+            "lm_head",
+            Component.LM_HEAD,
+            "lm_head",
+            -1,
+            d,
+            spec.vocab_size,
+            1,
+            False,
+            out[-1].fmt,
+            out[-1].bits_per_weight,
+        )
     return tuple(out)
 
 

@@ -1,0 +1,115 @@
+"""Provides `Deployment`: how a model is served (tensor/expert parallel degrees, batch, context, KV-cache dtype,
+speculative decoding, launch mode), checked against the model it is for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from decodetop.budget.spec import ModelSpec
+from decodetop.errors import UserInputError
+
+DEFAULT_TP = 8
+"""Used when the number of GPUs cannot be counted (the seed host has 8 GPUs; probes.md §0)."""
+DEFAULT_CONTEXT = 4096
+KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
+LAUNCH_MODES = ("graph", "eager")
+KV_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+ACTIVATION_BYTES = 2
+"""Activations and collectives run in BF16."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One serving configuration. Sizes are per decode step; the batch is the number of concurrent sequences."""
+
+    tp: int = DEFAULT_TP
+    ep: int = 1
+    """Expert-parallel degree: experts split over `ep` ranks, each expert's width over tp/ep ranks."""
+    batch: int = 1
+    context_len: int = DEFAULT_CONTEXT
+    """Tokens already in each sequence's KV cache."""
+    kv_dtype: str = "auto"
+    """auto (the checkpoint's declared KV dtype, else BF16), bf16, fp16 or fp8."""
+    accept_length: float | None = None
+    """Speculative decoding (MTP): mean tokens accepted per step; None = off."""
+    draft_tokens: int | None = None
+    """Draft tokens verified per step (default: enough for the accept length, at least 1)."""
+    launch_mode: str = "graph"
+    """How kernels are launched: graph (CUDA-graph replay, as SGLang/vLLM decode by default) or eager."""
+
+    def validate(self, spec: ModelSpec) -> None:
+        """Raise UserInputError naming the flag when this deployment cannot serve `spec`."""
+        if not 1 <= self.tp <= 1024:
+            raise UserInputError(f"--tp: {self.tp} is out of range (1..1024)")
+        if not 1 <= self.ep <= self.tp or self.tp % self.ep:
+            raise UserInputError(f"--ep: {self.ep} must divide --tp {self.tp}")
+        if self.ep > 1 and (not spec.is_moe or spec.n_experts % self.ep):
+            raise UserInputError(f"--ep: {self.ep} does not divide the {spec.n_experts} experts of {spec.name}")
+        if not 1 <= self.batch <= 1 << 16:
+            raise UserInputError(f"--batch: {self.batch} is out of range (1..65536)")
+        if not 0 <= self.context_len <= 1 << 24:
+            raise UserInputError(f"--context: {self.context_len} is out of range (0..16777216)")
+        if self.kv_dtype not in KV_DTYPES:
+            raise UserInputError(f"--kv-dtype: {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+        if self.launch_mode not in LAUNCH_MODES:
+            raise UserInputError(f"--launch-mode: {self.launch_mode!r} is not one of {', '.join(LAUNCH_MODES)}")
+        if spec.n_heads % self.tp and self.tp % spec.n_heads:
+            raise UserInputError(f"--tp: {self.tp} does not split the {spec.n_heads} attention heads of {spec.name}")
+        if spec.n_heads < self.tp:
+            raise UserInputError(f"--tp: {self.tp} is more than the {spec.n_heads} attention heads of {spec.name}")
+        if self.accept_length is not None:
+            if not math.isfinite(self.accept_length) or not 1.0 <= self.accept_length <= 64:
+                raise UserInputError(f"--accept-length: {self.accept_length} is out of range (1..64)")
+            if self.draft_tokens is not None and self.accept_length > self.draft_tokens + 1:
+                raise UserInputError(
+                    f"--accept-length: {self.accept_length} is more than the {self.draft_tokens} draft tokens + 1"
+                )
+        if self.draft_tokens is not None and not 1 <= self.draft_tokens <= 63:
+            raise UserInputError(f"--draft-tokens: {self.draft_tokens} is out of range (1..63)")
+
+    @property
+    def moe_tp(self) -> int:
+        """Ranks each expert's width is split over."""
+        return self.tp // self.ep
+
+    @property
+    def speculative(self) -> bool:
+        """Whether speculative decoding is on."""
+        return self.accept_length is not None
+
+    @property
+    def n_draft(self) -> int:
+        """Draft tokens per step (0 when speculative decoding is off)."""
+        if self.accept_length is None:
+            return 0
+        if self.draft_tokens is not None:
+            return self.draft_tokens
+        return max(1, math.ceil(self.accept_length - 1))
+
+    @property
+    def query_len(self) -> int:
+        """Tokens each sequence runs through the main model per step (1, or 1 + drafts when verifying)."""
+        return 1 + self.n_draft
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens each sequence gains per step."""
+        return self.accept_length if self.accept_length is not None else 1.0
+
+    def resolved_kv_dtype(self, spec: ModelSpec) -> str:
+        """The KV-cache dtype in effect: the flag, else the checkpoint's declaration, else BF16."""
+        if self.kv_dtype != "auto":
+            return self.kv_dtype
+        return spec.quant.kv_cache_dtype or "bf16"
+
+    def describe(self, spec: ModelSpec) -> str:
+        """One line for the output."""
+        spec_text = (
+            f", speculative: accept {self.accept_length:g} of {self.n_draft} draft(s)" if self.speculative else ""
+        )
+        return (
+            f"TP {self.tp}, EP {self.ep}, batch {self.batch}, context {self.context_len}, "
+            f"KV {self.resolved_kv_dtype(spec)}, launch {self.launch_mode}{spec_text}"
+        )
