@@ -1,0 +1,534 @@
+"""Provides record/replay of a decodetop session as JSON lines, and the JSON (de)serialisation of its dataclasses.
+
+A recording is a text file with one JSON object per line, appended as things happen::
+
+    {"v":1,"t":1764422301.118,"kind":"meta","type":null,"data":{"format":"decodetop-recording",...}}
+    {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.TelemetrySnapshot","data":{...}}
+    {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.model.CheckResult","data":[...]}
+
+`t` is wall-clock Unix seconds; `type` names the dataclass the payload came from (a list payload holds several of
+it), so `decode_event` can rebuild the object without the reader knowing every class. Lines are written whole and
+flushed one by one (line-buffered), so a crash loses at most the line being written; `read_recording` skips a
+truncated or corrupt line, counts it and says so in one line, and never fails on it.
+
+Serialisation uses a class's own `to_dict`/`from_dict` where it has them, and otherwise walks the dataclass fields
+(enums by value, tuples as lists, non-finite floats as null, since JSON has no NaN).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import enum
+import importlib
+import json
+import math
+import os
+import platform
+import threading
+import time
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Any
+
+from decodetop.errors import UserInputError
+
+FORMAT_NAME = "decodetop-recording"
+FORMAT_VERSION = 1
+"""Version of the line layout; a reader accepts lines of this version and skips (and counts) others."""
+
+KINDS: tuple[str, ...] = ("meta", "telemetry", "probe_result", "checks", "budget", "observed_step")
+"""What a line can hold. "observed_step" is the live server's step (`collectors.serving`)."""
+
+MAX_LISTED_PROBLEMS = 3
+"""Corrupt lines named one by one in the warning; the rest are only counted."""
+
+_ALLOWED_TYPE_PREFIX = "decodetop."
+_FORBIDDEN_TYPE_PREFIXES = ("decodetop.tui", "decodetop.themes", "decodetop.probes.worker")
+"""A recording may name only decodetop's own data classes, never UI or torch modules (layering, safety)."""
+
+
+# --- serialisation -------------------------------------------------------------------------------------------
+
+
+def to_jsonable(obj: Any) -> Any:
+    """A JSON-ready value for `obj`: a class's `to_dict()` where it has one, else dataclass fields, enums by value,
+    tuples/sets as lists, paths as strings, non-finite floats as None. Raises TypeError naming an unknown type."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value)
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict) and not isinstance(obj, type):
+        return to_jsonable(to_dict())
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {_key(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return [to_jsonable(v) for v in items]
+    if isinstance(obj, PurePath):
+        return str(obj)
+    raise TypeError(f"cannot record a {type(obj).__qualname__} as JSON")
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, enum.Enum):
+        return str(key.value)
+    if isinstance(key, (str, int, float, bool)):
+        return str(key)
+    raise TypeError(f"cannot record a mapping key of type {type(key).__qualname__}")
+
+
+def type_name(obj: Any) -> str | None:
+    """The dotted name `decode_event` uses to rebuild `obj` (the element type for a list), or None."""
+    if isinstance(obj, (list, tuple)) and obj:
+        names = {type_name(v) for v in obj}
+        return names.pop() if len(names) == 1 else None
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        cls = type(obj)
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return None
+
+
+def from_jsonable(cls: Any, data: Any) -> Any:
+    """Rebuild a value of type `cls` from `to_jsonable` output: `cls.from_dict` where it exists, else dataclass
+    fields by their type hints (unknown keys ignored, missing ones take their defaults). ValueError if it cannot."""
+    try:
+        return _convert(cls, data)
+    except (TypeError, KeyError, AttributeError, NameError) as exc:
+        raise ValueError(f"cannot rebuild {getattr(cls, '__qualname__', cls)}: {exc}") from exc
+
+
+_SEQUENCES: tuple[Any, ...] = (
+    tuple,
+    list,
+    set,
+    frozenset,
+    collections.abc.Sequence,
+    collections.abc.MutableSequence,
+    collections.abc.Set,
+    collections.abc.MutableSet,
+    collections.abc.Collection,
+    collections.abc.Iterable,
+)
+_MAPPINGS: tuple[Any, ...] = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def _convert(hint: Any, value: Any) -> Any:
+    if hint is Any or hint is object:
+        return value
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union or (hasattr(types, "UnionType") and isinstance(hint, types.UnionType)):
+        if value is None:
+            if type(None) in args:
+                return None
+            if float in args:
+                return math.nan
+            raise ValueError("null where a value is required")
+        errors: list[str] = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value)
+            except (ValueError, TypeError) as exc:
+                errors.append(str(exc))
+        raise ValueError("; ".join(errors) or "no type matched")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{value!r} is not one of {args!r}")
+        return value
+    if hint is type(None):
+        if value is not None:
+            raise ValueError(f"expected null, got {value!r}")
+        return None
+    if origin in _SEQUENCES or hint in (tuple, list):
+        if not isinstance(value, list):
+            raise ValueError(f"expected a list, got {type(value).__name__}")
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v) for v in value)
+        if origin is tuple and args:
+            if len(args) != len(value):
+                raise ValueError(f"expected {len(args)} items, got {len(value)}")
+            return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+        items = [_convert(args[0] if args else Any, v) for v in value]
+        if origin in (list, collections.abc.MutableSequence) or hint is list:
+            return items
+        if origin in (set, collections.abc.Set, collections.abc.MutableSet):
+            return set(items)
+        if origin is frozenset:
+            return frozenset(items)
+        return tuple(items)
+    if origin in _MAPPINGS or hint is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"expected an object, got {type(value).__name__}")
+        key_hint, value_hint = args if len(args) == 2 else (Any, Any)
+        return {_convert_key(key_hint, k): _convert(value_hint, v) for k, v in value.items()}
+    if isinstance(hint, type):
+        from_dict = getattr(hint, "from_dict", None)
+        if callable(from_dict) and isinstance(value, dict):
+            return from_dict(value)
+        if issubclass(hint, enum.Enum):
+            return hint(value)
+        if dataclasses.is_dataclass(hint):
+            return _dataclass_from(hint, value)
+        if hint is float:
+            if value is None:
+                return math.nan
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"expected a number, got {value!r}")
+            return float(value)
+        if hint is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"expected an integer, got {value!r}")
+            return value
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"expected true/false, got {value!r}")
+            return value
+        if hint is str:
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, got {value!r}")
+            return value
+        if issubclass(hint, PurePath):
+            return hint(value)
+    return value
+
+
+def _convert_key(hint: Any, key: str) -> Any:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint(key)
+    if hint is int:
+        return int(key)
+    if hint is float:
+        return float(key)
+    return key
+
+
+def _dataclass_from(cls: type[Any], value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError(f"{cls.__qualname__}: expected an object, got {type(value).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name not in value:
+            continue
+        try:
+            kwargs[f.name] = _convert(hints.get(f.name, Any), value[f.name])
+        except ValueError as exc:
+            raise ValueError(f"{cls.__qualname__}.{f.name}: {exc}") from None
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"{cls.__qualname__}: {exc}") from None
+
+
+def resolve_type(name: str) -> type[Any]:
+    """The decodetop class a recording names ("decodetop.collectors.checks.model.CheckResult"); ValueError if the
+    name is outside decodetop's data packages or does not resolve."""
+    if not name.startswith(_ALLOWED_TYPE_PREFIX) or name.startswith(_FORBIDDEN_TYPE_PREFIXES):
+        raise ValueError(f"type {name!r} is not a decodetop data class")
+    module_name, _, qualname = name.rpartition(".")
+    # nested classes: walk the module path back until it imports
+    parts = qualname.split(".")
+    while module_name:
+        try:
+            module = importlib.import_module(module_name)
+            break
+        except ImportError:
+            module_name, _, head = module_name.rpartition(".")
+            parts.insert(0, head)
+    else:
+        raise ValueError(f"type {name!r}: module not found")
+    obj: Any = module
+    for part in parts:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"type {name!r}: {part!r} not found in {module_name}")
+    if not isinstance(obj, type):
+        raise ValueError(f"type {name!r} is not a class")
+    return obj
+
+
+# --- events --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """One line of a recording."""
+
+    t_unix_s: float
+    kind: str
+    payload: Any
+    """The JSON data as read (a dict, or a list of dicts for kinds like "checks")."""
+    type_name: str | None
+    line_no: int
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A recording read back: its events in file order, how many lines were skipped, and what to tell the user."""
+
+    path: Path
+    events: tuple[RecordedEvent, ...]
+    corrupt_lines: int
+    warnings: tuple[str, ...]
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The first "meta" line's data (format, decodetop version, host, started), or {}."""
+        for event in self.events:
+            if event.kind == "meta" and isinstance(event.payload, dict):
+                return event.payload
+        return {}
+
+    @property
+    def duration_s(self) -> float:
+        """Wall time from the first to the last event."""
+        if not self.events:
+            return 0.0
+        return max(0.0, self.events[-1].t_unix_s - self.events[0].t_unix_s)
+
+    def of_kind(self, kind: str) -> tuple[RecordedEvent, ...]:
+        """Events of one kind, in order."""
+        return tuple(e for e in self.events if e.kind == kind)
+
+    def counts(self) -> dict[str, int]:
+        """Number of events per kind."""
+        out: dict[str, int] = {}
+        for e in self.events:
+            out[e.kind] = out.get(e.kind, 0) + 1
+        return out
+
+    @property
+    def summary(self) -> str:
+        """One line: what was read and what was skipped."""
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(self.counts().items()) if k != "meta") or "no events"
+        skipped = f"; {self.corrupt_lines} corrupt line{'s' if self.corrupt_lines != 1 else ''} skipped"
+        return f"{self.path.name}: {kinds} over {self.duration_s:.0f} s{skipped if self.corrupt_lines else ''}"
+
+
+def decode_event(event: RecordedEvent, cls: type[Any] | None = None) -> Any:
+    """Rebuild the object an event recorded: as `cls`, or as the class the line names. A list payload gives a tuple.
+    Returns the raw payload when neither names a class; ValueError when the payload does not fit the class."""
+    target = cls
+    if target is None:
+        if event.type_name is None:
+            return event.payload
+        target = resolve_type(event.type_name)
+    if isinstance(event.payload, list):
+        return tuple(from_jsonable(target, item) for item in event.payload)
+    return from_jsonable(target, event.payload)
+
+
+# --- writing -------------------------------------------------------------------------------------------------
+
+
+class Recorder:
+    """Appends events to a recording, one JSON line each, flushed line by line; safe to call from several threads.
+
+    Opening writes a "meta" line. A write that fails later (disk full) does not raise into the caller: the
+    recorder stops, and `error` holds the one line saying why.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        meta: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.error: str | None = None
+        self.lines_written = 0
+        if self.path.is_dir():
+            raise UserInputError(f"--record {self.path}: is a directory")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            needs_newline = self._ends_mid_line()
+            self._handle: typing.TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
+        except OSError as exc:
+            raise UserInputError(f"--record {self.path}: cannot open for appending ({exc.strerror or exc})") from None
+        if needs_newline:
+            # a previous run died mid-line: end that line so ours start clean (the reader counts it as corrupt)
+            self._handle.write("\n")
+        from decodetop import __version__
+
+        header: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "decodetop_version": __version__,
+            "host": platform.node(),
+            "pid": os.getpid(),
+        }
+        header.update(meta or {})
+        self.record("meta", header)
+
+    def _ends_mid_line(self) -> bool:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                if handle.tell() == 0:
+                    return False
+                handle.seek(-1, os.SEEK_END)
+                return handle.read(1) != b"\n"
+        except FileNotFoundError:
+            return False
+
+    def record(self, kind: str, payload: Any, t: float | None = None) -> bool:
+        """Append one event: `payload` is a dict, a dataclass or a list of them. Returns False when not written
+        (the recorder is closed or failed). An unknown kind or a payload JSON cannot hold is a programming error
+        and raises ValueError/TypeError."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown recording kind {kind!r}; expected one of {', '.join(KINDS)}")
+        stamp = self._clock() if t is None else float(t)
+        line = json.dumps(
+            {"v": FORMAT_VERSION, "t": stamp, "kind": kind, "type": type_name(payload), "data": to_jsonable(payload)},
+            allow_nan=False,
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        with self._lock:
+            if self._handle is None:
+                return False
+            try:
+                self._handle.write(line + "\n")
+            except OSError as exc:
+                self.error = f"--record {self.path}: writing failed ({exc.strerror or exc}); recording stopped"
+                self._close_locked()
+                return False
+            self.lines_written += 1
+        return True
+
+    def _close_locked(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                handle.close()
+            except OSError as exc:
+                self.error = self.error or f"--record {self.path}: closing failed ({exc.strerror or exc})"
+
+    @property
+    def closed(self) -> bool:
+        """Whether no more lines will be written."""
+        return self._handle is None
+
+    def close(self) -> None:
+        """Flush and close (idempotent)."""
+        with self._lock:
+            self._close_locked()
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
+    """(event, "") for a good line; (None, why) for a bad one. line_no is filled by the caller."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"not JSON ({exc.msg})"
+    if not isinstance(obj, dict):
+        return None, "not a JSON object"
+    version = obj.get("v")
+    if version != FORMAT_VERSION:
+        return None, f"line format version {version!r} (this decodetop reads {FORMAT_VERSION})"
+    t = obj.get("t")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        return None, "no time stamp"
+    kind = obj.get("kind")
+    if not isinstance(kind, str):
+        return None, "no kind"
+    if kind not in KINDS:
+        return None, f"unknown kind {kind!r}"
+    if "data" not in obj:
+        return None, "no data"
+    tname = obj.get("type")
+    if tname is not None and not isinstance(tname, str):
+        return None, "type is not a string"
+    return RecordedEvent(float(t), kind, obj["data"], tname, 0), ""
+
+
+def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:
+    """(line number, event or None, why) for every non-empty line, read as a stream (for large recordings)."""
+    p = Path(path)
+    try:
+        handle = p.open("rb")
+    except FileNotFoundError:
+        raise UserInputError(f"--replay {p}: no such file") from None
+    except IsADirectoryError:
+        raise UserInputError(f"--replay {p}: is a directory") from None
+    except OSError as exc:
+        raise UserInputError(f"--replay {p}: cannot read ({exc.strerror or exc})") from None
+    with handle:
+        for line_no, raw in enumerate(handle, start=1):
+            stripped = raw.strip()
+            if not stripped:
+                continue
+            event, why = _parse_line(stripped)
+            if event is not None:
+                event = dataclasses.replace(event, line_no=line_no)
+            yield line_no, event, why
+
+
+def read_recording(path: str | os.PathLike[str]) -> Replay:
+    """Read a recording: every good line in order; truncated or corrupt lines skipped and counted, never fatal.
+
+    Raises UserInputError (one line) only when the file cannot be read, or when no line at all is a recording
+    line (the user pointed at something else).
+    """
+    p = Path(path)
+    events: list[RecordedEvent] = []
+    problems: list[str] = []
+    corrupt = 0
+    for line_no, event, why in iter_recording(p):
+        if event is None:
+            corrupt += 1
+            if len(problems) < MAX_LISTED_PROBLEMS:
+                problems.append(f"line {line_no}: {why}")
+            continue
+        events.append(event)
+    if not events and corrupt:
+        raise UserInputError(f"--replay {p}: not a decodetop recording ({problems[0]}; no readable line)")
+    warnings: list[str] = []
+    if corrupt:
+        more = f", and {corrupt - len(problems)} more" if corrupt > len(problems) else ""
+        warnings.append(
+            f"{p.name}: skipped {corrupt} corrupt line{'s' if corrupt != 1 else ''} ({'; '.join(problems)}{more})"
+        )
+    if not events:
+        warnings.append(f"{p.name}: the recording is empty")
+    elif not any(e.kind == "meta" for e in events):
+        warnings.append(f"{p.name}: no meta line; recorded by another tool or cut at the start")
+    return Replay(path=p, events=tuple(events), corrupt_lines=corrupt, warnings=tuple(warnings))
+
+
+def write_events(path: str | os.PathLike[str], events: Sequence[tuple[float, str, Any]]) -> None:
+    """Write a recording at once (tests, tools): (t_unix_s, kind, payload) each, after a meta line stamped with
+    the first event's time."""
+    first = events[0][0] if events else time.time()
+    with Recorder(path, clock=lambda: first) as rec:
+        for t, kind, payload in events:
+            rec.record(kind, payload, t=t)

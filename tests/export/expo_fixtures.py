@@ -1,0 +1,130 @@
+"""Realistic export state for the exposition tests: a 2 x H200 telemetry snapshot and probe results (committed
+fixtures under tests/fixtures/metrics), health checks, a budget and a live server's observed step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.serving import ObservedStep
+from decodetop.export.prometheus import ExportState
+from decodetop.export.recording import from_jsonable
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
+TELEMETRY_JSON = FIXTURES / "telemetry_h200x2.json"
+PROBES_JSON = FIXTURES / "probe_results_h200x2.json"
+
+
+def _ns(value: Any) -> Any:
+    if isinstance(value, dict):
+        return SimpleNamespace(**{k: _ns(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_ns(v) for v in value)
+    return value
+
+
+def telemetry_snapshot() -> Any:
+    """The telemetry fixture as the NVML helper's TelemetrySnapshot (attribute-alike objects if it is absent)."""
+    data = json.loads(TELEMETRY_JSON.read_text())["snapshot"]
+    try:
+        from decodetop.collectors.telemetry import TelemetrySnapshot
+    except ImportError:
+        return _ns(data)
+    return from_jsonable(TelemetrySnapshot, data)
+
+
+def probe_results() -> tuple[Any, ...]:
+    """The probe-results fixture (all-reduce sweep, membw, a timed-out probe) as ProbeResult objects."""
+    try:
+        from decodetop.probes.results import load_results
+    except ImportError:
+        return tuple(_ns(r) for r in json.loads(PROBES_JSON.read_text())["results"])
+    return tuple(load_results(PROBES_JSON))
+
+
+@dataclass(frozen=True)
+class Segment:
+    component: str
+    ms: float
+
+
+@dataclass(frozen=True)
+class BudgetLike:
+    """The shape the exposition reads from a budget (segments by component, the step lines)."""
+
+    model: str
+    segments: tuple[Segment, ...]
+    sum_ms: float
+    observed_ms: float
+    target_ms: float
+    roofline_ms: float
+    unexplained_ms: float
+    target_tok_s: float
+
+
+def budget() -> Any:
+    """GLM-5 TP8 budget with the observed 95 ms step and the 309 tok/s target (architecture.md defaults)."""
+    segments = (
+        Segment("attention", 21.4),
+        Segment("attention_proj", 6.1),
+        Segment("routed_experts", 28.7),
+        Segment("shared_experts", 3.2),
+        Segment("routing", 1.9),
+        Segment("communication", 17.6),
+        Segment("norms", 2.4),
+        Segment("lm_head", 1.7),
+        Segment("launch", 4.3),
+    )
+    total = sum(s.ms for s in segments)
+    return BudgetLike("GLM-5-NVFP4", segments, total, 95.0, 1000 / 309, 11.8, 95.0 - total, 309.0)
+
+
+def checks() -> tuple[CheckResult, ...]:
+    return (
+        CheckResult(
+            "C1",
+            "CPU frequency governor",
+            Status.WARN,
+            "powersave",
+            "performance",
+            why="powersave adds latency to every kernel launch",
+            fix="cpupower frequency-set -g performance",
+            subject="host",
+        ),
+        CheckResult("C2", "C-states", Status.INFO, "not exposed in this VM", "C1 max", subject="host"),
+        CheckResult("P1:0000:18:00.0", "PCIe link", Status.PASS, "Gen5 x16", "Gen5 x16", subject="GPU0 0000:18:00.0"),
+        CheckResult("P1:0000:2a:00.0", "PCIe link", Status.FAIL, "Gen4 x16", "Gen5 x16", subject="GPU1 0000:2a:00.0"),
+        CheckResult("N12", "row remapping", Status.UNKNOWN, "no permission", "no pending remaps", subject="GPU1"),
+    )
+
+
+def observed() -> ObservedStep:
+    return ObservedStep(
+        step_ms=19.2,
+        itl_ms=19.2,
+        source="sglang",
+        metric="sglang:inter_token_latency_seconds",
+        samples=512,
+        window_s=10.0,
+        accept_length=1.0,
+        accept_length_from="none",
+        url="http://127.0.0.1:30000/metrics",
+        running_requests=1.0,
+        model_names=("zai-org/GLM-5-NVFP4",),
+    )
+
+
+def full_state() -> ExportState:
+    return ExportState(
+        telemetry=telemetry_snapshot(),
+        probe_results=probe_results(),
+        budget=budget(),
+        checks=checks(),
+        checks_unix_s=1795959000.0,
+        observed=observed(),
+        probe_interval_s=600.0,
+    )

@@ -1,0 +1,235 @@
+"""Record/replay: events round-trip into the same dataclasses; truncated and corrupt lines are skipped and counted,
+never fatal; a file that is not a recording is one clear line."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from expo_fixtures import checks, observed, probe_results, telemetry_snapshot
+
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.serving import ObservedStep
+from decodetop.errors import UserInputError
+from decodetop.export.recording import (
+    Recorder,
+    decode_event,
+    from_jsonable,
+    read_recording,
+    resolve_type,
+    to_jsonable,
+    write_events,
+)
+
+
+def _record_session(path: Path) -> None:
+    t0 = 1795959000.0
+    with Recorder(path, meta={"argv": ["decodetop", "--record", str(path)]}, clock=lambda: t0) as rec:
+        rec.record("telemetry", telemetry_snapshot(), t=t0 + 1)
+        for i, result in enumerate(probe_results()):
+            rec.record("probe_result", result, t=t0 + 2 + i)
+        rec.record("checks", list(checks()), t=t0 + 10)
+        rec.record("observed_step", observed(), t=t0 + 11)
+        rec.record("telemetry", telemetry_snapshot(), t=t0 + 12)
+
+
+def test_session_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "session.jsonl"
+    _record_session(path)
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 0 and replay.warnings == ()
+    assert [e.kind for e in replay.events] == [
+        "meta",
+        "telemetry",
+        "probe_result",
+        "probe_result",
+        "probe_result",
+        "checks",
+        "observed_step",
+        "telemetry",
+    ]
+    assert replay.meta["format"] == "decodetop-recording"
+    assert replay.meta["argv"][0] == "decodetop"
+    assert replay.duration_s == pytest.approx(12.0)
+    assert replay.counts()["probe_result"] == 3
+    # each event rebuilds into the same object it recorded
+    assert decode_event(replay.of_kind("telemetry")[0]) == telemetry_snapshot()
+    assert tuple(decode_event(e) for e in replay.of_kind("probe_result")) == probe_results()
+    assert decode_event(replay.of_kind("checks")[0]) == checks()
+    assert decode_event(replay.of_kind("observed_step")[0]) == observed()
+    assert "3 probe_result" in replay.summary and "corrupt" not in replay.summary
+
+
+def test_corrupt_and_truncated_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "damaged.jsonl"
+    _record_session(path)
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    good = lines[:-1]
+    damaged = [
+        good[0],
+        good[1],
+        b"{this is not json",
+        good[2],
+        b"\xff\xfe\x00 binary",
+        b'{"v":1,"t":1795959003,"kind":"checks"}',  # no data
+        b'{"v":99,"t":1795959003,"kind":"checks","data":[]}',  # a newer format
+        good[3],
+        b'{"v":1,"t":1795959004,"kind":"no_such_kind","data":{}}',
+        b"[1, 2, 3]",
+        *good[4:],
+        good[2][: len(good[2]) // 2],  # the last line cut mid-write (a crash)
+    ]
+    path.write_bytes(b"\n".join(damaged))
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 7
+    assert [e.kind for e in replay.events] == [
+        "meta",
+        "telemetry",
+        "probe_result",
+        "probe_result",
+        "probe_result",
+        "checks",
+        "observed_step",
+        "telemetry",
+    ]
+    assert len(replay.warnings) == 1
+    warning = replay.warnings[0]
+    assert "skipped 7 corrupt lines" in warning and "line 3: not JSON" in warning and "4 more" in warning
+    assert "\n" not in warning
+    assert "7 corrupt lines skipped" in replay.summary
+    # the events keep their line numbers in the damaged file
+    assert replay.events[2].line_no == 4
+
+
+def test_recorder_appends_after_a_crash_mid_line(tmp_path: Path) -> None:
+    path = tmp_path / "appended.jsonl"
+    with Recorder(path, clock=lambda: 1.0) as rec:
+        rec.record("checks", list(checks()))
+    with path.open("ab") as handle:
+        handle.write(b'{"v":1,"t":2.0,"kind":"tele')  # the previous run died here
+    with Recorder(path, clock=lambda: 3.0) as rec:
+        rec.record("observed_step", observed())
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 1
+    assert [e.kind for e in replay.events] == ["meta", "checks", "meta", "observed_step"]
+
+
+def test_recorder_threads_write_whole_lines(tmp_path: Path) -> None:
+    path = tmp_path / "threads.jsonl"
+    rec = Recorder(path)
+    result = CheckResult("C1", "governor", Status.PASS, "performance", "performance", facts={"x": "y" * 2000})
+
+    def writer() -> None:
+        for _ in range(200):
+            rec.record("checks", [result])
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rec.close()
+    assert rec.record("checks", [result]) is False  # closed
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 0
+    assert replay.counts() == {"meta": 1, "checks": 800}
+    assert rec.lines_written == 801
+
+
+def test_bad_files_are_one_clear_line(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="no such file"):
+        read_recording(tmp_path / "missing.jsonl")
+    with pytest.raises(UserInputError, match="is a directory"):
+        read_recording(tmp_path)
+    png = tmp_path / "picture.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    with pytest.raises(UserInputError, match="not a decodetop recording") as info:
+        read_recording(png)
+    assert "\n" not in str(info.value)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    replay = read_recording(empty)
+    assert replay.events == () and replay.corrupt_lines == 0
+    assert replay.warnings == ("empty.jsonl: the recording is empty",)
+    with pytest.raises(UserInputError, match="directory"):
+        Recorder(tmp_path)
+    with pytest.raises(ValueError, match="unknown recording kind"):
+        Recorder(tmp_path / "x.jsonl").record("nonsense", {})
+
+
+def test_write_events_helper(tmp_path: Path) -> None:
+    path = tmp_path / "made.jsonl"
+    write_events(path, [(100.0, "checks", list(checks())), (101.5, "observed_step", observed())])
+    replay = read_recording(path)
+    assert [(e.t_unix_s, e.kind) for e in replay.events] == [
+        (100.0, "meta"),
+        (100.0, "checks"),
+        (101.5, "observed_step"),
+    ]
+    assert isinstance(decode_event(replay.events[2]), ObservedStep)
+
+
+class Colour(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclass(frozen=True)
+class Inner:
+    colour: Colour
+    values: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Outer:
+    name: str
+    inner: Inner | None
+    by_colour: Mapping[Colour, int] = field(default_factory=dict)
+    pairs: tuple[tuple[int, str], ...] = ()
+    maybe: float | None = None
+    ratio: float = 0.5
+    tags: list[str] = field(default_factory=list)
+
+
+def test_generic_dataclass_round_trip() -> None:
+    value = Outer(
+        "x",
+        Inner(Colour.BLUE, (1.0, 2.5)),
+        {Colour.RED: 3},
+        ((1, "a"), (2, "b")),
+        None,
+        math.inf,
+        ["t"],
+    )
+    data = json.loads(json.dumps(to_jsonable(value), allow_nan=False))
+    assert data["ratio"] is None  # JSON has no infinity
+    back = from_jsonable(Outer, data)
+    assert back.inner == value.inner and back.by_colour == {Colour.RED: 3} and back.pairs == value.pairs
+    assert math.isnan(back.ratio)
+    # unknown keys are ignored, missing ones take defaults, wrong types are a ValueError naming the field
+    assert from_jsonable(Outer, {"name": "y", "inner": None, "added_later": 1}) == Outer("y", None)
+    with pytest.raises(ValueError, match=r"Inner\.colour"):
+        from_jsonable(Outer, {"name": "y", "inner": {"colour": "green", "values": []}})
+    with pytest.raises(ValueError, match="name"):
+        from_jsonable(Outer, {"name": 3, "inner": None})
+    with pytest.raises(TypeError, match="cannot record"):
+        to_jsonable(object())
+
+
+def test_resolve_type_stays_inside_decodetop_data() -> None:
+    assert resolve_type("decodetop.collectors.checks.model.CheckResult") is CheckResult
+    for bad in (
+        "os.system",
+        "decodetop.tui.app.DecodetopApp",
+        "decodetop.probes.worker.allreduce.run",
+        "decodetop.nope.X",
+    ):
+        with pytest.raises(ValueError):
+            resolve_type(bad)
