@@ -3,7 +3,7 @@
 The file (``settings.toml`` under `decodetop.paths.config_dir()`, or the path given by ``--config``) holds a few
 scalar keys::
 
-    model = "glm-5"
+    model = "glm-5-nvfp4"
     tp = 8
     observed_ms = 95.0
     target_tps = 309.0
@@ -43,8 +43,8 @@ DEFAULT_OBSERVED_MS = 95.0
 """probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
 DEFAULT_TARGET_TPS = 309.0
 """The issue's target throughput (309 tok/s = 3.24 ms per token)."""
-DEFAULT_MODEL = "glm-5"
-"""probes.md §0: the seed computation is GLM-5 (NVFP4) at TP8."""
+DEFAULT_MODEL = "glm-5-nvfp4"
+"""probes.md §0: the seed computation is GLM-5-NVFP4 at TP8 (a `decodetop.budget` preset)."""
 DEFAULT_THEME = "decodetop-dark"
 DEFAULT_TICK_S = 1.0
 """peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor tick."""

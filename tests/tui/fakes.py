@@ -52,7 +52,7 @@ def h200_gpu(index: int, **changes: Any) -> GpuView:
         "power_w": 76.0,
         "power_limit_w": 700.0,
         "temp_c": 31.0,
-        "clock_reasons": ("gpu_idle",),
+        "clock_reasons": ("GpuIdle",),
         "mem_used_bytes": 1 * GIB,
         "mem_total_bytes": 141 * GIB,
     }
@@ -62,8 +62,8 @@ def h200_gpu(index: int, **changes: Any) -> GpuView:
 
 def eight_gpu_frame(t: float = NOW_S) -> TelemetryFrame:
     gpus = [h200_gpu(i) for i in range(8)]
-    gpus[3] = h200_gpu(3, pcie_width=8, util_pct=95.0, sm_clock_mhz=1410.0, clock_reasons=("sw_power_cap",))
-    gpus[5] = h200_gpu(5, temp_c=88.0, clock_reasons=("hw_thermal_slowdown",))
+    gpus[3] = h200_gpu(3, pcie_width=8, util_pct=95.0, sm_clock_mhz=1410.0, clock_reasons=("SwPowerCap",))
+    gpus[5] = h200_gpu(5, temp_c=88.0, clock_reasons=("HwThermalSlowdown",))
     return TelemetryFrame(
         taken_at_s=t,
         gpus=tuple(gpus),

@@ -1,16 +1,103 @@
-"""Provides `decodetop tui` (placeholder until its issue lands)."""
+"""Provides the live UI's top-level flags (`decodetop` with no subcommand) and its entry point.
+
+Module level imports nothing heavy: textual is imported inside `run`, so building the parser for a headless
+subcommand never loads it.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from decodetop.errors import DecodetopError
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register this command's flags."""
+    """Register the live UI's flags on the main parser."""
+    group = parser.add_argument_group("live UI (no subcommand)")
+    group.add_argument("--model", help="model preset (see `decodetop budget --list`) or a path to an HF config.json")
+    group.add_argument("--config", metavar="FILE", help="settings TOML (default: settings.toml in the config dir)")
+    group.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (default: the number of ranks)")
+    group.add_argument("--observed-ms", type=_positive_float, help="observed decode step in ms (default 95)")
+    group.add_argument("--target-tps", type=_positive_float, help="target tokens/s for one stream (default 309)")
+    group.add_argument("--theme", help="decodetop-dark, decodetop-light or decodetop-contrast (t cycles them)")
+    group.add_argument("--cpu-ranks", type=_positive_int, metavar="N", help="run probes on N CPU ranks (gloo)")
+    group.add_argument("--gpus", metavar="LIST", help="GPUs for the probe group, e.g. 0,1,2,3 or 0-3 (default: all)")
+    group.add_argument("--no-probes", action="store_true", help="run no probes (telemetry, checks, history only)")
+    group.add_argument("--tick", type=_positive_float, metavar="S", help="telemetry period in seconds (default 1)")
+    group.add_argument("--record", metavar="FILE", help="record telemetry and probe results to FILE")
+    group.add_argument("--replay", metavar="FILE", help="replay a recording instead of reading NVML")
+    group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
+    group.add_argument("--server", metavar="URL", help="serving engine /metrics URL for the observed step time")
+    group.add_argument(
+        "--demo", action="store_true", help="fake NVML replaying an H200 recording on 8 GPUs; no probes unless asked"
+    )
+    group.add_argument("--force", action="store_true", help="probe GPUs even when other processes use them")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the command."""
-    raise DecodetopError("'tui' is not implemented yet")
+    """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
+    from decodetop.errors import UserInputError
+    from decodetop.settings import default_settings_path, load_settings, with_overrides
+    from decodetop.themes import THEME_NAMES
+    from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus
+
+    config_path = Path(args.config) if args.config else None
+    settings = load_settings(config_path)
+    settings = with_overrides(
+        settings,
+        model=args.model,
+        tp=args.tp,
+        observed_ms=args.observed_ms,
+        target_tps=args.target_tps,
+        theme=args.theme,
+        tick_s=args.tick,
+    )
+    if settings.theme not in THEME_NAMES:
+        raise UserInputError(f"theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
+    if args.record and args.replay:
+        raise UserInputError("--record and --replay cannot be combined")
+    options = LaunchOptions(
+        cpu_ranks=args.cpu_ranks,
+        gpus=parse_gpus(args.gpus) if args.gpus else None,
+        no_probes=args.no_probes,
+        demo=args.demo,
+        force=args.force,
+        record=Path(args.record) if args.record else None,
+        replay=Path(args.replay) if args.replay else None,
+        prometheus=args.prometheus,
+        server=args.server,
+    )
+    sources = build_sources(settings, options)
+
+    from decodetop.tui.app import DecodetopApp
+
+    app = DecodetopApp(
+        sources,
+        settings,
+        config_path or default_settings_path(),
+        save_theme=args.theme is None,
+    )
+    try:
+        result = app.run()
+    finally:
+        app.shutdown_sources()
+    return 0 if result is None else int(result)

@@ -460,7 +460,9 @@ class DecodetopApp(App[int]):
         if waiting:
             parts.append(f"{waiting} queued")
         frame = self.last_frame
-        if frame is not None and frame.sample_ms is not None:
+        if frame is not None and not frame.gpus:
+            parts.append("no GPU telemetry")
+        elif frame is not None and frame.sample_ms is not None:
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
         parts.extend(self._status_notes[-2:])
         self.query_one("#status", Static).update(" · ".join(parts))

@@ -124,7 +124,7 @@ class GpuView:
     power_limit_w: float | None = None
     temp_c: float | None = None
     clock_reasons: tuple[str, ...] = ()
-    """Active clock-event reasons by name ("gpu_idle", "sw_power_cap", "hw_slowdown"...)."""
+    """Active clock-event reasons by NVML name ("GpuIdle", "SwPowerCap", "HwSlowdown"...)."""
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
 

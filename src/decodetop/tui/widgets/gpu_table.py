@@ -14,8 +14,9 @@ from decodetop.tui.model import GpuView, TelemetryFrame
 
 # healthchecks.md N3: HwSlowdown 0x8, HwThermal 0x40, HwPowerBrake 0x80 -> fail; SwThermal 0x20, SwPowerCap 0x4 -> warn;
 # GpuIdle, ApplicationsClocksSetting, SyncBoost, DisplayClockSetting -> info.
-BAD_REASONS = frozenset({"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
-WARN_REASONS = frozenset({"sw_thermal_slowdown", "sw_power_cap"})
+# Names as `decodetop.collectors.telemetry.CLOCK_EVENT_REASONS` decodes them.
+BAD_REASONS = frozenset({"HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"})
+WARN_REASONS = frozenset({"SwThermalSlowdown", "SwPowerCap"})
 HOT_WARN_C = 80.0
 """Above this a datacenter GPU is close to its slowdown threshold (H100/H200 slow down in the high 80s °C)."""
 HOT_BAD_C = 87.0

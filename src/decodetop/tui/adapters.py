@@ -1,0 +1,517 @@
+"""Provides the real sources behind the UI: the telemetry collector, the probe controller, the budget, host checks.
+
+Each adapter turns a layer's own types (`TelemetrySnapshot`, `ProbeResult`, `CheckResult`, the budget) into the
+UI's view types (`decodetop.tui.model`). The packages beneath are imported inside functions, so importing this
+module stays cheap and never imports torch (the controller spawns ranks; the UI process never touches CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from decodetop.budget.components import Component
+from decodetop.textfmt import format_bytes, format_number
+from decodetop.tui.model import (
+    BudgetSegment,
+    BudgetView,
+    GpuView,
+    ProbeCurves,
+    ProbeState,
+    ProbeView,
+    RankValue,
+    Series,
+    TelemetryFrame,
+)
+from decodetop.tui.sources import ProbeOutcome, ProgressCallback
+
+if TYPE_CHECKING:
+    from decodetop.collectors.checks.model import CheckResult
+    from decodetop.collectors.nvml import Nvml
+    from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
+    from decodetop.probes.controller import ProbeController
+    from decodetop.probes.results import Measurement, ProbeResult
+    from decodetop.settings import Settings
+
+log = logging.getLogger(__name__)
+
+BYTES_PER_GB = 1e9
+LATENCY_PROBES = frozenset({"allreduce", "launch"})
+"""Probes whose figures NVML's costly calls would disturb (peers.md §3.8: a process-list call holds the RM lock)."""
+
+
+# --- telemetry ------------------------------------------------------------------------------------------------
+
+
+def gpu_view(snapshot: Any) -> GpuView:
+    """One `GpuSnapshot` as a table row."""
+
+    def gbps(value: float | None) -> float | None:
+        return None if value is None else value / BYTES_PER_GB
+
+    return GpuView(
+        index=snapshot.index,
+        name=snapshot.name or "",
+        util_pct=None if snapshot.gpu_util_pct is None else float(snapshot.gpu_util_pct),
+        sm_clock_mhz=None if snapshot.sm_clock_mhz is None else float(snapshot.sm_clock_mhz),
+        sm_clock_max_mhz=None if snapshot.sm_clock_max_mhz is None else float(snapshot.sm_clock_max_mhz),
+        mem_clock_mhz=None if snapshot.mem_clock_mhz is None else float(snapshot.mem_clock_mhz),
+        pcie_gen=snapshot.pcie_gen,
+        pcie_gen_max=snapshot.pcie_gen_max,
+        pcie_width=snapshot.pcie_width,
+        pcie_width_max=snapshot.pcie_width_max,
+        pcie_tx_gbps=gbps(snapshot.pcie_tx_bytes_per_s),
+        pcie_rx_gbps=gbps(snapshot.pcie_rx_bytes_per_s),
+        power_w=snapshot.power_w,
+        power_limit_w=snapshot.power_limit_enforced_w or snapshot.power_limit_w,
+        temp_c=None if snapshot.temperature_c is None else float(snapshot.temperature_c),
+        clock_reasons=tuple(snapshot.clock_event_reasons),
+        mem_used_bytes=snapshot.mem_used_bytes,
+        mem_total_bytes=snapshot.mem_total_bytes,
+    )
+
+
+def telemetry_frame(snapshot: TelemetrySnapshot) -> TelemetryFrame:
+    """A `TelemetrySnapshot` as the UI's frame, saying where the data came from when it is not live NVML."""
+    note = "" if snapshot.source == "nvml" else f"data from {snapshot.source}"
+    return TelemetryFrame(
+        taken_at_s=snapshot.taken_at_unix_s,
+        gpus=tuple(gpu_view(g) for g in snapshot.gpus),
+        unavailable_reason="" if snapshot.nvml_available else (snapshot.nvml_reason or "NVML unavailable"),
+        source_note=note,
+        sample_ms=snapshot.tick_cost_s * 1000.0,
+    )
+
+
+class CollectorTelemetry:
+    """`TelemetrySource` over `decodetop.collectors.telemetry.TelemetryCollector` (its own daemon thread)."""
+
+    def __init__(self, nvml: Nvml, interval_s: float, on_snapshot: Callable[[Any], None] | None = None) -> None:
+        from decodetop.collectors.telemetry import TelemetryCollector
+
+        self.nvml = nvml
+        self.extra_listener = on_snapshot
+        """Also called with every raw snapshot (the recorder, the Prometheus exporter)."""
+        self._on_frame: Callable[[TelemetryFrame], None] | None = None
+        self.collector: TelemetryCollector = TelemetryCollector(nvml, interval_s=interval_s, on_snapshot=self._snap)
+
+    def _snap(self, snapshot: TelemetrySnapshot) -> None:
+        if self.extra_listener is not None:
+            try:
+                self.extra_listener(snapshot)
+            except Exception:  # a recorder or exporter error must not stop telemetry
+                log.exception("telemetry listener failed")
+        if self._on_frame is not None:
+            self._on_frame(telemetry_frame(snapshot))
+
+    def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
+        """Start the collector's thread."""
+        self._on_frame = on_frame
+        self.collector.start()
+
+    def set_quiet(self, quiet: bool) -> None:
+        """Pause process lists while a latency probe runs."""
+        if quiet:
+            self.collector.costly_paused.set()
+        else:
+            self.collector.costly_paused.clear()
+
+    def close(self) -> None:
+        """Stop the thread, then release NVML."""
+        self.collector.stop()
+        self.nvml.close()
+
+
+class ReplayTelemetry:
+    """`TelemetrySource` replaying recorded snapshots (``--replay``) on a thread, one per tick."""
+
+    def __init__(self, snapshots: Sequence[Any], interval_s: float, loop: bool = True) -> None:
+        self.snapshots = list(snapshots)
+        self.interval_s = interval_s
+        self.loop = loop
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
+        """Start replaying."""
+
+        def run() -> None:
+            index = 0
+            while not self._stop.is_set() and self.snapshots:
+                frame = telemetry_frame(self.snapshots[index])
+                on_frame(frame)
+                index += 1
+                if index >= len(self.snapshots):
+                    if not self.loop:
+                        return
+                    index = 0
+                self._stop.wait(self.interval_s)
+
+        self._thread = threading.Thread(target=run, name="decodetop-replay", daemon=True)
+        self._thread.start()
+
+    def set_quiet(self, quiet: bool) -> None:
+        """Nothing costly to pause in a replay."""
+
+    def close(self) -> None:
+        """Stop the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+
+
+# --- probes ---------------------------------------------------------------------------------------------------
+
+_STATUS_TO_STATE = {
+    "ok": ProbeState.DONE,
+    "failed": ProbeState.FAILED,
+    "timed_out": ProbeState.TIMED_OUT,
+    "unsupported": ProbeState.UNSUPPORTED,
+    "cancelled": ProbeState.CANCELLED,
+}
+
+
+def _ok_measurements(result: ProbeResult) -> list[Measurement]:
+    return [m for m in result.measurements if m.status.value == "ok" and m.stats is not None]
+
+
+def _fmt_value(value: float, unit: str) -> str:
+    if unit == "us":
+        return f"{format_number(value)} µs"
+    if unit == "ms":
+        return f"{format_number(value)} ms"
+    if unit == "gbps":
+        return f"{format_number(value)} GB/s"
+    return f"{format_number(value)} {unit}".rstrip()
+
+
+def _point_label(m: Measurement) -> str:
+    params = dict(m.params)
+    parts = []
+    size = params.pop("size_bytes", params.pop("size", None))
+    if isinstance(size, int):
+        parts.append(format_bytes(size))
+    mode = params.pop("mode", None)
+    if isinstance(mode, str):
+        parts.append(mode)
+    parts.extend(f"{k}={v}" for k, v in sorted(params.items()) if isinstance(v, (int, float, str)))
+    return " ".join(parts) or m.name
+
+
+def headline(result: ProbeResult) -> str:
+    """One line for the table: the first good point's median and where it was taken."""
+    good = _ok_measurements(result)
+    if not good:
+        return ""
+    first = good[0]
+    assert first.stats is not None
+    return f"{_fmt_value(first.stats.median, first.unit)} @ {_point_label(first)}"
+
+
+def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
+    """A `ProbeResult` as the table row and detail screen."""
+    state = _STATUS_TO_STATE.get(result.status.value, ProbeState.FAILED)
+    good = _ok_measurements(result)
+    ranks: tuple[RankValue, ...] = ()
+    spread = ""
+    if good:
+        first = good[0]
+        assert first.stats is not None
+        ranks = tuple(
+            RankValue(r.rank, _fmt_value(r.stats.median, first.unit)) for r in first.per_rank if r.stats is not None
+        )
+        stats = first.stats
+        spread = (
+            f"p10 {_fmt_value(stats.p10, first.unit)} · p90 {_fmt_value(stats.p90, first.unit)} · "
+            f"p99 {_fmt_value(stats.p99, first.unit)} · {stats.count} samples"
+        )
+        medians = [r.stats.median for r in first.per_rank if r.stats is not None]
+        if len(medians) > 1 and min(medians) > 0:
+            spread += f" · ranks ±{(max(medians) / min(medians) - 1) * 50:.1f}%"
+    details: list[tuple[str, str]] = [
+        (f"point {_point_label(m)}", _fmt_value(m.stats.median, m.unit)) for m in good if m.stats
+    ]
+    details.extend(
+        (f"point {_point_label(m)}", f"{m.status.value}: {m.note}")
+        for m in result.measurements
+        if m.status.value != "ok"
+    )
+    telemetry: list[str] = []
+    env = result.environment
+    if env is not None:
+        details.append(("backend", f"{env.backend} × {env.world_size} ({env.device_kind})"))
+        versions = ", ".join(
+            f"{k} {v}"
+            for k, v in (("torch", env.torch), ("cuda", env.cuda), ("nccl", env.nccl), ("driver", env.driver))
+            if v
+        )
+        if versions:
+            details.append(("versions", versions))
+        if env.gpu_names:
+            details.append(("GPUs", ", ".join(env.gpu_names)))
+        for key, value in sorted(env.extra.items()):
+            if "telemetry" in key or "clock" in key or "pcie" in key:
+                telemetry.append(f"{key}: {value}")
+    details.append(("duration", f"{result.duration_s:.1f} s"))
+    error = result.error or ("" if state is ProbeState.DONE else result.message)
+    if result.error_rank is not None and error:
+        error = f"rank {result.error_rank}: {error}"
+    return ProbeView(
+        probe_id=result.probe,
+        title=title,
+        state=state,
+        value_text=headline(result),
+        error=error,
+        traceback=result.traceback or "",
+        ranks=ranks,
+        spread_text=spread,
+        telemetry_text=tuple(telemetry),
+        details=tuple(details),
+    )
+
+
+class ControllerProbes:
+    """`ProbeSource` over `decodetop.probes.controller.ProbeController`; the group is spawned on the first run."""
+
+    def __init__(self, make_controller: Callable[[], ProbeController], telemetry_line: Callable[[], str] | None = None):
+        self._make = make_controller
+        self._controller: ProbeController | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.telemetry_line = telemetry_line
+        """Returns a one-line summary of the current telemetry (clocks, clock events), recorded with each run."""
+
+    def _get(self) -> ProbeController:
+        with self._lock:
+            if self._closed:
+                from decodetop.errors import DecodetopError
+
+                raise DecodetopError("probe group is closed")
+            if self._controller is None:
+                self._controller = self._make()
+            return self._controller
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The registry's listed probes (the budget's ProbePlan narrows this when it lands)."""
+        from decodetop.probes.registry import ProbeRegistry
+
+        return [ProbeView(probe_id=spec.name, title=spec.name) for spec in ProbeRegistry().specs()]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """Run one probe on the group (blocking)."""
+        before = self.telemetry_line() if self.telemetry_line else ""
+        try:
+            controller = self._get()
+
+            def progress(p: Any) -> None:
+                fraction = p.done / p.total if getattr(p, "total", 0) else None
+                on_progress(fraction, p.line() if hasattr(p, "line") else str(p))
+
+            result = controller.run(probe_id, on_progress=progress)
+        except Exception as exc:  # the group could not start, or the controller is closed
+            view = ProbeView(
+                probe_id=probe_id,
+                title=probe_id,
+                state=ProbeState.FAILED,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+            return ProbeOutcome(view=view)
+        after = self.telemetry_line() if self.telemetry_line else ""
+        view = probe_view(result, title=probe_id)
+        lines = tuple(
+            line for line in (f"at start: {before}" if before else "", f"at end: {after}" if after else "") if line
+        )
+        if lines:
+            from dataclasses import replace
+
+            view = replace(view, telemetry_text=lines + view.telemetry_text)
+        payload = result.to_dict() if result.status.value in ("ok",) else {}
+        return ProbeOutcome(view=view, payload=payload, result=result if result.ok else None)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """A stored `ProbeResult.to_dict()` back as an outcome."""
+        from decodetop.probes.results import ProbeResult
+
+        try:
+            result = ProbeResult.from_dict(payload)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return ProbeOutcome(view=probe_view(result, title=probe_id), payload=payload, result=result)
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """All-reduce and launch timings are disturbed by costly NVML calls."""
+        return probe_id in LATENCY_PROBES
+
+    def cancel(self) -> None:
+        """Cancel the running probe (any thread)."""
+        controller = self._controller
+        if controller is not None:
+            controller.cancel()
+
+    def close(self) -> None:
+        """End every rank."""
+        with self._lock:
+            self._closed = True
+            controller = self._controller
+        if controller is not None:
+            controller.close()
+
+    def rank_pids(self) -> list[int]:
+        """PIDs of live ranks (tests)."""
+        controller = self._controller
+        return controller.rank_pids() if controller is not None else []
+
+
+class NoProbes:
+    """`ProbeSource` for ``--no-probes`` without history: an empty plan, nothing to run."""
+
+    def __init__(self, reason: str = "probes are off (--no-probes)") -> None:
+        self.reason = reason
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The registry's probes, shown idle."""
+        from decodetop.probes.registry import ProbeRegistry
+
+        return [ProbeView(probe_id=spec.name, title=spec.name) for spec in ProbeRegistry().specs()]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """Refuse, saying why."""
+        return ProbeOutcome(view=ProbeView(probe_id, probe_id, ProbeState.UNSUPPORTED, error=self.reason))
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """History still shows."""
+        return ControllerProbes.restore(self, probe_id, payload, measured_at_s)  # type: ignore[arg-type]
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """Nothing runs."""
+        return False
+
+    def cancel(self) -> None:
+        """Nothing runs."""
+
+    def close(self) -> None:
+        """Nothing to end."""
+
+
+# --- budget ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _AllreducePoint:
+    size_bytes: int
+    mode: str
+    time_us: float
+
+
+def allreduce_curves(result: ProbeResult) -> tuple[Series, ...]:
+    """Latency vs size, one series per mode, from an all-reduce result."""
+    by_mode: dict[str, list[tuple[float, float]]] = {}
+    for m in _ok_measurements(result):
+        size = m.params.get("size_bytes", m.params.get("size"))
+        mode = m.params.get("mode", m.name)
+        value = m.metrics.get("time_us")
+        if value is None and m.stats is not None and m.unit == "us":
+            value = m.stats.median
+        if isinstance(size, int) and value is not None:
+            by_mode.setdefault(str(mode), []).append((float(size), float(value)))
+    return tuple(
+        Series(mode, tuple(x for x, _ in sorted(points)), tuple(y for _, y in sorted(points)))
+        for mode, points in sorted(by_mode.items())
+    )
+
+
+def gemm_curves(result: ProbeResult) -> tuple[Series, ...]:
+    """Achieved GB/s vs M, one series per weight shape, from a GEMM result."""
+    by_shape: dict[str, list[tuple[float, float]]] = {}
+    for m in _ok_measurements(result):
+        rows = m.params.get("m", m.params.get("M"))
+        gbps = m.metrics.get("gbps", m.metrics.get("achieved_gbps"))
+        shape = f"{m.params.get('n', '?')}×{m.params.get('k', '?')}"
+        if isinstance(rows, int) and gbps is not None:
+            by_shape.setdefault(shape, []).append((float(rows), float(gbps)))
+    return tuple(
+        Series(shape, tuple(x for x, _ in sorted(points)), tuple(y for _, y in sorted(points)))
+        for shape, points in sorted(by_shape.items())
+    )
+
+
+class PresetBudget:
+    """`BudgetSource` over `decodetop.budget`: presets for the picker; composition once `compose_budget` exists.
+
+    Until the budget package offers composition, every component shows as "missing" and the bar shows observed,
+    target and the whole step as unexplained, which is the honest picture before anything is measured.
+    """
+
+    def models(self) -> Sequence[tuple[str, str]]:
+        """Preset names with their display names."""
+        from decodetop.budget.spec import preset_info, preset_names
+
+        out = []
+        for name in preset_names():
+            try:
+                info = preset_info(name)
+            except (OSError, ValueError, AssertionError):
+                info = {}
+            out.append((name, str(info.get("display_name", ""))))
+        return out
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        """The budget for `settings` from the probe results so far."""
+        composed = _compose_with_budget_package(settings, results, now_s)
+        if composed is not None:
+            return composed
+        segments = tuple(BudgetSegment(c.value, c.label, 0.0, "missing") for c in Component)
+        tp = f" · TP{settings.tp}" if settings.tp else ""
+        return BudgetView(
+            title=f"{settings.model}{tp}",
+            segments=segments,
+            observed_ms=settings.observed_ms,
+            target_ms=settings.target_ms,
+            roofline_ms=None,
+            note="budget composition is not available in this build; components show once it is",
+        )
+
+    def curves(self, results: Mapping[str, object]) -> ProbeCurves:
+        """Chart series from the all-reduce and GEMM results."""
+        allreduce = results.get("allreduce")
+        gemm = results.get("gemm")
+        return ProbeCurves(
+            allreduce_us_by_mode=allreduce_curves(allreduce) if allreduce is not None else (),  # type: ignore[arg-type]
+            gemm_gbps_by_shape=gemm_curves(gemm) if gemm is not None else (),  # type: ignore[arg-type]
+        )
+
+
+def _compose_with_budget_package(settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView | None:
+    """Use `decodetop.budget.compose_budget` when the package provides it (None otherwise)."""
+    import importlib
+
+    try:
+        module = importlib.import_module("decodetop.budget.compose")
+    except ImportError:
+        return None
+    compose = getattr(module, "budget_view_for_ui", None)
+    if compose is None:
+        return None
+    view = compose(settings, results, now_s)
+    return view if isinstance(view, BudgetView) else None
+
+
+# --- checks ---------------------------------------------------------------------------------------------------
+
+
+class HostChecks:
+    """`ChecksSource` over `decodetop.collectors.checks.host.run_all_checks` on the live host."""
+
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml = nvml
+
+    def run(self) -> list[CheckResult]:
+        """Every host and GPU check (blocking; called in a worker)."""
+        from decodetop.collectors.checks.host import run_all_checks
+
+        return run_all_checks(nvml=self.nvml)

@@ -1,0 +1,116 @@
+"""Provides `build_sources`: the real sources for the command-line options (NVML or fake or replay, probe group or
+none, host checks, history), and `LaunchOptions`, the flags that choose them."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from decodetop.errors import UserInputError
+from decodetop.history import History
+from decodetop.settings import Settings
+from decodetop.tui.sources import Sources
+
+DEMO_GPUS = 8
+"""--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
+# h200-machine.md: these machines need NVLS and multicast off for NCCL and symmetric memory.
+H200_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the top-level flags ask for (besides `Settings`)."""
+
+    cpu_ranks: int | None = None
+    gpus: tuple[int, ...] | None = None
+    no_probes: bool = False
+    demo: bool = False
+    force: bool = False
+    record: Path | None = None
+    replay: Path | None = None
+    prometheus: str | None = None
+    server: str | None = None
+    history_path: Path | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """ "0,1,2,3" or "0-3" → (0, 1, 2, 3); bad input is a one-line `UserInputError`."""
+    out: list[int] = []
+    try:
+        for raw in text.split(","):
+            part = raw.strip()
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                if hi < lo:
+                    raise ValueError
+                out.extend(range(lo, hi + 1))
+            elif part:
+                out.append(int(part))
+    except ValueError:
+        raise UserInputError(f"--gpus {text!r}: give GPU indices like 0,1,2,3 or 0-3") from None
+    if not out or any(i < 0 for i in out) or len(set(out)) != len(out):
+        raise UserInputError(f"--gpus {text!r}: give distinct, non-negative GPU indices like 0,1,2,3 or 0-3")
+    return tuple(out)
+
+
+def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
+    """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
+    group spawns on the first probe (in the UI's probe worker)."""
+    from decodetop.collectors.nvml import Nvml
+    from decodetop.tui.adapters import CollectorTelemetry, ControllerProbes, HostChecks, NoProbes, PresetBudget
+
+    notes: list[str] = list(options.notes)
+    if options.demo:
+        from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
+
+        recording = load_recording(os.environ.get("DECODETOP_DEMO_RECORDING", DEFAULT_RECORDING))
+        nvml = Nvml(FakeNvmlBackend(recording, replicate_to=DEMO_GPUS))
+        notes.append(f"demo: fake NVML replaying {recording.label} replicated to {DEMO_GPUS} GPUs")
+    else:
+        nvml = Nvml()
+    telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s)
+
+    run_probes = not options.no_probes and not options.demo
+    if options.no_probes or (options.demo and options.cpu_ranks is None):
+        probes: NoProbes | ControllerProbes = NoProbes(
+            "probes are off (--no-probes)" if options.no_probes else "demo: no probes unless --cpu-ranks is given"
+        )
+    else:
+        from decodetop.probes.controller import ProbeController
+
+        cpu_ranks = options.cpu_ranks
+        gpus = list(options.gpus) if options.gpus is not None else None
+        device = "cpu" if options.demo or cpu_ranks is not None else "auto"
+
+        def make_controller() -> ProbeController:
+            controller = ProbeController(gpus=gpus, cpu_ranks=cpu_ranks, device=device, rank_env=H200_RANK_ENV)
+            controller.start()
+            return controller
+
+        def telemetry_line() -> str:
+            snap = telemetry.collector.latest
+            if snap is None or not snap.gpus:
+                return ""
+            clocks = sorted({g.sm_clock_mhz for g in snap.gpus if g.sm_clock_mhz is not None})
+            reasons = sorted({r for g in snap.gpus for r in g.clock_event_reasons})
+            links = sorted({f"{g.pcie_gen}x{g.pcie_width}" for g in snap.gpus if g.pcie_gen is not None})
+            return (
+                f"SM {'/'.join(str(c) for c in clocks) or '?'} MHz · clock events {','.join(reasons) or 'none'} · "
+                f"PCIe {'/'.join(links) or '?'}"
+            )
+
+        probes = ControllerProbes(make_controller, telemetry_line)
+        if options.demo:
+            run_probes = True
+
+    return Sources(
+        telemetry=telemetry,
+        probes=probes,
+        budget=PresetBudget(),
+        checks=HostChecks(nvml),
+        history=History(options.history_path),
+        run_probes_at_start=run_probes,
+        notes=tuple(notes),
+    )
