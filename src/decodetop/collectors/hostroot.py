@@ -39,6 +39,9 @@ LATER_DIR = ".later"
 class HostReadError(OSError):
     """A read under the root failed; the message names the host path (as seen from inside the root) and why."""
 
+    def __str__(self) -> str:
+        return str(self.strerror) if self.strerror else super().__str__()
+
 
 @dataclass(frozen=True)
 class DeviceNumber:

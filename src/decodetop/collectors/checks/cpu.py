@@ -336,9 +336,9 @@ def check_boost(ctx: HostContext) -> list[CheckResult]:
         off = sorted(k for k, v in values.items() if v == 0)
         status, observed = Status.WARN, f"mixed: off on {', '.join(off[:4])}" + (" ..." if len(off) > 4 else "")
     elif distinct == {1}:
-        status, observed = Status.PASS, f"enabled ({len(values)} controls)"
+        status, observed = Status.PASS, f"enabled ({len(values)} control{'s' if len(values) > 1 else ''})"
     else:
-        status, observed = Status.INFO, f"disabled ({len(values)} controls)"
+        status, observed = Status.INFO, f"disabled ({len(values)} control{'s' if len(values) > 1 else ''})"
     return [
         CheckResult(
             "C6",

@@ -49,7 +49,10 @@ def live_major_for(node: str, devices: ProcDevices) -> tuple[int | None, str]:
     name = node.rsplit("/", 1)[1]
     if node.startswith("/dev/nvidia-caps/"):
         candidates = ["nvidia-caps"]
-    elif name == "nvidiactl" or (name.startswith("nvidia") and name[6:].isdigit()):
+    elif name == "nvidia-uvm-tools":
+        candidates = ["nvidia-uvm"]  # minor 1 of the nvidia-uvm major (nvidia-modprobe)
+    elif name in ("nvidiactl", "nvidia-modeset") or (name.startswith("nvidia") and name[6:].isdigit()):
+        # nvidiactl is 195:255 and nvidia-modeset 195:254, both under the fixed 195 major.
         candidates = [name if name == "nvidiactl" else "nvidia", "nvidia", "nvidia-frontend"]
     else:
         candidates = [name]

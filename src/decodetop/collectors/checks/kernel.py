@@ -240,11 +240,12 @@ def check_irq_placement(ctx: HostContext) -> list[CheckResult]:
     for gpu in ctx.gpus:
         local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
         local = parse_cpulist(local_text) if local_text is not None else None
-        irqs = [
-            line.split(":", 1)[0].strip()
-            for line in interrupts.splitlines()
-            if ("nvidia" in line or gpu.bdf in line) and ":" in line and line.split(":", 1)[0].strip().isdigit()
-        ]
+        numbered = [line for line in interrupts.splitlines() if line.split(":", 1)[0].strip().isdigit()]
+        # MSI-X rows name the device ('IR-PCI-MSIX-0000:03:00.0 ... nvidia'); legacy rows only the driver.
+        own = [line for line in numbered if gpu.bdf in line]
+        if not own and len(ctx.gpus) == 1:
+            own = [line for line in numbered if "nvidia" in line]
+        irqs = [line.split(":", 1)[0].strip() for line in own]
         placed: list[str] = []
         outside = 0
         for irq in irqs:

@@ -25,6 +25,7 @@ P3_MRRS_RECOMMENDED_BYTES = 4096
 P3_MRRS_TOO_LOW_BYTES = 256
 """fwts maxreadreq: below 256 is too low ([FWTS-MRRS])."""
 
+_NEEDS_ROOT = " (the header): capabilities need host root (CAP_SYS_ADMIN in the init user namespace)"
 _NO_GPU = "no NVIDIA GPU (vendor 0x10de, class 0x03xxxx) in /sys/bus/pci/devices"
 
 
@@ -43,11 +44,7 @@ def _config_or_reason(root: HostRoot, bdf: str) -> tuple[PciConfig | None, str]:
     if config.header_only:
         return None, (
             f"{bdf} config: only {config.size_bytes} bytes readable"
-            + (
-                " (the header): capabilities need host root (CAP_SYS_ADMIN in the init user namespace)"
-                if config.size_bytes == HEADER_ONLY_BYTES
-                else ""
-            )
+            + (_NEEDS_ROOT if config.size_bytes == HEADER_ONLY_BYTES else "")
         )
     return config, ""
 
@@ -257,11 +254,15 @@ def check_acs(ctx: HostContext) -> list[CheckResult]:
             continue
         redirecting: list[str] = []
         unknown: list[str] = []
+        header_only: list[str] = []
         clean = 0
         for bridge in bridges:
             config, reason = _config_or_reason(ctx.root, bridge)
             if config is None:
-                unknown.append(reason)
+                if reason.endswith(_NEEDS_ROOT):
+                    header_only.append(bridge)
+                else:
+                    unknown.append(reason)
                 continue
             if not config.has_extended_space:
                 unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
@@ -278,7 +279,13 @@ def check_acs(ctx: HostContext) -> list[CheckResult]:
             observed = "; ".join(redirecting)
             if len(ctx.gpus) < 2:
                 observed += " (one GPU: no P2P to redirect)"
-        elif unknown:
+        elif unknown or header_only:
+            if header_only:
+                unknown.insert(
+                    0,
+                    f"bridges {', '.join(header_only)}: only {HEADER_ONLY_BYTES} bytes of config "
+                    f"space readable{_NEEDS_ROOT}",
+                )
             status, observed = Status.UNKNOWN, "; ".join(unknown)
         else:
             status, observed = Status.PASS, f"{clean} bridge(s), none redirects P2P"
