@@ -1,0 +1,368 @@
+"""Provides `compose_budget`: per-component decode-step time from measured times at the inventory's exact shapes.
+
+    component ms = Σ over its ops (op count × time measured at the op's key)
+    launch ms    = kernels per step × measured per-kernel cost (eager or graph, the deployment's launch mode)
+    unexplained  = observed − Σ components
+
+Where the exact key was not measured, the time comes, in order, from: a measured curve (all-reduce time vs bytes,
+GEMM time vs M) by log-log interpolation between the two nearest measured points (status "interpolated"); the
+roofline estimate (bytes / bandwidth, collectives at the interconnect's latency) when `estimate` hardware is
+given (status "estimated"); otherwise the op is **missing**: its segment says so and names the missing keys, and
+the budget's total and unexplained remainder are marked incomplete. Missing data is never a silent 0.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.inventory import Op, StepInventory
+from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey
+from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
+from decodetop.errors import UserInputError
+
+DEFAULT_OBSERVED_MS = 95.0
+"""The observed step time decodetop was built to explain (probes.md §0: 10.4 tok/s on GLM-5-NVFP4, TP8)."""
+DEFAULT_TARGET_TPS = 309.0
+"""The target throughput (docs/architecture.md); 309 tok/s is 3.24 ms per token."""
+LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
+"""Per-kernel cost when unmeasured: graph node ~0.6 µs, eager PyTorch op 5–10 µs (probes.md §3, §5, §7.5)."""
+
+STATUSES = ("measured", "interpolated", "estimated", "missing")
+_RANK = {s: i for i, s in enumerate(STATUSES)}
+
+
+@dataclass(frozen=True)
+class MeasuredTime:
+    """A probe's result for one key: median and spread of one instance, in ms, and where it came from."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    source: str = "probe"
+
+    def __post_init__(self) -> None:
+        for name in ("median_ms", "p10_ms", "p90_ms"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise UserInputError(f"measured time {name}={value!r} must be a finite number ≥ 0")
+
+    @classmethod
+    def point(cls, ms: float, source: str = "probe") -> MeasuredTime:
+        """A time without spread."""
+        return cls(ms, ms, ms, source)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Measured time (ms) against a size (bytes, or M), for interpolation. Points sorted by size, sizes > 0."""
+
+    points: tuple[tuple[float, float], ...]
+    source: str = "probe"
+
+    def __post_init__(self) -> None:
+        pts = tuple(sorted((float(x), float(y)) for x, y in self.points))
+        for x, y in pts:
+            if not (math.isfinite(x) and math.isfinite(y)) or x <= 0 or y <= 0:
+                raise UserInputError(f"curve point ({x}, {y}) must have a positive size and time")
+        if len({x for x, _ in pts}) != len(pts):
+            raise UserInputError("curve has two points at the same size")
+        object.__setattr__(self, "points", pts)
+
+    def at(self, x: float) -> tuple[float, bool] | None:
+        """(time, exact) at size x: exact when measured there, log-log interpolated between neighbours, else None
+        outside the measured range (no extrapolation)."""
+        xs = [p[0] for p in self.points]
+        if not xs or x <= 0 or x < xs[0] or x > xs[-1]:
+            return None
+        i = bisect.bisect_left(xs, x)
+        if xs[i] == x:
+            return self.points[i][1], True
+        (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
+        t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+        return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0))), False
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One component's share of the step."""
+
+    component: str
+    """A `Component` value, or "unexplained"."""
+    ms: float | None
+    """Sum of what is known; None when nothing is. With status "missing" it is a lower bound."""
+    status: str
+    """measured | interpolated | estimated | missing (the worst status among its ops)."""
+    reason: str
+    n_ops: int = 0
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    missing_keys: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """Human title."""
+        if self.component == UNEXPLAINED_KEY:
+            return "unexplained"
+        return Component(self.component).label
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A decode step's time split by component, against observed, target and roofline (all ms per step)."""
+
+    model: str
+    deployment: str
+    segments: tuple[Segment, ...]
+    """One per Component that has ops (+ launch), in Component order."""
+    total_ms: float
+    """Σ segment ms (known parts only)."""
+    complete: bool
+    """False when any segment is missing data: then total is a lower bound and unexplained an upper bound."""
+    observed_ms: float
+    target_tps: float
+    target_ms: float
+    """Step time that meets the target: tokens per step × 1000 / target tok/s."""
+    roofline_ms: float | None
+    unexplained_ms: float
+    """observed − total."""
+    tokens_per_step: float
+    kernels: int
+    launch_mode: str
+    missing: tuple[str, ...] = field(default=())
+    """Components with missing data."""
+
+    @property
+    def unexplained(self) -> Segment:
+        """The remainder as a segment (status follows completeness)."""
+        reason = "observed − Σ components" + ("" if self.complete else " (upper bound: some components are missing)")
+        worst = max((s.status for s in self.segments), key=_RANK.__getitem__, default="measured")
+        return Segment(UNEXPLAINED_KEY, self.unexplained_ms, worst, reason)
+
+    def segment(self, component: Component | str) -> Segment | None:
+        """The segment of one component, or None."""
+        key = component.value if isinstance(component, Component) else component
+        for seg in self.segments:
+            if seg.component == key:
+                return seg
+        return None
+
+    def per_token_ms(self, step_ms: float) -> float:
+        """A step time as ms per token of one sequence."""
+        return step_ms / self.tokens_per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "model": self.model,
+            "deployment": self.deployment,
+            "segments": [
+                {
+                    "component": s.component,
+                    "label": s.label,
+                    "ms": s.ms,
+                    "p10_ms": s.p10_ms,
+                    "p90_ms": s.p90_ms,
+                    "status": s.status,
+                    "reason": s.reason,
+                    "n_ops": s.n_ops,
+                    "missing_keys": list(s.missing_keys),
+                    "sources": list(s.sources),
+                }
+                for s in self.segments
+            ],
+            "total_ms": self.total_ms,
+            "complete": self.complete,
+            "missing": list(self.missing),
+            "observed_ms": self.observed_ms,
+            "target_tps": self.target_tps,
+            "target_ms": self.target_ms,
+            "roofline_ms": self.roofline_ms,
+            "unexplained_ms": self.unexplained_ms,
+            "tokens_per_step": self.tokens_per_step,
+            "kernels": self.kernels,
+            "launch_mode": self.launch_mode,
+        }
+
+
+@dataclass(frozen=True)
+class _OpTime:
+    ms: float
+    p10: float
+    p90: float
+    status: str
+    source: str
+
+
+def _estimate(op: Op, hw: Hardware, tp: int) -> float:
+    """Roofline time of one op instance in ms."""
+    if op.is_collective and isinstance(op.key, AllreduceKey):
+        return collective_time_us(op.kind, op.key.bytes, tp, hw) / 1e3
+    mem = (op.read_bytes + op.write_bytes) / (hw.mem_bandwidth_gbps * 1e9) * 1e3
+    if hw.bf16_dense_tflops:
+        return max(mem, op.flops / (hw.bf16_dense_tflops * 1e12) * 1e3)
+    return mem
+
+
+def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
+    op: Op,
+    measured: Mapping[str, MeasuredTime],
+    allreduce_curves: Mapping[str, Curve],
+    gemm_curves: Mapping[str, Curve],
+    estimate: Hardware | None,
+    tp: int,
+) -> _OpTime | None:
+    found = measured.get(op.key.key_id)
+    if found is not None:
+        return _OpTime(found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source)
+    curve: Curve | None = None
+    x = 0.0
+    if isinstance(op.key, AllreduceKey):
+        curve, x = allreduce_curves.get(op.key.collective), float(op.key.bytes)
+    elif isinstance(op.key, GemmKey):
+        curve, x = gemm_curves.get(op.key.curve_id), float(op.key.m)
+    if curve is not None:
+        hit = curve.at(x)
+        if hit is not None:
+            ms, exact = hit
+            return _OpTime(ms, ms, ms, "measured" if exact else "interpolated", curve.source)
+    if estimate is not None:
+        ms = _estimate(op, estimate, tp)
+        return _OpTime(ms, ms, ms, "estimated", "roofline")
+    return None
+
+
+def _launch_time(
+    mode: str, kernels: int, measured: Mapping[str, MeasuredTime], estimate: Hardware | None
+) -> tuple[Segment, float | None]:
+    key = LaunchKey(mode, kernels)
+    found = measured.get(key.key_id)
+    if found is None:
+        prefix = f"launch:mode={mode},"
+        found = next((v for k, v in sorted(measured.items()) if k.startswith(prefix)), None)
+    comp = Component.LAUNCH.value
+    if found is not None:
+        ms = kernels * found.median_ms
+        reason = f"{kernels} kernels × {found.median_ms * 1e3:.3g} µs per kernel ({mode}, measured)"
+        seg = Segment(
+            comp, ms, "measured", reason, 1, kernels * found.p10_ms, kernels * found.p90_ms, (), (found.source,)
+        )
+        return seg, ms
+    if estimate is not None:
+        per = LAUNCH_ESTIMATE_US[mode] / 1e3
+        ms = kernels * per
+        reason = f"{kernels} kernels × {LAUNCH_ESTIMATE_US[mode]:g} µs per kernel ({mode}, typical; probes.md §3)"
+        return Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",)), ms
+    reason = f"{kernels} kernels; per-kernel {mode} launch cost not measured ({key.key_id})"
+    return Segment(comp, None, "missing", reason, 1, None, None, (key.key_id,)), None
+
+
+def compose_budget(
+    inventory: StepInventory,
+    measured: Mapping[str, MeasuredTime] | None = None,
+    *,
+    allreduce_curves: Mapping[str, Curve] | None = None,
+    gemm_curves: Mapping[str, Curve] | None = None,
+    launch_mode: str | None = None,
+    observed_ms: float = DEFAULT_OBSERVED_MS,
+    target_tps: float = DEFAULT_TARGET_TPS,
+    roofline: Roofline | None = None,
+    estimate: Hardware | None = None,
+) -> Budget:
+    """Compose a budget for `inventory`.
+
+    measured: key id → MeasuredTime of one instance. allreduce_curves: collective kind ("all_reduce",
+    "all_gather") → Curve of time vs bytes. gemm_curves: `GemmKey.curve_id` → Curve of time vs M.
+    launch_mode: "graph" or "eager" (default: the deployment's). estimate: hardware to estimate unmeasured ops
+    from (roofline-only budget when `measured` is empty); None leaves them missing.
+    """
+    measured = measured or {}
+    allreduce_curves = allreduce_curves or {}
+    gemm_curves = gemm_curves or {}
+    mode = launch_mode or inventory.deployment.launch_mode
+    if mode not in LAUNCH_ESTIMATE_US:
+        raise UserInputError(f"launch mode {mode!r} is not graph or eager")
+    for name, value in (("observed_ms", observed_ms), ("target_tps", target_tps)):
+        if not math.isfinite(value) or value <= 0:
+            raise UserInputError(f"{name}: {value} must be a positive number")
+    tp = inventory.deployment.tp
+    segments: list[Segment] = []
+    missing_components: list[str] = []
+    for comp, ops in inventory.by_component().items():
+        ms = p10 = p90 = 0.0
+        known = 0
+        worst = "measured"
+        missing_keys: list[str] = []
+        sources: list[str] = []
+        counts = dict.fromkeys(STATUSES, 0)
+        for op in ops:
+            t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
+            if t is None:
+                if op.key.key_id not in missing_keys:
+                    missing_keys.append(op.key.key_id)
+                counts["missing"] += 1
+                worst = "missing"
+                continue
+            known += 1
+            counts[t.status] += 1
+            ms += op.count * t.ms
+            p10 += op.count * t.p10
+            p90 += op.count * t.p90
+            if t.source not in sources:
+                sources.append(t.source)
+            if _RANK[t.status] > _RANK[worst]:
+                worst = t.status
+        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+        if worst == "missing":
+            missing_components.append(comp.value)
+            reason = f"{len(missing_keys)} measurement(s) missing ({summary} ops): " + "; ".join(missing_keys[:3])
+            if len(missing_keys) > 3:
+                reason += f"; … {len(missing_keys) - 3} more"
+        elif worst == "estimated" and counts["estimated"] == len(ops):
+            reason = f"roofline estimate ({len(ops)} ops)"
+        elif worst == "estimated":
+            reason = f"roofline estimate for {counts['estimated']} of {len(ops)} ops ({summary})"
+        elif worst == "interpolated":
+            reason = f"{counts['interpolated']} of {len(ops)} ops interpolated on a measured curve ({summary})"
+        else:
+            reason = f"all {len(ops)} ops measured"
+        segments.append(
+            Segment(
+                comp.value,
+                ms if known else None,
+                worst,
+                reason,
+                len(ops),
+                p10 if known else None,
+                p90 if known else None,
+                tuple(missing_keys),
+                tuple(sources),
+            )
+        )
+    launch_seg, _ = _launch_time(mode, inventory.kernels, measured, estimate)
+    segments.append(launch_seg)
+    if launch_seg.status == "missing":
+        missing_components.append(Component.LAUNCH.value)
+    total = sum(s.ms for s in segments if s.ms is not None)
+    tokens = inventory.tokens_per_step
+    return Budget(
+        model=inventory.spec.name,
+        deployment=inventory.deployment.describe(inventory.spec),
+        segments=tuple(segments),
+        total_ms=total,
+        complete=not missing_components,
+        observed_ms=observed_ms,
+        target_tps=target_tps,
+        target_ms=tokens * 1000.0 / target_tps,
+        roofline_ms=roofline.step_ms if roofline is not None else None,
+        unexplained_ms=observed_ms - total,
+        tokens_per_step=tokens,
+        kernels=inventory.kernels,
+        launch_mode=mode,
+        missing=tuple(missing_components),
+    )
