@@ -36,7 +36,7 @@ from decodetop.errors import UserInputError
 
 RECORDING_FORMAT = "decodetop-nvml-recording/1"
 RECORDINGS_DIR = Path(__file__).resolve().parent / "recordings"
-DEFAULT_RECORDING = "h200x2-load"
+DEFAULT_RECORDING = "h200x1-load"
 _FIELD_KEY = re.compile(r"^nvmlDeviceGetFieldValues\(gpu(\d+),\[([0-9,]*)\]\)$")
 _DEFAULT_PERIOD_S = 1.0
 """Replay interval when a recording has fewer than two timed samples (the collector's default tick)."""
@@ -82,16 +82,61 @@ class Recording:
         return replace(self, samples=tuple(new_samples))
 
     def with_field_values(
-        self, gpu: int, values: Mapping[int, int], *, samples: Iterable[int] | None = None
+        self,
+        gpu: int,
+        values: Mapping[int, int],
+        *,
+        samples: Iterable[int] | None = None,
+        value_type: int = 3,
     ) -> Recording:
-        """A copy where NVML field ids of one GPU read the given values (in every sample, or only in `samples`)."""
+        """A copy where NVML field ids of one GPU read the given values (in every sample, or only in `samples`).
+
+        `value_type` is the nvmlValueType_t: 3 unsigned long long (default), 1 unsigned int (a 32-bit counter).
+        """
         overrides = {
             f"nvmlDeviceGetFieldValues(gpu{gpu},[{fid}])": ok(
-                [{"fieldId": fid, "scopeId": 0, "timestamp": 0, "valueType": 3, "nvmlReturn": 0, "value": value}]
+                [
+                    {
+                        "fieldId": fid,
+                        "scopeId": 0,
+                        "timestamp": 0,
+                        "valueType": value_type,
+                        "nvmlReturn": 0,
+                        "value": value,
+                    }
+                ]
             )
             for fid, value in values.items()
         }
         return self.with_calls(overrides, samples=samples)
+
+    def replicated(self, gpus: int) -> Recording:
+        """A copy that shows `gpus` GPUs, GPU k answering what recorded GPU k mod n answered (pairs not included:
+        add them with `with_calls`). The label says it was replicated."""
+        n = self.gpu_count
+        if n < 1 or gpus < 1:
+            raise UserInputError(f"NVML recording {self.label}: cannot replicate {n} GPUs to {gpus}")
+        pattern = re.compile(r"gpu(\d+)")
+        new_samples: list[Mapping[str, Outcome]] = []
+        for sample in self.samples:
+            out: dict[str, Outcome] = {}
+            for key, outcome in sample.items():
+                gpus_in_key = [int(m) for m in pattern.findall(key)]
+                if key == "nvmlDeviceGetCount()":
+                    out[key] = ok(gpus)
+                elif len(gpus_in_key) != 1:
+                    continue  # pair calls of the original GPUs do not carry over
+                else:
+                    for target in range(gpus):
+                        if target % n == gpus_in_key[0]:
+                            out[pattern.sub(f"gpu{target}", key)] = outcome
+            new_samples.append(out)
+        return replace(
+            self,
+            label=f"{self.label} (replicated {n}→{gpus} GPUs)",
+            gpu_count=gpus,
+            samples=tuple(new_samples),
+        )
 
     def with_init_error(self, code: int, message: str = "") -> Recording:
         """A copy whose nvmlInit fails with `code` (e.g. 18, library/kernel-module version mismatch)."""
@@ -167,7 +212,7 @@ def parse_recording(data: object, origin: str) -> Recording:
 
 
 def bundled_recordings() -> list[str]:
-    """Names of the recordings shipped with decodetop ("h200x2-idle", "h200x2-load", ...)."""
+    """Names of the recordings shipped with decodetop ("h200x1-idle", "h200x1-load", ...)."""
     return sorted(p.stem for p in RECORDINGS_DIR.glob("*.json"))
 
 

@@ -153,7 +153,7 @@ class NvmlBackend(Protocol):
     """What the choke point needs from an NVML implementation (real, fake or none)."""
 
     label: str
-    """Where the data comes from, shown to the user: "nvml", "fake: h200x2-load (replicated 2→8 GPUs)", "none"."""
+    """Where the data comes from, shown to the user: "nvml", "fake: h200x1-load (replicated 1→8 GPUs)", "none"."""
 
     def init(self) -> None:
         """Initialise; raise NvmlError when NVML cannot be used at all."""

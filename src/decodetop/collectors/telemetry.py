@@ -83,7 +83,7 @@ CLOCK_EVENT_REASONS: tuple[ClockEventReason, ...] = (
     # Bits and names: NVML nvmlClocksEventReasons (healthchecks.md N3, [NVML-CER]); counters: pynvml
     # NVML_FI_DEV_CLOCKS_EVENT_REASON_* / NVML_FI_DEV_PERF_POLICY_* (nanoseconds).
     ClockEventReason(0x1, "GpuIdle", "info", "nothing is running; clocks drop at idle"),
-    ClockEventReason(0x2, "ApplicationsClocksSetting", "info", "application clocks hold the clocks down", 80),
+    ClockEventReason(0x2, "ApplicationsClocksSetting", "info", "application clocks hold the clocks down"),
     ClockEventReason(0x4, "SwPowerCap", "warn", "the software power cap lowers clocks to stay under the limit", 74),
     ClockEventReason(0x8, "HwSlowdown", "fail", "hardware slowdown (thermal or power brake), clocks cut ≥ 2×"),
     ClockEventReason(0x10, "SyncBoost", "info", "clocks held to the slowest GPU of a sync-boost group", 76),
@@ -98,11 +98,14 @@ CLOCK_EVENT_REASONS: tuple[ClockEventReason, ...] = (
 CLOCK_EVENT_BY_NAME = {r.name: r for r in CLOCK_EVENT_REASONS}
 
 EXTRA_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("TotalAppClocks", 80),
     ("Thermal", 75),
     ("LowUtilization", 78),
     ("TotalBaseClocks", 81),
 )
-"""Other perf-policy time counters (ns) read with the reason counters (pynvml NVML_FI_DEV_PERF_POLICY_*)."""
+"""Other perf-policy time counters (ns) read with the reason counters (pynvml NVML_FI_DEV_PERF_POLICY_*): time
+below application clocks / base clocks for any reason, and time at low utilisation (on the H200 recordings,
+TotalAppClocks and LowUtilization grow at 100 % of an idle interval)."""
 
 
 def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
@@ -206,7 +209,13 @@ class GpuSnapshot:
     pcie_rate_source: str
     """"counters" (delta of NVML's byte counters between ticks), "sampled" (nvmlDeviceGetPcieThroughput, a
     20 ms window per call) or "" (none yet)."""
+    pcie_rate_is_lower_bound: bool
+    """True when the byte counters are 32-bit: they wrap every 4 GiB ("Value can be wrapped", nvml.h; the H200
+    recordings carry them as unsigned int), so a tick that moved more than 4 GiB shows less than it moved."""
     pcie_replay_count: int | None
+    counters_timestamp_us: int | None
+    """NVML's timestamp of the counter reads (field values, µs); rates divide by the change of this clock, so
+    they stay right however late the tick ran (and when a recording is replayed)."""
     # power and thermals
     power_w: float | None
     power_limit_enforced_w: float | None
@@ -290,7 +299,7 @@ class TelemetrySnapshot:
     taken_at_unix_s: float
     monotonic_s: float
     source: str
-    """Backend label: "nvml", "fake: h200x2-load (replicated 2→8 GPUs)", "none"."""
+    """Backend label: "nvml", "fake: h200x1-load (replicated 1→8 GPUs)", "none"."""
     nvml_available: bool
     nvml_reason: str
     """Why NVML is unavailable ("" when available): library not found, driver not loaded, version mismatch."""
@@ -389,6 +398,10 @@ _FIELD_IDS: tuple[int, ...] = (
     *(fid for _, fid in _COUNTER_FIELDS),
 )
 _NVML_SUCCESS = 0
+_UINT32_MODULUS = 2**32
+_COUNTER_MODULUS = {1: _UINT32_MODULUS}
+"""nvmlValueType_t → counter width: 1 = unsigned int (32-bit) wraps at 2**32; the 64-bit types never wrap in
+practice (pynvml NVML_VALUE_TYPE_*)."""
 
 
 class TelemetrySampler:
@@ -689,7 +702,7 @@ class TelemetrySampler:
         unavailable = dict(static.unavailable)
         unavailable.update(r.unavailable)
         for key, value in v.items():
-            if value is not None:
+            if value is not None and value != {}:
                 unavailable.pop(key, None)
         snap = GpuSnapshot(
             index=index,
@@ -701,14 +714,21 @@ class TelemetrySampler:
 
     def _read_counters(self, r: _Reads, g: GpuRef, v: dict[str, Any], now: float) -> None:
         values: dict[int, int] = {}
+        moduli: dict[int, int] = {}
         entries = r.raw("counters", "nvmlDeviceGetFieldValues", g, _FIELD_IDS)
         reason = r.unavailable.pop("counters", "")
+        stamps: list[int] = []
         for entry in entries if isinstance(entries, list) else []:
             d = _as_dict(entry)
             fid = _int_or_none(d.get("fieldId"))
             value = d.get("value")
             if fid is not None and d.get("nvmlReturn") == _NVML_SUCCESS and isinstance(value, (int, float)):
                 values[fid] = int(value)
+                moduli[fid] = _COUNTER_MODULUS.get(_int_or_none(d.get("valueType")) or 0, 0)
+                stamp = _int_or_none(d.get("timestamp"))
+                if stamp:
+                    stamps.append(stamp)
+        v["counters_timestamp_us"] = max(stamps) if stamps else None
         times = {name: values[fid] for name, fid in _COUNTER_FIELDS if fid in values}
         v["clock_event_time_ns"] = times
         if not times:
@@ -717,6 +737,8 @@ class TelemetrySampler:
         v["pcie_rx_bytes_total"] = values.get(NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
         prev = self._previous.gpu(g.index) if self._previous is not None else None
         dt = now - self._previous.monotonic_s if self._previous is not None else 0.0
+        if prev is not None and prev.counters_timestamp_us and v["counters_timestamp_us"]:
+            dt = (v["counters_timestamp_us"] - prev.counters_timestamp_us) / 1e6  # NVML's own clock, µs
         share: dict[str, float] = {}
         tx_rate: float | None = None
         rx_rate: float | None = None
@@ -726,8 +748,12 @@ class TelemetrySampler:
                 before = prev.clock_event_time_ns.get(name)
                 if before is not None and ns >= before:
                     share[name] = min(1.0, (ns - before) / (dt * 1e9))
-            tx_rate = _rate(prev.pcie_tx_bytes_total, v["pcie_tx_bytes_total"], dt)
-            rx_rate = _rate(prev.pcie_rx_bytes_total, v["pcie_rx_bytes_total"], dt)
+            tx_rate = _rate(
+                prev.pcie_tx_bytes_total, v["pcie_tx_bytes_total"], dt, moduli.get(NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)
+            )
+            rx_rate = _rate(
+                prev.pcie_rx_bytes_total, v["pcie_rx_bytes_total"], dt, moduli.get(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, 0)
+            )
             if tx_rate is not None or rx_rate is not None:
                 rate_source = "counters"
         if v["pcie_tx_bytes_total"] is None and v["pcie_rx_bytes_total"] is None:
@@ -744,13 +770,25 @@ class TelemetrySampler:
         v["pcie_tx_bytes_per_s"] = tx_rate
         v["pcie_rx_bytes_per_s"] = rx_rate
         v["pcie_rate_source"] = rate_source
+        v["pcie_rate_is_lower_bound"] = rate_source == "counters" and any(
+            moduli.get(fid) == _UINT32_MODULUS
+            for fid in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+        )
         v["clock_event_share"] = share
 
 
-def _rate(before: int | None, after: int | None, dt_s: float) -> float | None:
-    """Bytes per second between two counter readings; None across a reset (the counter went back)."""
-    if before is None or after is None or dt_s <= 0 or after < before:
+def _rate(before: int | None, after: int | None, dt_s: float, modulus: int = 0) -> float | None:
+    """Bytes per second between two counter readings.
+
+    A counter that went back wrapped when it is 32-bit (`modulus` 2**32: count the wrap once), else it was reset
+    (None: no rate this tick).
+    """
+    if before is None or after is None or dt_s <= 0:
         return None
+    if after < before:
+        if modulus != _UINT32_MODULUS:
+            return None
+        after += modulus
     return (after - before) / dt_s
 
 

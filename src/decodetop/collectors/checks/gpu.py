@@ -256,7 +256,9 @@ def _check_clock_events(a: GpuSnapshot, b: GpuSnapshot, *, under_load: bool, win
         notes.append("power cap held across the window under load")
     observed = f"0x{union:x} " + (", ".join(reasons) if reasons else "none")
     if b.clock_event_share:
-        shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(b.clock_event_share.items()) if v > 0)
+        shares = ", ".join(
+            f"{k} {v:.0%}" for k, v in sorted(b.clock_event_share.items()) if v > 0 and k in CLOCK_EVENT_BY_NAME
+        )
         if shares:
             observed += f"; share of the last interval: {shares}"
     if hw_total:
