@@ -200,7 +200,9 @@ class History:
 
     @property
     def entries(self) -> tuple[HistoryEntry, ...]:
-        """Every entry in memory, oldest first."""
+        """Every entry, oldest first (the file is loaded on first use)."""
+        if not self._loaded:
+            self.load()
         with self._lock:
             return tuple(self._entries)
 

@@ -574,6 +574,14 @@ class DecodetopApp(App[int]):
         except OSError as exc:
             self.call_from_thread(self.notify, f"settings not saved: {exc}", severity="warning")
 
+    def on_unmount(self) -> None:
+        """However the app ends, stop taking probes and cancel the running one (non-blocking), so the probe worker
+        returns and the process can exit; the caller of `run` then calls `shutdown_sources`."""
+        self.closing = True
+        self.queue.close()
+        if self.running_probe is not None:
+            self.sources.probes.cancel()
+
     async def action_quit(self) -> None:
         """`q`: stop the probe group and the collector, then exit (nothing is left running)."""
         if self.closing:

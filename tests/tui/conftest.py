@@ -1,0 +1,52 @@
+"""Helpers for the UI tests: build the app over fixed sources, wait on conditions instead of sleeping."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.message import Message
+from textual.pilot import Pilot
+
+from decodetop.settings import Settings
+from decodetop.tui.app import DecodetopApp
+from decodetop.tui.sources import Sources
+
+WAIT_S = 10.0
+"""Upper bound for a condition to come true (workers are threads; on 2 busy CI cores they can lag)."""
+
+
+@pytest.fixture(autouse=True)
+def _private_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test touches the user's config or state."""
+    monkeypatch.setenv("DECODETOP_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))
+
+
+def make_app(sources: Sources, settings: Settings | None = None, **kwargs: object) -> DecodetopApp:
+    """The app with ages frozen (no refresh timer) and settings not saved unless asked."""
+    kwargs.setdefault("save_theme", False)
+    kwargs.setdefault("age_refresh_s", 0)
+    return DecodetopApp(sources, settings or Settings(model="glm-5", tp=8), **kwargs)  # type: ignore[arg-type]
+
+
+async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    """Let the app process messages until `condition()` holds; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await pilot.pause(0.01)
+    await pilot.pause()
+
+
+class MessageLog(list[Message]):
+    """A message_hook that keeps every message; `of(type)` filters."""
+
+    def __call__(self, message: Message) -> None:
+        self.append(message)
+
+    def of(self, kind: type[Message]) -> list[Message]:
+        return [m for m in self if isinstance(m, kind)]

@@ -1,0 +1,305 @@
+"""The live UI driven through Textual's Pilot: every key binding and every probe state, over fixed sources."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from textual.widgets import Static, TabbedContent
+
+from decodetop.collectors.checks.model import Status
+from decodetop.history import KIND_BASELINE, KIND_PROBE, History, HistoryEntry
+from decodetop.settings import Settings, load_settings
+from decodetop.tui.app import DecodetopApp
+from decodetop.tui.messages import BaselineSaved, ChecksReady, ProbeFinished, ProbeProgress, TelemetryReady
+from decodetop.tui.model import ProbeState
+from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
+from decodetop.tui.screens.help import HelpScreen
+from decodetop.tui.screens.model_picker import ModelPickerScreen
+from decodetop.tui.widgets.budget_bar import BudgetBar
+from decodetop.tui.widgets.gpu_table import GpuTable
+from decodetop.tui.widgets.health_panel import HealthPanel
+from decodetop.tui.widgets.probe_table import ProbeTable
+
+from .conftest import MessageLog, make_app, wait_until
+from .fakes import NOW_S, FakeChecks, FakeProbes, FakeTelemetry, eight_gpu_frame, failing_checks, make_sources
+
+
+def _states(app: DecodetopApp) -> dict[str, ProbeState]:
+    return {pid: v.state for pid, v in app.probe_views.items()}
+
+
+def _screen_text(app: DecodetopApp) -> str:
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+async def test_first_frame_without_gpu_shows_the_bar_markers_and_why_nvml_is_empty() -> None:
+    app = make_app(make_sources())
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.query_one(BudgetBar).budget is not None, "budget")
+        text = _screen_text(app)
+        assert "observed 95.0 ms" in text
+        assert "target 3.24 ms (309 tok/s)" in text
+        assert "░" in text  # the unexplained remainder
+        await pilot.press("2")
+        await wait_until(pilot, lambda: "NVML library not found" in _screen_text(app), "no-GPU reason")
+        assert "no GPU telemetry" in str(app.query_one("#status", Static).content)
+
+
+async def test_eight_gpus_fill_the_table_with_stable_keys_and_highlights() -> None:
+    frames = [eight_gpu_frame(NOW_S - 1), eight_gpu_frame(NOW_S)]
+    log = MessageLog()
+    app = make_app(make_sources(telemetry=FakeTelemetry(frames)))
+    async with app.run_test(size=(160, 48), message_hook=log) as pilot:
+        await pilot.press("2")
+        table = app.query_one(GpuTable)
+        await wait_until(pilot, lambda: table.row_count == 8, "8 GPU rows")
+        assert [str(k.value) for k in table.rows] == [f"gpu-{i}" for i in range(8)]
+        assert "3x" not in str(table.get_cell("gpu-3", "pcie"))
+        assert str(table.get_cell("gpu-3", "pcie")) == "5x8/5x16"
+        assert "HwThermalSlowdown" in str(table.get_cell("gpu-5", "reasons"))
+        assert log.of(TelemetryReady)
+
+
+async def test_every_probe_state_and_the_progress_gauge() -> None:
+    probes = FakeProbes(
+        script={"allreduce": ProbeState.FAILED, "gemm": ProbeState.TIMED_OUT, "launch": ProbeState.UNSUPPORTED},
+        hold=True,
+    )
+    log = MessageLog()
+    app = make_app(make_sources(probes=probes, run_probes=True))
+    async with app.run_test(size=(100, 30), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: _states(app).get("allreduce") is ProbeState.RUNNING, "running")
+        await wait_until(pilot, lambda: bool(log.of(ProbeProgress)), "progress")
+        await wait_until(pilot, lambda: app.probe_views["allreduce"].progress == 0.5, "progress applied")
+        assert _states(app) == {
+            "allreduce": ProbeState.RUNNING,
+            "gemm": ProbeState.QUEUED,
+            "launch": ProbeState.QUEUED,
+        }
+        assert "running ▰▰▰▰▱▱▱▱  50%" in str(app.query_one(ProbeTable).get_cell("allreduce", "state"))
+        probes.gate.set()
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 3, "all finished")
+        assert _states(app) == {
+            "allreduce": ProbeState.FAILED,
+            "gemm": ProbeState.TIMED_OUT,
+            "launch": ProbeState.UNSUPPORTED,
+        }
+        assert "NCCL error" in str(app.query_one(ProbeTable).get_cell("allreduce", "value"))
+
+
+async def test_done_probes_update_the_budget_and_quiet_telemetry_during_latency_probes() -> None:
+    telemetry = FakeTelemetry()
+    app = make_app(make_sources(telemetry=telemetry, run_probes=True))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: set(app.results) == {"allreduce", "gemm", "launch"}, "results")
+        budget = app.query_one(BudgetBar).budget
+        assert budget is not None
+        by_key = {s.key: s for s in budget.segments}
+        assert by_key["communication"].ms == 6.55
+        assert by_key["communication"].status == "measured"
+        # allreduce and launch are latency probes: quiet on, then off, around each
+        assert telemetry.quiet_calls == [True, False, True, False]
+
+
+async def test_r_reruns_the_selected_probe_and_R_all() -> None:
+    probes = FakeProbes()
+    log = MessageLog()
+    app = make_app(make_sources(probes=probes, run_probes=True))
+    async with app.run_test(size=(100, 30), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 3, "first pass")
+        await pilot.press("down")
+        await pilot.press("r")
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 4, "re-run")
+        assert probes.runs[-1] == "gemm"
+        await pilot.press("R")
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 7, "re-run all")
+        assert probes.runs[-3:] == ["allreduce", "gemm", "launch"]
+
+
+async def test_x_cancels_the_running_probe_and_everything_queued() -> None:
+    probes = FakeProbes(hold=True)
+    log = MessageLog()
+    app = make_app(make_sources(probes=probes, run_probes=True))
+    async with app.run_test(size=(100, 30), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: _states(app).get("allreduce") is ProbeState.RUNNING, "running")
+        await pilot.press("x")
+        await wait_until(pilot, lambda: bool(log.of(ProbeFinished)), "cancelled run returns")
+        assert probes.cancelled == 1
+        assert set(_states(app).values()) == {ProbeState.CANCELLED}
+        assert probes.runs == ["allreduce"]
+
+
+async def test_enter_opens_probe_details_with_per_rank_values_and_the_traceback() -> None:
+    probes = FakeProbes(script={"allreduce": ProbeState.FAILED})
+    log = MessageLog()
+    app = make_app(make_sources(probes=probes, run_probes=True))
+    async with app.run_test(size=(100, 40), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 3, "finished")
+        app.query_one(ProbeTable).focus()
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, ProbeDetailScreen), "detail screen")
+        body = str(app.screen.query_one("#probe-detail-body", Static).content)
+        assert "Traceback (most recent call last)" in body
+        assert "rank 1: RuntimeError" in body
+        await pilot.press("escape")
+        await pilot.press("down")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, ProbeDetailScreen), "second detail screen")
+        body = str(app.screen.query_one("#probe-detail-body", Static).content)
+        assert "rank 1 (cuda:1): 41.4 µs" in body
+        assert "p10 39.8 µs" in body
+        assert "SM 1980/1980 MHz" in body  # the telemetry seen during the run
+
+
+async def test_health_lists_failing_first_enter_explains_and_s_saves_a_baseline(tmp_path: Path) -> None:
+    history = History(tmp_path / "history.jsonl", clock=lambda: NOW_S)
+    log = MessageLog()
+    app = make_app(make_sources(history=history))
+    async with app.run_test(size=(100, 30), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: bool(log.of(ChecksReady)), "checks")
+        await pilot.press("3")
+        panel = app.query_one(HealthPanel)
+        await wait_until(pilot, lambda: panel.table.row_count == 6, "rows")
+        assert [c.status for c in panel._order][:3] == [Status.FAIL, Status.FAIL, Status.WARN]
+        summary = str(app.query_one("#health-summary", Static).content)
+        assert "2 fail · 1 warn · 2 pass" in summary
+        assert "no baseline" in summary
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, CheckDetailScreen), "check detail")
+        body = str(app.screen.query_one("#check-detail-body", Static).content)
+        assert "how to fix" in body
+        await pilot.press("escape")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: bool(log.of(BaselineSaved)), "baseline saved")
+        summary = str(app.query_one("#health-summary", Static).content)
+        assert "baseline now ago, 0 changed" in summary
+    saved = History(tmp_path / "history.jsonl").latest(KIND_BASELINE)["default"]
+    assert saved.payload["checks"]["P1"]["status"] == "fail"
+
+
+async def test_changes_since_the_baseline_are_marked(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    checks = failing_checks()
+    stored = {c.check_id: {"status": c.status.value, "observed": c.observed, "facts": {}} for c in checks}
+    stored["C1"] = {"status": "pass", "observed": "performance", "facts": {}}
+    History(path).record(KIND_BASELINE, "default", {"checks": stored, "probes": {}}, recorded_at_s=NOW_S - 7200)
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("3")
+        panel = app.query_one(HealthPanel)
+        await wait_until(pilot, lambda: panel.view.baseline_at_s is not None and panel.table.row_count == 6, "rows")
+        assert panel.view.changed_ids == frozenset({"C1"})
+        assert "baseline 2h ago, 1 changed" in str(app.query_one("#health-summary", Static).content)
+        assert str(panel.table.get_cell("C1", "changed")) == "Δ"
+
+
+async def test_history_values_show_at_start_with_their_age(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    History(path).record(KIND_PROBE, "gemm", {"value": "2.50 TB/s @ M=1", "ms": 4.0}, recorded_at_s=NOW_S - 3600)
+    app = make_app(make_sources(history=History(path)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        table = app.query_one(ProbeTable)
+        await wait_until(
+            pilot, lambda: app.probe_views.get("gemm") is not None and app.probe_views["gemm"].from_history, "restored"
+        )
+        assert str(table.get_cell("gemm", "value")) == "2.50 TB/s @ M=1"
+        assert str(table.get_cell("gemm", "age")) == "1h (earlier)"
+        assert app.results["gemm"] == 4.0
+
+
+async def test_a_corrupt_history_is_reported_and_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    path.write_text("{broken\n")
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    async with app.run_test(size=(120, 30)) as pilot:
+        status = app.query_one("#status", Static)
+        await wait_until(pilot, lambda: "corrupt history" in str(status.content), "reported")
+    aside = list(tmp_path.glob("history.jsonl.corrupt-*"))
+    assert len(aside) == 1
+    assert aside[0].read_text() == "{broken\n"
+
+
+async def test_finished_probes_are_appended_to_the_history(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    log = MessageLog()
+    app = make_app(make_sources(history=History(path), run_probes=True))
+    async with app.run_test(size=(100, 30), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 3, "finished")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["key"] for line in lines] == ["allreduce", "gemm", "launch"]
+    assert all(isinstance(HistoryEntry.from_json(json.dumps(line)), HistoryEntry) for line in lines)
+
+
+async def test_t_cycles_themes_and_remembers_the_choice(tmp_path: Path) -> None:
+    settings_path = tmp_path / "settings.toml"
+    app = make_app(make_sources(), settings_path=settings_path, save_theme=True)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert app.theme == "decodetop-dark"
+        await pilot.press("t")
+        assert app.theme == "decodetop-light"
+        await pilot.press("t")
+        assert app.theme == "decodetop-contrast"
+        await wait_until(pilot, lambda: settings_path.exists() and "contrast" in settings_path.read_text(), "saved")
+    assert load_settings(settings_path).theme == "decodetop-contrast"
+
+
+async def test_m_picks_a_model_and_the_budget_follows() -> None:
+    app = make_app(make_sources())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("m")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "picker")
+        await pilot.press("down")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.settings.model == "llama-3.1-70b", "model changed")
+        budget = app.query_one(BudgetBar).budget
+        assert budget is not None and budget.title.startswith("llama-3.1-70b")
+        await pilot.press("m")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "picker again")
+        await pilot.press("escape")
+        assert app.settings.model == "llama-3.1-70b"
+
+
+async def test_question_mark_lists_every_key() -> None:
+    app = make_app(make_sources())
+    async with app.run_test(size=(100, 40)) as pilot:
+        await pilot.press("question_mark")
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "help")
+        listed = {key for key, _ in app.screen.keys}  # type: ignore[attr-defined]
+        assert {"q", "?", "r", "R", "x", "s", "m", "t", "1", "2", "3", "4", "enter"} <= listed
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_number_keys_switch_tabs() -> None:
+    app = make_app(make_sources())
+    async with app.run_test(size=(100, 30)) as pilot:
+        tabs = app.query_one(TabbedContent)
+        for key, tab in (("2", "gpus"), ("3", "health"), ("4", "charts"), ("1", "probes")):
+            await pilot.press(key)
+            assert tabs.active == tab
+
+
+async def test_q_quits_and_closes_the_probe_group_and_the_collector() -> None:
+    probes = FakeProbes(hold=True)
+    telemetry = FakeTelemetry()
+    app = make_app(make_sources(probes=probes, telemetry=telemetry, run_probes=True))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.running_probe == "allreduce", "running")
+        await pilot.press("q")
+        await wait_until(pilot, lambda: probes.closed and telemetry.closed, "closed")
+    assert app.return_value == 0
+    assert probes.cancelled >= 1
+
+
+async def test_failing_checks_source_is_shown_not_raised() -> None:
+    app = make_app(make_sources(checks=FakeChecks(error=RuntimeError("sysfs went away"))))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("3")
+        summary = app.query_one("#health-summary", Static)
+        await wait_until(pilot, lambda: "sysfs went away" in str(summary.content), "problem shown")
+
+
+def test_settings_theme_falls_back_when_unknown() -> None:
+    app = DecodetopApp(make_sources(), Settings(theme="no-such-theme"), save_theme=False)
+    assert app.theme == "decodetop-dark"
