@@ -198,8 +198,6 @@ class ModelSpec:
                 total += m.params // m.copies * self.top_k
             else:
                 total += m.params
-        if self.tie_word_embeddings:
-            total += self.params_lm_head
         return total
 
     def params_by_component(self) -> dict[Component, int]:
@@ -217,8 +215,6 @@ class ModelSpec:
                 continue
             copies = self.top_k if m.kind.startswith("expert_") else m.copies
             total += m.bytes_for(copies)
-        if self.tie_word_embeddings:
-            total += self.params_lm_head * 2
         return total
 
 
@@ -387,7 +383,7 @@ def spec_from_config(
     default_bias = model_type in ("qwen2", "gpt_oss")  # Qwen2 always has q/k/v biases; gpt-oss has every bias
     attention_bias = r.bool_("attention_bias", default_bias) or model_type == "qwen2"
     o_bias = attention_bias and model_type in ("llama", "gpt_oss", "mistral", "granite", "olmo2")
-    qk_norm = model_type == "qwen3" or r.bool_("use_qk_norm", False)
+    qk_norm = model_type in ("qwen3", "qwen3_moe") or r.bool_("use_qk_norm", False)
 
     # sliding window
     window = 0
