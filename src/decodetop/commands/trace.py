@@ -1,16 +1,196 @@
-"""Provides `decodetop trace` (placeholder until its issue lands)."""
+"""Provides `decodetop trace`: attribute a serving engine's profiler trace (a file, or one captured from a live
+SGLang/vLLM server) to the budget's components, and set it beside the probe-composed budget.
+
+    decodetop trace FILE [--model NAME | --config PATH] [--tp N] [--budget BUDGET.json] [--json]
+    decodetop trace --server URL [--steps N] [--output-dir DIR | --trace-dir DIR] [--engine auto|sglang|vllm]
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from typing import Any
 
-from decodetop.errors import DecodetopError
+from decodetop.errors import UserInputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
+    parser.add_argument("file", nargs="?", help="a PyTorch profiler trace (.json or .json.gz)")
+    parser.add_argument("--server", metavar="URL", help="capture a trace from a live SGLang/vLLM server instead")
+    parser.add_argument("--steps", type=int, default=5, help="decode steps to profile with --server (default 5)")
+    parser.add_argument("--engine", default="auto", choices=("auto", "sglang", "vllm"), help="server kind")
+    parser.add_argument(
+        "--output-dir",
+        "--trace-dir",
+        dest="output_dir",
+        metavar="DIR",
+        help="where the server writes traces (SGLang: sent as output_dir; vLLM: its VLLM_TORCH_PROFILER_DIR)",
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the trace (default 120)")
+    parser.add_argument("--duration", type=float, default=3.0, help="vLLM: seconds between start and stop (default 3)")
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--model", metavar="NAME", help="budget preset to compare with (decodetop budget --list-models)")
+    src.add_argument("--config", metavar="PATH", help="HF config.json (or its directory) to compare with")
+    src.add_argument("--budget", metavar="JSON", help="a budget JSON (decodetop budget --json, or {component: ms})")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for the budget (default 1)")
+    parser.add_argument("--context", type=int, default=4096, help="KV tokens per sequence for the budget")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per step for the budget (default 1)")
+    parser.add_argument("--launch-mode", choices=("graph", "eager"), help="budget launch mode (default: from trace)")
+    parser.add_argument("--gpu", metavar="NAME", help="GPU row for the budget's roofline (default: from the trace)")
+    parser.add_argument("--device", type=int, help="GPU index inside the trace (default: the busiest)")
+    parser.add_argument("--vocab-size", type=int, help="vocabulary size: GEMMs with this dimension are lm_head")
+    parser.add_argument("--rules", metavar="JSON", help="a kernel-rules file replacing the built-in table")
+    parser.add_argument("--top", type=int, default=15, help="top kernels to list (default 15)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    raise DecodetopError("'trace' is not implemented yet")
+    from decodetop.traces.analysis import analyze_trace
+    from decodetop.traces.capture import capture
+    from decodetop.traces.compare import compare, load_budget_json
+
+    if bool(args.file) == bool(args.server):
+        raise UserInputError("trace: give a trace FILE or --server URL (one of them)")
+    if args.top < 1:
+        raise UserInputError(f"--top: {args.top} must be at least 1")
+    captured = None
+    path = args.file
+    if args.server:
+        captured = capture(
+            args.server,
+            steps=args.steps,
+            output_dir=args.output_dir,
+            engine=args.engine,
+            timeout_s=args.timeout,
+            duration_s=args.duration,
+        )
+        path = str(captured.path)
+        print(f"captured {path} from {args.server} ({captured.engine}, {captured.waited_s:.1f} s)", file=sys.stderr)
+    spec_vocab = None
+    budget: Any = None
+    budget_note = ""
+    if args.budget:
+        budget = load_budget_json(args.budget)
+        budget_note = f"budget from {args.budget}"
+    report = analyze_trace(path, rules_path=args.rules, device=args.device, vocab_size=args.vocab_size, top_n=args.top)
+    if args.model or args.config:
+        budget, spec_vocab, budget_note = _budget_for(args, report)
+        if spec_vocab and not args.vocab_size:
+            report = analyze_trace(
+                path, rules_path=args.rules, device=args.device, vocab_size=spec_vocab, top_n=args.top
+            )
+    comparison = compare(report, budget) if budget is not None else None
+    if args.json:
+        out: dict[str, Any] = {"trace": report.to_json()}
+        if comparison is not None:
+            out["comparison"] = comparison.to_json()
+            out["budget_source"] = budget_note
+        if captured is not None:
+            out["captured"] = {"path": str(captured.path), "engine": captured.engine}
+        print(json.dumps(out, indent=1))
+    else:
+        sys.stdout.write(render_text(report, comparison, budget_note))
+    return 0
+
+
+def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, str]:
+    """A roofline-estimated budget for the model on this deployment (decodetop.budget), with the vocab size."""
+    from decodetop.budget.compose import compose_budget
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.gpus import GPUS, find_gpu
+    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.roofline import hardware_for, roofline
+    from decodetop.budget.spec import load_config, load_preset
+
+    spec = load_config(args.config) if args.config else load_preset(args.model)
+    mode = args.launch_mode or ("eager" if report.gpu_idle_us_mean > report.gpu_busy_us_mean else "graph")
+    dep = Deployment(tp=args.tp, batch=args.batch, context_len=args.context, launch_mode=mode)
+    inv = build_inventory(spec, dep)
+    gpu = find_gpu(args.gpu) if args.gpu else None
+    if args.gpu and gpu is None:
+        raise UserInputError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
+    if gpu is None:
+        gpu = GPUS.get("h200")
+    hw = hardware_for(gpu)
+    budget = compose_budget(inv, {}, roofline=roofline(inv, hw), estimate=hw, observed_ms=_observed(report))
+    vocab = getattr(spec, "vocab_size", None)
+    note = f"roofline-estimated budget of {spec.name} ({dep.describe(spec)}) on {hw.gpu_name}; run probes for measured"
+    return budget, vocab if isinstance(vocab, int) else None, note
+
+
+def _observed(report: Any) -> float:
+    ms = float(report.step_wall_us_mean) / 1000
+    return ms if ms > 0 else 1.0
+
+
+def render_text(report: Any, comparison: Any = None, budget_note: str = "") -> str:
+    """The headless report: steps, per-component bar, top kernels, and the comparison when there is one."""
+    from decodetop.textfmt import format_duration_us, table
+    from decodetop.traces.compare import short_name
+    from decodetop.traces.model import LAUNCH_KEY
+
+    lines: list[str] = []
+    add = lines.append
+    add(f"trace    {report.path}  ({report.events_total} events, {report.source}, {report.device})")
+    add(f"steps    {len(report.steps)} decode steps; segmentation: {report.segmentation}")
+    busy, idle = report.gpu_busy_us_mean, report.gpu_idle_us_mean
+    frac = idle / (busy + idle) if busy + idle else 0.0
+    add(
+        f"per step {format_duration_us(report.step_wall_us_mean)} wall, GPU busy {format_duration_us(busy)}, "
+        f"GPU idle inside the step {format_duration_us(idle)} ({frac:.0%}: host overhead), "
+        f"{report.kernels_per_step_mean:.0f} kernels"
+    )
+    add("")
+    add("per component, per step")
+    rows = [
+        (b.label, b.time_us_per_step / 1000, f"{b.share:.0%}", round(b.kernels_per_step, 1), _top(b, short_name))
+        for b in report.buckets
+    ]
+    rows.append(("GPU idle in step (host-bound) → launch", idle / 1000, "-", "-", "gaps between kernels"))
+    add(table(("component", "ms", "share", "kernels", "largest kernel (via)"), rows, align="lrrrl"))
+    add("")
+    add(f"top {len(report.top_kernels)} kernels")
+    krows = [
+        (
+            i + 1,
+            short_name(k.name, 56),
+            k.bucket,
+            round(k.count_per_step, 1),
+            k.mean_us,
+            k.time_us_per_step,
+            f"{k.share:.0%}",
+            k.via or "-",
+        )
+        for i, k in enumerate(report.top_kernels)
+    ]
+    add(table(("#", "kernel", "component", "n/step", "mean µs", "µs/step", "share", "via"), krows))
+    if report.unclassified_names:
+        add("")
+        add("unclassified kernels (no rule matched; add one to traces/kernel_rules.json):")
+        lines.extend(f"  {short_name(n, 100)}" for n in report.unclassified_names[:10])
+    if report.notes:
+        add("")
+        lines.extend(f"note: {n}" for n in report.notes)
+    if comparison is not None:
+        add("")
+        add(f"probes vs server ({budget_note})" if budget_note else "probes vs server")
+        crow = [
+            (r.label + (" (idle)" if r.key == LAUNCH_KEY else ""), r.probed_ms, r.traced_ms, r.delta_ms)
+            for r in comparison.rows
+        ]
+        add(table(("component", "probes ms", "server ms", "Δ ms"), crow, align="lrrr"))
+        add("")
+        for r in sorted(comparison.rows, key=lambda r: -abs(r.delta_ms if r.delta_ms is not None else r.traced_ms)):
+            add(f"  {r.finding}")
+        lines.extend(f"note: {n}" for n in comparison.notes)
+    return "\n".join(lines) + "\n"
+
+
+def _top(bucket: Any, short_name: Any) -> str:
+    if not bucket.top:
+        return ""
+    k = bucket.top[0]
+    return str(short_name(k.name, 40)) + (f" ({k.via})" if k.via else "")

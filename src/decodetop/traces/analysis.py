@@ -1,0 +1,613 @@
+"""Provides `analyze_trace`: a profiler trace split into decode steps, with each kernel attributed to a component.
+
+Pipeline: read the trace (streaming) → pick the units to attribute (the kernels, memcpys and memsets of the busiest
+GPU; or, in a CPU-only trace, the leaf CPU operators) → find each unit's host context (the annotation, module and
+operator ranges open on the launching thread when its launch call ran, linked by correlation id; GPU-side
+annotations where no launch is linked) → split the units into decode steps (step markers, else the repetition of
+the kernel sequence, else gaps) → classify every unit through the rules table → sum per step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import json
+import statistics
+from array import array
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodetop.budget.components import Component
+from decodetop.errors import UserInputError
+from decodetop.traces.classify import (
+    UNCLASSIFIED,
+    RuleSet,
+    bucket_key,
+    bucket_label,
+    load_rules,
+)
+from decodetop.traces.model import LAUNCH_KEY, BucketTime, KernelStat, StepSummary, TraceReport
+from decodetop.traces.reader import GPU_KERNEL, HOST_ANNOTATION, HOST_OP, NO_ID, Trace, read_trace
+
+GAP_FACTOR = 10.0
+"""A gap between kernels this many times the median gap (and at least GAP_MIN_US) splits steps when nothing else
+does: decode steps are separated by the scheduler's host work, kernels inside a step by launch latency."""
+GAP_MIN_US = 20.0
+"""Floor of that threshold: a couple of eager launches (probes.md §3: 4-6 µs per launch + sync)."""
+REPEAT_MATCH = 0.9
+"""Fraction of kernels that must equal the kernel one period later for a period to count as the step length."""
+TOP_PER_BUCKET = 3
+OVERLAP_NOTE = 1.05
+"""Kernel time above busy time by more than 5% means streams overlap: component sums then exceed the step."""
+
+
+@dataclass
+class _Units:
+    """The things attributed, in time order: one row per kernel (or leaf CPU op)."""
+
+    name: array[int]
+    ts: array[float]
+    dur: array[float]
+    launch_ts: array[float]
+    launch_thread: array[int]
+    stack: array[int]
+
+
+def analyze_trace(
+    path: str | Path,
+    *,
+    rules_path: str | None = None,
+    device: int | None = None,
+    vocab_size: int | None = None,
+    top_n: int = 15,
+) -> TraceReport:
+    """Read `path` and attribute its decode steps; raises UserInputError with one line on any bad input."""
+    trace = read_trace(path)
+    return analyze(trace, rules=load_rules(rules_path), device=device, vocab_size=vocab_size, top_n=top_n)
+
+
+def analyze(
+    trace: Trace,
+    *,
+    rules: RuleSet | None = None,
+    device: int | None = None,
+    vocab_size: int | None = None,
+    top_n: int = 15,
+) -> TraceReport:
+    """Attribute an already-read trace (see `analyze_trace`)."""
+    rules = rules or load_rules()
+    notes: list[str] = []
+    if any(k == GPU_KERNEL for k in trace.gpu_kind):
+        units, device_label = _gpu_units(trace, device)
+        source = "gpu"
+    elif trace.n_host:
+        units, device_label = _cpu_units(trace), "cpu"
+        source = "cpu"
+        notes.append(
+            "CPU-only trace: leaf CPU operators stand in for kernels, and 'GPU idle' is host time between them"
+        )
+    else:
+        raise UserInputError(f"{trace.path}: no GPU kernels and no CPU operators in the trace: nothing to attribute")
+    if not len(units.name):
+        raise UserInputError(f"{trace.path}: no kernels on {device_label}: nothing to attribute")
+    stacks = _attach_context(trace, units, source)
+    steps, segmentation, marker_durs = _segment(trace, units, rules)
+    return _attribute(
+        trace,
+        rules,
+        units=units,
+        stacks=stacks,
+        steps=steps,
+        segmentation=segmentation,
+        marker_durs=marker_durs,
+        source=source,
+        device_label=device_label,
+        vocab_size=vocab_size,
+        top_n=top_n,
+        notes=notes,
+    )
+
+
+# --------------------------------------------------------------------------------------------------- units
+
+
+def _gpu_units(trace: Trace, device: int | None) -> tuple[_Units, str]:
+    per_device: dict[int, float] = defaultdict(float)
+    for kind, dev, dur in zip(trace.gpu_kind, trace.gpu_device, trace.gpu_dur_us, strict=False):
+        if kind == GPU_KERNEL:
+            per_device[dev] += dur
+    if device is None:
+        device = max(per_device, key=per_device.__getitem__)
+    elif device not in per_device:
+        raise UserInputError(
+            f"{trace.path}: no kernels on device {device} (devices with kernels: {sorted(per_device)})"
+        )
+    order = sorted((i for i in range(trace.n_gpu) if trace.gpu_device[i] == device), key=trace.gpu_ts_us.__getitem__)
+    launches: dict[int, tuple[float, int]] = {}
+    for corr, ts, thread in zip(trace.rt_corr, trace.rt_ts_us, trace.rt_thread, strict=False):
+        if corr != NO_ID:
+            launches[corr] = (ts, thread)
+    units = _empty_units()
+    for i in order:
+        units.name.append(trace.gpu_name[i])
+        units.ts.append(trace.gpu_ts_us[i])
+        units.dur.append(trace.gpu_dur_us[i])
+        launch = launches.get(trace.gpu_corr[i])
+        units.launch_ts.append(launch[0] if launch else -1.0)
+        units.launch_thread.append(launch[1] if launch else NO_ID)
+        units.stack.append(NO_ID)
+    return units, f"cuda:{device}" if device >= 0 else "gpu"
+
+
+def _empty_units() -> _Units:
+    return _Units(array("l"), array("d"), array("d"), array("d"), array("l"), array("l"))
+
+
+def _cpu_units(trace: Trace) -> _Units:
+    """Leaf CPU operators: an op is a leaf when the next op on its thread (in start order) starts after it ends."""
+    by_thread: dict[int, list[int]] = defaultdict(list)
+    for i in range(trace.n_host):
+        if trace.host_kind[i] == HOST_OP:
+            by_thread[trace.host_thread[i]].append(i)
+    leaves: list[int] = []
+    for idx in by_thread.values():
+        idx.sort(key=lambda i: (trace.host_ts_us[i], -trace.host_dur_us[i]))
+        for pos, i in enumerate(idx):
+            end = trace.host_ts_us[i] + trace.host_dur_us[i]
+            if pos + 1 == len(idx) or trace.host_ts_us[idx[pos + 1]] >= end:
+                leaves.append(i)
+    leaves.sort(key=trace.host_ts_us.__getitem__)
+    units = _empty_units()
+    for i in leaves:
+        units.name.append(trace.host_name[i])
+        units.ts.append(trace.host_ts_us[i])
+        units.dur.append(trace.host_dur_us[i])
+        units.launch_ts.append(trace.host_ts_us[i])
+        units.launch_thread.append(trace.host_thread[i])
+        units.stack.append(NO_ID)
+    return units
+
+
+# --------------------------------------------------------------------------------------------------- context
+
+
+@dataclass(frozen=True)
+class _Stack:
+    frames_inner_first: tuple[int, ...]
+    kinds_inner_first: tuple[int, ...]
+    shape: int
+
+
+def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
+    """Fill `units.stack` with an index into the returned list of distinct enclosing-frame stacks."""
+    stacks: list[_Stack] = []
+    ids: dict[_Stack, int] = {}
+
+    def intern(stack: _Stack) -> int:
+        got = ids.get(stack)
+        if got is None:
+            got = ids[stack] = len(stacks)
+            stacks.append(stack)
+        return got
+
+    ranges: dict[int, list[int]] = defaultdict(list)
+    for i in range(trace.n_host):
+        ranges[trace.host_thread[i]].append(i)
+    queries: dict[int, list[int]] = defaultdict(list)
+    for u in range(len(units.name)):
+        if units.launch_thread[u] != NO_ID:
+            queries[units.launch_thread[u]].append(u)
+    ts, dur = trace.host_ts_us, trace.host_dur_us
+    for thread, us in queries.items():
+        order = sorted(ranges.get(thread, ()), key=lambda i: (ts[i], -dur[i]))
+        us.sort(key=units.launch_ts.__getitem__)
+        open_: list[int] = []
+        j = 0
+        for u in us:
+            q = units.launch_ts[u]
+            while j < len(order) and ts[order[j]] <= q:
+                r = order[j]
+                while open_ and ts[open_[-1]] + dur[open_[-1]] < ts[r]:
+                    open_.pop()
+                open_.append(r)
+                j += 1
+            while open_ and ts[open_[-1]] + dur[open_[-1]] < q:
+                open_.pop()
+            live = [r for r in open_ if ts[r] + dur[r] >= q]
+            if source == "cpu":  # the unit's own range is on the stack: drop it
+                live = [r for r in live if not (ts[r] == units.ts[u] and trace.host_name[r] == units.name[u])]
+            shape = next((trace.host_shape[r] for r in reversed(live) if trace.host_shape[r] != NO_ID), NO_ID)
+            units.stack[u] = intern(
+                _Stack(
+                    tuple(trace.host_name[r] for r in reversed(live)),
+                    tuple(trace.host_kind[r] for r in reversed(live)),
+                    shape,
+                )
+            )
+    # Units with no linked launch (no runtime events, or graph kernels without correlation): GPU-side annotations.
+    orphans = [u for u in range(len(units.name)) if units.stack[u] == NO_ID]
+    if orphans:
+        ga = sorted(range(len(trace.ga_name)), key=lambda i: (trace.ga_ts_us[i], -trace.ga_dur_us[i]))
+        open_ = []
+        j = 0
+        for u in orphans:  # already in time order
+            q = units.ts[u]
+            while j < len(ga) and trace.ga_ts_us[ga[j]] <= q:
+                open_.append(ga[j])
+                j += 1
+            open_ = [r for r in open_ if trace.ga_ts_us[r] + trace.ga_dur_us[r] >= q]
+            frames = tuple(trace.ga_name[r] for r in reversed(open_))
+            units.stack[u] = intern(_Stack(frames, tuple(HOST_ANNOTATION for _ in frames), NO_ID))
+    return stacks
+
+
+# --------------------------------------------------------------------------------------------------- steps
+
+
+def _segment(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int]], str, list[float | None]]:
+    """Group unit indices into decode steps; returns the steps, how they were found, and marker durations."""
+    n = len(units.name)
+    for marker in rules.step_markers:
+        matches = {i for i, name in enumerate(trace.names) if marker.pattern.search(name)}
+        if not matches:
+            continue
+        host = [
+            (trace.host_ts_us[i], trace.host_dur_us[i], trace.host_name[i])
+            for i in range(trace.n_host)
+            if trace.host_name[i] in matches and trace.host_kind[i] in (HOST_ANNOTATION, HOST_OP)
+        ]
+        gpu = [
+            (trace.ga_ts_us[i], trace.ga_dur_us[i], trace.ga_name[i])
+            for i in range(len(trace.ga_name))
+            if trace.ga_name[i] in matches
+        ]
+        linked = any(t != NO_ID for t in units.launch_thread)
+        for ranges, by_launch, where in ((host, True, "host ranges"), (gpu, False, "GPU annotations")):
+            if not ranges or (by_launch and not linked):
+                continue
+            steps, durs = _assign(units, _outermost(ranges), by_launch)
+            if steps:
+                sample = trace.names[ranges[0][2]]
+                return steps, f"markers: {marker.id} ({where}, e.g. {sample!r})", durs
+    period = _period(units)
+    if period is not None:
+        steps = _by_period(units, period)
+        if len(steps) >= 2:
+            return steps, f"repetition of the kernel sequence (period {period} kernels)", [None] * len(steps)
+    steps = _by_gaps(units)
+    if len(steps) >= 2:
+        return steps, "gaps between kernels", [None] * len(steps)
+    return [list(range(n))], "none found: the whole trace is one step", [None]
+
+
+def _outermost(ranges: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:
+    """Drop marker ranges nested inside an earlier one (same step seen twice)."""
+    out: list[tuple[float, float, int]] = []
+    for start, dur, name in sorted(ranges, key=lambda r: (r[0], -r[1])):
+        if out and start < out[-1][0] + out[-1][1]:
+            continue
+        out.append((start, dur, name))
+    return out
+
+
+def _assign(
+    units: _Units, ranges: list[tuple[float, float, int]], by_launch: bool
+) -> tuple[list[list[int]], list[float | None]]:
+    starts = [r[0] for r in ranges]
+    members: list[list[int]] = [[] for _ in ranges]
+    for u in range(len(units.name)):
+        t = units.launch_ts[u] if by_launch else units.ts[u]
+        if by_launch and units.launch_thread[u] == NO_ID:
+            continue
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and t <= ranges[k][0] + ranges[k][1]:
+            members[k].append(u)
+    keep = [k for k, m in enumerate(members) if m]
+    return [members[k] for k in keep], [ranges[k][1] for k in keep]
+
+
+def _period(units: _Units) -> int | None:
+    """The step length in kernels, from the least frequent kernel name that recurs at a regular spacing."""
+    names = units.name
+    positions: dict[int, list[int]] = defaultdict(list)
+    for i, name in enumerate(names):
+        positions[name].append(i)
+    candidates = sorted((len(p), name) for name, p in positions.items() if len(p) >= 2)
+    for _count, name in candidates:
+        pos = positions[name]
+        spacing = {b - a for a, b in itertools.pairwise(pos)}
+        if len(spacing) != 1:
+            continue
+        period = spacing.pop()
+        if period < 2:
+            continue
+        span = len(names) - period
+        same = sum(1 for i in range(span) if names[i] == names[i + period])
+        if span > 0 and same / span >= REPEAT_MATCH:
+            return period
+    return None
+
+
+def _gaps(units: _Units) -> list[float]:
+    """gaps[i]: idle time before unit i (after every earlier unit ended); gaps[0] = 0."""
+    out = [0.0]
+    end = units.ts[0] + units.dur[0] if len(units.ts) else 0.0
+    for i in range(1, len(units.ts)):
+        out.append(max(0.0, units.ts[i] - end))
+        end = max(end, units.ts[i] + units.dur[i])
+    return out
+
+
+def _by_period(units: _Units, period: int) -> list[list[int]]:
+    """Whole periods, phased so that boundaries fall on the largest gaps."""
+    gaps = _gaps(units)
+    n = len(gaps)
+    phase = max(range(period), key=lambda p: sum(gaps[i] for i in range(p, n, period)))
+    return [list(range(s, s + period)) for s in range(phase, n - period + 1, period)]
+
+
+def _by_gaps(units: _Units) -> list[list[int]]:
+    gaps = _gaps(units)
+    if len(gaps) < 3:
+        return []
+    median = statistics.median(gaps[1:])
+    threshold = max(GAP_FACTOR * median, GAP_MIN_US)
+    cuts = [i for i, g in enumerate(gaps) if i and g > threshold]
+    if not cuts:
+        return []
+    bounds = [0, *cuts, len(gaps)]
+    segments = [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    mode = Counter(len(s) for s in segments).most_common(1)[0][0]
+    same = [s for s in segments if len(s) == mode]
+    return same if len(same) >= 2 else segments
+
+
+# --------------------------------------------------------------------------------------------------- attribution
+
+
+def _strip(name: str) -> str:
+    return name[len("nn.Module: ") :] if name.startswith("nn.Module: ") else name
+
+
+def _shape_has(dims_json: str, value: int) -> bool:
+    try:
+        dims = json.loads(dims_json)
+    except json.JSONDecodeError:
+        return False
+    stack = [dims]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif item == value:
+            return True
+    return False
+
+
+def _attribute(
+    trace: Trace,
+    rules: RuleSet,
+    *,
+    units: _Units,
+    stacks: list[_Stack],
+    steps: list[list[int]],
+    segmentation: str,
+    marker_durs: Sequence[float | None],
+    source: str,
+    device_label: str,
+    vocab_size: int | None,
+    top_n: int,
+    notes: list[str],
+) -> TraceReport:
+    names = trace.names
+    # Per distinct stack: the context rule, the frame that matched, and a 'via' text.
+    stack_ctx: list[tuple[str | None, str | None]] = []
+    for st in stacks:
+        frames = [names[f] for f in st.frames_inner_first]
+        rule, frame = rules.context_of(frames)
+        ctx = None if rule is None or rule.id == "body" else rule.id
+        ops: list[str] = []
+        for f, kind in zip(frames, st.kinds_inner_first, strict=False):
+            if f == frame:
+                break
+            if kind == HOST_OP:
+                ops.append(f)
+        chain = ">".join(reversed(ops[-3:])) if ops else ""
+        where = _strip(frame) if frame and ctx else ""
+        via = f"{chain} in {where}" if chain and where else (chain or (f"in {where}" if where else None))
+        stack_ctx.append((ctx, via))
+
+    step_of = {}
+    for k, members in enumerate(steps):
+        for u in members:
+            step_of[u] = k
+    n_steps = len(steps)
+    stats: dict[tuple[int, str, str | None], list[float]] = {}
+    fam_of: dict[tuple[int, str, str | None], tuple[str | None, str | None]] = {}
+    inferred = 0
+    unattributed_gemm = 0
+    for members in steps:
+        families: list[str | None] = []
+        rule_ids: list[str | None] = []
+        for u in members:
+            krule = rules.classify(names[units.name[u]])
+            families.append(krule.family if krule else None)
+            rule_ids.append(krule.id if krule else None)
+        guess = _sequence_guess(families)
+        for pos, u in enumerate(members):
+            family = families[pos]
+            ctx, via = stack_ctx[units.stack[u]] if units.stack[u] != NO_ID else (None, None)
+            component: Component | None = None
+            if family is not None:
+                component = rules.component(family, ctx)
+                if component is None and family == "gemm":
+                    shape = stacks[units.stack[u]].shape if units.stack[u] != NO_ID else NO_ID
+                    if vocab_size and shape != NO_ID and _shape_has(names[shape], vocab_size):
+                        component, via = Component.LM_HEAD, f"shape has the vocabulary ({vocab_size})"
+                    elif ctx is None and (guessed := guess[pos]) is not None:
+                        component, via = guessed, f"inferred: {guessed.value} by its neighbours"
+                        inferred += 1
+                    else:
+                        unattributed_gemm += 1
+            key = (units.name[u], bucket_key(component, family), via)
+            acc = stats.setdefault(key, [0.0, 0.0])
+            acc[0] += 1
+            acc[1] += units.dur[u]
+            fam_of[key] = (family, rule_ids[pos])
+
+    total_us = sum(v[1] for v in stats.values())
+    per_step = max(n_steps, 1)
+
+    def kstat(key: tuple[int, str, str | None]) -> KernelStat:
+        count, time_us = stats[key]
+        family, rule_id = fam_of[key]
+        return KernelStat(
+            name=names[key[0]],
+            bucket=key[1],
+            family=family,
+            rule_id=rule_id,
+            via=key[2],
+            count_per_step=count / per_step,
+            time_us_per_step=time_us / per_step,
+            mean_us=time_us / count if count else 0.0,
+            share=time_us / total_us if total_us else 0.0,
+        )
+
+    by_bucket: dict[str, list[tuple[int, str, str | None]]] = defaultdict(list)
+    for key in stats:
+        by_bucket[key[1]].append(key)
+    buckets = []
+    for bkey, keys in by_bucket.items():
+        keys.sort(key=lambda k: -stats[k][1])
+        time_us = sum(stats[k][1] for k in keys)
+        buckets.append(
+            BucketTime(
+                key=bkey,
+                label=bucket_label(bkey, rules),
+                time_us_per_step=time_us / per_step,
+                kernels_per_step=sum(stats[k][0] for k in keys) / per_step,
+                share=time_us / total_us if total_us else 0.0,
+                top=tuple(kstat(k) for k in keys[:TOP_PER_BUCKET]),
+            )
+        )
+    buckets.sort(key=lambda b: -b.time_us_per_step)
+    top = [kstat(k) for k in heapq.nlargest(top_n, stats, key=lambda k: stats[k][1])]
+
+    summaries = []
+    for k, members in enumerate(steps):
+        summaries.append(_step_summary(k, units, members, marker_durs[k], trace))
+    in_steps = set(step_of)
+    outside = [u for u in range(len(units.name)) if u not in in_steps]
+    mean = (lambda xs: sum(xs) / len(xs)) if summaries else (lambda xs: 0.0)
+    idle = mean([s.gpu_idle_us for s in summaries])
+    busy = mean([s.gpu_busy_us for s in summaries])
+    kernel_us = total_us / per_step
+    if source == "gpu" and busy and idle / (idle + busy) > 0.2:
+        notes.append(
+            f"GPU idle {idle / (idle + busy):.0%} of the time inside a step: host-bound (launch/Python overhead); "
+            "shown as the traced 'launch' segment"
+        )
+    if busy and kernel_us > busy * OVERLAP_NOTE:
+        notes.append("kernels overlap on several streams: component times add up to more than the busy time")
+    if unattributed_gemm:
+        notes.append(
+            f"{unattributed_gemm / per_step:.0f} GEMMs per step have no telling context (no enclosing module or "
+            "annotation names, no vocabulary-sized shape): 'GEMM (unattributed)'"
+        )
+    if inferred:
+        notes.append(f"{inferred / per_step:.0f} GEMMs per step attributed by their neighbours (norm-delimited blocks)")
+    if outside:
+        notes.append(f"{len(outside)} kernels outside the decode steps were left out")
+    unclassified = sorted(
+        {names[k[0]] for k in stats if k[1] == UNCLASSIFIED},
+        key=lambda s: -sum(v[1] for kk, v in stats.items() if names[kk[0]] == s),
+    )
+    return TraceReport(
+        path=str(trace.path),
+        source=source,
+        device=device_label,
+        segmentation=segmentation,
+        steps=tuple(summaries),
+        buckets=tuple(buckets),
+        top_kernels=tuple(top),
+        step_wall_us_mean=mean([s.wall_us for s in summaries]),
+        gpu_busy_us_mean=busy,
+        gpu_idle_us_mean=idle,
+        kernels_per_step_mean=mean([float(s.kernel_count) for s in summaries]),
+        kernel_time_us_per_step=kernel_us,
+        outside_steps_kernels=len(outside),
+        outside_steps_us=sum(units.dur[u] for u in outside),
+        unclassified_names=tuple(unclassified[:20]),
+        notes=tuple(notes),
+        events_total=trace.events_total,
+    )
+
+
+_SEQ_COMPONENT = {
+    "attention": Component.ATTENTION_PROJ,
+    "experts": Component.ROUTED_EXPERTS,
+    "mlp": Component.DENSE_MLP,
+    "lm_head": Component.LM_HEAD,
+}
+
+
+def _sequence_guess(families: Sequence[str | None]) -> list[Component | None]:
+    """For GEMMs without context: blocks between norms that hold attention are projections, blocks with routing or
+    grouped GEMMs are experts, blocks with an activation are the MLP, and a block with sampling (or the last block
+    after the final norm) is the lm_head."""
+    out: list[Component | None] = [None] * len(families)
+    norms = [i for i, f in enumerate(families) if f == "norm"]
+    if not norms:
+        return out
+    bounds = [0, *norms, len(families)]
+    last = len(bounds) - 2
+    for b, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+        block = set(families[lo:hi])
+        if "attention" in block:
+            kind = "attention"
+        elif block & {"routing", "grouped_gemm"}:
+            kind = "experts"
+        elif "activation" in block:
+            kind = "mlp"
+        elif "sampling" in block or (b == last and lo > 0):
+            kind = "lm_head"
+        else:
+            continue
+        for i in range(lo, hi):
+            if families[i] == "gemm":
+                out[i] = _SEQ_COMPONENT[kind]
+    return out
+
+
+def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float | None, trace: Trace) -> StepSummary:
+    members = sorted(members, key=units.ts.__getitem__)
+    start = units.ts[members[0]]
+    busy = 0.0
+    cur_s, cur_e = start, start
+    end_all = start
+    for u in members:
+        s, e = units.ts[u], units.ts[u] + units.dur[u]
+        end_all = max(end_all, e)
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    window = end_all - start
+    return StepSummary(
+        index=k,
+        label=f"step {k}",
+        start_us=start,
+        wall_us=marker_dur if marker_dur is not None else window,
+        gpu_window_us=window,
+        gpu_busy_us=busy,
+        gpu_idle_us=max(0.0, window - busy),
+        kernel_count=len(members),
+    )
+
+
+__all__ = ["LAUNCH_KEY", "analyze", "analyze_trace"]

@@ -1,0 +1,166 @@
+"""Provides `capture`: ask a live SGLang or vLLM server for a profiler trace of a few decode steps (stdlib urllib).
+
+SGLang: `POST /start_profile` with a JSON body {output_dir, num_steps, activities}; the server stops by itself after
+`num_steps` forward steps and writes `<time>-TP-<rank>.trace.json.gz` into output_dir. vLLM (started with
+VLLM_TORCH_PROFILER_DIR set, which is what registers the endpoints): `POST /start_profile`, let it run, then
+`POST /stop_profile`; traces land in that directory. Either way we wait, with a deadline, for a new trace file whose
+size has stopped changing. Every request has a timeout; every failure is one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodetop.errors import UserInputError
+
+HOW_TO_START = (
+    "start a profiling-enabled server: SGLang has /start_profile built in (the trace is written on the server's "
+    "host, so use a directory both can see with --output-dir); vLLM needs VLLM_TORCH_PROFILER_DIR=DIR in its "
+    "environment (then pass --trace-dir DIR)"
+)
+PROBE_TIMEOUT_S = 3.0
+"""Timeout of the engine-detection GETs: they answer at once on a live server."""
+STABLE_POLLS = 2
+"""A trace file counts as written once its size is the same on this many polls in a row."""
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    """Where the captured trace is, and how it was obtained."""
+
+    path: Path
+    engine: str
+    output_dir: Path
+    waited_s: float
+    other_files: tuple[Path, ...]
+
+
+def _request(url: str, *, method: str, body: bytes | None, timeout_s: float) -> tuple[int, str]:
+    """(status, first line of the body); HTTP errors come back as their status, not as exceptions."""
+    req = urllib.request.Request(url, data=body, method=method)  # noqa: S310 - http(s) only, checked in capture()
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=max(timeout_s, 0.1)) as resp:  # noqa: S310
+            return resp.status, _first_line(resp.read(4096))
+    except urllib.error.HTTPError as exc:
+        return exc.code, _first_line(exc.read(4096) if exc.fp else b"")
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, TimeoutError):
+            raise UserInputError(f"no answer from {url} within {timeout_s:.0f} s") from None
+        raise UserInputError(f"cannot reach {url}: {exc.reason}; {HOW_TO_START}") from None
+    except TimeoutError:
+        raise UserInputError(f"no answer from {url} within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise UserInputError(f"cannot reach {url}: {exc}") from None
+
+
+def _first_line(data: bytes) -> str:
+    text = data.decode("utf-8", "replace").strip()
+    return text.splitlines()[0][:200] if text else ""
+
+
+def detect_engine(base_url: str) -> str:
+    """'sglang' if /get_server_info answers, 'vllm' if /version does; else a one-line error."""
+    if _request(f"{base_url}/get_server_info", method="GET", body=None, timeout_s=PROBE_TIMEOUT_S)[0] == 200:
+        return "sglang"
+    if _request(f"{base_url}/version", method="GET", body=None, timeout_s=PROBE_TIMEOUT_S)[0] == 200:
+        return "vllm"
+    raise UserInputError(
+        f"{base_url} answers neither SGLang's /get_server_info nor vLLM's /version: pass --engine sglang|vllm"
+    )
+
+
+def _trace_files(directory: Path) -> dict[Path, int]:
+    if not directory.is_dir():
+        return {}
+    out = {}
+    for path in directory.rglob("*"):
+        if path.is_file() and path.name.endswith((".json", ".json.gz")):
+            try:
+                out[path] = path.stat().st_size
+            except OSError:
+                continue
+    return out
+
+
+def capture(
+    url: str,
+    *,
+    steps: int = 5,
+    output_dir: str | Path | None = None,
+    engine: str = "auto",
+    timeout_s: float = 120.0,
+    duration_s: float = 3.0,
+    poll_s: float = 0.25,
+    activities: Sequence[str] = ("CPU", "GPU"),
+    sleep: Callable[[float], None] = time.sleep,
+) -> CaptureResult:
+    """Start the server's profiler, wait for the trace file (deadline `timeout_s`) and return where it is."""
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise UserInputError(f"--server: {url!r} is not an http(s) URL")
+    if steps < 1:
+        raise UserInputError(f"--steps: {steps} must be at least 1")
+    if timeout_s <= 0:
+        raise UserInputError(f"--timeout: {timeout_s} must be positive")
+    started = time.monotonic()
+    deadline = started + timeout_s
+    if engine == "auto":
+        engine = detect_engine(base)
+    if engine not in {"sglang", "vllm"}:
+        raise UserInputError(f"--engine: {engine!r} is not sglang, vllm or auto")
+    if output_dir is None:
+        if engine == "vllm":
+            raise UserInputError("vLLM writes traces to its VLLM_TORCH_PROFILER_DIR: pass --trace-dir with that path")
+        output_dir = tempfile.mkdtemp(prefix="decodetop-trace-")
+    directory = Path(output_dir).resolve()
+    before = _trace_files(directory)
+
+    def remaining() -> float:
+        return max(0.1, deadline - time.monotonic())
+
+    if engine == "sglang":
+        body = json.dumps({"output_dir": str(directory), "num_steps": steps, "activities": list(activities)})
+        status, text = _request(f"{base}/start_profile", method="POST", body=body.encode(), timeout_s=remaining())
+        _check(status, text, f"{base}/start_profile")
+    else:
+        status, text = _request(f"{base}/start_profile", method="POST", body=None, timeout_s=remaining())
+        _check(status, text, f"{base}/start_profile")
+        sleep(min(duration_s, remaining()))
+        status, text = _request(f"{base}/stop_profile", method="POST", body=None, timeout_s=remaining())
+        _check(status, text, f"{base}/stop_profile")
+    sizes: dict[Path, tuple[int, int]] = {}
+    while True:
+        now = _trace_files(directory)
+        fresh = {p: s for p, s in now.items() if p not in before or before[p] != s}
+        done = []
+        for path, size in fresh.items():
+            last, same = sizes.get(path, (-1, 0))
+            same = same + 1 if size == last and size > 0 else 0
+            sizes[path] = (size, same)
+            if same >= STABLE_POLLS - 1 and size > 0:
+                done.append(path)
+        if done:
+            done.sort(key=lambda p: (0 if "TP-0" in p.name else 1, p.name))
+            return CaptureResult(done[0], engine, directory, time.monotonic() - started, tuple(done[1:]))
+        if time.monotonic() >= deadline:
+            raise UserInputError(
+                f"no trace file appeared in {directory} within {timeout_s:.0f} s after {engine} accepted the request "
+                "(is the server idle, so no decode steps ran? is that directory on the server's host?)"
+            )
+        sleep(poll_s)
+
+
+def _check(status: int, text: str, url: str) -> None:
+    if status == 404:
+        raise UserInputError(f"{url}: not found (404): this server has no profiling endpoint; {HOW_TO_START}")
+    if not 200 <= status < 300:
+        raise UserInputError(f"{url} refused ({status}): {text or 'no message'}")

@@ -1,0 +1,132 @@
+"""Provides `compare`: the probe-composed budget bar against the traced bar, component by component.
+
+The budget may be a `decodetop.budget.compose.Budget`, the JSON that `decodetop budget --json` prints (or its
+"budget" member, `Budget.to_dict()`), or a plain mapping of component → ms. Whatever it is, the difference per
+component is the finding, and the biggest kernel behind a traced component is named in it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.errors import UserInputError
+from decodetop.traces.model import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
+
+NAMED_SHARE = 0.3
+"""A kernel is named in a component's finding when it carries at least this share of the component's time."""
+
+_NS = re.compile(r"\(anonymous namespace\)::|\b(?:[A-Za-z_]\w*::)+")
+
+
+def short_name(name: str, width: int = 60) -> str:
+    """A kernel name without 'void', namespaces and argument lists past `width` characters."""
+    text = name[5:] if name.startswith("void ") else name
+    text = _NS.sub("", text)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def budget_ms(budget: object) -> dict[str, float | None]:
+    """Per-component ms of a budget in any of the accepted forms (see module docstring)."""
+    segments = getattr(budget, "segments", None)
+    if segments is not None and not isinstance(budget, Mapping):
+        return {str(getattr(s, "component", "")): _ms(getattr(s, "ms", None)) for s in segments}
+    if isinstance(budget, Mapping):
+        if isinstance(budget.get("budget"), Mapping):
+            return budget_ms(budget["budget"])
+        segs = budget.get("segments")
+        if isinstance(segs, list):
+            out: dict[str, float | None] = {}
+            for seg in segs:
+                if isinstance(seg, Mapping) and "component" in seg:
+                    out[str(seg["component"])] = _ms(seg.get("ms"))
+            return out
+        flat: dict[str, float | None] = {}
+        for key, raw in budget.items():
+            value = raw.get("ms") if isinstance(raw, Mapping) else raw
+            if isinstance(value, (int, float)) or value is None:
+                flat[str(key)] = _ms(value)
+        if flat:
+            return flat
+    raise UserInputError("budget: expected a Budget, `decodetop budget --json` output, or {component: ms}")
+
+
+def _ms(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def load_budget_json(path: str | Path) -> dict[str, float | None]:
+    """Read a budget JSON file (see `budget_ms`) with one-line errors."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserInputError(f"{path}: cannot read budget: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserInputError(f"{path}: not a JSON budget ({exc})") from None
+    try:
+        return budget_ms(data)
+    except UserInputError as exc:
+        raise UserInputError(f"{path}: {exc}") from None
+
+
+def _fmt(ms: float | None) -> str:
+    if ms is None:
+        return "?"
+    return f"{ms:.3g} ms" if ms >= 0.01 else f"{ms * 1000:.3g} µs"
+
+
+def _named(top: tuple[KernelStat, ...], total_ms: float) -> str:
+    if not top or total_ms <= 0:
+        return ""
+    k = top[0]
+    k_ms = k.time_us_per_step / 1000
+    if k_ms < NAMED_SHARE * total_ms:
+        return ""
+    via = f" ({k.via})" if k.via else ""
+    return f", of which {_fmt(k_ms)} is `{short_name(k.name, 48)}`{via}"
+
+
+def compare(report: TraceReport, budget: object) -> Comparison:
+    """Row per component: probes' ms, the trace's ms per step, the difference and the finding."""
+    probed = budget_ms(budget)
+    traced = report.traced_ms()
+    rows: list[ComparisonRow] = []
+    keys = [c.value for c in Component]
+    keys += sorted(k for k in traced if k not in keys)
+    for key in keys:
+        p = probed.get(key)
+        t = traced.get(key, 0.0)
+        if p is None and t == 0.0 and key not in probed:
+            continue
+        bucket = report.bucket(key)
+        try:
+            label = Component(key).label
+        except ValueError:
+            label = bucket.label if bucket else key
+        if key == LAUNCH_KEY:
+            finding = f"{label}: probes {_fmt(p)}, server {_fmt(t)} of GPU idle inside the step (host-bound gaps" + (
+                f"; {report.kernels_per_step_mean:.0f} kernels per step)" if report.kernels_per_step_mean else ")"
+            )
+        elif key in {c.value for c in Component}:
+            finding = f"{label}: probes {_fmt(p)}, server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
+        else:
+            finding = f"{label}: not in the budget; server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
+        rows.append(ComparisonRow(key, label, p, t, (t - p) if p is not None else None, finding))
+    known = [v for k, v in probed.items() if v is not None and k != UNEXPLAINED_KEY]
+    notes = []
+    if any(v is None for k, v in probed.items() if k != UNEXPLAINED_KEY):
+        notes.append("some budget components have no figure (missing measurements): their difference is unknown")
+    if report.source == "cpu":
+        notes.append("the trace is CPU-only: its times are host times, not comparable with a GPU budget")
+    return Comparison(
+        rows=tuple(rows),
+        probed_total_ms=sum(known) if known else None,
+        traced_total_ms=sum(traced.values()),
+        traced_step_ms=report.step_wall_us_mean / 1000,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,363 @@
+"""Provides a streaming reader for PyTorch profiler traces (Chrome trace JSON, plain or gzipped) in bounded memory.
+
+The `traceEvents` array is decoded one event at a time with `json.JSONDecoder.raw_decode` over a sliding text
+buffer, so a trace of hundreds of MB never sits in memory whole. Of each event only what the analysis needs is kept,
+in typed columns (`array.array`), with names interned once: GPU activities (kernels, memcpy, memset), host ranges
+(cpu_op, user_annotation and `nn.Module: ...` python_function frames), CUDA runtime/driver calls with their
+correlation ids, and GPU-side user annotations.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import zlib
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from decodetop.errors import UserInputError
+
+CHUNK_BYTES = 1 << 20
+"""Bytes read per refill (1 MiB): large enough to amortise the buffer splice, small next to any trace."""
+
+MAX_EVENT_CHARS = 64 << 20
+"""One event larger than this (64 Mi characters) means the file is not a trace we understand, not a big event."""
+
+GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
+"""Kinds of GPU activity in `Trace.gpu_kind`."""
+
+HOST_OP, HOST_ANNOTATION, HOST_MODULE = 0, 1, 2
+"""Kinds of host range in `Trace.host_kind`: cpu_op, user_annotation (record_function), nn.Module frame."""
+
+NO_ID = -1
+"""Missing correlation id, shape or device."""
+
+_GPU_CATS = {"kernel": GPU_KERNEL, "gpu_memcpy": GPU_MEMCPY, "memcpy": GPU_MEMCPY, "gpu_memset": GPU_MEMSET}
+_GPU_CATS["memset"] = GPU_MEMSET
+_HOST_CATS = {"cpu_op": HOST_OP, "operator": HOST_OP, "user_annotation": HOST_ANNOTATION}
+_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "runtime", "driver"}
+_KEPT_META = {"schemaVersion", "deviceProperties", "distributedInfo", "baseTimeNanoseconds", "displayTimeUnit"}
+_SHAPED_OPS = ("mm", "linear", "matmul", "gemm", "bmm")
+"""cpu_op names whose `Input Dims` are kept (GEMM shapes decide projections vs MLP vs lm_head)."""
+
+
+@dataclass
+class Trace:
+    """The compact columns kept from one trace file. Times are microseconds on the trace's own clock."""
+
+    path: Path
+    names: list[str] = field(default_factory=list)
+    # GPU activities
+    gpu_kind: array[int] = field(default_factory=lambda: array("b"))
+    gpu_name: array[int] = field(default_factory=lambda: array("l"))
+    gpu_ts_us: array[float] = field(default_factory=lambda: array("d"))
+    gpu_dur_us: array[float] = field(default_factory=lambda: array("d"))
+    gpu_device: array[int] = field(default_factory=lambda: array("l"))
+    gpu_stream: array[int] = field(default_factory=lambda: array("l"))
+    gpu_corr: array[int] = field(default_factory=lambda: array("q"))
+    # host ranges
+    host_kind: array[int] = field(default_factory=lambda: array("b"))
+    host_name: array[int] = field(default_factory=lambda: array("l"))
+    host_ts_us: array[float] = field(default_factory=lambda: array("d"))
+    host_dur_us: array[float] = field(default_factory=lambda: array("d"))
+    host_thread: array[int] = field(default_factory=lambda: array("l"))
+    host_shape: array[int] = field(default_factory=lambda: array("l"))
+    # CUDA runtime / driver calls (launches)
+    rt_name: array[int] = field(default_factory=lambda: array("l"))
+    rt_ts_us: array[float] = field(default_factory=lambda: array("d"))
+    rt_thread: array[int] = field(default_factory=lambda: array("l"))
+    rt_corr: array[int] = field(default_factory=lambda: array("q"))
+    # GPU-side user annotations (record_function ranges projected onto the GPU timeline)
+    ga_name: array[int] = field(default_factory=lambda: array("l"))
+    ga_ts_us: array[float] = field(default_factory=lambda: array("d"))
+    ga_dur_us: array[float] = field(default_factory=lambda: array("d"))
+    ga_device: array[int] = field(default_factory=lambda: array("l"))
+    meta: dict[str, Any] = field(default_factory=dict)
+    categories: Counter[str] = field(default_factory=Counter)
+    events_total: int = 0
+    _ids: dict[str, int] = field(default_factory=dict, repr=False)
+    _threads: dict[tuple[object, object], int] = field(default_factory=dict, repr=False)
+
+    def intern(self, name: str) -> int:
+        """The id of `name` in `names`, adding it once."""
+        got = self._ids.get(name)
+        if got is None:
+            got = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return got
+
+    def thread_id(self, pid: object, tid: object) -> int:
+        """A small integer for a (pid, tid) pair, whatever types the trace used for them."""
+        key = (pid, tid)
+        got = self._threads.get(key)
+        if got is None:
+            got = self._threads[key] = len(self._threads)
+        return got
+
+    @property
+    def n_gpu(self) -> int:
+        """Number of GPU activities kept."""
+        return len(self.gpu_name)
+
+    @property
+    def n_host(self) -> int:
+        """Number of host ranges kept."""
+        return len(self.host_name)
+
+
+def read_trace(path: str | Path) -> Trace:
+    """Read a Chrome/PyTorch-profiler trace file (`.json` or `.json.gz`) into compact columns.
+
+    Raises UserInputError with one line naming the file and the problem for anything that is not a complete trace.
+    """
+    path = Path(path)
+    trace = Trace(path=path)
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise UserInputError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
+    with raw:
+        try:
+            head = raw.read(2)
+            raw.seek(0)
+            binary: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw  # type: ignore[assignment]
+            _parse(_Stream(binary, path), trace)
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise UserInputError(f"{path}: corrupt gzip data ({exc})") from None
+        except EOFError:
+            raise UserInputError(f"{path}: truncated gzip file (the compressed stream ends early)") from None
+        except UnicodeDecodeError as exc:
+            raise UserInputError(f"{path}: not UTF-8 text at byte {exc.start}: not a JSON trace") from None
+        except OSError as exc:
+            raise UserInputError(f"{path}: cannot read trace: {exc}") from None
+    return trace
+
+
+class _Stream:
+    """A sliding text window over a byte stream, with the few JSON-token helpers the top level needs."""
+
+    _WS = " \t\n\r"
+
+    def __init__(self, binary: BinaryIO, path: Path) -> None:
+        self._binary = binary
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.path = path
+        self.buf = ""
+        self.pos = 0
+        self.offset = 0  # characters dropped from the front of buf so far
+        self.eof = False
+        self._decoder = json.JSONDecoder()
+
+    def fill(self) -> bool:
+        """Append one chunk; False at end of input."""
+        if self.eof:
+            return False
+        data = self._binary.read(CHUNK_BYTES)
+        text = self._utf8.decode(data, final=not data)
+        if not data:
+            self.eof = True
+        if self.pos:
+            self.offset += self.pos
+            self.buf = self.buf[self.pos :]
+            self.pos = 0
+        self.buf += text
+        return bool(data)
+
+    def peek(self) -> str:
+        """The next non-space character ('' at end of input), leaving `pos` on it."""
+        while True:
+            buf, pos, n = self.buf, self.pos, len(self.buf)
+            while pos < n and buf[pos] in self._WS:
+                pos += 1
+            self.pos = pos
+            if pos < n:
+                return buf[pos]
+            if not self.fill():
+                return ""
+
+    def where(self) -> str:
+        """Position for error messages."""
+        return f"character {self.offset + self.pos}"
+
+    def value(self, what: str) -> Any:
+        """Decode one JSON value at the current position, reading more input until it is complete."""
+        self.peek()
+        while True:
+            try:
+                obj, end = self._decoder.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as exc:
+                if not self.eof and len(self.buf) - self.pos < MAX_EVENT_CHARS:
+                    self.fill()
+                    continue
+                if self.eof and exc.pos >= len(self.buf) - 1:
+                    raise UserInputError(f"{self.path}: truncated: the file ends inside {what}") from None
+                if not self.eof:
+                    raise UserInputError(
+                        f"{self.path}: {what} is larger than {MAX_EVENT_CHARS >> 20} Mi characters: not a trace"
+                    ) from None
+                raise UserInputError(
+                    f"{self.path}: malformed JSON in {what} at character {self.offset + exc.pos}: {exc.msg}"
+                ) from None
+            if end == len(self.buf) and not self.eof:  # a number cut at the chunk edge would parse short
+                self.fill()
+                continue
+            self.pos = end
+            return obj
+
+    def take(self, char: str, what: str) -> None:
+        """Consume `char` or fail with a one-line error."""
+        got = self.peek()
+        if got != char:
+            if not got:
+                raise UserInputError(f"{self.path}: truncated: the file ends inside {what} (expected {char!r})")
+            raise UserInputError(f"{self.path}: malformed JSON in {what} at {self.where()}: expected {char!r}")
+        self.pos += 1
+
+
+def _parse(stream: _Stream, trace: Trace) -> None:
+    first = stream.peek()
+    if not first:
+        raise UserInputError(f"{stream.path}: empty file: not a trace")
+    if first == "[":
+        _parse_events(stream, trace)
+        return
+    if first != "{":
+        raise UserInputError(
+            f"{stream.path}: not a JSON trace (starts with {first!r}; expected a Chrome trace object with traceEvents)"
+        )
+    stream.pos += 1
+    seen_events = False
+    while True:
+        nxt = stream.peek()
+        if nxt == "}":
+            stream.pos += 1
+            break
+        if not nxt:
+            raise UserInputError(f"{stream.path}: truncated: the file ends inside the top-level object")
+        key = stream.value("a top-level key")
+        if not isinstance(key, str):
+            raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: object key is not a string")
+        stream.take(":", f"the top-level key {key!r}")
+        if key == "traceEvents":
+            if stream.peek() != "[":
+                raise UserInputError(f"{stream.path}: 'traceEvents' is not an array: not a Chrome trace")
+            _parse_events(stream, trace)
+            seen_events = True
+        else:
+            value = stream.value(f"the top-level value {key!r}")
+            if key in _KEPT_META:
+                trace.meta[key] = value
+        sep = stream.peek()
+        if sep == ",":
+            stream.pos += 1
+        elif sep != "}":
+            if not sep:
+                raise UserInputError(f"{stream.path}: truncated: the file ends inside the top-level object")
+            raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: expected ',' or '}}'")
+    if not seen_events:
+        raise UserInputError(f"{stream.path}: JSON without a 'traceEvents' array: not a PyTorch/Chrome profiler trace")
+
+
+def _parse_events(stream: _Stream, trace: Trace) -> None:
+    stream.take("[", "traceEvents")
+    if stream.peek() == "]":
+        stream.pos += 1
+        return
+    index = 0
+    while True:
+        event = stream.value(f"event #{index}")
+        if not isinstance(event, dict):
+            raise UserInputError(f"{stream.path}: event #{index} is not a JSON object: not a Chrome trace")
+        _keep(event, trace)
+        index += 1
+        sep = stream.peek()
+        if sep == ",":
+            stream.pos += 1
+        elif sep == "]":
+            stream.pos += 1
+            break
+        elif not sep:
+            raise UserInputError(
+                f"{stream.path}: truncated: traceEvents ends after {index} events without its closing ']'"
+            )
+        else:
+            raise UserInputError(f"{stream.path}: malformed JSON after event #{index - 1} at {stream.where()}")
+    trace.events_total = index
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _int(value: object, default: int = NO_ID) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        digits = "".join(ch for ch in value if ch.isdigit())
+        return int(digits) if digits else default
+    return default
+
+
+def _keep(event: dict[str, Any], trace: Trace) -> None:
+    """Keep the fields of one event that the analysis uses; ignore the rest."""
+    cat_raw = event.get("cat")
+    cat = cat_raw.lower() if isinstance(cat_raw, str) else ""
+    trace.categories[cat or "(none)"] += 1
+    if event.get("ph") != "X":
+        return
+    ts = _num(event.get("ts"))
+    if ts is None:
+        return
+    dur = _num(event.get("dur")) or 0.0
+    name = event.get("name")
+    if not isinstance(name, str):
+        name = str(name)
+    args = event.get("args")
+    if not isinstance(args, dict):
+        args = {}
+    gpu_kind = _GPU_CATS.get(cat)
+    if gpu_kind is not None:
+        trace.gpu_kind.append(gpu_kind)
+        trace.gpu_name.append(trace.intern(name))
+        trace.gpu_ts_us.append(ts)
+        trace.gpu_dur_us.append(dur)
+        trace.gpu_device.append(_int(args.get("device", event.get("pid"))))
+        trace.gpu_stream.append(_int(args.get("stream", event.get("tid"))))
+        trace.gpu_corr.append(_int(args.get("correlation")))
+        return
+    host_kind = _HOST_CATS.get(cat)
+    if host_kind is None and cat == "python_function" and name.startswith("nn.Module:"):
+        host_kind = HOST_MODULE
+    if host_kind is not None:
+        trace.host_kind.append(host_kind)
+        trace.host_name.append(trace.intern(name))
+        trace.host_ts_us.append(ts)
+        trace.host_dur_us.append(dur)
+        trace.host_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
+        shape = NO_ID
+        if host_kind == HOST_OP and any(part in name for part in _SHAPED_OPS) and "Input Dims" in args:
+            shape = trace.intern(json.dumps(args["Input Dims"], separators=(",", ":")))
+        trace.host_shape.append(shape)
+        return
+    if cat in _RUNTIME_CATS:
+        trace.rt_name.append(trace.intern(name))
+        trace.rt_ts_us.append(ts)
+        trace.rt_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
+        trace.rt_corr.append(_int(args.get("correlation")))
+        return
+    if cat == "gpu_user_annotation":
+        trace.ga_name.append(trace.intern(name))
+        trace.ga_ts_us.append(ts)
+        trace.ga_dur_us.append(dur)
+        trace.ga_device.append(_int(args.get("device", event.get("pid"))))
