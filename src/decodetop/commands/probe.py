@@ -98,7 +98,11 @@ def collect_params(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
         probe, dot, name = key.partition(".")
         if not sep or not dot or not probe or not name:
             raise UserInputError(f"--set {item!r}: expected PROBE.KEY=VALUE")
-        params.setdefault(probe, {})[name] = _parse_value(raw)
+        if name.endswith(("_bytes", "sizes")):
+            sizes = parse_size_list(raw, f"--set {key}")
+            params.setdefault(probe, {})[name] = sizes if name.endswith("sizes") else sizes[0]
+        else:
+            params.setdefault(probe, {})[name] = _parse_value(raw)
     return params
 
 

@@ -180,6 +180,7 @@ class _Group:
     tmpdir: str
     environment: Environment | None = None
     busy: bool = False
+    dead: bool = False  # a rank exited: the group must be replaced before the next probe
 
 
 class ProbeController:
@@ -296,6 +297,8 @@ class ProbeController:
                     **kw,
                 )
 
+            if self._group is not None and (self._group.dead or not all(p.is_alive() for p in self._group.procs)):
+                self._stop_group(graceful=False)  # a rank died since the last probe: start afresh
             try:
                 group = self._ensure_group()
             except ProbeGroupError as exc:
@@ -304,8 +307,13 @@ class ProbeController:
             seq = self._seq
             group.busy = True
             try:
-                for conn in group.conns:
-                    conn.send(RunProbe(seq=seq, probe=probe, module=spec.module, params=resolved))
+                try:
+                    for conn in group.conns:
+                        conn.send(RunProbe(seq=seq, probe=probe, module=spec.module, params=resolved))
+                except OSError as exc:
+                    self._stop_group(graceful=False)
+                    msg = f"probe group lost before the probe started ({exc}); it restarts with the next probe"
+                    return finish(ProbeStatus.FAILED, message=msg, error=msg)
                 return self._collect(group, seq, deadline_s=deadline_s, t0=t0, on_progress=on_progress, finish=finish)
             except BaseException:
                 # KeyboardInterrupt or a broken pipe mid-probe: ranks are in an unknown state; end them now.
@@ -350,7 +358,10 @@ class ProbeController:
                     continue
                 if isinstance(obj, int):  # a process sentinel: that rank exited
                     rank = sentinel_rank.pop(obj)
+                    group.dead = True
                     if not replies.answered(rank):
+                        # The sentinel closes just before the process can be reaped: wait for the exit code.
+                        group.procs[rank].join(timeout=1.0)
                         code = group.procs[rank].exitcode
                         replies.read_pending(group.conns[rank], rank)  # it may have replied just before dying
                         if not replies.answered(rank):
@@ -371,7 +382,7 @@ class ProbeController:
         if errors:
             rank = min(errors)
             error, tb = errors[rank]
-            if group is self._group and any(not p.is_alive() for p in group.procs):
+            if group is self._group and (group.dead or any(not p.is_alive() for p in group.procs)):
                 self._stop_group(graceful=False)
             return finish(
                 ProbeStatus.FAILED,

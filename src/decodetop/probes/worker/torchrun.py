@@ -11,8 +11,10 @@ probe that raises on one rank is reported as failed (the other ranks still answe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime as dt
 import os
+import pickle
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -83,6 +85,28 @@ def run_under_torchrun(
     return results if rank == 0 else None
 
 
+def gather_pickled(obj: Any, world_size: int, group: Any) -> list[Any]:
+    """Every rank's `obj`, on every rank, through all_gather of pickled bytes on a CPU (gloo) group.
+
+    torch's gather_object needs numpy, which CPU-only environments may lack; this needs nothing but torch.
+    """
+    data = pickle.dumps(obj)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    if data:
+        padded[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.zeros(longest, dtype=torch.uint8) for _ in range(world_size)]
+    dist.all_gather(buffers, padded, group=group)
+    # Our own ranks' pickles, over the group's private channel.
+    return [
+        pickle.loads(ctypes.string_at(b.data_ptr(), int(n.item())))  # noqa: S301
+        for b, n in zip(buffers, sizes, strict=True)
+    ]
+
+
 def _run_one(
     ctx: ProbeContext,
     seq: int,
@@ -108,8 +132,7 @@ def _run_one(
         reply = (run_probe_module(ctx, module, params), None, None)
     except Exception as exc:
         reply = (None, f"{type(exc).__name__}: {exc}".splitlines()[0], traceback.format_exc())
-    gathered: list[Any] = [None] * ctx.world_size if ctx.rank == 0 else []
-    dist.gather_object(reply, gathered if ctx.rank == 0 else None, dst=0, group=ctx.cpu_group)
+    gathered = gather_pickled(reply, ctx.world_size, ctx.cpu_group)
     if ctx.rank != 0:
         return None
     outputs = {r: g[0] for r, g in enumerate(gathered) if g is not None and g[0] is not None}

@@ -1,0 +1,167 @@
+"""`decodetop probe` end to end in subprocesses: bad arguments, JSON output, Ctrl-C, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from decodetop.probes.results import ProbeStatus, load_results
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parents[1] / "src"
+QUICK = [
+    "--sizes",
+    "8,1K,64K",
+    "--set",
+    "allreduce.samples=3",
+    "--set",
+    "allreduce.synced_ops=10",
+    "--set",
+    "allreduce.budget_ms=20",
+    "--set",
+    "membw.copy_bytes=1M",
+    "--set",
+    "launch.samples=5",
+]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
+    env.update(extra)
+    return env
+
+
+def _cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "decodetop", "probe", *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        timeout=timeout,
+        env=_env(**env),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["allreduce", "--sizes", "-8"], "--sizes: size must be positive: '-8'"),
+        (["allreduce", "--sizes", "12Q"], "--sizes: not a size: '12Q'"),
+        (["nosuchprobe"], "unknown probe 'nosuchprobe' (known: allreduce, launch, membw"),
+        (["allreduce", "--gpus", "99"], "--gpus: no GPU 99"),
+        (["allreduce", "--gpus", "x"], "--gpus: 'x' is not a GPU index"),
+        (["allreduce", "--set", "allreduce.nope=1"], "probe 'allreduce' has no parameter 'nope'"),
+        (["allreduce", "--timeout", "0"], "--timeout must be positive"),
+        (["allreduce", "--cpu-ranks", "0"], "--cpu-ranks must be at least 1"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    out = _cli(*args, timeout=60)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("decodetop: error: ") and needle in lines[0]
+
+
+@pytest.mark.slow
+def test_all_three_probes_print_tables_and_json_reads_back(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    out = _cli("allreduce", "launch", "membw", *QUICK, "--json", str(path))
+    assert out.returncode == 0, out.stderr
+    for header in ("busbw GB/s", "median µs", "eager op µs", "bandwidth GB/s", "unsupported: CUDA graphs need a GPU"):
+        assert header in out.stdout
+    assert "allreduce 3/3 done" in out.stderr  # progress goes to stderr
+    results = load_results(path)
+    assert [r.probe for r in results] == ["allreduce", "launch", "membw"]
+    assert all(r.status is ProbeStatus.OK for r in results)
+    assert results[2].measurement(what="device_copy").metrics["bandwidth_gbps"] > 0
+
+
+@pytest.mark.slow
+def test_json_to_stdout_is_only_json() -> None:
+    out = _cli("test_echo", "--json", "-", DECODETOP_PROBE_MODULES="fake_probes")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["results"][0]["status"] == "ok"
+
+
+@pytest.mark.slow
+def test_failed_probe_exits_1_with_traceback_on_stderr() -> None:
+    out = _cli("test_raise", DECODETOP_PROBE_MODULES="fake_probes")
+    assert out.returncode == 1
+    assert "failed on rank 1: ValueError: planted failure on rank 1" in out.stdout
+    assert "Traceback" in out.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_every_rank() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "decodetop", "probe", "test_hang", "--timeout", "100"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(DECODETOP_PROBE_MODULES="fake_probes"),
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.stderr is not None
+    try:
+        for line in proc.stderr:
+            if "hanging" in line:
+                break
+        ranks = [
+            c
+            for c in psutil.Process(proc.pid).children(recursive=True)
+            if "resource_tracker" not in " ".join(c.cmdline())
+        ]
+        assert len(ranks) == 2
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        assert proc.wait(timeout=10) == 130
+        _gone, alive = psutil.wait_procs(ranks, timeout=max(0.1, 5 - (time.monotonic() - t0)))
+        assert alive == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+
+
+@pytest.mark.slow
+def test_torchrun_launcher(tmp_path: Path) -> None:
+    path = tmp_path / "tr.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "decodetop",
+        "probe",
+        "allreduce",
+        "--launcher",
+        "torchrun",
+        *QUICK[:8],
+        "--json",
+        str(path),
+    ]
+    out = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=180, env=_env(), stdin=subprocess.DEVNULL
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("== allreduce: ok, 2 ranks (gloo, cpu)") == 1  # rank 0 prints, once
+    (result,) = load_results(path)
+    assert result.status is ProbeStatus.OK and result.environment is not None
+    assert result.environment.launcher == "torchrun"
+    synced = result.measurement(size_bytes=1024, mode="synced")
+    assert [r.rank for r in synced.per_rank] == [0, 1]
