@@ -170,7 +170,9 @@ def load_baseline(name: str = DEFAULT_BASELINE, *, directory: Path | None = None
                     facts={str(k): str(v) for k, v in facts.items()},
                 )
             )
-        except (KeyError, ValueError) as exc:
+        except KeyError as exc:
+            raise _corrupt(path, f"results[{i}]: missing {exc}") from exc
+        except ValueError as exc:
             raise _corrupt(path, f"results[{i}]: {exc}") from exc
     saved = document.get("saved_at_unix_s", 0.0)
     if not isinstance(saved, (int, float)):

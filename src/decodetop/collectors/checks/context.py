@@ -216,6 +216,42 @@ def build_context(
 
 CheckFn = Callable[[HostContext], list[CheckResult]]
 
+GUARDED_ERRORS = (OSError, ValueError, PciConfigError, KeyError, IndexError)
+"""What unreadable or malformed input raises; anything else is a bug and propagates."""
+
+
+def unknown_result(check_id: str, title: str, exc: BaseException, subject: str = "host") -> CheckResult:
+    """The `unknown` finding for input a check could not read, with the reason."""
+    return CheckResult(
+        check_id=check_id,
+        title=title,
+        status=Status.UNKNOWN,
+        observed=f"cannot evaluate: {exc}",
+        expected="readable input",
+        why="The file this check reads is missing, unreadable or malformed.",
+        fix="Run as root on the host, or send `decodetop check --collect` output for review.",
+        subject=subject,
+    )
+
+
+class per_gpu:  # noqa: N801 - used as a statement: `with per_gpu(results, "P3", title, gpu):`
+    """Per-GPU guard: garbage in one GPU's files makes that GPU's finding unknown and leaves the others."""
+
+    def __init__(self, results: list[CheckResult], check_id: str, title: str, gpu: PciDevice) -> None:
+        self.results = results
+        self.check_id = f"{check_id}:{gpu.bdf}"
+        self.title = title
+        self.subject = f"GPU {gpu.bdf}"
+
+    def __enter__(self) -> per_gpu:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is not None and isinstance(exc, GUARDED_ERRORS):
+            self.results.append(unknown_result(self.check_id, self.title, exc, self.subject))
+            return True
+        return False
+
 
 def guarded(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
     """Wrap a check so garbage input (OSError, ValueError, PciConfigError) becomes one `unknown` with the reason."""
@@ -225,19 +261,8 @@ def guarded(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
         def inner(ctx: HostContext) -> list[CheckResult]:
             try:
                 return fn(ctx)
-            except (OSError, ValueError, PciConfigError, KeyError, IndexError) as exc:
-                return [
-                    CheckResult(
-                        check_id=check_id,
-                        title=title,
-                        status=Status.UNKNOWN,
-                        observed=f"cannot evaluate: {exc}",
-                        expected="readable input",
-                        why="The file this check reads is missing, unreadable or malformed.",
-                        fix="Run as root on the host, or send `decodetop check --collect` output for review.",
-                        subject="host",
-                    )
-                ]
+            except GUARDED_ERRORS as exc:
+                return [unknown_result(check_id, title, exc)]
 
         inner.check_id = check_id  # type: ignore[attr-defined]
         return inner

@@ -3,7 +3,7 @@ perf_event_paranoid, kernel vs NVIDIA module, IRQ placement and the virtualizati
 
 from __future__ import annotations
 
-from decodetop.collectors.checks.context import HostContext, guarded
+from decodetop.collectors.checks.context import HostContext, guarded, per_gpu
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int, parse_thp_bracket
 
@@ -238,40 +238,41 @@ def check_irq_placement(ctx: HostContext) -> list[CheckResult]:
         return [CheckResult("C15", "GPU IRQ placement", Status.UNKNOWN, f"/proc/interrupts unreadable; {irq_note}", "")]
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
-        local = parse_cpulist(local_text) if local_text is not None else None
-        numbered = [line for line in interrupts.splitlines() if line.split(":", 1)[0].strip().isdigit()]
-        # MSI-X rows name the device ('IR-PCI-MSIX-0000:03:00.0 ... nvidia'); legacy rows only the driver.
-        own = [line for line in numbered if gpu.bdf in line]
-        if not own and len(ctx.gpus) == 1:
-            own = [line for line in numbered if "nvidia" in line]
-        irqs = [line.split(":", 1)[0].strip() for line in own]
-        placed: list[str] = []
-        outside = 0
-        for irq in irqs:
-            aff = ctx.root.try_read_text(f"/proc/irq/{irq}/smp_affinity_list")
-            if aff is None:
-                continue
-            cpus = parse_cpulist(aff)
-            placed.append(f"{irq}→{format_cpulist(cpus)}")
-            if local is not None and cpus and not cpus <= local:
-                outside += 1
-        observed = (
-            f"{len(irqs)} IRQ(s) naming nvidia; {outside} outside local CPUs "
-            f"{format_cpulist(local) if local is not None else '?'}; {irq_note}"
-        )
-        results.append(
-            CheckResult(
-                f"C15:{gpu.bdf}",
-                "GPU IRQ placement",
-                Status.INFO,
-                observed,
-                "GPU interrupts on GPU-local CPUs (reported only; the effect on GPUs is unconfirmed)",
-                "An interrupt served on a far socket adds cross-socket traffic to every completion.",
-                subject=gpu.bdf,
-                facts={"irqbalance": irq_note},
+        with per_gpu(results, "C15", "GPU IRQ placement", gpu):
+            local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
+            local = parse_cpulist(local_text) if local_text is not None else None
+            numbered = [line for line in interrupts.splitlines() if line.split(":", 1)[0].strip().isdigit()]
+            # MSI-X rows name the device ('IR-PCI-MSIX-0000:03:00.0 ... nvidia'); legacy rows only the driver.
+            own = [line for line in numbered if gpu.bdf in line]
+            if not own and len(ctx.gpus) == 1:
+                own = [line for line in numbered if "nvidia" in line]
+            irqs = [line.split(":", 1)[0].strip() for line in own]
+            placed: list[str] = []
+            outside = 0
+            for irq in irqs:
+                aff = ctx.root.try_read_text(f"/proc/irq/{irq}/smp_affinity_list")
+                if aff is None:
+                    continue
+                cpus = parse_cpulist(aff)
+                placed.append(f"{irq}→{format_cpulist(cpus)}")
+                if local is not None and cpus and not cpus <= local:
+                    outside += 1
+            observed = (
+                f"{len(irqs)} IRQ(s) naming nvidia; {outside} outside local CPUs "
+                f"{format_cpulist(local) if local is not None else '?'}; {irq_note}"
             )
-        )
+            results.append(
+                CheckResult(
+                    f"C15:{gpu.bdf}",
+                    "GPU IRQ placement",
+                    Status.INFO,
+                    observed,
+                    "GPU interrupts on GPU-local CPUs (reported only; the effect on GPUs is unconfirmed)",
+                    "An interrupt served on a far socket adds cross-socket traffic to every completion.",
+                    subject=gpu.bdf,
+                    facts={"irqbalance": irq_note},
+                )
+            )
     return results
 
 

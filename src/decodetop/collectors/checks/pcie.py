@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from decodetop.collectors.checks.context import HostContext, guarded
+from decodetop.collectors.checks.context import HostContext, guarded, per_gpu
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int
 from decodetop.collectors.hostroot import HostRoot
@@ -55,9 +55,10 @@ def check_link(ctx: HostContext) -> list[CheckResult]:
     title = "GPU PCIe link (sysfs)"
     if not ctx.gpus:
         return _no_gpu("P1", title)
-    results = []
+    results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        results.append(_link_one(ctx, gpu, title))
+        with per_gpu(results, "P1", title, gpu):
+            results.append(_link_one(ctx, gpu, title))
     return results
 
 
@@ -155,72 +156,73 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
     title = "MaxPayload / MaxReadReq"
     if not ctx.gpus:
         return _no_gpu("P3", title)
-    results = []
+    results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        subject = f"GPU {gpu.bdf}"
-        expected = f"MaxReadReq {P3_MRRS_RECOMMENDED_BYTES} B; MaxPayload = the smallest DevCap MPS on the path"
-        why = (
-            "Small read requests split every DMA read into more TLPs, each with its own completion; NIC tuning "
-            "guides set 4096 for DMA-heavy devices (the GPU optimum is not confirmed)."
-        )
-        config, reason = _config_or_reason(ctx.root, gpu.bdf)
-        if config is None or config.pcie is None:
+        with per_gpu(results, "P3", title, gpu):
+            subject = f"GPU {gpu.bdf}"
+            expected = f"MaxReadReq {P3_MRRS_RECOMMENDED_BYTES} B; MaxPayload = the smallest DevCap MPS on the path"
+            why = (
+                "Small read requests split every DMA read into more TLPs, each with its own completion; NIC tuning "
+                "guides set 4096 for DMA-heavy devices (the GPU optimum is not confirmed)."
+            )
+            config, reason = _config_or_reason(ctx.root, gpu.bdf)
+            if config is None or config.pcie is None:
+                results.append(
+                    CheckResult(
+                        f"P3:{gpu.bdf}",
+                        title,
+                        Status.UNKNOWN,
+                        reason or f"{gpu.bdf}: no PCI Express capability",
+                        expected,
+                        why,
+                        "Run `decodetop check` as root on the host (not in a container).",
+                        subject=subject,
+                    )
+                )
+                continue
+            pcie = config.pcie
+            path_caps = [pcie.devcap_mps_bytes]
+            unread: list[str] = []
+            for bridge in upstream_bdfs(gpu):
+                bconfig, _ = _config_or_reason(ctx.root, bridge)
+                if bconfig is None or bconfig.pcie is None:
+                    unread.append(bridge)
+                    continue
+                path_caps.append(bconfig.pcie.devcap_mps_bytes)
+            known_caps = [c for c in path_caps if c is not None]
+            path_mps = min(known_caps) if known_caps else None
+            observed = f"MaxPayload {pcie.mps_bytes} B, MaxReadReq {pcie.mrrs_bytes} B"
+            if path_mps is not None:
+                observed += f" (path supports MPS {path_mps} B" + (
+                    f", {len(unread)} bridge(s) unreadable)" if unread else ")"
+                )
+            problems = []
+            status = Status.PASS
+            if pcie.mrrs_bytes is None or pcie.mrrs_bytes < P3_MRRS_TOO_LOW_BYTES:
+                problems.append("MaxReadReq below 256 B (fwts: too low)")
+                status = Status.WARN
+            elif pcie.mrrs_bytes < P3_MRRS_RECOMMENDED_BYTES:
+                problems.append(f"MaxReadReq {pcie.mrrs_bytes} B < {P3_MRRS_RECOMMENDED_BYTES} B")
+                status = Status.WARN
+            if path_mps is not None and pcie.mps_bytes is not None and pcie.mps_bytes != path_mps and not unread:
+                problems.append(f"MaxPayload {pcie.mps_bytes} B != path {path_mps} B")
+                status = Status.WARN
             results.append(
                 CheckResult(
                     f"P3:{gpu.bdf}",
                     title,
-                    Status.UNKNOWN,
-                    reason or f"{gpu.bdf}: no PCI Express capability",
+                    status,
+                    observed,
                     expected,
                     why,
-                    "Run `decodetop check` as root on the host (not in a container).",
+                    "Set MaxReadReq in the BIOS (PCIe 'Max Read Request Size'), or pass pci=pcie_bus_perf; decodetop "
+                    "never writes config space."
+                    if problems
+                    else "",
                     subject=subject,
+                    facts={"mps_bytes": str(pcie.mps_bytes), "mrrs_bytes": str(pcie.mrrs_bytes)},
                 )
             )
-            continue
-        pcie = config.pcie
-        path_caps = [pcie.devcap_mps_bytes]
-        unread: list[str] = []
-        for bridge in upstream_bdfs(gpu):
-            bconfig, _ = _config_or_reason(ctx.root, bridge)
-            if bconfig is None or bconfig.pcie is None:
-                unread.append(bridge)
-                continue
-            path_caps.append(bconfig.pcie.devcap_mps_bytes)
-        known_caps = [c for c in path_caps if c is not None]
-        path_mps = min(known_caps) if known_caps else None
-        observed = f"MaxPayload {pcie.mps_bytes} B, MaxReadReq {pcie.mrrs_bytes} B"
-        if path_mps is not None:
-            observed += f" (path supports MPS {path_mps} B" + (
-                f", {len(unread)} bridge(s) unreadable)" if unread else ")"
-            )
-        problems = []
-        status = Status.PASS
-        if pcie.mrrs_bytes is None or pcie.mrrs_bytes < P3_MRRS_TOO_LOW_BYTES:
-            problems.append("MaxReadReq below 256 B (fwts: too low)")
-            status = Status.WARN
-        elif pcie.mrrs_bytes < P3_MRRS_RECOMMENDED_BYTES:
-            problems.append(f"MaxReadReq {pcie.mrrs_bytes} B < {P3_MRRS_RECOMMENDED_BYTES} B")
-            status = Status.WARN
-        if path_mps is not None and pcie.mps_bytes is not None and pcie.mps_bytes != path_mps and not unread:
-            problems.append(f"MaxPayload {pcie.mps_bytes} B != path {path_mps} B")
-            status = Status.WARN
-        results.append(
-            CheckResult(
-                f"P3:{gpu.bdf}",
-                title,
-                status,
-                observed,
-                expected,
-                why,
-                "Set MaxReadReq in the BIOS (PCIe 'Max Read Request Size'), or pass pci=pcie_bus_perf; decodetop "
-                "never writes config space."
-                if problems
-                else "",
-                subject=subject,
-                facts={"mps_bytes": str(pcie.mps_bytes), "mrrs_bytes": str(pcie.mrrs_bytes)},
-            )
-        )
     return results
 
 
@@ -235,76 +237,77 @@ def check_acs(ctx: HostContext) -> list[CheckResult]:
         "ACS redirect sends GPU peer-to-peer traffic up to the root complex (or blocks it): NCCL P2P gets slow "
         "or hangs (NCCL troubleshooting, NCCL#199)."
     )
-    results = []
+    results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        bridges = upstream_bdfs(gpu)
-        subject = f"GPU {gpu.bdf}"
-        if not bridges:
+        with per_gpu(results, "P4", title, gpu):
+            bridges = upstream_bdfs(gpu)
+            subject = f"GPU {gpu.bdf}"
+            if not bridges:
+                results.append(
+                    CheckResult(
+                        f"P4:{gpu.bdf}",
+                        title,
+                        Status.PASS,
+                        "no bridge between the GPU and its root complex",
+                        expected,
+                        why,
+                        subject=subject,
+                    )
+                )
+                continue
+            redirecting: list[str] = []
+            unknown: list[str] = []
+            header_only: list[str] = []
+            clean = 0
+            for bridge in bridges:
+                config, reason = _config_or_reason(ctx.root, bridge)
+                if config is None:
+                    if reason.endswith(_NEEDS_ROOT):
+                        header_only.append(bridge)
+                    else:
+                        unknown.append(reason)
+                    continue
+                if not config.has_extended_space:
+                    unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
+                    continue
+                if config.acs is None:
+                    clean += 1
+                    continue
+                if config.acs.redirects_p2p:
+                    redirecting.append(f"{bridge} {config.acs.describe_control()}")
+                else:
+                    clean += 1
+            if redirecting:
+                status = Status.INFO if ctx.virt.vm or len(ctx.gpus) < 2 else Status.WARN
+                observed = "; ".join(redirecting)
+                if len(ctx.gpus) < 2:
+                    observed += " (one GPU: no P2P to redirect)"
+            elif unknown or header_only:
+                if header_only:
+                    unknown.insert(
+                        0,
+                        f"bridges {', '.join(header_only)}: only {HEADER_ONLY_BYTES} bytes of config "
+                        f"space readable{_NEEDS_ROOT}",
+                    )
+                status, observed = Status.UNKNOWN, "; ".join(unknown)
+            else:
+                status, observed = Status.PASS, f"{clean} bridge(s), none redirects P2P"
             results.append(
                 CheckResult(
                     f"P4:{gpu.bdf}",
                     title,
-                    Status.PASS,
-                    "no bridge between the GPU and its root complex",
+                    status,
+                    observed,
                     expected,
                     why,
+                    "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
+                    "that need it for passthrough)."
+                    if redirecting
+                    else ("Run as root on the host to read bridge config space." if unknown else ""),
                     subject=subject,
+                    facts={"acs_redirect_bridges": str(len(redirecting))},
                 )
             )
-            continue
-        redirecting: list[str] = []
-        unknown: list[str] = []
-        header_only: list[str] = []
-        clean = 0
-        for bridge in bridges:
-            config, reason = _config_or_reason(ctx.root, bridge)
-            if config is None:
-                if reason.endswith(_NEEDS_ROOT):
-                    header_only.append(bridge)
-                else:
-                    unknown.append(reason)
-                continue
-            if not config.has_extended_space:
-                unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
-                continue
-            if config.acs is None:
-                clean += 1
-                continue
-            if config.acs.redirects_p2p:
-                redirecting.append(f"{bridge} {config.acs.describe_control()}")
-            else:
-                clean += 1
-        if redirecting:
-            status = Status.INFO if ctx.virt.vm or len(ctx.gpus) < 2 else Status.WARN
-            observed = "; ".join(redirecting)
-            if len(ctx.gpus) < 2:
-                observed += " (one GPU: no P2P to redirect)"
-        elif unknown or header_only:
-            if header_only:
-                unknown.insert(
-                    0,
-                    f"bridges {', '.join(header_only)}: only {HEADER_ONLY_BYTES} bytes of config "
-                    f"space readable{_NEEDS_ROOT}",
-                )
-            status, observed = Status.UNKNOWN, "; ".join(unknown)
-        else:
-            status, observed = Status.PASS, f"{clean} bridge(s), none redirects P2P"
-        results.append(
-            CheckResult(
-                f"P4:{gpu.bdf}",
-                title,
-                status,
-                observed,
-                expected,
-                why,
-                "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
-                "that need it for passthrough)."
-                if redirecting
-                else ("Run as root on the host to read bridge config space." if unknown else ""),
-                subject=subject,
-                facts={"acs_redirect_bridges": str(len(redirecting))},
-            )
-        )
     return results
 
 
@@ -318,49 +321,51 @@ def check_iommu(ctx: HostContext) -> list[CheckResult]:
     if not ctx.gpus:
         observed = f"{len(units)} IOMMU unit(s); " + _NO_GPU
         return [CheckResult("P5", title, Status.INFO, observed, expected, why, facts={"iommu_units": str(len(units))})]
-    results = []
+    results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        subject = f"GPU {gpu.bdf}"
-        group_path = gpu.sysfs("iommu_group")
-        if not units and not ctx.root.exists(group_path):
+        with per_gpu(results, "P5", title, gpu):
+            subject = f"GPU {gpu.bdf}"
+            group_path = gpu.sysfs("iommu_group")
+            if not units and not ctx.root.exists(group_path):
+                results.append(
+                    CheckResult(
+                        f"P5:{gpu.bdf}",
+                        title,
+                        Status.PASS,
+                        "no IOMMU active",
+                        expected,
+                        why,
+                        subject=subject,
+                        facts={"iommu": "off"},
+                    )
+                )
+                continue
+            group = ctx.root.realpath(group_path).rsplit("/", 1)[1]
+            kind = ctx.root.read_text(f"/sys/kernel/iommu_groups/{group}/type").strip()
+            if not kind:
+                raise ValueError(f"/sys/kernel/iommu_groups/{group}/type is empty")
+            if kind == "identity":
+                status = Status.PASS
+            elif kind.startswith("DMA"):
+                status = Status.INFO if ctx.virt.vm else Status.WARN
+            else:
+                status = Status.INFO
             results.append(
                 CheckResult(
                     f"P5:{gpu.bdf}",
                     title,
-                    Status.PASS,
-                    "no IOMMU active",
+                    status,
+                    f"group {group} type {kind}"
+                    + (" (VM guest: the vIOMMU is the host's choice)" if ctx.virt.vm else ""),
                     expected,
                     why,
+                    "Boot with iommu=pt (amd_iommu=on iommu=pt / intel_iommu=on iommu=pt)."
+                    if status == Status.WARN
+                    else "",
                     subject=subject,
-                    facts={"iommu": "off"},
+                    facts={"iommu": kind},
                 )
             )
-            continue
-        group = ctx.root.realpath(group_path).rsplit("/", 1)[1]
-        kind = ctx.root.read_text(f"/sys/kernel/iommu_groups/{group}/type").strip()
-        if not kind:
-            raise ValueError(f"/sys/kernel/iommu_groups/{group}/type is empty")
-        if kind == "identity":
-            status = Status.PASS
-        elif kind.startswith("DMA"):
-            status = Status.INFO if ctx.virt.vm else Status.WARN
-        else:
-            status = Status.INFO
-        results.append(
-            CheckResult(
-                f"P5:{gpu.bdf}",
-                title,
-                status,
-                f"group {group} type {kind}" + (" (VM guest: the vIOMMU is the host's choice)" if ctx.virt.vm else ""),
-                expected,
-                why,
-                "Boot with iommu=pt (amd_iommu=on iommu=pt / intel_iommu=on iommu=pt)."
-                if status == Status.WARN
-                else "",
-                subject=subject,
-                facts={"iommu": kind},
-            )
-        )
     return results
 
 
@@ -371,27 +376,28 @@ def check_numa_affinity(ctx: HostContext) -> list[CheckResult]:
     if not ctx.gpus:
         return _no_gpu("P6", title)
     nodes = [n for n in ctx.root.try_listdir("/sys/devices/system/node") if n.startswith("node") and n[4:].isdigit()]
-    results = []
+    results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        node = parse_int(ctx.root.read_text(gpu.sysfs("numa_node")), gpu.sysfs("numa_node"))
-        local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
-        local = format_cpulist(parse_cpulist(local_text)) if local_text is not None else "?"
-        status = Status.WARN if node < 0 and len(nodes) > 1 else Status.INFO
-        results.append(
-            CheckResult(
-                f"P6:{gpu.bdf}",
-                title,
-                status,
-                f"numa_node {node}, local CPUs {local} ({len(nodes)} NUMA node(s))",
-                "a NUMA node on multi-socket hosts; serving processes pinned inside the local CPUs",
-                "Host threads on the far socket reach the GPU across the socket interconnect.",
-                "Enable the BIOS's ACPI SRAT/proximity info; pin the server with numactl --cpunodebind."
-                if status == Status.WARN
-                else "",
-                subject=f"GPU {gpu.bdf}",
-                facts={"numa_node": str(node), "local_cpus": local},
+        with per_gpu(results, "P6", title, gpu):
+            node = parse_int(ctx.root.read_text(gpu.sysfs("numa_node")), gpu.sysfs("numa_node"))
+            local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
+            local = format_cpulist(parse_cpulist(local_text)) if local_text is not None else "?"
+            status = Status.WARN if node < 0 and len(nodes) > 1 else Status.INFO
+            results.append(
+                CheckResult(
+                    f"P6:{gpu.bdf}",
+                    title,
+                    status,
+                    f"numa_node {node}, local CPUs {local} ({len(nodes)} NUMA node(s))",
+                    "a NUMA node on multi-socket hosts; serving processes pinned inside the local CPUs",
+                    "Host threads on the far socket reach the GPU across the socket interconnect.",
+                    "Enable the BIOS's ACPI SRAT/proximity info; pin the server with numactl --cpunodebind."
+                    if status == Status.WARN
+                    else "",
+                    subject=f"GPU {gpu.bdf}",
+                    facts={"numa_node": str(node), "local_cpus": local},
+                )
             )
-        )
     return results
 
 
@@ -418,7 +424,7 @@ def check_pair_topology(ctx: HostContext) -> list[CheckResult]:
     title = "GPU-pair topology"
     if len(ctx.gpus) < 2:
         return [CheckResult("P7", title, Status.INFO, f"{len(ctx.gpus)} GPU(s): no pairs", "reported only")]
-    results = []
+    results: list[CheckResult] = []
     for a, b in itertools.combinations(ctx.gpus, 2):
         level = pair_topology(ctx, a, b)
         results.append(

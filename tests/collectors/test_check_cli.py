@@ -1,0 +1,102 @@
+"""`decodetop check` end to end: table, JSON, exit codes, baselines, --collect and --root on the tarball."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodetop.cli import main
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "state"
+    monkeypatch.setenv("DECODETOP_STATE_DIR", str(state))
+    return state
+
+
+def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dict[str, object]]:
+    code = main(["check", "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    ("name", "code"),
+    [("epyc-well-tuned", 0), ("epyc-motivating", 1), ("lxc-stale-uvm-major", 2), ("firecracker-h200-vm", 0)],
+)
+def test_exit_codes_on_fixtures(capsys: pytest.CaptureFixture[str], name: str, code: int) -> None:
+    got, document = _json(capsys, ["--root", str(HOSTS / name / "root")])
+    assert got == code == document["exit_code"]
+
+
+def test_table_is_failing_first_and_verbose_adds_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--root", str(HOSTS / "lxc-stale-uvm-major" / "root"), "--verbose"]) == 2
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[1].split()[:5] == ["ID", "STATUS", "TITLE", "OBSERVED", "EXPECTED"]
+    assert lines[3].startswith("N12") and "FAIL" in lines[3]
+    assert "why: NVML works but CUDA init fails" in out and "fix: Recreate stale nodes" in out
+    assert "→ exit 2 (critical)" in out
+
+
+def test_baseline_save_then_diff(capsys: pytest.CaptureFixture[str], state_dir: Path) -> None:
+    good = str(HOSTS / "epyc-well-tuned" / "root")
+    bad = str(HOSTS / "epyc-motivating" / "root")
+    assert main(["check", "--root", good, "--save-baseline", "boot1"]) == 0
+    assert (state_dir / "baselines" / "boot1.json").is_file()
+    capsys.readouterr()
+    code, document = _json(capsys, ["--root", bad, "--baseline", "boot1"])
+    assert code == 1
+    changes = {(c["check_id"], c["what"]) for c in document["changes"]}  # type: ignore[union-attr,index]
+    assert ("C1", "scaling_driver") in changes and ("C10", "numa_balancing") in changes
+    assert ("C14", "kernel") in changes
+
+
+def test_corrupt_baseline_clear_error_not_overwritten(capsys: pytest.CaptureFixture[str], state_dir: Path) -> None:
+    path = state_dir / "baselines" / "default.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{garbage")
+    code = main(["check", "--root", str(HOSTS / "epyc-well-tuned" / "root"), "--save-baseline"])
+    err = capsys.readouterr().err
+    assert code == 2 and "default.json: not valid JSON" in err
+    assert path.read_text() == "{garbage"
+    assert main(["check", "--baseline", "missing"]) == 2
+    assert "no such baseline" in capsys.readouterr().err
+
+
+def test_bad_root_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["check", "--root", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a directory" in err
+
+
+def test_collect_then_root_reproduces_findings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    archive = tmp_path / "host.tar.gz"
+    code, live = _json(capsys, ["--collect", str(archive), "--sample-interval", "0"])
+    assert archive.is_file()
+    code2, replay = _json(capsys, ["--root", str(archive)])
+
+    def key(doc: dict[str, object]) -> dict[str, tuple[str, str]]:
+        return {
+            r["check_id"]: (r["status"], r["observed"])  # type: ignore[index]
+            for r in doc["results"]  # type: ignore[attr-defined]
+            if not str(r["check_id"]).startswith("N1")  # type: ignore[index]
+        }
+
+    assert key(live) == key(replay)
+    assert code == code2 or {code, code2} <= {0, 3}
+
+
+def test_check_does_not_import_textual_or_torch() -> None:
+    code = (
+        "import sys; from decodetop.cli import main; main(['check', '--json', '--sample-interval', '0']); "
+        "bad = [m for m in ('textual', 'torch') if m in sys.modules]; sys.exit(9 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,106 @@
+"""Golden findings for the copied host trees under tests/fixtures/hosts (node_exporter's e2e pattern).
+
+Each scenario's `expected.json` holds (check_id, status, observed, facts) for every finding. To update after a
+reviewed change: `DECODETOP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/collectors/test_checks_fixtures.py`,
+then read `git diff tests/fixtures/hosts/*/expected.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from decodetop.collectors.checks.host import run_all_checks, run_host_checks
+from decodetop.collectors.checks.model import CheckResult, Status, exit_code
+from decodetop.collectors.hostroot import HostRoot
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+SCENARIOS = sorted(p.name for p in HOSTS.iterdir() if (p / "root").is_dir())
+UPDATE = os.environ.get("DECODETOP_UPDATE_GOLDEN") == "1"
+
+
+def _run(name: str) -> list[CheckResult]:
+    return run_all_checks(HostRoot(HOSTS / name / "root"), sample_interval_s=0.0)
+
+
+def _by_id(results: list[CheckResult]) -> dict[str, CheckResult]:
+    return {r.check_id: r for r in results}
+
+
+def test_all_four_scenarios_present() -> None:
+    assert SCENARIOS == ["epyc-motivating", "epyc-well-tuned", "firecracker-h200-vm", "lxc-stale-uvm-major"]
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_golden_findings(name: str) -> None:
+    results = _run(name)
+    got = {
+        "exit_code": exit_code(results),
+        "results": [
+            {"check_id": r.check_id, "status": r.status.value, "observed": r.observed, "facts": r.facts}
+            for r in results
+        ],
+    }
+    golden = HOSTS / name / "expected.json"
+    if UPDATE:
+        golden.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
+    expected = json.loads(golden.read_text())
+    assert got == expected
+
+
+def test_motivating_host_findings() -> None:
+    results = _run("epyc-motivating")
+    r = _by_id(results)
+    assert r["C1"].status == Status.WARN and "acpi-cpufreq" in r["C1"].observed
+    assert r["C2"].status == Status.WARN and "0x1A" in r["C2"].observed
+    assert r["C4"].status == Status.WARN and "schedutil" in r["C4"].observed
+    assert r["C8"].status == Status.WARN and "C2" in r["C8"].observed
+    assert r["C10"].status == Status.WARN
+    assert r["C13"].status == Status.WARN and r["C13"].observed.startswith("4")
+    assert r["P3:0000:03:00.0"].status == Status.WARN and "MaxReadReq 512 B" in r["P3:0000:03:00.0"].observed
+    # Idle GPUs: link speed is not judged.
+    assert r["P1:0000:03:00.0"].status == Status.INFO and "recheck under load" in r["P1:0000:03:00.0"].observed
+    assert exit_code(results) == 1
+
+
+def test_motivating_host_link_judged_under_load() -> None:
+    root = HostRoot(HOSTS / "epyc-motivating" / "root")
+    busy = {"0000:03:00.0": True, "0000:04:00.0": True}
+    r = _by_id(run_host_checks(root, sample_interval_s=0.0, gpu_busy=busy))
+    assert r["P1:0000:03:00.0"].status == Status.WARN
+
+
+def test_well_tuned_host_is_clean() -> None:
+    results = _run("epyc-well-tuned")
+    assert exit_code(results) == 0
+    r = _by_id(results)
+    assert "PM-QoS" in r["C8"].observed
+    # The NVSwitch-like function (vendor 0x10de, class 0x0680) is not taken for a GPU.
+    assert not any("00:08.0" in cid for cid in r)
+
+
+def test_lxc_stale_major_spells_out_the_symptom() -> None:
+    results = _run("lxc-stale-uvm-major")
+    r = _by_id(results)
+    n12 = r["N12"]
+    assert n12.status == Status.FAIL
+    assert "EPERM" in n12.observed and "stale major 510" in n12.observed
+    assert "NVML works but CUDA init fails" in n12.why
+    # Unprivileged container: 64 bytes of config space, reported as needing host root, not guessed.
+    assert r["P3:0000:03:00.0"].status == Status.UNKNOWN and "host root" in r["P3:0000:03:00.0"].observed
+    # What the container cannot change is info.
+    assert r["C10"].status == Status.INFO and r["C8"].status == Status.INFO
+    assert exit_code(results) == 2
+
+
+def test_firecracker_vm_says_not_exposed() -> None:
+    results = _run("firecracker-h200-vm")
+    r = _by_id(results)
+    assert r["C16"].observed.startswith("VM (firecracker)")
+    for cid in ("C1", "C4", "C8"):
+        assert r[cid].status == Status.INFO and "not exposed in this VM" in r[cid].observed
+    assert r["P1:0000:00:06.0"].status == Status.PASS
+    assert exit_code(results) == 0

@@ -1,0 +1,80 @@
+"""Garbage in any file a check reads makes that check `unknown` with the reason, never a crash."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from decodetop.collectors.checks.host import run_host_checks
+from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.hostroot import HostRoot
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+GPU = "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0"
+
+
+@pytest.fixture()
+def tree(tmp_path: Path) -> Path:
+    dest = tmp_path / "root"
+    shutil.copytree(HOSTS / "epyc-motivating" / "root", dest, symlinks=True)
+    return dest
+
+
+def _find(results: list[CheckResult], check_id: str) -> CheckResult:
+    return next(r for r in results if r.check_id == check_id)
+
+
+CASES = [
+    ("proc/sys/kernel/numa_balancing", "", "C10", "expected an integer"),
+    ("proc/sys/kernel/perf_event_paranoid", "four\n", "C13", "perf_event_paranoid: expected an integer"),
+    ("proc/sys/vm/swappiness", "\x00\x01", "C12", "expected an integer"),
+    ("sys/kernel/mm/transparent_hugepage/enabled", "always madvise never\n", "C11", "bracketed"),
+    ("sys/devices/system/cpu/cpufreq/policy3/scaling_driver", "", "C1", "expected one word"),
+    ("sys/devices/system/cpu/cpufreq/policy0/scaling_max_freq", "lots\n", "C4", "scaling_max_freq"),
+    ("sys/devices/system/cpu/cpu5/cpuidle/state2/usage", "-\n", "C8", "usage: expected an integer"),
+    ("proc/devices", "garbage\n", "N12", "Character devices"),
+    ("proc/sys/kernel/osrelease", "", "C14", "osrelease is empty"),
+    (f"{GPU}/current_link_width", "x16\n", "P1:0000:03:00.0", "current_link_width"),
+    (f"{GPU}/current_link_speed", "fast\n", "P1:0000:03:00.0", "unrecognised link speed"),
+    (f"{GPU}/numa_node", "\n", "P6:0000:03:00.0", "numa_node"),
+]
+
+
+@pytest.mark.parametrize(("path", "content", "check_id", "reason"), CASES)
+def test_garbage_makes_unknown(tree: Path, path: str, content: str, check_id: str, reason: str) -> None:
+    (tree / path).write_text(content)
+    results = run_host_checks(HostRoot(tree), sample_interval_s=0.0)
+    result = _find(results, check_id)
+    assert result.status == Status.UNKNOWN, result
+    assert reason in result.observed
+
+
+def test_truncated_config_space(tree: Path) -> None:
+    hex_path = tree / GPU / "config.hex"
+    hex_path.write_text("de 10 35 23 06 04 10 00\n")  # 8 bytes
+    result = _find(run_host_checks(HostRoot(tree), sample_interval_s=0.0), "P3:0000:03:00.0")
+    assert result.status == Status.UNKNOWN and "truncated: 8 bytes" in result.observed
+
+
+def test_header_only_config_space(tree: Path) -> None:
+    hex_path = tree / GPU / "config.hex"
+    hex_path.write_text("\n".join(hex_path.read_text().splitlines()[:4]) + "\n")  # 64 bytes
+    result = _find(run_host_checks(HostRoot(tree), sample_interval_s=0.0), "P3:0000:03:00.0")
+    assert result.status == Status.UNKNOWN and "needs host root" not in result.observed
+    assert "only 64 bytes readable" in result.observed and "host root" in result.observed
+
+
+def test_missing_cpuidle_second_sample_is_unknown(tree: Path) -> None:
+    shutil.rmtree(tree / ".later")
+    result = _find(run_host_checks(HostRoot(tree), sample_interval_s=0.0), "C8")
+    assert result.status == Status.UNKNOWN and "sampled once" in result.observed
+
+
+def test_empty_tree_gives_no_crash(tmp_path: Path) -> None:
+    results = run_host_checks(HostRoot(tmp_path), sample_interval_s=0.0)
+    assert {r.check_id for r in results} >= {"C1", "C8", "C14", "N12", "P1"}
+    unknown = [r for r in results if r.status == Status.UNKNOWN]
+    assert all(r.observed.startswith("cannot evaluate:") for r in unknown)
+    assert all("does not exist" in r.observed for r in unknown)
