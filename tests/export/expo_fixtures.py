@@ -1,9 +1,11 @@
-"""Realistic export state for the exposition tests: a 2 x H200 telemetry snapshot and probe results (committed
-fixtures under tests/fixtures/metrics), health checks, a budget and a live server's observed step."""
+"""Realistic export state for the exposition tests: telemetry from the NVML helper's H200 recording, probe results
+(committed fixture under tests/fixtures/metrics), health checks, a budget and a live server's observed step."""
 
 from __future__ import annotations
 
+import functools
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,10 +14,9 @@ from typing import Any
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.serving import ObservedStep
 from decodetop.export.prometheus import ExportState
-from decodetop.export.recording import from_jsonable
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
-TELEMETRY_JSON = FIXTURES / "telemetry_h200x2.json"
+RECORDING = "h200x1-load"
 PROBES_JSON = FIXTURES / "probe_results_h200x2.json"
 
 
@@ -27,14 +28,39 @@ def _ns(value: Any) -> Any:
     return value
 
 
+class _ShiftedTime:
+    """`time` for the sampler with a monotonic clock we step, so rates are over a recorded 1 s tick."""
+
+    def __init__(self, mono: list[float]) -> None:
+        self._mono = mono
+
+    def monotonic(self) -> float:
+        return self._mono[0]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@functools.lru_cache(maxsize=1)
 def telemetry_snapshot() -> Any:
-    """The telemetry fixture as the NVML helper's TelemetrySnapshot (attribute-alike objects if it is absent)."""
-    data = json.loads(TELEMETRY_JSON.read_text())["snapshot"]
+    """Two H200s under load: the NVML helper's real recording (`h200x1-load`, replicated to 2 GPUs) read by the
+    real sampler over two ticks one second apart, so counters, rates and clock-event shares are present."""
+    from decodetop.collectors import telemetry
+    from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
+    from decodetop.collectors.nvml import Nvml
+
+    backend = FakeNvmlBackend(load_recording(RECORDING), replicate_to=2, clock=None)
+    sampler = telemetry.TelemetrySampler(Nvml(backend))
+    mono = [1000.0]
+    real_time = telemetry.time
+    telemetry.time = _ShiftedTime(mono)  # type: ignore[assignment]
     try:
-        from decodetop.collectors.telemetry import TelemetrySnapshot
-    except ImportError:
-        return _ns(data)
-    return from_jsonable(TelemetrySnapshot, data)
+        sampler.sample()
+        backend.advance()
+        mono[0] += 1.0
+        return sampler.sample()
+    finally:
+        telemetry.time = real_time
 
 
 def probe_results() -> tuple[Any, ...]:

@@ -3,7 +3,6 @@ units, a failing part never fails a scrape, the check textfile is written atomic
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import urllib.request
@@ -64,19 +63,27 @@ def test_exposition_reads_back_in_base_units() -> None:
     state = full_state()
     samples = _samples(render_exposition(state))
     names = {name for name, _ in samples}
-    # GPU telemetry: MHz → Hz, % → ratio, counters with _total, a gpu label
-    assert _value(samples, "decodetop_gpu_sm_clock_hertz", gpu="0") == pytest.approx(1980e6)
-    assert _value(samples, "decodetop_gpu_power_watts", gpu="1") == pytest.approx(688.9)
-    assert _value(samples, "decodetop_gpu_utilization_ratio", gpu="1") == pytest.approx(0.99)
-    assert _value(samples, "decodetop_gpu_memory_total_bytes", gpu="0") == 150754820096
-    assert _value(samples, "decodetop_gpu_pcie_tx_bytes_total", gpu="0") == 8_812_345_678_912
-    assert _value(samples, "decodetop_gpu_clock_event_reason_active", gpu="1", reason="SwPowerCap") == 1
-    assert _value(samples, "decodetop_gpu_clock_event_reason_active", gpu="0", reason="SwPowerCap") == 0
-    assert _value(samples, "decodetop_gpu_clock_event_seconds_total", gpu="1", reason="SwPowerCap") == pytest.approx(
-        53.843
-    )
-    info = [labels for name, labels in samples if name == "decodetop_gpu_info"]
-    assert len(info) == 2 and ("name", "NVIDIA H200") in info[0]
+    # GPU telemetry (a real H200 recording): MHz → Hz, % → ratio, ns → s, counters with _total, a gpu label
+    snap = state.telemetry
+    g1 = snap.gpus[1]
+    assert _value(samples, "decodetop_gpu_sm_clock_hertz", gpu="0") == pytest.approx(snap.gpus[0].sm_clock_mhz * 1e6)
+    assert _value(samples, "decodetop_gpu_power_watts", gpu="1") == pytest.approx(g1.power_w)
+    assert _value(samples, "decodetop_gpu_utilization_ratio", gpu="1") == pytest.approx(g1.gpu_util_pct / 100)
+    assert _value(samples, "decodetop_gpu_memory_total_bytes", gpu="0") == snap.gpus[0].mem_total_bytes
+    assert _value(samples, "decodetop_gpu_pcie_tx_bytes_total", gpu="1") == g1.pcie_tx_bytes_total
+    assert _value(samples, "decodetop_gpu_pcie_tx_bytes_per_second", gpu="1") == pytest.approx(g1.pcie_tx_bytes_per_s)
+    from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS
+
+    assert g1.clock_event_reasons  # the load recording is power-capped: SwPowerCap
+    for reason in CLOCK_EVENT_REASONS:
+        active = _value(samples, "decodetop_gpu_clock_event_reason_active", gpu="1", reason=reason.name)
+        assert active == (1 if reason.name in g1.clock_event_reasons else 0)
+    for reason, ns in g1.clock_event_time_ns.items():
+        assert _value(samples, "decodetop_gpu_clock_event_seconds_total", gpu="1", reason=reason) == pytest.approx(
+            ns * 1e-9
+        )
+    info = [dict(labels) for name, labels in samples if name == "decodetop_gpu_info"]
+    assert len(info) == 2 and info[0]["name"] == snap.gpus[0].name
     # probes: µs → s, GB/s → bytes/s, by probe/measurement/size/mode/rank
     allreduce = next(r for r in probe_results() if r.probe == "allreduce")
     point = next(
@@ -229,12 +236,13 @@ def test_metrics_server_serves_state_and_closes() -> None:
         sock.bind(("127.0.0.1", server.port))
 
 
-def test_telemetry_fixture_round_trips_into_the_real_snapshot() -> None:
-    """The fixture is the NVML helper's TelemetrySnapshot field for field (when that module is present)."""
-    pytest.importorskip("decodetop.collectors.telemetry")
-    from decodetop.collectors.telemetry import TelemetrySnapshot
+def test_every_gpu_field_with_a_value_is_exported() -> None:
+    """Each numeric GpuSnapshot field the exposition maps appears for each GPU whenever NVML gave a value."""
+    from decodetop.export.prometheus import _GPU_GAUGES
 
-    snap = telemetry_snapshot()
-    assert isinstance(snap, TelemetrySnapshot)
-    assert snap.gpus[1].clock_event_reasons == ("SwPowerCap",)
-    assert json.loads(json.dumps(__import__("decodetop.export.recording").export.recording.to_jsonable(snap)))
+    state = ExportState(telemetry=telemetry_snapshot())
+    samples = _samples(render_exposition(state))
+    for gpu in state.telemetry.gpus:
+        for attr, name, _, _ in _GPU_GAUGES:
+            present = ("decodetop_" + name, (("gpu", str(gpu.index)),)) in samples
+            assert present == (getattr(gpu, attr) is not None), (attr, name)

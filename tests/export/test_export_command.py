@@ -1,0 +1,238 @@
+"""`decodetop exporter` as a real process on a loopback port (fake NVML from a real H200 recording, no probes):
+scraped with urllib, checked by promtool, stopped with SIGINT; and the exporter's schedule with a stand-in probe
+controller."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import require_tool
+from decodetop.errors import UserInputError
+from decodetop.export.service import Exporter, PlannedRun, parse_duration, probe_plan_runs
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["DECODETOP_STATE_DIR"] = str(tmp_path / "state")
+    env["DECODETOP_CONFIG_DIR"] = str(tmp_path / "config")
+    return env
+
+
+def _scrape(url: str) -> str | None:
+    try:
+        with _OPENER.open(url, timeout=5) as response:
+            return str(response.read().decode("utf-8"))
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def _names(text: str) -> set[str]:
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+@pytest.fixture
+def exporter_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    port = _free_port()
+    dead = _free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "decodetop",
+            "exporter",
+            "--no-probes",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--tick",
+            "200ms",
+            "--server",
+            f"http://127.0.0.1:{dead}",
+        ],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc, f"http://127.0.0.1:{port}/metrics"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_exporter_serves_and_stops_on_sigint(exporter_process: tuple[subprocess.Popen[str], str]) -> None:
+    proc, url = exporter_process
+    wanted = {
+        "decodetop_build_info",
+        "decodetop_nvml_up",
+        "decodetop_gpu_sm_clock_hertz",
+        "decodetop_gpu_power_watts",
+        "decodetop_gpu_pcie_tx_bytes_total",
+        "decodetop_gpu_clock_event_reason_active",
+        "decodetop_check_status",
+        "decodetop_check_exit_code",
+        "decodetop_server_up",
+        "decodetop_process_resident_memory_bytes",
+    }
+    text: str | None = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1]
+        text = _scrape(url)
+        if text is not None and wanted <= _names(text):
+            break
+        time.sleep(0.2)
+    assert text is not None, "the exporter never answered"
+    names = _names(text)
+    assert wanted <= names, sorted(wanted - names)
+    assert not any(n.startswith("decodetop_probe_status") for n in names)  # --no-probes
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    assert samples[("decodetop_nvml_up", ())] == 1
+    assert samples[("decodetop_server_up", ())] == 0  # the --server URL is dead: a status, not a crash
+    assert samples[("decodetop_server_status_info", (("state", "unreachable"),))] == 1
+    result = subprocess.run(
+        [require_tool("promtool"), "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert "serving http://127.0.0.1:" in err and "stopping" in err
+    assert _scrape(url) is None  # the port is closed
+
+
+def test_exporter_bad_flags_and_busy_port_exit_2(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    bad = subprocess.run(
+        [sys.executable, "-m", "decodetop", "exporter", "--no-probes", "--probe-every", "10x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "decodetop: error: --probe-every '10x': give a duration like 30s, 10m or 1h"
+    ]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        taken = subprocess.run(
+            [sys.executable, "-m", "decodetop", "exporter", "--no-probes", "--demo", "--listen", f"127.0.0.1:{port}"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert taken.returncode == 2
+    assert "cannot listen" in taken.stderr and len(taken.stderr.strip().splitlines()) == 1
+
+
+def test_parse_duration() -> None:
+    assert parse_duration("10m", "--probe-every") == 600
+    assert parse_duration("30s", "x") == 30
+    assert parse_duration("1.5h", "x") == 5400
+    assert parse_duration("200ms", "x") == pytest.approx(0.2)
+    assert parse_duration("90", "x") == 90
+    for bad in ("", "0", "0s", "-5m", "10 minutes", "m"):
+        with pytest.raises(UserInputError):
+            parse_duration(bad, "--probe-every")
+
+
+def test_plan_without_model_is_every_registered_probe() -> None:
+    assert probe_plan_runs(None, None, ["allreduce", "launch", "membw"]) == (
+        PlannedRun("allreduce"),
+        PlannedRun("launch"),
+        PlannedRun("membw"),
+    )
+
+
+class _FakeController:
+    """Stands in for ProbeController: records runs, fails one probe, honours cancel/close."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, Any]] = []
+        self.closed = False
+        self.cancelled = 0
+
+    def run(self, probe: str, params: Any = None) -> Any:
+        self.runs.append((probe, params))
+        if probe == "broken":
+            raise RuntimeError("rank 1 could not import torch")
+        status = SimpleNamespace(value="timed_out" if probe == "slow" else "ok")
+        return SimpleNamespace(probe=probe, status=status, message="timed out after 60 s", measurements=())
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_probe_schedule_stores_results_and_notes_failures() -> None:
+    controller = _FakeController()
+    log = io.StringIO()
+    exporter = Exporter(
+        listen="127.0.0.1:0",
+        nvml=None,
+        check_every_s=None,
+        probe_every_s=3600.0,
+        plan=(PlannedRun("allreduce", {"sizes": [8, 4096]}), PlannedRun("broken"), PlannedRun("slow")),
+        make_controller=lambda: controller,
+        log=log,
+    )
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "probes" not in exporter.box().notes:
+            time.sleep(0.02)
+        state = exporter.box()
+        assert [r.probe for r in state.probe_results] == ["allreduce", "slow"]
+        assert controller.runs[0] == ("allreduce", {"sizes": [8, 4096]})
+        note = state.notes["probes"]
+        assert "broken: RuntimeError: rank 1 could not import torch" in note and "slow: timed_out" in note
+        assert state.probe_interval_s == 3600.0
+        assert exporter.server is not None
+        body = _scrape(exporter.server.url)
+        assert body is not None and 'decodetop_exporter_part_failing{part="probes"} 1.0' in body
+    finally:
+        exporter.stop()
+    assert controller.closed and controller.cancelled >= 1
+    assert "probes: broken" in log.getvalue()
+    assert not [t for t in threading.enumerate() if t.name.startswith("decodetop-exporter-") and t.is_alive()]
