@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from decodetop.collectors.fake_nvml import FakeNvmlBackend, fake_nvml, load_recording, ok
+from decodetop.collectors.fake_nvml import FakeNvmlBackend, err, fake_nvml, load_recording, ok
 from decodetop.collectors.nvml import NVML_ERROR_LIBRARY_NOT_FOUND, NoNvmlBackend, Nvml
 from decodetop.collectors.telemetry import (
     CLOCK_EVENT_REASONS,
@@ -248,3 +248,16 @@ def test_snapshot_from_dict_rejects_garbage() -> None:
         snapshot_from_dict([])
     with pytest.raises(UserInputError, match=r"gpus\[0\]"):
         snapshot_from_dict({"tick": 1, "source": "nvml", "gpus": ["x"]})
+
+
+def test_older_driver_function_names_are_the_fallback() -> None:
+    rec = load_recording("h200x1-load").with_calls(
+        {
+            "nvmlDeviceGetCurrentClocksEventReasons(gpu0)": err(13),  # NVML_ERROR_FUNCTION_NOT_FOUND: older driver
+            "nvmlDeviceGetCurrentClocksThrottleReasons(gpu0)": ok(0x4),
+            "nvmlDeviceGetComputeRunningProcesses(gpu0)": err(4),
+        }
+    )
+    g = TelemetrySampler(fake_nvml(rec, clock=None)).sample().gpus[0]
+    assert g.clock_event_mask == 0x4 and "clock_event_mask" not in g.unavailable
+    assert g.processes == () and "compute: no permission" in g.processes_note
