@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import struct
 import sys
 from pathlib import Path
@@ -22,10 +24,11 @@ from decodetop.collectors.pci import (
 )
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-sys.path.insert(0, str(HOSTS))
-import contextlib
-
-import build_fixtures as bf  # noqa: E402
+_spec = importlib.util.spec_from_file_location("build_fixtures", HOSTS / "build_fixtures.py")
+assert _spec is not None and _spec.loader is not None
+bf = importlib.util.module_from_spec(_spec)
+sys.modules["build_fixtures"] = bf  # dataclasses look their module up while the class body runs
+_spec.loader.exec_module(bf)
 
 
 def _endpoint(devctl: int, *, size: int = 4096, lnksta_speed: int = 5) -> bytes:
