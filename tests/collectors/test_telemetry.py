@@ -261,3 +261,17 @@ def test_older_driver_function_names_are_the_fallback() -> None:
     g = TelemetrySampler(fake_nvml(rec, clock=None)).sample().gpus[0]
     assert g.clock_event_mask == 0x4 and "clock_event_mask" not in g.unavailable
     assert g.processes == () and "compute: no permission" in g.processes_note
+
+
+def test_slow_settings_are_read_every_nth_tick_and_carried_between() -> None:
+    backend = FakeNvmlBackend(load_recording("h200x1-idle"), clock=None)
+    sampler = TelemetrySampler(Nvml(backend), slow_every_ticks=3)
+    reads: list[int] = []
+    snaps = []
+    for _ in range(7):
+        backend.calls.clear()
+        snaps.append(sampler.sample())
+        reads.append(sum(c.startswith("nvmlDeviceGetApplicationsClock") for c in backend.calls))
+    assert reads == [2, 0, 0, 2, 0, 0, 2]
+    assert all(s.gpus[0].app_sm_clock_mhz == snaps[0].gpus[0].app_sm_clock_mhz for s in snaps)
+    assert all("retired_pages_pending" in s.gpus[0].unavailable for s in snaps)  # the reason is carried too

@@ -454,11 +454,31 @@ _COUNTER_MODULUS = {1: _UINT32_MODULUS}
 practice (pynvml NVML_VALUE_TYPE_*)."""
 
 
-class TelemetrySampler:
-    """Reads snapshots through an `Nvml`; keeps the one-time reads and the previous tick (for rates)."""
+SLOW_FIELDS: tuple[str, ...] = (
+    "app_sm_clock_mhz",
+    "app_mem_clock_mhz",
+    "power_limit_w",
+    "ecc_enabled",
+    "ecc_pending_enabled",
+    "retired_pages_pending",
+    "persistence_mode",
+)
+"""Settings only an admin changes, read every `slow_every_ticks` ticks: on the H200, nvmlDeviceGetApplicationsClock
+costs 1.0 ms per call, nvmlDeviceGetEccMode 0.32 ms and nvmlDeviceGetPowerManagementLimit 0.24 ms, about half of a
+tick (docs/benchmarks.md, "NVML telemetry cost")."""
+DEFAULT_SLOW_EVERY_TICKS = 10
 
-    def __init__(self, nvml: Nvml) -> None:
+
+class TelemetrySampler:
+    """Reads snapshots through an `Nvml`; keeps the one-time reads and the previous tick (for rates).
+
+    `slow_every_ticks`: SLOW_FIELDS are read on the first tick and every this many ticks after (1 = every tick);
+    between, they carry the last value read.
+    """
+
+    def __init__(self, nvml: Nvml, *, slow_every_ticks: int = DEFAULT_SLOW_EVERY_TICKS) -> None:
         self.nvml = nvml
+        self.slow_every_ticks = slow_every_ticks
         self._static: dict[int, _GpuStatic] = {}
         self._pairs: tuple[GpuPairSnapshot, ...] = ()
         self._system: NvmlSystemInfo | None = None
@@ -654,8 +674,6 @@ class TelemetrySampler:
         v: dict[str, Any] = dict(static.values)
         v["sm_clock_mhz"] = r.int_("sm_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_SM)
         v["mem_clock_mhz"] = r.int_("mem_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_MEM)
-        v["app_sm_clock_mhz"] = r.int_("app_sm_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_SM)
-        v["app_mem_clock_mhz"] = r.int_("app_mem_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_MEM)
         v["performance_state"] = r.int_("performance_state", "nvmlDeviceGetPerformanceState", g)
         mask = r.first_int(
             "clock_event_mask",
@@ -669,7 +687,6 @@ class TelemetrySampler:
         v["pcie_replay_count"] = r.int_("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", g)
         v["power_w"] = _mw_to_w(r.int_("power_w", "nvmlDeviceGetPowerUsage", g))
         v["power_limit_enforced_w"] = _mw_to_w(r.int_("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", g))
-        v["power_limit_w"] = _mw_to_w(r.int_("power_limit_w", "nvmlDeviceGetPowerManagementLimit", g))
         v["temperature_c"] = r.int_("temperature_c", "nvmlDeviceGetTemperature", g, NVML_TEMPERATURE_GPU)
         util = r.raw("gpu_util_pct", "nvmlDeviceGetUtilizationRates", g)
         v["gpu_util_pct"] = _int_or_none(_as_dict(util).get("gpu"))
@@ -683,12 +700,6 @@ class TelemetrySampler:
         if mem is None:
             r.unavailable["mem_total_bytes"] = r.unavailable["mem_free_bytes"] = r.unavailable["mem_used_bytes"]
         # ECC (N5), retired pages (N6), row remapping (N7)
-        ecc = r.raw("ecc_enabled", "nvmlDeviceGetEccMode", g)
-        ok_ecc = isinstance(ecc, list) and len(ecc) == 2
-        v["ecc_enabled"] = bool(ecc[0]) if ok_ecc else None
-        v["ecc_pending_enabled"] = bool(ecc[1]) if ok_ecc else None
-        if ecc is None:
-            r.unavailable["ecc_pending_enabled"] = r.unavailable["ecc_enabled"]
         for name, etype, ctype in (
             ("ecc_uncorrected_volatile", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
             ("ecc_uncorrected_aggregate", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
@@ -696,8 +707,6 @@ class TelemetrySampler:
             ("ecc_corrected_aggregate", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
         ):
             v[name] = r.int_(name, "nvmlDeviceGetTotalEccErrors", g, etype, ctype)
-        pending = r.int_("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", g)
-        v["retired_pages_pending"] = bool(pending) if pending is not None else None
         rows = r.raw("remapped_rows", "nvmlDeviceGetRemappedRows", g)
         ok_rows = isinstance(rows, list) and len(rows) == 4
         v["remapped_rows_correctable"] = int(rows[0]) if ok_rows else None
@@ -710,8 +719,14 @@ class TelemetrySampler:
                 r.unavailable[f"remapped_rows_{name}"] = reason
         else:
             r.unavailable.pop("remapped_rows", None)
-        persistence = r.int_("persistence_mode", "nvmlDeviceGetPersistenceMode", g)
-        v["persistence_mode"] = bool(persistence) if persistence is not None else None
+        prev = self._previous.gpu(index) if self._previous is not None else None
+        if prev is None or self.slow_every_ticks <= 1 or (self._tick - 1) % self.slow_every_ticks == 0:
+            self._read_slow(r, g, v)
+        else:  # settings that change only by an admin's hand: carried from the last tick that read them
+            for name in SLOW_FIELDS:
+                v[name] = getattr(prev, name)
+                if name in prev.unavailable:
+                    r.unavailable[name] = prev.unavailable[name]
         # NVLink (N10)
         if static.nvlink_indices:
             active = 0
@@ -761,6 +776,22 @@ class TelemetrySampler:
             **v,
         )
         return snap, r.calls
+
+    def _read_slow(self, r: _Reads, g: GpuRef, v: dict[str, Any]) -> None:
+        """The SLOW_FIELDS: application clocks, power-management limit, ECC mode, retired-page pending, persistence."""
+        v["app_sm_clock_mhz"] = r.int_("app_sm_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_SM)
+        v["app_mem_clock_mhz"] = r.int_("app_mem_clock_mhz", "nvmlDeviceGetApplicationsClock", g, NVML_CLOCK_MEM)
+        v["power_limit_w"] = _mw_to_w(r.int_("power_limit_w", "nvmlDeviceGetPowerManagementLimit", g))
+        ecc = r.raw("ecc_enabled", "nvmlDeviceGetEccMode", g)
+        ok_ecc = isinstance(ecc, list) and len(ecc) == 2
+        v["ecc_enabled"] = bool(ecc[0]) if ok_ecc else None
+        v["ecc_pending_enabled"] = bool(ecc[1]) if ok_ecc else None
+        if ecc is None:
+            r.unavailable["ecc_pending_enabled"] = r.unavailable["ecc_enabled"]
+        pending = r.int_("retired_pages_pending", "nvmlDeviceGetRetiredPagesPendingStatus", g)
+        v["retired_pages_pending"] = bool(pending) if pending is not None else None
+        persistence = r.int_("persistence_mode", "nvmlDeviceGetPersistenceMode", g)
+        v["persistence_mode"] = bool(persistence) if persistence is not None else None
 
     def _read_counters(self, r: _Reads, g: GpuRef, v: dict[str, Any], now: float) -> None:
         values: dict[int, int] = {}
@@ -859,6 +890,7 @@ class TelemetryCollector:
         interval_s: float = 1.0,
         on_snapshot: Callable[[TelemetrySnapshot], None] | None = None,
         read_processes: bool = True,
+        slow_every_ticks: int = DEFAULT_SLOW_EVERY_TICKS,
         costly_paused: threading.Event | None = None,
         thread_name: str = "decodetop-telemetry",
     ) -> None:
@@ -869,7 +901,7 @@ class TelemetryCollector:
         self.on_snapshot = on_snapshot
         self.read_processes = read_processes
         self.costly_paused = costly_paused if costly_paused is not None else threading.Event()
-        self.sampler = TelemetrySampler(nvml)
+        self.sampler = TelemetrySampler(nvml, slow_every_ticks=slow_every_ticks)
         self._thread_name = thread_name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
