@@ -1,0 +1,177 @@
+"""Cross-check the all-reduce probe against an independent timing written straight against torch.distributed.
+
+Two code paths time the same thing, pipelined all-reduce per op at 4 sizes:
+
+1. the probe: `ProbeController.run("allreduce", modes=["pipelined"])` (FileStore rendezvous, CUDA events around
+   N back-to-back ops, per-size planned counts, median over samples and ranks);
+2. this file: its own spawned processes, a TCP rendezvous, and a host-timed loop as nccl-tests times it
+   (probes.md §1: perf_counter around N back-to-back ops + one synchronize, divided by N), median over repetitions,
+   averaged over ranks.
+
+It prints the ratio probe / independent per size and writes JSON. Acceptance: every ratio within 10 %.
+
+    PYTHONPATH=src python3 benchmarks/allreduce_vs_dist.py --json benchmarks/results/probe_allreduce_vs_dist_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from decodetop.probes.controller import ProbeController
+from decodetop.textfmt import format_bytes, parse_size, table
+
+DEFAULT_SIZES = "1K,64K,4M,64M"
+#: Agreement the issue asks for.
+TOLERANCE = 0.10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _independent_rank(rank: int, cfg: dict[str, Any], q: Any) -> None:
+    """One rank of the independent timing: TCP rendezvous, host-timed loops."""
+    world, port, use_cuda = cfg["world"], cfg["port"], cfg["use_cuda"]
+    sizes, ops, reps = cfg["sizes"], cfg["ops"], cfg["reps"]
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    import torch
+    import torch.distributed as dist
+
+    if use_cuda:
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+        sync = torch.cuda.synchronize
+        dtype = torch.bfloat16
+    else:
+        device = torch.device("cpu")
+
+        def sync() -> None:
+            pass
+
+        dtype = torch.float32
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    out = {}
+    for size in sizes:
+        buf = torch.zeros(max(1, size // torch.tensor([], dtype=dtype).element_size()), dtype=dtype, device=device)
+        for _ in range(10):
+            dist.all_reduce(buf)
+        sync()
+        # Fewer ops for big messages so one size takes about a second on slow links.
+        t0 = time.perf_counter()
+        dist.all_reduce(buf)
+        sync()
+        one = time.perf_counter() - t0
+        t = torch.tensor([one], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        n_ops = max(1, min(ops, int(0.05 / max(float(t.item()), 1e-9))))
+        per_op = []
+        for _ in range(reps):
+            dist.barrier()
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(n_ops):
+                dist.all_reduce(buf)
+            sync()
+            per_op.append((time.perf_counter() - t0) * 1e6 / n_ops)
+        out[size] = {"median_us": statistics.median(per_op), "ops": n_ops, "reps": reps}
+    q.put((rank, out))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def independent(world: int, use_cuda: bool, sizes: list[int], ops: int, reps: int) -> dict[int, float]:
+    """Median µs per op per size, averaged over ranks (nccl-tests averages its time across ranks)."""
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    cfg = {"world": world, "port": _free_port(), "use_cuda": use_cuda, "sizes": sizes, "ops": ops, "reps": reps}
+    procs = [ctx.Process(target=_independent_rank, args=(r, cfg, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+    return {s: statistics.fmean(got[r][s]["median_us"] for r in got) for s in sizes}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=DEFAULT_SIZES)
+    ap.add_argument("--cpu-ranks", type=int, default=2)
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--ops", type=int, default=50, help="back-to-back ops per sample (both paths)")
+    ap.add_argument("--reps", type=int, default=20, help="samples per size (both paths)")
+    ap.add_argument("--json", metavar="PATH")
+    args = ap.parse_args()
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+
+    with ProbeController(cpu_ranks=args.cpu_ranks, device=args.device) as pc:
+        use_cuda = pc.layout.kind == "cuda"
+        world = pc.world_size
+        result = pc.run(
+            "allreduce",
+            {
+                "sizes": sizes,
+                "modes": ["pipelined"],
+                "ops_per_sample": args.ops,
+                "samples": args.reps,
+                "budget_ms": 1000.0,
+            },
+            on_progress=lambda p: print(f"probe: {p.line()}", file=sys.stderr),
+        )
+    if not result.ok:
+        print(f"probe failed: {result.message}", file=sys.stderr)
+        return 1
+    probe_us = {}
+    for m in result.measurements:
+        probe_us[int(m.params["size_bytes"])] = m.metrics["time_us"]
+    print("independent torch.distributed timing ...", file=sys.stderr)
+    indep_us = independent(world, use_cuda, sizes, args.ops, args.reps)
+    rows = []
+    doc_rows = []
+    ok = True
+    # The probe rounds sizes down to whole elements; match by the probe's byte count.
+    for size, (pbytes, p_us) in zip(sizes, sorted(probe_us.items()), strict=True):
+        i_us = indep_us[size]
+        ratio = p_us / i_us
+        ok &= abs(ratio - 1.0) <= TOLERANCE
+        rows.append([format_bytes(pbytes), p_us, i_us, ratio])
+        doc_rows.append({"size_bytes": pbytes, "probe_us": p_us, "independent_us": i_us, "ratio": ratio})
+    print(table(["size", "probe µs", "independent µs", "ratio"], rows))
+    verdict = "all within 10 %" if ok else "NOT all within 10 %"
+    print(f"{world} ranks ({'NCCL' if use_cuda else 'gloo'}): {verdict}")
+    if args.json:
+        env = result.environment.to_dict() if result.environment else None
+        doc = {
+            "benchmark": "allreduce_vs_dist",
+            "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "world_size": world,
+            "backend": "nccl" if use_cuda else "gloo",
+            "tolerance": TOLERANCE,
+            "all_within_tolerance": ok,
+            "rows": doc_rows,
+            "environment": env,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
