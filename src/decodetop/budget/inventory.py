@@ -18,6 +18,7 @@ Kernel counts per op are estimates of what SGLang/vLLM launch (documented in `_K
 # ruff: noqa: PLR0917 - the private op makers take a shape row positionally, like the Op they build
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -221,8 +222,9 @@ class _Builder:
         self.tp = dep.tp
         self.h_rank = max(1, spec.n_heads // dep.tp)
         self.kv_rank = max(1, spec.n_kv_heads // dep.tp) if spec.attention_kind == "gqa" else 1
-        self._ops: dict[tuple[object, ...], tuple[Op, set[int]]] = {}
-        self._order: list[tuple[object, ...]] = []
+        self._ops: dict[tuple[object, ...], tuple[Op, list[int], set[int]]] = {}
+        self._moe = set(spec.moe_layers)
+        self._sliding = set(spec.sliding_layers)
         mods: dict[tuple[int, str], WeightModule] = {}
         for m in (*spec.modules, *spec.mtp_modules):
             mods[(m.layer, m.kind)] = m
@@ -232,24 +234,23 @@ class _Builder:
         return self.mods[(layer, kind)]
 
     def add(self, op: Op, layer: int | None) -> None:
+        """Record one op; identical ops (same name, key, bytes) of different layers merge into one with a count."""
         merge = (op.name, op.component, op.kind, op.key, op.weight_bytes, op.kv_bytes, op.dtype, layer is None)
-        if merge in self._ops:
-            prev, layers = self._ops[merge]
-            self._ops[merge] = (Op(**{**prev.__dict__, "count": prev.count + op.count}), layers)
-            if layer is not None:
-                layers.add(layer)
+        entry = self._ops.get(merge)
+        if entry is None:
+            self._ops[merge] = (op, [op.count], {layer} if layer is not None else set())
         else:
-            self._ops[merge] = (op, {layer} if layer is not None else set())
-            self._order.append(merge)
+            entry[1][0] += op.count
+            if layer is not None:
+                entry[2].add(layer)
 
     def ops(self) -> tuple[Op, ...]:
         out = []
-        for merge in self._order:
-            op, layers = self._ops[merge]
+        for op, count, layers in self._ops.values():
             label = op.layers if not layers else _ranges(layers)
             if layers and min(layers) >= self.spec.n_layers:
                 label = "mtp"
-            out.append(Op(**{**op.__dict__, "layers": label}))
+            out.append(dataclasses.replace(op, count=count[0], layers=label))
         return tuple(out)
 
     # --- op makers -------------------------------------------------------------------------------------------
@@ -424,7 +425,7 @@ def _layer(b: _Builder, i: int, m: int, q_len: int, count: int = 1, prefix: str 
         _gqa(b, i, m, q_len, count, prefix)
     b.collective(prefix + "all-reduce (attention out)", "all_reduce", i, m * d * ACTIVATION_BYTES, count)
     b.norm(prefix + "post-attention norm", "add_rmsnorm", Component.NORMS, i, m, d, count)
-    if i in set(spec.moe_layers) or (i >= spec.n_layers and spec.is_moe):
+    if i in b._moe or (i >= spec.n_layers and spec.is_moe):
         _moe(b, i, m, count, prefix)
     else:
         tp = dep.tp
@@ -590,7 +591,7 @@ def _gqa(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> No
     width = 2 * b.kv_rank * hd
     b.kv_write(prefix + "kv cache write", i, "gqa", m, width, b.kvb, b.kv_dtype, count)
     ctx = dep.context_len + q_len
-    sliding = i in set(spec.sliding_layers)
+    sliding = i in b._sliding
     attended = min(ctx, spec.sliding_window) if sliding else ctx
     window = spec.sliding_window if sliding else 0
     kv = dep.batch * attended * width * b.kvb

@@ -45,15 +45,15 @@ class _Key:
     PROBE: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            want = _TYPES[str(f.type)]
-            if isinstance(value, bool) or not isinstance(value, want):
-                raise MeasurementKeyError(f"{self.PROBE} key: {f.name}={value!r} is not {f.type!s}")
-            if isinstance(value, (int, float)) and value < 0:
-                raise MeasurementKeyError(f"{self.PROBE} key: {f.name}={value!r} is negative")
-            if isinstance(value, str) and ("," in value or "=" in value or ":" in value):
-                raise MeasurementKeyError(f"{self.PROBE} key: {f.name}={value!r} holds a separator character")
+        for name, type_name in _field_types(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, _TYPES[type_name]):
+                raise MeasurementKeyError(f"{self.PROBE} key: {name}={value!r} is not {type_name}")
+            if type_name == "str":
+                if any(c in str(value) for c in ",=:"):
+                    raise MeasurementKeyError(f"{self.PROBE} key: {name}={value!r} holds a separator character")
+            elif isinstance(value, (int, float)) and value < 0:
+                raise MeasurementKeyError(f"{self.PROBE} key: {name}={value!r} is negative")
         self._check()
 
     def _check(self) -> None:
@@ -95,6 +95,17 @@ class _Key:
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {"int": int, "str": str, "float": (int, float)}
+
+
+_FIELD_TYPES: dict[type, tuple[tuple[str, str], ...]] = {}
+
+
+def _field_types(cls: type[_Key]) -> tuple[tuple[str, str], ...]:
+    """(name, type name) of a key class's fields, computed once per class (keys are made by the thousand)."""
+    found = _FIELD_TYPES.get(cls)
+    if found is None:
+        found = _FIELD_TYPES[cls] = tuple((f.name, str(f.type)) for f in dataclasses.fields(cls))
+    return found
 
 
 def _fmt(value: Param) -> str:

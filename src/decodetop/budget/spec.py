@@ -165,12 +165,12 @@ class ModelSpec:
     @functools.cached_property
     def modules(self) -> tuple[WeightModule, ...]:
         """Every weight module of the main model (embedding, layers, lm_head), MTP layers excluded."""
-        return _build_modules(self, include_mtp=False)
+        return _build_modules(self, list(range(self.n_layers)), model_level=True)
 
     @functools.cached_property
     def mtp_modules(self) -> tuple[WeightModule, ...]:
         """The modules of the MTP (next-token prediction) layers only."""
-        return tuple(m for m in _build_modules(self, include_mtp=True) if m.layer >= self.n_layers)
+        return _build_modules(self, list(range(self.n_layers, self.n_layers + self.n_mtp_layers)), model_level=False)
 
     @property
     def params_total(self) -> int:
@@ -536,7 +536,8 @@ def _read_quant(
 # --- module list ---------------------------------------------------------------------------------------------
 
 
-def _build_modules(spec: ModelSpec, include_mtp: bool) -> tuple[WeightModule, ...]:
+def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tuple[WeightModule, ...]:
+    """The modules of `layers` (MTP layers follow the main ones), plus embedding and lm_head if `model_level`."""
     out: list[WeightModule] = []
     quant = spec.quant
 
@@ -556,11 +557,8 @@ def _build_modules(spec: ModelSpec, include_mtp: bool) -> tuple[WeightModule, ..
 
     d = spec.d_model
     mt = spec.model_type
-    if not spec.tie_word_embeddings:
+    if model_level and not spec.tie_word_embeddings:
         add("model.embed_tokens", "embedding", Component.LM_HEAD, "embedding", -1, spec.vocab_size, d)
-    layers = list(range(spec.n_layers))
-    if include_mtp:
-        layers += list(range(spec.n_layers, spec.n_layers + spec.n_mtp_layers))
     moe = set(spec.moe_layers)
     for i in layers:
         mtp = i >= spec.n_layers
@@ -616,21 +614,8 @@ def _build_modules(spec: ModelSpec, include_mtp: bool) -> tuple[WeightModule, ..
             add(m + "gate_proj", "gate_proj", dense, "linear", i, d, spec.ffn_dense)
             add(m + "up_proj", "up_proj", dense, "linear", i, d, spec.ffn_dense)
             add(m + "down_proj", "down_proj", dense, "linear", i, spec.ffn_dense, d)
-    add("lm_head", "lm_head", Component.LM_HEAD, "lm_head", -1, d, spec.vocab_size)
-    if spec.tie_word_embeddings:
-        out[-1] = WeightModule(
-            "lm_head",
-            "lm_head",
-            Component.LM_HEAD,
-            "lm_head",
-            -1,
-            d,
-            spec.vocab_size,
-            1,
-            False,
-            out[-1].fmt,
-            out[-1].bits_per_weight,
-        )
+    if model_level:  # a tied lm_head is the embedding matrix: counted here once, read as lm_head
+        add("lm_head", "lm_head", Component.LM_HEAD, "lm_head", -1, d, spec.vocab_size)
     return tuple(out)
 
 

@@ -1,0 +1,186 @@
+"""Budget composition: arithmetic on a hand-computed case, interpolation on measured curves, missing data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from decodetop.budget.compose import Curve, MeasuredTime, compose_budget
+from decodetop.budget.deployment import Deployment
+from decodetop.budget.inventory import StepInventory, build_inventory
+from decodetop.budget.keys import AllreduceKey, GemmKey
+from decodetop.budget.plan import build_plan
+from decodetop.budget.roofline import Hardware, hardware_for, roofline
+from decodetop.budget.gpus import GPUS
+from decodetop.budget.spec import load_preset, spec_from_config
+from decodetop.errors import UserInputError
+
+from .test_spec import TINY_LLAMA
+
+# One time per probe (ms per instance), so each component's sum can be worked out by hand below.
+PER_PROBE_MS = {
+    "gemm": 0.01,
+    "attention": 0.1,
+    "kvcast": 0.001,
+    "norms": 0.0001,
+    "allreduce": 0.02,
+    "sampling": 0.05,
+    "launch": 0.0005,
+}
+
+
+def _tiny(batch: int = 1) -> StepInventory:
+    return build_inventory(spec_from_config(TINY_LLAMA), Deployment(tp=2, batch=batch, context_len=100))
+
+
+def _measure_all(inv: StepInventory, skip: str = "") -> dict[str, MeasuredTime]:
+    out = {}
+    for key in build_plan(inv).all_keys():
+        if key.PROBE != skip:
+            ms = PER_PROBE_MS[key.PROBE]
+            out[key.key_id] = MeasuredTime(ms, ms * 0.9, ms * 1.2, "test")
+    return out
+
+
+def test_composition_by_hand() -> None:
+    """2-layer llama at TP 2, every op measured (op counts worked out from the model by hand):
+
+    attention: 2 kv writes × 0.001 + 2 attention × 0.1 = 0.202
+    attention projections: (2 qkv + 2 o_proj) × 0.01 = 0.04
+    dense MLP: (2 gate_up + 2 down) × 0.01 + 2 silu_and_mul × 0.0001 = 0.0402
+    communication: (1 + 2 + 2 all-reduces + 1 all-gather) × 0.02 = 0.12
+    norms: (embedding + 2 input norms + 2 rotary + 2 post-attention + final) × 0.0001 = 0.0008
+    lm_head: 1 × 0.05
+    launch: 31 kernels × 0.0005 = 0.0155
+    """
+    inv = _tiny()
+    assert inv.kernels == 31
+    budget = compose_budget(inv, _measure_all(inv), observed_ms=1.0, target_tps=2000.0)
+    expected = {
+        "attention": 0.202,
+        "attention_proj": 0.04,
+        "dense_mlp": 0.0402,
+        "communication": 0.12,
+        "norms": 0.0008,
+        "lm_head": 0.05,
+        "launch": 0.0155,
+    }
+    got = {s.component: s.ms for s in budget.segments}
+    assert got == pytest.approx(expected)
+    assert all(s.status == "measured" for s in budget.segments)
+    assert budget.total_ms == pytest.approx(0.4685)
+    assert budget.unexplained_ms == pytest.approx(1.0 - 0.4685)
+    assert budget.complete and budget.missing == ()
+    assert budget.target_ms == pytest.approx(0.5)
+    attention = budget.segment("attention")
+    assert attention is not None
+    assert attention.p10_ms == pytest.approx(0.202 * 0.9)
+    assert attention.p90_ms == pytest.approx(0.202 * 1.2)
+    assert budget.to_dict()["segments"][0]["component"] == "attention"
+
+
+def test_missing_data_stays_visible() -> None:
+    inv = _tiny()
+    budget = compose_budget(inv, _measure_all(inv, skip="attention"), observed_ms=1.0)
+    seg = budget.segment("attention")
+    assert seg is not None
+    assert seg.status == "missing"
+    assert seg.ms == pytest.approx(0.002)  # only the kv writes are known: a lower bound, not 0 and not the truth
+    (missing,) = seg.missing_keys
+    assert missing.startswith("attention:kind=gqa")
+    assert missing in seg.reason
+    assert not budget.complete
+    assert budget.missing == ("attention",)
+    assert budget.unexplained.status == "missing"
+    assert "upper bound" in budget.unexplained.reason
+
+
+def test_nothing_measured_and_no_estimate_is_all_missing() -> None:
+    budget = compose_budget(_tiny())
+    assert all(s.status == "missing" and s.ms is None for s in budget.segments)
+    assert budget.total_ms == 0
+    assert len(budget.missing) == len(budget.segments)
+
+
+def test_log_log_interpolation_of_all_reduce() -> None:
+    inv = _tiny()  # all-reduce messages are 1 token × 64 × 2 = 128 B
+    measured = {k: v for k, v in _measure_all(inv).items() if not k.startswith("allreduce:")}
+    curve = Curve(((64.0, 0.010), (256.0, 0.020), (1024.0, 0.040)), source="sweep")
+    budget = compose_budget(inv, measured, allreduce_curves={"all_reduce": curve, "all_gather": curve})
+    comm = budget.segment("communication")
+    assert comm is not None
+    ar = math.sqrt(0.010 * 0.020)  # 128 B is halfway between 64 and 256 on a log axis
+    ag = 0.010 * (0.020 / 0.010) ** (math.log(100 / 64) / math.log(4))  # the 100 B all-gather
+    assert comm.ms == pytest.approx(5 * ar + ag)
+    assert comm.status == "interpolated"
+    assert comm.sources == ("sweep",)
+
+
+def test_curve_exact_point_counts_as_measured_and_range_is_not_extrapolated() -> None:
+    curve = Curve(((8.0, 1.0), (64.0, 2.0)))
+    assert curve.at(8.0) == (1.0, True)
+    assert curve.at(16.0) == (pytest.approx(2 ** (1 / 3)), False)
+    assert curve.at(4.0) is None
+    assert curve.at(128.0) is None
+    with pytest.raises(UserInputError):
+        Curve(((0.0, 1.0),))
+    with pytest.raises(UserInputError):
+        Curve(((8.0, 1.0), (8.0, 2.0)))
+
+
+def test_gemm_curve_interpolates_missing_m() -> None:
+    inv = _tiny(batch=3)
+    measured = {k: v for k, v in _measure_all(inv).items() if not k.startswith("gemm:")}
+    curves = {}
+    for key in build_plan(inv).by_probe("gemm"):
+        assert isinstance(key, GemmKey) and key.m == 3
+        curves[key.curve_id] = Curve(((2.0, 0.01), (4.0, 0.02)))
+    budget = compose_budget(inv, measured, gemm_curves=curves)
+    proj = budget.segment("attention_proj")
+    assert proj is not None
+    assert proj.status == "interpolated"
+    assert proj.ms == pytest.approx(4 * 0.015)  # 0.01 · 2^(log2 1.5)
+
+
+def test_roofline_only_budget_is_estimated_everywhere() -> None:
+    inv = build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8))
+    hw = hardware_for(GPUS["rtx-pro-6000"])
+    roof = roofline(inv, hw)
+    budget = compose_budget(inv, {}, roofline=roof, estimate=hw)
+    assert all(s.status == "estimated" for s in budget.segments)
+    assert budget.complete
+    assert budget.roofline_ms == roof.step_ms
+    assert budget.observed_ms == 95.0
+    assert budget.target_ms == pytest.approx(1000 / 309)
+    comm = budget.segment("communication")
+    assert comm is not None and comm.ms == pytest.approx(roof.collective_ms)
+    launch = budget.segment("launch")
+    assert launch is not None and launch.ms == pytest.approx(inv.kernels * 0.6e-3)
+    assert budget.unexplained_ms == pytest.approx(95.0 - budget.total_ms)
+
+
+def test_measured_beats_estimate_and_launch_mode_picks_the_key() -> None:
+    inv = _tiny()
+    hw = Hardware("t", 1000.0, "t", 10.0, "t", 100.0, "pcie5", None)
+    ar = AllreduceKey("all_reduce", 128, 2, "bf16").key_id
+    measured = {ar: MeasuredTime.point(0.5), f"launch:mode=eager,kernels={inv.kernels}": MeasuredTime.point(0.01)}
+    budget = compose_budget(inv, measured, estimate=hw, launch_mode="eager")
+    comm = budget.segment("communication")
+    assert comm is not None and comm.status == "estimated"  # the all-gather is still estimated
+    assert comm.ms is not None and comm.ms > 5 * 0.5
+    launch = budget.segment("launch")
+    assert launch is not None and launch.status == "measured"
+    assert launch.ms == pytest.approx(inv.kernels * 0.01)
+    graph = compose_budget(inv, measured, launch_mode="graph")
+    graph_launch = graph.segment("launch")
+    assert graph_launch is not None and graph_launch.status == "missing"
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(UserInputError):
+        MeasuredTime(float("nan"), 0, 0)
+    with pytest.raises(UserInputError):
+        compose_budget(_tiny(), observed_ms=0)
+    with pytest.raises(UserInputError):
+        compose_budget(_tiny(), launch_mode="warp")
