@@ -20,6 +20,7 @@ from decodetop.errors import UserInputError
 from decodetop.export.recording import (
     Recorder,
     decode_event,
+    decode_replay,
     from_jsonable,
     read_recording,
     resolve_type,
@@ -233,3 +234,32 @@ def test_resolve_type_stays_inside_decodetop_data() -> None:
     ):
         with pytest.raises(ValueError):
             resolve_type(bad)
+
+
+def test_decode_replay_skips_payloads_that_no_longer_fit(tmp_path: Path) -> None:
+    path = tmp_path / "old.jsonl"
+    _record_session(path)
+    lines = path.read_text().splitlines()
+    # a recording from another version: a check without its required fields, an unknown class
+    lines.insert(
+        3,
+        json.dumps(
+            {
+                "v": 1,
+                "t": 1795959002.5,
+                "kind": "checks",
+                "type": "decodetop.collectors.checks.model.CheckResult",
+                "data": [{"check_id": "C1"}],
+            }
+        ),
+    )
+    lines.insert(
+        4, json.dumps({"v": 1, "t": 1795959002.6, "kind": "budget", "type": "decodetop.budget.gone.Budget", "data": {}})
+    )
+    path.write_text("\n".join(lines) + "\n")
+    decoded = decode_replay(read_recording(path))
+    assert decoded.undecodable == 2 and decoded.skipped == 2
+    assert [d.event.kind for d in decoded.items].count("probe_result") == 3
+    assert decoded.items[1].value == telemetry_snapshot()
+    assert len(decoded.warnings) == 1 and "skipped 2 events" in decoded.warnings[0]
+    assert "line 4 (checks)" in decoded.warnings[0]

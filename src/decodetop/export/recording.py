@@ -532,3 +532,51 @@ def write_events(path: str | os.PathLike[str], events: Sequence[tuple[float, str
     with Recorder(path, clock=lambda: first) as rec:
         for t, kind, payload in events:
             rec.record(kind, payload, t=t)
+
+
+@dataclass(frozen=True)
+class DecodedEvent:
+    """An event and the object rebuilt from it (the raw payload where the line names no class)."""
+
+    event: RecordedEvent
+    value: Any
+
+
+@dataclass(frozen=True)
+class DecodedReplay:
+    """A replay with every event rebuilt; events whose payload no longer fits their class are skipped and counted."""
+
+    replay: Replay
+    items: tuple[DecodedEvent, ...]
+    undecodable: int
+    warnings: tuple[str, ...]
+
+    @property
+    def skipped(self) -> int:
+        """Corrupt lines plus undecodable events: everything a replay could not show."""
+        return self.replay.corrupt_lines + self.undecodable
+
+
+def decode_replay(replay: Replay) -> DecodedReplay:
+    """Rebuild every event of a replay (for the UI). A payload that does not fit its class (a recording from
+    another decodetop version) is skipped, counted and named in one warning line; never fatal."""
+    items: list[DecodedEvent] = []
+    problems: list[str] = []
+    undecodable = 0
+    for event in replay.events:
+        try:
+            value = decode_event(event)
+        except ValueError as exc:
+            undecodable += 1
+            if len(problems) < MAX_LISTED_PROBLEMS:
+                problems.append(f"line {event.line_no} ({event.kind}): {str(exc).splitlines()[0][:160]}")
+            continue
+        items.append(DecodedEvent(event, value))
+    warnings = list(replay.warnings)
+    if undecodable:
+        more = f", and {undecodable - len(problems)} more" if undecodable > len(problems) else ""
+        warnings.append(
+            f"{replay.path.name}: skipped {undecodable} event{'s' if undecodable != 1 else ''} this version cannot "
+            f"read ({'; '.join(problems)}{more})"
+        )
+    return DecodedReplay(replay=replay, items=tuple(items), undecodable=undecodable, warnings=tuple(warnings))
