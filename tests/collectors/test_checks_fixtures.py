@@ -104,3 +104,66 @@ def test_firecracker_vm_says_not_exposed() -> None:
         assert r[cid].status == Status.INFO and "not exposed in this VM" in r[cid].observed
     assert r["P1:0000:00:06.0"].status == Status.PASS
     assert exit_code(results) == 0
+
+
+def _copy(tmp_path: Path, name: str) -> Path:
+    import shutil
+
+    dest = tmp_path / name
+    shutil.copytree(HOSTS / name / "root", dest, symlinks=True)
+    return dest
+
+
+def test_xid_in_kernel_log(tmp_path: Path) -> None:
+    tree = _copy(tmp_path, "firecracker-h200-vm")
+    with (tree / "dev/kmsg").open("a") as log:
+        log.write("4,950,3012345,-;NVRM: Xid (PCI:0000:00:07): 13, pid=4711, name=python3, Graphics Exception\n")
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))
+    assert r["N8"].status == Status.WARN and "Xid 13" in r["N8"].observed
+    with (tree / "dev/kmsg").open("a") as log:
+        log.write("3,951,3012399,-;NVRM: Xid (PCI:0000:00:06): 79, pid=0, GPU has fallen off the bus.\n")
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))
+    assert r["N8"].status == Status.FAIL and r["N8"].facts["xids"] == "13,79"
+
+
+def test_cgroup_v1_devices_list(tmp_path: Path) -> None:
+    """The LXC story under cgroup v1: devices.list still allows the old uvm major 510 only."""
+    tree = _copy(tmp_path, "lxc-stale-uvm-major")
+    (tree / "sys/fs/cgroup/cgroup.controllers").unlink()
+    (tree / "proc/3321/cgroup").write_text("12:devices:/lxc/101\n0::/\n")
+    devices = tree / "sys/fs/cgroup/devices/lxc/101"
+    devices.mkdir(parents=True)
+    (devices / "devices.list").write_text("c 195:* rwm\nc 510:* rwm\nc 1:3 rwm\nc 5:* rwm\n")
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))
+    assert r["N12"].status == Status.FAIL
+    assert "/dev/nvidia-uvm 509:0 not allowed rw by /sys/fs/cgroup/devices/lxc/101/devices.list" in r["N12"].observed
+    (devices / "devices.list").write_text("a *:* rwm\n")
+    (tree / "dev/.rdev").write_text("nvidia0 c 195 0\nnvidiactl c 195 255\nnvidia-uvm c 509 0\n")
+    (tree / "dev/nvidia-uvm-tools").unlink()
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))
+    assert r["N12"].status == Status.PASS
+
+
+def test_host_side_lxc_configs(tmp_path: Path) -> None:
+    """§3.4: on the Proxmox host, a container rule for the old major is reported against /proc/devices."""
+    tree = _copy(tmp_path, "epyc-motivating")  # live nvidia-uvm is 510 here
+    pve = tree / "etc/pve/lxc"
+    pve.mkdir(parents=True)
+    (pve / "101.conf").write_text(
+        "arch: amd64\nlxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devices.allow: c 509:* rwm\n"
+        "lxc.mount.entry: /dev/nvidia-uvm dev/nvidia-uvm none bind,optional,create=file\n"
+    )
+    (pve / "102.conf").write_text(
+        "lxc.cgroup2.devices.allow: c 195:* rwm\nlxc.cgroup2.devices.allow: c 510:* rwm\n"
+        "lxc.cgroup2.devices.allow: c 511:* rwm\n"
+    )
+    plain = tree / "var/lib/lxc/web"
+    plain.mkdir(parents=True)
+    (plain / "config").write_text("lxc.cgroup.devices.allow = a\n")
+    results = run_host_checks(HostRoot(tree), sample_interval_s=0.0)
+    r = _by_id(results)
+    bad = r["N12:/etc/pve/lxc/101.conf"]
+    assert bad.status == Status.FAIL
+    assert "nvidia-uvm 510" in bad.observed and "unregistered majors: 509" in bad.observed
+    assert r["N12:/etc/pve/lxc/102.conf"].status == Status.PASS
+    assert r["N12:/var/lib/lxc/web/config"].status == Status.PASS

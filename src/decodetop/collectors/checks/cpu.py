@@ -234,7 +234,7 @@ def check_governor(ctx: HostContext) -> list[CheckResult]:
         observed += f"; capped: {', '.join(capped[:3])}" + (f" (+{len(capped) - 3})" if len(capped) > 3 else "")
     facts = {"governor": ",".join(sorted(set(governors))), "freq_capped_policies": str(len(capped))}
     if ctx.root.is_live:
-        facts.update(_psutil_freq())
+        observed += _psutil_now()
     status = Status.WARN if bad_gov or capped else Status.PASS
     return [
         CheckResult(
@@ -253,22 +253,20 @@ def check_governor(ctx: HostContext) -> list[CheckResult]:
     ]
 
 
-def _psutil_freq() -> dict[str, str]:
-    """Current average CPU frequency and load from psutil (live host only: psutil reads the real /sys)."""
+def _psutil_now() -> str:
+    """'; now 2412 MHz avg, load 0.31' from psutil: live host only (psutil reads the real /sys and /proc, so a
+    copied tree never goes through it). Not a fact: it changes from run to run and would clutter baseline diffs."""
     try:
         import psutil
     except ImportError:
-        return {}
-    out: dict[str, str] = {}
+        return ""
     try:
         freq = psutil.cpu_freq()
-        if freq is not None and freq.current:
-            out["cpu_freq_now_mhz"] = f"{freq.current:.0f}"
-        load1, _load5, _load15 = psutil.getloadavg()
-        out["loadavg_1m"] = f"{load1:.2f}"
+        load1 = psutil.getloadavg()[0]
     except (OSError, RuntimeError, NotImplementedError):
-        pass
-    return out
+        return ""
+    mhz = f"now {freq.current:.0f} MHz avg, " if freq is not None and freq.current else ""
+    return f"; {mhz}load {load1:.2f}"
 
 
 @guarded("C5", "Energy-performance preference")
