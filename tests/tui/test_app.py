@@ -52,7 +52,7 @@ async def test_eight_gpus_fill_the_table_with_stable_keys_and_highlights() -> No
     app = make_app(make_sources(telemetry=FakeTelemetry(frames)))
     async with app.run_test(size=(160, 48), message_hook=log) as pilot:
         await pilot.press("2")
-        table = app.query_one(GpuTable)
+        table = app.query_one("#gpu-table", GpuTable)
         await wait_until(pilot, lambda: table.row_count == 8, "8 GPU rows")
         assert [str(k.value) for k in table.rows] == [f"gpu-{i}" for i in range(8)]
         assert "3x" not in str(table.get_cell("gpu-3", "pcie"))
@@ -159,7 +159,7 @@ async def test_health_lists_failing_first_enter_explains_and_s_saves_a_baseline(
     async with app.run_test(size=(100, 30), message_hook=log) as pilot:
         await wait_until(pilot, lambda: bool(log.of(ChecksReady)), "checks")
         await pilot.press("3")
-        panel = app.query_one(HealthPanel)
+        panel = app.query_one("#health-panel", HealthPanel)
         await wait_until(pilot, lambda: panel.table.row_count == 6, "rows")
         assert [c.status for c in panel._order][:3] == [Status.FAIL, Status.FAIL, Status.WARN]
         summary = str(app.query_one("#health-summary", Static).content)
@@ -187,7 +187,7 @@ async def test_changes_since_the_baseline_are_marked(tmp_path: Path) -> None:
     app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
     async with app.run_test(size=(100, 30)) as pilot:
         await pilot.press("3")
-        panel = app.query_one(HealthPanel)
+        panel = app.query_one("#health-panel", HealthPanel)
         await wait_until(pilot, lambda: panel.view.baseline_at_s is not None and panel.table.row_count == 6, "rows")
         assert panel.view.changed_ids == frozenset({"C1"})
         assert "baseline 2h ago, 1 changed" in str(app.query_one("#health-summary", Static).content)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
-from textual.containers import Container
+from textual.containers import Container, Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
@@ -156,23 +156,28 @@ class DecodetopApp(App[int]):
         """Budget on top, the tables and charts in tabs below, a status line and the footer."""
         with Container(id="budget-box"):
             yield BudgetBar(id="budget")
-        with TabbedContent(initial="probes", id="tabs"):
-            with TabPane("Probes 1", id="probes"):
-                yield ProbeTable(id="probe-table")
-            with TabPane("GPUs 2", id="gpus"):
-                yield Static("", id="gpu-note")
-                yield GpuTable(id="gpu-table")
-            with TabPane("Health 3", id="health"):
-                yield HealthPanel(id="health-panel")
-            with TabPane("Charts 4", id="charts"):
-                yield Charts(id="charts-grid")
+        with Horizontal(id="main"):
+            with TabbedContent(initial="probes", id="tabs"):
+                with TabPane("Probes 1", id="probes"):
+                    yield ProbeTable(id="probe-table")
+                with TabPane("GPUs 2", id="gpus"):
+                    yield Static("", id="gpu-note", classes="gpu-note")
+                    yield GpuTable(id="gpu-table")
+                with TabPane("Health 3", id="health"):
+                    yield HealthPanel(id="health-panel")
+                with TabPane("Charts 4", id="charts"):
+                    yield Charts(id="charts-grid")
+            with Vertical(id="side"):
+                yield Static("", id="side-gpu-note", classes="gpu-note")
+                yield GpuTable(id="side-gpu-table")
+                yield HealthPanel(id="side-health-panel")
         yield Static("", id="status")
         yield Footer()
 
     def on_mount(self) -> None:
         """Draw the empty frame at once, then start everything in the background."""
         self.query_one("#budget-box").border_title = "per-token budget"
-        self.query_one(BudgetBar).compact = self.size.height < self.COMPACT_BELOW_ROWS
+        self._fit_layout()
         self._recompose_budget()
         self._set_status()
         self.sources.telemetry.start(self._on_frame_from_thread)
@@ -187,9 +192,17 @@ class DecodetopApp(App[int]):
     COMPACT_BELOW_ROWS = 40
     """Terminals shorter than this get the compact budget legend (so 80×24 keeps room for the tables)."""
 
+    WIDE_FROM = (150, 40)
+    """From this size (columns, rows) the GPU table and health panel also show beside the tabs."""
+
     def on_resize(self) -> None:
-        """Compact legend on short terminals."""
-        self.query_one(BudgetBar).compact = self.size.height < self.COMPACT_BELOW_ROWS
+        """Compact legend on short terminals; side panels on large ones."""
+        self._fit_layout()
+
+    def _fit_layout(self) -> None:
+        width, height = self.size
+        self.query_one(BudgetBar).compact = height < self.COMPACT_BELOW_ROWS
+        self.set_class(width >= self.WIDE_FROM[0] and height >= self.WIDE_FROM[1], "-wide")
 
     def now(self) -> float:
         """The app's clock (fixed in snapshot tests)."""
@@ -204,12 +217,14 @@ class DecodetopApp(App[int]):
     def _show_frame(self, message: TelemetryReady) -> None:
         frame = message.frame
         self.last_frame = frame
-        self.query_one(GpuTable).show(frame)
+        for table in self.query(GpuTable):
+            table.show(frame)
         self.telemetry.add(frame)
         note = frame.source_note
         if not frame.gpus:
             note = f"no GPU telemetry: {frame.unavailable_reason or 'no GPU found'}"
-        self.query_one("#gpu-note", Static).update(note)
+        for static in self.query(".gpu-note").results(Static):
+            static.update(note)
         if self.query_one(TabbedContent).active == "charts":
             self.query_one(Charts).show_history(self.telemetry, frame.taken_at_s)
         self._set_status()
@@ -401,7 +416,8 @@ class DecodetopApp(App[int]):
             baseline_at_s=None if self.baseline is None else self.baseline.recorded_at_s,
             problem=problem,
         )
-        self.query_one(HealthPanel).show(view, self.now())
+        for panel in self.query(HealthPanel):
+            panel.show(view, self.now())
 
     def action_save_baseline(self) -> None:
         """`s`: save the current checks and probe values as the baseline."""
@@ -478,7 +494,7 @@ class DecodetopApp(App[int]):
         focus = {
             "probes": "#probe-table",
             "gpus": "#gpu-table",
-            "health": "#health-table",
+            "health": "#health-panel #health-table",
         }.get(tab)
         if focus:
             self.query_one(focus).focus()
@@ -532,8 +548,8 @@ class DecodetopApp(App[int]):
             key = event.row_key.value
             if key is not None and key in self.probe_views:
                 self.push_screen(ProbeDetailScreen(self.probe_views[key], self.now()))
-        elif event.data_table.id == "health-table":
-            check = self.query_one(HealthPanel).selected
+        elif event.data_table.id == "health-table" and isinstance(event.data_table.parent, HealthPanel):
+            check = event.data_table.parent.selected
             if check is not None:
                 changed = check.check_id in changed_since(self.checks, self.baseline)
                 self.push_screen(CheckDetailScreen(check, changed))
