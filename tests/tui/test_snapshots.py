@@ -68,9 +68,11 @@ def test_probes_running(snap_compare: Callable[..., bool], size: tuple[int, int]
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_failed_probe(snap_compare: Callable[..., bool], size: tuple[int, int]) -> None:
     app = make_app(make_sources(probes=FakeProbes(script={"allreduce": ProbeState.FAILED}), run_probes=True))
-    done = lambda: all(
-        v.state not in (ProbeState.QUEUED, ProbeState.RUNNING, ProbeState.IDLE) for v in app.probe_views.values()
-    )  # noqa: E731
+
+    def done() -> bool:
+        pending = (ProbeState.QUEUED, ProbeState.RUNNING, ProbeState.IDLE)
+        return all(v.state not in pending for v in app.probe_views.values())
+
     assert snap_compare(app, terminal_size=size, run_before=_runner(app, None, done))
 
 
