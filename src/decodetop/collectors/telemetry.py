@@ -4,7 +4,8 @@
 and traffic, power, temperature, utilisation, memory, ECC, row remapping, NVLink, persistence, processes) and the
 topology and P2P status of every pair (once: they do not change while the driver is loaded). Every value NVML cannot
 give is `None`, and the snapshot's `unavailable` map says why. The cost of each tick is measured and carried in
-the snapshot, in total and per GPU.
+the snapshot, in total and per GPU. Settings only an admin changes (`SLOW_FIELDS`) are read every
+`slow_every_ticks` ticks and carried between: they are among the costliest calls.
 
 `TelemetryCollector` runs the sampler on a thread (1 s default tick) and hands each snapshot to a callback; the TUI
 and the exporter both use it. Process lists are costly (MangoHud PR #2104: ~4.5 ms per call holding the driver's
