@@ -8,11 +8,11 @@ import pytest
 
 from decodetop.budget.compose import Curve, MeasuredTime, compose_budget
 from decodetop.budget.deployment import Deployment
+from decodetop.budget.gpus import GPUS
 from decodetop.budget.inventory import StepInventory, build_inventory
 from decodetop.budget.keys import AllreduceKey, GemmKey
 from decodetop.budget.plan import build_plan
 from decodetop.budget.roofline import Hardware, hardware_for, roofline
-from decodetop.budget.gpus import GPUS
 from decodetop.budget.spec import load_preset, spec_from_config
 from decodetop.errors import UserInputError
 
@@ -37,7 +37,7 @@ def _tiny(batch: int = 1) -> StepInventory:
 def _measure_all(inv: StepInventory, skip: str = "") -> dict[str, MeasuredTime]:
     out = {}
     for key in build_plan(inv).all_keys():
-        if key.PROBE != skip:
+        if skip != key.PROBE:
             ms = PER_PROBE_MS[key.PROBE]
             out[key.key_id] = MeasuredTime(ms, ms * 0.9, ms * 1.2, "test")
     return out

@@ -38,8 +38,18 @@ TOLERANCE = 0.015
 # computed figure). 1.5% of a rounded "1T" cannot hold; the headline's own rounding (±5%) is used for that one.
 TOTAL_TOLERANCE = {"kimi-k2": 0.05}
 
-REQUIRED = {"glm-5", "glm-5-fp8", "glm-5-nvfp4", "deepseek-v3", "kimi-k2", "qwen3-235b-a22b", "llama-3.1-70b",
-            "llama-3.1-405b", "gpt-oss-120b", "mixtral-8x7b"}  # fmt: skip
+REQUIRED = {
+    "glm-5",
+    "glm-5-fp8",
+    "glm-5-nvfp4",
+    "deepseek-v3",
+    "kimi-k2",
+    "qwen3-235b-a22b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "gpt-oss-120b",
+    "mixtral-8x7b",
+}
 
 
 def test_required_presets_exist() -> None:

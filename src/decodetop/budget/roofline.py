@@ -46,6 +46,7 @@ def hardware_for(
     allreduce_latency_us: float | None = None,
     latency_source: str = "measured",
     interconnect: str | None = None,
+    gpu_name: str | None = None,
 ) -> Hardware:
     """Combine a table row (or none) with measured/NVML overrides. Without a row or a bandwidth, it is an error."""
     link = INTERCONNECTS[interconnect or (gpu.interconnect if gpu else "pcie5")]
@@ -61,7 +62,7 @@ def hardware_for(
         allreduce_latency_us = link.allreduce_latency_us
         lat_source = f"default for {link.name}: {link.source}"
     return Hardware(
-        gpu_name=gpu.name if gpu else "unknown GPU",
+        gpu_name=gpu_name or (gpu.name if gpu else "unknown GPU"),
         mem_bandwidth_gbps=bandwidth_gbps,
         bandwidth_source=bandwidth_source,
         allreduce_latency_us=allreduce_latency_us,

@@ -6,6 +6,7 @@ open (GPU count for --tp, the GPU's name and memory bus for the bandwidth).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -126,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     inv = build_inventory(spec, dep)
 
     gpu = None
+    gpu_name = None
+    assumed = False
     bandwidth = args.bandwidth_tbps * 1000 if args.bandwidth_tbps else None
     bw_source = "measured (--bandwidth-tbps)"
     if args.gpu:
@@ -136,22 +139,25 @@ def run(args: argparse.Namespace) -> int:
         seen = facts.gpu0()
         if seen is not None:
             name, width, clock = seen
-            gpu = find_gpu(name)
+            gpu, gpu_name = find_gpu(name), name
             bandwidth = nvml_bandwidth_gbps(width, clock)
             bw_source = f"NVML: {name}, {width}-bit bus × {clock} MHz × 2"
         else:
-            gpu = GPUS["rtx-pro-6000"]
-            bw_source = "assumed (no --gpu, no NVML): "
+            gpu, assumed = GPUS["rtx-pro-6000"], True  # the seed host's GPU (probes.md §0)
     hw = hardware_for(
         gpu,
         bandwidth_gbps=bandwidth,
         bandwidth_source=bw_source,
         allreduce_latency_us=args.allreduce_us,
         latency_source="measured (--allreduce-us)",
+        gpu_name=gpu_name,
     )
-    if bw_source.startswith("assumed") and gpu is not None:
-        hw = hardware_for(gpu, allreduce_latency_us=args.allreduce_us, latency_source="measured (--allreduce-us)")
-        hw = type(hw)(**{**hw.__dict__, "bandwidth_source": bw_source + hw.bandwidth_source})
+    if assumed:
+        hw = dataclasses.replace(
+            hw,
+            bandwidth_source="assumed, no --gpu and no NVML; " + hw.bandwidth_source,
+            gpu_name=hw.gpu_name + " (assumed)",
+        )
     roof = roofline(inv, hw)
     budget = compose_budget(
         inv, {}, observed_ms=args.observed_ms, target_tps=args.target_tps, roofline=roof, estimate=hw

@@ -1,0 +1,193 @@
+"""`decodetop budget`: output, JSON, errors (exit code 2, one line naming file and key), import hygiene."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decodetop.budget.spec import PRESET_DIR
+from decodetop.cli import main
+
+from .test_spec import TINY_LLAMA
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_text_output_glm5_nvfp4(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["budget", "--model", "glm-5-nvfp4", "--tp", "8", "--gpu", "rtx-pro-6000"]) == 0
+    out = capsys.readouterr().out
+    assert "743.9 B total, 40.83 B active" in out
+    assert "157 × 12 KiB (156 in the layers + 1 after the embedding)" in out
+    assert "Roofline on NVIDIA RTX PRO 6000 Blackwell, 1792 GB/s" in out
+    assert "unexplained" in out and "observed 95.0 ms/step" in out and "target 309 tok/s = 3.24 ms/step" in out
+    assert "q_a+kv_a_proj (replicated)" in out  # the inventory, grouped by component
+    assert "Assumptions" in out
+
+
+def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "budget",
+            "--model",
+            "deepseek-v3",
+            "--tp",
+            "8",
+            "--gpu",
+            "h200",
+            "--json",
+            "--plan",
+            "--observed-ms",
+            "20",
+            "--target-tps",
+            "100",
+        ]
+    )
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["deployment"]["tp"] == 8
+    assert data["per_gpu"]["all_reduce"] == {"14336": 123}
+    assert data["roofline"]["mem_bandwidth_gbps"] == 4800
+    assert data["budget"]["observed_ms"] == 20
+    assert data["budget"]["target_ms"] == pytest.approx(10.0)
+    assert data["budget"]["unexplained_ms"] == pytest.approx(20 - data["budget"]["total_ms"])
+    assert {s["status"] for s in data["budget"]["segments"]} == {"estimated"}
+    assert "moe" in data["plan"]["probes"]
+    assert data["model"]["params_total"] == pytest.approx(671.03e9, rel=1e-4)
+
+
+def test_measured_bandwidth_and_latency_override(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(
+        [
+            "budget",
+            "--model",
+            "llama-3.1-70b",
+            "--tp",
+            "4",
+            "--gpu",
+            "h100",
+            "--bandwidth-tbps",
+            "2.5",
+            "--allreduce-us",
+            "7",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    roof = json.loads(capsys.readouterr().out)["roofline"]
+    assert roof["mem_bandwidth_gbps"] == 2500
+    assert roof["bandwidth_source"].startswith("measured")
+    assert roof["allreduce_latency_us"] == 7
+
+
+def test_config_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    preset = json.loads((PRESET_DIR / "gpt-oss-120b.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(preset["config"]))
+    assert main(["budget", "--config", str(tmp_path), "--tp", "4", "--gpu", "b200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["model_type"] == "gpt_oss"
+    assert "MXFP4" in data["model"]["quantization"]
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "expected a JSON object"),
+        (json.dumps({k: v for k, v in TINY_LLAMA.items() if k != "hidden_size"}), "hidden_size: missing"),
+        (json.dumps({**TINY_LLAMA, "num_attention_heads": -4}), "num_attention_heads: -4 is out of range"),
+        (json.dumps({**TINY_LLAMA, "vocab_size": 10**12}), "vocab_size"),
+        (json.dumps({**TINY_LLAMA, "model_type": "t5"}), "model_type: 't5' is not a family"),
+        (
+            json.dumps({**TINY_LLAMA, "quantization_config": {"quant_method": "bitsandbytes"}}),
+            "quantization_config.quant_method: 'bitsandbytes'",
+        ),
+    ],
+)
+def test_malformed_config_exits_2_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, fragment: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(content)
+    assert main(["budget", "--config", str(path), "--tp", "2", "--gpu", "h100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert str(path) in err
+    assert fragment in err
+
+
+def test_malformed_hf_quant_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "INT8_SQ"}}))
+    assert main(["budget", "--config", str(tmp_path), "--tp", "2", "--gpu", "h100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "hf_quant_config.json: quantization.quant_algo" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["--model", "glm-9"], "unknown preset"),
+        (["--tp", "3"], "--tp"),
+        (["--gpu", "voodoo"], "--gpu: unknown GPU"),
+        (["--bandwidth-tbps", "-1"], "--bandwidth-tbps"),
+        (["--config", "/nonexistent/dir"], "no such file"),
+        (["--model", "kimi-k2", "--accept-length", "2"], "MTP"),
+    ],
+)
+def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], fragment: str) -> None:
+    base = ["budget", "--gpu", "h200"] if "--gpu" not in argv else ["budget"]
+    if "--tp" not in argv:
+        base += ["--tp", "8"]
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and "\n" not in err
+
+
+def test_list_models(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["budget", "--list-models"]) == 0
+    assert "glm-5-nvfp4" in capsys.readouterr().out.split()
+
+
+def test_budget_command_imports_neither_torch_nor_textual() -> None:
+    """Acceptance: the budget command runs without importing torch or textual (a fresh interpreter)."""
+    code = (
+        "import sys, io, contextlib\n"
+        "from decodetop.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['budget', '--model', 'glm-5-nvfp4', '--tp', '8', '--gpu', 'rtx-pro-6000'])\n"
+        "assert rc == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'textual', 'rich')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60, cwd=ROOT
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_defaults_without_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from decodetop.commands import budget as command
+
+    monkeypatch.setattr(command._GpuFacts, "count", lambda self: 0)
+    monkeypatch.setattr(command._GpuFacts, "gpu0", lambda self: None)
+    assert main(["budget", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["name"] == "GLM-5-NVFP4"
+    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (8, "default (no GPU count)")
+    assert data["roofline"]["bandwidth_source"].startswith("assumed")
+
+
+def test_tp_and_bandwidth_from_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from decodetop.commands import budget as command
+
+    monkeypatch.setattr(command._GpuFacts, "count", lambda self: 2)
+    monkeypatch.setattr(command._GpuFacts, "gpu0", lambda self: ("NVIDIA H200", 6016, 3201))  # h200-machine.md
+    assert main(["budget", "--model", "llama-3.1-70b", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (2, "GPUs seen by NVML")
+    assert data["roofline"]["mem_bandwidth_gbps"] == pytest.approx(6016 / 8 * 3201 * 2 / 1000)
+    assert data["roofline"]["bandwidth_source"].startswith("NVML: NVIDIA H200")
+    assert data["roofline"]["allreduce_latency_us"] == 14.0  # NVLink default from the H200 row
