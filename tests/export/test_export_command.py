@@ -175,12 +175,43 @@ def test_parse_duration() -> None:
             parse_duration(bad, "--probe-every")
 
 
+class _Registry:
+    def __init__(self, specs: dict[str, dict[str, Any]]) -> None:
+        self.specs = specs
+
+    def names(self) -> list[str]:
+        return list(self.specs)
+
+    def get(self, name: str) -> Any:
+        return SimpleNamespace(name=name, default_params=self.specs[name])
+
+
+REGISTRY = _Registry(
+    {"allreduce": {"sizes": [], "modes": []}, "launch": {}, "membw": {}, "gemm": {"keys": []}, "tracer": {}}
+)
+
+
 def test_plan_without_model_is_every_registered_probe() -> None:
-    assert probe_plan_runs(None, None, ["allreduce", "launch", "membw"]) == (
-        PlannedRun("allreduce"),
-        PlannedRun("launch"),
-        PlannedRun("membw"),
-    )
+    assert probe_plan_runs(None, None, REGISTRY) == tuple(PlannedRun(n) for n in REGISTRY.names())
+
+
+def test_plan_for_a_model_uses_its_shapes() -> None:
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.plan import build_plan
+    from decodetop.budget.spec import load_preset
+
+    plan = build_plan(build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8)))
+    runs = {r.probe: r.params for r in probe_plan_runs("glm-5-nvfp4", 8, REGISTRY)}
+    assert set(runs) == {"allreduce", "launch", "membw", "gemm"}  # "tracer" is not in the plan
+    exact = {k.bytes for k in plan.by_probe("allreduce")}
+    assert exact and exact <= set(runs["allreduce"]["sizes"])
+    assert set(plan.allreduce_sweep_bytes) <= set(runs["allreduce"]["sizes"])
+    assert runs["gemm"]["keys"] == [k.key_id for k in plan.by_probe("gemm")]
+    # one GPU: no all-reduce in the step, so none is planned
+    assert "allreduce" not in {r.probe for r in probe_plan_runs("glm-5-nvfp4", 1, REGISTRY)}
+    with pytest.raises(UserInputError, match="unknown preset"):
+        probe_plan_runs("no-such-model", 8, REGISTRY)
 
 
 class _FakeController:

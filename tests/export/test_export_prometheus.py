@@ -103,15 +103,22 @@ def test_exposition_reads_back_in_base_units() -> None:
     assert _value(samples, "decodetop_probe_status", probe="launch", status="ok") == 0
     unsupported = {"probe": "membw", "measurement": "h2d pinned", "size": str(256 * 1024**2), "mode": ""}
     assert _value(samples, "decodetop_probe_measurement_ok", **unsupported) == 0
-    # budget: ms → s by component, with the step lines
+    # budget (the budget helper's Budget): ms → s by component, unexplained as a segment, statuses, step lines
     b = budget()
-    assert _value(
-        samples, "decodetop_budget_segment_seconds", model=b.model, component="communication"
-    ) == pytest.approx(0.0176)
-    assert _value(samples, "decodetop_budget_step_seconds", model=b.model, line="observed") == pytest.approx(0.095)
-    assert _value(samples, "decodetop_budget_step_seconds", model=b.model, line="unexplained") == pytest.approx(
+    model = {"model": b.model}
+    assert _value(samples, "decodetop_budget_segment_seconds", component="communication", **model) == pytest.approx(
+        0.0176
+    )
+    assert _value(samples, "decodetop_budget_segment_seconds", component="unexplained", **model) == pytest.approx(
         b.unexplained_ms / 1e3
     )
+    assert ("decodetop_budget_segment_seconds", (("component", "lm_head"), ("model", b.model))) not in samples
+    assert _value(samples, "decodetop_budget_segment_status", component="lm_head", status="missing", **model) == 1
+    assert _value(samples, "decodetop_budget_segment_status", component="routing", status="estimated", **model) == 1
+    assert _value(samples, "decodetop_budget_complete", **model) == 0
+    assert _value(samples, "decodetop_budget_step_seconds", line="observed", **model) == pytest.approx(0.095)
+    assert _value(samples, "decodetop_budget_step_seconds", line="sum", **model) == pytest.approx(b.total_ms / 1e3)
+    assert _value(samples, "decodetop_budget_target_tokens_per_second", **model) == 309
     # checks: a state set per check, counts, the exit code (a FAIL → 2)
     c1 = {"check": "C1", "subject": "host", "title": "CPU frequency governor"}
     assert _value(samples, "decodetop_check_status", status="warn", **c1) == 1

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if probe_every_s is not None:
         from decodetop.probes.registry import ProbeRegistry
 
-        plan = probe_plan_runs(args.model, args.tp, ProbeRegistry().names())
+        plan = probe_plan_runs(args.model, args.tp, ProbeRegistry())
         gpus = _gpus(args.gpus) if args.gpus else None
 
         def make_controller() -> Any:

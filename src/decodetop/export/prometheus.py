@@ -517,32 +517,57 @@ def budget_segments_ms(budget: Any) -> dict[str, float]:
     return out
 
 
+_SEGMENT_STATUSES = ("measured", "interpolated", "estimated", "missing")
+"""Where a segment's time came from (budget/compose.py STATUSES): worst status among its ops."""
+_UNEXPLAINED = "unexplained"
+"""budget.components.UNEXPLAINED_KEY: observed − Σ components."""
+
+
 def _render_budget(budget: Any, out: _Out) -> None:
     model = str(getattr(budget, "model", "") or getattr(getattr(budget, "deployment", None), "model", "") or "")
     segments = budget_segments_ms(budget)
+    unexplained_ms = _first_num(budget, ("unexplained_ms",))
+    if unexplained_ms is not None:
+        segments.setdefault(_UNEXPLAINED, unexplained_ms)
     fam = out.gauge(
         "budget_segment_seconds",
-        "Per-token decode-step budget by component, from the probes (unexplained = observed - sum).",
+        "Per-step decode time by component from the probes; 'unexplained' is observed minus their sum.",
         ["model", "component"],
     )
     for key, ms in segments.items():
         fam.add([model, key], ms * _MS_TO_S)
+    raw = getattr(budget, "segments", None)
+    for seg in raw if isinstance(raw, (list, tuple)) else ():
+        seg_key, status = _segment_key(seg), getattr(seg, "status", None)
+        if seg_key is None or not isinstance(status, str):
+            continue
+        for candidate in _SEGMENT_STATUSES:
+            out.gauge(
+                "budget_segment_status",
+                "1 for where each segment's time came from (measured, interpolated, estimated, missing).",
+                ["model", "component", "status"],
+            ).add([model, seg_key, candidate], 1 if candidate == status else 0)
+    out.gauge("budget_complete", "1 when every segment has data (else the sum is a lower bound).", ["model"]).add(
+        [model], _num(budget, "complete")
+    )
     lines = out.gauge(
         "budget_step_seconds",
-        "Decode step lines: sum of components, observed, target (1/throughput), roofline.",
+        "Decode step lines: sum of the components, observed, target (from the target throughput), roofline.",
         ["model", "line"],
     )
     for line, names in (
-        ("sum", ("sum_ms", "total_ms", "composed_ms", "probed_ms")),
+        ("sum", ("total_ms", "sum_ms", "composed_ms", "probed_ms")),
         ("observed", ("observed_ms", "observed_step_ms")),
         ("target", ("target_ms", "target_step_ms")),
         ("roofline", ("roofline_ms", "roofline_step_ms")),
-        ("unexplained", ("unexplained_ms",)),
     ):
         lines.add([model, line], _scaled(_first_num(budget, names), _MS_TO_S))
     out.gauge("budget_target_tokens_per_second", "Target decode throughput per stream.", ["model"]).add(
-        [model], _first_num(budget, ("target_tok_s", "target_tokens_per_s", "target_tps"))
+        [model], _first_num(budget, ("target_tps", "target_tok_s", "target_tokens_per_s"))
     )
+    out.gauge(
+        "budget_tokens_per_step", "Tokens one decode step yields per sequence (MTP accept length).", ["model"]
+    ).add([model], _first_num(budget, ("tokens_per_step",)))
 
 
 # --- checks --------------------------------------------------------------------------------------------------

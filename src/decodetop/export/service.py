@@ -60,30 +60,35 @@ class PlannedRun:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-def probe_plan_runs(model: str | None, tp: int | None, registered: Sequence[str]) -> tuple[PlannedRun, ...]:
-    """What the exporter runs each period.
+def probe_plan_runs(model: str | None, tp: int | None, registry: Any) -> tuple[PlannedRun, ...]:
+    """What the exporter runs each period, from a ProbeRegistry (`names()`, `get(name).default_params`).
 
-    Without a model: every registered probe at its defaults (what the TUI lists). With a model: the probes the
-    budget's ProbePlan names that are registered here, the all-reduce at the plan's sizes (the sweep plus the
-    model's exact message sizes, probes.md §7.2). A model that cannot be resolved is one UserInputError line.
+    Without a model: every registered probe at its defaults (what the TUI lists). With a model: the registered
+    probes the budget's ProbePlan names, plus membw (the bandwidth ceiling of the roofline); the all-reduce at the
+    plan's sizes (the sweep plus the model's exact message sizes, probes.md §7.2), and a probe that takes `keys`
+    given the plan's key ids. A model that cannot be resolved is one UserInputError line.
     """
+    names = list(registry.names())
     if model is None:
-        return tuple(PlannedRun(name) for name in registered)
+        return tuple(PlannedRun(name) for name in names)
     plan = _budget_plan(model, tp)
+    planned: dict[str, Any] = dict(getattr(plan, "groups", ()))
     runs: list[PlannedRun] = []
-    wanted = [probe for probe, _ in getattr(plan, "groups", ())]
-    for probe in registered:
-        if probe not in wanted and probe not in {"membw"}:
+    for probe in names:
+        if probe not in planned and probe != "membw":
             continue
+        accepts = set(getattr(registry.get(probe), "default_params", {}) or {})
         params: dict[str, Any] = {}
         if probe == "allreduce":
             sizes = sorted(
                 set(getattr(plan, "allreduce_sweep_bytes", ()) or ())
-                | {int(k.bytes) for k in plan.by_probe("allreduce") if hasattr(k, "bytes")}
+                | {int(k.bytes) for k in planned.get("allreduce", ()) if hasattr(k, "bytes")}
             )
             if not sizes:
                 continue  # tp 1: no all-reduce in the step
             params["sizes"] = sizes
+        elif "keys" in accepts and planned.get(probe):
+            params["keys"] = [k.key_id for k in planned[probe]]
         runs.append(PlannedRun(probe, params))
     return tuple(runs)
 
@@ -107,24 +112,14 @@ def _budget_plan(model: str, tp: int | None) -> Any:
 
 
 def _resolve_spec(model: str) -> Any:
-    """A ModelSpec from a preset name or a config.json path, through whichever loader the budget package has."""
-    import importlib
+    """A ModelSpec from a preset name (`glm-5-nvfp4`) or a path to an HF config.json (or its folder)."""
+    from pathlib import Path
 
-    for module_name, fn_name in (
-        ("decodetop.budget.presets", "load_preset"),
-        ("decodetop.budget.presets", "resolve_model"),
-        ("decodetop.budget.spec", "resolve_model"),
-        ("decodetop.budget.spec", "load_model"),
-        ("decodetop.budget", "resolve_model"),
-    ):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        loader = getattr(module, fn_name, None)
-        if callable(loader):
-            return loader(model)
-    raise UserInputError(f"--model {model}: no model loader in the budget package of this build")
+    from decodetop.budget.spec import load_config, load_preset
+
+    if model.endswith(".json") or "/" in model or Path(model).exists():
+        return load_config(model)
+    return load_preset(model)
 
 
 class Exporter:
