@@ -2,11 +2,11 @@
 
 Two code paths time the same thing, pipelined all-reduce per op at 4 sizes:
 
-1. the probe: `ProbeController.run("allreduce", modes=["pipelined"])` (FileStore rendezvous, CUDA events around
-   N back-to-back ops, per-size planned counts, median over samples and ranks);
-2. this file: its own spawned processes, a TCP rendezvous, and a host-timed loop as nccl-tests times it
-   (probes.md §1: perf_counter around N back-to-back ops + one synchronize, divided by N), median over repetitions,
-   averaged over ranks.
+1. the probe: `ProbeController.run("allreduce", modes=["pipelined"])` (FileStore rendezvous, eager NCCL init,
+   `timing.time_host_and_events`, per-size planned counts, median over samples and ranks);
+2. this file: its own spawned processes, a TCP rendezvous (no device_id), a barrier before every repetition, and
+   its own host-timed loop (perf_counter around N back-to-back ops + one synchronize, divided by N: probes.md §1),
+   median over repetitions, averaged over ranks. On GPUs both paths also report CUDA-event spans of the same loops.
 
 It prints the ratio probe / independent per size and writes JSON. Acceptance: every ratio within 10 %.
 
@@ -81,22 +81,38 @@ def _independent_rank(rank: int, cfg: dict[str, Any], q: Any) -> None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         n_ops = max(1, min(ops, int(0.05 / max(float(t.item()), 1e-9))))
         per_op = []
+        per_op_events = []
         for _ in range(reps):
             dist.barrier()
             sync()
+            if use_cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
+            if use_cuda:
+                start.record()
             for _ in range(n_ops):
                 dist.all_reduce(buf)
+            if use_cuda:
+                end.record()
             sync()
             per_op.append((time.perf_counter() - t0) * 1e6 / n_ops)
-        out[size] = {"median_us": statistics.median(per_op), "ops": n_ops, "reps": reps}
+            if use_cuda:
+                per_op_events.append(start.elapsed_time(end) * 1e3 / n_ops)
+        out[size] = {
+            "median_us": statistics.median(per_op),
+            "events_median_us": statistics.median(per_op_events) if per_op_events else None,
+            "ops": n_ops,
+            "reps": reps,
+        }
     q.put((rank, out))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def independent(world: int, use_cuda: bool, sizes: list[int], ops: int, reps: int) -> dict[int, float]:
-    """Median µs per op per size, averaged over ranks (nccl-tests averages its time across ranks)."""
+def independent(
+    world: int, use_cuda: bool, sizes: list[int], ops: int, reps: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Median µs per op per size, host-timed and (GPU) event-timed, averaged over ranks (as nccl-tests does)."""
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     cfg = {"world": world, "port": _free_port(), "use_cuda": use_cuda, "sizes": sizes, "ops": ops, "reps": reps}
@@ -108,7 +124,9 @@ def independent(world: int, use_cuda: bool, sizes: list[int], ops: int, reps: in
         p.join(timeout=30)
         if p.is_alive():
             p.kill()
-    return {s: statistics.fmean(got[r][s]["median_us"] for r in got) for s in sizes}
+    return {s: statistics.fmean(got[r][s]["median_us"] for r in got) for s in sizes}, {
+        s: statistics.fmean(got[r][s]["events_median_us"] or 0.0 for r in got) for s in sizes
+    }
 
 
 def main() -> int:
@@ -140,10 +158,12 @@ def main() -> int:
         print(f"probe failed: {result.message}", file=sys.stderr)
         return 1
     probe_us = {}
+    probe_event_us = {}
     for m in result.measurements:
         probe_us[int(m.params["size_bytes"])] = m.metrics["time_us"]
+        probe_event_us[int(m.params["size_bytes"])] = m.metrics.get("event_time_us", 0.0)
     print("independent torch.distributed timing ...", file=sys.stderr)
-    indep_us = independent(world, use_cuda, sizes, args.ops, args.reps)
+    indep_us, indep_event_us = independent(world, use_cuda, sizes, args.ops, args.reps)
     rows = []
     doc_rows = []
     ok = True
@@ -152,9 +172,19 @@ def main() -> int:
         i_us = indep_us[size]
         ratio = p_us / i_us
         ok &= abs(ratio - 1.0) <= TOLERANCE
-        rows.append([format_bytes(pbytes), p_us, i_us, ratio])
-        doc_rows.append({"size_bytes": pbytes, "probe_us": p_us, "independent_us": i_us, "ratio": ratio})
-    print(table(["size", "probe µs", "independent µs", "ratio"], rows))
+        pe_us, ie_us = probe_event_us[pbytes], indep_event_us[size]
+        rows.append([format_bytes(pbytes), p_us, i_us, ratio, pe_us or None, ie_us or None])
+        doc_rows.append(
+            {
+                "size_bytes": pbytes,
+                "probe_us": p_us,
+                "independent_us": i_us,
+                "ratio": ratio,
+                "probe_event_us": pe_us or None,
+                "independent_event_us": ie_us or None,
+            }
+        )
+    print(table(["size", "probe µs", "independent µs", "ratio", "probe events µs", "indep. events µs"], rows))
     verdict = "all within 10 %" if ok else "NOT all within 10 %"
     print(f"{world} ranks ({'NCCL' if use_cuda else 'gloo'}): {verdict}")
     if args.json:

@@ -2,8 +2,8 @@
 
 Three modes per size (probes.md §7.1, h200-machine.md):
 
-- `pipelined`: N back-to-back ops per sample, time / N, as nccl-tests times (probes.md §1). On GPUs CUDA events on
-  the current stream bracket the N ops; on CPU ranks (gloo, where every op blocks) the host clock does.
+- `pipelined`: N back-to-back ops per sample then one synchronize, host clock / N, exactly as nccl-tests times
+  (probes.md §1). On GPUs CUDA events around the same N ops give `event_time_us` too (the device span).
 - `graph`: the N ops captured into one CUDA graph, replayed; time / N. CUDA only: strips the host's launch cost.
 - `synced`: every op followed by a device synchronize, host-timed; p50 and p99.
 
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput, Stats
 from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.timing import plan_counts, time_events, time_graph, time_host
+from decodetop.probes.worker.timing import plan_counts, time_graph, time_host, time_host_and_events
 from decodetop.textfmt import format_bytes
 
 MODES = ("pipelined", "graph", "synced")
@@ -110,9 +110,12 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
                     min_samples=int(params["min_samples"]),
                 )
             ctx.host_barrier()
+            device_samples: list[float] = []
             if mode == "pipelined":
                 if ctx.is_cuda:
-                    samples = time_events(op, counts.ops, counts.samples, warmup=int(params["warmup_ops"]))
+                    samples, device_samples = time_host_and_events(
+                        op, counts.ops, counts.samples, warmup=int(params["warmup_ops"])
+                    )
                 else:
                     samples = time_host(op, counts.ops, counts.samples, warmup=1)
             elif mode == "graph":
@@ -125,7 +128,10 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
             metrics["ops_per_sample"] = float(counts.ops)
             if mode == "synced":
                 metrics["p99_us"] = stats.p99
-            out.append(RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics))
+            if device_samples:
+                metrics["event_time_us"] = Stats.from_samples(device_samples, "us").median
+            note = "one rank: nothing is exchanged, this is the call's own cost" if n == 1 else ""
+            out.append(RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics, note=note))
         del buf
     ctx.progress("done", len(sizes), len(sizes))
     return RankOutput(measurements=tuple(out))

@@ -120,6 +120,30 @@ def time_host(
     return out
 
 
+def time_host_and_events(
+    fn: Callable[[], Any], ops: int, samples: int, warmup: int = 1
+) -> tuple[list[float], list[float]]:
+    """Per-op µs two ways over the same loops: host clock around `ops` calls + synchronize (nccl-tests' method,
+    probes.md §1), and CUDA events around the same calls (device span, without the final sync's wake-up)."""
+    _check(ops, samples, warmup)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    host: list[float] = []
+    device: list[float] = []
+    for _ in range(samples):
+        start, end = new_event(), new_event()
+        t0 = time.perf_counter_ns()
+        start.record()
+        for _ in range(ops):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        host.append((time.perf_counter_ns() - t0) / 1000.0 / ops)
+        device.append(start.elapsed_time(end) * 1000.0 / ops)
+    return host, device
+
+
 def time_events(fn: Callable[[], Any], ops: int, samples: int, warmup: int = 1) -> list[float]:
     """Device time per op (µs) from CUDA events around `ops` back-to-back calls on the current stream."""
     _check(ops, samples, warmup)
