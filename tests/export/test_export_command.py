@@ -267,3 +267,38 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
     assert controller.closed and controller.cancelled >= 1
     assert "probes: broken" in log.getvalue()
     assert not [t for t in threading.enumerate() if t.name.startswith("decodetop-exporter-") and t.is_alive()]
+
+
+def test_budget_hook_follows_probe_results_and_observed_step() -> None:
+    """After a probe cycle and after a server poll that gave a step, the exporter recomposes the budget."""
+    seen: list[tuple[tuple[str, ...], float | None]] = []
+
+    def budget_for(results: tuple[Any, ...], observed: Any) -> Any:
+        step = getattr(observed, "step_ms", None)
+        seen.append((tuple(r.probe for r in results), step))
+        return SimpleNamespace(model="m", segments=(), observed_ms=step or 95.0, unexplained_ms=step or 95.0)
+
+    class Server:
+        def poll(self) -> Any:
+            return SimpleNamespace(step_ms=19.2, source="sglang", samples=10)
+
+    exporter = Exporter(
+        listen="127.0.0.1:0",
+        nvml=None,
+        check_every_s=None,
+        probe_every_s=3600.0,
+        plan=(PlannedRun("allreduce"),),
+        make_controller=_FakeController,
+        server_source=Server(),
+        budget_for=budget_for,
+        log=io.StringIO(),
+    )
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(r == ("allreduce",) and s == 19.2 for r, s in seen):
+            time.sleep(0.02)
+        assert any(r == ("allreduce",) and s == 19.2 for r, s in seen), seen
+        assert exporter.box().budget.observed_ms == 19.2
+    finally:
+        exporter.stop()

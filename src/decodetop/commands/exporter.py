@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from typing import Any
 
     from decodetop.errors import UserInputError
-    from decodetop.export.service import Exporter, parse_duration, probe_plan_runs
+    from decodetop.export.service import Exporter, budget_composer, parse_duration, probe_plan_runs
 
     tick_s = parse_duration(args.tick, "--tick")
     check_every_s: float | None = parse_duration(args.check_every, "--check-every")
@@ -117,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         plan=plan,
         make_controller=make_controller,
         server_source=server_source,
+        budget_for=budget_composer(args.model, args.tp) if args.model else None,
     )
     stop_signals = (signal.SIGINT, signal.SIGTERM)
     previous: dict[signal.Signals, Any] = {}

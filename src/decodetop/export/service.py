@@ -138,6 +138,7 @@ class Exporter:
         make_controller: Callable[[], Any] | None = None,
         server_source: Any | None = None,
         server_every_s: float = DEFAULT_SERVER_EVERY_S,
+        budget_for: Callable[[tuple[Any, ...], Any], Any] | None = None,
         log: TextIO | None = None,
     ) -> None:
         self.listen = listen
@@ -149,6 +150,8 @@ class Exporter:
         self.make_controller = make_controller
         self.server_source = server_source
         self.server_every_s = server_every_s
+        self.budget_for = budget_for
+        """(probe results, observed step or None) → Budget or None; called after each probe cycle and server poll."""
         self.box = StateBox(ExportState(probe_interval_s=self.probe_every_s))
         self._log = log if log is not None else sys.stderr
         self._stop = threading.Event()
@@ -240,6 +243,7 @@ class Exporter:
                 if result is not None:
                     self.box.add_probe_result(result)
             self._note("probes", "; ".join(failures) if failures else None)
+            self._recompose()
             self._stop.wait(max(0.0, self.probe_every_s - (time.monotonic() - started)))
 
     def _run_probe(self, planned: PlannedRun, failures: list[str]) -> Any | None:
@@ -267,6 +271,19 @@ class Exporter:
             failures.append(f"{planned.probe}: {status} {getattr(result, 'message', '') or ''}".rstrip())
         return result
 
+    def _recompose(self) -> None:
+        if self.budget_for is None:
+            return
+        state = self.box()
+        observed = state.observed if hasattr(state.observed, "step_ms") else None
+        try:
+            budget = self.budget_for(state.probe_results, observed)
+        except Exception as exc:  # composing must not end the exporter; the note says what happened
+            self._note("budget", f"composing the budget failed: {type(exc).__name__}: {exc}")
+            return
+        self.box.update(budget=budget)
+        self._note("budget", None)
+
     def _server_loop(self) -> None:
         assert self.server_source is not None
         while not self._stop.is_set():
@@ -277,6 +294,8 @@ class Exporter:
             else:
                 self.box.update(observed=observed)
                 self._note("observed", None)
+                if hasattr(observed, "step_ms"):
+                    self._recompose()
             self._stop.wait(self.server_every_s)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -305,3 +324,32 @@ class Exporter:
             thread.join(max(0.1, deadline - time.monotonic()))
         if self._server is not None:
             self._server.close()
+
+
+def budget_composer(model: str, tp: int | None) -> Callable[[tuple[Any, ...], Any], Any] | None:
+    """A `budget_for` hook for `--model`: the budget package's `budget_from_results(inventory, results,
+    observed_ms=...)` where this build has it (None otherwise: the exporter then serves no budget)."""
+    import importlib
+
+    try:
+        compose = importlib.import_module("decodetop.budget.compose")
+    except ImportError:
+        return None
+    from_results = getattr(compose, "budget_from_results", None)
+    if not callable(from_results):
+        return None
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.inventory import build_inventory
+
+    spec = _resolve_spec(model)
+    deployment = Deployment(tp=tp) if tp is not None else Deployment()
+    deployment.validate(spec)
+    inventory = build_inventory(spec, deployment)
+
+    def compose_for(results: tuple[Any, ...], observed: Any) -> Any:
+        step_ms = getattr(observed, "step_ms", None)
+        if step_ms is None:
+            return from_results(inventory, results)
+        return from_results(inventory, results, observed_ms=step_ms)
+
+    return compose_for
