@@ -141,12 +141,20 @@ BUILTIN_PROBES: tuple[ProbeSpec, ...] = (
 )
 
 
+def builtin_probes() -> tuple[ProbeSpec, ...]:
+    """`BUILTIN_PROBES` plus the decode-component probes of `decodetop.probes.components` (imported here, lazily:
+    that module imports `ProbeSpec` from this one)."""
+    from decodetop.probes.components import COMPONENT_PROBES
+
+    return BUILTIN_PROBES + COMPONENT_PROBES
+
+
 class ProbeRegistry:
     """The probes a controller can run: the built-ins plus any extra modules' `PROBES`."""
 
-    def __init__(self, specs: Iterable[ProbeSpec] = BUILTIN_PROBES, extra_modules: Sequence[str] | None = None):
+    def __init__(self, specs: Iterable[ProbeSpec] | None = None, extra_modules: Sequence[str] | None = None):
         self._specs: dict[str, ProbeSpec] = {}
-        for spec in specs:
+        for spec in builtin_probes() if specs is None else specs:
             self._add(spec)
         if extra_modules is None:
             extra_modules = extra_modules_from_env()

@@ -1,0 +1,167 @@
+"""Provides the `gemm` probe: the inventory's dense GEMMs at M = batch, and a sweep over M for the chart.
+
+For every key (`gemm:m=…,n=…,k=…,batch=…,dtype=…`) and every M of the sweep (1…256 by default, the key's own M
+included) the probe times one GEMM [M×k]·[k×n] with weights as the model's shard holds them (random values, [n×k]
+like nn.Linear), rotating weight copies so the working set exceeds 2× L2 (probes.md §4), by CUDA-graph replay on
+GPUs. FP8 keys run `torch._scaled_mm` with per-tensor (cuBLASLt) and row-wise (CUTLASS) scales, each reported;
+NVFP4 runs only on sm_100/sm_120 (elsewhere "unsupported on sm_XY"); MXFP4 has no torch GEMM.
+
+Each point reports time, achieved GB/s (weights + activations) and TFLOP/s, against two references measured first
+on the same rank: the device copy bandwidth (read + write, as `membw`) and the BF16 matrix peak (a large square
+GEMM). CPU ranks time bf16/fp32 with the host clock, few repetitions, no rotation, and a capped sweep (each
+point's note says so); fp8/fp4 are unsupported there with the reason.
+
+Point params: `key` (the GemmKey at that M), `curve` (`GemmKey.curve_id`), `m`, `variant`, `role` ("budget" at a
+key's own M, "sweep" elsewhere). `decodetop.probes.planrun` turns them into the budget's times and GEMM-vs-M curves.
+"""
+
+from __future__ import annotations
+
+import statistics
+from functools import partial
+from typing import Any
+
+import torch
+
+from decodetop.budget.keys import GemmKey, parse_key_id
+from decodetop.probes.results import RankMeasurement, RankOutput
+from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.shapes import (
+    FP8_VARIANTS,
+    TimingOptions,
+    free_memory,
+    gemm_runner,
+    key_list,
+    measure,
+    not_run,
+    randn,
+)
+from decodetop.probes.worker.timing import Rotation, rotation_count, time_events, time_host
+
+#: Reference copy size: 256 MiB on GPUs (h200-machine.md: 4.1 TB/s D2D at this size), 32 MiB on CPU ranks.
+COPY_BYTES_GPU = 256 * 1024**2
+COPY_BYTES_CPU = 32 * 1024**2
+#: Square BF16 GEMM for the matrix peak: 8192³ on GPUs (probes.md §4 quotes peaks at 8192³), 512³ on CPU ranks.
+PEAK_N_GPU = 8192
+PEAK_N_CPU = 512
+
+
+def references(ctx: ProbeContext, samples: int) -> tuple[list[RankMeasurement], float, float]:
+    """(points, copy GB/s, BF16 peak TFLOP/s) measured on this rank; 0.0 where a reference failed."""
+    out: list[RankMeasurement] = []
+    copy_gbps = peak_tflops = 0.0
+    device = ctx.device.type
+    nbytes = COPY_BYTES_GPU if ctx.is_cuda else COPY_BYTES_CPU
+    try:
+        numel = nbytes // 4
+        copies = rotation_count(2 * nbytes, ctx.cache_bytes(), max_copies=4) if ctx.is_cuda else 1
+        ctx.require_free_bytes(2 * nbytes * copies, "copy reference buffers")
+        pairs = Rotation(
+            [(torch.empty(numel, device=ctx.device), randn((numel,), torch.float32, ctx.device)) for _ in range(copies)]
+        )
+
+        def copy(pairs: Rotation = pairs) -> None:
+            dst, src = pairs.next()
+            dst.copy_(src)
+
+        s = time_events(copy, 1, samples, warmup=2) if ctx.is_cuda else time_host(copy, 1, samples, warmup=1)
+        med = statistics.median(s)
+        copy_gbps = 2 * nbytes / med / 1e3
+        out.append(
+            RankMeasurement(
+                "reference: device copy",
+                {"what": "copy", "device": device, "size_bytes": nbytes},
+                "us",
+                samples=tuple(s),
+                metrics={"time_us": med, "bandwidth_gbps": copy_gbps},
+                note="read + write counted (2 × size), as membw",
+            )
+        )
+        del pairs, copy
+    except Exception as exc:
+        out.append(not_run("reference: device copy", {"what": "copy", "device": device}, exc))
+    free_memory(ctx)
+    n = PEAK_N_GPU if ctx.is_cuda else PEAK_N_CPU
+    try:
+        ctx.require_free_bytes(3 * n * n * 2, "matrix peak operands")
+        a = randn((n, n), torch.bfloat16, ctx.device, std=1.0)
+        b = randn((n, n), torch.bfloat16, ctx.device, std=1.0)
+
+        def mm(a: torch.Tensor = a, b: torch.Tensor = b) -> torch.Tensor:
+            return a @ b
+
+        s = time_events(mm, 1, samples, warmup=3) if ctx.is_cuda else time_host(mm, 1, max(2, samples // 2), warmup=1)
+        med = statistics.median(s)
+        peak_tflops = 2.0 * n**3 / med / 1e6
+        out.append(
+            RankMeasurement(
+                f"reference: bf16 matrix peak {n}³",
+                {"what": "peak", "device": device, "n": n},
+                "us",
+                samples=tuple(s),
+                metrics={"time_us": med, "tflops": peak_tflops},
+            )
+        )
+        del a, b, mm
+    except Exception as exc:
+        out.append(not_run(f"reference: bf16 matrix peak {n}³", {"what": "peak", "device": device}, exc))
+    free_memory(ctx)
+    return out, copy_gbps, peak_tflops
+
+
+def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
+    """Every key at every M of its sweep, every variant its dtype has."""
+    opts = TimingOptions.from_params(ctx, params)
+    keys = [parse_key_id(k) for k in key_list(params, "gemm")]
+    sweep_m = sorted({int(m) for m in params["sweep_m"]}) if params["sweep"] else []
+    if any(m < 1 for m in sweep_m):
+        raise ValueError(f"gemm: sweep_m must be positive, got {sweep_m}")
+    if not ctx.is_cuda:
+        sweep_m = [m for m in sweep_m if m <= int(params["cpu_sweep_max_m"])]
+    variants = [str(v) for v in params["fp8_variants"]]
+    bad = [v for v in variants if v not in FP8_VARIANTS]
+    if bad:
+        raise ValueError(f"gemm: unknown fp8 variant(s) {bad} (known: {', '.join(FP8_VARIANTS)})")
+    out: list[RankMeasurement] = []
+    copy_gbps = peak_tflops = 0.0
+    if params["reference"]:
+        ctx.progress("references: copy bandwidth, matrix peak", 0, len(keys) + 1)
+        refs, copy_gbps, peak_tflops = references(ctx, 10 if ctx.is_cuda else 3)
+        out.extend(refs)
+    # One curve per (n, k, batch, dtype); budget Ms are the keys' own.
+    curves: dict[str, tuple[GemmKey, set[int]]] = {}
+    for key in keys:
+        assert isinstance(key, GemmKey)
+        entry = curves.setdefault(key.curve_id, (key, set()))
+        entry[1].add(key.m)
+    for index, (curve, (base, budget_ms_set)) in enumerate(curves.items()):
+        ctx.progress(f"key {index + 1}/{len(curves)} {curve}", index, len(curves))
+        ms = sorted(set(sweep_m) | budget_ms_set)
+        names = variants if base.dtype == "fp8" and ctx.is_cuda and base.batch == 1 else [""]
+        for variant in names:
+            for m in ms:
+                key = GemmKey(m, base.n, base.k, base.batch, base.dtype)
+                role = "budget" if m in budget_ms_set else "sweep"
+                label = f" [{variant}-wise]" if variant else ""
+                pt = {
+                    "what": "gemm",
+                    "key": key.key_id,
+                    "curve": curve,
+                    "m": m,
+                    "variant": variant or base.dtype,
+                    "role": role,
+                    "device": ctx.device.type,
+                }
+                out.append(
+                    measure(
+                        ctx,
+                        opts,
+                        f"{key.key_id}{label}",
+                        pt,
+                        partial(gemm_runner, key, ctx, rotate=opts.rotate, variant=variant),
+                        copy_gbps=copy_gbps,
+                        peak_tflops=peak_tflops,
+                    )
+                )
+    ctx.progress("done", len(curves), len(curves))
+    return RankOutput(measurements=tuple(out))

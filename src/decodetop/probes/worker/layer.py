@@ -1,0 +1,169 @@
+"""Provides the `layer` probe: one whole decoder layer built from the component kernels, against the sum of its parts.
+
+Params `dense_ops` and `moe_ops` list one layer's ops in execution order as `COUNT*KEY_ID` strings (planrun takes
+them from the step inventory: norms, projections, rotary, KV write, attention, all-reduces, MLP or routing + routed
+experts + shared experts). For each non-empty layer the probe:
+
+1. builds every op with the same kernels the component probes time (`shapes.runner_for`); an op that cannot run
+   here is left out and named in the note (an all-reduce when the group has fewer ranks than the plan's TP);
+2. times each op alone (CUDA-graph replay on GPUs, host clock on CPU ranks): the parts;
+3. times the whole layer back to back, as one CUDA graph (`graph`) and eagerly with CUDA events (`eager`; the
+   host clock on CPU ranks);
+4. reports the composition error = (Σ count × part − layer) / layer, in graph mode on GPUs (eager on CPU ranks),
+   and the eager − graph gap (host launch overhead of this layer).
+
+Every rank runs the same ops with agreed counts, so the all-reduces inside the layer pair up across ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from decodetop.budget.keys import AllreduceKey, parse_key_id
+from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput
+from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.shapes import (
+    OpRunner,
+    TimingOptions,
+    UnsupportedError,
+    free_memory,
+    not_run,
+    point,
+    runner_for,
+    time_runner,
+)
+
+#: Most rotated copies of a whole layer captured in one graph (each op rotates its own inputs).
+MAX_LAYER_ROTATION = 8
+
+
+def parse_ops(items: list[str]) -> list[tuple[int, str]]:
+    """['2*norms:op=…', 'gemm:…'] → [(2, 'norms:op=…'), (1, 'gemm:…')]; the key ids are checked."""
+    out = []
+    for item in items:
+        count_text, star, kid = str(item).partition("*")
+        if not star:
+            count_text, kid = "1", str(item)
+        count = int(count_text)
+        if count < 1:
+            raise ValueError(f"layer: op count must be positive in {item!r}")
+        out.append((count, parse_key_id(kid).key_id))
+    return out
+
+
+def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
+    """Each non-empty layer variant: parts, whole layer (graph and eager), composition error."""
+    opts = TimingOptions.from_params(ctx, params)
+    variants = [(name, parse_ops(list(params[f"{name}_ops"]))) for name in ("dense", "moe")]
+    variants = [(n, ops) for n, ops in variants if ops]
+    out: list[RankMeasurement] = []
+    for index, (variant, ops) in enumerate(variants):
+        ctx.progress(f"key {index + 1}/{len(variants)} {variant} layer ({len(ops)} ops)", index, len(variants))
+        out.extend(_one_layer(ctx, opts, variant, ops))
+        free_memory(ctx)
+    ctx.progress("done", len(variants), len(variants))
+    return RankOutput(measurements=tuple(out))
+
+
+def _one_layer(
+    ctx: ProbeContext, opts: TimingOptions, variant: str, ops: list[tuple[int, str]]
+) -> list[RankMeasurement]:
+    device = ctx.device.type
+    out: list[RankMeasurement] = []
+    built: list[tuple[int, str, OpRunner, bool]] = []
+    left_out: list[str] = []
+    for count, kid in ops:
+        try:
+            runner = runner_for(kid, ctx, rotate=opts.rotate)
+        except UnsupportedError as exc:
+            left_out.append(f"{kid} ({exc})")
+            continue
+        built.append((count, kid, runner, isinstance(parse_key_id(kid), AllreduceKey)))
+    collective = any(c for *_, c in built)
+    parts_us = 0.0
+    failed_parts: list[str] = []
+    for count, kid, runner, is_coll in built:
+        pt = {"what": "part", "layer": variant, "key": kid, "count": count, "role": "part", "device": device}
+        try:
+            timing = time_runner(
+                ctx,
+                runner,
+                budget_ms=opts.budget_ms,
+                max_samples=opts.max_samples,
+                min_samples=opts.min_samples,
+                graph=opts.graph,
+                collective=is_coll,
+            )
+        except Exception as exc:
+            out.append(not_run(f"{variant} part ×{count} {kid}", pt, exc))
+            failed_parts.append(kid)
+            continue
+        parts_us += count * timing.median_us
+        out.append(point(f"{variant} part ×{count} {kid}", pt, runner, timing))
+    runners = [(count, r) for count, _kid, r, _c in built]
+
+    def layer() -> None:
+        for count, r in runners:
+            for _ in range(count):
+                r.fn()
+
+    whole = OpRunner(
+        layer,
+        sum(c * r.moved_bytes for c, r in runners),
+        sum(c * r.flops for c, r in runners),
+        min(MAX_LAYER_ROTATION, max((r.rotation for _, r in runners), default=1)),
+    )
+    notes = []
+    if left_out:
+        notes.append("left out: " + "; ".join(left_out))
+    if failed_parts:
+        notes.append("parts that failed to time: " + ", ".join(failed_parts))
+    modes = ("graph", "eager") if ctx.is_cuda else ("eager",)
+    layer_us: dict[str, float] = {}
+    for mode in modes:
+        pt = {"what": "layer", "layer": variant, "mode": mode, "ops": len(built), "role": "layer", "device": device}
+        name = f"{variant} layer [{mode}]"
+        try:
+            ctx.host_barrier()
+            timing = time_runner(
+                ctx,
+                whole,
+                budget_ms=opts.budget_ms * 2,
+                max_samples=opts.max_samples,
+                min_samples=opts.min_samples,
+                graph=mode == "graph",
+                collective=collective,
+            )
+        except Exception as exc:
+            out.append(not_run(name, pt, exc))
+            continue
+        if mode == "graph" and timing.method != "graph":
+            out.append(point(name, pt, whole, timing, note="; ".join(notes)))
+            continue
+        layer_us[mode] = timing.median_us
+        out.append(point(name, pt, whole, timing, note="; ".join(notes)))
+    basis = "graph" if "graph" in layer_us else "eager"
+    summary = {"what": "composition", "layer": variant, "mode": basis, "role": "composition", "device": device}
+    name = f"{variant} layer composition error ({basis})"
+    if basis not in layer_us or not built:
+        out.append(
+            RankMeasurement(
+                name,
+                summary,
+                "us",
+                status=MeasurementStatus.FAILED,
+                note="; ".join([*notes, "the whole layer could not be timed"]),
+            )
+        )
+        return out
+    whole_us = layer_us[basis]
+    metrics = {
+        "sum_parts_us": parts_us,
+        "layer_us": whole_us,
+        "error_pct": 100.0 * (parts_us - whole_us) / whole_us,
+    }
+    if "eager" in layer_us and "graph" in layer_us:
+        metrics["eager_us"] = layer_us["eager"]
+        metrics["eager_gap_us"] = layer_us["eager"] - layer_us["graph"]
+    out.append(RankMeasurement(name, summary, "us", metrics=metrics, note="; ".join(notes)))
+    return out
