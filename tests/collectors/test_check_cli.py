@@ -100,3 +100,40 @@ def test_check_does_not_import_textual_or_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name", ["epyc-motivating", "lxc-stale-uvm-major"])
+def test_recording_a_tree_packs_everything_the_checks_read(tmp_path: Path, name: str) -> None:
+    """Config space (hex), device numbers, open outcomes, kmsg and the second cpuidle sample survive the trip."""
+    from decodetop.collectors.checks.host import run_host_checks
+    from decodetop.collectors.collect import RecordingRoot, unpack_collected, write_collect_tarball
+    from decodetop.collectors.hostroot import HostRoot
+
+    recorder = RecordingRoot(HOSTS / name / "root")
+    before = run_host_checks(recorder, sample_interval_s=0.0)
+    archive = tmp_path / "c.tar.gz"
+    write_collect_tarball(recorder, archive, {"n": len(before)})
+    tree = unpack_collected(archive, tmp_path / "unpacked")
+    assert (tree / "dev/.rdev").is_file() and (tree / ".later").is_dir()
+    assert list(tree.glob("sys/devices/pci0000:00/**/config.hex"))
+    after = run_host_checks(HostRoot(tree), sample_interval_s=0.0)
+    assert [(r.check_id, r.status, r.observed) for r in after] == [(r.check_id, r.status, r.observed) for r in before]
+
+
+def test_unpack_rejects_foreign_archives(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    from decodetop.collectors.collect import unpack_collected
+    from decodetop.errors import UserInputError
+
+    archive = tmp_path / "evil.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("../escape")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(UserInputError, match="escapes the archive"):
+        unpack_collected(archive, tmp_path / "out")
+    (tmp_path / "plain.tar.gz").write_bytes(b"not a tarball")
+    with pytest.raises(UserInputError, match="not a readable"):
+        unpack_collected(tmp_path / "plain.tar.gz", tmp_path / "out2")

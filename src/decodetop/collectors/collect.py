@@ -58,7 +58,10 @@ def _redact_environ(data: bytes) -> bytes:
 
 
 class RecordingRoot(HostRoot):
-    """A live `HostRoot` that remembers every path the checks touch, so they can be packed for review."""
+    """A `HostRoot` that remembers every path the checks touch, so they can be packed for review.
+
+    Meant for the live host; over a copied tree it re-packs what the checks read there (used by the tests).
+    """
 
     def __init__(self, base: str | os.PathLike[str] = "/") -> None:
         super().__init__(base)
@@ -69,7 +72,7 @@ class RecordingRoot(HostRoot):
     def _real(self, host_path: str) -> str:
         """Canonical host path ('/sys/devices/...') of `host_path`, recording each symlink crossed on the way."""
         self._record_links(host_path, 0)
-        return os.path.realpath(str(self.base) + "/" + self._norm(host_path)).removeprefix(str(self.base).rstrip("/"))
+        return HostRoot.realpath(self, host_path)
 
     def _record_links(self, host_path: str, depth: int) -> None:
         if depth > _MAX_LINK_DEPTH:
@@ -103,9 +106,9 @@ class RecordingRoot(HostRoot):
     def read_text_later(self, rel: str) -> str:
         """Second sample, recorded under `.later/`."""
         real = self._real(rel)
-        data = super().read_bytes(rel)
-        self.recording.later[real.lstrip("/")] = data
-        return data.decode("utf-8", errors="replace")
+        text = super().read_text_later(rel)
+        self.recording.later[real.lstrip("/")] = text.encode("utf-8")
+        return text
 
     def listdir(self, rel: str) -> list[str]:
         """List and record the directory with typed placeholders for its entries."""
