@@ -167,3 +167,31 @@ def test_host_side_lxc_configs(tmp_path: Path) -> None:
     assert "nvidia-uvm 510" in bad.observed and "unregistered majors: 509" in bad.observed
     assert r["N12:/etc/pve/lxc/102.conf"].status == Status.PASS
     assert r["N12:/var/lib/lxc/web/config"].status == Status.PASS
+
+
+def test_load_from_recorded_nvml_judges_link_speed(tmp_path: Path) -> None:
+    """The fake NVML replays the H200 VM (bus 0000:00:06.0, like the Firecracker fixture): busy only under load."""
+    from decodetop.collectors.checks.host import nvml_gpu_busy
+    from decodetop.collectors.fake_nvml import fake_nvml
+
+    assert nvml_gpu_busy(fake_nvml("h200x1-idle")) == {"0000:00:06.0": False}
+    busy = nvml_gpu_busy(fake_nvml("h200x1-load"))
+    assert busy == {"0000:00:06.0": True}
+    tree = _copy(tmp_path, "firecracker-h200-vm")
+    gpu = tree / "sys/devices/pci0000:00/0000:00:06.0"
+    (gpu / "current_link_speed").write_text("2.5 GT/s PCIe\n")
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0, gpu_busy=busy))
+    assert r["P1:0000:00:06.0"].status == Status.WARN and "under load" in r["P1:0000:00:06.0"].observed
+    r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0, gpu_busy={"0000:00:06.0": False}))
+    assert r["P1:0000:00:06.0"].status == Status.INFO and "idle, recheck under load" in r["P1:0000:00:06.0"].observed
+
+
+def test_gpu_checks_are_wired_in_on_the_live_root() -> None:
+    from decodetop.collectors.checks.host import run_gpu_checks
+    from decodetop.collectors.fake_nvml import fake_nvml
+
+    results = run_gpu_checks(HostRoot(), fake_nvml("h200x1-load"), under_load=True)
+    ids = {r.check_id.split(":")[0] for r in results}
+    assert "N1" in ids and "N1-N11" not in ids
+    skipped = run_gpu_checks(HostRoot(HOSTS / "epyc-motivating" / "root"), fake_nvml("h200x1-load"))
+    assert [r.check_id for r in skipped] == ["N1-N11"] and "copied host tree" in skipped[0].observed

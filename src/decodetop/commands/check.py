@@ -54,6 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="time between the two cpuidle usage samples of C8 (default 0.25)",
     )
     parser.add_argument(
+        "--under-load",
+        action="store_true",
+        help="the GPUs are serving now: judge PCIe link speed and throttle reasons as under load",
+    )
+    parser.add_argument(
         "--lxc-config-dir",
         action="append",
         metavar="DIR",
@@ -72,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.collectors.checks.model import exit_code
     from decodetop.collectors.collect import RecordingRoot, unpack_collected, write_collect_tarball
     from decodetop.collectors.hostroot import HostReadError, HostRoot
+    from decodetop.collectors.pci import find_gpus
     from decodetop.errors import UserInputError
 
     interval = DEFAULT_SAMPLE_INTERVAL_S if args.sample_interval is None else args.sample_interval
@@ -116,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
             root = RecordingRoot()
         else:
             root = HostRoot()
-        results = run_all_checks(root, sample_interval_s=interval, lxc_config_paths=lxc_dirs)
+        busy = {gpu.bdf: True for gpu in find_gpus(root)} if args.under_load else None
+        results = run_all_checks(root, sample_interval_s=interval, gpu_busy=busy, lxc_config_paths=lxc_dirs)
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -20,6 +20,25 @@ HOST_CHECKS = (*KERNEL_CHECKS[-1:], *CPU_CHECKS, *KERNEL_CHECKS[:-1], *PCIE_CHEC
 
 GPU_CHECKS_MODULE = "decodetop.collectors.checks.gpu"
 
+BUSY_UTIL_PCT = 10
+"""A GPU counts as busy (link speed judged) at this NVML utilisation or more. Idle GPUs show 0 % and retrain their
+link down to 2.5 GT/s (healthchecks.md §2.7); any steady work keeps the link at its trained speed."""
+
+
+def nvml_gpu_busy(nvml: Any) -> dict[str, bool] | None:
+    """bdf → busy, from one NVML telemetry sample; None when NVML cannot say (no library, no GPUs)."""
+    try:
+        from decodetop.collectors.telemetry import TelemetrySampler
+    except ImportError:
+        return None
+    snapshot = TelemetrySampler(nvml).sample(processes=False, processes_note="not needed to judge load")
+    busy = {
+        g.pci_bus_id: g.gpu_util_pct >= BUSY_UTIL_PCT
+        for g in snapshot.gpus
+        if g.pci_bus_id is not None and g.gpu_util_pct is not None
+    }
+    return busy or None
+
 
 def run_host_checks(
     root: HostRoot,
@@ -104,8 +123,17 @@ def run_all_checks(
     sleep: Callable[[float], None] | None = None,
     lxc_config_paths: tuple[str, ...] | None = None,
 ) -> list[CheckResult]:
-    """Host checks, then GPU checks (NVML on a live root only). `root` defaults to the live host."""
+    """Host checks, then GPU checks (NVML on a live root only). `root` defaults to the live host.
+
+    On the live host without `gpu_busy`, one NVML sample decides which GPUs are busy, so P1 can judge link speed.
+    """
     root = root if root is not None else HostRoot()
+    if root.is_live and gpu_busy is None:
+        if nvml is None:
+            from decodetop.collectors.nvml import Nvml
+
+            nvml = Nvml()
+        gpu_busy = nvml_gpu_busy(nvml)
     results = run_host_checks(
         root,
         sample_interval_s=sample_interval_s,
