@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -300,5 +300,35 @@ def test_budget_hook_follows_probe_results_and_observed_step() -> None:
             time.sleep(0.02)
         assert any(r == ("allreduce",) and s == 19.2 for r, s in seen), seen
         assert exporter.box().budget.observed_ms == 19.2
+    finally:
+        exporter.stop()
+
+
+def test_busy_gpus_skip_the_probe_cycle() -> None:
+    """A serving engine holding the GPUs: no probe runs, and the note says why (architecture: consent needed)."""
+    controller = _FakeController()
+    asked: list[Sequence[int]] = []
+
+    def preflight(own: Sequence[int]) -> str | None:
+        asked.append(own)
+        return "other processes hold GPU memory (GPU 0: pid 4242 (sglang))"
+
+    exporter = Exporter(
+        listen="127.0.0.1:0",
+        nvml=None,
+        check_every_s=None,
+        probe_every_s=3600.0,
+        plan=(PlannedRun("allreduce"),),
+        make_controller=lambda: controller,
+        preflight=preflight,
+        log=io.StringIO(),
+    )
+    exporter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "probes" not in exporter.box().notes:
+            time.sleep(0.02)
+        assert "skipped this cycle: other processes hold GPU memory" in exporter.box().notes["probes"]
+        assert controller.runs == [] and asked == [[]]
     finally:
         exporter.stop()

@@ -27,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, help="tensor-parallel degree for --model's plan")
     parser.add_argument("--gpus", metavar="LIST", help="GPUs for the probe group, e.g. 0,1 (default: every GPU)")
     parser.add_argument("--cpu-ranks", type=int, metavar="N", help="probe on N CPU ranks (gloo) where there is no GPU")
+    parser.add_argument(
+        "--force", action="store_true", help="probe GPUs even while other processes (a serving engine) hold memory"
+    )
     parser.add_argument("--server", metavar="URL", help="SGLang/vLLM /metrics URL: export its observed step")
     parser.add_argument(
         "--accept-length",
@@ -56,8 +59,10 @@ def _gpus(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop."""
+    import os
     import signal
     import threading
+    from collections.abc import Sequence
     from typing import Any
 
     from decodetop.errors import UserInputError
@@ -97,16 +102,29 @@ def run(args: argparse.Namespace) -> int:
 
     plan: tuple[Any, ...] = ()
     make_controller = None
+    preflight = None
     if probe_every_s is not None:
+        from decodetop.probes.controller import resolve_layout
         from decodetop.probes.registry import ProbeRegistry
 
         plan = probe_plan_runs(args.model, args.tp, ProbeRegistry())
-        gpus = _gpus(args.gpus) if args.gpus else None
+        layout = resolve_layout(_gpus(args.gpus) if args.gpus else None, args.cpu_ranks)
 
         def make_controller() -> Any:
             from decodetop.probes.controller import ProbeController
 
-            return ProbeController(gpus=gpus, cpu_ranks=args.cpu_ranks)
+            return ProbeController(layout=layout)
+
+        if layout.kind == "cuda" and not args.force:
+
+            def preflight(own_pids: Sequence[int]) -> str | None:
+                from decodetop.probes.gpuinfo import compute_processes
+
+                busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(), *own_pids))
+                if not busy:
+                    return None
+                who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
+                return f"other processes hold GPU memory ({who}); pass --force to probe anyway"
 
     exporter = Exporter(
         listen=args.listen,
@@ -118,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
         make_controller=make_controller,
         server_source=server_source,
         budget_for=budget_composer(args.model, args.tp) if args.model else None,
+        preflight=preflight,
     )
     stop_signals = (signal.SIGINT, signal.SIGTERM)
     previous: dict[signal.Signals, Any] = {}

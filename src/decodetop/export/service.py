@@ -139,6 +139,7 @@ class Exporter:
         server_source: Any | None = None,
         server_every_s: float = DEFAULT_SERVER_EVERY_S,
         budget_for: Callable[[tuple[Any, ...], Any], Any] | None = None,
+        preflight: Callable[[Sequence[int]], str | None] | None = None,
         log: TextIO | None = None,
     ) -> None:
         self.listen = listen
@@ -151,6 +152,8 @@ class Exporter:
         self.server_source = server_source
         self.server_every_s = server_every_s
         self.budget_for = budget_for
+        self.preflight = preflight
+        """(our own rank pids) → None to probe, or why not (another process holds the GPUs: a serving engine)."""
         """(probe results, observed step or None) → Budget or None; called after each probe cycle and server poll."""
         self.box = StateBox(ExportState(probe_interval_s=self.probe_every_s))
         self._log = log if log is not None else sys.stderr
@@ -236,6 +239,11 @@ class Exporter:
         while not self._stop.is_set():
             started = time.monotonic()
             failures: list[str] = []
+            refusal = self._preflight()
+            if refusal is not None:
+                self._note("probes", f"skipped this cycle: {refusal}")
+                self._stop.wait(self.probe_every_s)
+                continue
             for planned in self.plan:
                 if self._stop.is_set():
                     break
@@ -245,6 +253,16 @@ class Exporter:
             self._note("probes", "; ".join(failures) if failures else None)
             self._recompose()
             self._stop.wait(max(0.0, self.probe_every_s - (time.monotonic() - started)))
+
+    def _preflight(self) -> str | None:
+        if self.preflight is None:
+            return None
+        controller = self._controller
+        own = list(controller.rank_pids()) if controller is not None and hasattr(controller, "rank_pids") else []
+        try:
+            return self.preflight(own)
+        except Exception as exc:  # a failed look at the GPUs is a reason not to probe them
+            return f"could not check the GPUs for other processes ({type(exc).__name__}: {exc})"
 
     def _run_probe(self, planned: PlannedRun, failures: list[str]) -> Any | None:
         try:
