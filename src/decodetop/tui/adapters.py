@@ -7,10 +7,12 @@ module stays cheap and never imports torch (the controller spawns ranks; the UI 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import threading
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -166,6 +168,32 @@ class ReplayTelemetry:
 
 # --- probes ---------------------------------------------------------------------------------------------------
 
+
+@contextlib.contextmanager
+def real_stderr() -> Iterator[None]:
+    """Point sys.stderr at the process's real stderr for a moment.
+
+    Textual replaces sys.stderr with a capture object whose `fileno()` is not a real descriptor, and
+    multiprocessing's resource tracker passes `sys.stderr.fileno()` to the process it spawns ("bad value(s) in
+    fds_to_keep"). Spawning the probe group (and the tracker) under this context gives them the terminal's stderr.
+    """
+    saved = sys.stderr
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stderr = saved
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker before the UI takes over stderr (see `real_stderr`)."""
+    from multiprocessing import resource_tracker
+
+    with real_stderr():
+        resource_tracker.ensure_running()
+
+
 _STATUS_TO_STATE = {
     "ok": ProbeState.DONE,
     "failed": ProbeState.FAILED,
@@ -198,7 +226,10 @@ def _point_label(m: Measurement) -> str:
     mode = params.pop("mode", None)
     if isinstance(mode, str):
         parts.append(mode)
-    parts.extend(f"{k}={v}" for k, v in sorted(params.items()) if isinstance(v, (int, float, str)))
+    for key in ("what", "shape", "kind", "context", "m", "tokens", "nodes"):
+        value = params.pop(key, None)
+        if isinstance(value, (int, float, str)):
+            parts.append(str(value) if key in ("what", "shape", "kind") else f"{key}={value}")
     return " ".join(parts) or m.name
 
 
@@ -292,7 +323,8 @@ class ControllerProbes:
 
                 raise DecodetopError("probe group is closed")
             if self._controller is None:
-                self._controller = self._make()
+                with real_stderr():
+                    self._controller = self._make()
             return self._controller
 
     def plan(self, settings: Settings) -> list[ProbeView]:

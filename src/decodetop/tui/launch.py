@@ -101,6 +101,9 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
                 f"PCIe {'/'.join(links) or '?'}"
             )
 
+        from decodetop.tui.adapters import start_resource_tracker
+
+        start_resource_tracker()
         probes = ControllerProbes(make_controller, telemetry_line)
         if options.demo:
             run_probes = True

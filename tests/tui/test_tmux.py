@@ -1,0 +1,88 @@
+"""decodetop in a real terminal: a tmux pane at 80×24 and 200×50, the bar and both markers on screen, `q` quits and
+no decodetop process (nor probe rank) is left behind."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import require_tool
+
+START_TIMEOUT_S = 60.0
+"""First frame on 2 busy CI cores (the benchmark measures the real figure)."""
+QUIT_TIMEOUT_S = 60.0
+"""q with CPU ranks running: cancel, then end the ranks (controller close timeout 5 s) and the collector."""
+
+
+def _tmux(tmux: str, sock: Path, *args: str) -> str:
+    out = subprocess.run([tmux, "-S", str(sock), *args], capture_output=True, text=True, check=False, timeout=30)
+    return out.stdout
+
+
+def _wait_for(tmux: str, sock: Path, needle: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = _tmux(tmux, sock, "capture-pane", "-p", "-t", "dt")
+        if needle in screen:
+            return screen
+        time.sleep(0.2)
+    raise AssertionError(f"{needle!r} not on screen after {timeout_s} s:\n{screen}")
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("width", "height", "flags"),
+    [(80, 24, ["--no-probes"]), (200, 50, ["--cpu-ranks", "2"])],
+    ids=["80x24-no-probes", "200x50-cpu-ranks"],
+)
+def test_decodetop_in_tmux(tmp_path: Path, width: int, height: int, flags: list[str]) -> None:
+    tmux = require_tool("tmux")
+    sock = tmp_path / "tmux.sock"
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "DECODETOP_STATE_DIR": str(tmp_path / "state"),
+        "DECODETOP_CONFIG_DIR": str(tmp_path / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+    }
+    env_args = [f"{k}={v}" for k, v in env.items()]
+    command = shlex.join(["env", *env_args, sys.executable, "-m", "decodetop", *flags])
+    shell = f"{command}; echo DECODETOP-EXIT $?; sleep 300"
+    _tmux(tmux, sock, "new-session", "-d", "-s", "dt", "-x", str(width), "-y", str(height), shell)
+    try:
+        pane_pid = int(_tmux(tmux, sock, "display-message", "-p", "-t", "dt", "#{pane_pid}").strip())
+        screen = _wait_for(tmux, sock, "observed", START_TIMEOUT_S)
+        assert "target 3.24" in screen
+        assert "░" in screen  # the bar (unexplained part at least)
+        assert "◆" in screen and "▲" in screen  # target and observed markers
+        ranks = "--cpu-ranks" in flags
+        if ranks:
+            _wait_for(tmux, sock, "▱", START_TIMEOUT_S)  # the progress gauge: ranks are up and probing
+        ours = [p for p in _descendants(pane_pid) if "decodetop" in " ".join(p.cmdline())]
+        assert ours, "decodetop is not running in the pane"
+        tree = [p for q in ours for p in [q, *_descendants(q.pid)]]
+        if ranks:
+            assert len(tree) >= 3, f"expected decodetop and 2 ranks, found {[p.cmdline()[:3] for p in tree]}"
+        _tmux(tmux, sock, "send-keys", "-t", "dt", "q")
+        screen = _wait_for(tmux, sock, "DECODETOP-EXIT", QUIT_TIMEOUT_S)
+        assert "DECODETOP-EXIT 0" in screen
+        gone, alive = psutil.wait_procs(tree, timeout=10)
+        assert not alive, f"left running after q: {[p.pid for p in alive]}"
+        assert all(p.pid not in {c.pid for c in _descendants(pane_pid)} for p in gone)
+    finally:
+        _tmux(tmux, sock, "kill-server")
