@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from conftest import require_tool
 
 START_TIMEOUT_S = 60.0
