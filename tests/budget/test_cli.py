@@ -191,3 +191,10 @@ def test_tp_and_bandwidth_from_nvml(capsys: pytest.CaptureFixture[str], monkeypa
     assert data["roofline"]["mem_bandwidth_gbps"] == pytest.approx(6016 / 8 * 3201 * 2 / 1000)
     assert data["roofline"]["bandwidth_source"].startswith("NVML: NVIDIA H200")
     assert data["roofline"]["allreduce_latency_us"] == 14.0  # NVLink default from the H200 row
+
+
+def test_warns_when_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["budget", "--model", "glm-5", "--tp", "8", "--gpu", "rtx-pro-6000"]) == 0
+    assert "do not fit in the 96 GiB" in capsys.readouterr().out
+    assert main(["budget", "--model", "glm-5-nvfp4", "--tp", "8", "--gpu", "rtx-pro-6000"]) == 0
+    assert "do not fit" not in capsys.readouterr().out

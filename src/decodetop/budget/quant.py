@@ -210,11 +210,14 @@ class QuantScheme:
         return self.weight_bits if fmt is self.weight_format else bits_per_weight(fmt)
 
     def describe(self) -> str:
-        """One line: format, where it was declared, how many exclusions."""
+        """One line: format, where it was declared, what stays in the base dtype."""
         if not self.quantized:
             return f"{self.base_format.label} (no quantization config)"
-        excl = f", {len(self.exclusions)} exclusion pattern(s) stay {self.base_format.label}"
-        return f"{self.weight_format.label} ({self.weight_bits:g} bits/weight; {self.method}, {self.source}{excl})"
+        always = "routers, norms, embedding" + ("" if self.quantize_lm_head else ", lm_head")
+        return (
+            f"{self.weight_format.label} ({self.weight_bits:g} bits/weight; {self.method}, {self.source}); "
+            f"{always} and {len(self.exclusions)} excluded module pattern(s) stay {self.base_format.label}"
+        )
 
 
 def no_quantization(base: WeightFormat) -> QuantScheme:

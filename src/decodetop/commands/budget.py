@@ -166,7 +166,17 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_as_json(spec, inv, roof=roof, budget=budget, plan=plan, tp_source=tp_source), indent=1))
     else:
-        sys.stdout.write(_as_text(spec, inv, roof=roof, budget=budget, plan=plan, tp_source=tp_source))
+        sys.stdout.write(
+            _as_text(
+                spec,
+                inv,
+                roof=roof,
+                budget=budget,
+                plan=plan,
+                tp_source=tp_source,
+                gpu_memory_gib=gpu.memory_gib if gpu is not None and gpu_name is None else None,
+            )
+        )
     return 0
 
 
@@ -249,7 +259,9 @@ def _as_json(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_sourc
     }
 
 
-def _as_text(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_source: str) -> str:
+def _as_text(
+    spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_source: str, gpu_memory_gib: float | None = None
+) -> str:
     from decodetop.textfmt import format_bytes, format_number, table
 
     dep = inv.deployment
@@ -267,6 +279,11 @@ def _as_text(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_sourc
         f"  busiest GPU  holds {_gb(inv.resident_weight_bytes)} of weights; reads {_gb(inv.weight_bytes)} weights + "
         f"{_gb(inv.kv_bytes)} KV per step = {_gb(per_token)} per token"
     )
+    if gpu_memory_gib is not None and inv.resident_weight_bytes > gpu_memory_gib * 2**30:
+        add(
+            f"  warning      {_gb(inv.resident_weight_bytes)} of weights per GPU do not fit in the "
+            f"{gpu_memory_gib:g} GiB of a {roof.hardware.gpu_name} (before any KV cache): use more GPUs or fewer bits"
+        )
     ar = inv.collective_sizes("all_reduce")
     ag = inv.collective_sizes("all_gather")
     ar_text = ", ".join(f"{n} × {format_bytes(size)}" for size, n in sorted(ar.items())) or "none (TP 1)"
