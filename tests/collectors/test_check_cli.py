@@ -137,3 +137,27 @@ def test_unpack_rejects_foreign_archives(tmp_path: Path) -> None:
     (tmp_path / "plain.tar.gz").write_bytes(b"not a tarball")
     with pytest.raises(UserInputError, match="not a readable"):
         unpack_collected(tmp_path / "plain.tar.gz", tmp_path / "out2")
+
+
+def test_default_baseline_is_compared_automatically(capsys: pytest.CaptureFixture[str], state_dir: Path) -> None:
+    main(["check", "--sample-interval", "0", "--save-baseline"])
+    capsys.readouterr()
+    main(["check", "--sample-interval", "0"])
+    assert "No change since baseline 'default'." in capsys.readouterr().out
+    (state_dir / "baselines" / "default.json").write_text("[1, 2")
+    code = main(["check", "--sample-interval", "0"])
+    captured = capsys.readouterr()
+    assert code in (0, 1, 2, 3) and "baseline not compared" in captured.err and "not valid JSON" in captured.err
+    assert (state_dir / "baselines" / "default.json").read_text() == "[1, 2"
+
+
+def test_root_accepts_the_unpacked_collect_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from decodetop.collectors.collect import ARCHIVE_TOP, unpack_collected
+
+    archive = tmp_path / "host.tar.gz"
+    main(["check", "--collect", str(archive), "--sample-interval", "0"])
+    capsys.readouterr()
+    unpack_collected(archive, tmp_path / "x")
+    code, document = _json(capsys, ["--root", str(tmp_path / "x" / ARCHIVE_TOP)])
+    assert document["root"] == str((tmp_path / "x" / ARCHIVE_TOP / "root").resolve())
+    assert code == document["exit_code"]

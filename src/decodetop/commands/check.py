@@ -111,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.root:
             root_path = Path(args.root)
+            if (root_path / "findings.json").is_file() and (root_path / "root").is_dir():
+                root_path = root_path / "root"  # the unpacked decodetop-collect/ folder itself
             if root_path.is_file():
                 tmp = tempfile.TemporaryDirectory(prefix="decodetop-root-")
                 root_path = unpack_collected(root_path, Path(tmp.name))

@@ -178,7 +178,7 @@ def check_device_majors(ctx: HostContext) -> list[CheckResult]:
     listing = "; ".join(f"{f.node} {f.major}:{f.minor} {f.problem}" for f in bad + soft)
     if bad:
         status = Status.FAIL
-        observed = f"{listing} [/proc/devices: {registered}; {cgroup_note}]"
+        observed = f"NVML works but CUDA init fails: {listing} [/proc/devices: {registered}; {cgroup_note}]"
         why = SYMPTOM
         fix = fix_base
     elif soft:
