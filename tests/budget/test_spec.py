@@ -202,3 +202,58 @@ def test_moe_without_top_k_is_an_error() -> None:
 def test_unknown_preset_lists_known() -> None:
     with pytest.raises(ConfigError, match="glm-5-nvfp4"):
         load_preset("glm-6")
+
+
+def test_deepseek_v32_and_v2_lite_variants() -> None:
+    glm5 = json.loads((PRESET_DIR / "glm-5.json").read_text())["config"]
+    v32 = spec_from_config({**glm5, "model_type": "deepseek_v32"})
+    names = {m.name for m in v32.modules if m.layer == 0}
+    assert "model.layers.0.self_attn.indexer.weights_proj" in names  # GLM-5 calls it indexers_proj instead
+    assert v32.params_total == load_preset("glm-5").params_total
+    lite = {
+        "model_type": "deepseek_v2",
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "moe_intermediate_size": 64,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 1,
+        "num_attention_heads": 4,
+        "q_lora_rank": None,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "vocab_size": 1000,
+    }
+    spec = spec_from_config(lite)
+    assert spec.q_lora_rank == 0 and spec.scoring_func == "softmax"
+    layer = {m.kind: m.params for m in spec.modules if m.layer == 1}
+    assert layer["q_proj"] == 256 * 4 * 24
+    assert "q_a_proj" not in layer
+    assert layer["shared_gate_proj"] == 256 * 2 * 64
+    assert spec.moe_layers == (1, 2, 3)
+
+
+def test_glm45_attention_bias_and_partial_rotary() -> None:
+    spec = load_preset("glm-4.5")
+    assert spec.attention_bias and not spec.o_bias
+    assert spec.rotary_dim == 64  # partial_rotary_factor 0.5 of head_dim 128
+    q = next(m for m in spec.modules if m.kind == "q_proj")
+    assert q.params == 5120 * 96 * 128 + 96 * 128
+
+
+def test_mla_without_q_lora_builds_an_inventory() -> None:
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.inventory import build_inventory
+
+    glm45 = load_preset("glm-4.5")
+    inv = build_inventory(glm45, Deployment(tp=8))
+    assert inv.collective_count("all_reduce") == 2 * 92 + 1
+    v2 = {k: v for k, v in json.loads((PRESET_DIR / "deepseek-v3.json").read_text())["config"].items()}
+    v2.update(model_type="deepseek_v2", q_lora_rank=None, quantization_config=None)
+    inv = build_inventory(spec_from_config(v2), Deployment(tp=8))
+    assert any(op.name == "q_proj" for op in inv.ops)
+    assert inv.weight_bytes > 0
