@@ -252,7 +252,7 @@ def test_mla_without_q_lora_builds_an_inventory() -> None:
     glm45 = load_preset("glm-4.5")
     inv = build_inventory(glm45, Deployment(tp=8))
     assert inv.collective_count("all_reduce") == 2 * 92 + 1
-    v2 = {k: v for k, v in json.loads((PRESET_DIR / "deepseek-v3.json").read_text())["config"].items()}
+    v2 = dict(json.loads((PRESET_DIR / "deepseek-v3.json").read_text())["config"])
     v2.update(model_type="deepseek_v2", q_lora_rank=None, quantization_config=None)
     inv = build_inventory(spec_from_config(v2), Deployment(tp=8))
     assert any(op.name == "q_proj" for op in inv.ops)
