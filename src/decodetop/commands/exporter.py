@@ -135,9 +135,11 @@ def run(args: argparse.Namespace) -> int:
         plan=plan,
         make_controller=make_controller,
         server_source=server_source,
-        budget_for=budget_composer(args.model, args.tp) if args.model else None,
+        budget_for=None,
         preflight=preflight,
     )
+    if args.model:
+        exporter.budget_for = budget_composer(args.model, args.tp, telemetry=lambda: exporter.box().telemetry)
     stop_signals = (signal.SIGINT, signal.SIGTERM)
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():

@@ -344,18 +344,91 @@ class Exporter:
             self._server.close()
 
 
-def budget_composer(model: str, tp: int | None) -> Callable[[tuple[Any, ...], Any], Any] | None:
-    """A `budget_for` hook for `--model`: the budget package's `budget_from_results(inventory, results,
-    observed_ms=...)` where this build has it (None otherwise: the exporter then serves no budget)."""
-    import importlib
+_US_TO_MS = 1e-3
 
-    try:
-        compose = importlib.import_module("decodetop.budget.compose")
-    except ImportError:
+
+def _ok(obj: Any) -> bool:
+    status = getattr(obj, "status", None)
+    return str(getattr(status, "value", status) or "ok") == "ok"
+
+
+def measured_from_results(results: Sequence[Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(key id → MeasuredTime, GEMM curve id → Curve, collective → Curve) from probe results.
+
+    A measurement counts for its `key` param (the measurement-key id the shape probes record) when it is ok, timed
+    in µs and has role "budget"; where several implementations of one key were measured (MoE variants, FP8
+    scaling variants, all-gather modes) the fastest counts, as a tuned engine would pick it. GEMM points with a
+    `curve` param in the key's own dtype make the time-vs-M curves; the all-reduce sweep makes the time-vs-bytes
+    curve, graph mode where measured (what a serving engine replays), else pipelined.
+    """
+    from decodetop.budget.compose import Curve, MeasuredTime
+
+    measured: dict[str, Any] = {}
+    gemm_points: dict[str, dict[float, float]] = {}
+    allreduce_points: dict[str, dict[float, float]] = {}
+    for result in results:
+        if not _ok(result):
+            continue
+        for m in getattr(result, "measurements", ()) or ():
+            stats = getattr(m, "stats", None)
+            params = dict(getattr(m, "params", {}) or {})
+            if not _ok(m) or stats is None or getattr(m, "unit", "") != "us":
+                continue
+            median = float(stats.median) * _US_TO_MS
+            if getattr(result, "probe", "") == "allreduce":
+                size, mode = params.get("size_bytes"), params.get("mode")
+                if isinstance(size, int) and size > 0 and median > 0 and isinstance(mode, str):
+                    allreduce_points.setdefault(mode, {})[float(size)] = median
+                continue
+            key = params.get("key")
+            if not isinstance(key, str) or params.get("role", "budget") not in {"budget", "sweep"}:
+                continue
+            curve, rows, variant = params.get("curve"), params.get("m"), params.get("variant")
+            in_dtype = variant is None or key.endswith(f"dtype={variant}")
+            if isinstance(curve, str) and isinstance(rows, int) and rows > 0 and median > 0 and in_dtype:
+                gemm_points.setdefault(curve, {})[float(rows)] = median
+            best = measured.get(key)
+            if params.get("role", "budget") == "budget" and (best is None or median < best.median_ms):
+                measured[key] = MeasuredTime(
+                    median, float(stats.p10) * _US_TO_MS, float(stats.p90) * _US_TO_MS, f"probe {result.probe}"
+                )
+    gemm_curves = {cid: Curve(tuple(pts.items())) for cid, pts in gemm_points.items() if len(pts) >= 2}
+    mode = "graph" if "graph" in allreduce_points else "pipelined"
+    points = allreduce_points.get(mode, {})
+    allreduce_curves = {"all_reduce": Curve(tuple(points.items()), f"probe allreduce ({mode})")} if points else {}
+    return measured, gemm_curves, allreduce_curves
+
+
+def _estimate_hardware(results: Sequence[Any], telemetry: Any) -> Any | None:
+    """Hardware to estimate unmeasured ops from: the GPU the results ran on (table row) with the measured device
+    copy bandwidth where membw measured it; None on CPU ranks or an unknown GPU (those ops stay missing)."""
+    from decodetop.budget.gpus import find_gpu
+    from decodetop.budget.roofline import hardware_for
+
+    names = [n for r in results for n in (getattr(getattr(r, "environment", None), "gpu_names", ()) or ())]
+    names += [g.name for g in (getattr(telemetry, "gpus", ()) or ()) if getattr(g, "name", None)]
+    gpu = next((g for g in (find_gpu(n) for n in names) if g is not None), None)
+    if gpu is None:
         return None
-    from_results = getattr(compose, "budget_from_results", None)
-    if not callable(from_results):
-        return None
+    bandwidth = None
+    for r in results:
+        if getattr(r, "probe", "") != "membw" or not _ok(r):
+            continue
+        for m in getattr(r, "measurements", ()) or ():
+            value = (getattr(m, "metrics", {}) or {}).get("bandwidth_gbps")
+            if _ok(m) and isinstance(value, (int, float)) and value > 0:
+                bandwidth = max(bandwidth or 0.0, float(value))
+    return hardware_for(gpu, bandwidth_gbps=bandwidth, bandwidth_source="measured (membw)")
+
+
+def budget_composer(
+    model: str, tp: int | None, telemetry: Callable[[], Any] | None = None
+) -> Callable[[tuple[Any, ...], Any], Any]:
+    """A `budget_for` hook for `--model`: the budget package's own `budget_from_results(inventory, results,
+    observed_ms=...)` where this build has it, else `compose_budget` over `measured_from_results`, estimating what
+    is unmeasured from the GPU's table row (with the measured bandwidth). The observed step is the live server's
+    where there is one, else the budget's default."""
+    from decodetop.budget import compose as compose_mod
     from decodetop.budget.deployment import Deployment
     from decodetop.budget.inventory import build_inventory
 
@@ -363,11 +436,21 @@ def budget_composer(model: str, tp: int | None) -> Callable[[tuple[Any, ...], An
     deployment = Deployment(tp=tp) if tp is not None else Deployment()
     deployment.validate(spec)
     inventory = build_inventory(spec, deployment)
+    own = getattr(compose_mod, "budget_from_results", None)
 
     def compose_for(results: tuple[Any, ...], observed: Any) -> Any:
         step_ms = getattr(observed, "step_ms", None)
-        if step_ms is None:
-            return from_results(inventory, results)
-        return from_results(inventory, results, observed_ms=step_ms)
+        extra: dict[str, Any] = {} if step_ms is None else {"observed_ms": float(step_ms)}
+        if callable(own):
+            return own(inventory, results, **extra)
+        measured, gemm_curves, allreduce_curves = measured_from_results(results)
+        return compose_mod.compose_budget(
+            inventory,
+            measured,
+            gemm_curves=gemm_curves,
+            allreduce_curves=allreduce_curves,
+            estimate=_estimate_hardware(results, telemetry() if telemetry is not None else None),
+            **extra,
+        )
 
     return compose_for
