@@ -446,8 +446,8 @@ def check_deep_cstates(ctx: HostContext) -> list[CheckResult]:
     title = "Deep C-states"
     expected = f"states with exit latency > {C8_LATENCY_LIMIT_US} µs disabled or not entered (PM-QoS limit)"
     why = (
-        "Waking a core from a deep C-state takes tens to hundreds of µs; a decode step that waits on the CPU "
-        "between kernels pays that exit latency again and again."
+        "Waking a core from a deep C-state costs the state's exit latency (its `latency` file, in µs); a decode "
+        "step whose host thread idles between kernel launches pays it again and again."
     )
     states = read_idle_states(ctx)
     if not states:

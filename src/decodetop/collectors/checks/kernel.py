@@ -64,7 +64,7 @@ def check_thp(ctx: HostContext) -> list[CheckResult]:
             status,
             f"enabled [{enabled}], defrag [{defrag}]",
             "never (tuned network-latency) or madvise",
-            "With THP always, khugepaged compaction and huge-page faults can stall a thread for milliseconds.",
+            "With THP always, huge-page faults and compaction (direct or khugepaged) can stall the serving threads.",
             "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled" if status != Status.PASS else "",
             facts={"thp_enabled": enabled, "thp_defrag": defrag},
         )
