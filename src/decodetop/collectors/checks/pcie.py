@@ -207,6 +207,8 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
             if path_mps is not None and pcie.mps_bytes is not None and pcie.mps_bytes != path_mps and not unread:
                 problems.append(f"MaxPayload {pcie.mps_bytes} B != path {path_mps} B")
                 status = Status.WARN
+            if problems:
+                observed += ": " + "; ".join(problems)
             results.append(
                 CheckResult(
                     f"P3:{gpu.bdf}",
