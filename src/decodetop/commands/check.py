@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     if args.root and args.collect:
         raise UserInputError("--collect records this host; it cannot be combined with --root")
     lxc_dirs = tuple(args.lxc_config_dir) if args.lxc_config_dir else None
+    if args.collect and Path(args.collect).is_dir():
+        raise UserInputError(f"--collect {args.collect}: is a directory, give a file name ending in .tar.gz")
 
     # Load the baseline first, so a corrupt one fails before any work and is never overwritten.
     explicit = args.baseline is not None
@@ -134,34 +136,38 @@ def run(args: argparse.Namespace) -> int:
     changes = bl.diff_baseline(baseline, results) if baseline is not None else []
     code = exit_code(results)
     context = next((r.observed for r in results if r.check_id == "C16"), "")
-    where = str(root.base) if not root.is_live else "this host"
+    where = args.root if args.root else "this host"
 
-    if args.json:
-        import json
+    try:
+        if args.json:
+            import json
 
-        document: dict[str, Any] = {
-            "root": str(root.base),
-            "context": context,
-            "exit_code": code,
-            "results": bl.results_to_json(ordered),
-            "baseline": base_name if baseline is not None else None,
-            "changes": [c.__dict__ for c in changes],
-        }
-        if baseline_note:
-            document["baseline_note"] = baseline_note
-        print(json.dumps(document, indent=1, ensure_ascii=False))
-    else:
-        print(f"decodetop check: {where}")
-        print(render_table(ordered, verbose=args.verbose))
-        print()
-        print(summary_line(results, code))
-        if baseline is not None:
-            print(render_changes(base_name, changes))
-        if baseline_note:
-            print(baseline_note, file=sys.stderr)
+            document: dict[str, Any] = {
+                "root": args.root or "/",
+                "context": context,
+                "exit_code": code,
+                "results": bl.results_to_json(ordered),
+                "baseline": base_name if baseline is not None else None,
+                "changes": [c.__dict__ for c in changes],
+            }
+            if baseline_note:
+                document["baseline_note"] = baseline_note
+            print(json.dumps(document, indent=1, ensure_ascii=False))
+        else:
+            print(f"decodetop check: {where}")
+            print(render_table(ordered, verbose=args.verbose))
+            print()
+            print(summary_line(results, code))
+            if baseline is not None:
+                print(render_changes(base_name, changes))
+            if baseline_note:
+                print(baseline_note, file=sys.stderr)
+    except BrokenPipeError:  # `decodetop check | head`: the reader left; still collect/save and exit with the code
+        import os
 
-    if args.collect:
-        assert isinstance(root, RecordingRoot)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+    if args.collect and isinstance(root, RecordingRoot):
         findings = {"exit_code": code, "results": bl.results_to_json(ordered)}
         count = write_collect_tarball(root, Path(args.collect), findings)
         print(
@@ -169,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.save_baseline:
-        path = bl.save_baseline(results, args.save_baseline, root=str(root.base))
+        path = bl.save_baseline(results, args.save_baseline, root=args.root or "/")
         print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
     return code
 
