@@ -302,6 +302,8 @@ class ProbeController:
             try:
                 group = self._ensure_group()
             except ProbeGroupError as exc:
+                if self._cancel.is_set():
+                    return finish(ProbeStatus.CANCELLED, message="cancelled while the probe group was starting")
                 return finish(ProbeStatus.FAILED, message=str(exc), error=str(exc))
             self._seq += 1
             seq = self._seq
