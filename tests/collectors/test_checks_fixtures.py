@@ -195,3 +195,33 @@ def test_gpu_checks_are_wired_in_on_the_live_root() -> None:
     assert "N1" in ids and "N1-N11" not in ids
     skipped = run_gpu_checks(HostRoot(HOSTS / "epyc-motivating" / "root"), fake_nvml("h200x1-load"))
     assert [r.check_id for r in skipped] == ["N1-N11"] and "copied host tree" in skipped[0].observed
+
+
+def test_merge_prefers_nvml_for_p6_p7_and_never_duplicates_ids() -> None:
+    from decodetop.collectors.checks.host import merge_results
+
+    host = [
+        CheckResult("P6:0000:00:06.0", "affinity", Status.INFO, "sysfs", ""),
+        CheckResult("P7:0000:00:06.0-0000:00:07.0", "pair", Status.INFO, "PHB", ""),
+        CheckResult("P1:0000:00:06.0", "link", Status.PASS, "x16", ""),
+    ]
+    gpu = [CheckResult("P6:0000:00:06.0", "affinity", Status.INFO, "nvml", "")]
+    merged = merge_results(host, gpu)
+    assert [(r.check_id, r.observed) for r in merged] == [
+        ("P7:0000:00:06.0-0000:00:07.0", "PHB"),
+        ("P1:0000:00:06.0", "x16"),
+        ("P6:0000:00:06.0", "nvml"),
+    ]
+    gpu.append(CheckResult("P7:GPU0-GPU1", "pair", Status.INFO, "NV18", ""))
+    assert [r.check_id for r in merge_results(host, gpu)] == ["P1:0000:00:06.0", "P6:0000:00:06.0", "P7:GPU0-GPU1"]
+    unknown_gpu = [CheckResult("P7:GPU0-GPU1", "pair", Status.UNKNOWN, "n/a", "")]
+    assert [r.check_id for r in merge_results(host, unknown_gpu)][:3] == [h.check_id for h in host]
+
+
+def test_live_run_has_unique_ids_with_recorded_nvml() -> None:
+    from decodetop.collectors.checks.host import run_all_checks
+    from decodetop.collectors.fake_nvml import fake_nvml
+
+    results = run_all_checks(HostRoot(), nvml=fake_nvml("h200x1-load"), sample_interval_s=0.0)
+    ids = [r.check_id for r in results]
+    assert len(ids) == len(set(ids))

@@ -142,8 +142,24 @@ def run_all_checks(
         lxc_config_paths=lxc_config_paths,
     )
     under_load = bool(gpu_busy) and all(gpu_busy.values()) if gpu_busy else False
-    results.extend(run_gpu_checks(root, nvml, under_load=under_load))
-    return results
+    return merge_results(results, run_gpu_checks(root, nvml, under_load=under_load))
+
+
+NVML_PREFERRED = ("P6", "P7")
+"""Checks both halves make: NVML's version (which also reads sysfs) wins when it produced a real answer."""
+
+
+def _family(check_id: str) -> str:
+    return check_id.split(":", 1)[0]
+
+
+def merge_results(host: list[CheckResult], gpu: list[CheckResult]) -> list[CheckResult]:
+    """Host findings then GPU findings, without two findings for one check and subject (P6, P7)."""
+    answered = {_family(r.check_id) for r in gpu if r.status is not Status.UNKNOWN}
+    dropped = {fam for fam in NVML_PREFERRED if fam in answered}
+    gpu_ids = {r.check_id for r in gpu}
+    kept = [r for r in host if _family(r.check_id) not in dropped and r.check_id not in gpu_ids]
+    return kept + list(gpu)
 
 
 def sort_for_display(results: list[CheckResult]) -> list[CheckResult]:
