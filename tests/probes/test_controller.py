@@ -154,3 +154,28 @@ def test_close_during_a_hanging_probe_ends_it() -> None:
     runner.join(10)
     assert results and results[0].status is ProbeStatus.CANCELLED
     assert _alive(pids) == []
+
+
+def test_ranks_exit_when_the_controller_is_killed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A controller killed with SIGKILL cannot tell its ranks; they notice their parent is gone and exit."""
+    import signal
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time\n"
+        "from decodetop.probes.controller import ProbeController\n"
+        "pc = ProbeController(device='cpu', cpu_ranks=2)\n"
+        "pc.start()\n"
+        "print(*pc.rank_pids(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    ranks = [psutil.Process(p) for p in _alive(pids)]
+    _gone, alive = psutil.wait_procs(ranks, timeout=5)
+    assert alive == []

@@ -1,5 +1,7 @@
 """Provides the `membw` probe: device copy, pinned host↔device copies, and P2P bandwidth and latency per GPU pair.
 
+Device copies and host copies run one rank at a time (each figure is one device's alone); P2P one source at a time.
+
 - `device_copy`: `dst.copy_(src)` on this rank's device, `copy_bytes` each, over a rotation of buffer pairs whose
   total exceeds 2× the last-level cache; `bandwidth_gbps` counts bytes read + written (2 × size), the usual
   device-copy convention (h200-machine.md: 4.1 TB/s read + write on an H200). On CPU ranks this is a real host
@@ -64,71 +66,20 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     latency_ops = int(params["latency_ops"])
     if size < LATENCY_COPY_BYTES or samples < 1 or warmup < 0 or latency_ops < 1:
         raise ValueError("membw: copy_bytes ≥ 4, samples ≥ 1, latency_ops ≥ 1 and warmup ≥ 0 are required")
-    timer = _timer(ctx)
     device = ctx.device.type
     out: list[RankMeasurement] = []
     numel = size // 4
-    nbytes = numel * 4
 
-    # --- device copy (rotation over pairs so the working set exceeds the cache)
-    ctx.progress("device copy", 0, 4)
-    copies = rotation_count(2 * nbytes, ctx.cache_bytes(), max_copies=8)
-    ctx.require_free_bytes(2 * nbytes * copies, "device copy buffers")
-    pairs = Rotation(
-        [
-            (torch.empty(numel, dtype=torch.float32, device=ctx.device), torch.ones(numel, device=ctx.device))
-            for _ in range(copies)
-        ]
-    )
-
-    def copy(pairs: Rotation = pairs) -> None:
-        dst, src = pairs.next()
-        dst.copy_(src)
-
-    est = statistics.median(timer(copy, 1, 2, 1))
-    counts = plan_counts(est, budget_ms, max_ops=1, max_samples=samples, min_samples=3)
-    out.append(
-        _bandwidth_point(
-            f"device copy {format_bytes(nbytes)}",
-            {"what": "device_copy", "device": device, "size_bytes": nbytes, "rotation": copies},
-            timer(copy, 1, counts.samples, warmup),
-            2 * nbytes,
-        )
-    )
-    del copy, pairs
-
-    # --- pinned host <-> device
-    ctx.progress("host<->device", 1, 4)
-    if ctx.is_cuda:
-        ctx.require_free_bytes(nbytes, "host-device copy buffer")
-        host = torch.ones(numel, dtype=torch.float32, pin_memory=True)
-        dev = torch.empty(numel, dtype=torch.float32, device=ctx.device)
-        for what, fn in (
-            ("h2d", lambda: dev.copy_(host, non_blocking=True)),
-            ("d2h", lambda: host.copy_(dev, non_blocking=True)),
-        ):
-            est = statistics.median(time_events(fn, 1, 2, 1))
-            counts = plan_counts(est, budget_ms, max_ops=1, max_samples=samples, min_samples=3)
-            out.append(
-                _bandwidth_point(
-                    f"{what} pinned {format_bytes(nbytes)}",
-                    {"what": what, "device": device, "size_bytes": nbytes, "pinned": True},
-                    time_events(fn, 1, counts.samples, warmup),
-                    nbytes,
-                )
-            )
-        del host, dev
-    else:
-        for what in ("h2d", "d2h"):
-            out.append(
-                RankMeasurement(
-                    f"{what} pinned",
-                    {"what": what, "device": device},
-                    "us",
-                    status=MeasurementStatus.UNSUPPORTED,
-                    note="host-device copies need a GPU",
-                )
-            )
+    # One rank at a time: concurrent copies on several GPUs would share the host's memory and PCIe root ports
+    # (and CPU ranks the same DRAM), and each figure is meant to be one device's alone.
+    for turn in range(ctx.world_size):
+        ctx.host_barrier()
+        if turn == ctx.rank:
+            ctx.progress("device copy", 0, 4)
+            out.append(_device_copy(ctx, numel, samples=samples, warmup=warmup, budget_ms=budget_ms))
+            ctx.progress("host<->device", 1, 4)
+            out.extend(_host_device(ctx, numel, samples=samples, warmup=warmup, budget_ms=budget_ms))
+    ctx.host_barrier()
 
     # --- P2P per ordered pair, one source rank at a time
     ctx.progress("p2p", 2, 4)
@@ -155,6 +106,71 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
         torch.cuda.empty_cache()
     ctx.progress("done", 4, 4)
     return RankOutput(measurements=tuple(out))
+
+
+def _device_copy(ctx: ProbeContext, numel: int, *, samples: int, warmup: int, budget_ms: float) -> RankMeasurement:
+    """`dst.copy_(src)` over a rotation of buffer pairs whose total exceeds 2× the last-level cache."""
+    nbytes = numel * 4
+    timer = _timer(ctx)
+    copies = rotation_count(2 * nbytes, ctx.cache_bytes(), max_copies=8)
+    ctx.require_free_bytes(2 * nbytes * copies, "device copy buffers")
+    pairs = Rotation(
+        [
+            (torch.empty(numel, dtype=torch.float32, device=ctx.device), torch.ones(numel, device=ctx.device))
+            for _ in range(copies)
+        ]
+    )
+
+    def copy() -> None:
+        dst, src = pairs.next()
+        dst.copy_(src)
+
+    est = statistics.median(timer(copy, 1, 2, 1))
+    counts = plan_counts(est, budget_ms, max_ops=1, max_samples=samples, min_samples=3)
+    return _bandwidth_point(
+        f"device copy {format_bytes(nbytes)}",
+        {"what": "device_copy", "device": ctx.device.type, "size_bytes": nbytes, "rotation": copies},
+        timer(copy, 1, counts.samples, warmup),
+        2 * nbytes,
+    )
+
+
+def _host_device(
+    ctx: ProbeContext, numel: int, *, samples: int, warmup: int, budget_ms: float
+) -> list[RankMeasurement]:
+    """Pinned host → device and device → host copies (CUDA only)."""
+    device = ctx.device.type
+    if not ctx.is_cuda:
+        return [
+            RankMeasurement(
+                f"{what} pinned",
+                {"what": what, "device": device},
+                "us",
+                status=MeasurementStatus.UNSUPPORTED,
+                note="host-device copies need a GPU",
+            )
+            for what in ("h2d", "d2h")
+        ]
+    nbytes = numel * 4
+    ctx.require_free_bytes(nbytes, "host-device copy buffer")
+    host = torch.ones(numel, dtype=torch.float32, pin_memory=True)
+    dev = torch.empty(numel, dtype=torch.float32, device=ctx.device)
+    out = []
+    for what, fn in (
+        ("h2d", lambda: dev.copy_(host, non_blocking=True)),
+        ("d2h", lambda: host.copy_(dev, non_blocking=True)),
+    ):
+        est = statistics.median(time_events(fn, 1, 2, 1))
+        counts = plan_counts(est, budget_ms, max_ops=1, max_samples=samples, min_samples=3)
+        out.append(
+            _bandwidth_point(
+                f"{what} pinned {format_bytes(nbytes)}",
+                {"what": what, "device": device, "size_bytes": nbytes, "pinned": True},
+                time_events(fn, 1, counts.samples, warmup),
+                nbytes,
+            )
+        )
+    return out
 
 
 def _p2p_from_here(
