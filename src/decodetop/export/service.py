@@ -250,8 +250,8 @@ class Exporter:
                 result = self._run_probe(planned, failures)
                 if result is not None:
                     self.box.add_probe_result(result)
+                    self._recompose()  # the budget fills in probe by probe
             self._note("probes", "; ".join(failures) if failures else None)
-            self._recompose()
             self._stop.wait(max(0.0, self.probe_every_s - (time.monotonic() - started)))
 
     def _preflight(self) -> str | None:
