@@ -78,3 +78,34 @@ def test_empty_tree_gives_no_crash(tmp_path: Path) -> None:
     unknown = [r for r in results if r.status == Status.UNKNOWN]
     assert all(r.observed.startswith("cannot evaluate:") for r in unknown)
     assert all("does not exist" in r.observed for r in unknown)
+
+
+def test_fuzz_any_file_the_checks_read(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Replace any one file the checks read with random bytes: no exception escapes, every finding is well formed."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from decodetop.collectors.collect import RecordingRoot
+
+    tree = tmp_path_factory.mktemp("fuzz") / "root"
+    shutil.copytree(HOSTS / "epyc-motivating" / "root", tree, symlinks=True)
+    recorder = RecordingRoot(tree)
+    run_host_checks(recorder, sample_interval_s=0.0)
+    read = sorted(
+        p for p in (*recorder.recording.files, *(f"{p}.hex" for p in recorder.recording.files)) if (tree / p).is_file()
+    )
+    assert len(read) > 100
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.sampled_from(read), st.binary(max_size=300))
+    def fuzz(path: str, garbage: bytes) -> None:
+        target = tree / path
+        original = target.read_bytes()
+        target.write_bytes(garbage)
+        try:
+            results = run_host_checks(HostRoot(tree), sample_interval_s=0.0)
+        finally:
+            target.write_bytes(original)
+        assert results and all(isinstance(r.status, Status) and r.observed for r in results)
+
+    fuzz()
