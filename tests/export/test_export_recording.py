@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from expo_fixtures import checks, observed, probe_results, telemetry_snapshot
+from expo_fixtures import budget, checks, observed, probe_results, telemetry_snapshot
 
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.serving import ObservedStep
@@ -38,6 +38,7 @@ def _record_session(path: Path) -> None:
         rec.record("checks", list(checks()), t=t0 + 10)
         rec.record("observed_step", observed(), t=t0 + 11)
         rec.record("telemetry", telemetry_snapshot(), t=t0 + 12)
+        rec.record("budget", budget(), t=t0 + 12.5)
 
 
 def test_session_round_trips(tmp_path: Path) -> None:
@@ -54,16 +55,18 @@ def test_session_round_trips(tmp_path: Path) -> None:
         "checks",
         "observed_step",
         "telemetry",
+        "budget",
     ]
     assert replay.meta["format"] == "decodetop-recording"
     assert replay.meta["argv"][0] == "decodetop"
-    assert replay.duration_s == pytest.approx(12.0)
+    assert replay.duration_s == pytest.approx(12.5)
     assert replay.counts()["probe_result"] == 3
     # each event rebuilds into the same object it recorded
     assert decode_event(replay.of_kind("telemetry")[0]) == telemetry_snapshot()
     assert tuple(decode_event(e) for e in replay.of_kind("probe_result")) == probe_results()
     assert decode_event(replay.of_kind("checks")[0]) == checks()
     assert decode_event(replay.of_kind("observed_step")[0]) == observed()
+    assert decode_event(replay.of_kind("budget")[0]) == budget()
     assert "3 probe_result" in replay.summary and "corrupt" not in replay.summary
 
 
@@ -99,6 +102,7 @@ def test_corrupt_and_truncated_lines_are_skipped_and_counted(tmp_path: Path) -> 
         "checks",
         "observed_step",
         "telemetry",
+        "budget",
     ]
     assert len(replay.warnings) == 1
     warning = replay.warnings[0]
