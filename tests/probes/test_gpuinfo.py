@@ -81,3 +81,29 @@ def test_busy_gpu_needs_force(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 def test_nccl_env_picks_nccl_settings() -> None:
     env = {"NCCL_ALGO": "Ring", "PATH": "/bin", "TORCH_NCCL_BLOCKING_WAIT": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     assert nccl_env(env) == {"NCCL_ALGO": "Ring", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+
+
+def test_clock_snapshot_reads_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake pynvml with the constants and calls of nvidia-ml-py; the power call fails as on some VMs."""
+
+    def power(h: int) -> int:
+        raise RuntimeError("Not Supported")
+
+    fake = types.SimpleNamespace(
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetClockInfo=lambda h, which: {1: 1980, 2: 3201}[which],
+        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x1,  # GpuIdle, as h200-machine.md read at rest
+        nvmlDeviceGetTemperature=lambda h, which: 31,
+        nvmlDeviceGetPowerUsage=power,
+    )
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
+    snap = gpuinfo.clock_snapshot(_gpus(1))
+    assert snap == [
+        {"cuda_index": 0, "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "clock_event_reasons": 1, "temperature_c": 31}
+    ]
+    assert gpuinfo.clock_snapshot([]) == []

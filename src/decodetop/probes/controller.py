@@ -40,7 +40,7 @@ from types import TracebackType
 from typing import Any
 
 from decodetop.errors import DecodetopError, UserInputError
-from decodetop.probes.gpuinfo import GpuInfo, host_environment_fields, visible_gpus
+from decodetop.probes.gpuinfo import GpuInfo, clock_snapshot, host_environment_fields, visible_gpus
 from decodetop.probes.protocol import (
     RANK_ENV_DEFAULTS,
     Fatal,
@@ -284,13 +284,21 @@ class ProbeController:
             started_utc = _utc_now()
             t0 = time.monotonic()
 
+            nvml_before = clock_snapshot(self.layout.gpus)
+
             def finish(status: ProbeStatus, **kw: Any) -> ProbeResult:
                 env = self._group.environment if self._group else None
+                if env is not None:
+                    extra = dict(env.extra)
+                    if nvml_before:
+                        extra["nvml_before"] = nvml_before
+                        extra["nvml_after"] = clock_snapshot(self.layout.gpus)
+                    env = replace(env, time_utc=started_utc, extra=extra)
                 return ProbeResult(
                     probe=probe,
                     status=status,
                     params=resolved,
-                    environment=replace(env, time_utc=started_utc) if env else None,
+                    environment=env,
                     started_utc=started_utc,
                     duration_s=round(time.monotonic() - t0, 3),
                     world_size=self.world_size,

@@ -144,6 +144,52 @@ def compute_processes(gpus: Sequence[GpuInfo], exclude_pids: Sequence[int] = ())
     return found
 
 
+def clock_snapshot(gpus: Sequence[GpuInfo]) -> list[dict[str, Any]]:
+    """Clocks, clock-event reasons, temperature and power of `gpus` now (read-only; empty without NVML).
+
+    Taken before and after each probe so a result says whether the GPU ran at full clocks (architecture.md:
+    "every result records ... the clock-event reasons and clocks NVML saw during the run").
+    """
+    if not gpus:
+        return []
+    out: list[dict[str, Any]] = []
+    try:
+        with _nvml() as pynvml:
+            for gpu in gpus:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.nvml_index)
+                row: dict[str, Any] = {"cuda_index": gpu.cuda_index}
+                reads = {
+                    "sm_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "mem_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+                    "clock_event_reasons": _clock_event_reasons(pynvml),
+                    "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+                    "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
+                }
+                for key, read in reads.items():
+                    try:
+                        row[key] = read(handle)
+                    except Exception:  # noqa: S112 - not supported on this GPU/driver: leave the key out
+                        continue
+                out.append(row)
+    except RuntimeError:
+        return []
+    return out
+
+
+def _clock_event_reasons(pynvml: Any) -> Any:
+    """nvmlDeviceGetCurrentClocksEventReasons (new name) or …ThrottleReasons (older nvidia-ml-py)."""
+    fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
+    )
+
+    def read(handle: Any) -> int:
+        if fn is None:
+            raise RuntimeError("no clock-event reasons in this nvidia-ml-py")
+        return int(fn(handle))
+
+    return read
+
+
 def _process_name(pid: int) -> str:
     try:
         import psutil
