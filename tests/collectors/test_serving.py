@@ -3,6 +3,7 @@ counters advancing between scrapes, and every way a URL can fail giving a clear 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import threading
@@ -83,7 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+            self.wfile.write(data)
 
     def log_message(self, format: str, *args: object) -> None:
         pass
