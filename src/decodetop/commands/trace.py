@@ -193,4 +193,4 @@ def _top(bucket: Any, short_name: Any) -> str:
     if not bucket.top:
         return ""
     k = bucket.top[0]
-    return str(short_name(k.name, 40)) + (f" ({k.via})" if k.via else "")
+    return str(short_name(k.name, 52)) + (f" ({k.via})" if k.via else "")

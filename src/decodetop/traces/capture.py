@@ -27,8 +27,8 @@ HOW_TO_START = (
 )
 PROBE_TIMEOUT_S = 3.0
 """Timeout of the engine-detection GETs: they answer at once on a live server."""
-STABLE_POLLS = 2
-"""A trace file counts as written once its size is the same on this many polls in a row."""
+SETTLE_S = 1.0
+"""A trace file counts as written once its size has not changed for this long (profilers write in bursts)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,7 @@ def capture(
     timeout_s: float = 120.0,
     duration_s: float = 3.0,
     poll_s: float = 0.25,
+    settle_s: float = SETTLE_S,
     activities: Sequence[str] = ("CPU", "GPU"),
     sleep: Callable[[float], None] = time.sleep,
 ) -> CaptureResult:
@@ -137,18 +138,20 @@ def capture(
         sleep(min(duration_s, remaining()))
         status, text = _request(f"{base}/stop_profile", method="POST", body=None, timeout_s=remaining())
         _check(status, text, f"{base}/stop_profile")
-    sizes: dict[Path, tuple[int, int]] = {}
+    sizes: dict[Path, tuple[int, float]] = {}
     while True:
         now = _trace_files(directory)
+        clock = time.monotonic()
         fresh = {p: s for p, s in now.items() if p not in before or before[p] != s}
         done = []
         for path, size in fresh.items():
-            last, same = sizes.get(path, (-1, 0))
-            same = same + 1 if size == last and size > 0 else 0
-            sizes[path] = (size, same)
-            if same >= STABLE_POLLS - 1 and size > 0:
+            last, since = sizes.get(path, (-1, clock))
+            if size != last:
+                since = clock
+            sizes[path] = (size, since)
+            if size > 0 and clock - since >= settle_s:
                 done.append(path)
-        if done:
+        if done and len(done) == len(fresh):  # every new file (one per rank) has stopped growing
             done.sort(key=lambda p: (0 if "TP-0" in p.name else 1, p.name))
             return CaptureResult(done[0], engine, directory, time.monotonic() - started, tuple(done[1:]))
         if time.monotonic() >= deadline:

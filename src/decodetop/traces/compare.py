@@ -22,10 +22,36 @@ NAMED_SHARE = 0.3
 _NS = re.compile(r"\(anonymous namespace\)::|\b(?:[A-Za-z_]\w*::)+")
 
 
+_WRAPPERS = (
+    "unrolled_elementwise_kernel",
+    "vectorized_elementwise_kernel",
+    "elementwise_kernel",
+    "index_elementwise_kernel",
+    "reduce_kernel",
+    "elementwise_kernel_with_index",
+)
+_GENERIC = {
+    "gpu_kernel_impl",
+    "gpu_kernel_impl_nocast",
+    "BinaryFunctor",
+    "AUnaryFunctor",
+    "BUnaryFunctor",
+    "ReduceOp",
+    "func_wrapper_t",
+}
+_TELLING = re.compile(r"[A-Za-z_]\w*(?:kernel|Functor|Ops|_impl|_out)\w*")
+
+
 def short_name(name: str, width: int = 60) -> str:
-    """A kernel name without 'void', namespaces and argument lists past `width` characters."""
+    """A kernel name without 'void' and namespaces; PyTorch's generic elementwise/reduce wrappers are shown with
+    the functor they run (`unrolled_elementwise_kernel<direct_copy_kernel_cuda>`); cut at `width` characters."""
     text = name[5:] if name.startswith("void ") else name
     text = _NS.sub("", text)
+    outer = text.split("<", 1)[0]
+    if outer in _WRAPPERS and "<" in text:
+        inner = next((m for m in _TELLING.findall(text.split("<", 1)[1]) if m not in _GENERIC), None)
+        if inner:
+            text = f"{outer}<{inner}>"
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -88,7 +114,7 @@ def _named(top: tuple[KernelStat, ...], total_ms: float) -> str:
     if k_ms < NAMED_SHARE * total_ms:
         return ""
     via = f" ({k.via})" if k.via else ""
-    return f", of which {_fmt(k_ms)} is `{short_name(k.name, 48)}`{via}"
+    return f", of which {_fmt(k_ms)} is `{short_name(k.name, 60)}`{via}"
 
 
 def compare(report: TraceReport, budget: object) -> Comparison:

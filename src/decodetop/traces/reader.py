@@ -21,8 +21,8 @@ from typing import Any, BinaryIO
 
 from decodetop.errors import UserInputError
 
-CHUNK_BYTES = 1 << 20
-"""Bytes read per refill (1 MiB): large enough to amortise the buffer splice, small next to any trace."""
+CHUNK_BYTES = 1 << 18
+"""Bytes read per refill (256 KiB): large enough to amortise the buffer splice, small next to any trace."""
 
 MAX_EVENT_CHARS = 64 << 20
 """One event larger than this (64 Mi characters) means the file is not a trace we understand, not a big event."""
@@ -53,29 +53,29 @@ class Trace:
     names: list[str] = field(default_factory=list)
     # GPU activities
     gpu_kind: array[int] = field(default_factory=lambda: array("b"))
-    gpu_name: array[int] = field(default_factory=lambda: array("l"))
+    gpu_name: array[int] = field(default_factory=lambda: array("i"))
     gpu_ts_us: array[float] = field(default_factory=lambda: array("d"))
     gpu_dur_us: array[float] = field(default_factory=lambda: array("d"))
-    gpu_device: array[int] = field(default_factory=lambda: array("l"))
-    gpu_stream: array[int] = field(default_factory=lambda: array("l"))
+    gpu_device: array[int] = field(default_factory=lambda: array("q"))
+    gpu_stream: array[int] = field(default_factory=lambda: array("q"))
     gpu_corr: array[int] = field(default_factory=lambda: array("q"))
     # host ranges
     host_kind: array[int] = field(default_factory=lambda: array("b"))
-    host_name: array[int] = field(default_factory=lambda: array("l"))
+    host_name: array[int] = field(default_factory=lambda: array("i"))
     host_ts_us: array[float] = field(default_factory=lambda: array("d"))
     host_dur_us: array[float] = field(default_factory=lambda: array("d"))
-    host_thread: array[int] = field(default_factory=lambda: array("l"))
-    host_shape: array[int] = field(default_factory=lambda: array("l"))
+    host_thread: array[int] = field(default_factory=lambda: array("i"))
+    host_shape: array[int] = field(default_factory=lambda: array("i"))
     # CUDA runtime / driver calls (launches)
-    rt_name: array[int] = field(default_factory=lambda: array("l"))
+    rt_name: array[int] = field(default_factory=lambda: array("i"))
     rt_ts_us: array[float] = field(default_factory=lambda: array("d"))
-    rt_thread: array[int] = field(default_factory=lambda: array("l"))
+    rt_thread: array[int] = field(default_factory=lambda: array("i"))
     rt_corr: array[int] = field(default_factory=lambda: array("q"))
     # GPU-side user annotations (record_function ranges projected onto the GPU timeline)
-    ga_name: array[int] = field(default_factory=lambda: array("l"))
+    ga_name: array[int] = field(default_factory=lambda: array("i"))
     ga_ts_us: array[float] = field(default_factory=lambda: array("d"))
     ga_dur_us: array[float] = field(default_factory=lambda: array("d"))
-    ga_device: array[int] = field(default_factory=lambda: array("l"))
+    ga_device: array[int] = field(default_factory=lambda: array("q"))
     meta: dict[str, Any] = field(default_factory=dict)
     categories: Counter[str] = field(default_factory=Counter)
     events_total: int = 0
@@ -300,33 +300,44 @@ def _num(value: object) -> float | None:
     return None
 
 
+_INT_LIMIT = 1 << 62
+"""Ids beyond this do not fit the 64-bit columns; such an id is treated as missing."""
+
+
 def _int(value: object, default: int = NO_ID) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
     if isinstance(value, str):
-        digits = "".join(ch for ch in value if ch.isdigit())
+        digits = "".join(ch for ch in value if ch.isdigit())[:18]
         return int(digits) if digits else default
+    if isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT < value < _INT_LIMIT:
+        return value
     return default
 
 
 def _keep(event: dict[str, Any], trace: Trace) -> None:
-    """Keep the fields of one event that the analysis uses; ignore the rest."""
+    """Keep the fields of one event that the analysis uses; ignore the rest (decided before parsing fields)."""
     cat_raw = event.get("cat")
-    cat = cat_raw.lower() if isinstance(cat_raw, str) else ""
-    trace.categories[cat or "(none)"] += 1
+    cat = cat_raw.lower() if isinstance(cat_raw, str) else "(none)"
+    trace.categories[cat] += 1
     if event.get("ph") != "X":
+        return
+    gpu_kind = _GPU_CATS.get(cat)
+    host_kind = _HOST_CATS.get(cat)
+    name = event.get("name")
+    if not isinstance(name, str):
+        name = str(name)
+    if cat == "python_function":
+        if not name.startswith("nn.Module:"):
+            return
+        host_kind = HOST_MODULE
+    elif gpu_kind is None and host_kind is None and cat not in _RUNTIME_CATS and cat != "gpu_user_annotation":
         return
     ts = _num(event.get("ts"))
     if ts is None:
         return
     dur = _num(event.get("dur")) or 0.0
-    name = event.get("name")
-    if not isinstance(name, str):
-        name = str(name)
     args = event.get("args")
     if not isinstance(args, dict):
         args = {}
-    gpu_kind = _GPU_CATS.get(cat)
     if gpu_kind is not None:
         trace.gpu_kind.append(gpu_kind)
         trace.gpu_name.append(trace.intern(name))
@@ -335,28 +346,22 @@ def _keep(event: dict[str, Any], trace: Trace) -> None:
         trace.gpu_device.append(_int(args.get("device", event.get("pid"))))
         trace.gpu_stream.append(_int(args.get("stream", event.get("tid"))))
         trace.gpu_corr.append(_int(args.get("correlation")))
-        return
-    host_kind = _HOST_CATS.get(cat)
-    if host_kind is None and cat == "python_function" and name.startswith("nn.Module:"):
-        host_kind = HOST_MODULE
-    if host_kind is not None:
+    elif host_kind is not None:
         trace.host_kind.append(host_kind)
         trace.host_name.append(trace.intern(name))
         trace.host_ts_us.append(ts)
         trace.host_dur_us.append(dur)
         trace.host_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
         shape = NO_ID
-        if host_kind == HOST_OP and any(part in name for part in _SHAPED_OPS) and "Input Dims" in args:
+        if host_kind == HOST_OP and "Input Dims" in args and any(part in name for part in _SHAPED_OPS):
             shape = trace.intern(json.dumps(args["Input Dims"], separators=(",", ":")))
         trace.host_shape.append(shape)
-        return
-    if cat in _RUNTIME_CATS:
+    elif cat in _RUNTIME_CATS:
         trace.rt_name.append(trace.intern(name))
         trace.rt_ts_us.append(ts)
         trace.rt_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
         trace.rt_corr.append(_int(args.get("correlation")))
-        return
-    if cat == "gpu_user_annotation":
+    else:
         trace.ga_name.append(trace.intern(name))
         trace.ga_ts_us.append(ts)
         trace.ga_dur_us.append(dur)

@@ -1,0 +1,154 @@
+"""Attribution of real decode steps recorded on an H200 (and on this CPU), and of synthetic traces."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from decodetop.budget.components import Component
+from decodetop.errors import UserInputError
+from decodetop.traces import analyze_trace
+from decodetop.traces.model import LAUNCH_KEY
+from decodetop.traces.synth import SynthSpec, write_synthetic_trace
+
+from .conftest import fixture, write_trace
+
+CAST = "direct_copy_kernel_cuda"
+"""The planted FP8→BF16 cast of the whole KV cache runs as PyTorch's direct_copy kernel."""
+
+
+def test_planted_cast_is_the_top_entry_under_attention() -> None:
+    report = analyze_trace(fixture("h200_eager_planted"))
+    top = report.top_kernels[0]
+    assert CAST in top.name
+    assert top.bucket == Component.ATTENTION.value
+    assert top.via is not None and top.via.endswith("in attention") and "_to_copy" in top.via
+    assert top.count_per_step == 4  # one per layer per step
+    attention = report.bucket("attention")
+    assert attention is not None and attention.top[0].name == top.name
+    # the cast is most of attention's time, and attention is the largest component
+    assert top.time_us_per_step > 0.8 * attention.time_us_per_step
+    assert report.buckets[0].key == "attention"
+
+
+def test_planted_cast_adds_to_attention_only() -> None:
+    """Planting the cast moves attention by about the cast's time; the GEMM components barely move."""
+    clean = analyze_trace(fixture("h200_eager"))
+    planted = analyze_trace(fixture("h200_eager_planted"))
+    cast_us = planted.top_kernels[0].time_us_per_step
+    grow = planted.bucket("attention").time_us_per_step - clean.bucket("attention").time_us_per_step  # type: ignore[union-attr]
+    assert grow == pytest.approx(cast_us, rel=0.1)
+    for key in ("attention_proj", "dense_mlp", "lm_head"):
+        a, b = clean.bucket(key), planted.bucket(key)
+        assert a is not None and b is not None
+        assert b.kernels_per_step == a.kernels_per_step
+
+
+def test_eager_gpu_idle_is_reported_as_host_overhead() -> None:
+    report = analyze_trace(fixture("h200_eager"))
+    assert report.segmentation.startswith("markers: profiler_step")
+    assert len(report.steps) == 4
+    assert report.gpu_idle_us_mean > report.gpu_busy_us_mean  # tiny model, eager: host-bound
+    assert any("host-bound" in n for n in report.notes)
+    assert report.traced_ms()[LAUNCH_KEY] == pytest.approx(report.gpu_idle_us_mean / 1000)
+    for step in report.steps:
+        assert step.gpu_idle_us == pytest.approx(step.gpu_window_us - step.gpu_busy_us)
+        assert step.kernel_count == report.steps[0].kernel_count
+
+
+def test_graph_replay_removes_most_idle() -> None:
+    eager = analyze_trace(fixture("h200_eager"))
+    graph = analyze_trace(fixture("h200_graph"))
+    frac = lambda r: r.gpu_idle_us_mean / (r.gpu_idle_us_mean + r.gpu_busy_us_mean)  # noqa: E731
+    assert frac(graph) < 0.3 < frac(eager)
+    assert not any("host-bound" in n for n in graph.notes)
+
+
+def test_graph_gemms_are_attributed_by_their_neighbours() -> None:
+    """No host context under graph replay: 4 layers × (q, k, v, o) projections and 4 × (gate, up, down + splitK
+    reduce) MLP GEMMs are found from the norm-delimited blocks, the lm_head from the final block."""
+    report = analyze_trace(fixture("h200_graph"))
+    assert report.bucket("attention_proj").kernels_per_step == 16  # type: ignore[union-attr]
+    assert report.bucket("dense_mlp").kernels_per_step == 16  # type: ignore[union-attr]
+    lm_head = report.bucket("lm_head")
+    assert lm_head is not None and any("256x8" in k.name for k in lm_head.top)
+    assert any("by their neighbours" in n for n in report.notes)
+
+
+def test_graph_planted_cast_is_top_but_unattributed() -> None:
+    """Inside a graph the cast has no enclosing annotation: it is the top entry, in the visible unattributed bucket."""
+    report = analyze_trace(fixture("h200_graph_planted"))
+    assert CAST in report.top_kernels[0].name
+    assert report.top_kernels[0].bucket == "unattributed:copy"
+    assert report.buckets[0].label == "copies & casts (unattributed)"
+
+
+def test_cpu_trace_recorded_here_attributes() -> None:
+    report = analyze_trace(fixture("cpu_eager"))
+    assert report.source == "cpu" and len(report.steps) == 3
+    assert {b.key for b in report.buckets} >= {"attention", "lm_head", "norms"}
+    planted = analyze_trace(fixture("cpu_eager_planted"))
+    top = planted.top_kernels[0]
+    assert top.name == "aten::copy_" and top.bucket == "attention" and top.via and "in attention" in top.via
+
+
+def test_steps_without_markers_are_found_by_repetition(tmp_path: Path) -> None:
+    """The graph trace with every ProfilerStep range removed still splits into its 4 steps of the same kernels."""
+    data = json.loads(gzip.decompress(fixture("h200_graph").read_bytes()))
+    data["traceEvents"] = [e for e in data["traceEvents"] if not str(e.get("name", "")).startswith("ProfilerStep")]
+    path = tmp_path / "nomarkers.json"
+    path.write_text(json.dumps(data))
+    with_markers = analyze_trace(fixture("h200_graph"))
+    report = analyze_trace(path)
+    assert report.segmentation.startswith("repetition")
+    assert report.kernels_per_step_mean == with_markers.kernels_per_step_mean
+    assert len(report.steps) >= 3
+
+
+def test_synthetic_segmentation_paths(tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    steps, _ = write_synthetic_trace(path, 200_000, SynthSpec())
+    assert len(analyze_trace(path).steps) == steps
+    steps, _ = write_synthetic_trace(path, 200_000, SynthSpec(markers=False))
+    report = analyze_trace(path)
+    assert report.segmentation.startswith("repetition") and report.kernels_per_step_mean == 50
+    write_synthetic_trace(path, 200_000, SynthSpec(markers=False, extra_kernels_every_step=True))
+    report = analyze_trace(path)
+    assert report.segmentation == "gaps between kernels"
+    assert [s.kernel_count for s in report.steps[:3]] == [50, 51, 52]
+
+
+def test_unclassified_kernels_are_shown(tmp_path: Path) -> None:
+    path = tmp_path / "odd.json"
+    write_synthetic_trace(path, 100_000, SynthSpec(odd_kernel="my_new_fused_thing_v7"))
+    report = analyze_trace(path)
+    odd = report.bucket("unclassified")
+    assert odd is not None and odd.kernels_per_step == 1
+    assert report.unclassified_names == ("my_new_fused_thing_v7",)
+
+
+def test_lm_head_by_vocabulary_shape(tmp_path: Path) -> None:
+    """Without module frames, the GEMM whose shape holds the vocabulary size is the lm_head when it is given."""
+    path = tmp_path / "nomod.json"
+    write_synthetic_trace(path, 100_000, SynthSpec(modules=False, vocab=50000))
+    report = analyze_trace(path, vocab_size=50000)
+    lm = report.bucket("lm_head")
+    assert lm is not None and any(k.via and "vocabulary" in k.via for k in lm.top)
+
+
+def test_device_choice_and_empty_traces(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match="no kernels on device 5"):
+        analyze_trace(fixture("h200_graph"), device=5)
+    empty = write_trace(tmp_path / "e.json", [{"ph": "M", "name": "process_name", "pid": 1}])
+    with pytest.raises(UserInputError, match="nothing to attribute"):
+        analyze_trace(empty)
+
+
+def test_report_json_round_trips() -> None:
+    report = analyze_trace(fixture("h200_eager_planted"))
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["traced_ms"]["attention"] == pytest.approx(report.bucket("attention").time_us_per_step / 1000)  # type: ignore[union-attr]
+    assert len(data["steps"]) == 4

@@ -1,0 +1,113 @@
+"""The probed-vs-traced comparison (with the budget package's own Budget) and the headless command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from decodetop.cli import main
+from decodetop.errors import UserInputError
+from decodetop.traces import analyze_trace, compare
+from decodetop.traces.compare import budget_ms, load_budget_json, short_name
+
+from .conftest import fixture
+
+
+def _llama_budget() -> object:
+    from decodetop.budget.compose import compose_budget
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.gpus import GPUS
+    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.roofline import hardware_for
+    from decodetop.budget.spec import load_preset
+
+    inv = build_inventory(load_preset("llama-3.1-70b"), Deployment(tp=8, launch_mode="eager"))
+    return compose_budget(inv, {}, estimate=hardware_for(GPUS["h200"]))
+
+
+def test_compare_with_a_budget_names_the_cast() -> None:
+    report = analyze_trace(fixture("h200_eager_planted"))
+    budget = _llama_budget()
+    comparison = compare(report, budget)
+    rows = {r.key: r for r in comparison.rows}
+    att = rows["attention"]
+    assert att.probed_ms is not None and att.probed_ms > 0
+    assert att.traced_ms == pytest.approx(report.bucket("attention").time_us_per_step / 1000)  # type: ignore[union-attr]
+    assert att.delta_ms == pytest.approx(att.traced_ms - att.probed_ms)
+    assert "of which" in att.finding and "direct_copy_kernel_cuda" in att.finding and "in attention" in att.finding
+    assert rows["launch"].traced_ms == pytest.approx(report.gpu_idle_us_mean / 1000)
+    assert "GPU idle" in rows["launch"].finding
+    # the same comparison from the budget's JSON form
+    again = compare(report, json.loads(json.dumps({"budget": budget.to_dict()})))  # type: ignore[attr-defined]
+    assert [(r.key, r.probed_ms) for r in again.rows] == [(r.key, r.probed_ms) for r in comparison.rows]
+
+
+def test_compare_with_plain_mapping_and_unattributed_rows() -> None:
+    report = analyze_trace(fixture("h200_graph_planted"))
+    comparison = compare(report, {"attention": 0.05, "dense_mlp": {"ms": 0.1}, "norms": None})
+    rows = {r.key: r for r in comparison.rows}
+    assert rows["dense_mlp"].probed_ms == 0.1
+    assert rows["norms"].delta_ms is None
+    assert "not in the budget" in rows["unattributed:copy"].finding
+    assert comparison.notes  # a component without a figure is said
+
+
+def test_bad_budgets(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError):
+        budget_ms(42)
+    bad = tmp_path / "b.json"
+    bad.write_text("[1, 2")
+    with pytest.raises(UserInputError, match="not a JSON budget"):
+        load_budget_json(bad)
+    bad.write_text('"text"')
+    with pytest.raises(UserInputError, match="expected a Budget"):
+        load_budget_json(bad)
+
+
+def test_short_name() -> None:
+    name = (
+        "void at::native::(anonymous namespace)::indexSelectSmallIndex<c10::BFloat16, long>"
+        "(at::cuda::detail::TensorInfo)"
+    )
+    assert short_name(name, 200) == "indexSelectSmallIndex<BFloat16, long>(TensorInfo)"
+    assert len(short_name(name, 20)) == 20
+
+
+def test_cli_text_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = str(fixture("h200_eager_planted"))
+    assert main(["trace", path]) == 0
+    out = capsys.readouterr().out
+    assert "GPU idle inside the step" in out and "unrolled_elementwise_kernel<direct_copy" in out
+    assert main(["trace", path, "--json", "--top", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["trace"]["top_kernels"]) == 3 and "comparison" not in data
+    budget = tmp_path / "budget.json"
+    budget.write_text(json.dumps({"attention": 0.2, "launch": 1.0}))
+    assert main(["trace", path, "--budget", str(budget)]) == 0
+    out = capsys.readouterr().out
+    assert "probes vs server" in out and "attention: probes 0.2 ms, server" in out
+
+
+def test_cli_with_model_builds_the_budget(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", str(fixture("h200_graph")), "--model", "llama-3.1-70b", "--tp", "8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    keys = {r["key"] for r in data["comparison"]["rows"]}
+    assert {"attention", "dense_mlp", "launch"} <= keys
+    assert "Llama-3.1-70B" in data["budget_source"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["trace"], "give a trace FILE or --server URL"),
+        (["trace", "x.json", "--server", "http://127.0.0.1:1"], "give a trace FILE or --server URL"),
+        (["trace", "/nonexistent/trace.json"], "cannot open trace"),
+        (["trace", "--server", "ftp://x"], "not an http(s) URL"),
+    ],
+)
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
