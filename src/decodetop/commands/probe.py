@@ -45,6 +45,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spawn ranks here (default), or be one rank under torchrun (env:// rendezvous)",
     )
     parser.add_argument("--list", action="store_true", help="list the probes and their default parameters, then exit")
+    plan = parser.add_argument_group("model plan (issue 4): measure a model's decode step at its exact shapes")
+    src = plan.add_mutually_exclusive_group()
+    src.add_argument("--model", metavar="NAME", help="built-in preset (decodetop budget --list-models): run its plan")
+    src.add_argument("--config", metavar="PATH", help="a checkpoint directory or its config.json: run its plan")
+    plan.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (default: the number of ranks)")
+    plan.add_argument("--batch", type=int, metavar="N", help="concurrent sequences (default 1)")
+    plan.add_argument("--context", type=int, metavar="N", help="tokens in each KV cache (default 4096)")
+    plan.add_argument("--launch-mode", choices=("graph", "eager"), help="kernel launches (default graph)")
+    plan.add_argument("--budget", action="store_true", help="print the composed per-step budget")
+    plan.add_argument("--observed-ms", type=float, metavar="MS", help="observed step time, ms (default 95)")
+    plan.add_argument("--target-tps", type=float, metavar="TPS", help="target tok/s per sequence (default 309)")
 
 
 def parse_size_list(text: str, flag: str) -> list[int]:
@@ -117,6 +128,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the command."""
     from decodetop.probes.registry import ProbeRegistry
 
+    if getattr(args, "model", None) or getattr(args, "config", None):
+        from decodetop.probes.planrun import run_from_args
+
+        return run_from_args(args)
     registry = ProbeRegistry()
     if args.list:
         for spec in registry.specs():

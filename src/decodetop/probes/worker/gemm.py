@@ -35,6 +35,7 @@ from decodetop.probes.worker.shapes import (
     measure,
     not_run,
     randn,
+    weight_cache,
 )
 from decodetop.probes.worker.timing import Rotation, rotation_count, time_events, time_host
 
@@ -138,30 +139,48 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
         ctx.progress(f"key {index + 1}/{len(curves)} {curve}", index, len(curves))
         ms = sorted(set(sweep_m) | budget_ms_set)
         names = variants if base.dtype == "fp8" and ctx.is_cuda and base.batch == 1 else [""]
-        for variant in names:
-            for m in ms:
-                key = GemmKey(m, base.n, base.k, base.batch, base.dtype)
-                role = "budget" if m in budget_ms_set else "sweep"
-                label = f" [{variant}-wise]" if variant else ""
-                pt = {
-                    "what": "gemm",
-                    "key": key.key_id,
-                    "curve": curve,
-                    "m": m,
-                    "variant": variant or base.dtype,
-                    "role": role,
-                    "device": ctx.device.type,
-                }
-                out.append(
-                    measure(
-                        ctx,
-                        opts,
-                        f"{key.key_id}{label}",
-                        pt,
-                        partial(gemm_runner, key, ctx, rotate=opts.rotate, variant=variant),
-                        copy_gbps=copy_gbps,
-                        peak_tflops=peak_tflops,
-                    )
-                )
+        with weight_cache():
+            out.extend(_curve(ctx, opts, base, curve, ms, budget_ms_set, names, copy_gbps, peak_tflops))
+        free_memory(ctx)
     ctx.progress("done", len(curves), len(curves))
     return RankOutput(measurements=tuple(out))
+
+
+def _curve(  # noqa: PLR0917 - private: one curve's loop
+    ctx: ProbeContext,
+    opts: TimingOptions,
+    base: GemmKey,
+    curve: str,
+    ms: list[int],
+    budget_ms_set: set[int],
+    names: list[str],
+    copy_gbps: float,
+    peak_tflops: float,
+) -> list[RankMeasurement]:
+    out: list[RankMeasurement] = []
+    for variant in names:
+        for m in ms:
+            key = GemmKey(m, base.n, base.k, base.batch, base.dtype)
+            role = "budget" if m in budget_ms_set else "sweep"
+            label = f" [{variant}-wise]" if variant else ""
+            pt = {
+                "what": "gemm",
+                "key": key.key_id,
+                "curve": curve,
+                "m": m,
+                "variant": variant or base.dtype,
+                "role": role,
+                "device": ctx.device.type,
+            }
+            out.append(
+                measure(
+                    ctx,
+                    opts,
+                    f"{key.key_id}{label}",
+                    pt,
+                    partial(gemm_runner, key, ctx, rotate=opts.rotate, variant=variant),
+                    copy_gbps=copy_gbps,
+                    peak_tflops=peak_tflops,
+                )
+            )
+    return out

@@ -15,9 +15,10 @@ runners together, so a layer and the sum of its parts are timed with the same ke
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,13 @@ FP8_E4M3_MAX = 448.0
 #: Rows of the embedding table the `embedding` norm op looks up from (the key carries no vocab size; lookups
 #: touch `tokens` rows whatever the table size).
 EMBEDDING_ROWS = 32768
+#: ... capped at this many bytes (a lookup reads `tokens` rows; a larger table only costs setup time).
+EMBEDDING_TABLE_BYTES = 256 * 1024**2
 #: Tokens per KV-cache block when gathering blocks (SGLang/vLLM page sizes are 1-64; FlashMLA uses 64).
 KV_BLOCK_TOKENS = 64
+
+#: Elements drawn at random for a large CPU tensor, then tiled (see `randn`).
+CPU_RANDOM_BLOCK = 1 << 20
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -96,10 +102,42 @@ def act_dtype(name: str, ctx: ProbeContext) -> torch.dtype:
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, std: float = INIT_STD) -> torch.Tensor:
-    """Random values (never zeros) of `dtype`; FP8 tensors are drawn in fp32 and cast."""
+    """Random values (never zeros) of `dtype`; FP8 tensors are drawn in fp32 and cast. Large CPU tensors tile a
+    random block (drawing 200M normal values takes seconds on a CPU; a dense kernel's time does not depend on
+    the values)."""
+    numel = math.prod(shape)
+    if device.type == "cpu" and numel > CPU_RANDOM_BLOCK:
+        block = randn((CPU_RANDOM_BLOCK,), dtype, device, std)
+        return block.repeat(-(-numel // CPU_RANDOM_BLOCK))[:numel].view(*shape)
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         return (torch.randn(*shape, device=device) * std * 100).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
     return torch.randn(*shape, device=device, dtype=torch.float32 if dtype.itemsize < 2 else dtype).mul_(std).to(dtype)
+
+
+_WEIGHT_CACHE: dict[tuple[Any, ...], list[torch.Tensor]] | None = None
+
+
+@contextlib.contextmanager
+def weight_cache() -> Iterator[None]:
+    """Within the block, `weights(...)` reuses tensors of the same shape, dtype and copy count (the GEMM sweep
+    varies M over one weight shape); they are dropped at the end."""
+    global _WEIGHT_CACHE
+    _WEIGHT_CACHE = {}
+    try:
+        yield
+    finally:
+        _WEIGHT_CACHE = None
+
+
+def weights(shape: Sequence[int], dtype: torch.dtype, device: torch.device, copies: int) -> Rotation:
+    """`copies` random weight tensors in a Rotation (shared within a `weight_cache()` block)."""
+    key = (tuple(shape), dtype, str(device), copies)
+    if _WEIGHT_CACHE is not None and key in _WEIGHT_CACHE:
+        return Rotation(_WEIGHT_CACHE[key])
+    items = [randn(shape, dtype, device) for _ in range(copies)]
+    if _WEIGHT_CACHE is not None:
+        _WEIGHT_CACHE[key] = items
+    return Rotation(items)
 
 
 def copies_for(ctx: ProbeContext, nbytes: float, rotate: bool) -> int:
@@ -209,7 +247,7 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
     _require(ctx, copies * w_bytes + 4 * act_bytes, f"GEMM weights {key.key_id}")
     flops = 2.0 * batch * m * n * k
     if batch > 1:
-        ws = Rotation([randn((batch, n, k), dtype, device) for _ in range(copies)])
+        ws = weights((batch, n, k), dtype, device, copies)
         x = randn((batch, m, k), dtype, device)
 
         def bmm() -> torch.Tensor:
@@ -217,7 +255,7 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
 
         return OpRunner(bmm, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
     if not fp8:
-        wl = Rotation([randn((n, k), dtype, device) for _ in range(copies)])
+        wl = weights((n, k), dtype, device, copies)
         xl = randn((m, k), dtype, device)
 
         def mm() -> torch.Tensor:
@@ -227,7 +265,7 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
     variant = variant or "tensor"
     if n % 16 or k % 16:
         raise UnsupportedError(f"fp8 _scaled_mm needs n and k divisible by 16 (n={n}, k={k})")
-    w8 = Rotation([randn((n, k), torch.float8_e4m3fn, device) for _ in range(copies)])
+    w8 = weights((n, k), torch.float8_e4m3fn, device, copies)
     rows = m
     x8 = randn((rows, k), torch.float8_e4m3fn, device)
     if variant == "tensor":
@@ -722,8 +760,9 @@ def norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
 
         return OpRunner(rotary, 3 * io, 3.0 * t * w)
     if key.op == "embedding":
-        table = randn((EMBEDDING_ROWS, w), dt, device, std=1.0)
-        ids = torch.randint(0, EMBEDDING_ROWS, (t,), device=device)
+        rows = max(t, min(EMBEDDING_ROWS, EMBEDDING_TABLE_BYTES // (w * dt.itemsize)))
+        table = randn((rows, w), dt, device, std=1.0)
+        ids = torch.randint(0, rows, (t,), device=device)
         return OpRunner(lambda: F.embedding(ids, table), 2 * io, 0.0)
     raise UnsupportedError(f"norm op {key.op!r} is not rmsnorm, add_rmsnorm, layernorm, silu_mul, rotary or embedding")
 
