@@ -303,3 +303,21 @@ async def test_failing_checks_source_is_shown_not_raised() -> None:
 def test_settings_theme_falls_back_when_unknown() -> None:
     app = DecodetopApp(make_sources(), Settings(theme="no-such-theme"), save_theme=False)
     assert app.theme == "decodetop-dark"
+
+
+async def test_charts_mount_on_first_view_and_plot_probe_curves_and_telemetry() -> None:
+    from decodetop.tui.widgets.charts import Charts
+
+    log = MessageLog()
+    frames = [eight_gpu_frame(NOW_S - 1), eight_gpu_frame(NOW_S)]
+    app = make_app(make_sources(telemetry=FakeTelemetry(frames), run_probes=True))
+    async with app.run_test(size=(160, 48), message_hook=log) as pilot:
+        await wait_until(pilot, lambda: len(log.of(ProbeFinished)) == 3, "finished")
+        assert not list(app.query(Charts))  # nothing plotted while the tab is hidden
+        await pilot.press("4")
+        await wait_until(pilot, lambda: bool(list(app.query(Charts))), "charts mounted")
+        charts = app.query_one(Charts)
+        assert [s.label for s in charts.curves.allreduce_us_by_mode] == ["pipelined", "graph"]
+        assert sorted(charts.history.series["sm"]) == list(range(8))
+        # frames queued together coalesce (TelemetryReady.can_replace): the newest is always there
+        assert charts.history.series["power"][0][-1] == (NOW_S, 76.0)

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import on, work
 from textual.app import App, ComposeResult
@@ -43,10 +43,13 @@ from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
 from decodetop.tui.sources import ProbeOutcome, Sources
 from decodetop.tui.widgets.budget_bar import BudgetBar
-from decodetop.tui.widgets.charts import Charts, TelemetryHistory
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
+from decodetop.tui.widgets.telemetry_history import TelemetryHistory
+
+if TYPE_CHECKING:
+    from decodetop.tui.widgets.charts import Charts
 
 POP_TIMEOUT_S = 0.2
 """How often the idle probe worker looks at its cancel flag."""
@@ -143,6 +146,10 @@ class DecodetopApp(App[int]):
         self.closing = False
         self._history_latest: dict[str, HistoryEntry] = {}
         self._status_notes: list[str] = list(sources.notes)
+        self._status_text = ""
+        self.charts: Charts | None = None
+        """The charts, once their tab was first shown."""
+        self._gpu_note: str | None = None
         register_themes(self)
         self.theme = settings.theme if settings.theme in self.available_themes else THEME_NAMES[0]
 
@@ -166,7 +173,8 @@ class DecodetopApp(App[int]):
                 with TabPane("Health 3", id="health"):
                     yield HealthPanel(id="health-panel")
                 with TabPane("Charts 4", id="charts"):
-                    yield Charts(id="charts-grid")
+                    # mounted on first view: plotext costs ~0.1 s to import and each re-plot is pure Python
+                    yield Static("charts load when this tab opens", id="charts-placeholder")
             with Vertical(id="side"):
                 yield Static("", id="side-gpu-note", classes="gpu-note")
                 yield GpuTable(id="side-gpu-table")
@@ -215,6 +223,8 @@ class DecodetopApp(App[int]):
 
     @on(TelemetryReady)
     def _show_frame(self, message: TelemetryReady) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         frame = message.frame
         self.last_frame = frame
         for table in self.query(GpuTable):
@@ -223,10 +233,12 @@ class DecodetopApp(App[int]):
         note = frame.source_note
         if not frame.gpus:
             note = f"no GPU telemetry: {frame.unavailable_reason or 'no GPU found'}"
-        for static in self.query(".gpu-note").results(Static):
-            static.update(note)
-        if self.query_one(TabbedContent).active == "charts":
-            self.query_one(Charts).show_history(self.telemetry, frame.taken_at_s)
+        if note != self._gpu_note:
+            self._gpu_note = note
+            for static in self.query(".gpu-note").results(Static):
+                static.update(note)
+        if self.charts is not None and self.query_one(TabbedContent).active == "charts":
+            self.charts.show_history(self.telemetry, frame.taken_at_s)
         self._set_status()
 
     # -- history -------------------------------------------------------------------------------------------------
@@ -242,6 +254,8 @@ class DecodetopApp(App[int]):
 
     @on(HistoryLoaded)
     def _apply_history(self, message: HistoryLoaded) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         if message.problem:
             self._status_notes.append(message.problem)
             self.notify(message.problem, title="history", severity="warning", timeout=15)
@@ -293,6 +307,8 @@ class DecodetopApp(App[int]):
 
     @on(ProbePlanned)
     def _apply_plan(self, message: ProbePlanned) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         table = self.query_one(ProbeTable)
         kept = {v.probe_id: self.probe_views[v.probe_id] for v in message.probes if v.probe_id in self.probe_views}
         self.probe_views = {v.probe_id: kept.get(v.probe_id, v) for v in message.probes}
@@ -363,6 +379,8 @@ class DecodetopApp(App[int]):
 
     @on(ProbeStarted)
     def _probe_started(self, message: ProbeStarted) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         view = self.probe_views.get(message.probe_id)
         if view is not None:
             self._update_probe(dataclasses.replace(view, state=ProbeState.RUNNING, progress=0.0, progress_note=""))
@@ -370,12 +388,16 @@ class DecodetopApp(App[int]):
 
     @on(ProbeProgress)
     def _probe_progress(self, message: ProbeProgress) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         view = self.probe_views.get(message.probe_id)
         if view is not None and view.state is ProbeState.RUNNING:
             self._update_probe(dataclasses.replace(view, progress=message.fraction, progress_note=message.note))
 
     @on(ProbeFinished)
     def _probe_finished(self, message: ProbeFinished) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         outcome = message.outcome
         old = self.probe_views.get(message.probe_id)
         view = outcome.view
@@ -406,6 +428,8 @@ class DecodetopApp(App[int]):
 
     @on(ChecksReady)
     def _apply_checks(self, message: ChecksReady) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         self.checks = message.checks
         self._show_health(problem=message.problem)
 
@@ -438,6 +462,8 @@ class DecodetopApp(App[int]):
 
     @on(BaselineSaved)
     def _baseline_saved(self, message: BaselineSaved) -> None:
+        if self.closing:  # late messages while the app shuts down: the widgets may be gone
+            return
         if message.entry is None:
             self.notify(message.problem, severity="error")
             return
@@ -457,7 +483,8 @@ class DecodetopApp(App[int]):
         bar = self.query_one(BudgetBar)
         bar.now_s = self.now()
         bar.budget = view
-        self.query_one(Charts).show_curves(self.sources.budget.curves(self.results))
+        if self.charts is not None and self.query_one(TabbedContent).active == "charts":
+            self.charts.show_curves(self.sources.budget.curves(self.results))
 
     def _refresh_ages(self) -> None:
         now = self.now()
@@ -481,7 +508,10 @@ class DecodetopApp(App[int]):
         elif frame is not None and frame.sample_ms is not None:
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
         parts.extend(self._status_notes[-2:])
-        self.query_one("#status", Static).update(" · ".join(parts))
+        text = " · ".join(parts)
+        if text != self._status_text:
+            self._status_text = text
+            self.query_one("#status", Static).update(text)
 
     # -- actions ---------------------------------------------------------------------------------------------------
 
@@ -489,8 +519,6 @@ class DecodetopApp(App[int]):
         """1-4: switch tabs."""
         tabs = self.query_one(TabbedContent)
         tabs.active = tab
-        if tab == "charts":
-            self.query_one(Charts).show_history(self.telemetry, self.now())
         focus = {
             "probes": "#probe-table",
             "gpus": "#gpu-table",
@@ -498,6 +526,22 @@ class DecodetopApp(App[int]):
         }.get(tab)
         if focus:
             self.query_one(focus).focus()
+
+    @on(TabbedContent.TabActivated)
+    async def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """The charts are built the first time their tab shows, and re-plotted each time it does."""
+        if event.pane.id != "charts":
+            return
+        curves = self.sources.budget.curves(self.results)
+        if self.charts is None:
+            from decodetop.tui.widgets.charts import Charts
+
+            self.charts = Charts(curves, self.telemetry, self.now(), id="charts-grid")
+            await self.query_one("#charts-placeholder").remove()
+            await event.pane.mount(self.charts)
+            return
+        self.charts.show_curves(curves)
+        self.charts.show_history(self.telemetry, self.now())
 
     def action_help(self) -> None:
         """`?`: list every key."""

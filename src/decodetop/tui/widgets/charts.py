@@ -4,7 +4,6 @@ plotext module); line colours come from the theme's segment variables."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 
 from textual.app import ComposeResult
@@ -13,10 +12,8 @@ from textual.containers import Grid
 from textual_plotext import PlotextPlot
 
 from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
-from decodetop.tui.model import ProbeCurves, Series, TelemetryFrame
-
-HISTORY_POINTS = 300
-"""Telemetry points kept per GPU (5 minutes at a 1 s tick)."""
+from decodetop.tui.model import ProbeCurves, Series
+from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 _PLOTS = (
     ("chart-allreduce", "all-reduce latency µs vs size (log-log)"),
@@ -27,28 +24,6 @@ _PLOTS = (
 )
 
 
-class TelemetryHistory:
-    """Per-GPU rings of (time, value) for the time-series charts."""
-
-    def __init__(self, points: int = HISTORY_POINTS) -> None:
-        self.points = points
-        self.series: dict[str, dict[int, deque[tuple[float, float]]]] = {"sm": {}, "pcie": {}, "power": {}}
-
-    def add(self, frame: TelemetryFrame) -> None:
-        """Append one frame's values."""
-        for gpu in frame.gpus:
-            values = {
-                "sm": gpu.sm_clock_mhz,
-                "pcie": None
-                if gpu.pcie_tx_gbps is None or gpu.pcie_rx_gbps is None
-                else gpu.pcie_tx_gbps + gpu.pcie_rx_gbps,
-                "power": gpu.power_w,
-            }
-            for name, value in values.items():
-                if value is not None:
-                    self.series[name].setdefault(gpu.index, deque(maxlen=self.points)).append((frame.taken_at_s, value))
-
-
 class Charts(Grid):
     """Five plots in a grid; `show_curves` and `show_history` re-plot them."""
 
@@ -57,16 +32,21 @@ class Charts(Grid):
     Charts > PlotextPlot { height: 1fr; min-height: 6; }
     """
 
+    def __init__(self, curves: ProbeCurves, history: TelemetryHistory, now_s: float, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.curves = curves
+        """Probe curves shown."""
+        self.history = history
+        """Telemetry rings shown."""
+        self.now_s = now_s
+
     def compose(self) -> ComposeResult:
         """One PlotextPlot per chart."""
         for plot_id, _ in _PLOTS:
             yield PlotextPlot(id=plot_id)
 
     def on_mount(self) -> None:
-        """Draw empty axes with titles; re-plot on theme change so colours follow the theme."""
-        self.curves = ProbeCurves()
-        self.history = TelemetryHistory()
-        self.now_s = 0.0
+        """Plot what is held; re-plot on theme change so colours follow the theme."""
         self.app.theme_changed_signal.subscribe(self, lambda _theme: self.call_after_refresh(self.replot))
         self.replot()
 

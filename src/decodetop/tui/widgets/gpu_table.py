@@ -11,6 +11,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 
 from decodetop.tui.model import GpuView, TelemetryFrame
+from decodetop.tui.widgets.cells import CellCache
 
 # healthchecks.md N3: HwSlowdown 0x8, HwThermal 0x40, HwPowerBrake 0x80 -> fail; SwThermal 0x20, SwPowerCap 0x4 -> warn;
 # GpuIdle, ApplicationsClocksSetting, SyncBoost, DisplayClockSetting -> info.
@@ -126,6 +127,7 @@ class GpuTable(DataTable[Text]):
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
         self._keys: set[str] = set()
         self._empty_reason: str | None = None
+        self._cache = CellCache()
 
     def on_mount(self) -> None:
         """Set up the columns."""
@@ -139,6 +141,7 @@ class GpuTable(DataTable[Text]):
             if reason != self._empty_reason:
                 self.clear()
                 self._keys.clear()
+                self._cache.clear()
                 muted = self.get_component_rich_style("gpu-table--muted", partial=True)
                 cells = [Text("–", style=muted) for _ in _COLUMNS]
                 cells[-2] = Text(reason, style=muted)
@@ -147,6 +150,7 @@ class GpuTable(DataTable[Text]):
             return
         if self._empty_reason is not None:
             self.clear()
+            self._cache.clear()
             self._empty_reason = None
         styles = {
             "bad": self.get_component_rich_style("gpu-table--bad", partial=True),
@@ -156,6 +160,7 @@ class GpuTable(DataTable[Text]):
         for key in sorted(self._keys - wanted):
             self.remove_row(key)
             self._keys.discard(key)
+            self._cache.forget_row(key)
         for gpu in frame.gpus:
             key = f"gpu-{gpu.index}"
             flags = classify(gpu)
@@ -165,7 +170,9 @@ class GpuTable(DataTable[Text]):
             }
             if key in self._keys:
                 for col, text in row_cells.items():
-                    self.update_cell(key, col, text, update_width=True)
+                    self._cache.set(self, key, col, text)
             else:
                 self.add_row(*(row_cells[col] for col, _ in _COLUMNS), key=key)
                 self._keys.add(key)
+                for col, text in row_cells.items():
+                    self._cache.remember(key, col, text)

@@ -13,6 +13,7 @@ from textual.widgets import DataTable, Static
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.history import format_age
 from decodetop.tui.model import HealthView
+from decodetop.tui.widgets.cells import CellCache
 
 _STATUS_CLASS = {
     Status.PASS: "health-panel--ok",
@@ -73,6 +74,7 @@ class HealthPanel(Vertical):
         self.now_s = 0.0
         self._order: list[CheckResult] = []
         self._keys: list[str] = []
+        self._cache = CellCache()
 
     def compose(self) -> ComposeResult:
         """Summary line and table."""
@@ -136,12 +138,16 @@ class HealthPanel(Vertical):
         table = self.table
         if keys != self._keys:
             table.clear()
+            self._cache.clear()
             for key, check in zip(keys, order, strict=True):
-                table.add_row(*self._cells(check).values(), key=key)
+                cells = self._cells(check)
+                table.add_row(*cells.values(), key=key)
+                for col, text in cells.items():
+                    self._cache.remember(key, col, text)
         else:
             for key, check in zip(keys, order, strict=True):
                 for col, text in self._cells(check).items():
-                    table.update_cell(key, col, text)
+                    self._cache.set(table, key, col, text)
         self._order, self._keys = order, keys
 
     def _cells(self, check: CheckResult) -> dict[str, Text]:

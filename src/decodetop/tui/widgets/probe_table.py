@@ -10,6 +10,7 @@ from textual.widgets import DataTable
 
 from decodetop.history import format_age
 from decodetop.tui.model import ProbeState, ProbeView
+from decodetop.tui.widgets.cells import CellCache
 
 _STATE_CLASS = {
     ProbeState.QUEUED: "probe-table--muted",
@@ -70,6 +71,7 @@ class ProbeTable(DataTable[Text]):
         """The rows shown, by probe id."""
         self.now_s = 0.0
         """Ages are measured against this (set by the app)."""
+        self._cache = CellCache()
 
     def on_mount(self) -> None:
         """Set up the columns."""
@@ -100,9 +102,11 @@ class ProbeTable(DataTable[Text]):
         cells = self._cells(view)
         if view.probe_id in self.views:
             for key, text in cells.items():
-                self.update_cell(view.probe_id, key, text, update_width=True)
+                self._cache.set(self, view.probe_id, key, text)
         else:
             self.add_row(*(cells[key] for key, _ in _COLUMNS), key=view.probe_id)
+            for key, text in cells.items():
+                self._cache.remember(view.probe_id, key, text)
         self.views[view.probe_id] = view
 
     def replace_all(self, views: list[ProbeView]) -> None:
@@ -111,6 +115,7 @@ class ProbeTable(DataTable[Text]):
         for probe_id in [p for p in self.views if p not in wanted]:
             self.remove_row(probe_id)
             del self.views[probe_id]
+            self._cache.forget_row(probe_id)
         for view in views:
             self.show(view)
 
@@ -119,7 +124,7 @@ class ProbeTable(DataTable[Text]):
         self.now_s = now_s
         for view in self.views.values():
             if view.measured_at_s is not None:
-                self.update_cell(view.probe_id, "age", self._cells(view)["age"])
+                self._cache.set(self, view.probe_id, "age", self._cells(view)["age"])
 
     @property
     def selected_id(self) -> str | None:
