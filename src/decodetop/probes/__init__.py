@@ -1,1 +1,19 @@
-"""Provides the probe protocol, results and controller (no torch here); torch lives in `probes.worker` only."""
+"""Provides the probe protocol, results and controller (no torch here); torch lives in `probes.worker` only.
+
+Public API (all importable without torch):
+
+- `probes.controller.ProbeController(gpus=None, cpu_ranks=None, device="auto", registry=None, ...)`: context
+  manager; `run(probe, params=None, *, timeout_s=None, on_progress=None) -> ProbeResult` (blocking, never raises for
+  a probe's own failure), `cancel()` from any thread, `close()`; `world_size`, `backend`, `environment`,
+  `rank_pids()`, `layout`. `resolve_layout(gpus, cpu_ranks, device)` checks device choices without spawning.
+- `probes.results`: `ProbeResult` (status ok/failed/timed_out/unsupported/cancelled, measurements, environment,
+  error_rank/error/traceback), `Measurement`, `RankSeries`, `Stats`, `Environment`, `RankOutput`,
+  `RankMeasurement`, `merge_rank_outputs`, `results_to_json`, `results_from_json`, `load_results(path)`.
+- `probes.registry`: `ProbeSpec`, `ProbeRegistry` (built-ins + `DECODETOP_PROBE_MODULES`), `BUILTIN_PROBES`.
+- `probes.protocol.Progress` (what `on_progress` receives; `.line()` renders it).
+- `probes.report.format_result(result, columns)`: the CLI's plain-text table.
+- `probes.gpuinfo`: `visible_gpus()`, `compute_processes(gpus)`, `clock_snapshot(gpus)` (NVML, read-only).
+
+Adding a probe: a worker module `probes/worker/<name>.py` with `run(ctx: ProbeContext, params) -> RankOutput`
+(timing helpers in `probes/worker/timing.py`) and one `ProbeSpec` in the registry.
+"""
