@@ -310,7 +310,7 @@ class ProbeController:
             try:
                 group = self._ensure_group()
             except ProbeGroupError as exc:
-                if self._cancel.is_set():
+                if self._cancel.is_set() or self._closed:
                     return finish(ProbeStatus.CANCELLED, message="cancelled while the probe group was starting")
                 return finish(ProbeStatus.FAILED, message=str(exc), error=str(exc))
             self._seq += 1
@@ -348,7 +348,7 @@ class ProbeController:
         open_conns = list(group.conns)
         while True:
             now = time.monotonic()
-            if self._cancel.is_set():
+            if self._cancel.is_set() or self._closed:
                 self._stop_group(graceful=False)
                 return finish(ProbeStatus.CANCELLED, message="cancelled")
             if now - t0 >= deadline_s:
@@ -468,7 +468,7 @@ class ProbeController:
         sentinels = {p.sentinel: r for r, p in enumerate(group.procs)}
         while len(ready) < self.world_size:
             remaining = deadline - time.monotonic()
-            if self._cancel.is_set():
+            if self._cancel.is_set() or self._closed:
                 raise ProbeGroupError("probe group start cancelled")
             if remaining <= 0:
                 raise ProbeGroupError(
