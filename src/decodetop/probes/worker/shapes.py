@@ -771,7 +771,8 @@ def norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
 
 
 def sampling_runner(key: SamplingKey, ctx: ProbeContext, *, rotate: bool, sampler: str) -> OpRunner:
-    """lm_head on this rank's vocab shard (fp32 logits), then greedy (argmax) or top-p (p=0.9, T=0.7) sampling."""
+    """lm_head on this rank's vocab shard (fp32 logits), then greedy (argmax) or top-p (p=0.9, T=0.7: softmax, sort,
+    cumsum, mask, exponential-race draw) sampling."""
     device = ctx.device
     if key.dtype not in _DTYPES:
         raise UnsupportedError(f"lm_head dtype {key.dtype!r} is not bf16/fp16/fp32")
@@ -793,7 +794,8 @@ def sampling_runner(key: SamplingKey, ctx: ProbeContext, *, rotate: bool, sample
         sorted_p, order = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(dim=-1)
         sorted_p = sorted_p.masked_fill(cum - sorted_p > top_p, 0.0)
-        pick = torch.multinomial(sorted_p, 1)
+        # Sample ∝ p as argmax(p / Exp(1)) (the exponential race vLLM uses; graph-safe, unlike multinomial).
+        pick = (sorted_p / torch.empty_like(sorted_p).exponential_()).argmax(dim=-1, keepdim=True)
         return order.gather(1, pick)
 
     if sampler not in ("greedy", "top_p"):
@@ -870,6 +872,17 @@ def free_memory(ctx: ProbeContext) -> None:
 # ------------------------------------------------------------------------------------------------- results
 
 
+def share_cpu_threads(ctx: ProbeContext) -> int:
+    """CPU ranks split the host's cores: cores / ranks intra-op threads each (at least 1). Two ranks of two
+    threads each on two cores spin-wait on each other: a 64k-element cast took 100 ms instead of 0.4 ms."""
+    import os
+
+    threads = max(1, (os.cpu_count() or 1) // max(1, ctx.world_size))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
 @dataclass(frozen=True)
 class TimingOptions:
     """How long and how often to time each point, and whether to rotate inputs, on this rank."""
@@ -886,6 +899,7 @@ class TimingOptions:
         70B shard's GEMMs finish in seconds on two cores (each note says so)."""
         if ctx.is_cuda:
             return cls(float(params["budget_ms"]), int(params["samples"]), 5, bool(params["rotate"]), True)
+        share_cpu_threads(ctx)
         n = max(1, int(params["cpu_samples"]))
         return cls(float(params["budget_ms"]), n, min(2, n), False, False)
 
