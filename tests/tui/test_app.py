@@ -93,6 +93,7 @@ async def test_done_probes_update_the_budget_and_quiet_telemetry_during_latency_
     app = make_app(make_sources(telemetry=telemetry, run_probes=True))
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, lambda: set(app.results) == {"allreduce", "gemm", "launch"}, "results")
+        await wait_until(pilot, lambda: app.budget_settled, "budget composed")
         budget = app.query_one(BudgetBar).budget
         assert budget is not None
         by_key = {s.key: s for s in budget.segments}
@@ -252,6 +253,7 @@ async def test_m_picks_a_model_and_the_budget_follows() -> None:
         await pilot.press("down")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.settings.model == "llama-3.1-70b", "model changed")
+        await wait_until(pilot, lambda: app.budget_settled, "budget composed")
         budget = app.query_one(BudgetBar).budget
         assert budget is not None and budget.title.startswith("llama-3.1-70b")
         await pilot.press("m")

@@ -25,6 +25,7 @@ SIZES = [(80, 24), (160, 48)]
 def _ready(app: DecodetopApp) -> bool:
     return (
         app.query_one(BudgetBar).budget is not None
+        and app.budget_settled
         and len(app.probe_views) == 3
         and bool(app.checks)
         and app.last_frame is not None

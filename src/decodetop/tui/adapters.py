@@ -472,12 +472,67 @@ def gemm_curves(result: ProbeResult) -> tuple[Series, ...]:
     )
 
 
-class PresetBudget:
-    """`BudgetSource` over `decodetop.budget`: presets for the picker; composition once `compose_budget` exists.
+def _utc_to_unix(text: str) -> float | None:
+    from datetime import datetime
 
-    Until the budget package offers composition, every component shows as "missing" and the bar shows observed,
-    target and the whole step as unexplained, which is the honest picture before anything is measured.
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def measured_from_results(
+    results: Mapping[str, object], launch_mode: str
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
+    """Budget inputs from probe results: (measured times by key id, all-reduce curves by kind, probe → unix time).
+
+    All-reduce: the mode matching the deployment's launch mode (graph, else pipelined) as a time-vs-bytes curve.
+    Launch: per-kernel cost, the graph fit's per-node term in graph mode, the eager op in eager mode.
     """
+    from decodetop.budget.compose import Curve, MeasuredTime
+    from decodetop.budget.keys import LaunchKey
+
+    measured: dict[str, Any] = {}
+    curves: dict[str, Any] = {}
+    times: dict[str, float] = {}
+    for probe_id, result in results.items():
+        started = getattr(result, "started_utc", "")
+        if isinstance(started, str) and started:
+            at = _utc_to_unix(started)
+            if at is not None:
+                times[probe_id] = at
+    allreduce = results.get("allreduce")
+    if allreduce is not None:
+        wanted = "graph" if launch_mode == "graph" else "pipelined"
+        by_mode = {s.label: s for s in allreduce_curves(allreduce)}  # type: ignore[arg-type]
+        series = by_mode.get(wanted) or by_mode.get("pipelined")
+        if series is not None:
+            points = tuple((x, y / 1000.0) for x, y in zip(series.x, series.y, strict=True) if x > 0 and y > 0)
+            if points:
+                curves["all_reduce"] = Curve(points=points, source=f"allreduce probe ({series.label})")
+    launch = results.get("launch")
+    if launch is not None:
+        metric = "graph_per_node_us" if launch_mode == "graph" else "eager_op_us"
+        for m in getattr(launch, "measurements", ()):
+            value = m.metrics.get(metric)
+            if value is not None and value > 0:
+                key = LaunchKey(mode=launch_mode, kernels=1).key_id
+                measured[key] = MeasuredTime.point(value / 1000.0, source=f"launch probe ({metric})")
+                break
+    return measured, curves, times
+
+
+class PresetBudget:
+    """`BudgetSource` over `decodetop.budget`: presets, the step inventory, roofline and `compose_budget`.
+
+    Components the probes measured show as measured (or interpolated along a measured curve); the rest are
+    roofline estimates (marked ≈), so the bar is never empty; the unexplained remainder is observed minus all of it.
+    """
+
+    def __init__(self, gpu_name: Callable[[], str | None] | None = None) -> None:
+        self.gpu_name = gpu_name
+        """Returns the GPU's NVML name once telemetry has it (for bandwidth and interconnect figures)."""
+        self._inventories: dict[tuple[str, int], Any] = {}
 
     def models(self) -> Sequence[tuple[str, str]]:
         """Preset names with their display names."""
@@ -492,20 +547,77 @@ class PresetBudget:
             out.append((name, str(info.get("display_name", ""))))
         return out
 
+    def _inventory(self, model: str, tp: int) -> Any:
+        key = (model, tp)
+        if key not in self._inventories:
+            from pathlib import Path
+
+            from decodetop.budget.deployment import Deployment
+            from decodetop.budget.inventory import build_inventory
+            from decodetop.budget.spec import load_config, load_preset
+
+            looks_like_path = "/" in model or model.endswith(".json") or Path(model).is_dir()
+            spec = load_config(model) if looks_like_path else load_preset(model)
+            self._inventories[key] = build_inventory(spec, Deployment(tp=tp))
+        return self._inventories[key]
+
     def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
         """The budget for `settings` from the probe results so far."""
-        composed = _compose_with_budget_package(settings, results, now_s)
-        if composed is not None:
-            return composed
-        segments = tuple(BudgetSegment(c.value, c.label, 0.0, "missing") for c in Component)
-        tp = f" · TP{settings.tp}" if settings.tp else ""
-        return BudgetView(
-            title=f"{settings.model}{tp}",
-            segments=segments,
+        from decodetop.budget.compose import compose_budget
+        from decodetop.budget.deployment import DEFAULT_TP
+        from decodetop.budget.gpus import GPUS, find_gpu
+        from decodetop.budget.roofline import hardware_for, roofline
+
+        tp = settings.tp or DEFAULT_TP
+        inventory = self._inventory(settings.model, tp)
+        name = self.gpu_name() if self.gpu_name else None
+        gpu = find_gpu(name) if name else None
+        assumed = gpu is None
+        if gpu is None:
+            gpu = GPUS["rtx-pro-6000"]  # the seed host's GPU (probes.md §0), as `decodetop budget` assumes
+        hardware = hardware_for(gpu)
+        roof = roofline(inventory, hardware)
+        mode = inventory.deployment.launch_mode
+        measured, curves, times = measured_from_results(results, mode)
+        budget = compose_budget(
+            inventory,
+            measured,
+            allreduce_curves=curves,
             observed_ms=settings.observed_ms,
-            target_ms=settings.target_ms,
-            roofline_ms=None,
-            note="budget composition is not available in this build; components show once it is",
+            target_tps=settings.target_tps,
+            roofline=roof,
+            estimate=hardware,
+        )
+        probe_of = {"communication": "allreduce", "launch": "launch"}
+        segments = []
+        for seg in budget.segments:
+            status = seg.status if seg.status in ("measured", "interpolated", "estimated") else "missing"
+            at = times.get(probe_of.get(seg.component, ""))
+            segments.append(
+                BudgetSegment(
+                    key=seg.component,
+                    label=seg.label,
+                    ms=seg.ms or 0.0,
+                    status=status,
+                    measured_at_s=at if status in ("measured", "interpolated") else None,
+                )
+            )
+        present = {s.key for s in segments}
+        segments.extend(BudgetSegment(c.value, c.label, 0.0, "missing") for c in Component if c.value not in present)
+        measured_count = sum(1 for s in segments if s.status in ("measured", "interpolated"))
+        gpu_text = f"{gpu.name}{' (assumed)' if assumed else ''}"
+        note = (
+            f"{measured_count} of {len(budget.segments)} components measured, the rest roofline estimates (≈) "
+            f"for {gpu_text}; {inventory.kernels if hasattr(inventory, 'kernels') else budget.kernels} kernels/step, "
+            f"{mode} launch"
+        )
+        return BudgetView(
+            title=f"{budget.model} · TP{tp}",
+            segments=tuple(segments),
+            observed_ms=budget.observed_ms,
+            target_ms=budget.target_ms,
+            roofline_ms=budget.roofline_ms,
+            note=note,
         )
 
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
@@ -516,21 +628,6 @@ class PresetBudget:
             allreduce_us_by_mode=allreduce_curves(allreduce) if allreduce is not None else (),  # type: ignore[arg-type]
             gemm_gbps_by_shape=gemm_curves(gemm) if gemm is not None else (),  # type: ignore[arg-type]
         )
-
-
-def _compose_with_budget_package(settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView | None:
-    """Use `decodetop.budget.compose_budget` when the package provides it (None otherwise)."""
-    import importlib
-
-    try:
-        module = importlib.import_module("decodetop.budget.compose")
-    except ImportError:
-        return None
-    compose = getattr(module, "budget_view_for_ui", None)
-    if compose is None:
-        return None
-    view = compose(settings, results, now_s)
-    return view if isinstance(view, BudgetView) else None
 
 
 # --- checks ---------------------------------------------------------------------------------------------------

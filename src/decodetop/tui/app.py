@@ -28,6 +28,7 @@ from decodetop.settings import Settings, save_settings
 from decodetop.themes import THEME_NAMES, next_theme, register_themes, theme_variable_defaults
 from decodetop.tui.messages import (
     BaselineSaved,
+    BudgetReady,
     ChecksReady,
     HistoryLoaded,
     ProbeFinished,
@@ -36,7 +37,7 @@ from decodetop.tui.messages import (
     ProbeStarted,
     TelemetryReady,
 )
-from decodetop.tui.model import HealthView, ProbeState, ProbeView, TelemetryFrame
+from decodetop.tui.model import HealthView, ProbeCurves, ProbeState, ProbeView, TelemetryFrame
 from decodetop.tui.probe_queue import ProbeQueue
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.help import HelpScreen
@@ -147,6 +148,10 @@ class DecodetopApp(App[int]):
         self._history_latest: dict[str, HistoryEntry] = {}
         self._status_notes: list[str] = list(sources.notes)
         self._status_text = ""
+        self._budget_seq = 0
+        self._budget_shown = -1
+        self.curves = ProbeCurves()
+        """The chart curves of the latest composition."""
         self.charts: Charts | None = None
         """The charts, once their tab was first shown."""
         self._gpu_note: str | None = None
@@ -226,7 +231,10 @@ class DecodetopApp(App[int]):
         if self.closing:  # late messages while the app shuts down: the widgets may be gone
             return
         frame = message.frame
+        first_gpus = bool(frame.gpus) and (self.last_frame is None or not self.last_frame.gpus)
         self.last_frame = frame
+        if first_gpus:
+            self._recompose_budget()  # the roofline can use the GPU's own figures now
         for table in self.query(GpuTable):
             table.show(frame)
         self.telemetry.add(frame)
@@ -474,17 +482,41 @@ class DecodetopApp(App[int]):
     # -- budget ----------------------------------------------------------------------------------------------------
 
     def _recompose_budget(self) -> None:
+        """Compose the budget off the event loop (the first composition imports and builds the inventory)."""
+        self._budget_seq += 1
+        self._compose_budget(self._budget_seq, self.settings, dict(self.results))
+
+    @work(thread=True, exit_on_error=False, group="budget")
+    def _compose_budget(self, seq: int, settings: Settings, results: dict[str, object]) -> None:
         try:
-            view = self.sources.budget.compose(self.settings, self.results, self.now())
+            view = self.sources.budget.compose(settings, results, self.now())
+            curves = self.sources.budget.curves(results)
         except Exception as exc:  # a model the budget cannot handle: say so, keep running
-            self._status_notes.append(f"budget: {exc}")
+            self.post_message(BudgetReady(seq, None, None, f"budget: {type(exc).__name__}: {exc}"))
+            return
+        self.post_message(BudgetReady(seq, view, curves))
+
+    @on(BudgetReady)
+    def _show_budget(self, message: BudgetReady) -> None:
+        if self.closing or message.seq != self._budget_seq:
+            return  # shutting down, or a newer composition is on its way
+        if message.view is None:
+            self._status_notes.append(message.problem)
             self._set_status()
             return
+        self._budget_shown = message.seq
         bar = self.query_one(BudgetBar)
         bar.now_s = self.now()
-        bar.budget = view
-        if self.charts is not None and self.query_one(TabbedContent).active == "charts":
-            self.charts.show_curves(self.sources.budget.curves(self.results))
+        bar.budget = message.view
+        if message.curves is not None:
+            self.curves = message.curves
+            if self.charts is not None and self.query_one(TabbedContent).active == "charts":
+                self.charts.show_curves(message.curves)
+
+    @property
+    def budget_settled(self) -> bool:
+        """True when the bar shows the latest composition asked for (tests and snapshots wait on it)."""
+        return self._budget_shown == self._budget_seq
 
     def _refresh_ages(self) -> None:
         now = self.now()
@@ -532,7 +564,7 @@ class DecodetopApp(App[int]):
         """The charts are built the first time their tab shows, and re-plotted each time it does."""
         if event.pane.id != "charts":
             return
-        curves = self.sources.budget.curves(self.results)
+        curves = self.curves
         if self.charts is None:
             from decodetop.tui.widgets.charts import Charts
 

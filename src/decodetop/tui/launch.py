@@ -108,10 +108,14 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         if options.demo:
             run_probes = True
 
+    def gpu_name() -> str | None:
+        snap = telemetry.collector.latest
+        return snap.gpus[0].name if snap is not None and snap.gpus else None
+
     return Sources(
         telemetry=telemetry,
         probes=probes,
-        budget=PresetBudget(),
+        budget=PresetBudget(gpu_name),
         checks=HostChecks(nvml),
         history=History(options.history_path),
         run_probes_at_start=run_probes,

@@ -8,7 +8,7 @@ from textual.message import Message
 
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import HistoryEntry
-from decodetop.tui.model import ProbeView, TelemetryFrame
+from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources import ProbeOutcome
 
 
@@ -80,4 +80,14 @@ class BaselineSaved(Message):
     """A baseline was written to the history (or could not be: `problem`)."""
 
     entry: HistoryEntry | None
+    problem: str = ""
+
+
+@dataclass
+class BudgetReady(Message):
+    """A budget composition finished (`view` None and `problem` set when it failed); `seq` orders them."""
+
+    seq: int
+    view: BudgetView | None
+    curves: ProbeCurves | None
     problem: str = ""

@@ -71,7 +71,8 @@ class BudgetSegment:
     label: str
     ms: float
     status: str = "measured"
-    """"measured", "interpolated", "missing" (no figure yet) or "remainder" (the unexplained part)."""
+    """"measured", "interpolated" (along a measured curve), "estimated" (roofline, not measured), "missing" (no
+    figure) or "remainder" (the unexplained part)."""
     measured_at_s: float | None = None
 
 

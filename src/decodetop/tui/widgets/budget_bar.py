@@ -34,6 +34,8 @@ LABEL_WIDTH = 14
 COMPACT_ENTRY_WIDTH = 25
 """Compact legend entry (glyph, short label, ms, %): three columns fit at 80."""
 COMPACT_LABEL_WIDTH = 11
+STATUS_MARKS = {"interpolated": "~", "estimated": "≈"}
+"""Legend marks: "~" interpolated between measured points, "≈" a roofline estimate (not measured)."""
 SHORT_LABELS = {
     "attention": "attention",
     "attention_proj": "attn proj",
@@ -297,13 +299,14 @@ class BudgetBar(Widget):
         share = 100.0 * segment.ms / budget.observed_ms if budget.observed_ms > 0 else 0.0
         stale = segment.measured_at_s is not None and self.now_s - segment.measured_at_s > STALE_AFTER_S
         value_style = self._style("budget-bar--muted") if stale else Style()
+        mark = STATUS_MARKS.get(segment.status, "")
         if self.compact:
             short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
             pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
             text = Text()
             text.append(glyph, style=self._style(cls))
             text.append(" " + short.ljust(COMPACT_LABEL_WIDTH))
-            text.append(f"{format_ms(segment.ms):>6}", style=value_style)
+            text.append(f"{mark + format_ms(segment.ms):>6}", style=value_style)
             text.append(f"{pct:>5} ", style=value_style)
             return text
         label = segment.label if len(segment.label) <= LABEL_WIDTH else segment.label[: LABEL_WIDTH - 1] + "…"
