@@ -1,0 +1,122 @@
+"""The adapters from the layers beneath to the UI's view types, over data recorded on the H200 machine."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
+from decodetop.collectors.nvml import NoNvmlBackend, Nvml
+from decodetop.collectors.telemetry import TelemetrySampler
+from decodetop.errors import UserInputError
+from decodetop.probes.results import ProbeResult, ProbeStatus, load_results
+from decodetop.settings import Settings
+from decodetop.tui.adapters import (
+    PresetBudget,
+    allreduce_curves,
+    headline,
+    measured_from_results,
+    probe_view,
+    telemetry_frame,
+)
+from decodetop.tui.launch import parse_gpus
+from decodetop.tui.model import ProbeState
+
+H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "probe_h200x1.json"
+
+
+@pytest.fixture(scope="module")
+def h200() -> dict[str, ProbeResult]:
+    return {r.probe: r for r in load_results(H200_RESULTS)}
+
+
+def test_probe_view_of_a_recorded_h200_allreduce(h200: dict[str, ProbeResult]) -> None:
+    view = probe_view(h200["allreduce"], title="allreduce")
+    assert view.state is ProbeState.DONE
+    assert view.value_text.startswith("18.6 µs @ 8 B pipelined")
+    assert view.ranks and view.ranks[0].rank == 0
+    assert "p10" in view.spread_text and "samples" in view.spread_text
+    assert any(key == "backend" for key, _ in view.details)
+
+
+def test_probe_view_of_failures_keeps_the_error_and_the_traceback(h200: dict[str, ProbeResult]) -> None:
+    failed = dataclasses.replace(
+        h200["launch"], status=ProbeStatus.FAILED, error="boom", error_rank=1, traceback="Traceback...", measurements=()
+    )
+    view = probe_view(failed)
+    assert view.state is ProbeState.FAILED
+    assert view.error == "rank 1: boom"
+    assert view.traceback == "Traceback..."
+    assert headline(failed) == ""
+    for status, state in (
+        (ProbeStatus.TIMED_OUT, ProbeState.TIMED_OUT),
+        (ProbeStatus.UNSUPPORTED, ProbeState.UNSUPPORTED),
+        (ProbeStatus.CANCELLED, ProbeState.CANCELLED),
+    ):
+        assert probe_view(dataclasses.replace(failed, status=status)).state is state
+
+
+def test_allreduce_curves_one_series_per_mode(h200: dict[str, ProbeResult]) -> None:
+    series = {s.label: s for s in allreduce_curves(h200["allreduce"])}
+    assert set(series) == {"graph", "pipelined", "synced"}
+    assert series["pipelined"].x[0] == 8.0
+    assert list(series["graph"].x) == sorted(series["graph"].x)
+
+
+def test_budget_uses_the_measured_launch_cost_and_allreduce_curve(h200: dict[str, ProbeResult]) -> None:
+    measured, curves, times = measured_from_results(h200, "graph")
+    assert list(measured) == ["launch:mode=graph,kernels=1"]
+    assert measured["launch:mode=graph,kernels=1"].median_ms == pytest.approx(0.6977e-3, rel=1e-3)
+    assert "all_reduce" in curves
+    assert set(times) == {"allreduce", "launch", "membw"}
+    view = PresetBudget(lambda: "NVIDIA H200").compose(Settings(model="glm-5-nvfp4", tp=8), h200, 0.0)
+    by_key = {s.key: s for s in view.segments}
+    assert by_key["launch"].status == "measured"
+    assert by_key["launch"].measured_at_s == times["launch"]
+    assert by_key["attention"].status == "estimated"
+    assert view.observed_ms == 95.0
+    assert view.target_ms == pytest.approx(1000 / 309)
+    assert view.roofline_ms is not None and view.roofline_ms > 0
+    assert "H200" in view.note
+
+
+def test_budget_without_results_is_all_estimates_and_names_the_assumed_gpu() -> None:
+    view = PresetBudget().compose(Settings(model="llama-3.1-70b", tp=4), {}, 0.0)
+    assert {s.status for s in view.segments} <= {"estimated", "missing"}
+    assert "(assumed)" in view.note
+
+
+def test_models_lists_the_presets() -> None:
+    names = [name for name, _ in PresetBudget().models()]
+    assert "glm-5-nvfp4" in names and "llama-3.1-70b" in names
+
+
+def test_telemetry_frame_from_the_h200_recording_replicated_to_8() -> None:
+    nvml = Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None))
+    frame = telemetry_frame(TelemetrySampler(nvml).sample(processes=False))
+    assert len(frame.gpus) == 8
+    gpu = frame.gpus[0]
+    assert gpu.sm_clock_max_mhz == 1980.0
+    assert gpu.pcie_gen_max == 5 and gpu.pcie_width_max == 16
+    assert gpu.power_limit_w == pytest.approx(700.0)
+    assert "replicated 1→8" in frame.source_note
+    assert frame.unavailable_reason == ""
+
+
+def test_telemetry_frame_without_nvml_says_why() -> None:
+    frame = telemetry_frame(TelemetrySampler(Nvml(NoNvmlBackend())).sample(processes=False))
+    assert frame.gpus == ()
+    assert "not found" in frame.unavailable_reason
+
+
+@pytest.mark.parametrize(("text", "gpus"), [("0,1,2,3", (0, 1, 2, 3)), ("0-3", (0, 1, 2, 3)), ("4, 6-7", (4, 6, 7))])
+def test_parse_gpus(text: str, gpus: tuple[int, ...]) -> None:
+    assert parse_gpus(text) == gpus
+
+
+@pytest.mark.parametrize("text", ["", "a", "3-1", "0,0", "-1"])
+def test_parse_gpus_rejects(text: str) -> None:
+    with pytest.raises(UserInputError, match="--gpus"):
+        parse_gpus(text)

@@ -1,0 +1,94 @@
+"""`decodetop` with no subcommand: flags on the main parser, settings precedence, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from decodetop.cli import build_parser, main
+from decodetop.settings import Settings, save_settings
+
+
+def test_flags_are_on_the_main_parser() -> None:
+    args = build_parser().parse_args(
+        [
+            "--model",
+            "llama-3.1-70b",
+            "--tp",
+            "4",
+            "--observed-ms",
+            "40",
+            "--target-tps",
+            "100",
+            "--theme",
+            "decodetop-light",
+            "--cpu-ranks",
+            "2",
+            "--gpus",
+            "0-1",
+            "--no-probes",
+            "--tick",
+            "0.5",
+            "--demo",
+            "--force",
+        ]
+    )
+    assert args.command is None
+    assert (args.model, args.tp, args.observed_ms, args.target_tps) == ("llama-3.1-70b", 4, 40.0, 100.0)
+    assert args.no_probes and args.demo and args.force and args.tick == 0.5
+
+
+@pytest.mark.parametrize("bad", [["--tp", "0"], ["--observed-ms", "-3"], ["--tick", "abc"]])
+def test_bad_flag_values_exit_2(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(bad)
+    assert info.value.code == 2
+
+
+def test_unknown_theme_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--theme", "pink", "--no-probes"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "theme 'pink'" in err[0]
+
+
+def test_record_and_replay_together_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--record", "a", "--replay", "b"]) == 2
+    assert "--record and --replay" in capsys.readouterr().err
+
+
+def test_corrupt_settings_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("tp = [")
+    assert main(["--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not valid TOML" in err
+
+
+def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s.toml"
+    save_settings(Settings(model="glm-5", tp=8, observed_ms=50.0, theme="decodetop-contrast"), path)
+    seen: dict[str, object] = {}
+
+    class FakeApp:
+        def __init__(self, sources: object, settings: Settings, path: Path, *, save_theme: bool) -> None:
+            seen.update(settings=settings, path=path, save_theme=save_theme)
+
+        def run(self) -> int:
+            return 0
+
+        def shutdown_sources(self) -> None:
+            seen["closed"] = True
+
+    monkeypatch.setattr("decodetop.tui.app.DecodetopApp", FakeApp)
+    monkeypatch.setattr("decodetop.tui.launch.build_sources", lambda settings, options: object())
+    assert main(["--config", str(path), "--tp", "2", "--no-probes"]) == 0
+    settings = seen["settings"]
+    assert isinstance(settings, Settings)
+    assert (settings.model, settings.tp, settings.observed_ms, settings.theme) == (
+        "glm-5",
+        2,
+        50.0,
+        "decodetop-contrast",
+    )
+    assert seen["path"] == path and seen["save_theme"] is True and seen["closed"] is True
