@@ -720,6 +720,9 @@ def run_from_args(args: Any) -> int:
         print(f"decodetop probe: {p.line()}", file=sys.stderr, flush=True)
 
     def show(result: ProbeResult) -> None:
+        if result.traceback:
+            print(f"decodetop probe: {result.probe} traceback (rank {result.error_rank}):", file=sys.stderr)
+            print(result.traceback.rstrip(), file=sys.stderr, flush=True)
         if not quiet:
             spec_ = registry.get(result.probe)
             print(format_result(result, spec_.table_columns), flush=True)

@@ -71,12 +71,12 @@ def _one_layer(
     device = ctx.device.type
     out: list[RankMeasurement] = []
     built: list[tuple[int, str, OpRunner, bool]] = []
-    left_out: list[str] = []
+    left_out: list[tuple[str, str]] = []
     for count, kid in ops:
         try:
             runner = runner_for(kid, ctx, rotate=opts.rotate)
         except UnsupportedError as exc:
-            left_out.append(f"{kid} ({exc})")
+            left_out.append((kid, str(exc)))
             continue
         built.append((count, kid, runner, isinstance(parse_key_id(kid), AllreduceKey)))
     collective = any(c for *_, c in built)
@@ -115,7 +115,12 @@ def _one_layer(
     )
     notes = []
     if left_out:
-        notes.append("left out: " + "; ".join(left_out))
+        by_reason: dict[str, list[str]] = {}
+        for kid, reason in left_out:
+            by_reason.setdefault(reason, []).append(kid)
+        notes.append(
+            "left out: " + "; ".join(f"{len(ks)} op(s) ({reason}): {', '.join(ks)}" for reason, ks in by_reason.items())
+        )
     if failed_parts:
         notes.append("parts that failed to time: " + ", ".join(failed_parts))
     modes = ("graph", "eager") if ctx.is_cuda else ("eager",)

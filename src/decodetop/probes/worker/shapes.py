@@ -518,7 +518,8 @@ def routing_runner(key: RoutingKey, ctx: ProbeContext, *, rotate: bool) -> OpRun
             group_score = per_group.topk(min(2, e // groups), dim=-1).values.sum(dim=-1)
             keep = group_score.topk(min(key.topk_group, groups), dim=-1).indices
             mask = torch.zeros(t, groups, device=device, dtype=torch.bool).scatter_(1, keep, True)
-            choice = choice.masked_fill(~mask.repeat_interleave(e // groups, dim=1), float("-inf"))
+            full = mask.unsqueeze(-1).expand(t, groups, e // groups).reshape(t, e)  # no host sync (graph-safe)
+            choice = choice.masked_fill(~full, float("-inf"))
         ids = choice.topk(top_k, dim=-1).indices
         w = scores.gather(1, ids)
         if key.scoring == "sigmoid":
