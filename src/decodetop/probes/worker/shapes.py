@@ -863,6 +863,31 @@ def runner_for(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
     raise UnsupportedError(f"no kernel for {key_id}")
 
 
+def kernels_note(ctx: ProbeContext, build: Callable[[], OpRunner]) -> str:
+    """'kernels: name (µs), …' of one call of the op under torch.profiler (CUDA only): which kernel torch picked,
+    its tile and split-K shape in the cuBLAS/CUTLASS name, and each kernel's time."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        runner = build()
+        runner.fn()
+        torch.cuda.synchronize(ctx.device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.fn()
+            torch.cuda.synchronize(ctx.device)
+        parts = []
+        for evt in prof.key_averages():
+            us = getattr(evt, "self_device_time_total", None) or getattr(evt, "self_cuda_time_total", 0.0)
+            if us and us > 0:
+                parts.append(f"{evt.key[:110]} ({us / max(1, evt.count):.1f} µs)")
+        del runner
+        return "kernels: " + ", ".join(parts) if parts else "kernels: none seen by the profiler"
+    except Exception as exc:
+        return f"kernel names unavailable ({type(exc).__name__}: {_first(exc)[:80]})"
+    finally:
+        free_memory(ctx)
+
+
 def free_memory(ctx: ProbeContext) -> None:
     """Return cached blocks to the device between keys (big weights of one key must not crowd out the next)."""
     if ctx.is_cuda:
