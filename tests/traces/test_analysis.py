@@ -112,6 +112,9 @@ def test_synthetic_segmentation_paths(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     steps, _ = write_synthetic_trace(path, 200_000, SynthSpec())
     assert len(analyze_trace(path).steps) == steps
+    steps, _ = write_synthetic_trace(path, 200_000, SynthSpec(marker_name="decode"))
+    report = analyze_trace(path)
+    assert report.segmentation.startswith("markers: decode") and len(report.steps) == steps
     steps, _ = write_synthetic_trace(path, 200_000, SynthSpec(markers=False))
     report = analyze_trace(path)
     assert report.segmentation.startswith("repetition") and report.kernels_per_step_mean == 50

@@ -93,7 +93,8 @@ def analyze(
         raise UserInputError(f"{trace.path}: no GPU kernels and no CPU operators in the trace: nothing to attribute")
     if not len(units.name):
         raise UserInputError(f"{trace.path}: no kernels on {device_label}: nothing to attribute")
-    stacks = _attach_context(trace, units, source)
+    markers = {i for i, name in enumerate(trace.names) if any(m.pattern.search(name) for m in rules.step_markers)}
+    stacks = _attach_context(trace, units, source, skip=markers)
     steps, segmentation, marker_durs = _segment(trace, units, rules)
     return _attribute(
         trace,
@@ -126,18 +127,22 @@ def _gpu_units(trace: Trace, device: int | None) -> tuple[_Units, str]:
             f"{trace.path}: no kernels on device {device} (devices with kernels: {sorted(per_device)})"
         )
     order = sorted((i for i in range(trace.n_gpu) if trace.gpu_device[i] == device), key=trace.gpu_ts_us.__getitem__)
-    launches: dict[int, tuple[float, int]] = {}
-    for corr, ts, thread in zip(trace.rt_corr, trace.rt_ts_us, trace.rt_thread, strict=False):
-        if corr != NO_ID:
-            launches[corr] = (ts, thread)
+    # Launch lookup by correlation id over sorted columns (a dict of tuples would cost ~200 B per launch).
+    by_corr = sorted((i for i, c in enumerate(trace.rt_corr) if c != NO_ID), key=trace.rt_corr.__getitem__)
+    corr_sorted = array("q", (trace.rt_corr[i] for i in by_corr))
+    launch_ts = array("d", (trace.rt_ts_us[i] for i in by_corr))
+    launch_thread = array("i", (trace.rt_thread[i] for i in by_corr))
+    del by_corr
     units = _empty_units()
     for i in order:
         units.name.append(trace.gpu_name[i])
         units.ts.append(trace.gpu_ts_us[i])
         units.dur.append(trace.gpu_dur_us[i])
-        launch = launches.get(trace.gpu_corr[i])
-        units.launch_ts.append(launch[0] if launch else -1.0)
-        units.launch_thread.append(launch[1] if launch else NO_ID)
+        corr = trace.gpu_corr[i]
+        k = bisect.bisect_left(corr_sorted, corr) if corr != NO_ID else len(corr_sorted)
+        found = k < len(corr_sorted) and corr_sorted[k] == corr
+        units.launch_ts.append(launch_ts[k] if found else -1.0)
+        units.launch_thread.append(launch_thread[k] if found else NO_ID)
         units.stack.append(NO_ID)
     return units, f"cuda:{device}" if device >= 0 else "gpu"
 
@@ -154,7 +159,7 @@ def _cpu_units(trace: Trace) -> _Units:
             by_thread[trace.host_thread[i]].append(i)
     leaves: list[int] = []
     for idx in by_thread.values():
-        idx.sort(key=lambda i: (trace.host_ts_us[i], -trace.host_dur_us[i]))
+        _sort_ranges(idx, trace.host_ts_us, trace.host_dur_us)
         for pos, i in enumerate(idx):
             end = trace.host_ts_us[i] + trace.host_dur_us[i]
             if pos + 1 == len(idx) or trace.host_ts_us[idx[pos + 1]] >= end:
@@ -174,6 +179,13 @@ def _cpu_units(trace: Trace) -> _Units:
 # --------------------------------------------------------------------------------------------------- context
 
 
+def _sort_ranges(idx: list[int], ts: Sequence[float], dur: Sequence[float]) -> None:
+    """Sort range indices by start, the longer (enclosing) range first on equal starts, in place. Two stable sorts
+    with float keys: tuple keys would cost ~100 B per range at once."""
+    idx.sort(key=dur.__getitem__, reverse=True)
+    idx.sort(key=ts.__getitem__)
+
+
 @dataclass(frozen=True)
 class _Stack:
     frames_inner_first: tuple[int, ...]
@@ -181,8 +193,9 @@ class _Stack:
     shape: int
 
 
-def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
-    """Fill `units.stack` with an index into the returned list of distinct enclosing-frame stacks."""
+def _attach_context(trace: Trace, units: _Units, source: str, skip: set[int]) -> list[_Stack]:
+    """Fill `units.stack` with an index into the returned list of distinct enclosing-frame stacks. Frames named in
+    `skip` (step markers: a new name every step, and no context) are left out, so stacks repeat across steps."""
     stacks: list[_Stack] = []
     ids: dict[_Stack, int] = {}
 
@@ -202,7 +215,8 @@ def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
             queries[units.launch_thread[u]].append(u)
     ts, dur = trace.host_ts_us, trace.host_dur_us
     for thread, us in queries.items():
-        order = sorted(ranges.get(thread, ()), key=lambda i: (ts[i], -dur[i]))
+        order = ranges.get(thread, [])
+        _sort_ranges(order, ts, dur)
         us.sort(key=units.launch_ts.__getitem__)
         open_: list[int] = []
         j = 0
@@ -216,7 +230,7 @@ def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
                 j += 1
             while open_ and ts[open_[-1]] + dur[open_[-1]] < q:
                 open_.pop()
-            live = [r for r in open_ if ts[r] + dur[r] >= q]
+            live = [r for r in open_ if ts[r] + dur[r] >= q and trace.host_name[r] not in skip]
             if source == "cpu":  # the unit's own range is on the stack: drop it
                 live = [r for r in live if not (ts[r] == units.ts[u] and trace.host_name[r] == units.name[u])]
             shape = next((trace.host_shape[r] for r in reversed(live) if trace.host_shape[r] != NO_ID), NO_ID)
@@ -230,7 +244,8 @@ def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
     # Units with no linked launch (no runtime events, or graph kernels without correlation): GPU-side annotations.
     orphans = [u for u in range(len(units.name)) if units.stack[u] == NO_ID]
     if orphans:
-        ga = sorted(range(len(trace.ga_name)), key=lambda i: (trace.ga_ts_us[i], -trace.ga_dur_us[i]))
+        ga = list(range(len(trace.ga_name)))
+        _sort_ranges(ga, trace.ga_ts_us, trace.ga_dur_us)
         open_ = []
         j = 0
         for u in orphans:  # already in time order
@@ -239,7 +254,7 @@ def _attach_context(trace: Trace, units: _Units, source: str) -> list[_Stack]:
                 open_.append(ga[j])
                 j += 1
             open_ = [r for r in open_ if trace.ga_ts_us[r] + trace.ga_dur_us[r] >= q]
-            frames = tuple(trace.ga_name[r] for r in reversed(open_))
+            frames = tuple(trace.ga_name[r] for r in reversed(open_) if trace.ga_name[r] not in skip)
             units.stack[u] = intern(_Stack(frames, tuple(HOST_ANNOTATION for _ in frames), NO_ID))
     return stacks
 
@@ -257,7 +272,7 @@ def _segment(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int
         host = [
             (trace.host_ts_us[i], trace.host_dur_us[i], trace.host_name[i])
             for i in range(trace.n_host)
-            if trace.host_name[i] in matches and trace.host_kind[i] in (HOST_ANNOTATION, HOST_OP)
+            if trace.host_name[i] in matches and trace.host_kind[i] == HOST_ANNOTATION
         ]
         gpu = [
             (trace.ga_ts_us[i], trace.ga_dur_us[i], trace.ga_name[i])
@@ -420,10 +435,10 @@ def _attribute(
         via = f"{chain} in {where}" if chain and where else (chain or (f"in {where}" if where else None))
         stack_ctx.append((ctx, via))
 
-    step_of = {}
-    for k, members in enumerate(steps):
+    in_step = array("b", bytes(len(units.name)))
+    for members in steps:
         for u in members:
-            step_of[u] = k
+            in_step[u] = 1
     n_steps = len(steps)
     stats: dict[tuple[int, str, str | None], list[float]] = {}
     fam_of: dict[tuple[int, str, str | None], tuple[str | None, str | None]] = {}
@@ -499,8 +514,7 @@ def _attribute(
     summaries = []
     for k, members in enumerate(steps):
         summaries.append(_step_summary(k, units, members, marker_durs[k], trace))
-    in_steps = set(step_of)
-    outside = [u for u in range(len(units.name)) if u not in in_steps]
+    outside = [u for u in range(len(units.name)) if not in_step[u]]
     mean = (lambda xs: sum(xs) / len(xs)) if summaries else (lambda xs: 0.0)
     idle = mean([s.gpu_idle_us for s in summaries])
     busy = mean([s.gpu_busy_us for s in summaries])
@@ -521,10 +535,11 @@ def _attribute(
         notes.append(f"{inferred / per_step:.0f} GEMMs per step attributed by their neighbours (norm-delimited blocks)")
     if outside:
         notes.append(f"{len(outside)} kernels outside the decode steps were left out")
-    unclassified = sorted(
-        {names[k[0]] for k in stats if k[1] == UNCLASSIFIED},
-        key=lambda s: -sum(v[1] for kk, v in stats.items() if names[kk[0]] == s),
-    )
+    odd_us: dict[str, float] = defaultdict(float)
+    for key, (_count, time_us) in stats.items():
+        if key[1] == UNCLASSIFIED:
+            odd_us[names[key[0]]] += time_us
+    unclassified = sorted(odd_us, key=lambda name: -odd_us[name])
     return TraceReport(
         path=str(trace.path),
         source=source,

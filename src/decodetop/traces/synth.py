@@ -50,6 +50,8 @@ class SynthSpec:
     launch_gap_us: float = 4.0
     step_gap_us: float = 300.0
     markers: bool = True
+    marker_name: str = "ProfilerStep#{step}"
+    """Name of the per-step user annotation ({step} is replaced by the step number)."""
     modules: bool = True
     extra_kernels_every_step: bool = False
     """Step k gets k extra elementwise kernels: kernel counts differ, so only gaps can split the steps."""
@@ -157,7 +159,9 @@ def write_synthetic_trace(path: str | Path, target_bytes: int, spec: SynthSpec |
                 writer.kernel(spec.odd_kernel, None, [])
             if spec.markers:
                 dur = writer.cpu_t - step_start
-                writer.span("user_annotation", f"ProfilerStep#{step}", step_start, dur, **{"External id": first_ext})
+                writer.span(
+                    "user_annotation", spec.marker_name.format(step=step), step_start, dur, **{"External id": first_ext}
+                )
             writer.cpu_t = max(writer.cpu_t, writer.gpu_t) + spec.step_gap_us
             writer.gpu_t = writer.cpu_t
             step += 1
