@@ -257,7 +257,10 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
         assert [r.probe for r in state.probe_results] == ["allreduce", "slow"]
         assert controller.runs[0] == ("allreduce", {"sizes": [8, 4096]})
         note = state.notes["probes"]
-        assert "broken: RuntimeError: rank 1 could not import torch" in note and "slow: timed_out" in note
+        assert (
+            "broken: RuntimeError: rank 1 could not import torch" in note
+            and "slow: timed_out (timed out after 60 s)" in note
+        )
         assert state.probe_interval_s == 3600.0
         assert exporter.server is not None
         body = _scrape(exporter.server.url)

@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_POLL_S = 0.25
+"""How often the main thread looks for SIGINT/SIGTERM: a stop starts within this."""
+
+
 def _gpus(text: str) -> list[int]:
     from decodetop.errors import UserInputError
 
@@ -140,14 +144,16 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.model:
         exporter.budget_for = budget_composer(args.model, args.tp, telemetry=lambda: exporter.box().telemetry)
-    stop_signals = (signal.SIGINT, signal.SIGTERM)
+    # The handler only flips a flag: taking a lock in a signal handler (Event.set) can deadlock against the main
+    # thread interrupted while it holds that lock. The main loop polls the flag and stops the exporter itself.
+    signalled: list[int] = []
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in stop_signals:
-            previous[sig] = signal.signal(sig, lambda signum, frame: exporter.request_stop())
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: signalled.append(signum))
     try:
         exporter.start()
-        while not exporter.wait(1.0):
+        while not signalled and not exporter.wait(_POLL_S):
             pass
         exporter.say("stopping")
     finally:

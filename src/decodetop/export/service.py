@@ -284,9 +284,11 @@ class Exporter:
             if not self._stop.is_set():
                 failures.append(f"{planned.probe}: {type(exc).__name__}: {exc}")
             return None
-        status = getattr(getattr(result, "status", None), "value", "ok")
-        if status != "ok":
-            failures.append(f"{planned.probe}: {status} {getattr(result, 'message', '') or ''}".rstrip())
+        status = str(getattr(getattr(result, "status", None), "value", "ok"))
+        message = str(getattr(result, "message", "") or getattr(result, "error", "") or "")
+        if status != "ok" and not self._stop.is_set():
+            detail = f" ({message})" if message and message != status else ""
+            failures.append(f"{planned.probe}: {status}{detail}")
         return result
 
     def _recompose(self) -> None:
