@@ -27,6 +27,7 @@ from decodetop.errors import UserInputError
 from decodetop.export.service import Exporter, PlannedRun, parse_duration, probe_plan_runs
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+_EXPORTER = (sys.executable, "-m", "decodetop", "exporter")
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -335,3 +336,38 @@ def test_busy_gpus_skip_the_probe_cycle() -> None:
         assert controller.runs == [] and asked == [[]]
     finally:
         exporter.stop()
+
+
+@pytest.mark.slow
+def test_sigint_while_probing_ends_every_rank(tmp_path: Path) -> None:
+    """SIGINT while the probe group starts or runs: a clean exit, and no rank process left behind."""
+    psutil = pytest.importorskip("psutil")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*_EXPORTER, "--demo", "--no-checks", "--cpu-ranks", "2", "--listen", f"127.0.0.1:{port}"],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        ranks: list[Any] = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            assert proc.poll() is None, proc.communicate()[1]
+            ranks = [
+                c for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())
+            ]
+            time.sleep(0.1)
+        assert len(ranks) >= 2, "the probe group never spawned"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "stopping" in err and "cancelled" not in err
+        _, alive = psutil.wait_procs(ranks, timeout=5)
+        assert not alive, [p.pid for p in alive]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
