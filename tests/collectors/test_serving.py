@@ -200,6 +200,7 @@ def test_vllm_step_prefers_itl_over_deprecated_tpot(engine: tuple[Engine, str]) 
     # vLLM records one ITL per engine step, so a given accept length does not multiply it
     assert step.step_ms == pytest.approx(10.8)
     assert (step.accept_length, step.accept_length_from) == (1.0, "none")
+    assert "not applied" in step.summary
     assert step.running_requests == 1.0
 
 

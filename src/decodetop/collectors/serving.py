@@ -50,6 +50,7 @@ LATENCY_FAMILIES: tuple[tuple[str, str], ...] = (
 _RUNNING_GAUGES = {"sglang": "sglang:num_running_reqs", "vllm": "vllm:num_requests_running"}
 _SGLANG_ACCEPT_GAUGE = "sglang:spec_accept_length"
 _MODEL_LABEL = "model_name"
+_VLLM_NOTE = "vLLM's ITL is already per engine step, so the accept length is not applied"
 
 
 class ServerState(str, enum.Enum):
@@ -90,15 +91,18 @@ class ObservedStep:
     """Concurrency the server reported at the end of the window (probes.md §6: at concurrency 1, ITL = step)."""
     model_names: tuple[str, ...] = ()
     """The model_name label values aggregated."""
+    note: str = ""
+    """Anything the reader should know about how the step was derived (e.g. a given accept length not applied)."""
 
     @property
     def summary(self) -> str:
         """One line for a status bar: value, source and sample count."""
         extra = f", x{self.accept_length:.2f} accept length" if self.accept_length != 1.0 else ""
         conc = f", {self.running_requests:g} running" if self.running_requests is not None else ""
+        note = f"; {self.note}" if self.note else ""
         return (
             f"observed {self.step_ms:.2f} ms/step from {self.source} ({self.samples} samples over "
-            f"{self.window_s:.0f} s{extra}{conc})"
+            f"{self.window_s:.0f} s{extra}{conc}){note}"
         )
 
 
@@ -388,6 +392,7 @@ class ServerStepSource:
             url=self.url,
             running_requests=totals.running_requests,
             model_names=totals.model_names,
+            note=_VLLM_NOTE if totals.source == "vllm" and self.accept_length not in (None, 1.0) else "",
         )
 
     def _factor(self, totals: LatencyTotals) -> tuple[float, str]:
