@@ -192,6 +192,7 @@ class Exporter:
         """Bind the server, then start the threads."""
         self._server = start_metrics_server(self.listen, self.box)
         self.say(f"serving {self._server.url}")
+        self._recompose()  # before anything is measured: observed and target, every component still missing
         if self.nvml is not None:
             from decodetop.collectors.telemetry import TelemetryCollector
 
@@ -213,7 +214,10 @@ class Exporter:
         thread.start()
 
     def _on_snapshot(self, snapshot: Any) -> None:
+        first = self.box().telemetry is None
         self.box.update(telemetry=snapshot)
+        if first:
+            self._recompose()  # the GPU is known now: unmeasured parts can be estimated from its table row
         available = getattr(snapshot, "nvml_available", True)
         self._note("telemetry", None if available else f"NVML unavailable: {getattr(snapshot, 'nvml_reason', '')}")
 
