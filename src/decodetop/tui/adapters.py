@@ -430,6 +430,55 @@ class NoProbes:
         """Nothing to end."""
 
 
+class ReplayProbes:
+    """`ProbeSource` for ``--replay``: "running" a probe shows the recorded result (the newest of each probe)."""
+
+    def __init__(self, results: Sequence[Any]) -> None:
+        self.results = {r.probe: r for r in results}
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The recorded probes, in recorded order."""
+        return [ProbeView(probe_id=name, title=name) for name in self.results]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """The recorded result."""
+        result = self.results.get(probe_id)
+        if result is None:
+            return ProbeOutcome(
+                view=ProbeView(probe_id, probe_id, ProbeState.UNSUPPORTED, error="not in the recording")
+            )
+        view = probe_view(result, title=probe_id)
+        at = _utc_to_unix(result.started_utc) if result.started_utc else None
+        from dataclasses import replace
+
+        return ProbeOutcome(view=replace(view, measured_at_s=at), result=result if result.ok else None)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """No history in a replay."""
+        return None
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """Nothing really runs."""
+        return False
+
+    def cancel(self) -> None:
+        """Nothing runs."""
+
+    def close(self) -> None:
+        """Nothing to end."""
+
+
+class RecordedChecks:
+    """`ChecksSource` giving the checks a recording holds."""
+
+    def __init__(self, checks: Sequence[CheckResult]) -> None:
+        self.checks = list(checks)
+
+    def run(self) -> list[CheckResult]:
+        """The recorded checks."""
+        return list(self.checks)
+
+
 # --- budget ---------------------------------------------------------------------------------------------------
 
 

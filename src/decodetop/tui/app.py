@@ -31,6 +31,7 @@ from decodetop.tui.messages import (
     BudgetReady,
     ChecksReady,
     HistoryLoaded,
+    ObservedUpdate,
     ProbeFinished,
     ProbePlanned,
     ProbeProgress,
@@ -149,6 +150,9 @@ class DecodetopApp(App[int]):
         self._status_notes: list[str] = list(sources.notes)
         self._status_text = ""
         self._budget_seq = 0
+        self._sources_closed = False
+        self.server_note = ""
+        """The live server's last answer, one line (--server)."""
         self._budget_shown = -1
         self.curves = ProbeCurves()
         """The chart curves of the latest composition."""
@@ -198,6 +202,8 @@ class DecodetopApp(App[int]):
         self._plan_probes(run_now=self.sources.run_probes_at_start)
         self._probe_loop()
         self._run_checks()
+        if self.sources.server is not None:
+            self.sources.server.start(self._on_server_answer)
         if self.age_refresh_s > 0:
             self.set_interval(self.age_refresh_s, self._refresh_ages)
         self.query_one(ProbeTable).focus()
@@ -247,6 +253,23 @@ class DecodetopApp(App[int]):
                 static.update(note)
         if self.charts is not None and self.query_one(TabbedContent).active == "charts":
             self.charts.show_history(self.telemetry, frame.taken_at_s)
+        self._set_status()
+
+    def _on_server_answer(self, answer: Any) -> None:
+        """Poller thread: pass the answer on to the taps and the screen."""
+        if self.sources.taps is not None:
+            self.sources.taps.on_observed(answer)
+        step = getattr(answer, "step_ms", None)
+        self.post_message(ObservedUpdate(float(step) if step is not None else None, str(answer.summary)))
+
+    @on(ObservedUpdate)
+    def _observed_update(self, message: ObservedUpdate) -> None:
+        if self.closing:
+            return
+        self.server_note = message.summary
+        if message.step_ms is not None and message.step_ms > 0 and message.step_ms != self.settings.observed_ms:
+            self.settings = dataclasses.replace(self.settings, observed_ms=message.step_ms)
+            self._recompose_budget()
         self._set_status()
 
     # -- history -------------------------------------------------------------------------------------------------
@@ -377,6 +400,9 @@ class DecodetopApp(App[int]):
                 self.running_probe = None
             if outcome.view.measured_at_s is None:
                 outcome = dataclasses.replace(outcome, view=dataclasses.replace(outcome.view, measured_at_s=self.now()))
+            taps = self.sources.taps
+            if taps is not None and outcome.result is not None:
+                taps.on_probe_result(outcome.result)
             history = self.sources.history
             if history is not None and outcome.payload and not self.closing:
                 try:
@@ -432,6 +458,8 @@ class DecodetopApp(App[int]):
         except Exception as exc:  # checks must never take the UI down
             self.post_message(ChecksReady(checks=[], problem=f"health checks failed: {type(exc).__name__}: {exc}"))
             return
+        if self.sources.taps is not None:
+            self.sources.taps.on_checks(checks, self.now())
         self.post_message(ChecksReady(checks=checks))
 
     @on(ChecksReady)
@@ -539,6 +567,8 @@ class DecodetopApp(App[int]):
             parts.append("no GPU telemetry")
         elif frame is not None and frame.sample_ms is not None:
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
+        if self.server_note:
+            parts.append(self.server_note)
         parts.extend(self._status_notes[-2:])
         text = " · ".join(parts)
         if text != self._status_text:
@@ -691,6 +721,9 @@ class DecodetopApp(App[int]):
     def shutdown_sources(self) -> None:
         """Cancel and close the probe group and the collector (blocking, bounded; safe to call twice)."""
         self.queue.close()
+        if self._sources_closed:
+            return
+        self._sources_closed = True
         try:
             if self.running_probe is not None:
                 self.sources.probes.cancel()
@@ -698,7 +731,13 @@ class DecodetopApp(App[int]):
             try:
                 self.sources.probes.close()
             finally:
-                self.sources.telemetry.close()
+                try:
+                    self.sources.telemetry.close()
+                finally:
+                    if self.sources.server is not None:
+                        self.sources.server.close()
+                    if self.sources.taps is not None:
+                        self.sources.taps.close()
 
 
 def monotonic_ms() -> float:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from decodetop.errors import UserInputError
 from decodetop.history import History
 from decodetop.settings import Settings
 from decodetop.tui.sources import Sources
+from decodetop.tui.taps import ServerPoller, Taps
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
@@ -62,6 +64,9 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
     from decodetop.tui.adapters import CollectorTelemetry, ControllerProbes, HostChecks, NoProbes, PresetBudget
 
     notes: list[str] = list(options.notes)
+    taps = _build_taps(options)
+    if options.replay is not None:
+        return _replay_sources(settings, options, taps, notes)
     if options.demo:
         from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
 
@@ -70,7 +75,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         notes.append(f"demo: fake NVML replaying {recording.label} replicated to {DEMO_GPUS} GPUs")
     else:
         nvml = Nvml()
-    telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s)
+    telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s, on_snapshot=taps.on_snapshot if taps else None)
 
     run_probes = not options.no_probes and not options.demo
     if options.no_probes or (options.demo and options.cpu_ranks is None):
@@ -120,4 +125,70 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         history=History(options.history_path),
         run_probes_at_start=run_probes,
         notes=tuple(notes),
+        taps=taps,
+        server=_build_server(options),
+    )
+
+
+def _build_taps(options: LaunchOptions) -> Taps | None:
+    if options.record is None and options.prometheus is None:
+        return None
+    taps = Taps()
+    if options.record is not None:
+        from decodetop.export.recording import Recorder
+
+        taps.recorder = Recorder(options.record, meta={"source": "decodetop tui"})
+    if options.prometheus is not None:
+        from decodetop.export.prometheus import StateBox, start_metrics_server
+
+        taps.state_box = StateBox()
+        try:
+            taps.metrics_server = start_metrics_server(options.prometheus, taps.state_box)
+        except UserInputError as exc:
+            taps.close()
+            raise UserInputError(str(exc).replace("--listen", "--prometheus")) from None
+    return taps
+
+
+def _build_server(options: LaunchOptions) -> ServerPoller | None:
+    if options.server is None:
+        return None
+    from decodetop.collectors.serving import ServerStepSource
+
+    return ServerPoller(ServerStepSource(options.server))
+
+
+def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | None, notes: list[str]) -> Sources:
+    """--replay: telemetry, probe results and checks from a recording; no NVML, no probes."""
+    from decodetop.export.recording import decode_replay, read_recording
+    from decodetop.tui.adapters import NoProbes, PresetBudget, RecordedChecks, ReplayProbes, ReplayTelemetry
+
+    assert options.replay is not None
+    decoded = decode_replay(read_recording(options.replay))
+    snapshots = [i.value for i in decoded.items if i.event.kind == "telemetry"]
+    results = [i.value for i in decoded.items if i.event.kind == "probe_result"]
+    checks: list[Any] = []
+    for item in decoded.items:
+        if item.event.kind == "checks":
+            checks = list(item.value) if isinstance(item.value, (list, tuple)) else [item.value]
+    notes.append(f"replay of {options.replay.name}: {decoded.replay.summary}")
+    notes.extend(decoded.warnings)
+    telemetry = ReplayTelemetry(snapshots, interval_s=settings.tick_s)
+
+    def gpu_name() -> str | None:
+        for snap in snapshots:
+            if snap.gpus:
+                return str(snap.gpus[0].name)
+        return None
+
+    probes = ReplayProbes(results) if results else NoProbes("replay: the recording holds no probe results")
+    return Sources(
+        telemetry=telemetry,
+        probes=probes,
+        budget=PresetBudget(gpu_name),
+        checks=RecordedChecks(checks),
+        history=None,
+        run_probes_at_start=bool(results),
+        notes=tuple(notes),
+        taps=taps,
     )

@@ -91,3 +91,15 @@ class BudgetReady(Message):
     view: BudgetView | None
     curves: ProbeCurves | None
     problem: str = ""
+
+
+@dataclass
+class ObservedUpdate(Message):
+    """The serving engine's step time (`step_ms`), or why there is none (`summary` only)."""
+
+    step_ms: float | None
+    summary: str
+
+    def can_replace(self, message: Message) -> bool:
+        """Latest answer wins."""
+        return isinstance(message, ObservedUpdate)

@@ -16,6 +16,7 @@ from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import History
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
+from decodetop.tui.taps import ServerPoller, Taps
 
 ProgressCallback = Callable[[float | None, str], None]
 """(fraction done 0..1 or None, one-line note); called from the probe worker thread."""
@@ -100,3 +101,7 @@ class Sources:
     """Queue the whole probe plan at start (False with --no-probes and --demo)."""
     notes: tuple[str, ...] = ()
     """Lines to show once at start (where data comes from, what is off)."""
+    taps: Taps | None = None
+    """--record / --prometheus outputs, fed from worker threads."""
+    server: ServerPoller | None = None
+    """--server: the serving engine's observed step."""

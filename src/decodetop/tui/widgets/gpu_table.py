@@ -32,15 +32,18 @@ _COLUMNS = (
     ("gpu", "GPU"),
     ("util", "util"),
     ("sm", "SM MHz"),
-    ("memclk", "mem MHz"),
+    ("memclk", "memclk"),
     ("pcie", "PCIe gen×w"),
     ("txrx", "TX/RX GB/s"),
     ("power", "power W"),
     ("temp", "°C"),
     ("reasons", "clock events"),
-    ("mem", "memory GiB"),
+    ("mem", "mem GiB"),
 )
 GIB = 1024**3
+REASONS_WIDTH = 14
+"""The clock-event column is fixed (longer names are cut; the health panel has them whole); others size to their
+first values."""
 
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
@@ -132,7 +135,7 @@ class GpuTable(DataTable[Text]):
     def on_mount(self) -> None:
         """Set up the columns."""
         for key, label in _COLUMNS:
-            self.add_column(label, key=key)
+            self.add_column(label, key=key, width=REASONS_WIDTH if key == "reasons" else None)
 
     def show(self, frame: TelemetryFrame) -> None:
         """Show one telemetry frame: update rows in place, or one row saying why there is no GPU."""

@@ -23,12 +23,14 @@ _STATE_CLASS = {
     ProbeState.IDLE: "probe-table--muted",
 }
 _COLUMNS = (("probe", "probe"), ("state", "state"), ("value", "last value"), ("age", "age"))
-PROGRESS_CELLS = 8
+COLUMN_WIDTHS = {"state": 17, "value": 26, "age": 6}
+"""Fixed widths (the gauge, a headline, "59m ↺"), so a tick never re-measures or re-lays out the table."""
+PROGRESS_CELLS = 4
 """Width of the progress gauge drawn in the state column while a probe runs."""
 
 
 def state_text(view: ProbeView) -> str:
-    """The state column's plain text: "running ▰▰▰▱▱▱▱▱ 38%" while running, the state's name otherwise."""
+    """The state column's plain text: "running ▰▰▱▱  38%" while running, the state's name otherwise."""
     if view.state is ProbeState.RUNNING:
         if view.progress is None:
             return "running…"
@@ -76,7 +78,7 @@ class ProbeTable(DataTable[Text]):
     def on_mount(self) -> None:
         """Set up the columns."""
         for key, label in _COLUMNS:
-            self.add_column(label, key=key)
+            self.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
 
     def _cells(self, view: ProbeView) -> dict[str, Text]:
         state_style = self.get_component_rich_style(_STATE_CLASS[view.state], partial=True)
@@ -89,7 +91,7 @@ class ProbeTable(DataTable[Text]):
         if view.measured_at_s is not None:
             age = format_age(self.now_s - view.measured_at_s)
             if view.from_history:
-                age += " (earlier)"
+                age += " ↺"  # from an earlier session (the history file)
         return {
             "probe": Text(view.title or view.probe_id),
             "state": Text(state_text(view), style=state_style),

@@ -1,0 +1,87 @@
+"""Writes docs/screenshots/main.svg: the main screen over data recorded on the H200 machine.
+
+- Telemetry: the NVML recording `h200x1-load` (one H200 under load), replicated to 8 GPUs as `--demo` does; the
+  GPU panel says so.
+- Probes: `benchmarks/results/probe_h200x1.json` (allreduce, launch, membw measured on that H200).
+- Health: the checks run over the host tree copied from the same Firecracker VM
+  (`tests/fixtures/hosts/firecracker-h200-vm`), with the recorded NVML.
+
+    .venv/bin/python benchmarks/tui_screenshot.py [--size 160x48] [--out docs/screenshots/main.svg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+
+async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
+    from decodetop.collectors.checks.host import run_all_checks
+    from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
+    from decodetop.collectors.hostroot import HostRoot
+    from decodetop.collectors.nvml import Nvml
+    from decodetop.collectors.telemetry import TelemetrySampler
+    from decodetop.probes.results import load_results
+    from decodetop.settings import Settings
+    from decodetop.tui.adapters import PresetBudget, RecordedChecks, ReplayProbes, ReplayTelemetry
+    from decodetop.tui.app import DecodetopApp
+    from decodetop.tui.sources import Sources
+
+    backend = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)
+    sampler = TelemetrySampler(Nvml(backend))
+    snapshots = []
+    for _ in range(6):
+        snapshots.append(sampler.sample(processes=False))
+        backend.advance()
+        time.sleep(0.25)  # PCIe rates come from counter deltas between ticks
+    checks = run_all_checks(
+        HostRoot(ROOT / "tests/fixtures/hosts/firecracker-h200-vm/root"),
+        nvml=Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)),
+        sample_interval_s=0,
+    )
+    results = load_results(ROOT / "benchmarks/results/probe_h200x1.json")
+    sources = Sources(
+        telemetry=ReplayTelemetry(snapshots, interval_s=0.05, loop=False),
+        probes=ReplayProbes(results),
+        budget=PresetBudget(lambda: "NVIDIA H200"),
+        checks=RecordedChecks(checks),
+        history=None,
+        run_probes_at_start=True,
+        notes=("H200 recordings: NVML h200x1-load ×8, probes probe_h200x1.json",),
+    )
+    app = DecodetopApp(sources, Settings(model="glm-5-nvfp4", tp=8), save_theme=False, age_refresh_s=0)
+    async with app.run_test(size=size) as pilot:
+        for _ in range(400):
+            done = len(app.results) == len(results) and app.budget_settled and app.checks
+            if done and app.telemetry.series["sm"] and len(next(iter(app.telemetry.series["sm"].values()))) >= 5:
+                break
+            await pilot.pause(0.05)
+        await pilot.pause(1.5)  # let DataTable re-measure its columns (it does so when the app is idle)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        app.save_screenshot(filename=out.name, path=str(out.parent))
+        if text:
+            strips = app.screen._compositor.render_strips()
+            print("\n".join("".join(segment.text for segment in strip) for strip in strips))
+        app.shutdown_sources()
+    print(f"wrote {out}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", default="160x48")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs/screenshots/main.svg")
+    parser.add_argument("--text", action="store_true", help="also print the screen as text")
+    args = parser.parse_args()
+    width, height = (int(v) for v in args.size.split("x"))
+    asyncio.run(shoot((width, height), args.out, args.text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

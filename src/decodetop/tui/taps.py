@@ -1,0 +1,96 @@
+"""Provides the UI's side outputs and inputs: `Taps` (``--record`` to a recording, ``--prometheus`` metrics) and
+`ServerPoller` (``--server``: the serving engine's observed step, polled on a thread).
+
+Every method is called from a worker or collector thread, never from the event loop (each may write a file or
+wait on the network).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SERVER_POLL_S = 2.0
+"""How often `--server` is scraped (the engine's histogram window is what smooths the figure)."""
+
+
+@dataclass
+class Taps:
+    """Where raw results go besides the screen: a `Recorder` and/or a Prometheus state box (with its server)."""
+
+    recorder: Any | None = None
+    """`decodetop.export.recording.Recorder`."""
+    state_box: Any | None = None
+    """`decodetop.export.prometheus.StateBox`."""
+    metrics_server: Any | None = None
+    """`decodetop.export.prometheus.MetricsServer` (closed with the taps)."""
+
+    def on_snapshot(self, snapshot: Any) -> None:
+        """A telemetry snapshot (collector thread)."""
+        if self.recorder is not None:
+            self.recorder.record("telemetry", snapshot)
+        if self.state_box is not None:
+            self.state_box.update(telemetry=snapshot)
+
+    def on_probe_result(self, result: Any) -> None:
+        """A finished probe's `ProbeResult` (probe worker thread)."""
+        if self.recorder is not None:
+            self.recorder.record("probe_result", result)
+        if self.state_box is not None:
+            self.state_box.add_probe_result(result)
+
+    def on_checks(self, checks: list[Any], at_s: float) -> None:
+        """Health check results (checks worker thread)."""
+        if self.recorder is not None:
+            self.recorder.record("checks", checks)
+        if self.state_box is not None:
+            self.state_box.update(checks=tuple(checks), checks_unix_s=at_s)
+
+    def on_observed(self, observed: Any) -> None:
+        """The live server's step or status (poller thread)."""
+        if self.recorder is not None and hasattr(observed, "step_ms"):
+            self.recorder.record("observed_step", observed)
+        if self.state_box is not None:
+            self.state_box.update(observed=observed)
+
+    def close(self) -> None:
+        """Stop the metrics server and close the recording."""
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+        if self.recorder is not None:
+            self.recorder.close()
+
+
+class ServerPoller:
+    """Polls `ServerStepSource.poll()` every `period_s` on a daemon thread and hands each answer to a callback."""
+
+    def __init__(self, source: Any, period_s: float = SERVER_POLL_S) -> None:
+        self.source = source
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_answer: Callable[[Any], None]) -> None:
+        """Start polling."""
+
+        def run() -> None:
+            while not self._stop.is_set():
+                try:
+                    on_answer(self.source.poll())
+                except Exception:  # one bad scrape must not end the thread
+                    log.exception("server poll failed")
+                self._stop.wait(self.period_s)
+
+        self._thread = threading.Thread(target=run, name="decodetop-server-poll", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop and join (bounded by the scrape timeout)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
