@@ -730,11 +730,8 @@ def render_exposition(state: ExportState | StateProvider, parts: Sequence[str] =
 # --- textfile ------------------------------------------------------------------------------------------------
 
 
-def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, now_unix_s: float | None = None) -> Path:
-    """Write the checks for node_exporter's textfile collector, atomically (`decodetop.atomic`).
-
-    node_exporter reads only `*.prom` files in its `--collector.textfile.directory`, so another suffix is refused.
-    """
+def textfile_path(path: str | Path) -> Path:
+    """`path` as a textfile target, checked before any work: a `.prom` name that is not a directory."""
     target = Path(path)
     if target.suffix != ".prom":
         raise UserInputError(
@@ -742,6 +739,15 @@ def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, no
         )
     if target.is_dir():
         raise UserInputError(f"--prometheus-textfile {target}: is a directory")
+    return target
+
+
+def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, now_unix_s: float | None = None) -> Path:
+    """Write the checks for node_exporter's textfile collector, atomically (`decodetop.atomic`).
+
+    node_exporter reads only `*.prom` files in its `--collector.textfile.directory`, so another suffix is refused.
+    """
+    target = textfile_path(path)
     state = ExportState(checks=tuple(results), checks_unix_s=time.time() if now_unix_s is None else now_unix_s)
     text = render_exposition(state, parts=("checks",))
     try:
