@@ -111,3 +111,13 @@ def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_budget_gpu_comes_from_the_trace_or_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert analyze_trace(fixture("h200_graph")).gpu_name == "NVIDIA H200"
+    cpu = str(fixture("cpu_eager"))
+    assert main(["trace", cpu, "--model", "llama-3.1-70b"]) == 2
+    assert "does not name a known GPU" in capsys.readouterr().err
+    assert main(["trace", cpu, "--model", "llama-3.1-70b", "--gpu", "h200", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert any("CPU-only" in n for n in data["comparison"]["notes"])

@@ -112,8 +112,13 @@ def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None,
     gpu = find_gpu(args.gpu) if args.gpu else None
     if args.gpu and gpu is None:
         raise UserInputError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
+    if gpu is None and report.gpu_name:
+        gpu = find_gpu(report.gpu_name)
     if gpu is None:
-        gpu = GPUS.get("h200")
+        raise UserInputError(
+            f"the trace does not name a known GPU ({report.gpu_name or 'no deviceProperties'}): pass --gpu "
+            f"({', '.join(GPUS)}) for the budget's roofline"
+        )
     hw = hardware_for(gpu)
     budget = compose_budget(inv, {}, roofline=roofline(inv, hw), estimate=hw, observed_ms=_observed(report))
     vocab = getattr(spec, "vocab_size", None)

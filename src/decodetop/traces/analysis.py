@@ -558,7 +558,19 @@ def _attribute(
         unclassified_names=tuple(unclassified[:20]),
         notes=tuple(notes),
         events_total=trace.events_total,
+        gpu_name=_gpu_name(trace, device_label) if source == "gpu" else None,
     )
+
+
+def _gpu_name(trace: Trace, device_label: str) -> str | None:
+    """deviceProperties[i].name of the analysed device, if the trace carries it."""
+    props = trace.meta.get("deviceProperties")
+    index = device_label.removeprefix("cuda:")
+    if isinstance(props, list):
+        for prop in props:
+            if isinstance(prop, dict) and str(prop.get("id")) == index and isinstance(prop.get("name"), str):
+                return str(prop["name"])
+    return None
 
 
 _SEQ_COMPONENT = {

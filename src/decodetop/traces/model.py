@@ -81,6 +81,8 @@ class TraceReport:
     unclassified_names: tuple[str, ...]
     notes: tuple[str, ...]
     events_total: int
+    gpu_name: str | None = None
+    """The traced GPU's name from the trace's deviceProperties, when it says."""
 
     def traced_ms(self) -> dict[str, float]:
         """Per-step milliseconds by bucket key, plus 'launch' = GPU idle inside the step: the traced bar."""
