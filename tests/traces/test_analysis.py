@@ -155,3 +155,14 @@ def test_report_json_round_trips() -> None:
     data = json.loads(json.dumps(report.to_json()))
     assert data["traced_ms"]["attention"] == pytest.approx(report.bucket("attention").time_us_per_step / 1000)  # type: ignore[union-attr]
     assert len(data["steps"]) == 4
+
+
+def test_untypical_steps_are_left_out_and_said(tmp_path: Path) -> None:
+    """A prefill-like first step (more kernels) is dropped from the per-step means unless all steps are asked for."""
+    path = tmp_path / "prefill.json"
+    steps, _ = write_synthetic_trace(path, 400_000, SynthSpec(long_first_step=30))
+    report = analyze_trace(path)
+    assert len(report.steps) == steps - 1 and report.kernels_per_step_mean == 50
+    assert any("another kernel count" in n for n in report.notes)
+    everything = analyze_trace(path, all_steps=True)
+    assert len(everything.steps) == steps and everything.steps[0].kernel_count == 80

@@ -42,15 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", type=int, help="GPU index inside the trace (default: the busiest)")
     parser.add_argument("--vocab-size", type=int, help="vocabulary size: GEMMs with this dimension are lm_head")
     parser.add_argument("--rules", metavar="JSON", help="a kernel-rules file replacing the built-in table")
+    parser.add_argument(
+        "--all-steps", action="store_true", help="keep steps whose kernel count differs from the usual (prefills)"
+    )
     parser.add_argument("--top", type=int, default=15, help="top kernels to list (default 15)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from decodetop.traces.analysis import analyze_trace
+    from decodetop.traces.analysis import analyze
     from decodetop.traces.capture import capture
+    from decodetop.traces.classify import load_rules
     from decodetop.traces.compare import compare, load_budget_json
+    from decodetop.traces.reader import read_trace
 
     if bool(args.file) == bool(args.server):
         raise UserInputError("trace: give a trace FILE or --server URL (one of them)")
@@ -75,13 +80,14 @@ def run(args: argparse.Namespace) -> int:
     if args.budget:
         budget = load_budget_json(args.budget)
         budget_note = f"budget from {args.budget}"
-    report = analyze_trace(path, rules_path=args.rules, device=args.device, vocab_size=args.vocab_size, top_n=args.top)
+    trace = read_trace(path)
+    rules = load_rules(args.rules)
+    options = {"rules": rules, "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
+    report = analyze(trace, vocab_size=args.vocab_size, **options)
     if args.model or args.config:
         budget, spec_vocab, budget_note = _budget_for(args, report)
-        if spec_vocab and not args.vocab_size:
-            report = analyze_trace(
-                path, rules_path=args.rules, device=args.device, vocab_size=spec_vocab, top_n=args.top
-            )
+        if spec_vocab and not args.vocab_size:  # GEMMs with the model's vocabulary in their shape are the lm_head
+            report = analyze(trace, vocab_size=spec_vocab, **options)
     comparison = compare(report, budget) if budget is not None else None
     if args.json:
         out: dict[str, Any] = {"trace": report.to_json()}

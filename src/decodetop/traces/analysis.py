@@ -63,10 +63,17 @@ def analyze_trace(
     device: int | None = None,
     vocab_size: int | None = None,
     top_n: int = 15,
+    all_steps: bool = False,
 ) -> TraceReport:
-    """Read `path` and attribute its decode steps; raises UserInputError with one line on any bad input."""
+    """Read `path` and attribute its decode steps; raises UserInputError with one line on any bad input.
+
+    Unless `all_steps`, steps whose kernel count differs from the most common one (prefills, mixed batches) are
+    left out when the most common count covers at least half the steps; a note says how many.
+    """
     trace = read_trace(path)
-    return analyze(trace, rules=load_rules(rules_path), device=device, vocab_size=vocab_size, top_n=top_n)
+    return analyze(
+        trace, rules=load_rules(rules_path), device=device, vocab_size=vocab_size, top_n=top_n, all_steps=all_steps
+    )
 
 
 def analyze(
@@ -76,6 +83,7 @@ def analyze(
     device: int | None = None,
     vocab_size: int | None = None,
     top_n: int = 15,
+    all_steps: bool = False,
 ) -> TraceReport:
     """Attribute an already-read trace (see `analyze_trace`)."""
     rules = rules or load_rules()
@@ -96,6 +104,8 @@ def analyze(
     markers = {i for i, name in enumerate(trace.names) if any(m.pattern.search(name) for m in rules.step_markers)}
     stacks = _attach_context(trace, units, source, skip=markers)
     steps, segmentation, marker_durs = _segment(trace, units, rules)
+    if not all_steps:
+        steps, marker_durs = _typical_steps(steps, marker_durs, notes)
     return _attribute(
         trace,
         rules,
@@ -296,6 +306,23 @@ def _segment(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int
     if len(steps) >= 2:
         return steps, "gaps between kernels", [None] * len(steps)
     return [list(range(n))], "none found: the whole trace is one step", [None]
+
+
+def _typical_steps(
+    steps: list[list[int]], durs: list[float | None], notes: list[str]
+) -> tuple[list[list[int]], list[float | None]]:
+    """Keep the steps with the most common kernel count when it covers at least half of them."""
+    if len(steps) < 3:
+        return steps, durs
+    mode, count = Counter(len(s) for s in steps).most_common(1)[0]
+    if count == len(steps) or count * 2 < len(steps):
+        return steps, durs
+    keep = [k for k, s in enumerate(steps) if len(s) == mode]
+    notes.append(
+        f"{len(steps) - len(keep)} of {len(steps)} steps have another kernel count than the usual {mode} "
+        "(prefill or a mixed batch?) and were left out (--all-steps keeps them)"
+    )
+    return [steps[k] for k in keep], [durs[k] for k in keep]
 
 
 def _outermost(ranges: list[tuple[float, float, int]]) -> list[tuple[float, float, int]]:

@@ -55,6 +55,8 @@ class SynthSpec:
     modules: bool = True
     extra_kernels_every_step: bool = False
     """Step k gets k extra elementwise kernels: kernel counts differ, so only gaps can split the steps."""
+    long_first_step: int = 0
+    """Kernels added to step 0 only (a prefill-like step among decode steps)."""
     odd_kernel: str | None = None
     """A kernel name no rule knows, launched once per step (tests that unclassified time is shown)."""
 
@@ -153,7 +155,8 @@ def write_synthetic_trace(path: str | Path, target_bytes: int, spec: SynthSpec |
             lm_frames = ["nn.Module: LlamaForCausalLM_0"] if spec.modules else []
             writer.kernel(LM_HEAD_GEMM, [[1, spec.hidden], [spec.hidden, spec.vocab]], lm_frames)
             writer.kernel(ARGMAX, None, [])
-            for _ in range(step if spec.extra_kernels_every_step else 0):
+            extra = step if spec.extra_kernels_every_step else 0
+            for _ in range(extra + (spec.long_first_step if step == 0 else 0)):
                 writer.kernel(ADD, None, [])
             if spec.odd_kernel:
                 writer.kernel(spec.odd_kernel, None, [])
