@@ -166,3 +166,12 @@ def test_untypical_steps_are_left_out_and_said(tmp_path: Path) -> None:
     assert any("another kernel count" in n for n in report.notes)
     everything = analyze_trace(path, all_steps=True)
     assert len(everything.steps) == steps and everything.steps[0].kernel_count == 80
+
+
+def test_allreduce_kernels_are_communication(tmp_path: Path) -> None:
+    """No 2-GPU machine was lent for a real NCCL trace: a synthetic TP layer stack carries the NCCL kernel names."""
+    path = tmp_path / "tp.json"
+    write_synthetic_trace(path, 300_000, SynthSpec(allreduce=True, layers=3))
+    comm = analyze_trace(path).bucket("communication")
+    assert comm is not None and comm.kernels_per_step == 6
+    assert comm.top[0].rule_id == "nccl"

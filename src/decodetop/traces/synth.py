@@ -32,6 +32,7 @@ SILU = (
     "at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#6}::operator()() const::"
     "{lambda(c10::BFloat16)#1}, std::array<char*, 3ul> >"
 )
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 ARGMAX = (
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, at::native::ArgMaxOps<float>, "
     "unsigned int, long, 4, 4> >(at::native::ReduceOp<c10::BFloat16, at::native::ArgMaxOps<float>, unsigned int, "
@@ -55,6 +56,8 @@ class SynthSpec:
     modules: bool = True
     extra_kernels_every_step: bool = False
     """Step k gets k extra elementwise kernels: kernel counts differ, so only gaps can split the steps."""
+    allreduce: bool = False
+    """Tensor-parallel layers: an NCCL all-reduce after attention and after the MLP."""
     long_first_step: int = 0
     """Kernels added to step 0 only (a prefill-like step among decode steps)."""
     odd_kernel: str | None = None
@@ -124,11 +127,15 @@ def _layer_frames(spec: SynthSpec, step: int, layer: int) -> Iterator[tuple[str,
     for _ in range(4):
         yield GEMM, [[1, h], [h, h]], "LlamaAttention"
     yield ATTENTION, None, "LlamaAttention"
+    if spec.allreduce:
+        yield NCCL, None, ""
     yield ADD, None, ""
     yield RSQRT, None, "LlamaRMSNorm"
     yield GEMM, [[1, h], [h, 4 * h]], "LlamaMLP"
     yield SILU, None, "LlamaMLP"
     yield GEMM, [[1, 4 * h], [4 * h, h]], "LlamaMLP"
+    if spec.allreduce:
+        yield NCCL, None, ""
     yield ADD, None, ""
 
 
