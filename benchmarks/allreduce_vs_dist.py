@@ -9,6 +9,7 @@ Two code paths time the same thing, pipelined all-reduce per op at 4 sizes:
    median over repetitions, averaged over ranks. On GPUs both paths also report CUDA-event spans of the same loops.
 
 It prints the ratio probe / independent per size and writes JSON. Acceptance: every ratio within 10 %.
+`--rounds R` alternates the two R times and compares medians (use it on shared or busy hosts).
 
     PYTHONPATH=src python3 benchmarks/allreduce_vs_dist.py --json benchmarks/results/probe_allreduce_vs_dist_cpu.json
 """
@@ -58,6 +59,7 @@ def _independent_rank(rank: int, cfg: dict[str, Any], q: Any) -> None:
         dtype = torch.bfloat16
     else:
         device = torch.device("cpu")
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))  # as the probe's CPU ranks do
 
         def sync() -> None:
             pass
@@ -136,34 +138,51 @@ def main() -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--ops", type=int, default=50, help="back-to-back ops per sample (both paths)")
     ap.add_argument("--reps", type=int, default=20, help="samples per size (both paths)")
+    ap.add_argument("--rounds", type=int, default=1, help="alternate probe and independent this many times")
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
-    with ProbeController(cpu_ranks=args.cpu_ranks, device=args.device) as pc:
-        use_cuda = pc.layout.kind == "cuda"
-        world = pc.world_size
-        result = pc.run(
-            "allreduce",
-            {
-                "sizes": sizes,
-                "modes": ["pipelined"],
-                "ops_per_sample": args.ops,
-                "samples": args.reps,
-                "budget_ms": 1000.0,
-            },
-            on_progress=lambda p: print(f"probe: {p.line()}", file=sys.stderr),
-        )
-    if not result.ok:
-        print(f"probe failed: {result.message}", file=sys.stderr)
-        return 1
-    probe_us = {}
-    probe_event_us = {}
-    for m in result.measurements:
-        probe_us[int(m.params["size_bytes"])] = m.metrics["time_us"]
-        probe_event_us[int(m.params["size_bytes"])] = m.metrics.get("event_time_us", 0.0)
-    print("independent torch.distributed timing ...", file=sys.stderr)
-    indep_us, indep_event_us = independent(world, use_cuda, sizes, args.ops, args.reps)
+    rounds: list[tuple[dict[int, float], dict[int, float], dict[int, float], dict[int, float]]] = []
+    environment = None
+    for round_no in range(args.rounds):
+        # Probe then independent, round after round: on a shared host, load drifts over minutes, and alternating
+        # keeps that drift from landing on one side (medians over rounds are compared).
+        with ProbeController(cpu_ranks=args.cpu_ranks, device=args.device) as pc:
+            use_cuda = pc.layout.kind == "cuda"
+            world = pc.world_size
+            result = pc.run(
+                "allreduce",
+                {
+                    "sizes": sizes,
+                    "modes": ["pipelined"],
+                    "ops_per_sample": args.ops,
+                    "samples": args.reps,
+                    "budget_ms": 1000.0,
+                },
+                on_progress=lambda p: print(f"probe: {p.line()}", file=sys.stderr),
+            )
+        if not result.ok:
+            print(f"probe failed: {result.message}", file=sys.stderr)
+            return 1
+        environment = result.environment
+        probe_us = {}
+        probe_event_us = {}
+        for m in result.measurements:
+            probe_us[int(m.params["size_bytes"])] = m.metrics["time_us"]
+            probe_event_us[int(m.params["size_bytes"])] = m.metrics.get("event_time_us", 0.0)
+        print(f"independent torch.distributed timing (round {round_no + 1}/{args.rounds}) ...", file=sys.stderr)
+        indep_us, indep_event_us = independent(world, use_cuda, sizes, args.ops, args.reps)
+        rounds.append((probe_us, probe_event_us, indep_us, indep_event_us))
+
+    def med(i: int, key: int) -> float:
+        return statistics.median(r[i][key] for r in rounds)
+
+    pkeys = sorted(rounds[0][0])
+    probe_us = {k: med(0, k) for k in pkeys}
+    probe_event_us = {k: med(1, k) for k in pkeys}
+    indep_us = {s: med(2, s) for s in sizes}
+    indep_event_us = {s: med(3, s) for s in sizes}
     rows = []
     doc_rows = []
     ok = True
@@ -188,13 +207,14 @@ def main() -> int:
     verdict = "all within 10 %" if ok else "NOT all within 10 %"
     print(f"{world} ranks ({'NCCL' if use_cuda else 'gloo'}): {verdict}")
     if args.json:
-        env = result.environment.to_dict() if result.environment else None
+        env = environment.to_dict() if environment else None
         doc = {
             "benchmark": "allreduce_vs_dist",
             "time_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "world_size": world,
             "backend": "nccl" if use_cuda else "gloo",
             "tolerance": TOLERANCE,
+            "rounds": args.rounds,
             "all_within_tolerance": ok,
             "rows": doc_rows,
             "environment": env,

@@ -27,7 +27,15 @@ from decodetop.probes.protocol import Fatal, Progress, RankConfig, RankDone, Rea
 from decodetop.probes.results import Environment, RankOutput
 from decodetop.probes.worker.context import ProbeContext
 
-__all__ = ["ProbeContext", "collect_environment", "init_device", "leave_group", "run_probe_module", "serve"]
+__all__ = [
+    "ProbeContext",
+    "collect_environment",
+    "init_device",
+    "leave_group",
+    "run_probe_module",
+    "serve",
+    "share_cpu_threads",
+]
 
 
 def init_device(device_kind: str, local_rank: int) -> torch.device:
@@ -42,6 +50,18 @@ def init_device(device_kind: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def share_cpu_threads(world_size: int) -> int:
+    """CPU ranks split the host's cores (cores / ranks intra-op threads each, at least 1) and return the count.
+
+    Every rank with torch's default of one thread per core oversubscribes the host, and the ranks then spin-wait on
+    each other: on 2 cores, 2 ranks × 2 threads made a 64k-element op 250× slower (found by the component probes'
+    helper, worker/shapes.py).
+    """
+    threads = max(1, (os.cpu_count() or 1) // max(1, world_size))
+    torch.set_num_threads(threads)
+    return threads
+
+
 def collect_environment(ctx: ProbeContext) -> Environment:
     """Versions and devices as torch sees them on this rank (the controller adds driver and topology)."""
     nccl_version: str | None = None
@@ -52,7 +72,11 @@ def collect_environment(ctx: ProbeContext) -> Environment:
     gpu_names: tuple[str, ...] = ()
     if ctx.is_cuda:
         gpu_names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    extra: dict[str, Any] = {"cpu_count": os.cpu_count(), "platform": platform.platform()}
+    extra: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+    }
     if ctx.is_cuda:
         props = torch.cuda.get_device_properties(ctx.device)
         extra.update(
@@ -117,6 +141,8 @@ def serve(config: RankConfig, conn: Connection) -> None:
         try:
             device = init_device(config.device_kind, config.rank)
             backend = "nccl" if device.type == "cuda" else "gloo"
+            if device.type == "cpu":
+                share_cpu_threads(config.world_size)
             store = dist.FileStore(config.store_path, config.world_size)  # type: ignore[attr-defined]
             kwargs: dict[str, Any] = {}
             if device.type == "cuda":

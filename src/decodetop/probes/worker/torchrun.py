@@ -29,7 +29,13 @@ from decodetop.probes.gpuinfo import host_environment_fields, visible_gpus
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS, Progress
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import Environment, ProbeResult, ProbeStatus, RankOutput, merge_rank_outputs
-from decodetop.probes.worker import collect_environment, init_device, leave_group, run_probe_module
+from decodetop.probes.worker import (
+    collect_environment,
+    init_device,
+    leave_group,
+    run_probe_module,
+    share_cpu_threads,
+)
 from decodetop.probes.worker.context import ProbeContext
 
 
@@ -58,6 +64,8 @@ def run_under_torchrun(
     if device == "cuda" and not use_cuda:
         raise UserInputError("--device cuda: torch sees no CUDA device")
     dev = init_device("cuda" if use_cuda else "cpu", local_rank)
+    if not use_cuda:
+        share_cpu_threads(_env_int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else world_size)
     backend = "nccl" if use_cuda else "gloo"
     kwargs: dict[str, Any] = {"device_id": dev} if use_cuda else {}
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, **kwargs)
