@@ -89,7 +89,12 @@ def test_graph_planted_cast_is_top_but_unattributed() -> None:
 def test_cpu_trace_recorded_here_attributes() -> None:
     report = analyze_trace(fixture("cpu_eager"))
     assert report.source == "cpu" and len(report.steps) == 3
-    assert {b.key for b in report.buckets} >= {"attention", "lm_head", "norms"}
+    assert {b.key for b in report.buckets} >= {"attention", "attention_proj", "dense_mlp", "lm_head", "norms"}
+    # aten::mm does its work itself (self time) under aten::matmul: its module decides the component
+    lm_head = report.bucket("lm_head")
+    assert lm_head is not None
+    assert any(k.name == "aten::mm" and k.via and "LlamaForCausalLM" in k.via for k in lm_head.top)
+    assert all(s.gpu_busy_us <= s.gpu_window_us for s in report.steps)
     planted = analyze_trace(fixture("cpu_eager_planted"))
     top = planted.top_kernels[0]
     assert top.name == "aten::copy_" and top.bucket == "attention" and top.via and "in attention" in top.via

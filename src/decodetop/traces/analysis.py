@@ -1,8 +1,8 @@
 """Provides `analyze_trace`: a profiler trace split into decode steps, with each kernel attributed to a component.
 
 Pipeline: read the trace (streaming) → pick the units to attribute (the kernels, memcpys and memsets of the busiest
-GPU; or, in a CPU-only trace, the leaf CPU operators) → find each unit's host context (the annotation, module and
-operator ranges open on the launching thread when its launch call ran, linked by correlation id; GPU-side
+GPU; or, in a CPU-only trace, the CPU operators by self time) → find each unit's host context (the annotation,
+module and operator ranges open on the launching thread when its launch call ran, linked by correlation id; GPU-side
 annotations where no launch is linked) → split the units into decode steps (step markers, else the repetition of
 the kernel sequence, else gaps) → classify every unit through the rules table → sum per step.
 """
@@ -46,14 +46,19 @@ OVERLAP_NOTE = 1.05
 
 @dataclass
 class _Units:
-    """The things attributed, in time order: one row per kernel (or leaf CPU op)."""
+    """The things attributed, in time order: one row per kernel (or CPU operator)."""
 
     name: array[int]
     ts: array[float]
     dur: array[float]
+    """Time attributed to the unit: a kernel's duration; a CPU operator's self time (children excluded)."""
     launch_ts: array[float]
     launch_thread: array[int]
     stack: array[int]
+    end: array[float]
+    """Where the unit's span ends (ts + full duration), for step windows."""
+    exclusive: bool = False
+    """True when `dur` are self times that partition the covered time (CPU ops): busy = their sum."""
 
 
 def analyze_trace(
@@ -95,7 +100,8 @@ def analyze(
         units, device_label = _cpu_units(trace), "cpu"
         source = "cpu"
         notes.append(
-            "CPU-only trace: leaf CPU operators stand in for kernels, and 'GPU idle' is host time between them"
+            "CPU-only trace: CPU operators (by self time) stand in for kernels, and 'GPU idle' is host time "
+            "outside any operator"
         )
     else:
         raise UserInputError(f"{trace.path}: no GPU kernels and no CPU operators in the trace: nothing to attribute")
@@ -154,35 +160,45 @@ def _gpu_units(trace: Trace, device: int | None) -> tuple[_Units, str]:
         units.launch_ts.append(launch_ts[k] if found else -1.0)
         units.launch_thread.append(launch_thread[k] if found else NO_ID)
         units.stack.append(NO_ID)
+        units.end.append(trace.gpu_ts_us[i] + trace.gpu_dur_us[i])
     return units, f"cuda:{device}" if device >= 0 else "gpu"
 
 
 def _empty_units() -> _Units:
-    return _Units(array("l"), array("d"), array("d"), array("d"), array("l"), array("l"))
+    return _Units(array("l"), array("d"), array("d"), array("d"), array("l"), array("l"), array("d"))
 
 
 def _cpu_units(trace: Trace) -> _Units:
-    """Leaf CPU operators: an op is a leaf when the next op on its thread (in start order) starts after it ends."""
+    """Every CPU operator, with its self time (its duration minus its direct children's), so that an op that
+    does its work itself (aten::mm) and one that only calls others (aten::linear) are both counted once."""
     by_thread: dict[int, list[int]] = defaultdict(list)
     for i in range(trace.n_host):
         if trace.host_kind[i] == HOST_OP:
             by_thread[trace.host_thread[i]].append(i)
-    leaves: list[int] = []
+    ts, dur = trace.host_ts_us, trace.host_dur_us
+    self_us: dict[int, float] = {}
     for idx in by_thread.values():
-        _sort_ranges(idx, trace.host_ts_us, trace.host_dur_us)
-        for pos, i in enumerate(idx):
-            end = trace.host_ts_us[i] + trace.host_dur_us[i]
-            if pos + 1 == len(idx) or trace.host_ts_us[idx[pos + 1]] >= end:
-                leaves.append(i)
-    leaves.sort(key=trace.host_ts_us.__getitem__)
+        _sort_ranges(idx, ts, dur)
+        open_: list[int] = []
+        for i in idx:
+            while open_ and ts[open_[-1]] + dur[open_[-1]] <= ts[i]:
+                open_.pop()
+            self_us[i] = dur[i]
+            if open_:
+                parent = open_[-1]
+                self_us[parent] = self_us[parent] - dur[i]
+            open_.append(i)
+    ops = sorted(self_us, key=ts.__getitem__)
     units = _empty_units()
-    for i in leaves:
+    units.exclusive = True
+    for i in ops:
         units.name.append(trace.host_name[i])
-        units.ts.append(trace.host_ts_us[i])
-        units.dur.append(trace.host_dur_us[i])
-        units.launch_ts.append(trace.host_ts_us[i])
+        units.ts.append(ts[i])
+        units.dur.append(max(0.0, self_us[i]))
+        units.launch_ts.append(ts[i])
         units.launch_thread.append(trace.host_thread[i])
         units.stack.append(NO_ID)
+        units.end.append(ts[i] + dur[i])
     return units
 
 
@@ -376,10 +392,10 @@ def _period(units: _Units) -> int | None:
 def _gaps(units: _Units) -> list[float]:
     """gaps[i]: idle time before unit i (after every earlier unit ended); gaps[0] = 0."""
     out = [0.0]
-    end = units.ts[0] + units.dur[0] if len(units.ts) else 0.0
+    end = units.end[0] if len(units.ts) else 0.0
     for i in range(1, len(units.ts)):
         out.append(max(0.0, units.ts[i] - end))
-        end = max(end, units.ts[i] + units.dur[i])
+        end = max(end, units.end[i])
     return out
 
 
@@ -540,7 +556,7 @@ def _attribute(
 
     summaries = []
     for k, members in enumerate(steps):
-        summaries.append(_step_summary(k, units, members, marker_durs[k], trace))
+        summaries.append(_step_summary(k, units, members, marker_durs[k]))
     outside = [u for u in range(len(units.name)) if not in_step[u]]
     mean = (lambda xs: sum(xs) / len(xs)) if summaries else (lambda xs: 0.0)
     idle = mean([s.gpu_idle_us for s in summaries])
@@ -636,22 +652,25 @@ def _sequence_guess(families: Sequence[str | None]) -> list[Component | None]:
     return out
 
 
-def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float | None, trace: Trace) -> StepSummary:
+def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float | None) -> StepSummary:
     members = sorted(members, key=units.ts.__getitem__)
     start = units.ts[members[0]]
-    busy = 0.0
-    cur_s, cur_e = start, start
-    end_all = start
-    for u in members:
-        s, e = units.ts[u], units.ts[u] + units.dur[u]
-        end_all = max(end_all, e)
-        if s > cur_e:
-            busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
+    end_all = max(units.end[u] for u in members)
+    if units.exclusive:  # self times partition the covered time
+        busy = sum(units.dur[u] for u in members)
+    else:  # union of kernel intervals: overlapping streams count once
+        busy = 0.0
+        cur_s = cur_e = start
+        for u in members:
+            s, e = units.ts[u], units.end[u]
+            if s > cur_e:
+                busy += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        busy += cur_e - cur_s
     window = end_all - start
+    busy = min(busy, window)
     return StepSummary(
         index=k,
         label=f"step {k}",

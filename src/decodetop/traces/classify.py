@@ -1,6 +1,6 @@
 """Provides the kernel classification table (one data file, `kernel_rules.json`) and its lookups.
 
-A kernel (or, in CPU-only traces, a leaf CPU operator) gets a *rule* from its name (first matching regex wins), the
+A kernel (or, in CPU-only traces, a CPU operator) gets a *rule* from its name (first matching regex wins), the
 rule gives a *family* (gemm, attention, copy, ...), and the family plus the *context* (the enclosing host frames:
 record_function annotations, `nn.Module` frames, aten operators) gives the budget component. A family whose
 component cannot be decided (a GEMM with no telling context, a copy outside any known region) is *unattributed*, and

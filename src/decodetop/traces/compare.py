@@ -45,6 +45,8 @@ _TELLING = re.compile(r"[A-Za-z_]\w*(?:kernel|Functor|Ops|_impl|_out)\w*")
 def short_name(name: str, width: int = 60) -> str:
     """A kernel name without 'void' and namespaces; PyTorch's generic elementwise/reduce wrappers are shown with
     the functor they run (`unrolled_elementwise_kernel<direct_copy_kernel_cuda>`); cut at `width` characters."""
+    if name.startswith("aten::"):  # a CPU operator: the namespace is part of its name
+        return name if len(name) <= width else name[: width - 1] + "…"
     text = name[5:] if name.startswith("void ") else name
     text = _NS.sub("", text)
     outer = text.split("<", 1)[0]

@@ -63,7 +63,7 @@ class TraceReport:
 
     path: str
     source: str
-    """'gpu' (kernels of one device) or 'cpu' (a CPU-only trace: leaf CPU operators stand in for kernels)."""
+    """'gpu' (kernels of one device) or 'cpu' (a CPU-only trace: CPU operators stand in for kernels)."""
     device: str
     segmentation: str
     """How the steps were found, e.g. 'markers: ProfilerStep#N (host ranges)', 'gaps', 'repetition'."""
