@@ -247,3 +247,29 @@ def test_plan_run_end_to_end_on_a_tiny_moe_model(controller: ProbeController, tm
     assert b.unexplained_ms == pytest.approx(50.0 - b.total_ms)
     assert {lc.layer for lc in run.measured.layers} == {"dense", "moe"}
     assert all(lc.mode == "eager" and lc.layer_us > 0 for lc in run.measured.layers)
+
+
+def test_cli_runs_a_plan_and_writes_budget_json(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_DEEPSEEK))
+    out = tmp_path / "plan.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    args = [sys.executable, "-m", "decodetop", "probe", "--config", str(cfg), "--tp", "2", "--cpu-ranks", "2"]
+    args += ["--context", "64", "--budget", "--observed-ms", "40", "--json", str(out), "norms", "launch", "gemm"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "probe 1/3 launch" in proc.stderr and "probe 3/3 norms: key 1/" in proc.stderr
+    assert "Budget:" in proc.stdout and "unexplained" in proc.stdout and "missing" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert [r["probe"] for r in doc["results"]] == ["launch", "gemm", "norms"]
+    segs = {s["component"]: s for s in doc["budget"]["segments"]}
+    assert segs["norms"]["status"] == "measured" and segs["attention"]["status"] == "missing"
+    assert doc["budget"]["observed_ms"] == 40.0 and doc["budget"]["complete"] is False
+    bad = subprocess.run(
+        [*args[:4], "--model", "no-such-model"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert bad.returncode == 2 and "unknown preset" in bad.stderr and bad.stderr.count("\n") == 1

@@ -22,6 +22,8 @@ READ_CONTEXTS = [1024, 4096, 16384, 65536]
 #: Tokens a DSA step attends to (GLM-5 / DeepSeek-V3.2 `index_topk` 2048, models.md §2): what gather-then-cast reads.
 DSA_TOPK = 2048
 
+#: Per point on GPUs: ~20 ms of graph replays, up to 50 samples of ≥ 2 ops each (probes.md §7.6: median of ≥ 100
+#: repetitions); CPU ranks: 3 repetitions (a 70B shard's GEMM takes ~0.3 s on a CPU).
 _TIMING: dict[str, Any] = {"budget_ms": 20.0, "samples": 50, "cpu_samples": 3, "rotate": True}
 
 _GQA = (

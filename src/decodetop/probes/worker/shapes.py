@@ -110,6 +110,7 @@ def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, std: f
         block = randn((CPU_RANDOM_BLOCK,), dtype, device, std)
         return block.repeat(-(-numel // CPU_RANDOM_BLOCK))[:numel].view(*shape)
     if dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        # ×100: FP8 weights are stored pre-scaled (std ≈ 2 here), well inside e4m3's normal range, never 0.
         return (torch.randn(*shape, device=device) * std * 100).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
     return torch.randn(*shape, device=device, dtype=torch.float32 if dtype.itemsize < 2 else dtype).mul_(std).to(dtype)
 
@@ -377,7 +378,7 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
     per_expert = (2 * inter * h + h * inter) * wsize
     w_bytes = active * per_expert
     copies = copies_for(ctx, w_bytes, rotate)
-    _require(ctx, copies * w_bytes * 1.05, f"MoE expert weights {key.key_id}")
+    _require(ctx, copies * w_bytes * 1.05, f"MoE expert weights {key.key_id}")  # +5 %: activations, offsets
     # [E, N, K] like nn.Linear weights; the GEMMs take the transposed (column-major) view.
     experts = Rotation(
         [
