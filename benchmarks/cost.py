@@ -196,6 +196,14 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _dump(doc: dict[str, Any], path: str | None) -> None:
+    """Write the document so far (temp file + rename), so a part cut by its deadline keeps what it had."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for; JSON and tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -213,9 +221,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "tick" in parts:
         print("cost: telemetry ticks", file=sys.stderr, flush=True)
         doc["tick"] = tick_cost(args.ticks)
+        _dump(doc, args.json)
     if "effect" in parts:
         print("cost: telemetry vs latency probes", file=sys.stderr, flush=True)
         doc["effect"] = telemetry_effect(args.rounds, args.device)
+        doc["table"] = tables(doc)
+        _dump(doc, args.json)
     if "plan" in parts:
         print(f"cost: full default plan {args.model} TP {args.tp}", file=sys.stderr, flush=True)
         try:
@@ -223,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except Exception as exc:
             doc["plan"] = f"failed: {type(exc).__name__}: {exc}"
     doc["table"] = tables(doc)
+    _dump(doc, args.json)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
         print(f"cost: wrote {args.json}", file=sys.stderr)
     print(doc["table"])
     return 0

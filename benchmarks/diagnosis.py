@@ -153,6 +153,14 @@ def table(judgements: Sequence[Mapping[str, Any]], skipped: Mapping[str, str]) -
     return "\n".join(out)
 
 
+def _dump(doc: dict[str, Any], path: str | None) -> None:
+    """Write the document so far (temp file + rename), so a part cut by its deadline keeps what it had."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Clean plan, then one plan per plant; per-component budget differences; JSON and a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -205,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"diagnosis: clean plan ({spec.name}, TP {world})", file=sys.stderr, flush=True)
     clean = plan()
     doc["clean"] = {k: clean[k] for k in ("graph_ms", "eager_ms", "graph_rows", "eager_rows", "wall_s", "notes")}
+    _dump(doc, args.json)
     judgements = []
     for plant in plants:
         if plant == "nccl_simple_ring" and world < 2:
@@ -232,9 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         res["judgement"] = judge(plant, res)
         judgements.append(res["judgement"])
         doc["plants"][plant] = res
+        doc["table"] = table(judgements, doc["skipped"])
+        _dump(doc, args.json)
     doc["table"] = table(judgements, doc["skipped"])
+    _dump(doc, args.json)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
         print(f"diagnosis: wrote {args.json}", file=sys.stderr)
     print(doc["table"])
     return 0

@@ -512,6 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry["plan_results"] = p["plan_run"]["results"]
             entry["measured_keys"] = p["plan_run"]["measured"]
         doc["models"][n] = entry
+    _dump(doc, args.json)  # partial results survive a deadline
     if not args.skip_model:
         tmp = Path(tempfile.mkdtemp(prefix="issue8_trace_"))
         for n in names:
@@ -545,14 +546,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             if b:
                 entry["error_graph"] = _err(b["graph_ms"], with_graph)
                 entry["error_eager"] = _err(b["eager_ms"], t.get("eager_ms"))
+            doc["summary"] = summary_table(doc)
+            _dump(doc, args.json)
     doc["summary"] = summary_table(doc)
     doc["components"] = component_table(doc)
+    _dump(doc, args.json)
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
         print(f"fidelity: wrote {args.json}", file=sys.stderr)
     print(doc["summary"])
     print(doc["components"])
     return 0
+
+
+def _dump(doc: Mapping[str, Any], path: str | None) -> None:
+    """Write the document so far (atomically: temp file + rename)."""
+    if path:
+        tmp = Path(path + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
+        tmp.replace(path)
 
 
 def _release_gpu() -> None:

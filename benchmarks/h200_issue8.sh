@@ -15,10 +15,10 @@ PARTS=${PARTS:-"accuracy fidelity diagnosis cost"}
 PY=${PY:-python3}
 mkdir -p "$OUT"
 LOG=$OUT/issue8_log.txt
-T_ACCURACY=${T_ACCURACY:-90}
-T_FIDELITY=${T_FIDELITY:-210}
-T_DIAGNOSIS=${T_DIAGNOSIS:-110}
-T_COST=${T_COST:-120}
+T_ACCURACY=${T_ACCURACY:-80}
+T_FIDELITY=${T_FIDELITY:-190}
+T_DIAGNOSIS=${T_DIAGNOSIS:-100}
+T_COST=${T_COST:-100}
 
 {
   date -u
