@@ -317,3 +317,51 @@ def test_json_reads_back_as_results_and_text_shows_bars(tmp_path: Path) -> None:
     assert doc["measured"][next(iter(plan.by_probe("norms"))).key_id]["median_ms"] == pytest.approx(0.002)
     out = format_budget(run)
     assert "█" in out and "missing" in out and "unexplained" in out and "note: a note" in out
+
+
+class _FakeLayout:
+    kind = "cpu"
+
+
+class _FakeController:
+    """Answers every probe at once (no processes); `cancel_at` names a probe that comes back cancelled."""
+
+    world_size = 2
+    layout = _FakeLayout()
+
+    def __init__(self, cancel_at: str = "") -> None:
+        self.cancel_at = cancel_at
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run(self, probe: str, params: Any = None, *, timeout_s: Any = None, on_progress: Any = None) -> ProbeResult:
+        self.calls.append((probe, dict(params or {})))
+        if on_progress is not None:
+            on_progress(type("P", (), {"text": "key 1/1 x", "done": 0, "total": 1})())
+        status = ProbeStatus.CANCELLED if probe == self.cancel_at else ProbeStatus.OK
+        return ProbeResult(probe, status, dict(params or {}), (), world_size=2, message=status.value)
+
+
+def test_run_plan_relays_progress_and_stops_on_cancel(tmp_path: Path) -> None:
+    from decodetop.probes.planrun import run_plan
+
+    inv = tiny_inventory(tmp_path)
+    seen: list[str] = []
+    fake = _FakeController(cancel_at="attention")
+    run = run_plan(fake, inv, on_progress=lambda p: seen.append(p.line()))
+    assert [c[0] for c in fake.calls] == ["launch", "gemm", "attention"]
+    assert "probe 2/8 gemm: key 1/1 x" in seen and "probe 1/8 launch: starting" in seen
+    assert any("cancelled during attention (probe 3/8)" in n for n in run.notes)
+    assert not run.budget.complete  # nothing was measured: every component is missing, none is 0
+    assert all(s.status == "missing" and s.ms is None for s in run.budget.segments)
+
+
+def test_run_plan_should_stop_between_probes(tmp_path: Path) -> None:
+    from decodetop.probes.planrun import run_plan
+
+    inv = tiny_inventory(tmp_path)
+    fake = _FakeController()
+    run = run_plan(fake, inv, should_stop=lambda: len(fake.calls) >= 2)
+    assert [r.probe for r in run.results] == ["launch", "gemm"]
+    assert any("stopped before attention" in n for n in run.notes)
+    gemm_params = fake.calls[1][1]
+    assert gemm_params["keys"] == [k.key_id for k in build_plan(inv).by_probe("gemm")]

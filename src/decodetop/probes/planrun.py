@@ -499,9 +499,12 @@ def run_plan(
     plan: ProbePlan | None = None,
     on_progress: Callable[[PlanProgress], None] | None = None,
     on_result: Callable[[ProbeResult], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> PlanRun:
     """Run every probe the plan needs on `controller`'s group, then compose the budget. Blocking; a probe that
-    fails or times out leaves its keys missing (its result says why) and the rest still runs."""
+    fails or times out leaves its keys missing (its result says why) and the rest still runs. The run stops early
+    (composing what it has) after a probe comes back cancelled (`controller.cancel()` from another thread) or when
+    `should_stop()` turns true between probes."""
     opts = options or PlanRunOptions()
     plan = plan or build_plan(inventory)
     layout = controller.layout
@@ -511,6 +514,9 @@ def run_plan(
     results: list[ProbeResult] = []
     n = len(requests)
     for i, req in enumerate(requests, start=1):
+        if should_stop is not None and should_stop():
+            notes = (*notes, f"stopped before {req.probe} (probe {i}/{n})")
+            break
         if on_progress is not None:
             on_progress(PlanProgress(i, n, req.probe, "starting", 0, 0))
 
@@ -522,6 +528,10 @@ def run_plan(
         results.append(result)
         if on_result is not None:
             on_result(result)
+        if result.status is ProbeStatus.CANCELLED:
+            if i < n:
+                notes = (*notes, f"cancelled during {req.probe} (probe {i}/{n}); later probes not run")
+            break
     budget, measured = compose_from_results(inventory, results, opts, plan=plan)
     all_notes = list(notes) + list(measured.notes)
     for r in results:
