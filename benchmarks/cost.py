@@ -161,18 +161,20 @@ def telemetry_effect(rounds: int, device: str) -> dict[str, Any]:
 def tables(doc: dict[str, Any]) -> str:
     """Markdown tables of the three parts."""
     out = []
-    p = doc.get("plan")
-    if isinstance(p, dict) and "wall_s" in p:
+    plans = doc.get("plans") or []
+    if plans:
         out.append("| plan | ranks | wall s (group start incl.) | target | per probe s |")
         out.append("|---|---|---|---|---|")
+    for p in plans:
+        if "wall_s" not in p:
+            out.append(f"| {p.get('model')} TP {p.get('tp')} | - | failed: {p.get('error')} | | |")
+            continue
         per = ", ".join(f"{k} {v:.1f}" for k, v in p["per_probe_s"].items())
         ok = "✓" if p["wall_s"] <= PLAN_TARGET_S else "✗"
         out.append(
             f"| {p['model']} TP {p['tp']} | {p['world_size']} {p['device_kind']} | {p['wall_s']:.1f} | "
             f"≤ {PLAN_TARGET_S:g} s {ok} | {per} |"
         )
-    elif p:
-        out.append(f"plan: {p}")
     t = doc.get("tick")
     if isinstance(t, dict) and "tick_per_gpu_ms_median" in t:
         out.append("")
@@ -208,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for; JSON and tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="glm-5")
-    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--tp", default="2,1", help="TP degrees of the plan, comma-separated (each one timed)")
     ap.add_argument("--parts", default="plan,tick,effect")
     ap.add_argument("--ticks", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
@@ -228,11 +230,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["table"] = tables(doc)
         _dump(doc, args.json)
     if "plan" in parts:
-        print(f"cost: full default plan {args.model} TP {args.tp}", file=sys.stderr, flush=True)
-        try:
-            doc["plan"] = plan_wall(args.model, args.tp, args.device, args.probe_timeout)
-        except Exception as exc:
-            doc["plan"] = f"failed: {type(exc).__name__}: {exc}"
+        doc["plans"] = []
+        for tp in [int(t) for t in args.tp.split(",") if t.strip()]:
+            print(f"cost: full default plan {args.model} TP {tp}", file=sys.stderr, flush=True)
+            try:
+                doc["plans"].append(plan_wall(args.model, tp, args.device, args.probe_timeout))
+            except Exception as exc:
+                doc["plans"].append({"model": args.model, "tp": tp, "error": f"{type(exc).__name__}: {exc}"})
+            doc["table"] = tables(doc)
+            _dump(doc, args.json)
     doc["table"] = tables(doc)
     _dump(doc, args.json)
     if args.json:

@@ -125,14 +125,17 @@ def test_cost_tick_and_tables_without_a_gpu(tmp_path: Path) -> None:
     assert tick["ticks"] == 2
     doc = {
         "tick": tick,
-        "plan": {
-            "model": "glm-5",
-            "tp": 2,
-            "world_size": 1,
-            "device_kind": "cuda",
-            "wall_s": 42.0,
-            "per_probe_s": {"gemm": 10.0},
-        },
+        "plans": [
+            {
+                "model": "glm-5",
+                "tp": 2,
+                "world_size": 1,
+                "device_kind": "cuda",
+                "wall_s": 42.0,
+                "per_probe_s": {"gemm": 10.0},
+            },
+            {"model": "glm-5", "tp": 1, "error": "boom"},
+        ],
         "effect": {
             "medians": {"off": {"x": 10.0}, "1 s tick": {"x": 11.0}, "0.1 s tick": {"x": 12.0}},
             "change_vs_off": {"1 s tick": {"x": 0.1}, "0.1 s tick": {"x": 0.2}},
@@ -141,6 +144,7 @@ def test_cost_tick_and_tables_without_a_gpu(tmp_path: Path) -> None:
     text = cost.tables(doc)
     assert "| glm-5 TP 2 | 1 cuda | 42.0 | ≤ 60 s ✓ |" in text
     assert "+10.0 % | +20.0 %" in text
+    assert "failed: boom" in text
     json.dumps(doc)
 
 
