@@ -180,3 +180,43 @@ def test_allreduce_kernels_are_communication(tmp_path: Path) -> None:
     comm = analyze_trace(path).bucket("communication")
     assert comm is not None and comm.kernels_per_step == 6
     assert comm.top[0].rule_id == "nccl"
+
+
+def test_gemms_by_the_models_weight_shapes(tmp_path: Path) -> None:
+    """Module frames removed: the budget inventory's (k, n) of the same model's GEMMs attribute them (o_proj,
+    down_proj, lm_head; transformers' separate q/k/v and gate/up do not match the fused shapes and fall back)."""
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.spec import load_config
+    from decodetop.traces import gemm_shapes_from_inventory
+
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "architectures": ["LlamaForCausalLM"],
+                "hidden_size": 2048,
+                "intermediate_size": 5632,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "vocab_size": 32000,
+                "torch_dtype": "bfloat16",
+            }
+        )
+    )
+    inv = build_inventory(load_config(str(config)), Deployment(tp=1))
+    shapes = gemm_shapes_from_inventory(inv.ops)
+    assert shapes[(5632, 2048)] is Component.DENSE_MLP and shapes[(2048, 32000)] is Component.LM_HEAD
+    data = json.loads(gzip.decompress(fixture("h200_eager").read_bytes()))
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") != "python_function"]
+    path = tmp_path / "nomodules.json"
+    path.write_text(json.dumps(data))
+    report = analyze_trace(path, gemm_shapes=shapes)
+    by_shape = {(k.bucket, k.name) for b in report.buckets for k in b.top if k.via and k.via.startswith("weight shape")}
+    assert ("lm_head", "nvjet_sm90_tst_256x8_64x6_2x1_v_bz_TNT") in by_shape
+    assert any(bucket == "dense_mlp" for bucket, _ in by_shape)
+    assert any(bucket == "attention_proj" for bucket, _ in by_shape)
+    plain = analyze_trace(path)
+    assert all(not (k.via or "").startswith("weight shape") for b in plain.buckets for k in b.top)

@@ -85,9 +85,9 @@ def run(args: argparse.Namespace) -> int:
     options = {"rules": rules, "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
     report = analyze(trace, vocab_size=args.vocab_size, **options)
     if args.model or args.config:
-        budget, spec_vocab, budget_note = _budget_for(args, report)
-        if spec_vocab and not args.vocab_size:  # GEMMs with the model's vocabulary in their shape are the lm_head
-            report = analyze(trace, vocab_size=spec_vocab, **options)
+        budget, spec_vocab, shapes, budget_note = _budget_for(args, report)
+        # GEMMs without context: the model's weight shapes, then its vocabulary, decide
+        report = analyze(trace, vocab_size=args.vocab_size or spec_vocab, gemm_shapes=shapes, **options)
     comparison = compare(report, budget) if budget is not None else None
     if args.json:
         out: dict[str, Any] = {"trace": report.to_json()}
@@ -102,14 +102,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, str]:
-    """A roofline-estimated budget for the model on this deployment (decodetop.budget), with the vocab size."""
+def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, dict[Any, Any], str]:
+    """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size and
+    the GEMM weight shapes of its inventory."""
     from decodetop.budget.compose import compose_budget
     from decodetop.budget.deployment import Deployment
     from decodetop.budget.gpus import GPUS, find_gpu
     from decodetop.budget.inventory import build_inventory
     from decodetop.budget.roofline import hardware_for, roofline
     from decodetop.budget.spec import load_config, load_preset
+    from decodetop.traces.analysis import gemm_shapes_from_inventory
 
     spec = load_config(args.config) if args.config else load_preset(args.model)
     mode = args.launch_mode or ("eager" if report.gpu_idle_us_mean > report.gpu_busy_us_mean else "graph")
@@ -129,7 +131,8 @@ def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None,
     budget = compose_budget(inv, {}, roofline=roofline(inv, hw), estimate=hw, observed_ms=_observed(report))
     vocab = getattr(spec, "vocab_size", None)
     note = f"roofline-estimated budget of {spec.name} ({dep.describe(spec)}) on {hw.gpu_name}; run probes for measured"
-    return budget, vocab if isinstance(vocab, int) else None, note
+    shapes = gemm_shapes_from_inventory(inv.ops)
+    return budget, vocab if isinstance(vocab, int) else None, shapes, note
 
 
 def _observed(report: Any) -> float:

@@ -16,7 +16,7 @@ import json
 import statistics
 from array import array
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,15 +69,26 @@ def analyze_trace(
     vocab_size: int | None = None,
     top_n: int = 15,
     all_steps: bool = False,
+    gemm_shapes: Mapping[tuple[int, int], Component] | None = None,
 ) -> TraceReport:
     """Read `path` and attribute its decode steps; raises UserInputError with one line on any bad input.
+
+    GEMMs without a telling context are attributed, in order, by `gemm_shapes` ((k, n) of a weight → component, as
+    `gemm_shapes_from_inventory` makes from the budget), by a dimension equal to `vocab_size` (lm_head), and by the
+    norm-delimited block they sit in.
 
     Unless `all_steps`, steps whose kernel count differs from the most common one (prefills, mixed batches) are
     left out when the most common count covers at least half the steps; a note says how many.
     """
     trace = read_trace(path)
     return analyze(
-        trace, rules=load_rules(rules_path), device=device, vocab_size=vocab_size, top_n=top_n, all_steps=all_steps
+        trace,
+        rules=load_rules(rules_path),
+        device=device,
+        vocab_size=vocab_size,
+        top_n=top_n,
+        all_steps=all_steps,
+        gemm_shapes=gemm_shapes,
     )
 
 
@@ -89,6 +100,7 @@ def analyze(
     vocab_size: int | None = None,
     top_n: int = 15,
     all_steps: bool = False,
+    gemm_shapes: Mapping[tuple[int, int], Component] | None = None,
 ) -> TraceReport:
     """Attribute an already-read trace (see `analyze_trace`)."""
     rules = rules or load_rules()
@@ -123,6 +135,7 @@ def analyze(
         source=source,
         device_label=device_label,
         vocab_size=vocab_size,
+        gemm_shapes=gemm_shapes,
         top_n=top_n,
         notes=notes,
     )
@@ -445,6 +458,23 @@ def _shape_has(dims_json: str, value: int) -> bool:
     return False
 
 
+def _shape_component(dims_json: str, gemm_shapes: Mapping[tuple[int, int], Component]) -> Component | None:
+    """The component whose weight is (k, n) or (n, k) among the 2-D operands of a GEMM's Input Dims."""
+    try:
+        dims = json.loads(dims_json)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(dims, list):
+        return None
+    for operand in dims:
+        if isinstance(operand, list) and len(operand) == 2 and all(isinstance(d, int) for d in operand):
+            a, b = operand
+            found = gemm_shapes.get((a, b)) or gemm_shapes.get((b, a))
+            if found is not None:
+                return found
+    return None
+
+
 def _attribute(
     trace: Trace,
     rules: RuleSet,
@@ -457,6 +487,7 @@ def _attribute(
     source: str,
     device_label: str,
     vocab_size: int | None,
+    gemm_shapes: Mapping[tuple[int, int], Component] | None,
     top_n: int,
     notes: list[str],
 ) -> TraceReport:
@@ -503,7 +534,10 @@ def _attribute(
                 component = rules.component(family, ctx)
                 if component is None and family == "gemm":
                     shape = stacks[units.stack[u]].shape if units.stack[u] != NO_ID else NO_ID
-                    if vocab_size and shape != NO_ID and _shape_has(names[shape], vocab_size):
+                    by_shape = _shape_component(names[shape], gemm_shapes) if gemm_shapes and shape != NO_ID else None
+                    if by_shape is not None:
+                        component, via = by_shape, f"weight shape matches the model's {by_shape.value}"
+                    elif vocab_size and shape != NO_ID and _shape_has(names[shape], vocab_size):
                         component, via = Component.LM_HEAD, f"shape has the vocabulary ({vocab_size})"
                     elif ctx is None and (guessed := guess[pos]) is not None:
                         component, via = guessed, f"inferred: {guessed.value} by its neighbours"
@@ -605,6 +639,21 @@ def _attribute(
     )
 
 
+def gemm_shapes_from_inventory(ops: Iterable[object]) -> dict[tuple[int, int], Component]:
+    """(k, n) → component for the budget inventory's GEMMs and its lm_head (`StepInventory.ops` of
+    `decodetop.budget.inventory`). Shapes two components share are left out: they decide nothing."""
+    seen: dict[tuple[int, int], set[Component]] = defaultdict(set)
+    for op in ops:
+        key = getattr(op, "key", None)
+        comp = getattr(op, "component", None)
+        k, n = getattr(key, "k", None), getattr(key, "n", None)
+        if getattr(op, "kind", None) == "sampling":  # the lm_head GEMM lives in the sampling op: hidden × vocab shard
+            k, n = getattr(key, "hidden", None), getattr(key, "vocab_shard", None)
+        if isinstance(k, int) and isinstance(n, int) and isinstance(comp, Component):
+            seen[(k, n)].add(comp)
+    return {shape: next(iter(comps)) for shape, comps in seen.items() if len(comps) == 1}
+
+
 def _gpu_name(trace: Trace, device_label: str) -> str | None:
     """deviceProperties[i].name of the analysed device, if the trace carries it."""
     props = trace.meta.get("deviceProperties")
@@ -683,4 +732,4 @@ def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float |
     )
 
 
-__all__ = ["LAUNCH_KEY", "analyze", "analyze_trace"]
+__all__ = ["LAUNCH_KEY", "analyze", "analyze_trace", "gemm_shapes_from_inventory"]
