@@ -100,6 +100,17 @@ def planted_registry() -> Any:
     return ProbeRegistry(specs=specs, extra_modules=())
 
 
+def timing_methods(plan_run: Mapping[str, Any]) -> dict[str, int]:
+    """How the plan's points were timed (graph / events / host): a plant that breaks graph capture shows here."""
+    out: dict[str, int] = {}
+    for r in plan_run.get("results", []):
+        for m in r.get("measurements", []):
+            method = (m.get("params") or {}).get("method")
+            if method:
+                out[str(method)] = out.get(str(method), 0) + 1
+    return out
+
+
 def moves(clean: Mapping[str, float | None], planted: Mapping[str, float | None]) -> list[dict[str, Any]]:
     """Per component: clean ms, planted ms, delta ms and ratio; largest increase first."""
     rows = []
@@ -213,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"diagnosis: clean plan ({spec.name}, TP {world})", file=sys.stderr, flush=True)
     clean = plan()
     doc["clean"] = {k: clean[k] for k in ("graph_ms", "eager_ms", "graph_rows", "eager_rows", "wall_s", "notes")}
+    doc["clean"]["measured_keys"] = clean["plan_run"]["measured"]
     _dump(doc, args.json)
     judgements = []
     for plant in plants:
@@ -237,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "moves_eager": moves(clean["eager_rows"], got["eager_rows"]),
             "wall_s": got["wall_s"],
             "notes": got["notes"],
+            "timing_methods": timing_methods(got["plan_run"]),
+            "clean_timing_methods": timing_methods(clean["plan_run"]),
+            "planted_measured_keys": got["plan_run"]["measured"],
         }
         res["judgement"] = judge(plant, res)
         judgements.append(res["judgement"])
