@@ -427,11 +427,13 @@ def summary_table(doc: Mapping[str, Any]) -> str:
                 + (f"{err * 100:+.1f} %" if err is not None else "-")
                 + f" | {target} |"
             )
-        like = m.get("eager_like_with_like_ms")
-        if like is not None:
-            err = _err(like, t.get("eager_ms"))
+        for mode in ("graph", "eager"):
+            like = m.get(f"{mode}_like_with_like_ms")
+            if like is None:
+                continue
+            err = _err(like, t.get(f"{mode}_ms"))
             lines.append(
-                f"| {name} | eager, HF kernel count | {_fmt(like)} | {_fmt(t.get('eager_ms'))} | "
+                f"| {name} | {mode}, HF kernel count | {_fmt(like)} | {_fmt(t.get(f'{mode}_ms'))} | "
                 + (f"{err * 100:+.1f} %" if err is not None else "-")
                 + " | |"
             )
@@ -535,10 +537,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tc = trace_comparison(t["trace"], entry["budget_eager"], int(configs[n]["vocab_size"]))
                     entry["trace_comparison"] = tc
                     # like with like in eager mode: the budget's kernel times + HF's kernel count × eager op cost
-                    eager_op = _eager_op_ms(entry["measured_keys"])
+                    eager_op = _launch_ms(entry["measured_keys"], "eager")
                     launch = b["eager_rows"].get("launch")
                     if eager_op is not None and launch is not None:
                         entry["eager_like_with_like_ms"] = b["eager_ms"] - launch + tc["kernels_per_step"] * eager_op
+                    node = _launch_ms(entry["measured_keys"], "graph")
+                    glaunch = b["graph_rows"].get("launch")
+                    if node is not None and glaunch is not None:
+                        entry["graph_like_with_like_ms"] = b["graph_ms"] - glaunch + tc["kernels_per_step"] * node
                 except Exception as exc:
                     traceback.print_exc()
                     entry["trace_comparison_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -578,9 +584,10 @@ def _release_gpu() -> None:
         pass
 
 
-def _eager_op_ms(measured: Mapping[str, Any]) -> float | None:
+def _launch_ms(measured: Mapping[str, Any], mode: str) -> float | None:
+    """The measured per-kernel launch cost of `mode` (eager op, or graph node), ms."""
     for key, t in measured.items():
-        if key.startswith("launch:mode=eager"):
+        if key.startswith(f"launch:mode={mode}"):
             return float(t["median_ms"])
     return None
 
