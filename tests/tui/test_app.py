@@ -20,6 +20,7 @@ from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
+from decodetop.tui.widgets.status_line import StatusLine
 
 from .conftest import MessageLog, make_app, wait_until
 from .fakes import NOW_S, FakeChecks, FakeProbes, FakeTelemetry, eight_gpu_frame, failing_checks, make_sources
@@ -43,7 +44,7 @@ async def test_first_frame_without_gpu_shows_the_bar_markers_and_why_nvml_is_emp
         assert "░" in text  # the unexplained remainder
         await pilot.press("2")
         await wait_until(pilot, lambda: "NVML library not found" in _screen_text(app), "no-GPU reason")
-        assert "no GPU telemetry" in str(app.query_one("#status", Static).content)
+        assert "no GPU telemetry" in app.query_one("#status", StatusLine).text
 
 
 async def test_eight_gpus_fill_the_table_with_stable_keys_and_highlights() -> None:
@@ -214,8 +215,8 @@ async def test_a_corrupt_history_is_reported_and_set_aside(tmp_path: Path) -> No
     path.write_text("{broken\n")
     app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
     async with app.run_test(size=(120, 30)) as pilot:
-        status = app.query_one("#status", Static)
-        await wait_until(pilot, lambda: "corrupt history" in str(status.content), "reported")
+        status = app.query_one("#status", StatusLine)
+        await wait_until(pilot, lambda: "corrupt history" in status.text, "reported")
     aside = list(tmp_path.glob("history.jsonl.corrupt-*"))
     assert len(aside) == 1
     assert aside[0].read_text() == "{broken\n"

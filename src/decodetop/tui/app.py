@@ -48,6 +48,7 @@ from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
+from decodetop.tui.widgets.status_line import StatusLine
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class DecodetopApp(App[int]):
                 yield Static("", id="side-gpu-note", classes="gpu-note")
                 yield GpuTable(id="side-gpu-table")
                 yield HealthPanel(id="side-health-panel")
-        yield Static("", id="status")
+        yield StatusLine(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -548,7 +549,7 @@ class DecodetopApp(App[int]):
 
     def _refresh_ages(self) -> None:
         now = self.now()
-        self.query_one(BudgetBar).now_s = now
+        self.query_one(BudgetBar).tick(now)
         self.query_one(ProbeTable).refresh_ages(now)
 
     # -- status line -----------------------------------------------------------------------------------------------
@@ -573,7 +574,7 @@ class DecodetopApp(App[int]):
         text = " · ".join(parts)
         if text != self._status_text:
             self._status_text = text
-            self.query_one("#status", Static).update(text)
+            self.query_one("#status", StatusLine).text = text
 
     # -- actions ---------------------------------------------------------------------------------------------------
 
@@ -710,7 +711,7 @@ class DecodetopApp(App[int]):
             return
         self.closing = True
         self.queue.close()
-        self.query_one("#status", Static).update("stopping probe ranks and telemetry…")
+        self.query_one("#status", StatusLine).text = "stopping probe ranks and telemetry…"
         self._shutdown_worker()
 
     @work(thread=True, exit_on_error=False, group="shutdown")

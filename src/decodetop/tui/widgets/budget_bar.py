@@ -121,7 +121,25 @@ class BudgetBar(Widget):
     """Short legend (three columns, no ages: stale values are muted instead); the app sets it on short screens."""
 
     def _style(self, name: str) -> Style:
-        return self.get_component_rich_style(name, partial=True)
+        """A component style, looked up once per render (the bar asks for one per cell)."""
+        cache: dict[str, Style] = self.__dict__.setdefault("_style_cache", {})
+        style = cache.get(name)
+        if style is None:
+            style = cache[name] = self.get_component_rich_style(name, partial=True)
+        return style
+
+    def tick(self, now_s: float) -> None:
+        """Advance the clock; redraw only if an age or a stale mark on screen changes."""
+        budget = self.budget
+        if budget is not None:
+            for seg in budget.segments:
+                if seg.measured_at_s is None:
+                    continue
+                before, after = self.now_s - seg.measured_at_s, now_s - seg.measured_at_s
+                if format_age(before) != format_age(after) or (before > STALE_AFTER_S) != (after > STALE_AFTER_S):
+                    self.now_s = now_s
+                    return
+        self.set_reactive(BudgetBar.now_s, now_s)
 
     def _glyph(self, index: int) -> str:
         if self.app.theme == "decodetop-contrast":
@@ -130,10 +148,12 @@ class BudgetBar(Widget):
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         """Lines `render` produces at `width`."""
+        self.__dict__["_style_cache"] = {}
         return len(self._lines(max(10, width)))
 
     def render(self) -> Text:
         """The whole panel as one Text."""
+        self.__dict__["_style_cache"] = {}
         return Text("\n").join(self._lines(max(10, self.content_region.width or self.size.width)))
 
     # -- drawing -------------------------------------------------------------------------------------------------

@@ -13,12 +13,13 @@ class CellCache:
     def __init__(self) -> None:
         self._cells: dict[tuple[str, str], Text] = {}
 
-    def set(self, table: DataTable[Text], row: str, col: str, text: Text) -> bool:
-        """Write `text` if it differs from what the cell shows; returns True if it wrote."""
+    def set(self, table: DataTable[Text], row: str, col: str, text: Text, *, fixed_width: bool = False) -> bool:
+        """Write `text` if it differs from what the cell shows; returns True if it wrote. With `fixed_width` the
+        column is never re-measured (no layout pass at all)."""
         old = self._cells.get((row, col))
         if old is not None and old.plain == text.plain and old.spans == text.spans and old.style == text.style:
             return False
-        grew = old is None or text.cell_len > old.cell_len
+        grew = not fixed_width and (old is None or text.cell_len > old.cell_len)
         table.update_cell(row, col, text, update_width=grew)
         self._cells[(row, col)] = text
         return True

@@ -33,7 +33,7 @@ _COLUMNS = (
     ("util", "util"),
     ("sm", "SM MHz"),
     ("memclk", "memclk"),
-    ("pcie", "PCIe gen×w"),
+    ("pcie", "PCIe g×w"),
     ("txrx", "TX/RX GB/s"),
     ("power", "power W"),
     ("temp", "°C"),
@@ -41,9 +41,20 @@ _COLUMNS = (
     ("mem", "mem GiB"),
 )
 GIB = 1024**3
-REASONS_WIDTH = 14
-"""The clock-event column is fixed (longer names are cut; the health panel has them whole); others size to their
-first values."""
+COLUMN_WIDTHS = {
+    "gpu": 3,
+    "util": 4,
+    "sm": 9,
+    "memclk": 6,
+    "pcie": 9,
+    "txrx": 10,
+    "power": 7,
+    "temp": 3,
+    "reasons": 14,
+    "mem": 7,
+}
+"""Fixed widths ("1980/1980", "5x16/5x16", "700/700"; long clock-event names are cut, the health panel has them
+whole), so a telemetry tick never re-measures columns or re-lays out the screen."""
 
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
@@ -135,7 +146,7 @@ class GpuTable(DataTable[Text]):
     def on_mount(self) -> None:
         """Set up the columns."""
         for key, label in _COLUMNS:
-            self.add_column(label, key=key, width=REASONS_WIDTH if key == "reasons" else None)
+            self.add_column(label, key=key, width=COLUMN_WIDTHS[key])
 
     def show(self, frame: TelemetryFrame) -> None:
         """Show one telemetry frame: update rows in place, or one row saying why there is no GPU."""
@@ -173,7 +184,7 @@ class GpuTable(DataTable[Text]):
             }
             if key in self._keys:
                 for col, text in row_cells.items():
-                    self._cache.set(self, key, col, text)
+                    self._cache.set(self, key, col, text, fixed_width=True)
             else:
                 self.add_row(*(row_cells[col] for col, _ in _COLUMNS), key=key)
                 self._keys.add(key)

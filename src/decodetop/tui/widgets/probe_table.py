@@ -104,7 +104,7 @@ class ProbeTable(DataTable[Text]):
         cells = self._cells(view)
         if view.probe_id in self.views:
             for key, text in cells.items():
-                self._cache.set(self, view.probe_id, key, text)
+                self._cache.set(self, view.probe_id, key, text, fixed_width=key in COLUMN_WIDTHS)
         else:
             self.add_row(*(cells[key] for key, _ in _COLUMNS), key=view.probe_id)
             for key, text in cells.items():
@@ -126,7 +126,7 @@ class ProbeTable(DataTable[Text]):
         self.now_s = now_s
         for view in self.views.values():
             if view.measured_at_s is not None:
-                self._cache.set(self, view.probe_id, "age", self._cells(view)["age"])
+                self._cache.set(self, view.probe_id, "age", self._cells(view)["age"], fixed_width=True)
 
     @property
     def selected_id(self) -> str | None:

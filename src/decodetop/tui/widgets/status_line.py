@@ -1,0 +1,23 @@
+"""Provides StatusLine: one line of text that repaints without a layout pass (a `Static.update` re-lays out the
+screen, which a line that changes every telemetry tick cannot afford)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+
+class StatusLine(Widget):
+    """A single line; set `text`."""
+
+    DEFAULT_CSS = """
+    StatusLine { height: 1; color: $state-muted; padding: 0 1; }
+    """
+
+    text: reactive[str] = reactive("")
+    """What the line says (cut at the width)."""
+
+    def render(self) -> Text:
+        """The text, without wrapping."""
+        return Text(self.text, no_wrap=True, overflow="ellipsis")
