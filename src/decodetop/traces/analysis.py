@@ -532,6 +532,8 @@ def _attribute(
             component: Component | None = None
             if family is not None:
                 component = rules.component(family, ctx)
+                if family == "activation" and ctx is None and guess[pos] is Component.ROUTED_EXPERTS:
+                    component, via = Component.ROUTED_EXPERTS, "inferred: in an MoE block"
                 if component is None and family == "gemm":
                     shape = stacks[units.stack[u]].shape if units.stack[u] != NO_ID else NO_ID
                     by_shape = _shape_component(names[shape], gemm_shapes) if gemm_shapes and shape != NO_ID else None
@@ -696,7 +698,7 @@ def _sequence_guess(families: Sequence[str | None]) -> list[Component | None]:
         else:
             continue
         for i in range(lo, hi):
-            if families[i] == "gemm":
+            if families[i] in {"gemm", "activation"}:
                 out[i] = _SEQ_COMPONENT[kind]
     return out
 

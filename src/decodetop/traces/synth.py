@@ -32,6 +32,8 @@ SILU = (
     "at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#6}::operator()() const::"
     "{lambda(c10::BFloat16)#1}, std::array<char*, 3ul> >"
 )
+TOPK = "void vllm::moe::topk_softmax<8, 256>(float const*, bool const*, int*, float*, int*, int, int, int)"
+FUSED_MOE = "fused_moe_kernel"
 NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 ARGMAX = (
     "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<c10::BFloat16, at::native::ArgMaxOps<float>, "
@@ -56,6 +58,8 @@ class SynthSpec:
     modules: bool = True
     extra_kernels_every_step: bool = False
     """Step k gets k extra elementwise kernels: kernel counts differ, so only gaps can split the steps."""
+    moe: bool = False
+    """MoE layers: router top-k, then fused_moe GEMMs around the activation, instead of the dense MLP."""
     allreduce: bool = False
     """Tensor-parallel layers: an NCCL all-reduce after attention and after the MLP."""
     long_first_step: int = 0
@@ -131,9 +135,15 @@ def _layer_frames(spec: SynthSpec, step: int, layer: int) -> Iterator[tuple[str,
         yield NCCL, None, ""
     yield ADD, None, ""
     yield RSQRT, None, "LlamaRMSNorm"
-    yield GEMM, [[1, h], [h, 4 * h]], "LlamaMLP"
-    yield SILU, None, "LlamaMLP"
-    yield GEMM, [[1, 4 * h], [4 * h, h]], "LlamaMLP"
+    if spec.moe:
+        yield TOPK, None, "MixtralSparseMoeBlock"
+        yield FUSED_MOE, None, "MixtralSparseMoeBlock"
+        yield SILU, None, "MixtralSparseMoeBlock"
+        yield FUSED_MOE, None, "MixtralSparseMoeBlock"
+    else:
+        yield GEMM, [[1, h], [h, 4 * h]], "LlamaMLP"
+        yield SILU, None, "LlamaMLP"
+        yield GEMM, [[1, 4 * h], [4 * h, h]], "LlamaMLP"
     if spec.allreduce:
         yield NCCL, None, ""
     yield ADD, None, ""
@@ -142,7 +152,8 @@ def _layer_frames(spec: SynthSpec, step: int, layer: int) -> Iterator[tuple[str,
 def write_synthetic_trace(path: str | Path, target_bytes: int, spec: SynthSpec | None = None) -> tuple[int, int]:
     """Write decode steps until the (uncompressed) JSON reaches `target_bytes`; returns (steps, events).
 
-    A name ending in `.gz` is gzipped. Every step has `layers` × 12 kernels + lm_head + argmax (+ extras).
+    A name ending in `.gz` is gzipped. Every step has `layers` × 12 kernels + final norm + lm_head + argmax
+    (+ extras).
     """
     spec = spec or SynthSpec()
     path = Path(path)
@@ -159,6 +170,7 @@ def write_synthetic_trace(path: str | Path, target_bytes: int, spec: SynthSpec |
                 for name, dims, module in _layer_frames(spec, step, layer):
                     frames = [f"nn.Module: {module}_{layer}"] if spec.modules and module else []
                     writer.kernel(name, dims, frames)
+            writer.kernel(RSQRT, None, ["nn.Module: LlamaRMSNorm_99"] if spec.modules else [])  # final norm
             lm_frames = ["nn.Module: LlamaForCausalLM_0"] if spec.modules else []
             writer.kernel(LM_HEAD_GEMM, [[1, spec.hidden], [spec.hidden, spec.vocab]], lm_frames)
             writer.kernel(ARGMAX, None, [])
