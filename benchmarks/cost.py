@@ -34,33 +34,51 @@ PLAN_TARGET_S = 60.0
 
 
 def plan_wall(model: str, tp: int, device: str, timeout_s: float | None) -> dict[str, Any]:
-    """Full default plan of `model` at `tp`: wall seconds (group start included), per-probe seconds, notes."""
-    from decodetop.budget.deployment import Deployment
-    from decodetop.budget.inventory import build_inventory
-    from decodetop.budget.spec import load_preset
-    from decodetop.probes.controller import ProbeController
-    from decodetop.probes.planrun import PlanRunOptions, run_plan
+    """Full default plan of `model` at `tp` as a user runs it: `python -m decodetop probe --model M --tp N
+    --budget --json F` in a fresh process; wall seconds (interpreter, imports, group start included), per-probe
+    seconds and notes read back from its JSON."""
+    import subprocess
+    import tempfile
 
-    inv = build_inventory(load_preset(model), Deployment(tp=tp))
+    from decodetop.probes.gpuinfo import visible_gpus
+
+    gpus = [] if device == "cpu" else list(visible_gpus())
+    out_json = Path(tempfile.mkdtemp(prefix="issue8_plan_")) / "plan.json"
+    cmd = [sys.executable, "-m", "decodetop", "probe", "--model", model, "--tp", str(tp), "--budget"]
+    if gpus:
+        cmd += ["--gpus", ",".join(str(i) for i in range(min(tp, len(gpus))))]
+    else:
+        cmd += ["--device", "cpu", "--cpu-ranks", str(tp)]
+    if timeout_s is not None:
+        cmd += ["--timeout", str(timeout_s)]
+    cmd += ["--json", str(out_json)]
     t0 = time.monotonic()
-    with ProbeController(device=device, cpu_ranks=tp) as pc:
-        started = time.monotonic() - t0
-        run = run_plan(pc, inv, options=PlanRunOptions(timeout_s=timeout_s))
-        wall = time.monotonic() - t0
-        return {
-            "model": model,
-            "tp": tp,
-            "world_size": pc.world_size,
-            "device_kind": pc.layout.kind,
-            "wall_s": round(wall, 2),
-            "group_start_s": round(started, 2),
-            "per_probe_s": {r.probe: r.duration_s for r in run.results},
-            "statuses": {r.probe: r.status.value for r in run.results},
-            "budget_total_ms": run.budget.total_ms,
-            "complete": run.budget.complete,
-            "notes": list(run.notes),
-            "target_s": PLAN_TARGET_S,
-        }
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - t0
+    row: dict[str, Any] = {
+        "model": model,
+        "tp": tp,
+        "command": " ".join(cmd[1:]),
+        "rc": proc.returncode,
+        "wall_s": round(wall, 2),
+        "world_size": min(tp, len(gpus)) if gpus else tp,
+        "device_kind": "cuda" if gpus else "cpu",
+        "target_s": PLAN_TARGET_S,
+        "stdout_tail": proc.stdout[-3000:],
+        "stderr_tail": proc.stderr[-2000:],
+    }
+    try:
+        data = json.loads(out_json.read_text(encoding="utf-8"))
+        row["per_probe_s"] = {r["probe"]: r.get("duration_s") for r in data.get("results", [])}
+        row["statuses"] = {r["probe"]: r.get("status") for r in data.get("results", [])}
+        row["notes"] = data.get("notes", [])
+        budget = data.get("budget") or {}
+        row["budget_total_ms"] = budget.get("total_ms")
+        row["complete"] = budget.get("complete")
+    except (OSError, ValueError) as exc:
+        row["per_probe_s"] = {}
+        row["json_error"] = f"{type(exc).__name__}: {exc}"
+    return row
 
 
 def tick_cost(ticks: int) -> dict[str, Any]:
@@ -169,8 +187,10 @@ def tables(doc: dict[str, Any]) -> str:
         if "wall_s" not in p:
             out.append(f"| {p.get('model')} TP {p.get('tp')} | - | failed: {p.get('error')} | | |")
             continue
-        per = ", ".join(f"{k} {v:.1f}" for k, v in p["per_probe_s"].items())
-        ok = "✓" if p["wall_s"] <= PLAN_TARGET_S else "✗"
+        per = ", ".join(f"{k} {v:.1f}" for k, v in p.get("per_probe_s", {}).items() if v is not None)
+        if p.get("rc"):
+            per = f"rc {p['rc']}: {p.get('stderr_tail', '')[-200:]}"
+        ok = "✓" if p["wall_s"] <= PLAN_TARGET_S and not p.get("rc") else "✗"
         out.append(
             f"| {p['model']} TP {p['tp']} | {p['world_size']} {p['device_kind']} | {p['wall_s']:.1f} | "
             f"≤ {PLAN_TARGET_S:g} s {ok} | {per} |"
