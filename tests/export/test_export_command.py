@@ -193,26 +193,32 @@ REGISTRY = _Registry(
 
 
 def test_plan_without_model_is_every_registered_probe() -> None:
-    assert probe_plan_runs(None, None, REGISTRY) == tuple(PlannedRun(n) for n in REGISTRY.names())
+    runs, notes = probe_plan_runs(None, None, REGISTRY, world_size=2, device_kind="cpu")
+    assert runs == tuple(PlannedRun(n) for n in REGISTRY.names()) and notes == ()
 
 
-def test_plan_for_a_model_uses_its_shapes() -> None:
+def test_plan_for_a_model_is_the_probe_engines_plan() -> None:
+    """--model runs what `decodetop probe --model` runs (probes.planrun), limited to the registered probes."""
     from decodetop.budget.deployment import Deployment
     from decodetop.budget.inventory import build_inventory
     from decodetop.budget.plan import build_plan
     from decodetop.budget.spec import load_preset
+    from decodetop.probes.planrun import plan_requests
 
-    plan = build_plan(build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8)))
-    runs = {r.probe: r.params for r in probe_plan_runs("glm-5-nvfp4", 8, REGISTRY)}
-    assert set(runs) == {"allreduce", "launch", "membw", "gemm"}  # "tracer" is not in the plan
-    exact = {k.bytes for k in plan.by_probe("allreduce")}
-    assert exact and exact <= set(runs["allreduce"]["sizes"])
-    assert set(plan.allreduce_sweep_bytes) <= set(runs["allreduce"]["sizes"])
-    assert runs["gemm"]["keys"] == [k.key_id for k in plan.by_probe("gemm")]
-    # one GPU: no all-reduce in the step, so none is planned
-    assert "allreduce" not in {r.probe for r in probe_plan_runs("glm-5-nvfp4", 1, REGISTRY)}
+    inventory = build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8))
+    requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda")
+    runs, notes = probe_plan_runs("glm-5-nvfp4", 8, REGISTRY, world_size=8, device_kind="cuda")
+    assert [(r.probe, dict(r.params)) for r in runs] == [
+        (r.probe, dict(r.params)) for r in requests if r.probe in REGISTRY.names()
+    ]
+    assert {"allreduce", "gemm", "launch"} <= {r.probe for r in runs}
+    assert any("not in this build's probe registry" in n for n in notes)  # moe, attention, ... are not in REGISTRY
+    # a group smaller than the plan's TP measures no collective, and says so
+    small, small_notes = probe_plan_runs("glm-5-nvfp4", 8, REGISTRY, world_size=2, device_kind="cpu")
+    assert "allreduce" not in {r.probe for r in small}
+    assert any("collectives not measured" in n for n in small_notes)
     with pytest.raises(UserInputError, match="unknown preset"):
-        probe_plan_runs("no-such-model", 8, REGISTRY)
+        probe_plan_runs("no-such-model", 8, REGISTRY, world_size=8, device_kind="cuda")
 
 
 class _FakeController:

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-every", default="10m", metavar="DURATION", help="probe-plan period (default 10m)")
     parser.add_argument("--no-probes", action="store_true", help="run no probes (telemetry and checks only)")
     parser.add_argument("--model", help="model preset or HF config.json: probe at its shapes (default: every probe)")
-    parser.add_argument("--tp", type=int, help="tensor-parallel degree for --model's plan")
+    parser.add_argument("--tp", type=int, help="tensor-parallel degree for --model (default: the probe group's size)")
     parser.add_argument("--gpus", metavar="LIST", help="GPUs for the probe group, e.g. 0,1 (default: every GPU)")
     parser.add_argument("--cpu-ranks", type=int, metavar="N", help="probe on N CPU ranks (gloo) where there is no GPU")
     parser.add_argument(
@@ -104,15 +104,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         nvml = Nvml()
 
+    tp: int | None = args.tp
     plan: tuple[Any, ...] = ()
+    plan_notes: tuple[str, ...] = ()
     make_controller = None
     preflight = None
     if probe_every_s is not None:
         from decodetop.probes.controller import resolve_layout
         from decodetop.probes.registry import ProbeRegistry
 
-        plan = probe_plan_runs(args.model, args.tp, ProbeRegistry())
         layout = resolve_layout(_gpus(args.gpus) if args.gpus else None, args.cpu_ranks)
+        if tp is None and args.model:
+            tp = layout.world_size  # as `decodetop probe --model`: the plan for this group's TP
+        plan, plan_notes = probe_plan_runs(
+            args.model, tp, ProbeRegistry(), world_size=layout.world_size, device_kind=layout.kind
+        )
 
         def make_controller() -> Any:
             from decodetop.probes.controller import ProbeController
@@ -143,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
         preflight=preflight,
     )
     if args.model:
-        exporter.budget_for = budget_composer(args.model, args.tp, telemetry=lambda: exporter.box().telemetry)
+        exporter.budget_for = budget_composer(args.model, tp)
+    for note in plan_notes:
+        exporter.say(f"plan: {note}")
     # The handler only flips a flag: taking a lock in a signal handler (Event.set) can deadlock against the main
     # thread interrupted while it holds that lock. The main loop polls the flag and stops the exporter itself.
     signalled: list[int] = []

@@ -60,55 +60,40 @@ class PlannedRun:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-def probe_plan_runs(model: str | None, tp: int | None, registry: Any) -> tuple[PlannedRun, ...]:
-    """What the exporter runs each period, from a ProbeRegistry (`names()`, `get(name).default_params`).
+def probe_plan_runs(
+    model: str | None, tp: int | None, registry: Any, *, world_size: int, device_kind: str
+) -> tuple[tuple[PlannedRun, ...], tuple[str, ...]]:
+    """What the exporter runs each period, and notes on what cannot be measured on this group.
 
-    Without a model: every registered probe at its defaults (what the TUI lists). With a model: the registered
-    probes the budget's ProbePlan names, plus membw (the bandwidth ceiling of the roofline); the all-reduce at the
-    plan's sizes (the sweep plus the model's exact message sizes, probes.md §7.2), and a probe that takes `keys`
-    given the plan's key ids. A model that cannot be resolved is one UserInputError line.
+    Without a model: every registered probe (`registry.names()`) at its defaults, what the TUI lists. With a
+    model (a preset name or a config.json path): the probe engine's plan for it (`probes.planrun.plan_requests`,
+    the same runs as `decodetop probe --model`), on a group of `world_size` ranks of `device_kind` ("cuda" or
+    "cpu"), keeping the probes this build registers. A model that cannot be resolved is one UserInputError line.
     """
     names = list(registry.names())
     if model is None:
-        return tuple(PlannedRun(name) for name in names)
-    plan = _budget_plan(model, tp)
-    planned: dict[str, Any] = dict(getattr(plan, "groups", ()))
-    runs: list[PlannedRun] = []
-    for probe in names:
-        if probe not in planned and probe != "membw":
-            continue
-        accepts = set(getattr(registry.get(probe), "default_params", {}) or {})
-        params: dict[str, Any] = {}
-        if probe == "allreduce":
-            sizes = sorted(
-                set(getattr(plan, "allreduce_sweep_bytes", ()) or ())
-                | {int(k.bytes) for k in planned.get("allreduce", ()) if hasattr(k, "bytes")}
-            )
-            if not sizes:
-                continue  # tp 1: no all-reduce in the step
-            params["sizes"] = sizes
-        elif "keys" in accepts and planned.get(probe):
-            params["keys"] = [k.key_id for k in planned[probe]]
-        runs.append(PlannedRun(probe, params))
-    return tuple(runs)
+        return tuple(PlannedRun(name) for name in names), ()
+    from decodetop.budget.plan import build_plan
+    from decodetop.probes.planrun import plan_requests
+
+    inventory = _inventory(model, tp)
+    requests, notes = plan_requests(build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind)
+    runs = tuple(PlannedRun(r.probe, dict(r.params)) for r in requests if r.probe in names)
+    missing = sorted({r.probe for r in requests} - set(names))
+    if missing:
+        notes = (*notes, f"not in this build's probe registry: {', '.join(missing)}")
+    return runs, tuple(notes)
 
 
-def _budget_plan(model: str, tp: int | None) -> Any:
-    """The budget package's ProbePlan for `model` (a preset name or a config.json path) at `tp`."""
-    import importlib
+def _inventory(model: str, tp: int | None) -> Any:
+    """The step inventory of `model` (preset or config.json) at `tp` (the budget's default TP when None)."""
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.inventory import build_inventory
 
-    try:
-        plan_mod = importlib.import_module("decodetop.budget.plan")
-        inventory_mod = importlib.import_module("decodetop.budget.inventory")
-        deployment_mod = importlib.import_module("decodetop.budget.deployment")
-    except ImportError as exc:
-        raise UserInputError(
-            f"--model {model}: the budget's probe plan is not available in this build ({exc})"
-        ) from None
     spec = _resolve_spec(model)
-    deployment = deployment_mod.Deployment(tp=tp) if tp is not None else deployment_mod.Deployment()
+    deployment = Deployment(tp=tp) if tp is not None else Deployment()
     deployment.validate(spec)
-    return plan_mod.build_plan(inventory_mod.build_inventory(spec, deployment))
+    return build_inventory(spec, deployment)
 
 
 def _resolve_spec(model: str) -> Any:
@@ -350,113 +335,18 @@ class Exporter:
             self._server.close()
 
 
-_US_TO_MS = 1e-3
+def budget_composer(model: str, tp: int | None) -> Callable[[tuple[Any, ...], Any], Any]:
+    """A `budget_for` hook for `--model`: the probe engine's `compose_from_results` (what `decodetop probe --model
+    --budget` prints) over the results so far, against the live server's step where there is one, else the
+    budget's default observed step."""
+    from decodetop.probes.planrun import PlanRunOptions, compose_from_results
 
-
-def _ok(obj: Any) -> bool:
-    status = getattr(obj, "status", None)
-    return str(getattr(status, "value", status) or "ok") == "ok"
-
-
-def measured_from_results(results: Sequence[Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """(key id → MeasuredTime, GEMM curve id → Curve, collective → Curve) from probe results.
-
-    A measurement counts for its `key` param (the measurement-key id the shape probes record) when it is ok, timed
-    in µs and has role "budget"; where several implementations of one key were measured (MoE variants, FP8
-    scaling variants, all-gather modes) the fastest counts, as a tuned engine would pick it. GEMM points with a
-    `curve` param in the key's own dtype make the time-vs-M curves; the all-reduce sweep makes the time-vs-bytes
-    curve, graph mode where measured (what a serving engine replays), else pipelined.
-    """
-    from decodetop.budget.compose import Curve, MeasuredTime
-
-    measured: dict[str, Any] = {}
-    gemm_points: dict[str, dict[float, float]] = {}
-    allreduce_points: dict[str, dict[float, float]] = {}
-    for result in results:
-        if not _ok(result):
-            continue
-        for m in getattr(result, "measurements", ()) or ():
-            stats = getattr(m, "stats", None)
-            params = dict(getattr(m, "params", {}) or {})
-            if not _ok(m) or stats is None or getattr(m, "unit", "") != "us":
-                continue
-            median = float(stats.median) * _US_TO_MS
-            if getattr(result, "probe", "") == "allreduce":
-                size, mode = params.get("size_bytes"), params.get("mode")
-                if isinstance(size, int) and size > 0 and median > 0 and isinstance(mode, str):
-                    allreduce_points.setdefault(mode, {})[float(size)] = median
-                continue
-            key = params.get("key")
-            if not isinstance(key, str) or params.get("role", "budget") not in {"budget", "sweep"}:
-                continue
-            curve, rows, variant = params.get("curve"), params.get("m"), params.get("variant")
-            in_dtype = variant is None or key.endswith(f"dtype={variant}")
-            if isinstance(curve, str) and isinstance(rows, int) and rows > 0 and median > 0 and in_dtype:
-                gemm_points.setdefault(curve, {})[float(rows)] = median
-            best = measured.get(key)
-            if params.get("role", "budget") == "budget" and (best is None or median < best.median_ms):
-                measured[key] = MeasuredTime(
-                    median, float(stats.p10) * _US_TO_MS, float(stats.p90) * _US_TO_MS, f"probe {result.probe}"
-                )
-    gemm_curves = {cid: Curve(tuple(pts.items())) for cid, pts in gemm_points.items() if len(pts) >= 2}
-    mode = "graph" if "graph" in allreduce_points else "pipelined"
-    points = allreduce_points.get(mode, {})
-    allreduce_curves = {"all_reduce": Curve(tuple(points.items()), f"probe allreduce ({mode})")} if points else {}
-    return measured, gemm_curves, allreduce_curves
-
-
-def _estimate_hardware(results: Sequence[Any], telemetry: Any) -> Any | None:
-    """Hardware to estimate unmeasured ops from: the GPU the results ran on (table row) with the measured device
-    copy bandwidth where membw measured it; None on CPU ranks or an unknown GPU (those ops stay missing)."""
-    from decodetop.budget.gpus import find_gpu
-    from decodetop.budget.roofline import hardware_for
-
-    names = [n for r in results for n in (getattr(getattr(r, "environment", None), "gpu_names", ()) or ())]
-    names += [g.name for g in (getattr(telemetry, "gpus", ()) or ()) if getattr(g, "name", None)]
-    gpu = next((g for g in (find_gpu(n) for n in names) if g is not None), None)
-    if gpu is None:
-        return None
-    bandwidth = None
-    for r in results:
-        if getattr(r, "probe", "") != "membw" or not _ok(r):
-            continue
-        for m in getattr(r, "measurements", ()) or ():
-            value = (getattr(m, "metrics", {}) or {}).get("bandwidth_gbps")
-            if _ok(m) and isinstance(value, (int, float)) and value > 0:
-                bandwidth = max(bandwidth or 0.0, float(value))
-    return hardware_for(gpu, bandwidth_gbps=bandwidth, bandwidth_source="measured (membw)")
-
-
-def budget_composer(
-    model: str, tp: int | None, telemetry: Callable[[], Any] | None = None
-) -> Callable[[tuple[Any, ...], Any], Any]:
-    """A `budget_for` hook for `--model`: the budget package's own `budget_from_results(inventory, results,
-    observed_ms=...)` where this build has it, else `compose_budget` over `measured_from_results`, estimating what
-    is unmeasured from the GPU's table row (with the measured bandwidth). The observed step is the live server's
-    where there is one, else the budget's default."""
-    from decodetop.budget import compose as compose_mod
-    from decodetop.budget.deployment import Deployment
-    from decodetop.budget.inventory import build_inventory
-
-    spec = _resolve_spec(model)
-    deployment = Deployment(tp=tp) if tp is not None else Deployment()
-    deployment.validate(spec)
-    inventory = build_inventory(spec, deployment)
-    own = getattr(compose_mod, "budget_from_results", None)
+    inventory = _inventory(model, tp)
 
     def compose_for(results: tuple[Any, ...], observed: Any) -> Any:
         step_ms = getattr(observed, "step_ms", None)
-        extra: dict[str, Any] = {} if step_ms is None else {"observed_ms": float(step_ms)}
-        if callable(own):
-            return own(inventory, results, **extra)
-        measured, gemm_curves, allreduce_curves = measured_from_results(results)
-        return compose_mod.compose_budget(
-            inventory,
-            measured,
-            gemm_curves=gemm_curves,
-            allreduce_curves=allreduce_curves,
-            estimate=_estimate_hardware(results, telemetry() if telemetry is not None else None),
-            **extra,
-        )
+        options = PlanRunOptions() if step_ms is None else PlanRunOptions(observed_ms=float(step_ms))
+        budget, _ = compose_from_results(inventory, list(results), options)
+        return budget
 
     return compose_for
