@@ -150,8 +150,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.model:
         exporter.budget_for = budget_composer(args.model, tp)
-    for note in plan_notes:
-        exporter.say(f"plan: {note}")
     # The handler only flips a flag: taking a lock in a signal handler (Event.set) can deadlock against the main
     # thread interrupted while it holds that lock. The main loop polls the flag and stops the exporter itself.
     signalled: list[int] = []
@@ -161,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
             previous[sig] = signal.signal(sig, lambda signum, frame: signalled.append(signum))
     try:
         exporter.start()
+        for note in plan_notes:
+            exporter.say(f"plan: {note}")
         while not signalled and not exporter.wait(_POLL_S):
             pass
         exporter.say("stopping")
