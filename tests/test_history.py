@@ -118,3 +118,12 @@ def test_concurrent_appends_lose_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("age", "text"), [(0.2, "now"), (42, "42s"), (300, "5m"), (7200, "2h"), (200000, "2d")])
 def test_format_age(age: float, text: str) -> None:
     assert format_age(age) == text
+
+
+def test_rewrite_keeps_the_newest_that_fit_in_the_byte_cap(tmp_path: Path) -> None:
+    history = History(tmp_path / "h.jsonl", max_bytes=500)
+    for i in range(10):
+        history.record(KIND_PROBE, f"p{i}", {"pad": "x" * 100}, recorded_at_s=float(i))
+    keys = [e.key for e in History(tmp_path / "h.jsonl").load().entries]
+    assert keys == ["p7", "p8", "p9"]
+    assert (tmp_path / "h.jsonl").stat().st_size <= 500

@@ -27,7 +27,9 @@ from decodetop.atomic import write_bytes_atomic
 HISTORY_FILE_NAME = "history.jsonl"
 FORMAT_VERSION = 1
 MAX_ENTRIES = 5000
-"""Entries kept when the file is rewritten; the oldest go first (a few MB of JSON at most)."""
+"""Entries kept when the file is rewritten; the oldest go first."""
+MAX_BYTES = 16 * 1024 * 1024
+"""And at most this much JSON (each append rewrites the file atomically, so it must stay small)."""
 
 KIND_PROBE = "probe"
 KIND_BASELINE = "baseline"
@@ -111,15 +113,23 @@ class History:
     """The history file: load once, append from any thread (a lock serialises writers in this process)."""
 
     def __init__(
-        self, path: Path | None = None, max_entries: int = MAX_ENTRIES, clock: Callable[[], float] = time.time
+        self,
+        path: Path | None = None,
+        max_entries: int = MAX_ENTRIES,
+        clock: Callable[[], float] = time.time,
+        max_bytes: int = MAX_BYTES,
     ) -> None:
         self.path = path if path is not None else default_history_path()
         """The JSON-lines file."""
         self.max_entries = max_entries
         """Entries kept on rewrite."""
+        self.max_bytes = max_bytes
+        """Bytes kept on rewrite (the newest entries that fit; the newest one always)."""
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: list[HistoryEntry] = []
+        self._lines: list[str] = []
+        """Each entry's JSON line, kept so an append serialises one entry, not the whole history."""
         self._loaded = False
 
     def load(self) -> HistoryLoad:
@@ -129,12 +139,13 @@ class History:
             try:
                 raw = self.path.read_bytes()
             except FileNotFoundError:
-                self._entries = []
+                self._entries, self._lines = [], []
                 return HistoryLoad(entries=())
             except OSError as exc:
-                self._entries = []
+                self._entries, self._lines = [], []
                 return HistoryLoad(entries=(), problem=f"{self.path}: cannot read history ({exc.strerror})")
             entries: list[HistoryEntry] = []
+            lines: list[str] = []
             first_error: str | None = None
             bad_lines = 0
             try:
@@ -148,11 +159,12 @@ class History:
                     continue
                 try:
                     entries.append(HistoryEntry.from_json(line))
+                    lines.append(line.strip())
                 except ValueError as exc:  # json.JSONDecodeError is a ValueError
                     bad_lines += 1
                     if first_error is None:
                         first_error = f"line {number}: {exc}"
-            self._entries = entries
+            self._entries, self._lines = entries, lines
             if first_error is None:
                 return HistoryLoad(entries=tuple(entries))
             aside = self._set_aside()
@@ -175,17 +187,26 @@ class History:
         return aside
 
     def _rewrite_locked(self) -> None:
-        self._entries = self._entries[-self.max_entries :]
-        body = "".join(entry.to_json() + "\n" for entry in self._entries)
+        keep = min(len(self._lines), self.max_entries)
+        size = 0
+        for count, line in enumerate(reversed(self._lines), start=1):
+            size += len(line) + 1
+            if count > keep or (size > self.max_bytes and count > 1):
+                keep = count - 1
+                break
+        self._entries = self._entries[len(self._entries) - keep :] if keep else []
+        self._lines = self._lines[len(self._lines) - keep :] if keep else []
+        body = "".join(line + "\n" for line in self._lines)
         write_bytes_atomic(self.path, body.encode("utf-8"))
 
     def append(self, entry: HistoryEntry) -> None:
         """Add one entry and rewrite the file atomically. Loads first if `load` was not called."""
-        entry.to_json()  # fail on non-JSON payloads before touching the file
+        line = entry.to_json()  # fails on non-JSON payloads before the file is touched
         if not self._loaded:
             self.load()
         with self._lock:
             self._entries.append(entry)
+            self._lines.append(line)
             self._rewrite_locked()
 
     def record(

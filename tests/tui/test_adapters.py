@@ -120,3 +120,13 @@ def test_parse_gpus(text: str, gpus: tuple[int, ...]) -> None:
 def test_parse_gpus_rejects(text: str) -> None:
     with pytest.raises(UserInputError, match="--gpus"):
         parse_gpus(text)
+
+
+def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeResult]) -> None:
+    from decodetop.tui.adapters import ControllerProbes, compact_payload
+
+    payload = compact_payload(h200["allreduce"].to_dict())
+    assert all("samples" not in r for m in payload["measurements"] for r in m["per_rank"])
+    outcome = ControllerProbes(lambda: None).restore("allreduce", payload, 5.0)  # type: ignore[arg-type,return-value]
+    assert outcome is not None and outcome.view.value_text == probe_view(h200["allreduce"]).value_text
+    assert ControllerProbes(lambda: None).restore("allreduce", {"bad": 1}, 5.0) is None  # type: ignore[arg-type,return-value]

@@ -305,11 +305,32 @@ def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
     )
 
 
+def compact_payload(data: dict[str, Any]) -> dict[str, Any]:
+    """A result's dict without the raw samples (stats and metrics stay): what the history keeps of a probe."""
+    out = dict(data)
+    measurements = []
+    for raw in data.get("measurements", ()):
+        m = dict(raw)
+        m["per_rank"] = [{k: v for k, v in r.items() if k != "samples"} for r in m.get("per_rank", ())]
+        measurements.append(m)
+    out["measurements"] = measurements
+    return out
+
+
 class ControllerProbes:
     """`ProbeSource` over `decodetop.probes.controller.ProbeController`; the group is spawned on the first run."""
 
-    def __init__(self, make_controller: Callable[[], ProbeController], telemetry_line: Callable[[], str] | None = None):
+    def __init__(
+        self,
+        make_controller: Callable[[], ProbeController],
+        telemetry_line: Callable[[], str] | None = None,
+        *,
+        cpu_rank_nice: int | None = None,
+    ):
         self._make = make_controller
+        self.cpu_rank_nice = cpu_rank_nice
+        """Niceness for CPU (gloo) ranks, so spinning ranks on a small box leave the UI its share; None leaves them."""
+        self._reniced: set[int] = set()
         self._controller: ProbeController | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -343,6 +364,7 @@ class ControllerProbes:
                 fraction = p.done / p.total if getattr(p, "total", 0) else None
                 on_progress(fraction, p.line() if hasattr(p, "line") else str(p))
 
+            self._renice(controller)
             result = controller.run(probe_id, on_progress=progress)
         except Exception as exc:  # the group could not start, or the controller is closed
             view = ProbeView(
@@ -362,8 +384,22 @@ class ControllerProbes:
             from dataclasses import replace
 
             view = replace(view, telemetry_text=lines + view.telemetry_text)
-        payload = result.to_dict() if result.status.value in ("ok",) else {}
+        payload = compact_payload(result.to_dict()) if result.ok else {}
         return ProbeOutcome(view=view, payload=payload, result=result if result.ok else None)
+
+    def _renice(self, controller: ProbeController) -> None:
+        """Lower the priority of CPU ranks (our own children; nothing about the host changes)."""
+        if self.cpu_rank_nice is None or controller.backend != "gloo":
+            return
+        import psutil
+
+        for pid in controller.rank_pids():
+            if pid in self._reniced:
+                continue
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                process.nice(max(process.nice(), self.cpu_rank_nice))
+                self._reniced.add(pid)
 
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
         """A stored `ProbeResult.to_dict()` back as an outcome."""

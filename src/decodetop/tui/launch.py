@@ -16,6 +16,9 @@ from decodetop.tui.taps import ServerPoller, Taps
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
+CPU_RANK_NICE = 10
+"""CPU ranks spin at 100 % in gloo collectives; at nice 10 they yield to the UI on a 2-core box (GPU ranks are
+left alone)."""
 # h200-machine.md: these machines need NVLS and multicast off for NCCL and symmetric memory.
 H200_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -109,7 +112,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         from decodetop.tui.adapters import start_resource_tracker
 
         start_resource_tracker()
-        probes = ControllerProbes(make_controller, telemetry_line)
+        probes = ControllerProbes(make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE)
         if options.demo:
             run_probes = True
 

@@ -23,6 +23,9 @@ _STATUS_CLASS = {
     Status.FAIL: "health-panel--bad",
 }
 _COLUMNS = (("status", "status"), ("id", "id"), ("title", "check"), ("observed", "observed"), ("changed", "Δ"))
+COLUMN_WIDTHS = {"status": 7, "id": 16, "title": 34, "observed": 40, "changed": 1}
+"""Fixed widths: filling the table then measures no cell (a host has dozens of checks; measuring them all at
+start stalled the event loop for a few hundred ms on a busy 2-core box)."""
 
 
 def sorted_checks(checks: tuple[CheckResult, ...]) -> list[CheckResult]:
@@ -86,7 +89,7 @@ class HealthPanel(Vertical):
         """Set up the columns."""
         table = self.table
         for key, label in _COLUMNS:
-            table.add_column(label, key=key)
+            table.add_column(label, key=key, width=COLUMN_WIDTHS[key])
 
     @property
     def table(self) -> DataTable[Text]:
@@ -147,7 +150,7 @@ class HealthPanel(Vertical):
         else:
             for key, check in zip(keys, order, strict=True):
                 for col, text in self._cells(check).items():
-                    self._cache.set(table, key, col, text)
+                    self._cache.set(table, key, col, text, fixed_width=True)
         self._order, self._keys = order, keys
 
     def _cells(self, check: CheckResult) -> dict[str, Text]:
