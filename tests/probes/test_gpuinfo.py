@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import types
-from typing import Any
-
 import pytest
 
 from decodetop.cli import main
+from decodetop.collectors.fake_nvml import err, fake_nvml, load_recording, ok
+from decodetop.collectors.nvml import NVML_ERROR_NOT_SUPPORTED, Nvml
 from decodetop.errors import UserInputError
 from decodetop.probes import gpuinfo
 from decodetop.probes.controller import GroupLayout, resolve_layout
@@ -16,11 +15,10 @@ from decodetop.probes.gpuinfo import GpuInfo, GpuProcess, _visible_nvml_indices,
 UUIDS = ["GPU-aaaa-1111", "GPU-bbbb-2222", "GPU-cccc-3333"]
 
 
-def _fake_nvml() -> Any:
-    return types.SimpleNamespace(
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetUUID=lambda h: UUIDS[h].encode(),
-    )
+def _three_h200s() -> Nvml:
+    """The H200 recording made on the GPU machine, replicated to three GPUs with distinct UUIDs."""
+    recording = load_recording("h200x1-load").replicated(3)
+    return fake_nvml(recording.with_calls({f"nvmlDeviceGetUUID(gpu{i})": ok(u) for i, u in enumerate(UUIDS)}))
 
 
 @pytest.mark.parametrize(
@@ -41,7 +39,7 @@ def test_cuda_visible_devices_maps_to_nvml(
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
-    assert _visible_nvml_indices(_fake_nvml(), 3) == expected
+    assert _visible_nvml_indices(_three_h200s(), 3) == expected
 
 
 def _gpus(n: int) -> list[GpuInfo]:
@@ -83,27 +81,27 @@ def test_nccl_env_picks_nccl_settings() -> None:
     assert nccl_env(env) == {"NCCL_ALGO": "Ring", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
 
 
-def test_clock_snapshot_reads_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fake pynvml with the constants and calls of nvidia-ml-py; the power call fails as on some VMs."""
+def test_visible_gpus_from_a_real_h200_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus = gpuinfo.visible_gpus(_three_h200s())
+    assert [(g.cuda_index, g.name, g.uuid) for g in gpus] == [(i, "NVIDIA H200", u) for i, u in enumerate(UUIDS)]
+    assert gpus[0].memory_total_bytes == 150754820096  # as NVML read it on the H200
 
-    def power(h: int) -> int:
-        raise RuntimeError("Not Supported")
 
-    fake = types.SimpleNamespace(
-        NVML_CLOCK_SM=1,
-        NVML_CLOCK_MEM=2,
-        NVML_TEMPERATURE_GPU=0,
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetClockInfo=lambda h, which: {1: 1980, 2: 3201}[which],
-        nvmlDeviceGetCurrentClocksEventReasons=lambda h: 0x1,  # GpuIdle, as h200-machine.md read at rest
-        nvmlDeviceGetTemperature=lambda h, which: 31,
-        nvmlDeviceGetPowerUsage=power,
+def test_compute_processes_names_the_recorded_process() -> None:
+    """The load recording holds the recorder's own torch process (pid 428, 1.7 GB) on GPU 0."""
+    procs = gpuinfo.compute_processes(_gpus(1), nvml=_three_h200s())
+    assert [(p.cuda_index, p.pid, p.used_memory_bytes) for p in procs] == [(0, 428, 1721761792)]
+    assert gpuinfo.compute_processes(_gpus(1), exclude_pids=[428], nvml=_three_h200s()) == []
+
+
+def test_clock_snapshot_reads_nvml() -> None:
+    """Clocks and reasons as recorded under load on the H200 (power cap, 0x4); power not supported, as on some VMs."""
+    recording = load_recording("h200x1-load").with_calls(
+        {"nvmlDeviceGetPowerUsage(gpu0)": err(NVML_ERROR_NOT_SUPPORTED)}
     )
-    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
-    snap = gpuinfo.clock_snapshot(_gpus(1))
+    snap = gpuinfo.clock_snapshot(_gpus(1), nvml=fake_nvml(recording))
     assert snap == [
-        {"cuda_index": 0, "sm_clock_mhz": 1980, "mem_clock_mhz": 3201, "clock_event_reasons": 1, "temperature_c": 31}
+        {"cuda_index": 0, "sm_clock_mhz": 1560, "mem_clock_mhz": 3201, "clock_event_reasons": 4, "temperature_c": 57}
     ]
     assert gpuinfo.clock_snapshot([]) == []

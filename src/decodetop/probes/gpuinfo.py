@@ -1,4 +1,6 @@
-"""Provides what the probe controller needs to know about the GPUs before spawning ranks, through NVML (no torch).
+"""Provides what the probe controller needs to know about the GPUs before spawning ranks (no torch).
+
+Every NVML read goes through the choke point `decodetop.collectors.nvml.Nvml`.
 
 - `visible_gpus()`: the GPUs CUDA would show this process (NVML order, narrowed by CUDA_VISIBLE_DEVICES), or an
   empty list where there is no NVML or no GPU.
@@ -11,14 +13,15 @@ Read-only: nothing here changes a GPU setting (no clocks, power, persistence or 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from decodetop.collectors.nvml import NA, GpuRef, Nvml
 
 
 @dataclass(frozen=True)
@@ -47,25 +50,19 @@ def _decode(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@contextlib.contextmanager
-def _nvml() -> Iterator[Any]:
-    """pynvml, initialised; raises RuntimeError when NVML is not there."""
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise RuntimeError(f"nvidia-ml-py is not installed ({exc})") from None
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        raise RuntimeError(f"NVML unavailable: {exc}") from None
-    try:
-        yield pynvml
-    finally:
-        with contextlib.suppress(Exception):  # shutting down a library we opened; nothing to report
-            pynvml.nvmlShutdown()
+# NVML constants (nvidia-ml-py): NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2, NVML_TEMPERATURE_GPU = 0.
+_CLOCK_SM = 1
+_CLOCK_MEM = 2
+_TEMPERATURE_GPU = 0
 
 
-def _visible_nvml_indices(pynvml: Any, count: int) -> list[int]:
+def _source(nvml: Nvml | None) -> Nvml | None:
+    """The given NVML, or a fresh one through the choke point; None where NVML is not usable."""
+    nvml = nvml if nvml is not None else Nvml()
+    return nvml if nvml.available else None
+
+
+def _visible_nvml_indices(nvml: Nvml, count: int) -> list[int]:
     """NVML indices in CUDA order, honouring CUDA_VISIBLE_DEVICES (integers or GPU-/MIG- UUID prefixes).
 
     The ranks run with CUDA_DEVICE_ORDER=PCI_BUS_ID (unless the user set it), which is NVML's order.
@@ -73,7 +70,7 @@ def _visible_nvml_indices(pynvml: Any, count: int) -> list[int]:
     raw = os.environ.get("CUDA_VISIBLE_DEVICES")
     if raw is None:
         return list(range(count))
-    uuids = [_decode(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+    uuids = [_ok_str(nvml.query("nvmlDeviceGetUUID", GpuRef(i))) for i in range(count)]
     out: list[int] = []
     for item in (p.strip() for p in raw.split(",")):
         if not item:
@@ -84,110 +81,99 @@ def _visible_nvml_indices(pynvml: Any, count: int) -> list[int]:
                 break  # CUDA stops at the first invalid entry
             out.append(idx)
         else:
-            matches = [i for i, u in enumerate(uuids) if u.startswith(item)]
+            matches = [i for i, u in enumerate(uuids) if u and u.startswith(item)]
             if len(matches) != 1:
                 break
             out.append(matches[0])
     return out
 
 
-def visible_gpus() -> list[GpuInfo]:
+def _ok_str(value: Any) -> str:
+    return "" if isinstance(value, NA) else _decode(value)
+
+
+def _ok_int(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def visible_gpus(nvml: Nvml | None = None) -> list[GpuInfo]:
     """The GPUs this process would see through CUDA; empty where NVML or GPUs are missing."""
-    try:
-        with _nvml() as pynvml:
-            count = int(pynvml.nvmlDeviceGetCount())
-            gpus = []
-            for cuda_index, nvml_index in enumerate(_visible_nvml_indices(pynvml, count)):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(nvml_index)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                gpus.append(
-                    GpuInfo(
-                        cuda_index=cuda_index,
-                        nvml_index=nvml_index,
-                        name=_decode(pynvml.nvmlDeviceGetName(handle)),
-                        uuid=_decode(pynvml.nvmlDeviceGetUUID(handle)),
-                        memory_total_bytes=int(mem.total),
-                        memory_used_bytes=int(mem.used),
-                    )
-                )
-            return gpus
-    except RuntimeError:
+    source = _source(nvml)
+    if source is None:
         return []
+    gpus = []
+    for cuda_index, nvml_index in enumerate(_visible_nvml_indices(source, source.device_count())):
+        ref = GpuRef(nvml_index)
+        mem = source.query("nvmlDeviceGetMemoryInfo", ref)
+        mem = mem if isinstance(mem, dict) else {}
+        gpus.append(
+            GpuInfo(
+                cuda_index=cuda_index,
+                nvml_index=nvml_index,
+                name=_ok_str(source.query("nvmlDeviceGetName", ref)) or "?",
+                uuid=_ok_str(source.query("nvmlDeviceGetUUID", ref)),
+                memory_total_bytes=int(mem.get("total", 0)),
+                memory_used_bytes=int(mem.get("used", 0)),
+            )
+        )
+    return gpus
 
 
-def compute_processes(gpus: Sequence[GpuInfo], exclude_pids: Sequence[int] = ()) -> list[GpuProcess]:
+def compute_processes(
+    gpus: Sequence[GpuInfo], exclude_pids: Sequence[int] = (), nvml: Nvml | None = None
+) -> list[GpuProcess]:
     """Processes other than `exclude_pids` that hold memory on `gpus` (empty where NVML is missing)."""
-    found: list[GpuProcess] = []
-    try:
-        with _nvml() as pynvml:
-            for gpu in gpus:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.nvml_index)
-                try:
-                    procs = pynvml.nvmlDeviceGetComputeProcesses(handle)
-                except Exception:  # noqa: S112 - not supported on this GPU/driver: nothing to list
-                    continue
-                for proc in procs:
-                    pid = int(proc.pid)
-                    if pid in exclude_pids:
-                        continue
-                    used = getattr(proc, "usedGpuMemory", None)
-                    found.append(
-                        GpuProcess(
-                            cuda_index=gpu.cuda_index,
-                            pid=pid,
-                            name=_process_name(pid),
-                            used_memory_bytes=None if used is None else int(used),
-                        )
-                    )
-    except RuntimeError:
+    source = _source(nvml) if gpus else None
+    if source is None:
         return []
+    found: list[GpuProcess] = []
+    for gpu in gpus:
+        procs = source.query("nvmlDeviceGetComputeRunningProcesses", GpuRef(gpu.nvml_index))
+        if not isinstance(procs, list):  # not supported on this GPU/driver: nothing to list
+            continue
+        for proc in procs:
+            pid = _ok_int(proc.get("pid")) if isinstance(proc, dict) else None
+            if pid is None or pid in exclude_pids:
+                continue
+            found.append(
+                GpuProcess(
+                    cuda_index=gpu.cuda_index,
+                    pid=pid,
+                    name=_process_name(pid),
+                    used_memory_bytes=_ok_int(proc.get("usedGpuMemory")),
+                )
+            )
     return found
 
 
-def clock_snapshot(gpus: Sequence[GpuInfo]) -> list[dict[str, Any]]:
+def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[dict[str, Any]]:
     """Clocks, clock-event reasons, temperature and power of `gpus` now (read-only; empty without NVML).
 
     Taken before and after each probe so a result says whether the GPU ran at full clocks (architecture.md:
     "every result records ... the clock-event reasons and clocks NVML saw during the run").
     """
-    if not gpus:
+    source = _source(nvml) if gpus else None
+    if source is None:
         return []
     out: list[dict[str, Any]] = []
-    try:
-        with _nvml() as pynvml:
-            for gpu in gpus:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.nvml_index)
-                row: dict[str, Any] = {"cuda_index": gpu.cuda_index}
-                reads = {
-                    "sm_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                    "mem_clock_mhz": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
-                    "clock_event_reasons": _clock_event_reasons(pynvml),
-                    "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
-                    "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,
-                }
-                for key, read in reads.items():
-                    try:
-                        row[key] = read(handle)
-                    except Exception:  # noqa: S112 - not supported on this GPU/driver: leave the key out
-                        continue
-                out.append(row)
-    except RuntimeError:
-        return []
+    for gpu in gpus:
+        ref = GpuRef(gpu.nvml_index)
+        reasons = source.query("nvmlDeviceGetCurrentClocksEventReasons", ref)
+        if isinstance(reasons, NA):  # older nvidia-ml-py names it ...ThrottleReasons
+            reasons = source.query("nvmlDeviceGetCurrentClocksThrottleReasons", ref)
+        power_mw = source.query("nvmlDeviceGetPowerUsage", ref)
+        values = {
+            "sm_clock_mhz": source.query("nvmlDeviceGetClockInfo", ref, _CLOCK_SM),
+            "mem_clock_mhz": source.query("nvmlDeviceGetClockInfo", ref, _CLOCK_MEM),
+            "clock_event_reasons": reasons,
+            "temperature_c": source.query("nvmlDeviceGetTemperature", ref, _TEMPERATURE_GPU),
+            "power_w": power_mw / 1000.0 if _ok_int(power_mw) is not None else power_mw,
+        }
+        row: dict[str, Any] = {"cuda_index": gpu.cuda_index}
+        # A value NVML could not give (not supported on this GPU/driver) is left out.
+        row.update({key: value for key, value in values.items() if not isinstance(value, NA)})
+        out.append(row)
     return out
-
-
-def _clock_event_reasons(pynvml: Any) -> Any:
-    """nvmlDeviceGetCurrentClocksEventReasons (new name) or …ThrottleReasons (older nvidia-ml-py)."""
-    fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
-    )
-
-    def read(handle: Any) -> int:
-        if fn is None:
-            raise RuntimeError("no clock-event reasons in this nvidia-ml-py")
-        return int(fn(handle))
-
-    return read
 
 
 def _process_name(pid: int) -> str:
@@ -206,11 +192,9 @@ def host_environment_fields(gpus: Sequence[GpuInfo] = ()) -> dict[str, Any]:
         "nccl_env": nccl_env(),
         "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
-    try:
-        with _nvml() as pynvml:
-            fields["driver"] = _decode(pynvml.nvmlSystemGetDriverVersion())
-    except RuntimeError:
-        fields["driver"] = None
+    source = _source(None)
+    driver = source.query("nvmlSystemGetDriverVersion") if source is not None else None
+    fields["driver"] = None if driver is None or isinstance(driver, NA) else _decode(driver)
     if gpus:
         fields["gpu_names"] = tuple(g.name for g in gpus)
         fields["gpu_uuids"] = tuple(g.uuid for g in gpus)
