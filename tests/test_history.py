@@ -127,3 +127,10 @@ def test_rewrite_keeps_the_newest_that_fit_in_the_byte_cap(tmp_path: Path) -> No
     keys = [e.key for e in History(tmp_path / "h.jsonl").load().entries]
     assert keys == ["p7", "p8", "p9"]
     assert (tmp_path / "h.jsonl").stat().st_size <= 500
+
+
+@pytest.mark.parametrize(("age", "text"), [(3, "now"), (19, "10s"), (59.9, "50s"), (61, "1m"), (7200, "2h")])
+def test_format_age_coarse(age: float, text: str) -> None:
+    from decodetop.history import format_age_coarse
+
+    assert format_age_coarse(age) == text

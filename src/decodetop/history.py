@@ -109,6 +109,14 @@ def format_age(age_s: float) -> str:
     return f"{int(age_s // 86400)}d"
 
 
+def format_age_coarse(age_s: float) -> str:
+    """`format_age` in 10 s steps under a minute ("now", "10s" … "50s"): a live screen showing it changes at most
+    every 10 s (each change repaints a table)."""
+    if age_s < 60:
+        return "now" if age_s < 10 else f"{int(age_s // 10) * 10}s"
+    return format_age(age_s)
+
+
 class History:
     """The history file: load once, append from any thread (a lock serialises writers in this process)."""
 

@@ -18,7 +18,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from decodetop.history import format_age
+from decodetop.history import format_age_coarse
 from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
 from decodetop.tui.model import BudgetSegment, BudgetView
 
@@ -136,7 +136,9 @@ class BudgetBar(Widget):
                 if seg.measured_at_s is None:
                     continue
                 before, after = self.now_s - seg.measured_at_s, now_s - seg.measured_at_s
-                if format_age(before) != format_age(after) or (before > STALE_AFTER_S) != (after > STALE_AFTER_S):
+                if format_age_coarse(before) != format_age_coarse(after) or (before > STALE_AFTER_S) != (
+                    after > STALE_AFTER_S
+                ):
                     self.now_s = now_s
                     return
         self.set_reactive(BudgetBar.now_s, now_s)
@@ -330,7 +332,7 @@ class BudgetBar(Widget):
             text.append(f"{pct:>5} ", style=value_style)
             return text
         label = segment.label if len(segment.label) <= LABEL_WIDTH else segment.label[: LABEL_WIDTH - 1] + "…"
-        age = format_age(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
+        age = format_age_coarse(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
         if segment.status == "interpolated":
             age = "~" + age  # interpolated between measured points
         text = Text()

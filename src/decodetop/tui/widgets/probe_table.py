@@ -8,7 +8,7 @@ from rich.text import Text
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
-from decodetop.history import format_age
+from decodetop.history import format_age_coarse
 from decodetop.tui.model import ProbeState, ProbeView
 from decodetop.tui.widgets.cells import CellCache
 
@@ -89,7 +89,7 @@ class ProbeTable(DataTable[Text]):
             value_style = state_style
         age = ""
         if view.measured_at_s is not None:
-            age = format_age(self.now_s - view.measured_at_s)
+            age = format_age_coarse(self.now_s - view.measured_at_s)
             if view.from_history:
                 age += " ↺"  # from an earlier session (the history file)
         return {
