@@ -17,7 +17,7 @@ from decodetop.tui.adapters import (
     PresetBudget,
     allreduce_curves,
     headline,
-    measured_from_results,
+    measured_at,
     probe_view,
     telemetry_frame,
 )
@@ -65,21 +65,33 @@ def test_allreduce_curves_one_series_per_mode(h200: dict[str, ProbeResult]) -> N
     assert list(series["graph"].x) == sorted(series["graph"].x)
 
 
-def test_budget_uses_the_measured_launch_cost_and_allreduce_curve(h200: dict[str, ProbeResult]) -> None:
-    measured, curves, times = measured_from_results(h200, "graph")
-    assert list(measured) == ["launch:mode=graph,kernels=1"]
-    assert measured["launch:mode=graph,kernels=1"].median_ms == pytest.approx(0.6977e-3, rel=1e-3)
-    assert "all_reduce" in curves
+def test_budget_uses_the_measured_launch_cost_and_copy_bandwidth(h200: dict[str, ProbeResult]) -> None:
+    times = measured_at(h200)
     assert set(times) == {"allreduce", "launch", "membw"}
     view = PresetBudget(lambda: "NVIDIA H200").compose(Settings(model="glm-5-nvfp4", tp=8), h200, 0.0)
     by_key = {s.key: s for s in view.segments}
-    assert by_key["launch"].status == "measured"
+    assert by_key["launch"].status == "measured"  # graph per-node cost from the launch probe
     assert by_key["launch"].measured_at_s == times["launch"]
+    # one H200: the all-reduce curve is not used for a TP8 plan (the planner's rule), so communication is estimated
+    assert by_key["communication"].status == "estimated"
     assert by_key["attention"].status == "estimated"
     assert view.observed_ms == 95.0
     assert view.target_ms == pytest.approx(1000 / 309)
     assert view.roofline_ms is not None and view.roofline_ms > 0
     assert "H200" in view.note
+
+
+def test_the_plan_on_cpu_ranks_lists_the_models_probes() -> None:
+    from decodetop.probes.controller import GroupLayout
+    from decodetop.tui.adapters import ControllerProbes
+
+    probes = ControllerProbes(lambda: None, layout=lambda: GroupLayout("cpu", 2))  # type: ignore[arg-type,return-value]
+    views = probes.plan(Settings(model="glm-5-nvfp4", tp=8))
+    names = [v.probe_id for v in views]
+    assert names[0] == "launch"
+    assert {"gemm", "moe", "attention"} <= set(names)
+    assert all(dict(v.details)["keys measured"].isdigit() for v in views)
+    assert probes.plan_notes  # the TP8 collectives cannot be measured on 2 ranks, and it says so
 
 
 def test_budget_without_results_is_all_estimates_and_names_the_assumed_gpu() -> None:

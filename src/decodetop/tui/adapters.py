@@ -317,6 +317,34 @@ def compact_payload(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_INVENTORIES: dict[tuple[str, int], Any] = {}
+_INVENTORY_LOCK = threading.Lock()
+
+
+def inventory_for(model: str, tp: int) -> Any:
+    """The decode-step inventory of `model` (a preset name or a config.json path) at TP `tp` (cached)."""
+    key = (model, tp)
+    with _INVENTORY_LOCK:
+        if key not in _INVENTORIES:
+            from pathlib import Path
+
+            from decodetop.budget.deployment import Deployment
+            from decodetop.budget.inventory import build_inventory
+            from decodetop.budget.spec import load_config, load_preset
+
+            looks_like_path = "/" in model or model.endswith(".json") or Path(model).is_dir()
+            spec = load_config(model) if looks_like_path else load_preset(model)
+            _INVENTORIES[key] = build_inventory(spec, Deployment(tp=tp))
+        return _INVENTORIES[key]
+
+
+def plan_for(model: str, tp: int) -> Any:
+    """The model's `ProbePlan` at TP `tp`."""
+    from decodetop.budget.plan import build_plan
+
+    return build_plan(inventory_for(model, tp))
+
+
 class ControllerProbes:
     """`ProbeSource` over `decodetop.probes.controller.ProbeController`; the group is spawned on the first run."""
 
@@ -326,8 +354,14 @@ class ControllerProbes:
         telemetry_line: Callable[[], str] | None = None,
         *,
         cpu_rank_nice: int | None = None,
+        layout: Callable[[], Any] | None = None,
     ):
         self._make = make_controller
+        self.layout = layout
+        """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
+        self._requests: dict[str, Any] = {}
+        self.plan_notes: tuple[str, ...] = ()
+        """What the plan cannot measure on this group (collectives on fewer ranks than the TP degree)."""
         self.cpu_rank_nice = cpu_rank_nice
         """Niceness for CPU (gloo) ranks, so spinning ranks on a small box leave the UI its share; None leaves them."""
         self._reniced: set[int] = set()
@@ -349,13 +383,29 @@ class ControllerProbes:
             return self._controller
 
     def plan(self, settings: Settings) -> list[ProbeView]:
-        """The registry's listed probes (the budget's ProbePlan narrows this when it lands)."""
-        from decodetop.probes.registry import ProbeRegistry
+        """The model's probe plan on this group: one row per probe run, with the keys it measures."""
+        from decodetop.budget.deployment import DEFAULT_TP
+        from decodetop.probes.planrun import plan_requests
 
-        return [ProbeView(probe_id=spec.name, title=spec.name) for spec in ProbeRegistry().specs()]
+        tp = settings.tp or DEFAULT_TP
+        layout = self.layout() if self.layout is not None else None
+        world = layout.world_size if layout is not None else tp
+        kind = layout.kind if layout is not None else "cuda"
+        plan = plan_for(settings.model, tp)
+        requests, notes = plan_requests(plan, inventory_for(settings.model, tp), world_size=world, device_kind=kind)
+        self._requests = {r.probe: r for r in requests}
+        self.plan_notes = tuple(notes)
+        return [
+            ProbeView(
+                probe_id=r.probe,
+                title=r.probe,
+                details=(("keys measured", str(len(r.keys))), *((("first key", r.keys[0]),) if r.keys else ())),
+            )
+            for r in requests
+        ]
 
     def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
-        """Run one probe on the group (blocking)."""
+        """Run one probe on the group (blocking), with the plan's parameters for it."""
         before = self.telemetry_line() if self.telemetry_line else ""
         try:
             controller = self._get()
@@ -365,7 +415,9 @@ class ControllerProbes:
                 on_progress(fraction, p.line() if hasattr(p, "line") else str(p))
 
             self._renice(controller)
-            result = controller.run(probe_id, on_progress=progress)
+            request = self._requests.get(probe_id)
+            params = dict(request.params) if request is not None else None
+            result = controller.run(probe_id, params, on_progress=progress)
         except Exception as exc:  # the group could not start, or the controller is closed
             view = ProbeView(
                 probe_id=probe_id,
@@ -566,19 +618,8 @@ def _utc_to_unix(text: str) -> float | None:
         return None
 
 
-def measured_from_results(
-    results: Mapping[str, object], launch_mode: str
-) -> tuple[dict[str, Any], dict[str, Any], dict[str, float]]:
-    """Budget inputs from probe results: (measured times by key id, all-reduce curves by kind, probe → unix time).
-
-    All-reduce: the mode matching the deployment's launch mode (graph, else pipelined) as a time-vs-bytes curve.
-    Launch: per-kernel cost, the graph fit's per-node term in graph mode, the eager op in eager mode.
-    """
-    from decodetop.budget.compose import Curve, MeasuredTime
-    from decodetop.budget.keys import LaunchKey
-
-    measured: dict[str, Any] = {}
-    curves: dict[str, Any] = {}
+def measured_at(results: Mapping[str, object]) -> dict[str, float]:
+    """Probe id → Unix time the result was taken."""
     times: dict[str, float] = {}
     for probe_id, result in results.items():
         started = getattr(result, "started_utc", "")
@@ -586,25 +627,22 @@ def measured_from_results(
             at = _utc_to_unix(started)
             if at is not None:
                 times[probe_id] = at
-    allreduce = results.get("allreduce")
-    if allreduce is not None:
-        wanted = "graph" if launch_mode == "graph" else "pipelined"
-        by_mode = {s.label: s for s in allreduce_curves(allreduce)}  # type: ignore[arg-type]
-        series = by_mode.get(wanted) or by_mode.get("pipelined")
-        if series is not None:
-            points = tuple((x, y / 1000.0) for x, y in zip(series.x, series.y, strict=True) if x > 0 and y > 0)
-            if points:
-                curves["all_reduce"] = Curve(points=points, source=f"allreduce probe ({series.label})")
-    launch = results.get("launch")
-    if launch is not None:
-        metric = "graph_per_node_us" if launch_mode == "graph" else "eager_op_us"
-        for m in getattr(launch, "measurements", ()):
-            value = m.metrics.get(metric)
-            if value is not None and value > 0:
-                key = LaunchKey(mode=launch_mode, kernels=1).key_id
-                measured[key] = MeasuredTime.point(value / 1000.0, source=f"launch probe ({metric})")
-                break
-    return measured, curves, times
+    return times
+
+
+_PROBE_OF_COMPONENT = {
+    "attention": ("attention", "kvcast"),
+    "attention_proj": ("gemm",),
+    "dense_mlp": ("gemm",),
+    "routed_experts": ("moe",),
+    "shared_experts": ("gemm", "moe"),
+    "routing": ("routing",),
+    "communication": ("allreduce", "sampling"),
+    "norms": ("norms",),
+    "lm_head": ("gemm", "sampling"),
+    "launch": ("launch",),
+}
+"""Which probes' results a component's figure comes from (for its age)."""
 
 
 class PresetBudget:
@@ -617,7 +655,6 @@ class PresetBudget:
     def __init__(self, gpu_name: Callable[[], str | None] | None = None) -> None:
         self.gpu_name = gpu_name
         """Returns the GPU's NVML name once telemetry has it (for bandwidth and interconnect figures)."""
-        self._inventories: dict[tuple[str, int], Any] = {}
 
     def models(self) -> Sequence[tuple[str, str]]:
         """Preset names with their display names."""
@@ -632,52 +669,46 @@ class PresetBudget:
             out.append((name, str(info.get("display_name", ""))))
         return out
 
-    def _inventory(self, model: str, tp: int) -> Any:
-        key = (model, tp)
-        if key not in self._inventories:
-            from pathlib import Path
-
-            from decodetop.budget.deployment import Deployment
-            from decodetop.budget.inventory import build_inventory
-            from decodetop.budget.spec import load_config, load_preset
-
-            looks_like_path = "/" in model or model.endswith(".json") or Path(model).is_dir()
-            spec = load_config(model) if looks_like_path else load_preset(model)
-            self._inventories[key] = build_inventory(spec, Deployment(tp=tp))
-        return self._inventories[key]
-
     def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
         """The budget for `settings` from the probe results so far."""
         from decodetop.budget.compose import compose_budget
         from decodetop.budget.deployment import DEFAULT_TP
         from decodetop.budget.gpus import GPUS, find_gpu
         from decodetop.budget.roofline import hardware_for, roofline
+        from decodetop.probes.planrun import measured_from_results
 
         tp = settings.tp or DEFAULT_TP
-        inventory = self._inventory(settings.model, tp)
+        inventory = inventory_for(settings.model, tp)
         name = self.gpu_name() if self.gpu_name else None
         gpu = find_gpu(name) if name else None
         assumed = gpu is None
         if gpu is None:
             gpu = GPUS["rtx-pro-6000"]  # the seed host's GPU (probes.md §0), as `decodetop budget` assumes
-        hardware = hardware_for(gpu)
-        roof = roofline(inventory, hardware)
         mode = inventory.deployment.launch_mode
-        measured, curves, times = measured_from_results(results, mode)
+        good = [r for r in results.values() if getattr(r, "ok", False)]
+        measured = measured_from_results(good, launch_mode=mode, plan=plan_for(settings.model, tp))  # type: ignore[arg-type]
+        hardware = hardware_for(
+            gpu,
+            bandwidth_gbps=measured.copy_gbps or None,
+            bandwidth_source="measured device copy" if measured.copy_gbps else "measured",
+        )
+        roof = roofline(inventory, hardware)
         budget = compose_budget(
             inventory,
-            measured,
-            allreduce_curves=curves,
+            measured.times,
+            allreduce_curves=measured.allreduce_curves,
+            gemm_curves=measured.gemm_curves,
             observed_ms=settings.observed_ms,
             target_tps=settings.target_tps,
             roofline=roof,
             estimate=hardware,
         )
-        probe_of = {"communication": "allreduce", "launch": "launch"}
+        times = measured_at(results)
         segments = []
         for seg in budget.segments:
             status = seg.status if seg.status in ("measured", "interpolated", "estimated") else "missing"
-            at = times.get(probe_of.get(seg.component, ""))
+            ages = [times[p] for p in _PROBE_OF_COMPONENT.get(seg.component, ()) if p in times]
+            at = min(ages) if ages else None
             segments.append(
                 BudgetSegment(
                     key=seg.component,

@@ -335,12 +335,15 @@ class DecodetopApp(App[int]):
         except Exception as exc:  # a bad model config must not close the UI
             self.call_from_thread(self.notify, f"probe plan: {exc}", severity="error", timeout=15)
             views = []
-        self.post_message(ProbePlanned(probes=views, run_now=run_now))
+        notes = tuple(getattr(self.sources.probes, "plan_notes", ()))
+        self.post_message(ProbePlanned(probes=views, run_now=run_now, notes=notes))
 
     @on(ProbePlanned)
     def _apply_plan(self, message: ProbePlanned) -> None:
         if self.closing:  # late messages while the app shuts down: the widgets may be gone
             return
+        for note in message.notes[:1]:
+            self._status_notes.append(f"plan: {note}")
         table = self.query_one(ProbeTable)
         kept = {v.probe_id: self.probe_views[v.probe_id] for v in message.probes if v.probe_id in self.probe_views}
         self.probe_views = {v.probe_id: kept.get(v.probe_id, v) for v in message.probes}

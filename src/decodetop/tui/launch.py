@@ -112,7 +112,13 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         from decodetop.tui.adapters import start_resource_tracker
 
         start_resource_tracker()
-        probes = ControllerProbes(make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE)
+
+        def layout() -> Any:
+            from decodetop.probes.controller import resolve_layout
+
+            return resolve_layout(gpus, cpu_ranks, device)
+
+        probes = ControllerProbes(make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout)
         if options.demo:
             run_probes = True
 

@@ -29,6 +29,8 @@ class ProbePlanned(Message):
 
     probes: list[ProbeView]
     run_now: bool
+    notes: tuple[str, ...] = ()
+    """What the plan cannot measure on this group, one line each."""
 
 
 @dataclass

@@ -189,8 +189,16 @@ class BudgetBar(Widget):
         text.append(budget.title, style=self._style("budget-bar--title"))
         text.append("  explained ")
         text.append(f"{format_ms(budget.explained_ms)} ms", style="bold")
-        text.append(" · unexplained ")
-        text.append(f"{format_ms(unexplained)} ms ({share:.0f}%)", style=self._style(_SEGMENT_CLASSES["unexplained"]))
+        over = budget.explained_ms - observed
+        if over > 0:
+            # the parts add up to more than the observed step (slower hardware than the server's, CPU ranks…)
+            text.append(" · exceeds observed by ")
+            text.append(f"{format_ms(over)} ms", style=self._style("budget-bar--mark-observed"))
+        else:
+            text.append(" · unexplained ")
+            text.append(
+                f"{format_ms(unexplained)} ms ({share:.0f}%)", style=self._style(_SEGMENT_CLASSES["unexplained"])
+            )
         text.truncate(width, overflow="ellipsis")
         second = Text()
         text, first = second, text
@@ -339,7 +347,7 @@ class BudgetBar(Widget):
         text.append(glyph, style=self._style(cls))
         text.append(" " + label.ljust(LABEL_WIDTH))
         text.append(f"{format_ms(segment.ms):>6} ms", style=value_style)
-        text.append(f"{share:>5.1f}%", style=value_style)
+        text.append(f"{share:>5.1f}%" if share < 100 else f"{share:>5.0f}%", style=value_style)
         text.append(f" {age:<4}  ", style=self._style("budget-bar--muted"))
         return text
 

@@ -1,0 +1,84 @@
+"""The budget bar on its own: markers, the zoomed bar, the legend, over and under the observed step."""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+
+from decodetop.budget.components import Component
+from decodetop.themes import register_themes, theme_variable_defaults
+from decodetop.tui.model import BudgetSegment, BudgetView
+from decodetop.tui.widgets.budget_bar import BudgetBar, format_ms
+
+
+class _BarApp(App[None]):
+    def __init__(self, view: BudgetView, theme: str = "decodetop-dark") -> None:
+        super().__init__()
+        self.view = view
+        register_themes(self)
+        self.theme = theme
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return theme_variable_defaults()
+
+    def compose(self) -> ComposeResult:
+        yield BudgetBar()
+
+    def on_mount(self) -> None:
+        bar = self.query_one(BudgetBar)
+        bar.now_s = 1000.0
+        bar.budget = self.view
+
+
+def _view(ms: dict[Component, float], observed: float = 95.0, roofline: float | None = 2.1) -> BudgetView:
+    segments = tuple(
+        BudgetSegment(
+            c.value, c.label, ms.get(c, 0.0), "measured" if c in ms else "missing", 400.0 if c in ms else None
+        )
+        for c in Component
+    )
+    return BudgetView("GLM-5 · TP8", segments, observed, 1000 / 309, roofline)
+
+
+async def _lines(view: BudgetView, width: int, theme: str = "decodetop-dark", compact: bool = False) -> list[str]:
+    app = _BarApp(view, theme)
+    async with app.run_test(size=(width, 30)) as pilot:
+        bar = app.query_one(BudgetBar)
+        bar.compact = compact
+        await pilot.pause()
+        return [line.plain for line in bar._lines(width)]
+
+
+async def test_small_target_and_large_observed_both_read_at_80_columns() -> None:
+    lines = await _lines(_view({Component.ATTENTION: 1.2, Component.COMMUNICATION: 6.55}), 78)
+    text = "\n".join(lines)
+    assert "observed 95.0 ms" in lines[1] and "target 3.24 ms (309 tok/s)" in lines[1]
+    assert any(line.lstrip().startswith("0–95.0 ms") for line in lines)
+    zoom = [line for line in lines if line.lstrip().startswith("zoom")]
+    assert zoom and zoom[0].rstrip().endswith("»")  # the zoomed bar runs on into the remainder
+    assert "◆target 3.24" in text and "▲" in text and "◇" in text
+    assert "no figure yet:" in text
+    assert "unexplained" in text and "87.2 ms" in text  # 95 − 7.75, three significant figures
+
+
+async def test_legend_shows_ms_share_and_age() -> None:
+    lines = await _lines(_view({Component.ATTENTION: 1.2}), 78)
+    entry = next(line for line in lines if "attention" in line and "ms" in line)
+    assert "1.20 ms" in entry and "1.3%" in entry and "10m" in entry  # measured at 400 s, now 1000 s
+
+
+async def test_parts_above_the_observed_step_are_called_out() -> None:
+    lines = await _lines(_view({Component.ATTENTION: 120.0}), 78)
+    assert "exceeds observed by 25.0 ms" in lines[0]
+
+
+async def test_compact_legend_fits_three_columns_and_contrast_theme_varies_glyphs() -> None:
+    ms = {c: 0.5 + i for i, c in enumerate(Component)}
+    lines = await _lines(_view(ms), 78, theme="decodetop-contrast", compact=True)
+    legend = [line for line in lines if "ms" not in line and ("attention" in line or "routing" in line)]
+    assert legend and all(len(line) <= 78 for line in lines)
+    bar = next(line for line in lines if line.lstrip().startswith("zoom") or "0–" in line)
+    assert {"█", "▓", "▒"} & set(bar)
+
+
+def test_format_ms() -> None:
+    assert [format_ms(v) for v in (0.0, 0.412, 3.236, 95.0, 112.4)] == ["0", "0.412", "3.24", "95.0", "112"]
