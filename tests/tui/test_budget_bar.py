@@ -82,3 +82,13 @@ async def test_compact_legend_fits_three_columns_and_contrast_theme_varies_glyph
 
 def test_format_ms() -> None:
     assert [format_ms(v) for v in (0.0, 0.412, 3.236, 95.0, 112.4)] == ["0", "0.412", "3.24", "95.0", "112"]
+
+
+async def test_estimated_and_interpolated_figures_are_marked() -> None:
+    segments = (
+        BudgetSegment("attention", "attention", 1.0, "estimated"),
+        BudgetSegment("communication", "all-reduce", 2.0, "interpolated", 990.0),
+    )
+    lines = await _lines(BudgetView("m", segments, 95.0, 3.24, None), 78)
+    assert any("attention" in line and "≈" in line for line in lines)
+    assert any("all-reduce" in line and "~10s" in line for line in lines)

@@ -341,8 +341,7 @@ class BudgetBar(Widget):
             return text
         label = segment.label if len(segment.label) <= LABEL_WIDTH else segment.label[: LABEL_WIDTH - 1] + "…"
         age = format_age_coarse(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
-        if segment.status == "interpolated":
-            age = "~" + age  # interpolated between measured points
+        age = mark + age  # "~" interpolated between measured points, "≈" a roofline estimate
         text = Text()
         text.append(glyph, style=self._style(cls))
         text.append(" " + label.ljust(LABEL_WIDTH))
