@@ -142,3 +142,17 @@ def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeRes
     outcome = ControllerProbes(lambda: None).restore("allreduce", payload, 5.0)  # type: ignore[arg-type,return-value]
     assert outcome is not None and outcome.view.value_text == probe_view(h200["allreduce"]).value_text
     assert ControllerProbes(lambda: None).restore("allreduce", {"bad": 1}, 5.0) is None  # type: ignore[arg-type,return-value]
+
+
+def test_a_busy_gpu_refuses_probes_with_the_reason() -> None:
+    from decodetop.tui.adapters import ControllerProbes
+
+    made: list[int] = []
+    probes = ControllerProbes(
+        lambda: made.append(1),  # type: ignore[arg-type,return-value,func-returns-value]
+        preflight=lambda own: "other processes hold GPU memory (GPU 0: pid 42 (python)); start with --force",
+    )
+    outcome = probes.run("gemm", lambda fraction, note: None)
+    assert outcome.view.state is ProbeState.UNSUPPORTED
+    assert "--force" in outcome.view.error
+    assert made == []  # no group was spawned

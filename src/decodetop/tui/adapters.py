@@ -355,8 +355,11 @@ class ControllerProbes:
         *,
         cpu_rank_nice: int | None = None,
         layout: Callable[[], Any] | None = None,
+        preflight: Callable[[Sequence[int]], str | None] | None = None,
     ):
         self._make = make_controller
+        self.preflight = preflight
+        """Given our ranks' pids, says why probing must not start now (another process holds a GPU), or None."""
         self.layout = layout
         """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
         self._requests: dict[str, Any] = {}
@@ -407,6 +410,12 @@ class ControllerProbes:
     def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
         """Run one probe on the group (blocking), with the plan's parameters for it."""
         before = self.telemetry_line() if self.telemetry_line else ""
+        if self.preflight is not None:
+            own = self._controller.rank_pids() if self._controller is not None else []
+            refusal = self.preflight(own)
+            if refusal:
+                view = ProbeView(probe_id=probe_id, title=probe_id, state=ProbeState.UNSUPPORTED, error=refusal)
+                return ProbeOutcome(view=view)
         try:
             controller = self._get()
 

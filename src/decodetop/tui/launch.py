@@ -4,6 +4,7 @@ none, host checks, history), and `LaunchOptions`, the flags that choose them."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,22 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
 
             return resolve_layout(gpus, cpu_ranks, device)
 
-        probes = ControllerProbes(make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout)
+        def preflight(own_pids: Sequence[int]) -> str | None:
+            """GPU probes wait while another process holds one of our GPUs, unless --force (gpuinfo)."""
+            group = layout()
+            if group.kind != "cuda" or options.force:
+                return None
+            from decodetop.probes.gpuinfo import compute_processes
+
+            busy = compute_processes(group.gpus, exclude_pids=(os.getpid(), *own_pids))
+            if not busy:
+                return None
+            who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
+            return f"other processes hold GPU memory ({who}); start with --force to probe anyway"
+
+        probes = ControllerProbes(
+            make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout, preflight=preflight
+        )
         if options.demo:
             run_probes = True
 
