@@ -156,3 +156,34 @@ def test_a_busy_gpu_refuses_probes_with_the_reason() -> None:
     assert outcome.view.state is ProbeState.UNSUPPORTED
     assert "--force" in outcome.view.error
     assert made == []  # no group was spawned
+
+
+def test_gemm_curves_one_series_per_weight_shape_fastest_variant() -> None:
+    from decodetop.probes.results import Measurement, MeasurementStatus, Stats
+    from decodetop.tui.adapters import gemm_curves
+
+    def point(curve: str, m: int, variant: str, gbps: float) -> Measurement:
+        return Measurement(
+            name=f"{curve} m={m} {variant}",
+            params={"curve": curve, "m": m, "variant": variant, "role": "sweep"},
+            unit="us",
+            status=MeasurementStatus.OK,
+            stats=Stats.from_samples([1.0], "us"),
+            metrics={"gbps": gbps},
+        )
+
+    result = ProbeResult(
+        probe="gemm",
+        status=ProbeStatus.OK,
+        params={},
+        measurements=(
+            point("gemm:n=2048,k=6144", 1, "bf16", 1000.0),
+            point("gemm:n=2048,k=6144", 1, "fp8_rowwise", 1500.0),
+            point("gemm:n=2048,k=6144", 4, "bf16", 1200.0),
+            point("gemm:n=7168,k=18432", 1, "bf16", 2900.0),
+        ),
+    )
+    series = {s.label: s for s in gemm_curves(result)}
+    assert series["n=2048,k=6144"].x == (1.0, 4.0)
+    assert series["n=2048,k=6144"].y == (1500.0, 1200.0)
+    assert series["n=7168,k=18432"].y == (2900.0,)

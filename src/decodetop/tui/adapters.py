@@ -603,18 +603,20 @@ def allreduce_curves(result: ProbeResult) -> tuple[Series, ...]:
     )
 
 
-def gemm_curves(result: ProbeResult) -> tuple[Series, ...]:
-    """Achieved GB/s vs M, one series per weight shape, from a GEMM result."""
-    by_shape: dict[str, list[tuple[float, float]]] = {}
+def gemm_curves(result: ProbeResult, max_series: int = 6) -> tuple[Series, ...]:
+    """Achieved GB/s vs M, one series per weight shape (the point's `curve` param; the fastest variant per M)."""
+    by_curve: dict[str, dict[float, float]] = {}
     for m in _ok_measurements(result):
-        rows = m.params.get("m", m.params.get("M"))
-        gbps = m.metrics.get("gbps", m.metrics.get("achieved_gbps"))
-        shape = f"{m.params.get('n', '?')}×{m.params.get('k', '?')}"
-        if isinstance(rows, int) and gbps is not None:
-            by_shape.setdefault(shape, []).append((float(rows), float(gbps)))
+        rows = m.params.get("m")
+        gbps = m.metrics.get("gbps")
+        curve = m.params.get("curve")
+        if isinstance(rows, int) and gbps is not None and isinstance(curve, str):
+            label = curve.removeprefix("gemm:")
+            points = by_curve.setdefault(label, {})
+            points[float(rows)] = max(points.get(float(rows), 0.0), float(gbps))
+    ordered = sorted(by_curve.items(), key=lambda item: -len(item[1]))[:max_series]
     return tuple(
-        Series(shape, tuple(x for x, _ in sorted(points)), tuple(y for _, y in sorted(points)))
-        for shape, points in sorted(by_shape.items())
+        Series(label, tuple(sorted(points)), tuple(points[x] for x in sorted(points))) for label, points in ordered
     )
 
 
