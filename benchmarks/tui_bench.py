@@ -93,7 +93,7 @@ def terminal_run(flags: list[str], window_s: float, size: tuple[int, int] = (160
     return {"first_frame_s": first_frame_s, "rss_mb": rss_mb, "cpu_pct": cpu_pct}
 
 
-async def _stall_during_probes(cpu_ranks: int, probes: int, timeout_s: float) -> dict[str, float]:
+async def _stall_during_probes(cpu_ranks: int, probes: int | None, timeout_s: float) -> dict[str, float]:
     sys.path.insert(0, str(ROOT / "src"))
     from decodetop.settings import Settings
     from decodetop.tui.app import DecodetopApp
@@ -130,7 +130,8 @@ async def _stall_during_probes(cpu_ranks: int, probes: int, timeout_s: float) ->
             task = asyncio.create_task(watch())
             await pilot.press("R")
             deadline = time.monotonic() + timeout_s
-            while len(finished) < probes and time.monotonic() < deadline:
+            wanted = probes if probes is not None else len(app.probe_views)
+            while len(finished) < wanted and time.monotonic() < deadline:
                 await pilot.pause(0.1)
             task.cancel()
             await app.action_quit()
@@ -153,7 +154,9 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=20.0, help="CPU measurement window, s (default 20)")
     parser.add_argument("--runs", type=int, default=5, help="first-frame runs (the median is reported)")
     parser.add_argument("--cpu-ranks", type=int, default=2, help="probe ranks for the stall measurement")
-    parser.add_argument("--probes", type=int, default=2, help="probes to wait for in the stall measurement")
+    parser.add_argument(
+        "--probes", type=int, default=None, help="probes to wait for in the stall measurement (default: the whole plan)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if shutil.which("tmux") is None:
