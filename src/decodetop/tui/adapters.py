@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BYTES_PER_GB = 1e9
-LATENCY_PROBES = frozenset({"allreduce", "launch"})
-"""Probes whose figures NVML's costly calls would disturb (peers.md §3.8: a process-list call holds the RM lock)."""
+BANDWIDTH_PROBES = frozenset({"membw"})
+"""Probes that time large copies (hundreds of µs and up), which a process-list call does not disturb."""
 
 
 # --- telemetry ------------------------------------------------------------------------------------------------
@@ -473,8 +473,9 @@ class ControllerProbes:
         return ProbeOutcome(view=probe_view(result, title=probe_id), payload=payload, result=result)
 
     def is_latency_probe(self, probe_id: str) -> bool:
-        """All-reduce and launch timings are disturbed by costly NVML calls."""
-        return probe_id in LATENCY_PROBES
+        """Every probe times microseconds; NVML's process-list call holds the driver lock for milliseconds
+        (peers.md §3.8), so telemetry skips it while any probe but the bandwidth one runs."""
+        return probe_id not in BANDWIDTH_PROBES
 
     def cancel(self) -> None:
         """Cancel the running probe (any thread)."""

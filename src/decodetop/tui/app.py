@@ -10,7 +10,6 @@ so the event loop only draws. Quitting cancels the running probe, closes the pro
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -615,7 +614,6 @@ class DecodetopApp(App[int]):
         for binding in self.BINDINGS:
             if isinstance(binding, Binding):
                 keys.append((binding.key_display or binding.key, binding.description or binding.action))
-        keys[0:0] = []
         keys.extend(EXTRA_KEYS)
         self.push_screen(HelpScreen(keys))
 
@@ -742,8 +740,3 @@ class DecodetopApp(App[int]):
                         self.sources.server.close()
                     if self.sources.taps is not None:
                         self.sources.taps.close()
-
-
-def monotonic_ms() -> float:
-    """Milliseconds on the monotonic clock (for benchmarks and tests)."""
-    return time.monotonic() * 1000.0

@@ -96,9 +96,6 @@ class HealthPanel(Vertical):
         """The checks table."""
         return self.query_one("#health-table", DataTable)
 
-    def _style(self, name: str) -> str:
-        return str(self.get_component_rich_style(name, partial=True))
-
     def summary_text(self) -> Text:
         """ "3 fail · 2 warn · 14 pass · 1 unknown · baseline 2h ago, 2 changed"."""
         view = self.view
