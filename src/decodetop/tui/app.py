@@ -58,6 +58,22 @@ POP_TIMEOUT_S = 0.2
 BASELINE_NAME = "default"
 TABS = ("probes", "gpus", "health", "charts")
 
+HELP_TEXT = {
+    "quit": "quit: cancels the running probe, ends every probe rank and the telemetry thread",
+    "help": "this list",
+    "rerun": "re-run the selected probe",
+    "rerun_all": "re-run every probe of the plan",
+    "cancel_probe": "cancel the running probe and empty the queue",
+    "save_baseline": "save the checks and probe values as the baseline (changes are marked Δ)",
+    "pick_model": "choose the model: the probe plan and the budget follow",
+    "cycle_theme": "next theme: dark, light, high-contrast (remembered in settings.toml)",
+    "show_tab('probes')": "probes tab",
+    "show_tab('gpus')": "GPUs tab",
+    "show_tab('health')": "health tab",
+    "show_tab('charts')": "charts tab",
+}
+"""What `?` says for each binding (the footer keeps the short descriptions)."""
+
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "details of the selected probe or check"),
     ("↑ ↓ / pgup pgdn", "move in a table"),
@@ -613,7 +629,8 @@ class DecodetopApp(App[int]):
         keys = []
         for binding in self.BINDINGS:
             if isinstance(binding, Binding):
-                keys.append((binding.key_display or binding.key, binding.description or binding.action))
+                what = HELP_TEXT.get(binding.action, binding.description or binding.action)
+                keys.append((binding.key_display or binding.key, what))
         keys.extend(EXTRA_KEYS)
         self.push_screen(HelpScreen(keys))
 

@@ -4,13 +4,16 @@ plotext module); line colours come from the theme's segment variables."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
-from textual.app import ComposeResult
+from rich.text import Text
+from textual.app import ComposeResult, RenderResult
 from textual.color import Color
 from textual.containers import Grid
 from textual_plotext import PlotextPlot
 
+from decodetop.textfmt import format_bytes
 from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
 from decodetop.tui.model import ProbeCurves, Series
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
@@ -24,12 +27,24 @@ _PLOTS = (
 )
 
 
+class SafePlot(PlotextPlot):
+    """A PlotextPlot that shows plotext's own failures (it raises on some sizes and log axes) as a line of text
+    instead of taking the app down."""
+
+    def render(self) -> RenderResult:
+        """The plot, or why it could not be drawn."""
+        try:
+            return super().render()
+        except (IndexError, ValueError, ZeroDivisionError) as exc:
+            return Text(f"plot not drawn at this size ({type(exc).__name__})", style="italic")
+
+
 class Charts(Grid):
     """Five plots in a grid; `show_curves` and `show_history` re-plot them."""
 
     DEFAULT_CSS = """
-    Charts { grid-size: 2 3; grid-gutter: 0 1; height: 1fr; }
-    Charts > PlotextPlot { height: 1fr; min-height: 6; }
+    Charts { grid-size: 2; grid-rows: 14; grid-gutter: 0 1; height: 1fr; overflow-y: auto; }
+    Charts > PlotextPlot { height: 14; }
     """
 
     def __init__(self, curves: ProbeCurves, history: TelemetryHistory, now_s: float, *, id: str | None = None) -> None:
@@ -43,7 +58,7 @@ class Charts(Grid):
     def compose(self) -> ComposeResult:
         """One PlotextPlot per chart."""
         for plot_id, _ in _PLOTS:
-            yield PlotextPlot(id=plot_id)
+            yield SafePlot(id=plot_id)
 
     def on_mount(self) -> None:
         """Plot what is held; re-plot on theme change so colours follow the theme."""
@@ -104,21 +119,24 @@ class Charts(Grid):
         plt.clear_figure()
         plt.title(titles[plot_id])
         drawn = False
+        xs_all: list[float] = []
+        ys_all: list[float] = []
         for i, line in enumerate(series):
             points = [(x, y) for x, y in zip(line.x, line.y, strict=True) if not log or (x > 0 and y > 0)]
             if not points:
                 continue
-            plt.plot(
-                [p[0] for p in points],
-                [p[1] for p in points],
-                label=line.label,
-                color=colours[i % len(colours)],
-                marker="braille",
-            )
+            xs = [math.log2(p[0]) if log else p[0] for p in points]
+            ys = [math.log10(p[1]) if log else p[1] for p in points]
+            xs_all.extend(xs)
+            ys_all.extend(ys)
+            plt.plot(xs, ys, label=line.label, color=colours[i % len(colours)], marker="braille")
             drawn = True
         if log and drawn:
-            plt.xscale("log")
-            plt.yscale("log")
+            # plotext's own log axes raise at some sizes: plot log2(bytes), log10(µs) and label ticks in real units
+            xt = [float(t) for t in range(5 * math.floor(min(xs_all) / 5), math.ceil(max(xs_all)) + 1, 5)]
+            plt.xticks(xt, [format_bytes(2.0**t).replace(" ", "") for t in xt])  # 1B, 32B, 1KiB, 32KiB ...
+            yt = [float(t) for t in range(math.floor(min(ys_all)), math.ceil(max(ys_all)) + 1)]
+            plt.yticks(yt, [f"{10.0**t:g}" for t in yt])
         if xlabel:
             plt.xlabel(xlabel)
         if not drawn:
