@@ -60,7 +60,7 @@ def test_record_and_replay_together_is_refused(capsys: pytest.CaptureFixture[str
 def test_corrupt_settings_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "s.toml"
     path.write_text("tp = [")
-    assert main(["--config", str(path)]) == 2
+    assert main(["--settings", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "not valid TOML" in err
 
@@ -82,7 +82,7 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr("decodetop.tui.app.DecodetopApp", FakeApp)
     monkeypatch.setattr("decodetop.tui.launch.build_sources", lambda settings, options: object())
-    assert main(["--config", str(path), "--tp", "2", "--no-probes"]) == 0
+    assert main(["--settings", str(path), "--tp", "2", "--no-probes"]) == 0
     settings = seen["settings"]
     assert isinstance(settings, Settings)
     assert (settings.model, settings.tp, settings.observed_ms, settings.theme) == (

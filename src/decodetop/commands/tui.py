@@ -33,8 +33,14 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the live UI's flags on the main parser."""
     group = parser.add_argument_group("live UI (no subcommand)")
-    group.add_argument("--model", help="model preset (see `decodetop budget --list`) or a path to an HF config.json")
-    group.add_argument("--config", metavar="FILE", help="settings TOML (default: settings.toml in the config dir)")
+    which = group.add_mutually_exclusive_group()
+    which.add_argument("--model", help="model preset (`decodetop budget --list-models`) or a path to an HF config.json")
+    which.add_argument(
+        "--config", metavar="PATH", help="a local checkpoint directory or its config.json (weights are never read)"
+    )
+    group.add_argument(
+        "--settings", metavar="FILE", help="settings TOML (default: settings.toml in the user config directory)"
+    )
     group.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (default: the number of ranks)")
     group.add_argument("--observed-ms", type=_positive_float, help="observed decode step in ms (default 95)")
     group.add_argument("--target-tps", type=_positive_float, help="target tokens/s for one stream (default 309)")
@@ -60,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.themes import THEME_NAMES
     from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus
 
-    config_path = Path(args.config) if args.config else None
+    config_path = Path(args.settings) if args.settings else None
     settings = load_settings(config_path)
     settings = with_overrides(
         settings,
-        model=args.model,
+        model=args.config or args.model,
         tp=args.tp,
         observed_ms=args.observed_ms,
         target_tps=args.target_tps,
