@@ -179,8 +179,28 @@ def independent_gemm(shapes: Sequence[tuple[int, int]]) -> dict[str, Any]:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
             ms = do_bench(lambda x=x, w=w: F.linear(x, w), warmup=25, rep=100, return_mode="median")
-            out[f"{n}x{k}"] = {"time_us": float(ms) * 1e3, "method": "triton.testing.do_bench (median, L2 flushed)"}
-            del w, x
+            row: dict[str, Any] = {"time_us": float(ms) * 1e3, "method": "triton.testing.do_bench (median, L2 flushed)"}
+            # Second reference, without the flush: CUDA events around each call, weights rotated past 2× L2, the
+            # host kept ahead of the GPU by a sleep kernel (so no launch gap falls inside an event pair).
+            l2 = int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 * 2**20))
+            copies = max(1, -(-2 * l2 // (n * k * 2)))
+            ws = [w] + [torch.randn_like(w) * 0.02 for _ in range(copies - 1)]
+            for i in range(10):
+                F.linear(x, ws[i % copies])
+            torch.cuda.synchronize()
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time at 1.98 GHz: the host enqueues everything meanwhile
+            pairs = []
+            for i in range(200):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                F.linear(x, ws[i % copies])
+                e.record()
+                pairs.append((s, e))
+            torch.cuda.synchronize()
+            row["events_rotated_us"] = statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
+            row["events_rotated_copies"] = copies
+            out[f"{n}x{k}"] = row
+            del w, x, ws
             torch.cuda.empty_cache()
         else:
             w = torch.randn(n, k, dtype=torch.float32) * 0.02
@@ -331,6 +351,14 @@ def compare(
                 ind.get("method", "-"),
                 f"probe: {m.params.get('method', '')}, rotation {m.metrics.get('rotation', 1):.0f}",
             )
+            if "events_rotated_us" in ind:
+                add(
+                    f"GEMM 1×{parts['k']}·{parts['k']}×{parts['n']} bf16, no L2 flush",
+                    m.metrics.get("time_us") or _median(m),
+                    ind["events_rotated_us"],
+                    "µs",
+                    f"CUDA events per call, {ind['events_rotated_copies']} weight copies rotated (no flush)",
+                )
     mb = by.get("membw")
     if mb is not None:
         for m in mb.measurements:

@@ -138,8 +138,11 @@ def telemetry_effect(rounds: int, device: str) -> dict[str, Any]:
     ticks: dict[str, int] = dict.fromkeys(CONDITIONS, 0)
     with ProbeController(device=device, cpu_ranks=1) as pc:
         pc.run("launch", {"samples": 5})  # warm-up
-        for _ in range(rounds):
-            for cond, interval in CONDITIONS.items():
+        names = list(CONDITIONS)
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate the order: no condition always first
+            for cond in order:
+                interval = CONDITIONS[cond]
                 counter = {"n": 0}
                 collector = None
                 if interval is not None:

@@ -195,6 +195,21 @@ def run_plans(
 
 # ----------------------------------------------------------------------------------------------- the real model
 
+#: Name under which `serving_sdpa` is registered with transformers' AttentionInterface.
+SERVING_ATTN = "decodetop_serving_sdpa"
+
+
+def serving_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    """Decode attention as a serving engine's kernel does it, and as decodetop's attention probe times it: SDPA over
+    the cache with GQA handled by the kernel (no `repeat_kv` copy) and no mask (a decode query attends to every
+    cached token; the StaticCache's unfilled tail slots are 1.5 % of it). transformers' own "sdpa" path, given the
+    StaticCache's mask, copies K/V per query head and runs the masked (non-flash) kernel instead."""
+    import torch.nn.functional as F  # noqa: N812
+
+    gqa = key.shape[1] != query.shape[1]
+    out = F.scaled_dot_product_attention(query, key, value, scale=kwargs.get("scaling"), enable_gqa=gqa)
+    return out.transpose(1, 2).contiguous(), None
+
 
 def _hf_config(cfg: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
@@ -225,6 +240,7 @@ def time_model(
     trace_steps: int = 4,
     trace_path: Path | None = None,
     prefill_chunk: int = 1024,
+    serving_attention: bool = True,
 ) -> dict[str, Any]:
     """Build the model from `cfg` with random BF16 weights, prefill `context` tokens into a StaticCache and time one
     decode step eager and under a CUDA graph. Returns ms per step and how each figure was taken."""
@@ -288,7 +304,8 @@ def time_model(
         _reset(cache, context)
         pos.fill_(context)
 
-    with torch.no_grad():
+    def measure_modes() -> dict[str, Any]:
+        res: dict[str, Any] = {}
         # eager: N steps back to back (host clock, one synchronize), and N steps each synchronized
         reset()
         for _ in range(3):
@@ -311,61 +328,89 @@ def time_model(
                 sync()
                 per.append((time.perf_counter() - t) * 1e3)
             eager_synced.append(statistics.median(per))
-        out["eager_ms"] = statistics.median(eager)
-        out["eager_samples_ms"] = eager
-        out["eager_synced_ms"] = statistics.median(eager_synced)
-        out["steps_per_sample"] = steps
+        res["eager_ms"] = statistics.median(eager)
+        res["eager_samples_ms"] = eager
+        res["eager_synced_ms"] = statistics.median(eager_synced)
+        res["steps_per_sample"] = steps
+        if not cuda:
+            res["graph_ms"] = None
+            res["graph_error"] = "no CUDA here: graph mode skipped"
+            return res
         # CUDA graph of one step
-        if cuda:
-            try:
-                reset()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        step()
-                torch.cuda.current_stream().wait_stream(side)
-                reset()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+        try:
+            reset()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
                     step()
-                graph_ms = []
-                for _ in range(samples):
-                    reset()
+            torch.cuda.current_stream().wait_stream(side)
+            reset()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step()
+            graph_ms = []
+            for _ in range(samples):
+                reset()
+                graph.replay()
+                sync()
+                reset()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(steps):
                     graph.replay()
-                    sync()
-                    reset()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(steps):
-                        graph.replay()
-                    end.record()
-                    end.synchronize()
-                    graph_ms.append(start.elapsed_time(end) / steps)
-                out["graph_ms"] = statistics.median(graph_ms)
-                out["graph_samples_ms"] = graph_ms
-                del graph
+                end.record()
+                end.synchronize()
+                graph_ms.append(start.elapsed_time(end) / steps)
+            res["graph_ms"] = statistics.median(graph_ms)
+            res["graph_samples_ms"] = graph_ms
+            graph.reset()
+        except Exception as exc:
+            res["graph_ms"] = None
+            res["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            torch.cuda.synchronize()
+        return res
+
+    default_impl = model.config._attn_implementation
+    with torch.no_grad():
+        out.update(measure_modes())
+        if serving_attention:
+            from transformers import AttentionInterface
+
+            AttentionInterface.register(SERVING_ATTN, serving_sdpa)
+            model.config._attn_implementation = SERVING_ATTN
+            try:
+                out["serving_attention"] = measure_modes()
             except Exception as exc:
-                out["graph_ms"] = None
-                out["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-                torch.cuda.synchronize()
-        else:
-            out["graph_ms"] = None
-            out["graph_error"] = "no CUDA here: graph mode skipped"
-        # profiler trace of a few eager steps, one ProfilerStep each
-        if trace_path is not None and trace_steps > 0:
+                out["serving_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            finally:
+                model.config._attn_implementation = default_impl
+
+        # profiler traces of a few eager steps, one ProfilerStep each (default attention, then serving-style)
+        def take_trace(path: Path) -> None:
             from torch.profiler import ProfilerActivity, profile
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
             reset()
+            with profile(activities=acts, with_stack=True, record_shapes=True) as prof:
+                for _ in range(trace_steps):
+                    step()
+                    sync()
+                    prof.step()
+            prof.export_chrome_trace(str(path))
+
+        if trace_path is not None and trace_steps > 0:
             try:
-                with profile(activities=acts, with_stack=True, record_shapes=True) as prof:
-                    for _ in range(trace_steps):
-                        step()
-                        sync()
-                        prof.step()
-                prof.export_chrome_trace(str(trace_path))
+                take_trace(trace_path)
                 out["trace"] = str(trace_path)
+                if serving_attention and "error" not in out.get("serving_attention", {}):
+                    serving_path = trace_path.with_name(trace_path.stem + ".serving.json")
+                    model.config._attn_implementation = SERVING_ATTN
+                    try:
+                        take_trace(serving_path)
+                    finally:
+                        model.config._attn_implementation = default_impl
+                    out["trace_serving"] = str(serving_path)
             except Exception as exc:
                 out["trace_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return out
@@ -427,6 +472,18 @@ def summary_table(doc: Mapping[str, Any]) -> str:
                 + (f"{err * 100:+.1f} %" if err is not None else "-")
                 + f" | {target} |"
             )
+        sv = t.get("serving_attention") or {}
+        for mode in ("graph", "eager"):
+            if sv.get(f"{mode}_ms") is None:
+                continue
+            err = _err(b.get(f"{mode}_ms"), sv.get(f"{mode}_ms"))
+            ok = " ✓" if err is not None and abs(err) <= TARGET_GRAPH_ERROR else " ✗"
+            lines.append(
+                f"| {name} | {mode}, model with serving-style attention | {_fmt(b.get(f'{mode}_ms'))} | "
+                f"{_fmt(sv.get(f'{mode}_ms'))} | "
+                + (f"{err * 100:+.1f} %" if err is not None else "-")
+                + f" | {'≤ 15 %' + ok if mode == 'graph' else ''} |"
+            )
         for mode in ("graph", "eager"):
             like = m.get(f"{mode}_like_with_like_ms")
             if like is None:
@@ -447,11 +504,20 @@ def component_table(doc: Mapping[str, Any]) -> str:
         tc = m.get("trace_comparison")
         if not tc:
             continue
-        out.append(f"{name}: traced {tc['kernels_per_step']:.0f} kernels/step, step {tc['step_wall_ms']:.3g} ms")
-        out.append("| component | budget (eager) ms | traced ms/step |")
-        out.append("|---|---|---|")
+        ts = m.get("trace_comparison_serving") or {}
+        served = {r["key"]: r["traced_ms"] for r in ts.get("rows", [])}
+        out.append(
+            f"{name}: traced {tc['kernels_per_step']:.0f} kernels/step (serving-style attention: "
+            f"{ts.get('kernels_per_step', float('nan')):.0f})"
+        )
+        out.append(
+            "| component | budget ms (kernels) | traced ms/step, HF sdpa | traced ms/step, serving-style attention |"
+        )
+        out.append("|---|---|---|---|")
         for r in tc["rows"]:
-            out.append(f"| {r['label']} | {_fmt(r['probed_ms'])} | {_fmt(r['traced_ms'])} |")
+            out.append(
+                f"| {r['label']} | {_fmt(r['probed_ms'])} | {_fmt(r['traced_ms'])} | {_fmt(served.get(r['key']))} |"
+            )
     return "\n".join(out)
 
 
@@ -548,10 +614,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 except Exception as exc:
                     traceback.print_exc()
                     entry["trace_comparison_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if b and t.get("trace_serving"):
+                try:
+                    entry["trace_comparison_serving"] = trace_comparison(
+                        t["trace_serving"], entry["budget_eager"], int(configs[n]["vocab_size"])
+                    )
+                except Exception as exc:
+                    entry["trace_comparison_serving_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             with_graph = t.get("graph_ms")
             if b:
                 entry["error_graph"] = _err(b["graph_ms"], with_graph)
                 entry["error_eager"] = _err(b["eager_ms"], t.get("eager_ms"))
+                sv = t.get("serving_attention") or {}
+                entry["error_graph_serving_attention"] = _err(b["graph_ms"], sv.get("graph_ms"))
+                entry["error_eager_serving_attention"] = _err(b["eager_ms"], sv.get("eager_ms"))
             doc["summary"] = summary_table(doc)
             _dump(doc, args.json)
     doc["summary"] = summary_table(doc)

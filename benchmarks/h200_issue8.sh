@@ -60,7 +60,7 @@ else
   part accuracy "$T_ACCURACY"
   part fidelity "$T_FIDELITY" --samples 3
   part diagnosis "$T_DIAGNOSIS"
-  part cost "$T_COST" --rounds 2
+  part cost "$T_COST" ${COST_ARGS:---rounds 2}
 fi
 
 $PY - "$OUT" <<'EOF'
