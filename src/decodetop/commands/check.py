@@ -64,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="container config folder to compare with live NVIDIA majors (default /etc/pve/lxc and /var/lib/lxc)",
     )
+    parser.add_argument(
+        "--prometheus-textfile",
+        metavar="PATH",
+        help="also write the results for node_exporter's textfile collector to PATH (*.prom, written atomically)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     lxc_dirs = tuple(args.lxc_config_dir) if args.lxc_config_dir else None
     if args.collect and Path(args.collect).is_dir():
         raise UserInputError(f"--collect {args.collect}: is a directory, give a file name ending in .tar.gz")
+    textfile = getattr(args, "prometheus_textfile", None)
+    if textfile:
+        from decodetop.export.prometheus import textfile_path
+
+        textfile = textfile_path(textfile)  # a bad name fails before any work
 
     # Load the baseline first, so a corrupt one fails before any work and is never overwritten.
     explicit = args.baseline is not None
@@ -177,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
     if args.save_baseline:
         path = bl.save_baseline(results, args.save_baseline, root=args.root or "/")
         print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
+    if textfile:
+        from decodetop.export.prometheus import write_check_textfile
+
+        write_check_textfile(textfile, results)
     return code
 
 
