@@ -32,7 +32,7 @@ from typing import Any
 from decodetop import __version__
 from decodetop.atomic import write_text_atomic
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
-from decodetop.errors import UserInputError
+from decodetop.errors import DecodetopError, UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -748,6 +748,12 @@ def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, no
     node_exporter reads only `*.prom` files in its `--collector.textfile.directory`, so another suffix is refused.
     """
     target = textfile_path(path)
+    try:
+        import prometheus_client  # noqa: F401 - only to say clearly when it is missing
+    except ImportError:
+        raise DecodetopError(
+            f"--prometheus-textfile {target}: needs the prometheus_client package (pip install prometheus-client)"
+        ) from None
     state = ExportState(checks=tuple(results), checks_unix_s=time.time() if now_unix_s is None else now_unix_s)
     text = render_exposition(state, parts=("checks",))
     try:
