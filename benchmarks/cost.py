@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from decodetop.atomic import write_text_atomic
+
 #: Telemetry conditions: label → tick interval in seconds (None: no collector).
 CONDITIONS: dict[str, float | None] = {"off": None, "1 s tick": 1.0, "0.1 s tick": 0.1}
 #: Latency figures read from the probes: (probe, measurement `what`/mode, metric).
@@ -222,11 +224,9 @@ def tables(doc: dict[str, Any]) -> str:
 
 
 def _dump(doc: dict[str, Any], path: str | None) -> None:
-    """Write the document so far (temp file + rename), so a part cut by its deadline keeps what it had."""
+    """Write the document so far (atomically), so a part cut by its deadline keeps what it had."""
     if path:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from decodetop.atomic import write_text_atomic
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity import FIDELITY_PROBES, inventory_for, model_overrides, reduced_spec, run_plans
@@ -165,11 +167,9 @@ def table(judgements: Sequence[Mapping[str, Any]], skipped: Mapping[str, str]) -
 
 
 def _dump(doc: dict[str, Any], path: str | None) -> None:
-    """Write the document so far (temp file + rename), so a part cut by its deadline keeps what it had."""
+    """Write the document so far (atomically), so a part cut by its deadline keeps what it had."""
     if path:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

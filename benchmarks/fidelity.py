@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from decodetop.atomic import write_text_atomic
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import StepInventory, build_inventory
 from decodetop.budget.spec import PRESET_DIR, ModelSpec, spec_from_config
@@ -643,9 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dump(doc: Mapping[str, Any], path: str | None) -> None:
     """Write the document so far (atomically: temp file + rename)."""
     if path:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n", encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
 
 
 def _release_gpu() -> None:

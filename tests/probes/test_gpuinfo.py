@@ -79,6 +79,7 @@ def test_busy_gpu_needs_force(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 def test_nccl_env_picks_nccl_settings() -> None:
     env = {"NCCL_ALGO": "Ring", "PATH": "/bin", "TORCH_NCCL_BLOCKING_WAIT": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     assert nccl_env(env) == {"NCCL_ALGO": "Ring", "NVSHMEM_DISABLE_NVLS": "1", "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert nccl_env({**env, "CUDA_LAUNCH_BLOCKING": "1"})["CUDA_LAUNCH_BLOCKING"] == "1"
 
 
 def test_visible_gpus_from_a_real_h200_recording(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -203,10 +203,22 @@ def host_environment_fields(gpus: Sequence[GpuInfo] = ()) -> dict[str, Any]:
 
 
 def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """NCCL_* variables and the multicast switches (the settings that swing small-message latency)."""
+    """NCCL_* variables, the multicast switches and the CUDA settings that swing latency figures."""
     env = os.environ if environ is None else environ
     keys = [k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_", "NVSHMEM_"))]
-    keys += [k for k in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "CUDA_DEVICE_ORDER") if k in env]
+    # CUDA_LAUNCH_BLOCKING doubles the eager op cost and slows graph-timed probes (docs/benchmarks.md, issue 8):
+    # a result taken with it must say so.
+    keys += [
+        k
+        for k in (
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "CUDA_DEVICE_ORDER",
+            "CUDA_LAUNCH_BLOCKING",
+            "CUDA_DEVICE_MAX_CONNECTIONS",
+            "PYTORCH_CUDA_ALLOC_CONF",
+        )
+        if k in env
+    ]
     return {k: env[k] for k in sorted(set(keys))}
 
 
