@@ -324,3 +324,11 @@ async def test_charts_mount_on_first_view_and_plot_probe_curves_and_telemetry() 
         assert sorted(charts.history.series["sm"]) == list(range(8))
         # frames queued together coalesce (TelemetryReady.can_replace): the newest is always there
         assert charts.history.series["power"][0][-1] == (NOW_S, 76.0)
+
+
+def test_health_ids_drop_the_pci_domain() -> None:
+    from decodetop.tui.widgets.health_panel import display_id
+
+    assert display_id("N3:0000:3b:00.0") == "N3:3b:00.0"
+    assert display_id("P7:GPU0-GPU1") == "P7:GPU0-GPU1"
+    assert display_id("C10") == "C10"

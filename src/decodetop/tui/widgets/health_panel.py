@@ -28,6 +28,14 @@ COLUMN_WIDTHS = {"status": 7, "id": 10, "title": 22, "observed": 26, "changed": 
 has dozens of checks, and measuring them all at start stalled the event loop for ~0.3 s on a busy 2-core box."""
 
 
+def display_id(check_id: str) -> str:
+    """The id as the narrow column shows it: the PCI domain dropped ("N3:0000:3b:00.0" → "N3:3b:00.0")."""
+    head, sep, subject = check_id.partition(":")
+    if sep and subject.startswith("0000:"):
+        return f"{head}:{subject[5:]}"
+    return check_id
+
+
 def sorted_checks(checks: tuple[CheckResult, ...]) -> list[CheckResult]:
     """Failing first, then warnings, unknown, info, pass; stable by id within a status."""
     return sorted(checks, key=lambda c: (-c.status.severity, c.check_id))
@@ -155,7 +163,7 @@ class HealthPanel(Vertical):
         changed = check.check_id in self.view.changed_ids
         return {
             "status": Text(check.status.value, style=style),
-            "id": Text(check.check_id),
+            "id": Text(display_id(check.check_id)),
             "title": Text(check.title[:48]),
             "observed": Text(check.observed[:40]),
             "changed": Text(
