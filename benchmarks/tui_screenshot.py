@@ -1,8 +1,10 @@
 """Writes docs/screenshots/main.svg: the main screen over data recorded on the H200 machine.
 
-- Telemetry: the NVML recording `h200x1-load` (one H200 under load), replicated to 8 GPUs as `--demo` does; the
-  GPU panel says so.
-- Probes: `benchmarks/results/probe_h200x1.json` (allreduce, launch, membw measured on that H200).
+- Telemetry: the NVML recording `h200x1-load` (one H200 under load), replicated to the plan's 2 GPUs; the GPU
+  panel says so.
+- Probes: `benchmarks/results/probe_h200x1.json` (allreduce, launch, membw measured on that H200) and
+  `plan_glm-5-tp2-h200x1.json` (GLM-5's TP-2 plan measured on one rank of it: every component but the all-reduces,
+  which the budget shows as a roofline estimate).
 - Health: the checks run over the host tree copied from the same Firecracker VM
   (`tests/fixtures/hosts/firecracker-h200-vm`), with the recorded NVML.
 
@@ -18,6 +20,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The GLM-5 TP-2 plan measured on the H200 (one rank: its all-reduces are missing and shown so), beside the
+#: primitives; the one recorded GPU is replicated to the plan's two (the GPU panel says so).
+MODEL = "glm-5"
+GPUS = 2
+PRIMITIVES = "benchmarks/results/probe_h200x1.json"
+PLAN = "benchmarks/results/plan_glm-5-tp2-h200x1.json"
 sys.path.insert(0, str(ROOT / "src"))
 
 
@@ -33,7 +41,7 @@ async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
     from decodetop.tui.app import DecodetopApp
     from decodetop.tui.sources import Sources
 
-    backend = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)
+    backend = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=GPUS, clock=None)
     sampler = TelemetrySampler(Nvml(backend))
     snapshots = []
     for _ in range(6):
@@ -42,10 +50,10 @@ async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
         time.sleep(0.25)  # PCIe rates come from counter deltas between ticks
     checks = run_all_checks(
         HostRoot(ROOT / "tests/fixtures/hosts/firecracker-h200-vm/root"),
-        nvml=Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)),
+        nvml=Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=GPUS, clock=None)),
         sample_interval_s=0,
     )
-    results = load_results(ROOT / "benchmarks/results/probe_h200x1.json")
+    results = [*load_results(ROOT / PRIMITIVES), *load_results(ROOT / PLAN)]
     sources = Sources(
         telemetry=ReplayTelemetry(snapshots, interval_s=0.05, loop=False),
         probes=ReplayProbes(results),
@@ -53,9 +61,9 @@ async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
         checks=RecordedChecks(checks),
         history=None,
         run_probes_at_start=True,
-        notes=("H200 recordings: NVML h200x1-load ×8, probes probe_h200x1.json",),
+        notes=(f"H200 recordings: NVML h200x1-load ×{GPUS}, probes {Path(PRIMITIVES).name} + {Path(PLAN).name}",),
     )
-    app = DecodetopApp(sources, Settings(model="glm-5-nvfp4", tp=8), save_theme=False, age_refresh_s=0)
+    app = DecodetopApp(sources, Settings(model=MODEL, tp=GPUS), save_theme=False, age_refresh_s=0)
     async with app.run_test(size=size) as pilot:
         for _ in range(400):
             done = len(app.results) == len(results) and app.budget_settled and app.checks
