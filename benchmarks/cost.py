@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from decodetop.atomic import write_text_atomic
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fidelity import dump_json
 
 #: Telemetry conditions: label → tick interval in seconds (None: no collector).
 CONDITIONS: dict[str, float | None] = {"off": None, "1 s tick": 1.0, "0.1 s tick": 0.1}
@@ -223,12 +225,6 @@ def tables(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _dump(doc: dict[str, Any], path: str | None) -> None:
-    """Write the document so far (atomically), so a part cut by its deadline keeps what it had."""
-    if path:
-        write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the parts asked for; JSON and tables."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -246,12 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "tick" in parts:
         print("cost: telemetry ticks", file=sys.stderr, flush=True)
         doc["tick"] = tick_cost(args.ticks)
-        _dump(doc, args.json)
+        dump_json(doc, args.json)
     if "effect" in parts:
         print("cost: telemetry vs latency probes", file=sys.stderr, flush=True)
         doc["effect"] = telemetry_effect(args.rounds, args.device)
         doc["table"] = tables(doc)
-        _dump(doc, args.json)
+        dump_json(doc, args.json)
     if "plan" in parts:
         doc["plans"] = []
         for tp in [int(t) for t in args.tp.split(",") if t.strip()]:
@@ -261,9 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except Exception as exc:
                 doc["plans"].append({"model": args.model, "tp": tp, "error": f"{type(exc).__name__}: {exc}"})
             doc["table"] = tables(doc)
-            _dump(doc, args.json)
+            dump_json(doc, args.json)
     doc["table"] = tables(doc)
-    _dump(doc, args.json)
+    dump_json(doc, args.json)
     if args.json:
         print(f"cost: wrote {args.json}", file=sys.stderr)
     print(doc["table"])

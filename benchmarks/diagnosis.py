@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -31,11 +30,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from decodetop.atomic import write_text_atomic
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity import FIDELITY_PROBES, inventory_for, model_overrides, reduced_spec, run_plans
+from fidelity import FIDELITY_PROBES, dump_json, inventory_for, model_overrides, reduced_spec, run_plans
 
 #: Environment variable the planted attention wrapper reads in the rank (set through the controller's rank_env).
 PLANT_ENV = "DECODETOP_ISSUE8_PLANT"
@@ -166,12 +163,6 @@ def table(judgements: Sequence[Mapping[str, Any]], skipped: Mapping[str, str]) -
     return "\n".join(out)
 
 
-def _dump(doc: dict[str, Any], path: str | None) -> None:
-    """Write the document so far (atomically), so a part cut by its deadline keeps what it had."""
-    if path:
-        write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Clean plan, then one plan per plant; per-component budget differences; JSON and a table."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -225,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clean = plan()
     doc["clean"] = {k: clean[k] for k in ("graph_ms", "eager_ms", "graph_rows", "eager_rows", "wall_s", "notes")}
     doc["clean"]["measured_keys"] = clean["plan_run"]["measured"]
-    _dump(doc, args.json)
+    dump_json(doc, args.json)
     judgements = []
     for plant in plants:
         if plant == "nccl_simple_ring" and world < 2:
@@ -257,9 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         judgements.append(res["judgement"])
         doc["plants"][plant] = res
         doc["table"] = table(judgements, doc["skipped"])
-        _dump(doc, args.json)
+        dump_json(doc, args.json)
     doc["table"] = table(judgements, doc["skipped"])
-    _dump(doc, args.json)
+    dump_json(doc, args.json)
     if args.json:
         print(f"diagnosis: wrote {args.json}", file=sys.stderr)
     print(doc["table"])

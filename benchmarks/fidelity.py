@@ -581,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             entry["plan_results"] = p["plan_run"]["results"]
             entry["measured_keys"] = p["plan_run"]["measured"]
         doc["models"][n] = entry
-    _dump(doc, args.json)  # partial results survive a deadline
+    dump_json(doc, args.json)  # partial results survive a deadline
     if not args.skip_model:
         tmp = Path(tempfile.mkdtemp(prefix="issue8_trace_"))
         for n in names:
@@ -630,10 +630,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 entry["error_graph_serving_attention"] = _err(b["graph_ms"], sv.get("graph_ms"))
                 entry["error_eager_serving_attention"] = _err(b["eager_ms"], sv.get("eager_ms"))
             doc["summary"] = summary_table(doc)
-            _dump(doc, args.json)
+            dump_json(doc, args.json)
     doc["summary"] = summary_table(doc)
     doc["components"] = component_table(doc)
-    _dump(doc, args.json)
+    dump_json(doc, args.json)
     if args.json:
         print(f"fidelity: wrote {args.json}", file=sys.stderr)
     print(doc["summary"])
@@ -641,8 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _dump(doc: Mapping[str, Any], path: str | None) -> None:
-    """Write the document so far (atomically: temp file + rename)."""
+def dump_json(doc: Mapping[str, Any], path: str | None) -> None:
+    """Write the document so far (atomically), so a part cut by its deadline keeps what it had."""
     if path:
         write_text_atomic(Path(path), json.dumps(doc, indent=1, default=str) + "\n")
 
