@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The 2-GPU runs of issues 2, 4 and 8 in one call on a 2 × H200 machine (device kind nvidia-h200-x2).
+#
+#   bash benchmarks/h200x2_campaign.sh        # everything lands in $OUT/x2.tgz (+ a summary printed last)
+#
+# Each step has its own deadline so one hanging step cannot eat the others' time. Never changes GPU settings;
+# NVLink multicast stays off (KINDS.md).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DECODETOP_STATE_DIR=/tmp/decodetop-state
+OUT=${OUT:-/tmp/x2out}
+W=/tmp/x2work
+rm -rf "$W" && mkdir -p "$W" "$OUT"
+LOG=$W/campaign_log.txt
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (deadline ${limit}s) $(date -u +%T)" | tee -a "$LOG"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$W/$name.txt" 2>&1
+  echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
+  tar czf "$OUT/x2.tgz" -C "$W" .  # after every step: what finished survives a cut-off call
+}
+nvidia-smi topo -m >"$W/topo.txt" 2>&1
+step primitives 150 python3 -m decodetop probe allreduce launch membw --json "$W/probe_h200x2.json"
+for model in llama-3.1-70b deepseek-v3 glm-5; do
+  step "plan_$model" 80 python3 -m decodetop probe --model "$model" --tp 2 --budget --json "$W/plan_${model}-tp2-h200x2.json"
+done
+step allreduce_vs_dist 70 python3 benchmarks/allreduce_vs_dist.py --json "$W/probe_allreduce_vs_dist_h200x2.json"
+step record_nvml 45 python3 benchmarks/record_nvml.py --out "$W" --label h200x2
+OUT=$W PARTS="accuracy diagnosis" T_ACCURACY=70 T_DIAGNOSIS=90 step issue8 175 bash benchmarks/h200_issue8.sh
+cat "$LOG"
+grep -E "busbw|^ *(8 B|256 MiB)|total|unexplained|composition error|rc=" "$W"/primitives.txt "$W"/plan_*.txt 2>/dev/null | head -40
