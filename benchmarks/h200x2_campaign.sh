@@ -9,7 +9,10 @@ set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DECODETOP_STATE_DIR=/tmp/decodetop-state
 OUT=${OUT:-/tmp/x2out}
+TGZ=$OUT/x2.tgz
 W=/tmp/x2work
+STEPS=${STEPS:-"primitives plans allreduce_vs_dist record_nvml issue8"}
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 LOG=$W/campaign_log.txt
 step() {  # step NAME TIMEOUT CMD...
@@ -19,15 +22,17 @@ step() {  # step NAME TIMEOUT CMD...
   local t0=$SECONDS
   timeout -k 10 "$limit" "$@" >"$W/$name.txt" 2>&1
   echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
-  tar czf "$OUT/x2.tgz" -C "$W" .  # after every step: what finished survives a cut-off call
+  tar czf "$TGZ" -C "$W" .  # after every step: what finished survives a cut-off call
 }
 nvidia-smi topo -m >"$W/topo.txt" 2>&1
-step primitives 150 python3 -m decodetop probe allreduce launch membw --json "$W/probe_h200x2.json"
-for model in llama-3.1-70b deepseek-v3 glm-5; do
+want primitives && step primitives 150 python3 -m decodetop probe allreduce launch membw --json "$W/probe_h200x2.json"
+want plans && for model in llama-3.1-70b deepseek-v3 glm-5; do
   step "plan_$model" 80 python3 -m decodetop probe --model "$model" --tp 2 --budget --json "$W/plan_${model}-tp2-h200x2.json"
 done
-step allreduce_vs_dist 70 python3 benchmarks/allreduce_vs_dist.py --json "$W/probe_allreduce_vs_dist_h200x2.json"
-step record_nvml 45 python3 benchmarks/record_nvml.py --out "$W" --label h200x2
-OUT=$W PARTS="accuracy diagnosis" T_ACCURACY=70 T_DIAGNOSIS=90 step issue8 175 bash benchmarks/h200_issue8.sh
+want allreduce_vs_dist && step allreduce_vs_dist 100 python3 benchmarks/allreduce_vs_dist.py --rounds 3 --json "$W/probe_allreduce_vs_dist_h200x2.json"
+want record_nvml && step record_nvml 45 python3 benchmarks/record_nvml.py --out "$W" --label h200x2
+want issue8 && step issue8 175 env OUT="$W" PARTS="accuracy diagnosis" T_ACCURACY=70 T_DIAGNOSIS=90 \
+  bash benchmarks/h200_issue8.sh
 cat "$LOG"
+cat "$W"/issue8.txt 2>/dev/null | tail -40
 grep -E "busbw|^ *(8 B|256 MiB)|total|unexplained|composition error|rc=" "$W"/primitives.txt "$W"/plan_*.txt 2>/dev/null | head -40
