@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from decodetop.probes.protocol import RANK_ENV_DEFAULTS
+
 #: Disagreement the issue asks to explain.
 TOLERANCE = 0.10
 #: All-reduce sizes compared (bytes): latency-bound to bandwidth-bound.
@@ -54,9 +56,8 @@ def _free_port() -> int:
 
 def _ar_rank(rank: int, world: int, port: int, sizes: Sequence[int], q: Any) -> None:
     """One rank of the independent all-reduce timing (own process group, TCP rendezvous)."""
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    for key, value in RANK_ENV_DEFAULTS.items():  # NVLink multicast off, as the probe ranks
+        os.environ.setdefault(key, value)
     import torch
     import torch.distributed as dist
 
@@ -439,7 +440,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    for key, value in RANK_ENV_DEFAULTS.items():  # NVLink multicast off, as the probe ranks
+        os.environ.setdefault(key, value)
     sys.exit(main())

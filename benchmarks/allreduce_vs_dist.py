@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from decodetop.probes.controller import ProbeController
+from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 from decodetop.textfmt import format_bytes, parse_size, table
 
 DEFAULT_SIZES = "1K,64K,4M,64M"
@@ -46,9 +47,8 @@ def _independent_rank(rank: int, cfg: dict[str, Any], q: Any) -> None:
     """One rank of the independent timing: TCP rendezvous, host-timed loops."""
     world, port, use_cuda = cfg["world"], cfg["port"], cfg["use_cuda"]
     sizes, ops, reps = cfg["sizes"], cfg["ops"], cfg["reps"]
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    for key, value in RANK_ENV_DEFAULTS.items():  # NVLink multicast off, as the probe ranks
+        os.environ.setdefault(key, value)
     import torch
     import torch.distributed as dist
 

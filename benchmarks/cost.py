@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from decodetop.probes.protocol import RANK_ENV_DEFAULTS
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity import dump_json
@@ -267,7 +269,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    for key, value in RANK_ENV_DEFAULTS.items():  # NVLink multicast off, as the probe ranks
+        os.environ.setdefault(key, value)
     sys.exit(main())

@@ -40,6 +40,7 @@ from decodetop.atomic import write_text_atomic
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import StepInventory, build_inventory
 from decodetop.budget.spec import PRESET_DIR, ModelSpec, spec_from_config
+from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 
 #: The issue's target for |predicted − measured| / measured in graph mode.
 TARGET_GRAPH_ERROR = 0.15
@@ -668,7 +669,6 @@ def _launch_ms(measured: Mapping[str, Any], mode: str) -> float | None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    for key, value in RANK_ENV_DEFAULTS.items():  # NVLink multicast off, as the probe ranks
+        os.environ.setdefault(key, value)
     sys.exit(main())

@@ -20,8 +20,6 @@ DEMO_GPUS = 8
 CPU_RANK_NICE = 10
 """CPU ranks spin at 100 % in gloo collectives; at nice 10 they yield to the UI on a 2-core box (GPU ranks are
 left alone)."""
-# h200-machine.md: these machines need NVLS and multicast off for NCCL and symmetric memory.
-H200_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 @dataclass(frozen=True)
@@ -94,7 +92,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         device = "cpu" if options.demo or cpu_ranks is not None else "auto"
 
         def make_controller() -> ProbeController:
-            controller = ProbeController(gpus=gpus, cpu_ranks=cpu_ranks, device=device, rank_env=H200_RANK_ENV)
+            controller = ProbeController(gpus=gpus, cpu_ranks=cpu_ranks, device=device)
             controller.start()
             return controller
 
