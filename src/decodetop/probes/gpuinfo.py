@@ -56,9 +56,17 @@ _CLOCK_MEM = 2
 _TEMPERATURE_GPU = 0
 
 
+_shared_nvml: Nvml | None = None
+
+
 def _source(nvml: Nvml | None) -> Nvml | None:
-    """The given NVML, or a fresh one through the choke point; None where NVML is not usable."""
-    nvml = nvml if nvml is not None else Nvml()
+    """The given NVML, or this process's shared one (initialised once, not before and after every probe);
+    None where NVML is not usable."""
+    global _shared_nvml
+    if nvml is None:
+        if _shared_nvml is None:
+            _shared_nvml = Nvml()
+        nvml = _shared_nvml
     return nvml if nvml.available else None
 
 
