@@ -213,6 +213,115 @@ def serving_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: 
     return out.transpose(1, 2).contiguous(), None
 
 
+def absorbed_mla_forward(
+    self: Any,
+    hidden_states: Any,
+    position_embeddings: tuple[Any, Any],
+    attention_mask: Any,
+    past_key_values: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, None]:
+    """MLA decode in the absorbed form serving engines run (DeepSeek-V2 §2.1; vLLM's MLA backends call it the
+    "data-movement friendly" decode path): kv_b_proj's K half folds into the query and its V half into the output,
+    and every head attends over the cached latents (kv_lora_rank + rope dims per token) directly.
+
+    transformers' own DeepseekV3Attention caches the same latents but decompresses *all* of them through kv_b_proj
+    every step (a [context × kv_lora_rank]·[kv_lora_rank × heads·(nope+v)] GEMM per layer, then per-head K/V
+    copies): the prefill form, which no serving engine uses for decode. Same weights, same cache; with every cache
+    slot filled the output equals the stock forward's up to rounding (tests/benchmarks/test_issue8_scripts.py).
+    transformers builds no mask for a registered attention function, so here as in `serving_sdpa` a decode query
+    attends to every slot of the StaticCache (the unfilled tail is 1.5 % of it at the default sizes)."""
+    import sys as _sys
+
+    import torch
+
+    modeling = _sys.modules[type(self).__module__]
+    bsz, q_len = hidden_states.shape[:-1]
+    heads, nope, rope, v_dim, lora = (
+        self.num_heads,
+        self.qk_nope_head_dim,
+        self.qk_rope_head_dim,
+        self.v_head_dim,
+        self.kv_lora_rank,
+    )
+    if self.q_lora_rank is None:
+        q_states = self.q_proj(hidden_states)
+    else:
+        q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+    q_states = q_states.view(bsz, q_len, heads, nope + rope).transpose(1, 2)
+    q_pass, q_rot = torch.split(q_states, [nope, rope], dim=-1)
+    compressed = self.kv_a_proj_with_mqa(hidden_states)
+    kv_nope, k_rot = torch.split(compressed, [lora, rope], dim=-1)
+    kv_nope = self.kv_a_layernorm(kv_nope).view(bsz, 1, q_len, lora)
+    k_rot = k_rot.view(bsz, 1, q_len, rope)
+    cos, sin = position_embeddings
+    if getattr(self.config, "rope_interleave", False):
+        q_rot, k_rot = modeling.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+    else:
+        q_rot, k_rot = modeling.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+    if past_key_values is not None:
+        kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
+    length = kv_nope.shape[-2]
+    w = self.kv_b_proj.weight.view(heads, nope + v_dim, lora)
+    w_kc, w_vc = w[:, :nope, :], w[:, nope:, :]  # [H, nope, lora], [H, v, lora]
+    # q·W_kc per head: [H, B·S, nope] @ [H, nope, lora] → [H, B·S, lora]
+    q_lat = torch.bmm(q_pass.permute(1, 0, 2, 3).reshape(heads, bsz * q_len, nope), w_kc)
+    q_lat = q_lat.view(heads, bsz, q_len, lora).permute(1, 0, 2, 3)  # [B, H, S, lora]
+    # All heads share one latent K/V (MQA over the cache): fold heads into the query rows.
+    cache_nope = kv_nope.reshape(bsz, length, lora)
+    cache_rot = k_rot.reshape(bsz, length, rope)
+    scores = torch.bmm(q_lat.reshape(bsz, heads * q_len, lora), cache_nope.transpose(1, 2))
+    scores = scores + torch.bmm(q_rot.reshape(bsz, heads * q_len, rope), cache_rot.transpose(1, 2))
+    scores = (scores * self.scaling).view(bsz, heads, q_len, length)
+    if attention_mask is not None:
+        mask = attention_mask[..., :length]
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores.float(), dim=-1).to(cache_nope.dtype)
+    out_lat = torch.bmm(probs.view(bsz, heads * q_len, length), cache_nope)  # [B, H·S, lora]
+    out_lat = out_lat.view(bsz, heads, q_len, lora).permute(1, 0, 2, 3).reshape(heads, bsz * q_len, lora)
+    out = torch.bmm(out_lat, w_vc.transpose(1, 2))  # o·W_vc: [H, B·S, v]
+    out = out.view(heads, bsz, q_len, v_dim).permute(1, 2, 0, 3).reshape(bsz, q_len, heads * v_dim)
+    return self.o_proj(out), None
+
+
+def is_mla_attention(module: Any) -> bool:
+    """A transformers MLA attention module (DeepSeek-V2/V3 and the models built on their classes)."""
+    return all(hasattr(module, a) for a in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_lora_rank", "qk_nope_head_dim"))
+
+
+class ServingAttention:
+    """Switches a transformers model to the attention a serving engine runs for decode, and back.
+
+    GQA/MHA: `serving_sdpa` through transformers' AttentionInterface (no per-head K/V copy). MLA: each MLA module's
+    forward replaced by `absorbed_mla_forward` (the latent cache is transformers' own)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.default_impl = model.config._attn_implementation
+        self.mla = [m for m in model.modules() if is_mla_attention(m)]
+
+    def __enter__(self) -> ServingAttention:
+        import types
+
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(SERVING_ATTN, serving_sdpa)
+        self.model.config._attn_implementation = SERVING_ATTN
+        for m in self.mla:
+            m.forward = types.MethodType(absorbed_mla_forward, m)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.model.config._attn_implementation = self.default_impl
+        for m in self.mla:
+            m.__dict__.pop("forward", None)
+
+    def describe(self) -> str:
+        if self.mla:
+            return f"absorbed MLA decode in {len(self.mla)} attention modules (latent cache, no per-step kv_b_proj)"
+        return "SDPA with GQA in the kernel, no repeat_kv copy"
+
+
 def _hf_config(cfg: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
@@ -373,20 +482,16 @@ def time_model(
             torch.cuda.synchronize()
         return res
 
-    default_impl = model.config._attn_implementation
     with torch.no_grad():
         out.update(measure_modes())
         if serving_attention:
-            from transformers import AttentionInterface
-
-            AttentionInterface.register(SERVING_ATTN, serving_sdpa)
-            model.config._attn_implementation = SERVING_ATTN
+            serving = ServingAttention(model)
             try:
-                out["serving_attention"] = measure_modes()
+                with serving:
+                    out["serving_attention"] = measure_modes()
+                out["serving_attention"]["what"] = serving.describe()
             except Exception as exc:
                 out["serving_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            finally:
-                model.config._attn_implementation = default_impl
 
         # profiler traces of a few eager steps, one ProfilerStep each (default attention, then serving-style)
         def take_trace(path: Path) -> None:
@@ -407,11 +512,8 @@ def time_model(
                 out["trace"] = str(trace_path)
                 if serving_attention and "error" not in out.get("serving_attention", {}):
                     serving_path = trace_path.with_name(trace_path.stem + ".serving.json")
-                    model.config._attn_implementation = SERVING_ATTN
-                    try:
+                    with ServingAttention(model):
                         take_trace(serving_path)
-                    finally:
-                        model.config._attn_implementation = default_impl
                     out["trace_serving"] = str(serving_path)
             except Exception as exc:
                 out["trace_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"

@@ -154,3 +154,41 @@ def test_fidelity_model_timing_tiny_on_cpu(tmp_path: Path) -> None:
     got = fidelity.time_model(cfg, context=32, steps=2, samples=1, trace_steps=0)
     assert got["eager_ms"] > 0
     assert got["graph_ms"] is None and "no CUDA" in got["graph_error"]
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3", "llama-3.1-70b"])
+def test_serving_attention_computes_what_the_stock_model_computes(preset: str) -> None:
+    """The serving-form attention (absorbed MLA; GQA in the kernel) gives the stock model's logits at a decode step,
+    so the fidelity reference changes how attention is computed, never what."""
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoModelForCausalLM, StaticCache
+
+    cfg = fidelity.reduced_config(preset, 2, fidelity.model_overrides(preset, tiny=True))
+    hf = fidelity._hf_config(cfg)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    context = 24
+    prompt = torch.randint(0, int(cfg["vocab_size"]), (1, context))
+    nxt = torch.randint(0, int(cfg["vocab_size"]), (1, 1))
+
+    def decode_logits(serving: bool) -> torch.Tensor:
+        cache = StaticCache(config=model.config, max_cache_len=context + 1)  # every slot filled: no mask needed
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            pos = torch.full((1, 1), context)
+            if not serving:
+                return model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
+            with fidelity.ServingAttention(model) as sa:
+                assert bool(sa.mla) == (preset == "deepseek-v3")
+                return model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
+
+    stock = decode_logits(False)
+    served = decode_logits(True)
+    assert torch.allclose(stock, served, rtol=1e-4, atol=1e-4), (stock - served).abs().max()
+    # and the model is back to stock afterwards
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert model.config._attn_implementation == "sdpa"
