@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 8's second round on 2 × H200 (device kind nvidia-h200-x2), one call:
+#   variance   small all-reduce: the probe against independent loops, fresh processes, alternated (3 rounds)
+#   accuracy   benchmarks/accuracy.py (probe vs host loop / graph replay / do_bench / CuPy)
+#   diagnosis  the three plants at TP 2; plan runs kept for `decodetop budget --diff`
+#   fidelity   4-layer transformers models on GPU 0 only (TP 1), stock and serving-form attention
+#
+#   STEPS="variance diagnosis" bash benchmarks/h200x2_issue8b.sh    # everything lands in $OUT/issue8b.tgz
+#
+# Each step has its own deadline; the archive is rewritten after every step, so a cut-off call keeps what finished.
+# Never changes GPU settings; NVLink multicast stays off (KINDS.md).
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DECODETOP_STATE_DIR=/tmp/decodetop-state
+OUT=${OUT:-/tmp/issue8b}
+TGZ=$OUT/issue8b.tgz
+W=/tmp/issue8b_work
+STEPS=${STEPS:-"variance diagnosis fidelity accuracy"}
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+rm -rf "$W" && mkdir -p "$W" "$OUT"
+LOG=$W/log.txt
+step() {  # step NAME TIMEOUT CMD...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name (deadline ${limit}s) $(date -u +%T)" | tee -a "$LOG"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$W/$name.txt" 2>&1
+  echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
+  tar czf "$TGZ" -C "$W" .
+}
+{
+  date -u
+  nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit --format=csv 2>&1
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} >"$W/env.txt" 2>&1
+want variance && step variance "${T_VARIANCE:-200}" python3 benchmarks/allreduce_variance.py --rounds 3 \
+  --json "$W/allreduce_variance_h200x2.json"
+want diagnosis && step diagnosis "${T_DIAGNOSIS:-100}" python3 benchmarks/diagnosis.py \
+  --json "$W/issue8_diagnosis_h200x2.json" --plans-dir "$W/plans"
+want fidelity && step fidelity "${T_FIDELITY:-150}" env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/fidelity.py \
+  --samples 3 --json "$W/issue8_fidelity_h200x1.json"
+want accuracy && step accuracy "${T_ACCURACY:-70}" python3 benchmarks/accuracy.py --json "$W/issue8_accuracy_h200x2.json"
+cat "$LOG"
+for f in variance diagnosis fidelity accuracy; do
+  [ -f "$W/$f.txt" ] && { echo "## $f"; grep -E '^\|' "$W/$f.txt" | head -40; }
+done
