@@ -45,6 +45,9 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "plain+device_id": {"device_id": True},
     "plain+gloo": {"gloo": True},
     "plain+events": {"events": True},
+    "plain+env": {"controller_env": True},
+    "plain+timers": {"timers": True},
+    "plain+all": {"device_id": True, "gloo": True, "controller_env": True, "timers": True},
 }
 
 
@@ -58,6 +61,7 @@ def _rank(rank: int, cfg: Mapping[str, Any], q: Any) -> None:
     world, port, sizes, opts = cfg["world"], cfg["port"], cfg["sizes"], cfg["opts"]
     for key, value in RANK_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    os.environ.update(cfg.get("env") or {})
     import torch
     import torch.distributed as dist
 
@@ -74,6 +78,22 @@ def _rank(rank: int, cfg: Mapping[str, Any], q: Any) -> None:
         for _ in range(5):
             dist.all_reduce(buf)
         torch.cuda.synchronize()
+        if opts.get("timers"):  # the probe's own timers (worker/timing.py), in this plain process
+            from decodetop.probes.worker.timing import time_graph, time_host_and_events
+
+            def op(buf: Any = buf) -> None:
+                dist.all_reduce(buf)
+
+            dist.barrier()
+            host_t, _ = time_host_and_events(op, OPS, REPS, warmup=5)
+            dist.barrier()
+            graph_t = time_graph(op, OPS, REPS, warmup=2)
+            out[str(size)] = {
+                "pipelined_us": statistics.median(host_t),
+                "graph_us": statistics.median(graph_t),
+                "graph5_us": statistics.median(time_graph(op, SMALL_GRAPH_OPS, REPS * 4, warmup=2)),
+            }
+            continue
         host = []
         for _ in range(REPS):
             dist.barrier()
@@ -140,15 +160,25 @@ def _rank(rank: int, cfg: Mapping[str, Any], q: Any) -> None:
     os._exit(0)  # destroy_process_group can hang after graph-captured collectives (h200-machine.md)
 
 
-def run_plain(world: int, sizes: Sequence[int], opts: Mapping[str, bool], timeout_s: float = 120.0) -> dict[str, Any]:
+def run_plain(
+    world: int,
+    sizes: Sequence[int],
+    opts: Mapping[str, bool],
+    timeout_s: float = 120.0,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """One fresh process group of the independent loop; per size the slowest rank's medians."""
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [
-        ctx.Process(target=_rank, args=(r, {"world": world, "port": port, "sizes": list(sizes), "opts": dict(opts)}, q))
-        for r in range(world)
-    ]
+    env: dict[str, str] = dict(extra_env or {})
+    if opts.get("controller_env"):  # what ProbeController._rank_env sets: GPUs by UUID, PCI bus order
+        from decodetop.probes.controller import resolve_layout
+
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in resolve_layout(None, 1, "cuda").gpus)
+    cfg = {"world": world, "port": port, "sizes": list(sizes), "opts": dict(opts), "env": env}
+    procs = [ctx.Process(target=_rank, args=(r, cfg, q)) for r in range(world)]
     for p in procs:
         p.start()
     got: dict[int, Any] = {}
@@ -226,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)))
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--variants", default=",".join(["probe", *VARIANTS]), help="comma-separated")
+    ap.add_argument("--nccl-debug-dir", metavar="DIR", help="also one round with NCCL_DEBUG=INFO logs here")
     args = ap.parse_args(argv)
     import torch
 
@@ -234,7 +266,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("allreduce_variance: needs 2 or more GPUs (a one-rank all-reduce exchanges nothing)", file=sys.stderr)
         return 2
     sizes = [int(s) for s in args.sizes.split(",")]
-    runs: dict[str, list[dict[str, Any]]] = {"probe": [], **{v: [] for v in VARIANTS}}
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in chosen if v != "probe" and v not in VARIANTS]
+    if unknown:
+        print(f"allreduce_variance: unknown variant(s) {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict[str, Any]]] = {v: [] for v in chosen}
     t0 = time.monotonic()
     for rnd in range(args.rounds):
         for variant, kept in runs.items():
@@ -242,6 +279,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"round {rnd + 1} {variant}: {json.dumps(got)}", file=sys.stderr, flush=True)
             if "error" not in got:
                 kept.append(got)
+    if args.nccl_debug_dir:  # one more round of probe and plain with NCCL's INIT/TUNING log, to compare choices
+        dbg = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,TUNING,ENV"}
+        Path(args.nccl_debug_dir).mkdir(parents=True, exist_ok=True)
+        for variant in ("probe", "plain"):
+            dbg["NCCL_DEBUG_FILE"] = str(Path(args.nccl_debug_dir) / f"nccl_{variant}.%h.%p.log")
+            saved = {k: os.environ.get(k) for k in dbg}
+            os.environ.update(dbg)
+            try:
+                got = run_probe(sizes) if variant == "probe" else run_plain(world, sizes, {}, extra_env=dbg)
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            print(f"nccl-debug round {variant}: {json.dumps(got)}", file=sys.stderr, flush=True)
     rows = summarize(runs, sizes)
     doc = {
         "what": "small all-reduce: probe vs independent loops, fresh processes, alternated",
