@@ -2,7 +2,8 @@
 
 Data flow (docs/architecture.md): `load_preset` / `load_config` → `ModelSpec` → `Deployment` → `build_inventory`
 → `StepInventory` → `build_plan` → `ProbePlan` (the keys the probes measure) → `compose_budget` (measured times
-per key id + curves) → `Budget`; `roofline(inventory, hardware_for(gpu))` → `Roofline`.
+per key id + curves) → `Budget`; `roofline(inventory, hardware_for(gpu))` → `Roofline`;
+`diff_budgets(baseline, current)` → `BudgetDiff` (which component moved beyond its noise).
 
 The names below are importable from `decodetop.budget` directly; they load lazily, so importing this package (as
 `decodetop.budget.components` users do) costs nothing.
@@ -41,6 +42,9 @@ _EXPORTS: dict[str, str] = {
     "Segment": "compose",
     "Budget": "compose",
     "compose_budget": "compose",
+    "BudgetDiff": "diff",
+    "ComponentDelta": "diff",
+    "diff_budgets": "diff",
     "Component": "components",
     "parse_key_id": "keys",
 }
@@ -48,7 +52,9 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "GPUS",
     "Budget",
+    "BudgetDiff",
     "Component",
+    "ComponentDelta",
     "ConfigError",
     "Curve",
     "Deployment",
@@ -67,6 +73,7 @@ __all__ = [
     "build_inventory",
     "build_plan",
     "compose_budget",
+    "diff_budgets",
     "find_gpu",
     "hardware_for",
     "load_config",

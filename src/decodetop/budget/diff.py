@@ -1,0 +1,467 @@
+"""Provides `diff_budgets`: which component of a decode-step budget moved since a baseline, beyond its noise.
+
+After a change on the host (a planted `NCCL_PROTO=Simple`, `CUDA_LAUNCH_BLOCKING=1`, a whole-cache cast in
+attention, a new driver) the question is which component got slower, not whether the total did. Both sides are
+`Budget.to_dict()` mappings; a whole `decodetop probe --model M --json` document (its `"budget"` key) or a
+`decodetop budget --json` document (the same key) is accepted too, so any earlier `--json` output is a baseline.
+
+Significance (the rule, and why): a component moved only when |Δ| exceeds
+
+    noise = max(baseline p90 − p10, current p90 − p10, NOISE_FLOOR_MS, RELATIVE_FLOOR × baseline ms)
+
+- the p10–p90 spread of *both* sides: a segment's p10/p90 are its ops' spreads summed (compose.py), the range a
+  single step of that component falls in. A move that stays inside either side's own spread cannot be told apart
+  from run-to-run variation. (This is conservative: the median is steadier than one sample.)
+- an absolute and a relative floor: point figures carry no spread (the launch line is a fit, estimates and
+  interpolations are single values), so without a floor any change of a zero-spread segment would count.
+
+A component present on one side only counts as added (Δ = its ms) or removed (Δ = −its ms). A segment whose data
+is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.errors import UserInputError
+
+NOISE_FLOOR_MS = 0.01
+"""Absolute floor of the noise, ms per step. The two H200 plan runs of Llama-3.1-70B TP 2 (benchmarks/results/
+plan_llama-3.1-70b-tp2-h200x{1,2}.json, nothing changed in between) moved lm_head by +0.0077 ms (just beyond its
+0.0073 ms spread) and the zero-spread launch line by +0.0055 ms: both under 0.01 ms."""
+RELATIVE_FLOOR = 0.03
+"""Relative floor of the noise, a fraction of the baseline's ms. The same two runs moved narrow-spread components by
+up to 2.9 % (lm_head +2.9 %, norms −2.5 %, attention projections +0.6 %)."""
+
+STATUSES = ("measured", "interpolated", "estimated", "missing")
+"""Segment statuses a budget holds (compose.STATUSES)."""
+ABSENT = "absent"
+"""The status of a component that one side's budget does not have."""
+CHANGES = ("changed", "added", "removed", "unknown")
+"""How a component compares: on both sides; only in the current budget; only in the baseline; missing data."""
+
+
+@dataclass(frozen=True)
+class ComponentDelta:
+    """One component's move from the baseline to the current budget, ms per step."""
+
+    component: str
+    """A `Component` value (or any component key a budget file holds)."""
+    label: str
+    baseline_ms: float | None
+    """None when the baseline lacks the component or its data is missing."""
+    current_ms: float | None
+    delta_ms: float | None
+    """current − baseline (absent counts as 0); None when either side's data is missing."""
+    ratio: float | None
+    """current / baseline; None when either is unknown, absent or 0."""
+    significant: bool
+    """|Δ| > noise_ms (module docstring)."""
+    change: str
+    """One of CHANGES."""
+    noise_ms: float
+    """The threshold |Δ| had to exceed."""
+    baseline_status: str = "measured"
+    """The baseline segment's status, or ABSENT."""
+    current_status: str = "measured"
+
+
+@dataclass(frozen=True)
+class BudgetDiff:
+    """Two budgets compared per component; components sorted by Δ descending (unknown Δ last)."""
+
+    baseline_model: str
+    baseline_deployment: str
+    current_model: str
+    current_deployment: str
+    components: tuple[ComponentDelta, ...]
+    total_before_ms: float
+    total_after_ms: float
+    complete_before: bool
+    """False when the baseline misses data: its total is then a lower bound."""
+    complete_after: bool
+    notes: tuple[str, ...] = ()
+    """Mismatched models or deployments, incomplete budgets."""
+
+    @property
+    def total_delta_ms(self) -> float:
+        """After − before, ms per step."""
+        return self.total_after_ms - self.total_before_ms
+
+    @property
+    def moved(self) -> tuple[ComponentDelta, ...]:
+        """The components that moved beyond their noise, either way."""
+        return tuple(d for d in self.components if d.significant)
+
+    @property
+    def moved_most(self) -> ComponentDelta | None:
+        """The component with the largest significant increase, or None when nothing got slower beyond its noise."""
+        ups = [d for d in self.components if d.significant and d.delta_ms is not None and d.delta_ms > 0]
+        return max(ups, key=lambda d: d.delta_ms or 0.0, default=None)
+
+    def component(self, key: str) -> ComponentDelta | None:
+        """The delta of one component, or None."""
+        return next((d for d in self.components if d.component == key), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        most = self.moved_most
+        return {
+            "baseline": {
+                "model": self.baseline_model,
+                "deployment": self.baseline_deployment,
+                "total_ms": self.total_before_ms,
+                "complete": self.complete_before,
+            },
+            "current": {
+                "model": self.current_model,
+                "deployment": self.current_deployment,
+                "total_ms": self.total_after_ms,
+                "complete": self.complete_after,
+            },
+            "total_delta_ms": self.total_delta_ms,
+            "moved_most": most.component if most is not None else None,
+            "components": [
+                {
+                    "component": d.component,
+                    "label": d.label,
+                    "baseline_ms": d.baseline_ms,
+                    "current_ms": d.current_ms,
+                    "delta_ms": d.delta_ms,
+                    "ratio": d.ratio,
+                    "significant": d.significant,
+                    "change": d.change,
+                    "noise_ms": d.noise_ms,
+                    "baseline_status": d.baseline_status,
+                    "current_status": d.current_status,
+                }
+                for d in self.components
+            ],
+            "rule": {"noise_floor_ms": NOISE_FLOOR_MS, "relative_floor": RELATIVE_FLOOR},
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class _Seg:
+    component: str
+    label: str
+    ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    status: str
+
+    @property
+    def known_ms(self) -> float | None:
+        """The figure, when the data is complete (a missing segment's ms is only a lower bound)."""
+        return None if self.status == "missing" else self.ms
+
+    @property
+    def spread_ms(self) -> float:
+        """p90 − p10, or 0 for a point figure."""
+        if self.p10_ms is None or self.p90_ms is None:
+            return 0.0
+        return max(0.0, self.p90_ms - self.p10_ms)
+
+
+@dataclass(frozen=True)
+class _Side:
+    model: str
+    deployment: str
+    segments: tuple[_Seg, ...]
+    total_ms: float
+    complete: bool
+    missing: tuple[str, ...]
+
+
+def find_budget(document: object, name: str) -> Mapping[str, Any]:
+    """The budget mapping in `document`: the document itself when it has "segments" (a `Budget.to_dict()`), else
+    its "budget" key (a `decodetop probe --model M --json` plan-run document, a `decodetop budget --json` document).
+    One-line UserInputError naming `name` otherwise."""
+    if not isinstance(document, Mapping):
+        raise UserInputError(f"{name}: expected a JSON object with a budget, got {type(document).__name__}")
+    if "segments" in document:
+        return document
+    budget = document.get("budget")
+    if isinstance(budget, Mapping):
+        return budget
+    if budget is not None:
+        raise UserInputError(f"{name}: 'budget' is {type(budget).__name__}, not an object")
+    if "decodetop_probe_results" in document:
+        raise UserInputError(
+            f"{name}: probe results without a budget (a plan run writes one: `decodetop probe --model M --json PATH`)"
+        )
+    raise UserInputError(f"{name}: no budget in this file (neither 'segments' nor 'budget' at the top level)")
+
+
+def _number(value: object, where: str, *, optional: bool = True) -> float | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise UserInputError(f"{where} is {value!r}, not a finite number ≥ 0")
+    return float(value)
+
+
+def _string(value: object, where: str, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise UserInputError(f"{where} is {value!r}, not a string")
+    return value
+
+
+def _label(component: str) -> str:
+    if component == UNEXPLAINED_KEY:
+        return "unexplained"
+    try:
+        return Component(component).label
+    except ValueError:
+        return component
+
+
+def _side(document: object, name: str) -> _Side:
+    budget = find_budget(document, name)
+    raw = budget.get("segments")
+    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
+        raise UserInputError(f"{name}: budget 'segments' is {type(raw).__name__}, not a list")
+    segments: list[_Seg] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        where = f"{name}: budget segment {i + 1}"
+        if not isinstance(item, Mapping):
+            raise UserInputError(f"{where} is {type(item).__name__}, not an object")
+        component = item.get("component")
+        if not isinstance(component, str) or not component:
+            raise UserInputError(f"{where}: 'component' is {component!r}, not a component name")
+        where = f"{name}: budget segment {component!r}"
+        if component in seen:
+            raise UserInputError(f"{where} appears twice")
+        seen.add(component)
+        ms = _number(item.get("ms"), f"{where}: 'ms'")
+        status = _string(item.get("status"), f"{where}: 'status'", "measured" if ms is not None else "missing")
+        if status not in STATUSES:
+            raise UserInputError(f"{where}: 'status' is {status!r} (known: {', '.join(STATUSES)})")
+        if ms is None and status != "missing":
+            raise UserInputError(f"{where}: 'ms' is null but the status is {status!r}")
+        segments.append(
+            _Seg(
+                component,
+                _string(item.get("label"), f"{where}: 'label'") or _label(component),
+                ms,
+                _number(item.get("p10_ms"), f"{where}: 'p10_ms'"),
+                _number(item.get("p90_ms"), f"{where}: 'p90_ms'"),
+                status,
+            )
+        )
+    if not segments:
+        raise UserInputError(f"{name}: the budget has no segments")
+    total = budget.get("total_ms")
+    total_ms = (
+        _number(total, f"{name}: budget 'total_ms'", optional=False)
+        if total is not None
+        else sum(s.ms for s in segments if s.ms is not None)
+    )
+    missing = tuple(s.component for s in segments if s.status == "missing")
+    complete = budget.get("complete", not missing)
+    if not isinstance(complete, bool):
+        raise UserInputError(f"{name}: budget 'complete' is {complete!r}, not true or false")
+    return _Side(
+        _string(budget.get("model"), f"{name}: budget 'model'"),
+        _string(budget.get("deployment"), f"{name}: budget 'deployment'"),
+        tuple(segments),
+        total_ms or 0.0,
+        complete and not missing,
+        missing,
+    )
+
+
+def load_budget_document(path: str | Path) -> dict[str, Any]:
+    """The JSON document at `path` (a budget or a document holding one), checked to hold a readable budget.
+    One-line UserInputError naming the file: unreadable, not JSON, no budget, a malformed segment."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserInputError(f"{path}: cannot read: {reason}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserInputError(f"{path}: not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(document, dict):
+        raise UserInputError(f"{path}: expected a JSON object with a budget, got {type(document).__name__}")
+    _side(document, str(path))
+    return document
+
+
+# --------------------------------------------------------------------------------------------- diff
+
+
+def _noise_ms(baseline: _Seg | None, current: _Seg | None) -> float:
+    """The threshold a move must exceed (module docstring): both spreads, the absolute and the relative floor."""
+    reference = baseline.known_ms if baseline is not None else None
+    if reference is None and current is not None:
+        reference = current.known_ms
+    spreads = [s.spread_ms for s in (baseline, current) if s is not None]
+    return max(*spreads, NOISE_FLOOR_MS, RELATIVE_FLOOR * (reference or 0.0))
+
+
+def _delta(component: str, before: _Seg | None, after: _Seg | None) -> ComponentDelta:
+    either = after if after is not None else before
+    label = either.label if either is not None else _label(component)
+    b = before.known_ms if before is not None else None
+    a = after.known_ms if after is not None else None
+    if before is not None and after is not None:
+        change = "changed" if a is not None and b is not None else "unknown"
+        delta = a - b if a is not None and b is not None else None
+    elif after is not None:
+        change, delta = ("added", a) if a is not None else ("unknown", None)
+    else:
+        change, delta = ("removed", -b) if b is not None else ("unknown", None)
+    noise = _noise_ms(before, after)
+    return ComponentDelta(
+        component=component,
+        label=label,
+        baseline_ms=b,
+        current_ms=a,
+        delta_ms=delta,
+        ratio=a / b if a is not None and b else None,
+        significant=delta is not None and abs(delta) > noise,
+        change=change,
+        noise_ms=noise,
+        baseline_status=before.status if before is not None else ABSENT,
+        current_status=after.status if after is not None else ABSENT,
+    )
+
+
+def diff_budgets(
+    baseline: Mapping[str, Any],
+    current: Mapping[str, Any],
+    *,
+    baseline_name: str = "baseline",
+    current_name: str = "current",
+) -> BudgetDiff:
+    """Compare two budgets per component (`Budget.to_dict()` mappings, or documents holding one under "budget").
+
+    Different models or deployments still compare, with a note saying so. Malformed input raises a one-line
+    UserInputError naming `baseline_name` or `current_name` (file paths, in the CLI) and the problem."""
+    old = _side(baseline, baseline_name)
+    new = _side(current, current_name)
+    before = {s.component: s for s in old.segments}
+    after = {s.component: s for s in new.segments}
+    order = [s.component for s in new.segments] + [s.component for s in old.segments if s.component not in after]
+    deltas = [_delta(c, before.get(c), after.get(c)) for c in order]
+    rank = {c: i for i, c in enumerate(order)}
+    deltas.sort(key=lambda d: (d.delta_ms is None, -(d.delta_ms or 0.0), rank[d.component]))
+    notes: list[str] = []
+    if old.model != new.model:
+        notes.append(f"different models: baseline {old.model or '?'}, now {new.model or '?'}")
+    if old.deployment != new.deployment:
+        notes.append(f"different deployments: baseline {old.deployment or '?'}, now {new.deployment or '?'}")
+    for side, what in ((old, "baseline"), (new, "current budget")):
+        if side.missing:
+            notes.append(
+                f"the {what} misses data for {', '.join(_label(c) for c in side.missing)}: no Δ there, and its total "
+                "is a lower bound"
+            )
+    return BudgetDiff(
+        baseline_model=old.model,
+        baseline_deployment=old.deployment,
+        current_model=new.model,
+        current_deployment=new.deployment,
+        components=tuple(deltas),
+        total_before_ms=old.total_ms,
+        total_after_ms=new.total_ms,
+        complete_before=old.complete,
+        complete_after=new.complete,
+        notes=tuple(notes),
+    )
+
+
+def diff_budget_files(baseline_path: str | Path, current_path: str | Path) -> BudgetDiff:
+    """`diff_budgets` over two JSON files (earlier `--json` outputs); errors name the file."""
+    old = load_budget_document(baseline_path)
+    new = load_budget_document(current_path)
+    return diff_budgets(old, new, baseline_name=str(baseline_path), current_name=str(current_path))
+
+
+# --------------------------------------------------------------------------------------------- text
+
+
+def _signed(value: float) -> str:
+    from decodetop.textfmt import format_number
+
+    text = format_number(abs(value))
+    return ("-" if value < 0 else "+") + text if text != "0" else "0"
+
+
+def moved_most_line(diff: BudgetDiff) -> str:
+    """ "moved most: attention (+0.612 ms, ×1.9)" or "no component moved beyond its noise"."""
+    most = diff.moved_most
+    if most is None:
+        down = [d for d in diff.moved if d.delta_ms is not None and d.delta_ms < 0]
+        if down:
+            return "no component got slower beyond its noise (faster: " + ", ".join(d.label for d in down) + ")"
+        return "no component moved beyond its noise"
+    ratio = f"×{most.ratio:.1f}" if most.ratio is not None else most.change
+    return f"moved most: {most.label} ({_signed(most.delta_ms or 0.0)} ms, {ratio})"
+
+
+def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
+    """The diff as text: a title naming the baseline, one row per component (before, after, Δ, ×, the noise it had
+    to exceed, and what happened), the totals, the notes and the "moved most" line."""
+    from decodetop.textfmt import format_number, table
+
+    def ms(value: float | None, status: str) -> str:
+        if value is not None:
+            return format_number(value)
+        return "missing" if status == "missing" else "-"
+
+    rows: list[list[str]] = []
+    for d in diff.components:
+        if d.change in ("added", "removed"):
+            note = d.change + (", moved" if d.significant else "")
+        elif d.change == "unknown":
+            note = "data missing"
+        elif d.significant:
+            note = "moved ▲" if (d.delta_ms or 0.0) > 0 else "moved ▼"
+        else:
+            note = ""
+        rows.append(
+            [
+                d.label,
+                ms(d.baseline_ms, d.baseline_status),
+                ms(d.current_ms, d.current_status),
+                _signed(d.delta_ms) if d.delta_ms is not None else "-",
+                f"{d.ratio:.2f}" if d.ratio is not None else "-",
+                format_number(d.noise_ms),
+                note,
+            ]
+        )
+    total_ratio = diff.total_after_ms / diff.total_before_ms if diff.total_before_ms > 0 else None
+    rows.append(
+        [
+            "total" + ("" if diff.complete_before and diff.complete_after else " (≥, incomplete)"),
+            format_number(diff.total_before_ms),
+            format_number(diff.total_after_ms),
+            _signed(diff.total_delta_ms),
+            f"{total_ratio:.2f}" if total_ratio is not None else "-",
+            "",
+            "",
+        ]
+    )
+    what = diff.current_model or diff.baseline_model
+    lines = [f"vs baseline {baseline_name}" + (f" ({what})" if what else "") + ": ms per decode step"]
+    lines.append(table(["component", "before ms", "after ms", "Δ ms", "×", "noise ms", "note"], rows, "lrrrrrl"))
+    lines.extend(f"note: {n}" for n in diff.notes)
+    lines.append(moved_most_line(diff))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,302 @@
+"""Budget baseline diff: real budgets composed from an H200 plan run's measured times with planted slowdowns, the
+two real H200 plan files, the significance rule on hand-built edges, and malformed files (one line, the file named)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from decodetop.budget.compose import Budget, Curve, MeasuredTime, compose_budget
+from decodetop.budget.deployment import Deployment
+from decodetop.budget.diff import (
+    NOISE_FLOOR_MS,
+    RELATIVE_FLOOR,
+    diff_budget_files,
+    diff_budgets,
+    find_budget,
+    format_budget_diff,
+    load_budget_document,
+    moved_most_line,
+)
+from decodetop.budget.inventory import build_inventory
+from decodetop.budget.spec import load_preset
+from decodetop.errors import UserInputError
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+PLAN_X1 = RESULTS / "plan_llama-3.1-70b-tp2-h200x1.json"
+"""Llama-3.1-70B TP 2 plan on 1 × H200: the all-reduce needs 2 ranks, so communication is missing."""
+PLAN_X2 = RESULTS / "plan_llama-3.1-70b-tp2-h200x2.json"
+"""The same plan on 2 × H200 over NVLink: every component measured."""
+
+
+def _plan_doc() -> dict[str, Any]:
+    return json.loads(PLAN_X2.read_text())  # type: ignore[no-any-return]
+
+
+def _compose(
+    mode: str = "graph", scale: Callable[[str], float] = lambda key: 1.0, shift: Callable[[str], float] = lambda k: 0.0
+) -> Budget:
+    """Llama-3.1-70B TP 2 composed from the 2 × H200 run's measured times; `scale` multiplies a key's times (a
+    planted slowdown), `shift` moves its median by a fraction of its own p10–p90 spread (noise)."""
+    doc = _plan_doc()
+    measured = {}
+    for key, t in doc["measured"].items():
+        k = scale(key)
+        median = t["median_ms"] + shift(key) * (t["p90_ms"] - t["p10_ms"])
+        measured[key] = MeasuredTime(median * k, t["p10_ms"] * k, t["p90_ms"] * k, t["source"])
+    ar_scale = scale("allreduce:curve")
+    curves = {c: Curve(tuple((x, y * ar_scale) for x, y in pts)) for c, pts in doc["allreduce_curves"].items()}
+    gemm = {c: Curve(tuple((x, y) for x, y in pts)) for c, pts in doc["gemm_curves"].items()}
+    inventory = build_inventory(load_preset("llama-3.1-70b"), Deployment(tp=2, launch_mode=mode))
+    return compose_budget(inventory, measured, allreduce_curves=curves, gemm_curves=gemm, launch_mode=mode)
+
+
+def test_composed_budget_matches_the_plan_file() -> None:
+    """The fixture really is the H200 run: composing its measured times gives the file's budget."""
+    file_segments = {s["component"]: s["ms"] for s in _plan_doc()["budget"]["segments"]}
+    assert {s.component: s.ms for s in _compose().segments} == pytest.approx(file_segments)
+
+
+# --------------------------------------------------------------------------------------------- planted slowdowns
+
+
+def test_whole_cache_cast_in_attention_moves_attention() -> None:
+    clean = _compose()
+    planted = _compose(scale=lambda key: 1.6 if key.startswith("attention:") else 1.0)
+    diff = diff_budgets(clean.to_dict(), planted.to_dict())
+    assert diff.moved_most is not None and diff.moved_most.component == "attention"
+    assert [d.component for d in diff.moved] == ["attention"]
+    att = diff.moved_most
+    before, after = clean.segment("attention"), planted.segment("attention")
+    assert before is not None and after is not None and before.ms is not None and after.ms is not None
+    assert att.delta_ms == pytest.approx(after.ms - before.ms)
+    assert att.ratio is not None and att.ratio > 1.3
+    assert diff.components[0] is att  # sorted by Δ, largest first
+    assert diff.notes == ()
+
+
+def test_launch_blocking_moves_launch_in_eager_mode() -> None:
+    clean = _compose("eager")
+    planted = _compose("eager", scale=lambda key: 1.7 if key.startswith("launch:") else 1.0)
+    diff = diff_budgets(clean.to_dict(), planted.to_dict())
+    assert diff.moved_most is not None and diff.moved_most.component == "launch"
+    seg = planted.segment("launch")
+    assert seg is not None and seg.p10_ms is not None and seg.p90_ms is not None
+    assert diff.moved_most.noise_ms == pytest.approx(seg.p90_ms - seg.p10_ms)  # the eager op's spread, scaled up
+    assert "moved most: kernel launch overhead (+" in moved_most_line(diff)
+
+
+def test_slower_all_reduce_protocol_moves_communication() -> None:
+    clean = _compose()
+    planted = _compose(scale=lambda key: 1.5 if key.startswith("allreduce:") else 1.0)
+    diff = diff_budgets(clean.to_dict(), planted.to_dict())
+    assert diff.moved_most is not None and diff.moved_most.component == "communication"
+    assert [d.component for d in diff.moved] == ["communication"]
+    assert diff.total_delta_ms == pytest.approx(planted.total_ms - clean.total_ms)
+
+
+def test_noise_inside_the_spread_moves_nothing() -> None:
+    clean = _compose()
+    noisy = _compose(shift=lambda key: 0.9)  # every measured median 90 % of its own spread up
+    diff = diff_budgets(clean.to_dict(), noisy.to_dict())
+    assert diff.moved == () and diff.moved_most is None
+    # the spread is what holds them back: some moves clear both floors
+    beyond_floors = [
+        d
+        for d in diff.components
+        if d.delta_ms is not None
+        and d.baseline_ms is not None
+        and d.delta_ms > max(NOISE_FLOOR_MS, RELATIVE_FLOOR * d.baseline_ms)
+    ]
+    assert beyond_floors, [(d.component, d.delta_ms) for d in diff.components]
+    assert moved_most_line(diff) == "no component moved beyond its noise"
+
+
+def test_same_budget_twice_moves_nothing_and_documents_are_accepted_whole() -> None:
+    doc = _plan_doc()
+    diff = diff_budgets(doc, doc["budget"])  # the plan-run document and its bare budget
+    assert diff.moved == ()
+    assert all(d.delta_ms == 0 and d.change == "changed" for d in diff.components)
+    assert diff.total_before_ms == diff.total_after_ms == doc["budget"]["total_ms"]
+    assert find_budget(doc, "x") is doc["budget"]
+    assert find_budget(doc["budget"], "x") is doc["budget"]
+
+
+# --------------------------------------------------------------------------------------------- real files
+
+
+def test_real_h200_plan_files_one_gpu_vs_two() -> None:
+    diff = diff_budget_files(PLAN_X1, PLAN_X2)
+    comm = diff.component("communication")
+    assert comm is not None and comm.change == "unknown" and comm.delta_ms is None and not comm.significant
+    assert comm.baseline_status == "missing" and comm.current_ms == pytest.approx(1.9209328)
+    assert diff.components[-1] is comm  # unknown Δ sorts last
+    dense = diff.component("dense_mlp")
+    assert dense is not None and dense.significant and dense.delta_ms == pytest.approx(13.9507197 - 14.9830396)
+    assert diff.moved_most is None  # nothing got slower beyond its noise
+    lm_head = diff.component("lm_head")
+    assert lm_head is not None and not lm_head.significant  # +0.0077 ms: inside the floor
+    assert diff.total_before_ms == pytest.approx(23.4349006) and diff.total_after_ms == pytest.approx(24.2659973)
+    assert not diff.complete_before and diff.complete_after
+    assert any("baseline misses data for all-reduce" in n for n in diff.notes)
+    text = format_budget_diff(diff, str(PLAN_X1))
+    assert text.startswith(f"vs baseline {PLAN_X1} (Llama-3.1-70B)")
+    assert "total (≥, incomplete)" in text and "data missing" in text
+    assert text.rstrip().endswith("no component got slower beyond its noise (faster: dense MLP)")
+    json.dumps(diff.to_dict(), allow_nan=False)
+
+    back = diff_budget_files(PLAN_X2, PLAN_X1)
+    assert back.moved_most is not None and back.moved_most.component == "dense_mlp"
+    assert "moved most: dense MLP (+1.03 ms, ×1.1)" in format_budget_diff(back, "b")
+
+
+# --------------------------------------------------------------------------------------------- hand-built edges
+
+
+def _seg(component: str, ms: float | None, spread: float = 0.0, status: str = "measured") -> dict[str, Any]:
+    half = spread / 2
+    return {
+        "component": component,
+        "ms": ms,
+        "p10_ms": None if ms is None else ms - half,
+        "p90_ms": None if ms is None else ms + half,
+        "status": status,
+    }
+
+
+def _budget(*segments: dict[str, Any], model: str = "m", deployment: str = "TP 2") -> dict[str, Any]:
+    return {
+        "model": model,
+        "deployment": deployment,
+        "segments": list(segments),
+        "total_ms": sum(s["ms"] or 0.0 for s in segments),
+    }
+
+
+def _one(before: dict[str, Any], after: dict[str, Any]) -> Any:
+    return diff_budgets(_budget(before), _budget(after)).components[0]
+
+
+def test_a_move_must_clear_both_spreads() -> None:
+    assert _one(_seg("norms", 1.0, 0.2), _seg("norms", 1.25, 0.2)).significant
+    assert not _one(_seg("norms", 1.0, 0.2), _seg("norms", 1.15, 0.2)).significant
+    wide_now = _one(_seg("norms", 1.0, 0.2), _seg("norms", 1.3, 0.5))
+    assert not wide_now.significant and wide_now.noise_ms == pytest.approx(0.5)
+    down = _one(_seg("norms", 1.0, 0.2), _seg("norms", 0.7, 0.2))
+    assert down.significant and down.delta_ms == pytest.approx(-0.3)
+
+
+def test_point_figures_need_to_clear_the_floors() -> None:
+    assert not _one(_seg("launch", 0.1), _seg("launch", 0.105)).significant  # under the absolute floor
+    assert _one(_seg("launch", 0.1), _seg("launch", 0.12)).significant
+    assert not _one(_seg("launch", 10.0), _seg("launch", 10.2)).significant  # 2 % < the relative floor
+    assert _one(_seg("launch", 10.0), _seg("launch", 10.4)).significant
+
+
+def test_added_and_removed_components_count() -> None:
+    before = _budget(_seg("attention", 1.0, 0.1), _seg("routing", 0.5, 0.05))
+    after = _budget(_seg("attention", 1.0, 0.1), _seg("routed_experts", 2.0, 0.1))
+    diff = diff_budgets(before, after)
+    added, removed = diff.component("routed_experts"), diff.component("routing")
+    assert added is not None and added.change == "added" and added.delta_ms == 2.0 and added.significant
+    assert added.baseline_status == "absent" and added.ratio is None
+    assert removed is not None and removed.change == "removed" and removed.delta_ms == -0.5 and removed.significant
+    assert diff.moved_most is added
+    assert [d.component for d in diff.components] == ["routed_experts", "attention", "routing"]
+    assert "moved most: routed experts (+2.00 ms, added)" in format_budget_diff(diff, "old.json")
+
+
+def test_missing_data_has_no_delta() -> None:
+    diff = diff_budgets(
+        _budget(_seg("attention", 1.0), _seg("communication", 0.4)),
+        _budget(_seg("attention", 1.0), _seg("communication", None, status="missing")),
+    )
+    comm = diff.component("communication")
+    assert comm is not None and comm.change == "unknown" and comm.delta_ms is None and not comm.significant
+    assert not diff.complete_after and any("current budget misses data" in n for n in diff.notes)
+
+
+def test_different_models_still_diff_with_a_note() -> None:
+    diff = diff_budgets(
+        _budget(_seg("attention", 1.0), model="Llama-3.1-70B", deployment="TP 2"),
+        _budget(_seg("attention", 2.0), model="GLM-5", deployment="TP 8"),
+    )
+    assert diff.moved_most is not None and diff.moved_most.component == "attention"
+    assert diff.notes == (
+        "different models: baseline Llama-3.1-70B, now GLM-5",
+        "different deployments: baseline TP 2, now TP 8",
+    )
+    assert "note: different models" in format_budget_diff(diff, "b.json")
+
+
+# --------------------------------------------------------------------------------------------- malformed input
+
+
+def _good() -> dict[str, Any]:
+    return _budget(_seg("attention", 1.0, 0.1), _seg("launch", 0.5))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (lambda d: d.pop("segments"), "no budget in this file"),
+        (lambda d: d.update(segments="x"), "budget 'segments' is str, not a list"),
+        (lambda d: d.update(segments=[]), "the budget has no segments"),
+        (lambda d: d["segments"].append(3), "budget segment 3 is int, not an object"),
+        (lambda d: d["segments"][0].pop("component"), "budget segment 1: 'component' is None"),
+        (lambda d: d["segments"][0].update(ms="fast"), "budget segment 'attention': 'ms' is 'fast', not a finite"),
+        (lambda d: d["segments"][0].update(ms=-1.0), "'ms' is -1.0, not a finite number ≥ 0"),
+        (lambda d: d["segments"][0].update(ms=math.nan), "'ms' is nan"),
+        (lambda d: d["segments"][0].update(p90_ms=True), "'p90_ms' is True"),
+        (lambda d: d["segments"][0].update(status="great"), "'status' is 'great' (known: measured, interp"),
+        (lambda d: d["segments"][0].update(ms=None), "'ms' is null but the status is 'measured'"),
+        (lambda d: d["segments"].append(_seg("launch", 1.0)), "budget segment 'launch' appears twice"),
+        (lambda d: d.update(total_ms="1"), "budget 'total_ms' is '1'"),
+        (lambda d: d.update(model=3), "budget 'model' is 3, not a string"),
+        (lambda d: d.update(complete="yes"), "budget 'complete' is 'yes', not true or false"),
+    ],
+)
+def test_malformed_budgets_are_one_line_errors(mutate: Callable[[dict[str, Any]], object], needle: str) -> None:
+    bad = copy.deepcopy(_good())
+    mutate(bad)
+    with pytest.raises(UserInputError) as info:
+        diff_budgets(_good(), bad, current_name="new.json")
+    message = str(info.value)
+    assert message.startswith("new.json: ") and needle in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("", "not JSON: Expecting value (line 1, column 1)"),
+        ('{"budget": ', "not JSON"),
+        ("[1, 2]", "expected a JSON object with a budget, got list"),
+        ('{"budget": 3}', "'budget' is int, not an object"),
+        ('{"decodetop_probe_results": 1, "results": []}', "probe results without a budget"),
+        ('{"hello": 1}', "no budget in this file"),
+        (b"\xff\xfe\x00", "cannot read"),
+    ],
+)
+def test_malformed_files_name_the_file(tmp_path: Path, content: str | bytes, needle: str) -> None:
+    path = tmp_path / "old.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    with pytest.raises(UserInputError) as info:
+        diff_budget_files(path, PLAN_X2)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and needle in message and "\n" not in message
+
+
+def test_unreadable_paths(tmp_path: Path) -> None:
+    with pytest.raises(UserInputError, match=r"nope\.json: cannot read: No such file or directory"):
+        load_budget_document(tmp_path / "nope.json")
+    with pytest.raises(UserInputError, match="cannot read: Is a directory"):
+        load_budget_document(tmp_path)
