@@ -198,3 +198,67 @@ def test_warns_when_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> No
     assert "do not fit in the 96 GiB" in capsys.readouterr().out
     assert main(["budget", "--model", "glm-5-nvfp4", "--tp", "8", "--gpu", "rtx-pro-6000"]) == 0
     assert "do not fit" not in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------- --diff
+
+
+def test_diff_of_two_real_plan_files(capsys: pytest.CaptureFixture[str]) -> None:
+    from .test_diff import PLAN_X1, PLAN_X2
+
+    assert main(["budget", "--diff", str(PLAN_X2), str(PLAN_X1)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == f"vs baseline {PLAN_X2} (Llama-3.1-70B): ms per decode step"
+    assert lines[1].split() == ["component", "before", "ms", "after", "ms", "Δ", "ms", "×", "noise", "ms", "note"]
+    assert lines[3].split() == ["dense", "MLP", "14.0", "15.0", "+1.03", "1.07", "0.419", "moved", "▲"]
+    assert any(line.startswith("all-reduce / all-to-all") and "missing" in line for line in lines)
+    assert lines[-1] == "moved most: dense MLP (+1.03 ms, ×1.1)"
+
+
+def test_diff_finds_a_planted_slowdown_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from .test_diff import compose_h200x2
+
+    old, new = tmp_path / "clean.json", tmp_path / "planted.json"
+    old.write_text(json.dumps({"budget": compose_h200x2().to_dict()}))
+    planted = compose_h200x2(scale=lambda key: 1.6 if key.startswith("attention:") else 1.0)
+    new.write_text(json.dumps(planted.to_dict()))  # a bare budget works as well as a document holding one
+    assert main(["budget", "--diff", str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[3].startswith("attention ") and "moved ▲" in out.splitlines()[3]
+    assert out.rstrip().splitlines()[-1].startswith("moved most: attention (+0.")
+    assert main(["budget", "--diff", str(old), str(new), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["baseline_path"], data["current_path"], data["moved_most"]) == (str(old), str(new), "attention")
+    assert [c["component"] for c in data["components"] if c["significant"]] == ["attention"]
+
+
+def test_diff_against_a_roofline_only_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`decodetop budget --json` output is a baseline too (estimates: no spread, so the floors apply)."""
+    from .test_diff import PLAN_X2
+
+    assert main(["budget", "--model", "llama-3.1-70b", "--tp", "2", "--gpu", "h200", "--json"]) == 0
+    estimate = tmp_path / "roofline.json"
+    estimate.write_text(capsys.readouterr().out)
+    assert main(["budget", "--diff", str(estimate), str(PLAN_X2)]) == 0
+    out = capsys.readouterr().out
+    assert "moved most: " in out and "note:" not in out  # same model and deployment string
+
+
+def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from .test_diff import PLAN_X2
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"budget": {"segments": [{"component": "attention", "ms": "slow"}]}}')
+    assert main(["budget", "--diff", str(bad), str(PLAN_X2)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"decodetop: error: {bad}: budget segment 'attention': 'ms' is 'slow', not a finite number ≥ 0\n"
+    )
+    assert main(["budget", "--diff", str(PLAN_X2), str(tmp_path / "gone.json")]) == 2
+    assert "gone.json: cannot read: No such file or directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["budget", "--model", "glm-5", "--diff", str(PLAN_X2), str(PLAN_X2)])
+    assert info.value.code == 2
+    assert "--diff: not allowed with argument --model" in capsys.readouterr().err

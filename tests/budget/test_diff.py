@@ -39,7 +39,7 @@ def _plan_doc() -> dict[str, Any]:
     return json.loads(PLAN_X2.read_text())  # type: ignore[no-any-return]
 
 
-def _compose(
+def compose_h200x2(
     mode: str = "graph", scale: Callable[[str], float] = lambda key: 1.0, shift: Callable[[str], float] = lambda k: 0.0
 ) -> Budget:
     """Llama-3.1-70B TP 2 composed from the 2 × H200 run's measured times; `scale` multiplies a key's times (a
@@ -60,15 +60,15 @@ def _compose(
 def test_composed_budget_matches_the_plan_file() -> None:
     """The fixture really is the H200 run: composing its measured times gives the file's budget."""
     file_segments = {s["component"]: s["ms"] for s in _plan_doc()["budget"]["segments"]}
-    assert {s.component: s.ms for s in _compose().segments} == pytest.approx(file_segments)
+    assert {s.component: s.ms for s in compose_h200x2().segments} == pytest.approx(file_segments)
 
 
 # --------------------------------------------------------------------------------------------- planted slowdowns
 
 
 def test_whole_cache_cast_in_attention_moves_attention() -> None:
-    clean = _compose()
-    planted = _compose(scale=lambda key: 1.6 if key.startswith("attention:") else 1.0)
+    clean = compose_h200x2()
+    planted = compose_h200x2(scale=lambda key: 1.6 if key.startswith("attention:") else 1.0)
     diff = diff_budgets(clean.to_dict(), planted.to_dict())
     assert diff.moved_most is not None and diff.moved_most.component == "attention"
     assert [d.component for d in diff.moved] == ["attention"]
@@ -82,8 +82,8 @@ def test_whole_cache_cast_in_attention_moves_attention() -> None:
 
 
 def test_launch_blocking_moves_launch_in_eager_mode() -> None:
-    clean = _compose("eager")
-    planted = _compose("eager", scale=lambda key: 1.7 if key.startswith("launch:") else 1.0)
+    clean = compose_h200x2("eager")
+    planted = compose_h200x2("eager", scale=lambda key: 1.7 if key.startswith("launch:") else 1.0)
     diff = diff_budgets(clean.to_dict(), planted.to_dict())
     assert diff.moved_most is not None and diff.moved_most.component == "launch"
     seg = planted.segment("launch")
@@ -93,8 +93,8 @@ def test_launch_blocking_moves_launch_in_eager_mode() -> None:
 
 
 def test_slower_all_reduce_protocol_moves_communication() -> None:
-    clean = _compose()
-    planted = _compose(scale=lambda key: 1.5 if key.startswith("allreduce:") else 1.0)
+    clean = compose_h200x2()
+    planted = compose_h200x2(scale=lambda key: 1.5 if key.startswith("allreduce:") else 1.0)
     diff = diff_budgets(clean.to_dict(), planted.to_dict())
     assert diff.moved_most is not None and diff.moved_most.component == "communication"
     assert [d.component for d in diff.moved] == ["communication"]
@@ -102,8 +102,8 @@ def test_slower_all_reduce_protocol_moves_communication() -> None:
 
 
 def test_noise_inside_the_spread_moves_nothing() -> None:
-    clean = _compose()
-    noisy = _compose(shift=lambda key: 0.9)  # every measured median 90 % of its own spread up
+    clean = compose_h200x2()
+    noisy = compose_h200x2(shift=lambda key: 0.9)  # every measured median 90 % of its own spread up
     diff = diff_budgets(clean.to_dict(), noisy.to_dict())
     assert diff.moved == () and diff.moved_most is None
     # the spread is what holds them back: some moves clear both floors

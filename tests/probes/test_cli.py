@@ -33,6 +33,23 @@ QUICK = [
 ]
 
 
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+PLAN_X2 = HERE.parents[1] / "benchmarks" / "results" / "plan_llama-3.1-70b-tp2-h200x2.json"
+"""A real plan-run document (Llama-3.1-70B TP 2 on 2 × H200): a baseline with a budget."""
+
+
 def _env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")])
@@ -165,3 +182,53 @@ def test_torchrun_launcher(tmp_path: Path) -> None:
     assert result.environment.launcher == "torchrun"
     synced = result.measurement(size_bytes=1024, mode="synced")
     assert [r.rank for r in synced.per_rank] == [0, 1]
+
+
+def test_bad_baseline_is_one_line_before_any_rank_starts(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    bad = tmp_path / "base.json"
+    bad.write_text(json.dumps({"decodetop_probe_results": 1, "results": []}))
+    out = _cli("--config", str(cfg), "--tp", "2", "--cpu-ranks", "2", "--baseline", str(bad), "norms", timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "starting" not in out.stderr and "measurements on" not in out.stderr
+    assert out.stderr.startswith(f"decodetop: error: {bad}: probe results without a budget")
+    out = _cli("launch", "--baseline", str(PLAN_X2), timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("decodetop: error: --baseline needs --model or --config")
+    assert out.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_plan_run_with_a_baseline_prints_and_writes_the_diff(tmp_path: Path) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(TINY_LLAMA))
+    path = tmp_path / "plan.json"
+    args = ["--config", str(cfg), "--tp", "2", "--cpu-ranks", "2", "--context", "64", "--budget", "norms"]
+    out = _cli(*args, "--baseline", str(PLAN_X2), "--json", str(path), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    budget_at, diff_at = out.stdout.index("Budget: "), out.stdout.index(f"vs baseline {PLAN_X2} (")
+    assert budget_at < diff_at  # the diff comes after the budget
+    diff_text = out.stdout[diff_at:]
+    assert diff_text.splitlines()[1].split()[:5] == ["component", "before", "ms", "after", "ms"]
+    assert "note: different models: baseline Llama-3.1-70B, now " in diff_text
+    assert diff_text.rstrip().splitlines()[-1].startswith(("moved most: ", "no component "))
+    doc = json.loads(path.read_text())
+    diff = doc["baseline_diff"]
+    assert diff["baseline_path"] == str(PLAN_X2) and diff["baseline"]["model"] == "Llama-3.1-70B"
+    rows = {c["component"]: c for c in diff["components"]}
+    assert set(rows) == {s["component"] for s in doc["budget"]["segments"]} | {
+        s["component"] for s in json.loads(PLAN_X2.read_text())["budget"]["segments"]
+    }
+    assert rows["norms"]["change"] == "changed" and rows["norms"]["delta_ms"] is not None  # measured both times
+    assert rows["attention"]["change"] == "unknown" and rows["attention"]["delta_ms"] is None  # not run here
+    # the document written with --baseline is a baseline itself
+    again = subprocess.run(
+        [sys.executable, "-m", "decodetop", "budget", "--diff", str(path), str(path)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 0 and again.stdout.rstrip().endswith("no component moved beyond its noise")

@@ -443,7 +443,7 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
                 ms(d.current_ms, d.current_status),
                 _signed(d.delta_ms) if d.delta_ms is not None else "-",
                 f"{d.ratio:.2f}" if d.ratio is not None else "-",
-                format_number(d.noise_ms),
+                format_number(d.noise_ms) if d.change != "unknown" else "-",
                 note,
             ]
         )

@@ -1,6 +1,7 @@
 """Provides `decodetop budget`: a model's decode-step inventory, roofline and (roofline-only) budget on a
-deployment, with no GPU needed. Imports neither torch nor textual; NVML is asked only for what the flags leave
-open (GPU count for --tp, the GPU's name and memory bus for the bandwidth).
+deployment, with no GPU needed; `--diff OLD NEW` compares the budgets of two earlier `--json` outputs instead.
+Imports neither torch nor textual; NVML is asked only for what the flags leave open (GPU count for --tp, the GPU's
+name and memory bus for the bandwidth).
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--model", metavar="NAME", help="built-in preset (default glm-5-nvfp4; --list-models)")
     src.add_argument(
         "--config", metavar="PATH", help="a local checkpoint directory or its config.json (weights are never read)"
+    )
+    src.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("OLD", "NEW"),
+        help="compare the budgets of two earlier --json outputs (decodetop probe --model M --json, decodetop budget "
+        "--json) per component: which one moved beyond its noise; runs nothing",
     )
     parser.add_argument("--list-models", action="store_true", help="list the built-in presets and exit")
     parser.add_argument("--tp", type=int, help="tensor-parallel degree (default: number of GPUs, else 8)")
@@ -100,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         for name in preset_names():
             print(name)
         return 0
+    if args.diff:
+        return _diff(args.diff[0], args.diff[1], as_json=args.json)
     for value, flag in (
         (args.bandwidth_tbps, "--bandwidth-tbps"),
         (args.allreduce_us, "--allreduce-us"),
@@ -177,6 +187,18 @@ def run(args: argparse.Namespace) -> int:
                 gpu_memory_gib=gpu.memory_gib if gpu is not None and gpu_name is None else None,
             )
         )
+    return 0
+
+
+def _diff(old: str, new: str, *, as_json: bool) -> int:
+    """`decodetop budget --diff OLD NEW`: the per-component table (or JSON) and the component that moved most."""
+    from decodetop.budget.diff import diff_budget_files, format_budget_diff
+
+    diff = diff_budget_files(old, new)
+    if as_json:
+        print(json.dumps({"baseline_path": old, "current_path": new, **diff.to_dict()}, indent=1, allow_nan=False))
+    else:
+        sys.stdout.write(format_budget_diff(diff, old))
     return 0
 
 

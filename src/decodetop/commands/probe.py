@@ -56,6 +56,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     plan.add_argument("--budget", action="store_true", help="print the composed per-step budget")
     plan.add_argument("--observed-ms", type=float, metavar="MS", help="observed step time, ms (default 95)")
     plan.add_argument("--target-tps", type=float, metavar="TPS", help="target tok/s per sequence (default 309)")
+    plan.add_argument(
+        "--baseline",
+        metavar="PATH",
+        help="an earlier --json output with a budget: after the budget, show which component moved since",
+    )
 
 
 def parse_size_list(text: str, flag: str) -> list[int]:
@@ -132,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
         from decodetop.probes.planrun import run_from_args
 
         return run_from_args(args)
+    if getattr(args, "baseline", None):
+        raise UserInputError(
+            "--baseline needs --model or --config (a model's plan run composes the budget it compares)"
+        )
     registry = ProbeRegistry()
     if args.list:
         for spec in registry.specs():

@@ -543,9 +543,10 @@ def run_plan(
 # --------------------------------------------------------------------------------------------- output
 
 
-def plan_run_to_dict(run: PlanRun) -> dict[str, Any]:
+def plan_run_to_dict(run: PlanRun, baseline_diff: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of a plan run: a `decodetop probe --json` results file (readable by `load_results`) with
-    the plan, the budget, the measured key times, the layer composition errors and the notes added."""
+    the plan, the budget, the measured key times, the layer composition errors and the notes added; with
+    `baseline_diff` (`BudgetDiff.to_dict()` and the baseline's path, from `--baseline`) under "baseline_diff"."""
     m = run.measured
     return {
         "decodetop_probe_results": RESULTS_FORMAT_VERSION,
@@ -573,12 +574,13 @@ def plan_run_to_dict(run: PlanRun) -> dict[str, Any]:
         "copy_gbps": m.copy_gbps,
         "peak_tflops": m.peak_tflops,
         "notes": list(run.notes),
+        **({"baseline_diff": dict(baseline_diff)} if baseline_diff is not None else {}),
     }
 
 
-def plan_run_to_json(run: PlanRun) -> str:
+def plan_run_to_json(run: PlanRun, baseline_diff: Mapping[str, Any] | None = None) -> str:
     """`plan_run_to_dict` as JSON text."""
-    return json.dumps(plan_run_to_dict(run), indent=1, allow_nan=False) + "\n"
+    return json.dumps(plan_run_to_dict(run, baseline_diff), indent=1, allow_nan=False) + "\n"
 
 
 def _bar(ms: float | None, scale: float, char: str = "█") -> str:
@@ -677,14 +679,16 @@ def deployment_from_args(args: Any, default_tp: int) -> Any:
 
 
 def run_from_args(args: Any) -> int:
-    """`decodetop probe --model NAME|--config PATH [--tp N] [--budget] [--json PATH]`: run the plan on a spawned
-    group, print each probe's table (and the budget with --budget), write JSON. Progress goes to stderr as
+    """`decodetop probe --model NAME|--config PATH [--tp N] [--budget] [--baseline PATH] [--json PATH]`: run the
+    plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
+    against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
     'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
     import os
     import sys
     from pathlib import Path
 
     from decodetop.atomic import write_text_atomic
+    from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
     from decodetop.probes.controller import ProbeController, resolve_layout
     from decodetop.probes.gpuinfo import compute_processes
     from decodetop.probes.registry import ProbeRegistry
@@ -695,6 +699,8 @@ def run_from_args(args: Any) -> int:
             raise UserInputError(f"{flag}: {value} must be a positive number")
     if args.timeout is not None and args.timeout <= 0:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
+    baseline_path = str(getattr(args, "baseline", None) or "")
+    baseline = load_budget_document(baseline_path) if baseline_path else None  # a bad file fails before any probe
     gpus = None
     if args.gpus:
         from decodetop.commands.probe import parse_gpu_list
@@ -748,8 +754,15 @@ def run_from_args(args: Any) -> int:
             f"composed {b.total_ms:.3g} ms/step of observed {b.observed_ms:g} ms "
             f"({'complete' if b.complete else 'missing: ' + ', '.join(b.missing)}); --budget shows the breakdown"
         )
+    diff_doc: dict[str, Any] | None = None
+    if baseline is not None:
+        diff = diff_budgets(baseline, run.budget.to_dict(), baseline_name=baseline_path, current_name="this run")
+        diff_doc = {"baseline_path": baseline_path, **diff.to_dict()}
+        if not quiet:
+            print()
+            sys.stdout.write(format_budget_diff(diff, baseline_path))
     if args.json:
-        text = plan_run_to_json(run)
+        text = plan_run_to_json(run, diff_doc)
         if args.json == "-":
             sys.stdout.write(text)
         else:
