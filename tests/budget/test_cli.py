@@ -234,15 +234,21 @@ def test_diff_finds_a_planted_slowdown_and_writes_json(tmp_path: Path, capsys: p
 
 
 def test_diff_against_a_roofline_only_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`decodetop budget --json` output is a baseline too (estimates: no spread, so the floors apply)."""
+    """`decodetop budget --json` output reads as a budget; its estimates compare with estimates only."""
     from .test_diff import PLAN_X2
 
-    assert main(["budget", "--model", "llama-3.1-70b", "--tp", "2", "--gpu", "h200", "--json"]) == 0
-    estimate = tmp_path / "roofline.json"
-    estimate.write_text(capsys.readouterr().out)
-    assert main(["budget", "--diff", str(estimate), str(PLAN_X2)]) == 0
+    estimates = []
+    for bandwidth in ("4.8", "2.4"):  # the H200's HBM, then half of it
+        argv = ["budget", "--model", "llama-3.1-70b", "--tp", "2", "--gpu", "h200", "--bandwidth-tbps", bandwidth]
+        assert main([*argv, "--json"]) == 0
+        estimates.append(tmp_path / f"roofline-{bandwidth}.json")
+        estimates[-1].write_text(capsys.readouterr().out)
+    assert main(["budget", "--diff", str(estimates[0]), str(PLAN_X2)]) == 0
     out = capsys.readouterr().out
-    assert "moved most: " in out and "note:" not in out  # same model and deployment string
+    assert out.count("estimate vs measured") == 7 and "note:" not in out  # same model and deployment string
+    assert out.rstrip().endswith("no component moved beyond its noise")
+    assert main(["budget", "--diff", str(estimates[0]), str(estimates[1])]) == 0
+    assert "moved most: dense MLP (+" in capsys.readouterr().out  # the largest weight stream, at half the bandwidth
 
 
 def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -212,6 +212,15 @@ def test_added_and_removed_components_count() -> None:
     assert "moved most: routed experts (+2.00 ms, added)" in format_budget_diff(diff, "old.json")
 
 
+def test_an_estimate_against_a_measurement_never_counts() -> None:
+    d = _one(_seg("attention", 1.0, status="estimated"), _seg("attention", 3.0, 0.1))
+    assert d.change == "estimate" and d.delta_ms == pytest.approx(2.0) and not d.significant
+    d = _one(_seg("attention", 1.0, status="estimated"), _seg("attention", 3.0, status="estimated"))
+    assert d.change == "changed" and d.significant  # two estimates compare
+    d = _one(_seg("attention", 1.0, 0.1, status="interpolated"), _seg("attention", 3.0, 0.1))
+    assert d.change == "changed" and d.significant  # interpolated between measured points is a measurement
+
+
 def test_missing_data_has_no_delta() -> None:
     diff = diff_budgets(
         _budget(_seg("attention", 1.0), _seg("communication", 0.4)),

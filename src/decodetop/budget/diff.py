@@ -16,7 +16,9 @@ Significance (the rule, and why): a component moved only when |Δ| exceeds
   interpolations are single values), so without a floor any change of a zero-spread segment would count.
 
 A component present on one side only counts as added (Δ = its ms) or removed (Δ = −its ms). A segment whose data
-is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts.
+is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts. A roofline
+estimate against a measurement (status "estimated" on one side only) has a Δ but never counts either: it says how
+far the estimate was off, not that the host changed (two estimates, or two measurements, do compare).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ STATUSES = ("measured", "interpolated", "estimated", "missing")
 """Segment statuses a budget holds (compose.STATUSES)."""
 ABSENT = "absent"
 """The status of a component that one side's budget does not have."""
-CHANGES = ("changed", "added", "removed", "unknown")
-"""How a component compares: on both sides; only in the current budget; only in the baseline; missing data."""
+CHANGES = ("changed", "added", "removed", "unknown", "estimate")
+"""How a component compares: on both sides; only in the current budget; only in the baseline; missing data; a
+roofline estimate on one side and a measurement on the other."""
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,8 @@ def _delta(component: str, before: _Seg | None, after: _Seg | None) -> Component
     if before is not None and after is not None:
         change = "changed" if a is not None and b is not None else "unknown"
         delta = a - b if a is not None and b is not None else None
+        if change == "changed" and (before.status == "estimated") != (after.status == "estimated"):
+            change = "estimate"
     elif after is not None:
         change, delta = ("added", a) if a is not None else ("unknown", None)
     else:
@@ -335,7 +340,7 @@ def _delta(component: str, before: _Seg | None, after: _Seg | None) -> Component
         current_ms=a,
         delta_ms=delta,
         ratio=a / b if a is not None and b else None,
-        significant=delta is not None and abs(delta) > noise,
+        significant=delta is not None and change != "estimate" and abs(delta) > noise,
         change=change,
         noise_ms=noise,
         baseline_status=before.status if before is not None else ABSENT,
@@ -432,6 +437,8 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
             note = d.change + (", moved" if d.significant else "")
         elif d.change == "unknown":
             note = "data missing"
+        elif d.change == "estimate":
+            note = "estimate vs measured"
         elif d.significant:
             note = "moved ▲" if (d.delta_ms or 0.0) > 0 else "moved ▼"
         else:
