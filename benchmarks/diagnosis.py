@@ -152,20 +152,41 @@ def judge(plant: str, result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def diff_verdict(plant: str, clean_budget: Mapping[str, Any], planted_budget: Mapping[str, Any]) -> dict[str, Any]:
+    """What decodetop's own baseline diff (`decodetop.budget.diff`, as `decodetop budget --diff` prints it) says
+    moved most, beyond the noise of both runs, in the plant's judged mode."""
+    from decodetop.budget.diff import diff_budgets
+
+    diff = diff_budgets(clean_budget, planted_budget)
+    top = diff.moved_most
+    return {
+        "diff": diff.to_dict(),
+        "diff_moved_most": top.component if top else None,
+        "diff_delta_ms": top.delta_ms if top else None,
+        "diff_ok": bool(top and top.component == EXPECTED[plant]),
+        "diff_moved": [d.component for d in diff.moved],
+    }
+
+
 def table(judgements: Sequence[Mapping[str, Any]], skipped: Mapping[str, str]) -> str:
-    """Markdown: plant, judged mode, expected component, top mover, its delta, totals."""
+    """Markdown: plant, judged mode, expected component, top mover, its delta, totals, the baseline diff's verdict."""
     out = [
-        "| plant | budget mode | expected | moved most | Δ ms | step ms clean → planted | right? |",
-        "|---|---|---|---|---|---|---|",
+        "| plant | budget mode | expected | moved most | Δ ms | step ms clean → planted | right? | baseline diff "
+        "(beyond noise) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     f = lambda v: "-" if v is None else f"{v:.3g}"  # noqa: E731
     for j in judgements:
+        verdict = "-"
+        if "diff_ok" in j:
+            moved = ", ".join(j["diff_moved"]) or "nothing"
+            verdict = f"{j['diff_moved_most']} {'✓' if j['diff_ok'] else '✗'} (moved: {moved})"
         out.append(
             f"| {j['plant']} | {j['mode']} | {j['expected']} | {j['top']} | {f(j['top_delta_ms'])} | "
-            f"{f(j['clean_total_ms'])} → {f(j['planted_total_ms'])} | {'yes' if j['ok'] else 'NO'} |"
+            f"{f(j['clean_total_ms'])} → {f(j['planted_total_ms'])} | {'yes' if j['ok'] else 'NO'} | {verdict} |"
         )
     for plant, why in skipped.items():
-        out.append(f"| {plant} | - | {EXPECTED[plant]} | not run: {why} | | | |")
+        out.append(f"| {plant} | - | {EXPECTED[plant]} | not run: {why} | | | | |")
     return "\n".join(out)
 
 
@@ -266,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "planted_measured_keys": got["plan_run"]["measured"],
         }
         res["judgement"] = judge(plant, res)
+        mode = JUDGE_MODE[plant]
+        verdict = diff_verdict(plant, clean[f"budget_{mode}"], got[f"budget_{mode}"])
+        res["baseline_diff"] = verdict.pop("diff")
+        res["judgement"].update(verdict)
         judgements.append(res["judgement"])
         doc["plants"][plant] = res
         doc["table"] = table(judgements, doc["skipped"])

@@ -192,3 +192,19 @@ def test_serving_attention_computes_what_the_stock_model_computes(preset: str) -
     # and the model is back to stock afterwards
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_diagnosis_baseline_diff_verdict_on_the_h200_plan_runs() -> None:
+    """The recorded 2 × H200 diagnosis plans (clean and NCCL Simple/Ring): decodetop's baseline diff names
+    communication, and nothing else beyond its noise but one component that got faster."""
+    import json
+
+    plans = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis_plans_h200x2"
+    clean = json.loads((plans / "diagnosis_clean.plan.json").read_text())
+    nccl = json.loads((plans / "diagnosis_nccl_simple_ring.plan.json").read_text())
+    v = diagnosis.diff_verdict("nccl_simple_ring", clean["budget"], nccl["budget"])
+    assert v["diff_ok"] and v["diff_moved_most"] == "communication" and v["diff_delta_ms"] > 0.05
+    same = diagnosis.diff_verdict("nccl_simple_ring", clean["budget"], clean["budget"])
+    assert not same["diff_ok"] and same["diff_moved"] == []
+    j = {**diagnosis.judge("nccl_simple_ring", {"moves_graph": [], "clean_graph_ms": 1, "planted_graph_ms": 1}), **v}
+    assert "communication ✓" in diagnosis.table([j], {})
