@@ -124,3 +124,34 @@ def test_user_rules_file(tmp_path: Path) -> None:
     load_rules.cache_clear()
     with pytest.raises(UserInputError, match="malformed JSON at line 1"):
         load_rules(str(path))
+
+
+@pytest.mark.parametrize(
+    ("outer", "expected"),
+    [
+        # DeepSeek (transformers and vLLM): the shared expert is an MLP class inside the MoE block
+        (["nn.Module: DeepseekV3MoE_0", "nn.Module: DeepseekV3DecoderLayer_1"], "shared_experts"),
+        (["nn.Module: DeepseekV2MoE_3", "nn.Module: DeepseekV2DecoderLayer_3"], "shared_experts"),
+        # the same class directly under a decoder layer is the dense MLP (DeepSeek's first dense layers)
+        (["nn.Module: DeepseekV3DecoderLayer_0", "nn.Module: DeepseekV3Model_0"], "mlp"),
+    ],
+)
+def test_mlp_inside_an_moe_block_is_its_shared_expert(outer: list[str], expected: str) -> None:
+    rules = load_rules()
+    frames = ["aten::mm", "aten::linear", "nn.Module: Linear_7", "nn.Module: DeepseekV3MLP_0", *outer]
+    rule, frame = rules.context_of(frames)
+    assert rule is not None and rule.id == expected
+    assert frame == "nn.Module: DeepseekV3MLP_0"
+    gemm = rules.classify("nvjet_sm90_tst_192x8_64x8_4x1_v_bz_TNT")
+    assert gemm is not None
+    comp = rules.component(gemm.family, rule.id)
+    assert comp is (Component.SHARED_EXPERTS if expected == "shared_experts" else Component.DENSE_MLP)
+
+
+def test_within_must_name_known_contexts() -> None:
+    import decodetop.traces.classify as classify
+
+    data = json.loads((Path(classify.__file__).parent / classify.RULES_FILE).read_text(encoding="utf-8"))
+    data["contexts"][0]["within"] = {"nowhere": "mlp"}
+    with pytest.raises(UserInputError, match="within"):
+        parse_rules(data, "rules.json")

@@ -13,7 +13,7 @@ import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,10 @@ class ContextRule:
     pattern: re.Pattern[str]
     note: str
     examples: tuple[str, ...]
+    within: Mapping[str, str] = field(default_factory=dict)
+    """Outer context id → the context this one becomes inside it: an MLP module nested in an MoE block is its shared
+    expert (DeepSeek's `shared_experts` is a DeepseekV3MLP, Qwen2-MoE's `shared_expert` a Qwen2MoeMLP), while the
+    same class directly under a decoder layer is the dense MLP."""
 
 
 @dataclass(frozen=True)
@@ -82,11 +86,24 @@ class RuleSet:
 
     def context_of(self, frames_inner_first: Sequence[str]) -> tuple[ContextRule | None, str | None]:
         """The context of a kernel from its enclosing frames (innermost first): the rule and the frame it matched."""
-        for frame in frames_inner_first:
+        frames = list(frames_inner_first)
+        for index, frame in enumerate(frames):
             for rule in self.contexts:
                 if rule.pattern.search(frame):
-                    return rule, frame
+                    return self._refined(rule, frames[index + 1 :]), frame
         return None, None
+
+    def _refined(self, rule: ContextRule, outer_frames: Sequence[str]) -> ContextRule:
+        """`rule`, or what its `within` map makes of it when an outer frame is in one of the listed contexts."""
+        if not rule.within:
+            return rule
+        by_id = {r.id: r for r in self.contexts}
+        for frame in outer_frames:
+            for outer_id, becomes in rule.within.items():
+                outer = by_id.get(outer_id)
+                if outer is not None and outer.pattern.search(frame) and becomes in by_id:
+                    return by_id[becomes]
+        return rule
 
     def component(self, family: str, context: str | None) -> Component | None:
         """The budget component of a kernel of `family` in `context` (None: unattributed)."""
@@ -180,9 +197,15 @@ def parse_rules(data: Any, source: str) -> RuleSet:
             pattern=_compile(spec.get("pattern"), f"{source}: context rule #{i}"),
             note=str(spec.get("note", "")),
             examples=tuple(str(x) for x in spec.get("examples") or ()),
+            within=_within(spec.get("within"), f"{source}: context rule #{i}"),
         )
         for i, spec in enumerate(data.get("contexts") or [])
     ]
+    ids = {c.id for c in contexts}
+    for c in contexts:
+        unknown = sorted((set(c.within) | set(c.within.values())) - ids)
+        if unknown:
+            raise UserInputError(f"{source}: context rule {c.id!r}: 'within' names unknown contexts {unknown}")
     markers = [
         MarkerRule(
             id=str(spec.get("id")),
@@ -194,6 +217,14 @@ def parse_rules(data: Any, source: str) -> RuleSet:
     if not kernels:
         raise UserInputError(f"{source}: no kernel rules")
     return RuleSet(source, tuple(kernels), tuple(contexts), families, tuple(markers))
+
+
+def _within(value: object, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise UserInputError(f"{where}: 'within' must map context ids to context ids")
+    return dict(value)
 
 
 @functools.lru_cache(maxsize=4)
