@@ -179,19 +179,43 @@ def capture_graph(fn: Callable[[], Any], ops: int, warmup: int = 2) -> torch.cud
     return graph
 
 
+#: Host time allowed per timed replay when the GPU is held back so the host can enqueue the whole loop first (µs).
+#: On the 2 × H200 VM one replay's enqueue (two event records and a graph launch) took up to ~100 µs in a slow
+#: process (docs/benchmarks.md, "Issue 8 on 2 GPUs"); without the lead a small graph ran at the host's pace.
+HOST_LEAD_US_PER_SAMPLE = 150.0
+#: Clock the sleep kernel's cycle count is converted with (GHz). Below the boost clocks of H100/H200 (1.98 GHz) and
+#: RTX PRO 6000 (~2.6 GHz): a slower-clocked GPU only sleeps longer, which is harmless.
+SLEEP_CLOCK_GHZ = 2.0
+#: Longest lead (µs), so a long loop never parks the GPU for more than this.
+MAX_HOST_LEAD_US = 20_000.0
+
+
+def hold_gpu_for_host(samples: int) -> None:
+    """Queue a sleep kernel long enough for the host to enqueue `samples` timed replays behind it, so the timed
+    replays run back to back on the GPU and no host gap lands inside an event pair (no-op without `_sleep`)."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is None:
+        return
+    lead_us = min(MAX_HOST_LEAD_US, HOST_LEAD_US_PER_SAMPLE * samples)
+    sleep(int(lead_us * SLEEP_CLOCK_GHZ * 1000.0))
+
+
 def time_graph_replay(graph: torch.cuda.CUDAGraph, ops: int, samples: int, warmup: int = 2) -> list[float]:
-    """Device time per op (µs): CUDA events around each replay of a graph holding `ops` ops."""
+    """Device time per op (µs): CUDA events around each replay of a graph holding `ops` ops, replayed back to back.
+
+    The GPU is held by a sleep kernel while the host enqueues the loop (`hold_gpu_for_host`): otherwise a graph
+    shorter than the host's per-replay cost is timed at the host's pace — and for a collective, at the slower
+    rank's host pace on every rank."""
     _check(ops, samples, warmup)
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
-    pairs = []
-    for _ in range(samples):
-        start, end = new_event(), new_event()
+    pairs = [(new_event(), new_event()) for _ in range(samples)]
+    hold_gpu_for_host(samples)
+    for start, end in pairs:
         start.record()
         graph.replay()
         end.record()
-        pairs.append((start, end))
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1000.0 / ops for s, e in pairs]
 
