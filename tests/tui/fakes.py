@@ -202,7 +202,11 @@ _MS = {
 
 
 class FakeBudget:
-    """A GLM-5-like budget: fixed component figures, plus communication/launch from the fake probe results."""
+    """A GLM-5-like budget: fixed component figures, plus communication/launch from the fake probe results.
+    `scale` multiplies a component's figure (a planted slowdown for the baseline tests)."""
+
+    def __init__(self) -> None:
+        self.scale: dict[str, float] = {}
 
     def models(self) -> Sequence[tuple[str, str]]:
         return [("glm-5", "GLM-5 (NVFP4)"), ("llama-3.1-70b", "Llama 3.1 70B (BF16)"), ("deepseek-v3", "DeepSeek-V3")]
@@ -223,6 +227,7 @@ class FakeBudget:
                 status = "interpolated"
             if ms is None:
                 status, at, ms = "missing", None, 0.0
+            ms *= self.scale.get(component.value, 1.0)
             segments.append(BudgetSegment(component.value, component.label, ms, status, at))
         return BudgetView(
             title=f"{settings.model} · TP{settings.tp or 8}",
@@ -302,11 +307,12 @@ def make_sources(
     checks: FakeChecks | None = None,
     run_probes: bool = False,
     history: Any = None,
+    budget: FakeBudget | None = None,
 ) -> Sources:
     return Sources(
         telemetry=telemetry or FakeTelemetry(),
         probes=probes or FakeProbes(),
-        budget=FakeBudget(),
+        budget=budget or FakeBudget(),
         checks=checks or FakeChecks(),
         history=history,
         clock=fixed_clock,

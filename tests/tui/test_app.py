@@ -23,7 +23,16 @@ from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.status_line import StatusLine
 
 from .conftest import MessageLog, make_app, wait_until
-from .fakes import NOW_S, FakeChecks, FakeProbes, FakeTelemetry, eight_gpu_frame, failing_checks, make_sources
+from .fakes import (
+    NOW_S,
+    FakeBudget,
+    FakeChecks,
+    FakeProbes,
+    FakeTelemetry,
+    eight_gpu_frame,
+    failing_checks,
+    make_sources,
+)
 
 
 def _states(app: DecodetopApp) -> dict[str, ProbeState]:
@@ -194,6 +203,54 @@ async def test_changes_since_the_baseline_are_marked(tmp_path: Path) -> None:
         assert panel.view.changed_ids == frozenset({"C1"})
         assert "baseline 2h ago, 1 changed" in str(app.query_one("#health-summary", Static).content)
         assert str(panel.table.get_cell("C1", "changed")) == "Δ"
+
+
+async def test_budget_components_that_moved_since_the_baseline_are_marked(tmp_path: Path) -> None:
+    """`s` stores the budget with the baseline; a budget composed later with attention slower marks attention Δ."""
+    path = tmp_path / "history.jsonl"
+    budget = FakeBudget()
+    log = MessageLog()
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S), budget=budget))
+    async with app.run_test(size=(100, 40), message_hook=log) as pilot:
+        bar = app.query_one(BudgetBar)
+        await wait_until(pilot, lambda: bar.budget is not None and app.budget_settled, "budget")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: bool(log.of(BaselineSaved)), "baseline saved")
+        assert bar.budget is not None and bar.budget.moved == ()
+        assert "Δ" not in _screen_text(app)
+        budget.scale = {"attention": 1.5, "norms": 1.01}  # attention +0.6 ms; norms +0.003 ms is noise
+        await pilot.press("R")  # the probes finish, the budget is composed again
+        await wait_until(
+            pilot, lambda: app.budget_settled and bar.budget is not None and bar.budget.moved != (), "moved budget"
+        )
+        assert [(m.key, round(m.delta_ms, 6)) for m in bar.budget.moved] == [("attention", 0.6)]
+        text = _screen_text(app)
+        assert "attention       1.80 ms Δ+0.600 ms" in text
+        assert text.count("Δ+") == 1  # communication, dense MLP, launch: missing at the baseline, no Δ
+    stored = History(path).latest(KIND_BASELINE)["default"].payload["budget"]
+    assert {s["component"]: s["ms"] for s in stored["segments"]}["attention"] == 1.2
+    assert {s["component"]: s["status"] for s in stored["segments"]}["communication"] == "missing"
+
+
+async def test_a_stored_baseline_budget_marks_at_start_and_a_corrupt_one_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    stored = FakeBudget().compose(Settings(model="glm-5", tp=8), {}, NOW_S).to_budget_dict()
+    segments = {s["component"]: s for s in stored["segments"]}  # type: ignore[attr-defined]
+    segments["attention"].update(ms=1.1, p10_ms=1.0, p90_ms=1.3)  # 1.1 → 1.2: within its spread
+    segments["routed_experts"].update(ms=2.6)  # 2.6 → 2.1: faster
+    History(path).record(KIND_BASELINE, "default", {"checks": {}, "budget": stored}, recorded_at_s=NOW_S - 60)
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    async with app.run_test(size=(80, 24)) as pilot:  # the compact legend
+        bar = app.query_one(BudgetBar)
+        await wait_until(pilot, lambda: bar.budget is not None and bar.budget.moved != (), "moves")
+        assert [(m.key, round(m.delta_ms, 6)) for m in bar.budget.moved] == [("routed_experts", -0.5)]
+        assert "█ experts    2.10 Δ-0.50 █ " in _screen_text(app)
+    History(path).record(KIND_BASELINE, "default", {"checks": {}, "budget": {"segments": "?"}}, recorded_at_s=NOW_S)
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app.baseline is not None and app.budget_settled, "baseline loaded")
+        assert app.query_one(BudgetBar).budget.moved == ()  # type: ignore[union-attr]
+        assert "Δ" not in _screen_text(app)
 
 
 async def test_history_values_show_at_start_with_their_age(tmp_path: Path) -> None:

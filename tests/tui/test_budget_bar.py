@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from textual.app import App, ComposeResult
+from textual.color import Color
 
 from decodetop.budget.components import Component
 from decodetop.themes import register_themes, theme_variable_defaults
-from decodetop.tui.model import BudgetSegment, BudgetView
-from decodetop.tui.widgets.budget_bar import BudgetBar, format_ms
+from decodetop.tui.model import BudgetMove, BudgetSegment, BudgetView
+from decodetop.tui.widgets.budget_bar import (
+    COMPACT_ENTRY_WIDTH,
+    LEGEND_ENTRY_WIDTH,
+    BudgetBar,
+    format_delta_ms,
+    format_ms,
+)
 
 
 class _BarApp(App[None]):
@@ -92,3 +101,41 @@ async def test_estimated_and_interpolated_figures_are_marked() -> None:
     lines = await _lines(BudgetView("m", segments, 95.0, 3.24, None), 78)
     assert any("attention" in line and "≈" in line for line in lines)
     assert any("all-reduce" in line and "~10s" in line for line in lines)
+
+
+def test_format_delta_ms() -> None:
+    full = [format_delta_ms(v) for v in (0.6, -0.0123, 12.34, -150.0)]
+    assert full == ["Δ+0.600 ms", "Δ-0.012 ms", "Δ+12.3 ms", "Δ-150 ms"]
+    compact = [format_delta_ms(v, compact=True) for v in (0.6, -0.0123, 12.34, -150.0)]
+    assert compact == ["Δ+0.60", "Δ-0.01", "Δ+12.3", "Δ-150"]
+    assert max(len(t) for t in full) <= 10 and max(len(t) for t in compact) <= 6
+
+
+async def test_moved_components_show_their_signed_change_in_the_theme_colours() -> None:
+    ms = {Component.ATTENTION: 1.2, Component.ROUTED_EXPERTS: 2.1, Component.NORMS: 0.3}
+    moved = (BudgetMove("attention", 0.6), BudgetMove("routed_experts", -0.5))
+    view = dataclasses.replace(_view(ms), moved=moved)
+    for compact, up, down, width in (
+        (False, "Δ+0.600 ms", "Δ-0.500 ms", LEGEND_ENTRY_WIDTH),
+        (True, "Δ+0.60", "Δ-0.50", COMPACT_ENTRY_WIDTH),
+    ):
+        app = _BarApp(view)
+        async with app.run_test(size=(80, 30)) as pilot:
+            bar = app.query_one(BudgetBar)
+            bar.compact = compact
+            await pilot.pause()
+            entries = {
+                key: bar._legend_entry(view, i, seg)
+                for i, seg in enumerate(view.components)
+                for key in (seg.key,)
+                if seg.status != "missing"
+            }
+            variables = app.theme_variables
+            assert up in entries["attention"].plain and down in entries["routed_experts"].plain
+            assert "Δ" not in entries["norms"].plain and "%" in entries["norms"].plain
+            assert {len(t.plain) for t in entries.values()} == {width}  # the columns stay aligned
+            for key, colour in (("attention", variables["state-bad"]), ("routed_experts", variables["state-ok"])):
+                text = entries[key]
+                start = text.plain.index("Δ")
+                styles = [span.style for span in text.spans if span.start <= start < span.end]
+                assert any(Color.parse(colour).rich_color == getattr(s, "color", None) for s in styles), styles

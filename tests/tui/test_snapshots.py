@@ -7,17 +7,20 @@ Review the report before `--snapshot-update` (docs/guide/testing.md).
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
 
+from decodetop.history import KIND_BASELINE, History
+from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.model import ProbeState
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 
 from .conftest import make_app, wait_until
-from .fakes import FakeProbes, FakeTelemetry, eight_gpu_frame, make_sources
+from .fakes import NOW_S, FakeBudget, FakeProbes, FakeTelemetry, eight_gpu_frame, make_sources
 
 SIZES = [(80, 24), (160, 48)]
 
@@ -81,3 +84,19 @@ def test_failed_probe(snap_compare: Callable[..., bool], size: tuple[int, int]) 
 def test_failing_checks(snap_compare: Callable[..., bool], size: tuple[int, int]) -> None:
     app = make_app(make_sources(telemetry=FakeTelemetry([eight_gpu_frame()])))
     assert snap_compare(app, terminal_size=size, run_before=_runner(app, "3"))
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_budget_moved_since_the_baseline(
+    snap_compare: Callable[..., bool], size: tuple[int, int], tmp_path: Path
+) -> None:
+    """A baseline whose budget had attention faster and routed experts slower: both marked Δ in the legend."""
+    path = tmp_path / "history.jsonl"
+    stored = FakeBudget().compose(Settings(model="glm-5", tp=8), {}, NOW_S).to_budget_dict()
+    segments = {s["component"]: s for s in stored["segments"]}  # type: ignore[attr-defined]
+    segments["attention"].update(ms=0.6)
+    segments["routed_experts"].update(ms=2.6)
+    History(path).record(KIND_BASELINE, "default", {"checks": {}, "budget": stored}, recorded_at_s=NOW_S - 3600)
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    moved = lambda: (b := app.query_one(BudgetBar).budget) is not None and len(b.moved) == 2  # noqa: E731
+    assert snap_compare(app, terminal_size=size, run_before=_runner(app, None, moved))

@@ -728,6 +728,8 @@ class PresetBudget:
                     ms=seg.ms or 0.0,
                     status=status,
                     measured_at_s=at if status in ("measured", "interpolated") else None,
+                    p10_ms=seg.p10_ms,
+                    p90_ms=seg.p90_ms,
                 )
             )
         present = {s.key for s in segments}

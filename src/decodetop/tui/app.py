@@ -21,7 +21,9 @@ from textual.containers import Container, Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
+from decodetop.budget.diff import diff_budgets
 from decodetop.collectors.checks.model import CheckResult
+from decodetop.errors import UserInputError
 from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry
 from decodetop.settings import Settings, save_settings
 from decodetop.themes import THEME_NAMES, next_theme, register_themes, theme_variable_defaults
@@ -37,7 +39,15 @@ from decodetop.tui.messages import (
     ProbeStarted,
     TelemetryReady,
 )
-from decodetop.tui.model import HealthView, ProbeCurves, ProbeState, ProbeView, TelemetryFrame
+from decodetop.tui.model import (
+    BudgetMove,
+    BudgetView,
+    HealthView,
+    ProbeCurves,
+    ProbeState,
+    ProbeView,
+    TelemetryFrame,
+)
 from decodetop.tui.probe_queue import ProbeQueue
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.help import HelpScreen
@@ -64,7 +74,7 @@ HELP_TEXT = {
     "rerun": "re-run the selected probe",
     "rerun_all": "re-run every probe of the plan",
     "cancel_probe": "cancel the running probe and empty the queue",
-    "save_baseline": "save the checks and probe values as the baseline (changes are marked Δ)",
+    "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model: the probe plan and the budget follow",
     "cycle_theme": "next theme: dark, light, high-contrast (remembered in settings.toml)",
     "show_tab('probes')": "probes tab",
@@ -82,14 +92,36 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 
-def baseline_payload(checks: list[CheckResult], probes: Mapping[str, ProbeView]) -> dict[str, Any]:
-    """What a baseline stores: each check's status, observed value and facts; each probe's value."""
-    return {
+def baseline_payload(
+    checks: list[CheckResult], probes: Mapping[str, ProbeView], budget: BudgetView | None = None
+) -> dict[str, Any]:
+    """What a baseline stores: each check's status, observed value and facts; each probe's value; the budget's
+    components with their spread (what `budget_moves` compares against)."""
+    payload: dict[str, Any] = {
         "checks": {
             c.check_id: {"status": c.status.value, "observed": c.observed, "facts": dict(c.facts)} for c in checks
         },
         "probes": {pid: v.value_text for pid, v in probes.items() if v.value_text},
     }
+    if budget is not None:
+        payload["budget"] = budget.to_budget_dict()
+    return payload
+
+
+def budget_moves(budget: BudgetView, baseline: HistoryEntry | None) -> tuple[BudgetMove, ...]:
+    """The components of `budget` that moved beyond their noise since the baseline's budget
+    (`decodetop.budget.diff`), largest increase first. None without a stored budget, for another model, or when the
+    stored budget does not read (a baseline from before budgets were stored, a hand-edited file)."""
+    stored = None if baseline is None else baseline.payload.get("budget")
+    if not isinstance(stored, Mapping):
+        return ()
+    try:
+        diff = diff_budgets(stored, budget.to_budget_dict(), baseline_name="baseline", current_name="budget")
+    except UserInputError:
+        return ()
+    if diff.baseline_model != diff.current_model:
+        return ()  # another model's budget: its components are not this one's
+    return tuple(BudgetMove(d.component, d.delta_ms) for d in diff.moved if d.delta_ms is not None)
 
 
 def changed_since(checks: list[CheckResult], baseline: HistoryEntry | None) -> frozenset[str]:
@@ -170,6 +202,8 @@ class DecodetopApp(App[int]):
         self.server_note = ""
         """The live server's last answer, one line (--server)."""
         self._budget_shown = -1
+        self._budget_view: BudgetView | None = None
+        """The latest composition, before the baseline's moves are marked on it."""
         self.curves = ProbeCurves()
         """The chart curves of the latest composition."""
         self.charts: Charts | None = None
@@ -499,8 +533,8 @@ class DecodetopApp(App[int]):
             panel.show(view, self.now())
 
     def action_save_baseline(self) -> None:
-        """`s`: save the current checks and probe values as the baseline."""
-        self._save_baseline(baseline_payload(self.checks, self.probe_views))
+        """`s`: save the current checks, probe values and budget as the baseline."""
+        self._save_baseline(baseline_payload(self.checks, self.probe_views, self._budget_view))
 
     @work(thread=True, exit_on_error=False, group="files")
     def _save_baseline(self, payload: dict[str, Any]) -> None:
@@ -524,6 +558,7 @@ class DecodetopApp(App[int]):
             return
         self.baseline = message.entry
         self._show_health()
+        self._mark_budget()
         self.notify(f"baseline saved ({len(self.checks)} checks)", timeout=3)
 
     # -- budget ----------------------------------------------------------------------------------------------------
@@ -552,13 +587,20 @@ class DecodetopApp(App[int]):
             self._set_status()
             return
         self._budget_shown = message.seq
+        self._budget_view = message.view
         bar = self.query_one(BudgetBar)
         bar.now_s = self.now()
-        bar.budget = message.view
+        self._mark_budget()
         if message.curves is not None:
             self.curves = message.curves
             if self.charts is not None and self.query_one(TabbedContent).active == "charts":
                 self.charts.show_curves(message.curves)
+
+    def _mark_budget(self) -> None:
+        """Show the latest composition with the components that moved since the baseline marked (Δ)."""
+        view = self._budget_view
+        if view is not None:
+            self.query_one(BudgetBar).budget = dataclasses.replace(view, moved=budget_moves(view, self.baseline))
 
     @property
     def budget_settled(self) -> bool:

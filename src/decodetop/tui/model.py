@@ -74,6 +74,19 @@ class BudgetSegment:
     """"measured", "interpolated" (along a measured curve), "estimated" (roofline, not measured), "missing" (no
     figure) or "remainder" (the unexplained part)."""
     measured_at_s: float | None = None
+    p10_ms: float | None = None
+    """The spread of the component's figure (None for a point figure): what the baseline diff calls noise."""
+    p90_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class BudgetMove:
+    """A component that moved beyond its noise since the baseline (`decodetop.budget.diff`)."""
+
+    key: str
+    """`Component` value."""
+    delta_ms: float
+    """Now − baseline, ms per step (negative: faster)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +101,8 @@ class BudgetView:
     roofline_ms: float | None = None
     note: str = ""
     """One line under the bar (what is missing, what source the observed figure came from)."""
+    moved: tuple[BudgetMove, ...] = ()
+    """Components that moved beyond their noise since the baseline (the app fills it; the legend marks them Δ)."""
 
     @property
     def components(self) -> tuple[BudgetSegment, ...]:
@@ -103,6 +118,35 @@ class BudgetView:
     def unexplained_ms(self) -> float:
         """Observed minus explained (never negative)."""
         return max(0.0, self.observed_ms - self.explained_ms)
+
+    def move(self, key: str) -> BudgetMove | None:
+        """The move of one component since the baseline, or None."""
+        return next((m for m in self.moved if m.key == key), None)
+
+    def to_budget_dict(self) -> dict[str, object]:
+        """The components in `Budget.to_dict()`'s shape (what `decodetop.budget.diff` reads, and what a baseline
+        stores): a missing component has no ms (its 0 here is a placeholder, not a figure)."""
+        segments = [
+            {
+                "component": s.key,
+                "label": s.label,
+                "ms": None if s.status == "missing" else s.ms,
+                "p10_ms": None if s.status == "missing" else s.p10_ms,
+                "p90_ms": None if s.status == "missing" else s.p90_ms,
+                "status": s.status,
+            }
+            for s in self.components
+        ]
+        missing = [s.key for s in self.components if s.status == "missing"]
+        return {
+            "model": self.title,
+            "deployment": "",
+            "segments": segments,
+            "total_ms": self.explained_ms,
+            "complete": not missing,
+            "missing": missing,
+            "observed_ms": self.observed_ms,
+        }
 
 
 @dataclass(frozen=True)

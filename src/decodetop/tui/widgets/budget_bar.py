@@ -4,6 +4,7 @@ The full bar spans 0 to the largest of observed, explained, target and roofline,
 (hatched) is seen against the observed step. A step of 95 ms next to a 3 ms target leaves the target a single
 cell wide, so a second bar zooms to 0 .. ~1.2 × max(explained, target, roofline): the components, the target and
 the roofline all read at 80 columns. Every colour comes from a component class whose CSS names a theme variable.
+A component that moved beyond its noise since the baseline shows "Δ" and its signed change in place of its share.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ CONTRAST_GLYPHS = ("█", "▓", "▒")
 
 _SEGMENT_CLASSES = {key: f"budget-bar--{segment_variable(key)}" for key in SEGMENT_KEYS}
 _MARK_CLASSES = ("budget-bar--mark-observed", "budget-bar--mark-target", "budget-bar--mark-roofline")
+_MOVED_CLASSES = ("budget-bar--moved-up", "budget-bar--moved-down")
 
 
 def _css() -> str:
@@ -64,6 +66,8 @@ def _css() -> str:
         "BudgetBar > .budget-bar--title { text-style: bold; }",
         "BudgetBar > .budget-bar--muted { color: $state-muted; }",
         "BudgetBar > .budget-bar--missing { color: $state-muted; text-style: italic; }",
+        "BudgetBar > .budget-bar--moved-up { color: $state-bad; text-style: bold; }",
+        "BudgetBar > .budget-bar--moved-down { color: $state-ok; text-style: bold; }",
     ]
     rules += [f"BudgetBar > .{cls} {{ color: ${segment_variable(key)}; }}" for key, cls in _SEGMENT_CLASSES.items()]
     rules += [
@@ -91,6 +95,17 @@ def format_ms(value_ms: float) -> str:
     return f"{value_ms:.{min(decimals, 3)}f}"
 
 
+def format_delta_ms(delta_ms: float, compact: bool = False) -> str:
+    """A signed change: "Δ+0.612 ms" ("Δ+0.61" compact: six characters, the width of the share it replaces)."""
+    sign = "-" if delta_ms < 0 else "+"
+    size = abs(delta_ms)
+    if not compact:
+        return f"Δ{sign}{format_ms(size)} ms"
+    if size >= 100:
+        return f"Δ{sign}{size:.0f}"
+    return f"Δ{sign}{size:.1f}" if size >= 10 else f"Δ{sign}{size:.2f}"
+
+
 class BudgetBar(Widget):
     """The per-token budget: stacked bar, zoomed bar, observed/target/roofline markers and a legend.
 
@@ -102,6 +117,7 @@ class BudgetBar(Widget):
     | `budget-bar--muted` | Stale values and secondary text. |
     | `budget-bar--missing` | Components with no figure yet. |
     | `budget-bar--title` | The first line. |
+    | `budget-bar--moved-up` / `-down` | The Δ of a component slower / faster than at the baseline. |
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {
@@ -110,6 +126,7 @@ class BudgetBar(Widget):
         "budget-bar--missing",
         *_SEGMENT_CLASSES.values(),
         *_MARK_CLASSES,
+        *_MOVED_CLASSES,
     }
     DEFAULT_CSS = _css()
 
@@ -330,11 +347,19 @@ class BudgetBar(Widget):
         stale = segment.measured_at_s is not None and self.now_s - segment.measured_at_s > STALE_AFTER_S
         value_style = self._style("budget-bar--muted") if stale else Style()
         mark = STATUS_MARKS.get(segment.status, "")
+        move = budget.move(segment.key)
+        move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
         if self.compact:
             short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
             pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
             text = Text()
             text.append(glyph, style=self._style(cls))
+            if move is not None:  # the change since the baseline says more than the share (and the status mark)
+                text.append(" " + short[: COMPACT_LABEL_WIDTH - 1].ljust(COMPACT_LABEL_WIDTH - 1))
+                text.append(f"{format_ms(segment.ms):>5} ", style=value_style)
+                text.append(f"{format_delta_ms(move.delta_ms, compact=True):<6}", style=move_style)
+                text.append(" ")
+                return text
             text.append(" " + short.ljust(COMPACT_LABEL_WIDTH))
             text.append(f"{mark + format_ms(segment.ms):>6}", style=value_style)
             text.append(f"{pct:>5} ", style=value_style)
@@ -346,6 +371,11 @@ class BudgetBar(Widget):
         text.append(glyph, style=self._style(cls))
         text.append(" " + label.ljust(LABEL_WIDTH))
         text.append(f"{format_ms(segment.ms):>6} ms", style=value_style)
+        if move is not None:  # "Δ+0.612 ms" over the share and the age: what changed since the baseline
+            text.append(" ")
+            text.append(f"{format_delta_ms(move.delta_ms):<10}", style=move_style)
+            text.append("  ")
+            return text
         text.append(f"{share:>5.1f}%" if share < 100 else f"{share:>5.0f}%", style=value_style)
         text.append(f" {age:<4}  ", style=self._style("budget-bar--muted"))
         return text
