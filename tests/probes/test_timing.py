@@ -74,3 +74,22 @@ def test_time_host_counts_calls_and_syncs() -> None:
     assert calls == {"fn": 2 + 4 * 3, "sync": 1 + 3}
     with pytest.raises(ValueError):
         time_host(fn, ops=0, samples=1)
+
+
+def test_hold_gpu_for_host_sleeps_per_sample_up_to_a_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sleep kernel in front of a timed replay loop covers the host's enqueue time, capped (no GPU needed:
+    the sleep is recorded instead of launched)."""
+    import torch
+
+    from decodetop.probes.worker import timing
+
+    cycles: list[int] = []
+    monkeypatch.setattr(torch.cuda, "_sleep", cycles.append, raising=False)
+    timing.hold_gpu_for_host(10)
+    timing.hold_gpu_for_host(10_000)
+    per_sample = timing.HOST_LEAD_US_PER_SAMPLE * timing.SLEEP_CLOCK_GHZ * 1000.0
+    assert cycles[0] == int(10 * per_sample)
+    assert cycles[1] == int(timing.MAX_HOST_LEAD_US * timing.SLEEP_CLOCK_GHZ * 1000.0) < 10_000 * per_sample
+    monkeypatch.delattr(torch.cuda, "_sleep")
+    timing.hold_gpu_for_host(10)  # a torch without the private sleep kernel: nothing happens
+    assert len(cycles) == 2
