@@ -4,6 +4,8 @@
 #   accuracy   benchmarks/accuracy.py (probe vs host loop / graph replay / do_bench / CuPy)
 #   diagnosis  the three plants at TP 2; plan runs kept for `decodetop budget --diff`
 #   fidelity   4-layer transformers models on GPU 0 only (TP 1), stock and serving-form attention
+#   plans      `decodetop probe --model M --tp 2 --budget` for Llama-3.1-70B, DeepSeek-V3, GLM-5
+#   cost       benchmarks/cost.py on both GPUs (plan wall time at TP 2 and 1, tick, polling effect); cost1: GPU 0
 #
 #   STEPS="variance diagnosis" bash benchmarks/h200x2_issue8b.sh    # everything lands in $OUT/issue8b.tgz
 #
@@ -40,7 +42,14 @@ want diagnosis && step diagnosis "${T_DIAGNOSIS:-100}" python3 benchmarks/diagno
 want fidelity && step fidelity "${T_FIDELITY:-150}" env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/fidelity.py \
   --samples 3 --json "$W/issue8_fidelity_h200x1.json"
 want accuracy && step accuracy "${T_ACCURACY:-70}" python3 benchmarks/accuracy.py --json "$W/issue8_accuracy_h200x2.json"
+want plans && for model in llama-3.1-70b deepseek-v3 glm-5; do
+  step "plan_$model" 90 python3 -m decodetop probe --model "$model" --tp 2 --budget --json "$W/plan_${model}-tp2-h200x2.json"
+done
+want cost && step cost "${T_COST:-150}" python3 benchmarks/cost.py --rounds 2 --json "$W/issue8_cost_h200x2.json"
+want cost1 && step cost1 "${T_COST1:-90}" env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/cost.py --parts plan --tp 2 \
+  --json "$W/issue8_cost_h200x1.json"
 cat "$LOG"
-for f in variance diagnosis fidelity accuracy; do
+grep -E "composition error|^total" "$W"/plan_*.txt 2>/dev/null | cut -c1-160
+for f in variance diagnosis fidelity accuracy cost cost1; do
   [ -f "$W/$f.txt" ] && { echo "## $f"; grep -E '^\|' "$W/$f.txt" | head -40; }
 done
