@@ -156,6 +156,25 @@ def test_real_h200_plan_files_one_gpu_vs_two() -> None:
     assert "moved most: dense MLP (+1.03 ms, ×1.1)" in format_budget_diff(back, "b")
 
 
+DIAGNOSIS = RESULTS / "diagnosis_plans_h200x2"
+"""Issue 8's plants on 2 × H200 (Llama-3.1-70B, 4 layers, TP 2): a clean plan and one plan per plant."""
+
+
+@pytest.mark.parametrize(
+    ("clean", "planted", "expected"),
+    [
+        ("diagnosis_clean.plan.json", "diagnosis_kv_whole_cast.plan.json", "attention"),
+        ("diagnosis_clean.plan.json", "diagnosis_nccl_simple_ring.plan.json", "communication"),
+        ("diagnosis_clean.eager.plan.json", "diagnosis_launch_blocking.eager.plan.json", "launch"),
+    ],
+    ids=["kv_whole_cast", "nccl_simple_ring", "launch_blocking"],
+)
+def test_recorded_plants_on_two_h200_point_at_the_right_component(clean: str, planted: str, expected: str) -> None:
+    diff = diff_budget_files(DIAGNOSIS / clean, DIAGNOSIS / planted)
+    assert diff.moved_most is not None and diff.moved_most.component == expected, diff.to_dict()
+    assert diff.notes == ()
+
+
 # --------------------------------------------------------------------------------------------- hand-built edges
 
 
