@@ -28,7 +28,9 @@ from decodetop.budget.inventory import build_inventory
 from decodetop.budget.spec import load_preset
 from decodetop.errors import UserInputError
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "budgets"
+)  # copies of benchmarks/results/plan_* (15:47 UTC)
 PLAN_X1 = RESULTS / "plan_llama-3.1-70b-tp2-h200x1.json"
 """Llama-3.1-70B TP 2 plan on 1 × H200: the all-reduce needs 2 ranks, so communication is missing."""
 PLAN_X2 = RESULTS / "plan_llama-3.1-70b-tp2-h200x2.json"
@@ -156,7 +158,8 @@ def test_real_h200_plan_files_one_gpu_vs_two() -> None:
     assert "moved most: dense MLP (+1.03 ms, ×1.1)" in format_budget_diff(back, "b")
 
 
-DIAGNOSIS = RESULTS / "diagnosis_plans_h200x2"
+DIAGNOSIS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis_plans_h200x2"
+"""The latest recorded diagnosis plans (any run must point at the planted component)."""
 """Issue 8's plants on 2 × H200 (Llama-3.1-70B, 4 layers, TP 2): a clean plan and one plan per plant."""
 
 
@@ -228,7 +231,7 @@ def test_added_and_removed_components_count() -> None:
     assert removed is not None and removed.change == "removed" and removed.delta_ms == -0.5 and removed.significant
     assert diff.moved_most is added
     assert [d.component for d in diff.components] == ["routed_experts", "attention", "routing"]
-    assert "moved most: routed experts (+2.00 ms, added)" in format_budget_diff(diff, "old.json")
+    assert "moved most: routed experts (+2 ms, added)" in format_budget_diff(diff, "old.json")
 
 
 def test_an_estimate_against_a_measurement_never_counts() -> None:

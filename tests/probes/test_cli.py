@@ -46,7 +46,7 @@ TINY_LLAMA = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
-PLAN_X2 = HERE.parents[1] / "benchmarks" / "results" / "plan_llama-3.1-70b-tp2-h200x2.json"
+PLAN_X2 = HERE.parent / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
 """A real plan-run document (Llama-3.1-70B TP 2 on 2 × H200): a baseline with a budget."""
 
 

@@ -402,11 +402,15 @@ def diff_budget_files(baseline_path: str | Path, current_path: str | Path) -> Bu
 # --------------------------------------------------------------------------------------------- text
 
 
-def _signed(value: float) -> str:
-    from decodetop.textfmt import format_number
+#: Finest Δ shown, ms: 1 µs. A step budget's components are tens of µs and up; finer digits are noise.
+DELTA_RESOLUTION_MS = 0.001
 
-    text = format_number(abs(value))
-    return ("-" if value < 0 else "+") + text if text != "0" else "0"
+
+def _signed(value: float) -> str:
+    """A signed Δ in ms: 3 significant digits, rounded to 1 µs ("+0.062", "-0.016", "+1.12", "0")."""
+    if abs(value) < DELTA_RESOLUTION_MS / 2:
+        return "0"
+    return ("-" if value < 0 else "+") + f"{round(abs(value), 3):.3g}"
 
 
 def moved_most_line(diff: BudgetDiff) -> str:
