@@ -106,6 +106,15 @@ def reduced_config(preset: str, layers: int, overrides: Mapping[str, Any] | None
         cfg[key] = value
     if "first_k_dense_replace" in cfg:
         cfg["first_k_dense_replace"] = min(int(cfg["first_k_dense_replace"]), int(layers))
+    if isinstance(cfg.get("layer_types"), list):  # per-layer attention types (gpt-oss, Gemma): one per kept layer
+        cfg["layer_types"] = cfg["layer_types"][: int(layers)]
+    vocab = cfg.get("vocab_size")
+    for key in ("pad_token_id", "bos_token_id", "eos_token_id"):  # token ids must stay inside a reduced vocab
+        value = cfg.get(key)
+        if isinstance(vocab, int) and isinstance(value, int) and value >= vocab:
+            cfg[key] = vocab - 1
+        elif isinstance(vocab, int) and isinstance(value, list):
+            cfg[key] = [min(int(v), vocab - 1) for v in value]
     return cfg
 
 
@@ -126,11 +135,54 @@ def inventory_for(spec: ModelSpec, *, tp: int = 1, context: int = 4096, kv_dtype
     return build_inventory(spec, Deployment(tp=tp, batch=1, context_len=context, kv_dtype=kv_dtype))
 
 
+#: Tiny values for any config key that sets a width or a count (CPU smoke runs of presets without their own
+#: TINY_OVERRIDES entry); counts are only ever lowered.
+GENERIC_TINY: dict[str, int] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 64,
+    "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 8,
+    "head_dim": 32,
+    "q_lora_rank": 64,
+    "kv_lora_rank": 64,
+    "qk_nope_head_dim": 32,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 32,
+    "vocab_size": 1024,
+    "index_head_dim": 32,
+    "index_n_heads": 4,
+    "index_topk": 64,
+    "sliding_window": 64,
+}
+#: Expert counts kept small (and divisible by the group count) in tiny runs.
+TINY_EXPERTS = 16
+TINY_TOP_K = 4
+
+
+def generic_tiny_overrides(preset: str) -> dict[str, Any]:
+    """Tiny widths for any preset's config, keeping its architecture (GQA grouping, MLA, MoE, groups, windows)."""
+    cfg = preset_document(preset)["config"]
+    out: dict[str, Any] = {k: v for k, v in GENERIC_TINY.items() if k in cfg and cfg[k] is not None}
+    heads, kv = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+    if kv is not None and heads is not None:
+        out["num_key_value_heads"] = 8 if kv == heads else min(int(kv), 2)
+    for key in ("n_routed_experts", "num_local_experts", "num_experts"):
+        if cfg.get(key):
+            out[key] = min(int(cfg[key]), TINY_EXPERTS)
+    if cfg.get("num_experts_per_tok"):
+        out["num_experts_per_tok"] = min(int(cfg["num_experts_per_tok"]), TINY_TOP_K)
+    if cfg.get("n_group"):
+        out["n_group"] = min(int(cfg["n_group"]), 4)
+        out["topk_group"] = min(int(cfg.get("topk_group") or 1), 2)
+    return out
+
+
 def model_overrides(preset: str, tiny: bool) -> dict[str, Any]:
-    """DEFAULT_MODELS overrides plus the tiny shapes when asked."""
+    """DEFAULT_MODELS overrides plus the tiny shapes when asked (the preset's own, else generic ones)."""
     out = dict(DEFAULT_MODELS.get(preset, {}))
     if tiny:
-        out.update(TINY_OVERRIDES.get(preset, {}))
+        out.update(TINY_OVERRIDES.get(preset) or generic_tiny_overrides(preset))
     return out
 
 
@@ -208,6 +260,11 @@ def serving_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: 
     StaticCache's mask, copies K/V per query head and runs the masked (non-flash) kernel instead."""
     import torch.nn.functional as F  # noqa: N812
 
+    if kwargs.get("s_aux") is not None:  # gpt-oss's attention sinks: one extra logit per head SDPA cannot take
+        raise NotImplementedError("serving-form SDPA has no attention sinks (s_aux); this model keeps its own path")
+    window = kwargs.get("sliding_window")
+    if window and key.shape[2] > int(window):  # a sliding layer reads its last `window` tokens only
+        key, value = key[:, :, -int(window) :], value[:, :, -int(window) :]
     gqa = key.shape[1] != query.shape[1]
     out = F.scaled_dot_product_attention(query, key, value, scale=kwargs.get("scaling"), enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
@@ -285,8 +342,12 @@ def absorbed_mla_forward(
 
 
 def is_mla_attention(module: Any) -> bool:
-    """A transformers MLA attention module (DeepSeek-V2/V3 and the models built on their classes)."""
-    return all(hasattr(module, a) for a in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_lora_rank", "qk_nope_head_dim"))
+    """A transformers MLA attention module that caches the latents (DeepSeek-V2/V3 and the models built on their
+    classes). MLA with a DSA indexer (GLM-5, DeepSeek-V3.2 in transformers) caches expanded per-head K/V and picks
+    tokens with its indexer: `absorbed_mla_forward` would change what it computes, so it keeps its own path."""
+    return all(
+        hasattr(module, a) for a in ("kv_b_proj", "kv_a_proj_with_mqa", "kv_lora_rank", "qk_nope_head_dim")
+    ) and not hasattr(module, "indexer")
 
 
 class ServingAttention:
@@ -299,14 +360,16 @@ class ServingAttention:
         self.model = model
         self.default_impl = model.config._attn_implementation
         self.mla = [m for m in model.modules() if is_mla_attention(m)]
+        self.kept = sum(1 for m in model.modules() if hasattr(m, "kv_b_proj") and not is_mla_attention(m))
 
     def __enter__(self) -> ServingAttention:
         import types
 
         from transformers import AttentionInterface
 
-        AttentionInterface.register(SERVING_ATTN, serving_sdpa)
-        self.model.config._attn_implementation = SERVING_ATTN
+        if not self.kept:  # DSA attention needs its own interface call (indexer top-k, mask): leave it alone
+            AttentionInterface.register(SERVING_ATTN, serving_sdpa)
+            self.model.config._attn_implementation = SERVING_ATTN
         for m in self.mla:
             m.forward = types.MethodType(absorbed_mla_forward, m)
         return self
@@ -319,6 +382,8 @@ class ServingAttention:
     def describe(self) -> str:
         if self.mla:
             return f"absorbed MLA decode in {len(self.mla)} attention modules (latent cache, no per-step kv_b_proj)"
+        if self.kept:
+            return f"{self.kept} MLA+DSA attention modules keep transformers' own path (no absorbed form here)"
         return "SDPA with GQA in the kernel, no repeat_kv copy"
 
 
@@ -326,13 +391,32 @@ def _hf_config(cfg: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
     data = dict(cfg)
-    model_type = data.pop("model_type")
+    model_type = _known_model_type(data)
+    data.pop("model_type", None)
     data.pop("architectures", None)
     data.pop("auto_map", None)
     data.pop("transformers_version", None)
     data.pop("torch_dtype", None)
     data.pop("dtype", None)
     return AutoConfig.for_model(model_type, **data)
+
+
+def _known_model_type(cfg: Mapping[str, Any]) -> str:
+    """The config's model_type, or — for a checkpoint that ships its own modeling code (Kimi-K2's `kimi_k2`) — the
+    transformers model type its architecture class belongs to (`DeepseekV3ForCausalLM` → `deepseek_v3`)."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = str(cfg.get("model_type", ""))
+    if model_type in CONFIG_MAPPING:
+        return model_type
+    for arch in cfg.get("architectures") or []:
+        for known, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+            if cls == arch and known in CONFIG_MAPPING:
+                return str(known)
+    raise ValueError(
+        f"transformers knows neither model_type {model_type!r} nor architectures {cfg.get('architectures')}"
+    )
 
 
 def _reset(cache: Any, length: int) -> None:
@@ -366,8 +450,18 @@ def time_model(
     hf._attn_implementation = "sdpa"
     t0 = time.monotonic()
     torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation="sdpa")
+    impl = "sdpa"
+    try:
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=impl)
+    except ValueError as exc:  # e.g. gpt-oss (attention sinks) has no SDPA path in transformers
+        if "scaled_dot_product_attention" not in str(exc):
+            raise
+        impl = "eager"
+        hf._attn_implementation = impl
+        out["notes"].append(f"{type(hf).__name__}: no SDPA path in transformers; built with attn_implementation=eager")
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(hf, dtype=dtype, attn_implementation=impl)
     if next(model.parameters()).device.type != device.type:  # built elsewhere (e.g. on CPU): move it
         out["notes"].append(f"model built on {next(model.parameters()).device}; moved to {device}")
         model.to(device)

@@ -208,3 +208,20 @@ def test_diagnosis_baseline_diff_verdict_on_the_h200_plan_runs() -> None:
     assert not same["diff_ok"] and same["diff_moved"] == []
     j = {**diagnosis.judge("nccl_simple_ring", {"moves_graph": [], "clean_graph_ms": 1, "planted_graph_ms": 1}), **v}
     assert "communication ✓" in diagnosis.table([j], {})
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["qwen3-235b-a22b", "mixtral-8x7b", "gpt-oss-120b", "kimi-k2", "glm-5", "glm-4.5"],
+)
+def test_fidelity_builds_every_architecture_tiny_on_cpu(preset: str) -> None:
+    """Other architectures than the two of the H200 run build, step and say what their serving form is (or why
+    there is none), so the fidelity check can be re-run on any preset."""
+    pytest.importorskip("transformers")
+    cfg = fidelity.reduced_config(preset, 2, fidelity.model_overrides(preset, tiny=True))
+    got = fidelity.time_model(cfg, context=16, steps=1, samples=1, trace_steps=0)
+    assert got["eager_ms"] > 0
+    serving = got["serving_attention"]
+    assert serving.get("eager_ms", 0) > 0 or "error" in serving
+    if "error" not in serving:
+        assert serving["what"]
