@@ -155,3 +155,21 @@ def test_within_must_name_known_contexts() -> None:
     data["contexts"][0]["within"] = {"nowhere": "mlp"}
     with pytest.raises(UserInputError, match="within"):
         parse_rules(data, "rules.json")
+
+
+@pytest.mark.parametrize(
+    ("frame", "expected"),
+    [
+        ("nn.Module: Qwen3MoeAttention_0", "attn_module"),
+        ("nn.Module: Glm4MoeAttention_3", "attn_module"),
+        ("nn.Module: Qwen3MoeForCausalLM_0", "lm_head"),
+        ("nn.Module: Qwen3MoeExperts_0", "experts"),
+        ("nn.Module: MixtralSparseMoeBlock_1", "experts"),
+        ("nn.Module: Glm4MoeMoE_1", "experts"),
+    ],
+)
+def test_moe_in_a_model_name_is_not_an_moe_block(frame: str, expected: str) -> None:
+    """Every module of Qwen3-MoE, GLM-4.5 (Glm4Moe…) and Mixtral carries the model's name; only experts modules
+    and MoE blocks are the routed-experts context."""
+    rule, _ = RULES.context_of([frame])
+    assert rule is not None and rule.id == expected
