@@ -234,3 +234,19 @@ def test_moe_block_without_context(tmp_path: Path) -> None:
     assert any(k.via == "inferred: in an MoE block" for k in experts.top)
     assert routing is not None and routing.kernels_per_step == 2
     assert report.bucket("dense_mlp") is None
+
+
+@pytest.mark.parametrize(
+    ("name", "vocab"),
+    [("h200_qwen3moe_eager", 151936), ("h200_mixtral_eager", 32000)],
+)
+def test_moe_models_are_split_into_their_components(name: str, vocab: int) -> None:
+    """Real eager steps of 4-layer Qwen3-235B-A22B- and Mixtral-8x7B-shaped transformers models on an H200
+    (benchmarks/fidelity.py, serving-form attention): every class in them carries 'Moe' or lives in an MoE model,
+    yet attention, projections, norms, routing and lm_head each get their own share, not routed experts."""
+    report = analyze_trace(fixture(name), vocab_size=vocab)
+    traced = report.traced_ms()
+    for key in ("attention", "attention_proj", "routed_experts", "routing", "norms", "lm_head"):
+        assert traced.get(key, 0.0) > 0.03, (key, traced)
+    kernel_ms = sum(v for k, v in traced.items() if k != "launch")
+    assert traced["routed_experts"] < 0.7 * kernel_ms
