@@ -316,8 +316,9 @@ def absorbed_mla_forward(
         q_rot, k_rot = modeling.apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     else:
         q_rot, k_rot = modeling.apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
-    if past_key_values is not None:
-        kv_nope, k_rot = past_key_values.update(kv_nope, k_rot, self.layer_idx)
+    cache = past_key_values if past_key_values is not None else kwargs.get("cache")  # renamed in transformers 5.24
+    if cache is not None:
+        kv_nope, k_rot = cache.update(kv_nope, k_rot, self.layer_idx)
     length = kv_nope.shape[-2]
     w = self.kv_b_proj.weight.view(heads, nope + v_dim, lora)
     w_kc, w_vc = w[:, :nope, :], w[:, nope:, :]  # [H, nope, lora], [H, v, lora]
