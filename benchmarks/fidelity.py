@@ -351,17 +351,41 @@ def is_mla_attention(module: Any) -> bool:
     ) and not hasattr(module, "indexer")
 
 
+def is_plain_rmsnorm(module: Any) -> bool:
+    """A transformers RMSNorm of the Llama form, `weight · x / sqrt(mean(x²) + ε)` (not Gemma's `1 + weight`),
+    read from its forward's source so that a variant with another formula is never swapped."""
+    import inspect
+
+    if not type(module).__name__.endswith("RMSNorm") or not hasattr(module, "variance_epsilon"):
+        return False
+    try:
+        src = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return False
+    return "rsqrt(variance + self.variance_epsilon)" in src and "return self.weight * hidden_states" in src
+
+
+def fused_rmsnorm_forward(self: Any, hidden_states: Any) -> Any:
+    """The same RMSNorm as one `torch.nn.functional.rms_norm` call (one kernel where torch has it fused, as serving
+    engines' rms_norm kernels are) instead of transformers' five elementwise ops."""
+    import torch.nn.functional as F  # noqa: N812
+
+    return F.rms_norm(hidden_states, (hidden_states.shape[-1],), self.weight, self.variance_epsilon)
+
+
 class ServingAttention:
     """Switches a transformers model to the attention a serving engine runs for decode, and back.
 
     GQA/MHA: `serving_sdpa` through transformers' AttentionInterface (no per-head K/V copy). MLA: each MLA module's
-    forward replaced by `absorbed_mla_forward` (the latent cache is transformers' own)."""
+    forward replaced by `absorbed_mla_forward` (the latent cache is transformers' own). With `norms=True`, every
+    plain RMSNorm also runs as one `F.rms_norm` call (`fused_rmsnorm_forward`)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, norms: bool = False) -> None:
         self.model = model
         self.default_impl = model.config._attn_implementation
         self.mla = [m for m in model.modules() if is_mla_attention(m)]
         self.kept = sum(1 for m in model.modules() if hasattr(m, "kv_b_proj") and not is_mla_attention(m))
+        self.norms = [m for m in model.modules() if is_plain_rmsnorm(m)] if norms else []
 
     def __enter__(self) -> ServingAttention:
         import types
@@ -373,19 +397,23 @@ class ServingAttention:
             self.model.config._attn_implementation = SERVING_ATTN
         for m in self.mla:
             m.forward = types.MethodType(absorbed_mla_forward, m)
+        for m in self.norms:
+            m.forward = types.MethodType(fused_rmsnorm_forward, m)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.model.config._attn_implementation = self.default_impl
-        for m in self.mla:
+        for m in (*self.mla, *self.norms):
             m.__dict__.pop("forward", None)
 
     def describe(self) -> str:
         if self.mla:
-            return f"absorbed MLA decode in {len(self.mla)} attention modules (latent cache, no per-step kv_b_proj)"
-        if self.kept:
-            return f"{self.kept} MLA+DSA attention modules keep transformers' own path (no absorbed form here)"
-        return "SDPA with GQA in the kernel, no repeat_kv copy"
+            what = f"absorbed MLA decode in {len(self.mla)} attention modules (latent cache, no per-step kv_b_proj)"
+        elif self.kept:
+            what = f"{self.kept} MLA+DSA attention modules keep transformers' own path (no absorbed form here)"
+        else:
+            what = "SDPA with GQA in the kernel, no repeat_kv copy"
+        return what + (f"; {len(self.norms)} RMSNorms as one F.rms_norm each" if self.norms else "")
 
 
 def _hf_config(cfg: Mapping[str, Any]) -> Any:
@@ -580,13 +608,14 @@ def time_model(
     with torch.no_grad():
         out.update(measure_modes())
         if serving_attention:
-            serving = ServingAttention(model)
-            try:
-                with serving:
-                    out["serving_attention"] = measure_modes()
-                out["serving_attention"]["what"] = serving.describe()
-            except Exception as exc:
-                out["serving_attention"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            for key, norms in (("serving_attention", False), ("serving_attention_norms", True)):
+                serving = ServingAttention(model, norms=norms)
+                try:
+                    with serving:
+                        out[key] = measure_modes()
+                    out[key]["what"] = serving.describe()
+                except Exception as exc:
+                    out[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
 
         # profiler traces of a few eager steps, one ProfilerStep each (default attention, then serving-style)
         def take_trace(path: Path) -> None:
@@ -671,18 +700,22 @@ def summary_table(doc: Mapping[str, Any]) -> str:
                 + (f"{err * 100:+.1f} %" if err is not None else "-")
                 + f" | {target} |"
             )
-        sv = t.get("serving_attention") or {}
-        for mode in ("graph", "eager"):
-            if sv.get(f"{mode}_ms") is None:
-                continue
-            err = _err(b.get(f"{mode}_ms"), sv.get(f"{mode}_ms"))
-            ok = " ✓" if err is not None and abs(err) <= TARGET_GRAPH_ERROR else " ✗"
-            lines.append(
-                f"| {name} | {mode}, model with serving-style attention | {_fmt(b.get(f'{mode}_ms'))} | "
-                f"{_fmt(sv.get(f'{mode}_ms'))} | "
-                + (f"{err * 100:+.1f} %" if err is not None else "-")
-                + f" | {'≤ 15 %' + ok if mode == 'graph' else ''} |"
-            )
+        for key, label in (
+            ("serving_attention", "model with serving-style attention"),
+            ("serving_attention_norms", "… and fused RMSNorm"),
+        ):
+            sv = t.get(key) or {}
+            for mode in ("graph", "eager"):
+                if sv.get(f"{mode}_ms") is None:
+                    continue
+                err = _err(b.get(f"{mode}_ms"), sv.get(f"{mode}_ms"))
+                ok = " ✓" if err is not None and abs(err) <= TARGET_GRAPH_ERROR else " ✗"
+                lines.append(
+                    f"| {name} | {mode}, {label} | {_fmt(b.get(f'{mode}_ms'))} | "
+                    f"{_fmt(sv.get(f'{mode}_ms'))} | "
+                    + (f"{err * 100:+.1f} %" if err is not None else "-")
+                    + f" | {'≤ 15 %' + ok if mode == 'graph' else ''} |"
+                )
         for mode in ("graph", "eager"):
             like = m.get(f"{mode}_like_with_like_ms")
             if like is None:
@@ -824,9 +857,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if b:
                 entry["error_graph"] = _err(b["graph_ms"], with_graph)
                 entry["error_eager"] = _err(b["eager_ms"], t.get("eager_ms"))
-                sv = t.get("serving_attention") or {}
-                entry["error_graph_serving_attention"] = _err(b["graph_ms"], sv.get("graph_ms"))
-                entry["error_eager_serving_attention"] = _err(b["eager_ms"], sv.get("eager_ms"))
+                for key in ("serving_attention", "serving_attention_norms"):
+                    sv = t.get(key) or {}
+                    entry[f"error_graph_{key}"] = _err(b["graph_ms"], sv.get("graph_ms"))
+                    entry[f"error_eager_{key}"] = _err(b["eager_ms"], sv.get("eager_ms"))
             doc["summary"] = summary_table(doc)
             dump_json(doc, args.json)
     doc["summary"] = summary_table(doc)

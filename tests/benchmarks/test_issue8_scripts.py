@@ -156,8 +156,9 @@ def test_fidelity_model_timing_tiny_on_cpu(tmp_path: Path) -> None:
     assert got["graph_ms"] is None and "no CUDA" in got["graph_error"]
 
 
-@pytest.mark.parametrize("preset", ["deepseek-v3", "llama-3.1-70b"])
-def test_serving_attention_computes_what_the_stock_model_computes(preset: str) -> None:
+@pytest.mark.parametrize("norms", [False, True], ids=["attention", "attention+norms"])
+@pytest.mark.parametrize("preset", ["deepseek-v3", "llama-3.1-70b", "qwen3-235b-a22b"])
+def test_serving_attention_computes_what_the_stock_model_computes(preset: str, norms: bool) -> None:
     """The serving-form attention (absorbed MLA; GQA in the kernel) gives the stock model's logits at a decode step,
     so the fidelity reference changes how attention is computed, never what."""
     pytest.importorskip("transformers")
@@ -182,8 +183,9 @@ def test_serving_attention_computes_what_the_stock_model_computes(preset: str) -
             pos = torch.full((1, 1), context)
             if not serving:
                 return model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
-            with fidelity.ServingAttention(model) as sa:
+            with fidelity.ServingAttention(model, norms=norms) as sa:
                 assert bool(sa.mla) == (preset == "deepseek-v3")
+                assert bool(sa.norms) == norms
                 return model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits
 
     stock = decode_logits(False)
@@ -225,3 +227,13 @@ def test_fidelity_builds_every_architecture_tiny_on_cpu(preset: str) -> None:
     assert serving.get("eager_ms", 0) > 0 or "error" in serving
     if "error" not in serving:
         assert serving["what"]
+
+
+def test_only_llama_form_rmsnorms_are_swapped() -> None:
+    """Gemma's RMSNorm scales by (1 + weight): same class-name suffix, another formula, never swapped."""
+    pytest.importorskip("transformers")
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    assert fidelity.is_plain_rmsnorm(LlamaRMSNorm(8))
+    assert not fidelity.is_plain_rmsnorm(GemmaRMSNorm(8))
