@@ -8,7 +8,11 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
 2. the same config is built from the `transformers` classes installed (random BF16 weights, SDPA attention, the
    default `grouped_mm` experts for MoE), a `StaticCache` is prefilled with `context` tokens, and one decode step
    (forward of one token + greedy argmax, fed back as the next input) is timed eagerly (N steps back to back, host
-   clock around them, one synchronize) and as a CUDA graph (one captured step, N replays, CUDA events);
+   clock around them, one synchronize) and as a CUDA graph (one captured step, N replays, CUDA events).
+   The model is timed three ways in one process: stock; with the attention a serving engine runs for decode
+   (`ServingAttention`: SDPA with GQA in the kernel, absorbed MLA over the latent cache); and with, in addition,
+   every Llama-form RMSNorm as one `F.rms_norm` call. Each swap computes what the stock model computes
+   (tests/benchmarks/test_issue8_scripts.py checks the logits on CPU);
 3. a torch.profiler trace of a few eager steps goes through `decodetop.traces.analyze_trace` and is compared with
    the eager budget per component (`decodetop.traces.compare.compare`): which component explains each gap.
 
