@@ -179,3 +179,34 @@ def test_ranks_exit_when_the_controller_is_killed(tmp_path) -> None:  # type: ig
     ranks = [psutil.Process(p) for p in _alive(pids)]
     _gone, alive = psutil.wait_procs(ranks, timeout=5)
     assert alive == []
+
+
+def test_close_while_the_group_is_starting_cancels_the_start() -> None:
+    """`q` right after launch: close() from another thread ends a group that is still joining, at once."""
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    pc = ProbeController(device="cpu", cpu_ranks=2)
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            pc.start()
+        except BaseException as exc:  # the cancelled start raises ProbeGroupError
+            errors.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    time.sleep(0.2)  # well inside the ranks' start (spawning 2 interpreters that import torch takes seconds)
+    t0 = time.monotonic()
+    pc.close()
+    starter.join(10)
+    assert time.monotonic() - t0 < 5.5
+    assert not starter.is_alive()
+    assert errors and "cancelled" in str(errors[0])
+    new = [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.pid not in before
+        and c.status() != psutil.STATUS_ZOMBIE
+        and "resource_tracker" not in " ".join(c.cmdline())
+    ]
+    assert new == []
