@@ -52,7 +52,8 @@ COPY_BYTES = 256 * 1024 * 1024
 TINY_COPY_BYTES = 8 * 1024 * 1024
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback now (for a rendezvous of freshly spawned ranks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -176,15 +177,15 @@ def independent_allreduce_rounds(world: int, sizes: Sequence[int], rounds: int) 
     return merged
 
 
-def independent_allreduce(world: int, sizes: Sequence[int], timeout_s: float = 120.0) -> dict[str, Any]:
-    """Per size, the slowest rank's pipelined and graph µs from `world` fresh processes."""
+def gather_ranks(target: Any, args_of: Any, world: int, timeout_s: float) -> dict[int, Any]:
+    """Spawn `world` processes running `target(*args_of(rank), queue)`, each putting one `(rank, result)` on the
+    queue; collect them until `timeout_s`, then join (kill what is left). Returns what arrived, by rank."""
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_ar_rank, args=(r, world, port, list(sizes), q), daemon=True) for r in range(world)]
+    procs = [ctx.Process(target=target, args=(*args_of(r), q), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
-    got: dict[int, dict[str, Any]] = {}
+    got: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     while len(got) < world and time.monotonic() < deadline:
         try:
@@ -196,6 +197,13 @@ def independent_allreduce(world: int, sizes: Sequence[int], timeout_s: float = 1
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
+    return got
+
+
+def independent_allreduce(world: int, sizes: Sequence[int], timeout_s: float = 120.0) -> dict[str, Any]:
+    """Per size, the slowest rank's pipelined and graph µs from `world` fresh processes."""
+    port = free_port()
+    got = gather_ranks(_ar_rank, lambda r: (r, world, port, list(sizes)), world, timeout_s)
     if len(got) < world:
         return {"error": f"only {len(got)} of {world} ranks answered within {timeout_s:g} s"}
     merged: dict[str, Any] = {}

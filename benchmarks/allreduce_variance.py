@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
@@ -33,6 +31,10 @@ from typing import Any
 
 from decodetop.atomic import write_text_atomic
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy import free_port, gather_ranks
 
 #: Back-to-back ops per timed sample (nccl-tests' -n 20; probes.md §1), as the probe and accuracy.py.
 OPS = 20
@@ -49,12 +51,6 @@ VARIANTS: dict[str, dict[str, bool]] = {
     "plain+timers": {"timers": True},
     "plain+all": {"device_id": True, "gloo": True, "controller_env": True, "timers": True},
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, cfg: Mapping[str, Any], q: Any) -> None:
@@ -168,9 +164,7 @@ def run_plain(
     extra_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One fresh process group of the independent loop; per size the slowest rank's medians."""
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     env: dict[str, str] = dict(extra_env or {})
     if opts.get("controller_env"):  # what ProbeController._rank_env sets: GPUs by UUID, PCI bus order
         from decodetop.probes.controller import resolve_layout
@@ -178,21 +172,7 @@ def run_plain(
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(g.uuid for g in resolve_layout(None, 1, "cuda").gpus)
     cfg = {"world": world, "port": port, "sizes": list(sizes), "opts": dict(opts), "env": env}
-    procs = [ctx.Process(target=_rank, args=(r, cfg, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    while len(got) < world and time.monotonic() < deadline:
-        try:
-            rank, out = q.get(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception:
-            break
-        got[rank] = out
-    for p in procs:
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
+    got = gather_ranks(_rank, lambda r: (r, cfg), world, timeout_s)
     if len(got) < world:
         return {"error": f"only {len(got)} of {world} ranks answered"}
     return {

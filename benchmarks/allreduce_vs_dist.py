@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import multiprocessing
 import os
-import socket
 import statistics
 import sys
 import time
@@ -32,15 +30,13 @@ from decodetop.probes.controller import ProbeController
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 from decodetop.textfmt import format_bytes, parse_size, table
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from accuracy import free_port, gather_ranks
+
 DEFAULT_SIZES = "1K,64K,4M,64M"
 #: Agreement the issue asks for.
 TOLERANCE = 0.10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _independent_rank(rank: int, cfg: dict[str, Any], q: Any) -> None:
@@ -115,17 +111,10 @@ def independent(
     world: int, use_cuda: bool, sizes: list[int], ops: int, reps: int
 ) -> tuple[dict[int, float], dict[int, float]]:
     """Median µs per op per size, host-timed and (GPU) event-timed, averaged over ranks (as nccl-tests does)."""
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    cfg = {"world": world, "port": _free_port(), "use_cuda": use_cuda, "sizes": sizes, "ops": ops, "reps": reps}
-    procs = [ctx.Process(target=_independent_rank, args=(r, cfg, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
-        if p.is_alive():
-            p.kill()
+    cfg = {"world": world, "port": free_port(), "use_cuda": use_cuda, "sizes": sizes, "ops": ops, "reps": reps}
+    got = gather_ranks(_independent_rank, lambda r: (r, cfg), world, timeout_s=600.0)
+    if len(got) < world:
+        raise RuntimeError(f"independent timing: only {len(got)} of {world} ranks answered within 600 s")
     return {s: statistics.fmean(got[r][s]["median_us"] for r in got) for s in sizes}, {
         s: statistics.fmean(got[r][s]["events_median_us"] or 0.0 for r in got) for s in sizes
     }
