@@ -6,24 +6,13 @@
 # Each step has its own deadline so one hanging step cannot eat the others' time. Never changes GPU settings;
 # NVLink multicast stays off (KINDS.md).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DECODETOP_STATE_DIR=/tmp/decodetop-state
+source "$(dirname "$0")/campaign_lib.sh"
 OUT=${OUT:-/tmp/x2out}
 TGZ=$OUT/x2.tgz
 W=/tmp/x2work
 STEPS=${STEPS:-"primitives plans allreduce_vs_dist record_nvml issue8"}
-want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 LOG=$W/campaign_log.txt
-step() {  # step NAME TIMEOUT CMD...
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name (deadline ${limit}s) $(date -u +%T)" | tee -a "$LOG"
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" >"$W/$name.txt" 2>&1
-  echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
-  tar czf "$TGZ" -C "$W" .  # after every step: what finished survives a cut-off call
-}
 nvidia-smi topo -m >"$W/topo.txt" 2>&1
 want primitives && step primitives 150 python3 -m decodetop probe allreduce launch membw --json "$W/probe_h200x2.json"
 want plans && for model in llama-3.1-70b deepseek-v3 glm-5; do

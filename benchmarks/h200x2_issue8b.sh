@@ -12,24 +12,13 @@
 # Each step has its own deadline; the archive is rewritten after every step, so a cut-off call keeps what finished.
 # Never changes GPU settings; NVLink multicast stays off (KINDS.md).
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DECODETOP_STATE_DIR=/tmp/decodetop-state
+source "$(dirname "$0")/campaign_lib.sh"
 OUT=${OUT:-/tmp/issue8b}
 TGZ=$OUT/issue8b.tgz
 W=/tmp/issue8b_work
 STEPS=${STEPS:-"variance diagnosis fidelity accuracy"}
-want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 rm -rf "$W" && mkdir -p "$W" "$OUT"
 LOG=$W/log.txt
-step() {  # step NAME TIMEOUT CMD...
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name (deadline ${limit}s) $(date -u +%T)" | tee -a "$LOG"
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" >"$W/$name.txt" 2>&1
-  echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
-  tar czf "$TGZ" -C "$W" .
-}
 {
   date -u
   nvidia-smi --query-gpu=index,name,clocks.sm,clocks.max.sm,power.limit --format=csv 2>&1
