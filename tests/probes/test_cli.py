@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_planrun import TINY_LLAMA  # tests/probes is on sys.path (pytest's rootdir-relative insertion)
 
 from decodetop.probes.results import ProbeStatus, load_results
 
@@ -33,19 +34,6 @@ QUICK = [
 ]
 
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1024,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
 PLAN_X2 = HERE.parent / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
 """A real plan-run document (Llama-3.1-70B TP 2 on 2 × H200): a baseline with a budget."""
 
