@@ -66,6 +66,8 @@ def _ar_rank(rank: int, world: int, port: int, sizes: Sequence[int], q: Any) -> 
     import torch
     import torch.distributed as dist
 
+    from decodetop.probes.worker.timing import hold_gpu_for_host
+
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(rank)
@@ -131,7 +133,7 @@ def _ar_rank(rank: int, world: int, port: int, sizes: Sequence[int], q: Any) -> 
                         for _ in range(AR_REPS)
                     ]
                     if hold:
-                        torch.cuda._sleep(int(150.0 * AR_REPS * 2000))  # 150 µs per replay at ≥ 2 GHz
+                        hold_gpu_for_host(AR_REPS)  # the same lead the probe gives (a sleep kernel, nothing timed)
                     for s, e in pairs:
                         s.record()
                         g.replay()
