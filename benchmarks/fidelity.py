@@ -54,33 +54,6 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-70b": {},
     "deepseek-v3": {"first_k_dense_replace": 1},
 }
-#: Tiny shapes for CPU smoke runs (same architectures, small widths): every key keeps its model's structure.
-TINY_OVERRIDES: dict[str, dict[str, Any]] = {
-    "llama-3.1-70b": {
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "vocab_size": 1024,
-    },
-    "deepseek-v3": {
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "moe_intermediate_size": 64,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
-        "n_routed_experts": 16,
-        "num_experts_per_tok": 4,
-        "n_group": 4,
-        "topk_group": 2,
-        "q_lora_rank": 64,
-        "kv_lora_rank": 64,
-        "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 16,
-        "v_head_dim": 32,
-        "vocab_size": 1024,
-    },
-}
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
 #: figure, and it doubles the plan's time).
 FIDELITY_PROBES = ("launch", "gemm", "moe", "routing", "attention", "kvcast", "norms", "sampling", "allreduce")
@@ -139,8 +112,8 @@ def inventory_for(spec: ModelSpec, *, tp: int = 1, context: int = 4096, kv_dtype
     return build_inventory(spec, Deployment(tp=tp, batch=1, context_len=context, kv_dtype=kv_dtype))
 
 
-#: Tiny values for any config key that sets a width or a count (CPU smoke runs of presets without their own
-#: TINY_OVERRIDES entry); counts are only ever lowered.
+#: Tiny values for any config key that sets a width or a count (CPU smoke runs, `--tiny`); counts are only ever
+#: lowered.
 GENERIC_TINY: dict[str, int] = {
     "hidden_size": 256,
     "intermediate_size": 512,
@@ -183,10 +156,10 @@ def generic_tiny_overrides(preset: str) -> dict[str, Any]:
 
 
 def model_overrides(preset: str, tiny: bool) -> dict[str, Any]:
-    """DEFAULT_MODELS overrides plus the tiny shapes when asked (the preset's own, else generic ones)."""
+    """DEFAULT_MODELS overrides plus the tiny shapes when asked."""
     out = dict(DEFAULT_MODELS.get(preset, {}))
     if tiny:
-        out.update(TINY_OVERRIDES.get(preset) or generic_tiny_overrides(preset))
+        out.update(generic_tiny_overrides(preset))
     return out
 
 
