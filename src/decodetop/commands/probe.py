@@ -11,9 +11,13 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from decodetop.errors import UserInputError
+
+if TYPE_CHECKING:
+    from decodetop.budget.inventory import StepInventory
+    from decodetop.budget.spec import ModelSpec
 
 MiB = 1024 * 1024
 
@@ -45,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="spawn ranks here (default), or be one rank under torchrun (env:// rendezvous)",
     )
     parser.add_argument("--list", action="store_true", help="list the probes and their default parameters, then exit")
-    plan = parser.add_argument_group("model plan (issue 4): measure a model's decode step at its exact shapes")
+    plan = parser.add_argument_group("model plan: measure a model's decode step at its exact shapes")
     src = plan.add_mutually_exclusive_group()
     src.add_argument("--model", metavar="NAME", help="built-in preset (decodetop budget --list-models): run its plan")
     src.add_argument("--config", metavar="PATH", help="a checkpoint directory or its config.json: run its plan")
@@ -134,9 +138,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.probes.registry import ProbeRegistry
 
     if getattr(args, "model", None) or getattr(args, "config", None):
-        from decodetop.probes.planrun import run_from_args
-
-        return run_from_args(args)
+        return run_plan_from_args(args)
     if getattr(args, "baseline", None):
         raise UserInputError(
             "--baseline needs --model or --config (a model's plan run composes the budget it compares)"
@@ -238,4 +240,121 @@ def _report(results: Sequence[Any], args: argparse.Namespace, printed: bool = Fa
             write_text_atomic(Path(args.json), text)
             print(f"decodetop probe: wrote {args.json}", file=sys.stderr)
     bad = [r for r in results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
+    return 1 if bad else 0
+
+
+def deployment_from_args(args: argparse.Namespace, default_tp: int) -> tuple[ModelSpec, StepInventory]:
+    """The model spec and inventory named by `decodetop probe --model/--config --tp --batch --context
+    --launch-mode`; (spec, inventory). One-line UserInputError for a bad flag."""
+    from decodetop.budget.deployment import DEFAULT_CONTEXT, Deployment
+    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.spec import load_config, load_preset
+
+    spec = load_config(args.config) if args.config else load_preset(args.model)
+    dep = Deployment(
+        tp=args.tp if args.tp is not None else default_tp,
+        batch=args.batch if args.batch is not None else 1,
+        context_len=args.context if args.context is not None else DEFAULT_CONTEXT,
+        launch_mode=args.launch_mode or "graph",
+    )
+    return spec, build_inventory(spec, dep)
+
+
+def run_plan_from_args(args: argparse.Namespace) -> int:
+    """`decodetop probe --model NAME|--config PATH [--tp N] [--budget] [--baseline PATH] [--json PATH]`: run the
+    plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
+    against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
+    'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
+    import math
+    from pathlib import Path
+
+    from decodetop.atomic import write_text_atomic
+    from decodetop.budget.compose import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
+    from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
+    from decodetop.budget.plan import build_plan
+    from decodetop.probes.controller import ProbeController, resolve_layout
+    from decodetop.probes.gpuinfo import compute_processes
+    from decodetop.probes.planrun import (
+        PlanProgress,
+        PlanRunOptions,
+        format_budget,
+        plan_requests,
+        plan_run_to_json,
+        run_plan,
+    )
+    from decodetop.probes.registry import ProbeRegistry
+    from decodetop.probes.report import format_result
+    from decodetop.probes.results import ProbeResult, ProbeStatus
+
+    for flag, value in (("--observed-ms", args.observed_ms), ("--target-tps", args.target_tps)):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise UserInputError(f"{flag}: {value} must be a positive number")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
+    baseline_path = str(getattr(args, "baseline", None) or "")
+    baseline = load_budget_document(baseline_path) if baseline_path else None  # a bad file fails before any probe
+    gpus = parse_gpu_list(args.gpus) if args.gpus else None
+    layout = resolve_layout(gpus, args.cpu_ranks, args.device)
+    spec, inventory = deployment_from_args(args, layout.world_size)
+    opts = PlanRunOptions(
+        launch_mode=args.launch_mode,
+        observed_ms=args.observed_ms if args.observed_ms is not None else DEFAULT_OBSERVED_MS,
+        target_tps=args.target_tps if args.target_tps is not None else DEFAULT_TARGET_TPS,
+        only=tuple(args.names or ()),
+        timeout_s=args.timeout,
+    )
+    plan = build_plan(inventory)
+    plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, options=opts)  # checks
+    if layout.kind == "cuda":
+        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
+        if busy and not args.force:
+            who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
+            raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
+    where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
+    quiet = args.json == "-"
+    print(
+        f"decodetop probe: {spec.name}, {inventory.deployment.describe(spec)}: {len(plan.key_ids())} measurements "
+        f"on {where}",
+        file=sys.stderr,
+        flush=True,
+    )
+    registry = ProbeRegistry()
+
+    def progress(p: PlanProgress) -> None:
+        print(f"decodetop probe: {p.line()}", file=sys.stderr, flush=True)
+
+    def show(result: ProbeResult) -> None:
+        if result.traceback:
+            print(f"decodetop probe: {result.probe} traceback (rank {result.error_rank}):", file=sys.stderr)
+            print(result.traceback.rstrip(), file=sys.stderr, flush=True)
+        if not quiet:
+            spec_ = registry.get(result.probe)
+            print(format_result(result, spec_.table_columns), flush=True)
+            print(flush=True)
+
+    with ProbeController(layout=layout, registry=registry) as controller:
+        run = run_plan(controller, inventory, options=opts, plan=plan, on_progress=progress, on_result=show)
+    if args.budget and not quiet:
+        sys.stdout.write(format_budget(run))
+    elif not quiet:
+        b = run.budget
+        print(
+            f"composed {b.total_ms:.3g} ms/step of observed {b.observed_ms:g} ms "
+            f"({'complete' if b.complete else 'missing: ' + ', '.join(b.missing)}); --budget shows the breakdown"
+        )
+    diff_doc: dict[str, Any] | None = None
+    if baseline is not None:
+        diff = diff_budgets(baseline, run.budget.to_dict(), baseline_name=baseline_path, current_name="this run")
+        diff_doc = {"baseline_path": baseline_path, **diff.to_dict()}
+        if not quiet:
+            print()
+            sys.stdout.write(format_budget_diff(diff, baseline_path))
+    if args.json:
+        text = plan_run_to_json(run, diff_doc)
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            write_text_atomic(Path(args.json), text)
+            print(f"decodetop probe: wrote {args.json}", file=sys.stderr)
+    bad = [r for r in run.results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
     return 1 if bad else 0
