@@ -36,18 +36,35 @@ def _is_probe_worker(name: str) -> bool:
     return name.startswith("decodetop.probes.worker")
 
 
-@pytest.mark.parametrize("module", [m for m in _all_modules() if not _is_probe_worker(m)])
-def test_module_loads_without_torch(module: str) -> None:
+def _culprits(modules: list[str], package: str) -> list[str]:
+    """Which of `modules` load `package` on their own (run only when the joint import did, to name them)."""
+    return [m for m in modules if package in _loaded_after(f"import {m}")]
+
+
+def _check_boundary(modules: list[str], forbidden: tuple[str, ...]) -> None:
+    """One interpreter imports every module of the boundary: if the union loads none of `forbidden`, no single
+    module does (sys.modules only grows). On a failure each module is tried alone to name the offender."""
+    assert modules
+    loaded = _loaded_after("\n".join(f"import {m}" for m in modules))
+    for package in forbidden:
+        if package in loaded:
+            pytest.fail(f"{package} is loaded by importing: {', '.join(_culprits(modules, package))}")
+
+
+def test_every_module_outside_the_probe_ranks_loads_without_torch() -> None:
     """Everything outside the probe worker imports without torch (the UI process never touches CUDA)."""
-    assert "torch" not in _loaded_after(f"import {module}")
+    _check_boundary([m for m in _all_modules() if not _is_probe_worker(m)], ("torch", "triton"))
 
 
-@pytest.mark.parametrize("module", [m for m in _all_modules() if not _is_ui(m)])
-def test_module_loads_without_textual(module: str) -> None:
+def test_every_module_outside_the_ui_loads_without_textual() -> None:
     """Nothing outside tui/ and themes/ loads textual, so the headless commands run where it is not installed."""
-    loaded = _loaded_after(f"import {module}")
-    assert "textual" not in loaded
-    assert "rich" not in loaded
+    _check_boundary([m for m in _all_modules() if not _is_ui(m)], ("textual", "rich"))
+
+
+def test_the_boundaries_are_not_vacuous() -> None:
+    """The joint import really does see a module that loads a forbidden package."""
+    assert "textual" in _loaded_after("import decodetop.tui.app")
+    assert any(_is_probe_worker(m) for m in _all_modules())
 
 
 def test_cli_parser_loads_without_textual_or_torch() -> None:
