@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Horizontal, Vertical
+from textual.geometry import Size
 from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
@@ -238,13 +239,14 @@ class DecodetopApp(App[int]):
                 yield Static("", id="side-gpu-note", classes="gpu-note")
                 yield GpuTable(id="side-gpu-table")
                 yield HealthPanel(id="side-health-panel")
+        yield Static("", id="too-small")
         yield StatusLine(id="status")
         yield Footer()
 
     def on_mount(self) -> None:
         """Draw the empty frame at once, then start everything in the background."""
         self.query_one("#budget-box").border_title = "per-token budget"
-        self._fit_layout()
+        self._fit_layout(self.size)
         self._recompose_budget()
         self._set_status()
         self.sources.telemetry.start(self._on_frame_from_thread)
@@ -264,14 +266,37 @@ class DecodetopApp(App[int]):
     WIDE_FROM = (150, 40)
     """From this size (columns, rows) the GPU table and health panel also show beside the tabs."""
 
-    def on_resize(self) -> None:
-        """Compact legend on short terminals; side panels on large ones."""
-        self._fit_layout()
+    MIN_SIZE = (60, 16)
+    """Below this (columns, rows) the screen says "too small" instead of drawing a cut layout: the compact budget
+    (border, title, bar, two legend rows, note: 6 rows), the tab strip (2), three table rows with the header (4),
+    the status line and the footer (2) need 14 rows; 60 columns hold the six headline GPU columns."""
 
-    def _fit_layout(self) -> None:
-        width, height = self.size
-        self.query_one(BudgetBar).compact = height < self.COMPACT_BELOW_ROWS
-        self.set_class(width >= self.WIDE_FROM[0] and height >= self.WIDE_FROM[1], "-wide")
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-cols-tiny"),
+        (MIN_SIZE[0], "-cols-ok"),
+        (WIDE_FROM[0], "-cols-wide"),
+    ]
+    """Screen classes from the width Textual passes with each resize (the new size, never the old one)."""
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
+        (0, "-rows-tiny"),
+        (MIN_SIZE[1], "-rows-ok"),
+        (WIDE_FROM[1], "-rows-tall"),
+    ]
+    """Screen classes from the height; app.tcss lays the screen out from these classes alone."""
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Compact legend on short terminals (the side panels follow the breakpoint classes in app.tcss)."""
+        self._fit_layout(event.size)
+
+    def _fit_layout(self, size: Size) -> None:
+        self.query_one(BudgetBar).compact = size.height < self.COMPACT_BELOW_ROWS
+        too_small = size.width < self.MIN_SIZE[0] or size.height < self.MIN_SIZE[1]
+        self.query_one("#too-small", Static).update(
+            f"terminal too small: {size.width}×{size.height}, decodetop needs {self.MIN_SIZE[0]}×{self.MIN_SIZE[1]}"
+            "; make it larger, or run `decodetop check` / `decodetop probe` / `decodetop budget` headless"
+            if too_small
+            else ""
+        )
 
     def now(self) -> float:
         """The app's clock (fixed in snapshot tests)."""
