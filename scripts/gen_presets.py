@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Generate decodetop's model presets (src/decodetop/budget/presets/*.json) from the real HF configs.
 
-Input: model_configs.json of the shared reference (verbatim config.json keys of each checkpoint, plus `_`-prefixed
-annotations; see models.md). Each preset file holds that checkpoint's `config` (verbatim keys only) and, where the
-checkpoint has one, its `hf_quant_config`, so a preset goes through exactly the same reader as `--config DIR`.
+Input: docs/reference/model_configs.json (verbatim config.json keys of each checkpoint, plus `_`-prefixed
+annotations; see docs/reference/models.md). Each preset file holds that checkpoint's `config` (verbatim keys
+only) and, where the checkpoint has one, its `hf_quant_config`, so a preset goes through exactly the same reader as
+`--config DIR`.
 
 Some reference entries summarise a long exclusion list by pattern, with `N` standing for a layer index and a count
 (e.g. `"model.layers.N.self_attn.o_proj": 79`). This script expands `N` back into the layer indices the count
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_REFERENCE = Path("/work/shared/reference/model_configs.json")
+DEFAULT_REFERENCE = ROOT / "docs" / "reference" / "model_configs.json"
 DEFAULT_OUT = ROOT / "src" / "decodetop" / "budget" / "presets"
 
 
@@ -165,7 +166,7 @@ def presets(ref: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "from nvidia/Llama-3.1-70B-Instruct-FP8.",
     )
     for body in out.values():
-        body["generated_by"] = "scripts/gen_presets.py from the shared reference model_configs.json"
+        body["generated_by"] = "scripts/gen_presets.py from docs/reference/model_configs.json"
     return out
 
 
