@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from decodetop.history import KIND_BASELINE, KIND_PROBE, History, HistoryEntry, default_history_path, format_age
+from decodetop.history import (
+    KIND_BASELINE,
+    KIND_PROBE,
+    Fingerprint,
+    History,
+    HistoryEntry,
+    HistoryUnavailableError,
+    default_history_path,
+    format_age,
+)
 
 
 def _clock() -> float:
@@ -134,3 +148,202 @@ def test_format_age_coarse(age: float, text: str) -> None:
     from decodetop.history import format_age_coarse
 
     assert format_age_coarse(age) == text
+
+
+# -- fingerprints ----------------------------------------------------------------------------------------------------
+
+
+def _fp(scenario: str = "llama-3.1-70b tp2", device_kind: str = "cuda") -> Fingerprint:
+    return Fingerprint(
+        host_id="node-1",
+        device_kind=device_kind,
+        gpu_name="NVIDIA H200" if device_kind == "cuda" else None,
+        gpu_count=2,
+        driver_version="570.86" if device_kind == "cuda" else None,
+        cuda_version="12.8" if device_kind == "cuda" else None,
+        torch_version="2.11.0",
+        nccl_version="2.26.2" if device_kind == "cuda" else None,
+        decodetop_version="0.1.0",
+        scenario=scenario,
+    )
+
+
+def test_fingerprint_round_trips_through_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    history = History(path, clock=_clock)
+    history.record(KIND_PROBE, "allreduce", {"us": 40.0}, fingerprint=_fp())
+    history.record(KIND_PROBE, "allreduce", {"us": 900.0}, fingerprint=_fp(device_kind="cpu"))
+    history.record(KIND_PROBE, "gemm", {"us": 3.0})
+    entries = History(path).load().entries
+    assert [e.fingerprint for e in entries] == [_fp(), _fp(device_kind="cpu"), None]
+    assert Fingerprint.from_dict(_fp().to_dict()) == _fp()
+
+
+def test_latest_with_a_fingerprint_takes_only_its_records(tmp_path: Path) -> None:
+    history = History(tmp_path / "h.jsonl")
+    history.record(KIND_PROBE, "copy", {"gbps": 4000.0}, recorded_at_s=10.0, fingerprint=_fp())
+    history.record(KIND_PROBE, "copy", {"gbps": 9.0}, recorded_at_s=20.0, fingerprint=_fp(device_kind="cpu"))
+    history.record(KIND_PROBE, "copy", {"gbps": 1.0}, recorded_at_s=30.0)  # origin unknown
+    history.record(KIND_PROBE, "gemm", {"us": 5.0}, recorded_at_s=40.0, fingerprint=_fp("llama-3.1-8b tp2"))
+    assert history.latest(KIND_PROBE)["copy"].payload == {"gbps": 1.0}  # without one: every record, as before
+    mine = history.latest(KIND_PROBE, _fp())
+    assert set(mine) == {"copy"} and mine["copy"].payload == {"gbps": 4000.0}
+    assert history.latest(KIND_PROBE, _fp("other model")) == {}
+    others = history.other_fingerprints(_fp())
+    assert [s.fingerprint for s in others] == [_fp("llama-3.1-8b tp2"), None, _fp(device_kind="cpu")]
+    assert [s.entries for s in history.fingerprints()] == [1, 1, 1, 1]
+    assert "CPU rank" in _fp(device_kind="cpu").describe() and "NVIDIA H200" in _fp().describe()
+
+
+def test_old_lines_without_a_fingerprint_keep_loading(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"at":5.0,"data":{"us":1},"key":"gemm","kind":"probe","v":1}\n')
+    loaded = History(path).load()
+    assert loaded.problem is None and loaded.entries[0].fingerprint is None
+
+
+@pytest.mark.parametrize(
+    "fp",
+    ['"x"', '{"host_id":"a"}', '{"host_id":"a","device_kind":"tpu"}', "[]"],
+)
+def test_bad_fingerprint_is_a_bad_line(fp: str) -> None:
+    with pytest.raises(ValueError):
+        HistoryEntry.from_json('{"kind":"probe","key":"x","at":1,"data":{},"fp":' + fp + "}")
+
+
+# -- two writers, hostile files --------------------------------------------------------------------------------------
+
+_WRITER = """
+import sys
+from pathlib import Path
+from decodetop.history import KIND_BASELINE, KIND_PROBE, History
+name, path, start = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+history = History(path)
+history.load()
+while not start.exists():
+    pass
+for i in range(200):
+    history.record(KIND_PROBE, f"{name}-{i}", {"i": i})
+history.record(KIND_BASELINE, name, {"checks": {}})
+"""
+
+
+def test_two_processes_lose_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    start = tmp_path / "go"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, name, str(path), str(start)]) for name in ("alpha", "beta")
+    ]
+    start.touch()
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    loaded = History(path).load()
+    assert loaded.problem is None
+    assert len(path.read_text().splitlines()) == 402
+    assert len([e for e in loaded.entries if e.kind == KIND_PROBE]) == 400
+    assert set(History(path).latest(KIND_BASELINE)) == {"alpha", "beta"}
+
+
+def test_a_write_keeps_what_another_writer_added(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    first, second = History(path), History(path)
+    first.load()
+    second.load()
+    first.record(KIND_BASELINE, "first", {})
+    second.record(KIND_PROBE, "gemm", {})
+    assert {e.key for e in History(path).load().entries} == {"first", "gemm"}
+    assert {e.key for e in second.entries} == {"first", "gemm"}
+
+
+def test_deeply_nested_line_is_set_aside_byte_for_byte(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    good = HistoryEntry(KIND_PROBE, "gemm", 5.0, {"us": 3.0}).to_json()
+    original = (good + "\n" + "[" * 100_000 + "]" * 100_000 + "\n").encode()
+    path.write_bytes(original)
+    history = History(path, clock=_clock)
+    loaded = history.load()
+    assert loaded.problem is not None and "nested too deeply" in loaded.problem
+    assert loaded.set_aside_path is not None and loaded.set_aside_path.read_bytes() == original
+    history.record(KIND_PROBE, "launch", {})
+    assert [e.key for e in History(path).load().entries] == ["gemm", "launch"]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [b"9" * 5000, b'{"kind":"probe","key":"x","at":NaN,"data":{}}', b'{"kind":"probe","key":"x","at":1e999}'],
+)
+def test_hostile_numbers_are_bad_lines(tmp_path: Path, bad: bytes) -> None:
+    path = tmp_path / "h.jsonl"
+    path.write_bytes(bad + b"\n")
+    loaded = History(path, clock=_clock).load()
+    assert loaded.problem is not None and loaded.set_aside_path is not None
+    assert loaded.set_aside_path.read_bytes() == bad + b"\n"
+
+
+def test_very_long_line_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import decodetop.history as history_module
+
+    monkeypatch.setattr(history_module, "MAX_LINE_BYTES", 100)
+    path = tmp_path / "h.jsonl"
+    long_line = HistoryEntry(KIND_PROBE, "long", 1.0, {"pad": "x" * 200}).to_json()
+    path.write_text(long_line + "\n")
+    loaded = History(path, clock=_clock).load()
+    assert loaded.problem is not None and "longer than" in loaded.problem
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_left_alone_and_writes_refused(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    original = (HistoryEntry(KIND_PROBE, "gemm", 5.0, {}).to_json() + "\n").encode()
+    path.write_bytes(original)
+    path.chmod(0o200)
+    try:
+        history = History(path)
+        loaded = history.load()
+        assert loaded.problem is not None and "cannot read history" in loaded.problem and not loaded.writable
+        with pytest.raises(HistoryUnavailableError, match="nothing is saved"):
+            history.record(KIND_PROBE, "launch", {})
+    finally:
+        path.chmod(0o644)
+    assert path.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "h.jsonl.lock"]
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_not_a_file_is_left_alone(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "h.jsonl"
+    if kind == "directory":
+        path.mkdir()
+        (path / "keep").write_text("x")
+    else:
+        os.mkfifo(path)
+    history = History(path)
+    loaded = history.load()
+    assert loaded.problem is not None and not loaded.writable
+    with pytest.raises(OSError, match="left as it is"):
+        history.record(KIND_PROBE, "x", {})
+    assert path.is_dir() if kind == "directory" else stat.S_ISFIFO(path.stat().st_mode)
+
+
+@pytest.mark.parametrize(("code", "words"), [(errno.EIO, "Input/output error"), (errno.EACCES, "Permission denied")])
+def test_read_error_leaves_the_file_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str
+) -> None:
+    """An I/O error, or a permission error as a non-root user meets it (root reads whatever the mode)."""
+    import decodetop.jsonio as jsonio
+
+    path = tmp_path / "h.jsonl"
+    original = (HistoryEntry(KIND_PROBE, "gemm", 5.0, {}).to_json() + "\n").encode()
+    path.write_bytes(original)
+    real_read = os.read
+
+    def failing_read(fd: int, n: int) -> bytes:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(jsonio.os, "read", failing_read)
+    history = History(path)
+    loaded = history.load()
+    assert loaded.problem is not None and words in loaded.problem
+    with pytest.raises(HistoryUnavailableError):
+        history.record(KIND_PROBE, "x", {})
+    monkeypatch.setattr(jsonio.os, "read", real_read)
+    assert path.read_bytes() == original

@@ -1,32 +1,52 @@
-"""Provides atomic file writes (temp file in the same directory, fsync, rename), so a crash never leaves half a file."""
+"""Provides atomic file writes (temp file in the same directory, fsync, rename), so a crash never leaves half a file.
+
+A file that already exists keeps its permission bits, and a path that is a symbolic link is written through: the
+link's final target is replaced and the link stays a link (a settings file kept in a dotfiles repository and
+linked into the config dir stays linked).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+DEFAULT_MODE = 0o644
+"""Permission bits of a file that did not exist before (owner writes, everyone reads), as most editors create."""
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` in one rename; readers see the old or the new file, never a mix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def _final_target(path: Path) -> Path:
+    """`path` with every symbolic link along it followed (a dangling link gives the path it points at)."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE) -> None:
+    """Replace `path` with `data` in one rename; readers see the old or the new file, never a mix.
+
+    `mode` applies to a new file only: an existing file keeps its permission bits."""
+    target = _final_target(Path(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        keep_mode = stat.S_IMODE(target.stat().st_mode)
+    except FileNotFoundError:
+        keep_mode = mode
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_name, mode)
-        os.replace(tmp_name, path)
+        os.chmod(tmp_name, keep_mode)
+        os.replace(tmp_name, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
         raise
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_text_atomic(path: Path, text: str, mode: int = DEFAULT_MODE) -> None:
     """Text flavour of `write_bytes_atomic` (UTF-8)."""
     write_bytes_atomic(path, text.encode("utf-8"), mode)
 

@@ -1,38 +1,150 @@
 """Provides the results history: every probe result and baseline, one JSON object per line, under the state dir.
 
 The live UI appends each finished probe and each saved baseline, and reads the file back at start so the last
-values show at once with their age. Appends rewrite the file atomically (`decodetop.atomic`), so an interrupted
-write leaves the old file whole. A file that cannot be parsed is never truncated: it is renamed aside
+values show at once with their age. Several processes may share one state dir (two UIs, a shared NFS home): every
+write takes an advisory lock (`fcntl.flock` on ``history.jsonl.lock`` beside the file), re-reads the file, adds the
+new entry to what is there and rewrites it atomically (`decodetop.atomic`), so no writer erases another's entries
+and an interrupted write leaves the old file whole.
+
+A failed load is never followed by a truncating write. A file that cannot be parsed (bad JSON, nesting too deep,
+huge numbers, not UTF-8, a line longer than `decodetop.jsonio.MAX_LINE_BYTES`) is renamed aside byte for byte
 (``history.jsonl.corrupt-<UTC time>``), the lines that did parse are written to a fresh file, and the problem is
-reported as one line in `HistoryLoad.problem`.
+reported as one line in `HistoryLoad.problem`. A file that cannot be read at all (permissions, an I/O error, a
+directory or FIFO in its place) is left as it is and every later write in the session is refused with that reason
+(`HistoryUnavailableError`).
+
+Each entry may carry a `Fingerprint` saying where it was measured (host, device, versions, scenario), so a reader
+can take only the records that match the current setup; entries written before fingerprints existed load with
+``fingerprint=None`` ("origin unknown").
 
 Stdlib only.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import fcntl
 import json
 import math
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from decodetop import paths
 from decodetop.atomic import write_bytes_atomic
+from decodetop.errors import UserInputError
+from decodetop.jsonio import MAX_LINE_BYTES, JsonInputError, iter_json_lines, parse_json, read_bounded
 
 HISTORY_FILE_NAME = "history.jsonl"
+LOCK_SUFFIX = ".lock"
+"""The advisory lock file sits beside the history: ``history.jsonl.lock``."""
 FORMAT_VERSION = 1
 MAX_ENTRIES = 5000
 """Entries kept when the file is rewritten; the oldest go first."""
 MAX_BYTES = 16 * 1024 * 1024
 """And at most this much JSON (each append rewrites the file atomically, so it must stay small)."""
+MAX_READ_BYTES = 4 * MAX_BYTES
+"""A history file larger than this was not written by decodetop's rewrite cap: it is set aside unread."""
 
 KIND_PROBE = "probe"
 KIND_BASELINE = "baseline"
+
+DEVICE_KINDS = ("cuda", "cpu")
+"""`Fingerprint.device_kind` values: probe ranks on CUDA GPUs, or CPU ranks (gloo)."""
+
+
+class HistoryUnavailableError(OSError):
+    """The history file could not be read at load, so nothing is written to it this session (it is left alone)."""
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """Where a record was measured: the host, its devices and software, and the scenario it was measured for.
+
+    Two records can feed the same budget only when their fingerprints are equal. Fields that do not apply (a GPU
+    name on CPU ranks, the NCCL version without NCCL) are None."""
+
+    host_id: str
+    """A stable name for the machine (e.g. its hostname)."""
+    device_kind: str
+    """"cuda" or "cpu" (`DEVICE_KINDS`)."""
+    gpu_name: str | None
+    """The GPU's marketing name as the driver reports it ("NVIDIA H200"), None on CPU ranks."""
+    gpu_count: int
+    """GPUs (or CPU ranks) in the probe group."""
+    driver_version: str | None
+    """NVIDIA driver version, None on CPU ranks."""
+    cuda_version: str | None
+    """CUDA runtime version torch was built with, None without CUDA."""
+    torch_version: str | None
+    """torch.__version__ in the probe ranks."""
+    nccl_version: str | None
+    """NCCL version, None without NCCL."""
+    decodetop_version: str
+    """decodetop's version that measured it."""
+    scenario: str
+    """The scenario the record belongs to (model, TP, EP, batch, context, KV dtype, launch mode), as one string
+    built by the budget's scenario layer; equal strings mean the same scenario."""
+
+    def __post_init__(self) -> None:
+        if self.device_kind not in DEVICE_KINDS:
+            raise ValueError(f"fingerprint device_kind must be one of {', '.join(DEVICE_KINDS)}")
+        if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 0:
+            raise ValueError("fingerprint gpu_count must be a non-negative integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form (every field, None as null)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
+        """Parse the JSON form; raise ValueError naming the first bad or missing field."""
+        values: dict[str, Any] = {}
+        for spec in dataclasses.fields(cls):
+            if spec.name not in data:
+                raise ValueError(f"fingerprint lacks {spec.name!r}")
+            value = data[spec.name]
+            if spec.name == "gpu_count":
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ValueError("fingerprint gpu_count is not an integer")
+            elif spec.name in _OPTIONAL_TEXT:
+                if value is not None and not isinstance(value, str):
+                    raise ValueError(f"fingerprint {spec.name} is not text or null")
+            elif not isinstance(value, str):
+                raise ValueError(f"fingerprint {spec.name} is not text")
+            values[spec.name] = value
+        return cls(**values)
+
+    def describe(self) -> str:
+        """One short line for "other scenarios" lists: device, count, versions and scenario."""
+        if self.device_kind == "cpu":
+            device = f"{self.gpu_count} CPU rank{'s' if self.gpu_count != 1 else ''}"
+        else:
+            device = f"{self.gpu_count} × {self.gpu_name or 'GPU'}"
+        versions = ", ".join(
+            f"{name} {value}"
+            for name, value in (
+                ("driver", self.driver_version),
+                ("CUDA", self.cuda_version),
+                ("torch", self.torch_version),
+            )
+            if value
+        )
+        return f"{self.host_id}: {device}" + (f" ({versions})" if versions else "") + f" · {self.scenario}"
+
+
+_OPTIONAL_TEXT = frozenset({"gpu_name", "driver_version", "cuda_version", "torch_version", "nccl_version"})
+
+
+def local_host_id() -> str:
+    """This machine's name as `Fingerprint.host_id` expects it (the hostname; "unknown-host" if it has none)."""
+    return socket.gethostname() or "unknown-host"
 
 
 @dataclass(frozen=True)
@@ -47,20 +159,34 @@ class HistoryEntry:
     """Unix time (seconds) when the value was measured or saved."""
     payload: Mapping[str, Any] = field(default_factory=dict)
     """The JSON-ready body (a probe result's dict, a baseline's checks and values)."""
+    fingerprint: Fingerprint | None = None
+    """Where it was measured; None for entries written without one ("origin unknown")."""
 
     def to_json(self) -> str:
         """One line of JSON (no newline)."""
-        return json.dumps(
-            {"v": FORMAT_VERSION, "kind": self.kind, "key": self.key, "at": self.recorded_at_s, "data": self.payload},
-            sort_keys=True,
-            separators=(",", ":"),
-            allow_nan=False,
-        )
+        obj: dict[str, Any] = {
+            "v": FORMAT_VERSION,
+            "kind": self.kind,
+            "key": self.key,
+            "at": self.recorded_at_s,
+            "data": self.payload,
+        }
+        if self.fingerprint is not None:
+            obj["fp"] = self.fingerprint.to_dict()
+        return dumps_compact(obj)
 
     @classmethod
     def from_json(cls, line: str) -> HistoryEntry:
         """Parse one line; raise ValueError saying what is wrong with it."""
-        obj = json.loads(line)
+        try:
+            obj = parse_json(line, source="history line")
+        except JsonInputError as exc:
+            raise ValueError(exc.problem) from None
+        return cls.from_object(obj)
+
+    @classmethod
+    def from_object(cls, obj: object) -> HistoryEntry:
+        """Build an entry from one parsed line; raise ValueError saying what is wrong with it."""
         if not isinstance(obj, dict):
             raise ValueError("not a JSON object")
         kind, key, at, data = obj.get("kind"), obj.get("key"), obj.get("at"), obj.get("data", {})
@@ -72,11 +198,22 @@ class HistoryEntry:
             raise ValueError("missing or bad 'at' time")
         if not isinstance(data, dict):
             raise ValueError("'data' is not an object")
-        return cls(kind=kind, key=key, recorded_at_s=float(at), payload=data)
+        fp_obj = obj.get("fp")
+        fingerprint: Fingerprint | None = None
+        if fp_obj is not None:
+            if not isinstance(fp_obj, dict):
+                raise ValueError("'fp' is not an object")
+            fingerprint = Fingerprint.from_dict(fp_obj)
+        return cls(kind=kind, key=key, recorded_at_s=float(at), payload=data, fingerprint=fingerprint)
 
     def age_s(self, now_s: float) -> float:
         """Seconds since the entry was recorded (0 for entries from the future, e.g. after a clock step)."""
         return max(0.0, now_s - self.recorded_at_s)
+
+
+def dumps_compact(obj: object) -> str:
+    """Sorted, compact JSON without NaN or Infinity (a history line)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
@@ -86,9 +223,23 @@ class HistoryLoad:
     entries: tuple[HistoryEntry, ...]
     """Every entry that parsed, oldest first."""
     problem: str | None = None
-    """One line describing a corrupt file, or None."""
+    """One line describing a corrupt or unreadable file, or None."""
     set_aside_path: Path | None = None
     """Where the corrupt file was moved, if it was."""
+    writable: bool = True
+    """False when the file could not be read: it is left alone and nothing is written to it this session."""
+
+
+@dataclass(frozen=True)
+class FingerprintSeen:
+    """One fingerprint present in the history, for "other scenarios" lists."""
+
+    fingerprint: Fingerprint | None
+    """None stands for entries of unknown origin (written before fingerprints)."""
+    entries: int
+    """How many entries carry it."""
+    newest_at_s: float
+    """Unix time of its newest entry."""
 
 
 def default_history_path() -> Path:
@@ -117,8 +268,22 @@ def format_age_coarse(age_s: float) -> str:
     return format_age(age_s)
 
 
+@dataclass
+class _Disk:
+    """What one read of the file found."""
+
+    lines: list[str]
+    entries: list[HistoryEntry]
+    bad_lines: int = 0
+    first_error: str | None = None
+    unreadable: str | None = None
+    """Why the file could not be read at all (then nothing may be written)."""
+    missing: bool = False
+
+
 class History:
-    """The history file: load once, append from any thread (a lock serialises writers in this process)."""
+    """The history file: load once, append from any thread or process (a thread lock and an advisory file lock
+    serialise writers; each write re-reads the file so nothing another writer added is lost)."""
 
     def __init__(
         self,
@@ -137,61 +302,120 @@ class History:
         self._lock = threading.Lock()
         self._entries: list[HistoryEntry] = []
         self._lines: list[str] = []
-        """Each entry's JSON line, kept so an append serialises one entry, not the whole history."""
+        """Each entry's JSON line, as on disk after this process's last read or write."""
+        self._disk_id: tuple[int, int, int, int] | None = None
+        """(device, inode, size, mtime ns) of the file as last read or written here: unchanged means no re-read."""
         self._loaded = False
+        self.refused: str | None = None
+        """Why writes are refused this session (the file could not be read at load), or None."""
+        self.last_problem: str | None = None
+        """The last corruption found and set aside by a write (a load reports its own in `HistoryLoad`)."""
+
+    @property
+    def lock_path(self) -> Path:
+        """The advisory lock file beside the history."""
+        return self.path.with_name(self.path.name + LOCK_SUFFIX)
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        """Hold the advisory lock shared by every decodetop process using this history file."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the lock
+
+    def _stat_id(self) -> tuple[int, int, int, int] | None:
+        try:
+            info = self.path.stat()
+        except OSError:
+            return None
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def _read_disk(self) -> _Disk:
+        """Read and parse the file as it is now (the caller holds the locks)."""
+        if not os.path.lexists(self.path):
+            return _Disk(lines=[], entries=[], missing=True)
+        try:
+            raw = read_bounded(self.path, what="history", max_bytes=MAX_READ_BYTES)
+        except UserInputError as exc:
+            message = str(exc).removeprefix(f"{self.path}: ")
+            if "larger than" in message:
+                return _Disk(lines=[], entries=[], bad_lines=1, first_error=message)
+            return _Disk(lines=[], entries=[], unreadable=message)
+        disk = _Disk(lines=[], entries=[])
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            disk.bad_lines, disk.first_error = 1, f"not UTF-8 text (bad byte at offset {exc.start})"
+            return disk
+        for number, parsed in iter_json_lines(text, source=str(self.path), expect=None, max_line_bytes=MAX_LINE_BYTES):
+            problem: str
+            if isinstance(parsed, JsonInputError):
+                problem = parsed.problem
+            else:
+                try:
+                    entry = HistoryEntry.from_object(parsed)
+                except ValueError as exc:
+                    problem = str(exc)
+                else:
+                    disk.entries.append(entry)
+                    disk.lines.append(entry.to_json())
+                    continue
+            disk.bad_lines += 1
+            if disk.first_error is None:
+                disk.first_error = f"line {number}: {problem}"
+        return disk
 
     def load(self) -> HistoryLoad:
-        """Read the file. A corrupt one is renamed aside and its good lines kept; returns what was found."""
+        """Read the file. A corrupt one is renamed aside and its good lines kept; an unreadable one is left alone
+        and writes are refused; returns what was found."""
         with self._lock:
             self._loaded = True
+            self.refused = None
             try:
-                raw = self.path.read_bytes()
-            except FileNotFoundError:
+                with self._file_lock():
+                    return self._load_locked()
+            except OSError as exc:  # no lock file possible (read-only dir): read only, write nothing
+                disk = self._read_disk()
+                if disk.unreadable is None and disk.first_error is None:
+                    self._entries, self._lines = disk.entries, disk.lines
+                    self.refused = f"{self.path}: history cannot be written ({exc.strerror or exc})"
+                    return HistoryLoad(entries=tuple(disk.entries), problem=self.refused, writable=False)
+                why = disk.unreadable or f"corrupt ({disk.first_error})"
+                self.refused = f"{self.path}: history {why} and cannot be set aside ({exc.strerror or exc})"
                 self._entries, self._lines = [], []
-                return HistoryLoad(entries=())
-            except OSError as exc:
-                self._entries, self._lines = [], []
-                return HistoryLoad(entries=(), problem=f"{self.path}: cannot read history ({exc.strerror})")
-            entries: list[HistoryEntry] = []
-            lines: list[str] = []
-            first_error: str | None = None
-            bad_lines = 0
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = ""
-                first_error = "not UTF-8 text"
-                bad_lines = 1
-            for number, line in enumerate(text.splitlines(), start=1):
-                if not line.strip():
-                    continue
-                try:
-                    entries.append(HistoryEntry.from_json(line))
-                    lines.append(line.strip())
-                except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                    bad_lines += 1
-                    if first_error is None:
-                        first_error = f"line {number}: {exc}"
-            self._entries, self._lines = entries, lines
-            if first_error is None:
-                return HistoryLoad(entries=tuple(entries))
-            aside = self._set_aside()
-            self._rewrite_locked()
-            problem = (
-                f"{self.path}: corrupt history ({bad_lines} bad line{'s' if bad_lines != 1 else ''}, first at "
-                f"{first_error}); moved to {aside.name}, kept {len(entries)} good entr"
-                f"{'y' if len(entries) == 1 else 'ies'}"
-            )
-            return HistoryLoad(entries=tuple(entries), problem=problem, set_aside_path=aside)
+                return HistoryLoad(entries=(), problem=self.refused + "; left as it is", writable=False)
+
+    def _load_locked(self) -> HistoryLoad:
+        disk = self._read_disk()
+        if disk.unreadable is not None:
+            self._entries, self._lines = [], []
+            self.refused = f"{self.path}: cannot read history ({disk.unreadable}); left as it is, nothing is saved"
+            return HistoryLoad(entries=(), problem=self.refused, writable=False)
+        self._entries, self._lines = disk.entries, disk.lines
+        if disk.first_error is None:
+            self._disk_id = self._stat_id()
+            return HistoryLoad(entries=tuple(disk.entries))
+        aside = self._set_aside()
+        self._rewrite_locked()
+        problem = (
+            f"{self.path}: corrupt history ({disk.bad_lines} bad line{'s' if disk.bad_lines != 1 else ''}, first at "
+            f"{disk.first_error}); moved to {aside.name}, kept {len(disk.entries)} good entr"
+            f"{'y' if len(disk.entries) == 1 else 'ies'}"
+        )
+        return HistoryLoad(entries=tuple(self._entries), problem=problem, set_aside_path=aside)
 
     def _set_aside(self) -> Path:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self._clock()))
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         suffix = 1
-        while aside.exists():
+        while os.path.lexists(aside):
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{suffix}")
             suffix += 1
-        os.replace(self.path, aside)
+        self.path.rename(aside)  # a rename keeps every byte; the lock keeps two setters-aside apart
         return aside
 
     def _rewrite_locked(self) -> None:
@@ -206,23 +430,57 @@ class History:
         self._lines = self._lines[len(self._lines) - keep :] if keep else []
         body = "".join(line + "\n" for line in self._lines)
         write_bytes_atomic(self.path, body.encode("utf-8"))
+        self._disk_id = self._stat_id()
+
+    def _refresh_locked(self) -> None:
+        """Bring the in-memory entries up to the file as it is now (another process may have written)."""
+        if self._disk_id is not None and self._stat_id() == self._disk_id:
+            return
+        disk = self._read_disk()
+        if disk.unreadable is not None:
+            self.refused = f"{self.path}: cannot read history ({disk.unreadable}); left as it is, nothing is saved"
+            raise HistoryUnavailableError(self.refused)
+        self._entries, self._lines = disk.entries, disk.lines
+        if disk.first_error is not None:
+            aside = self._set_aside()
+            self.last_problem = (
+                f"{self.path}: corrupt history (first at {disk.first_error}); moved to {aside.name}, "
+                f"kept {len(disk.entries)} good entries"
+            )
 
     def append(self, entry: HistoryEntry) -> None:
-        """Add one entry and rewrite the file atomically. Loads first if `load` was not called."""
+        """Add one entry: under the file lock, re-read the file, add the entry, rewrite atomically.
+
+        Loads first if `load` was not called; raises `HistoryUnavailableError` (an OSError) when the file could not be
+        read, so that it is never replaced by a file that lacks what it held."""
         line = entry.to_json()  # fails on non-JSON payloads before the file is touched
         if not self._loaded:
             self.load()
         with self._lock:
-            self._entries.append(entry)
-            self._lines.append(line)
-            self._rewrite_locked()
+            if self.refused is not None:
+                raise HistoryUnavailableError(self.refused)
+            with self._file_lock():
+                self._refresh_locked()
+                self._entries.append(entry)
+                self._lines.append(line)
+                self._rewrite_locked()
 
     def record(
-        self, kind: str, key: str, payload: Mapping[str, Any], recorded_at_s: float | None = None
+        self,
+        kind: str,
+        key: str,
+        payload: Mapping[str, Any],
+        recorded_at_s: float | None = None,
+        *,
+        fingerprint: Fingerprint | None = None,
     ) -> HistoryEntry:
-        """Build and append an entry stamped with the clock (or `recorded_at_s`); returns it."""
+        """Build and append an entry stamped with the clock (or `recorded_at_s`) and `fingerprint`; returns it."""
         entry = HistoryEntry(
-            kind=kind, key=key, recorded_at_s=self._clock() if recorded_at_s is None else recorded_at_s, payload=payload
+            kind=kind,
+            key=key,
+            recorded_at_s=self._clock() if recorded_at_s is None else recorded_at_s,
+            payload=payload,
+            fingerprint=fingerprint,
         )
         self.append(entry)
         return entry
@@ -235,12 +493,33 @@ class History:
         with self._lock:
             return tuple(self._entries)
 
-    def latest(self, kind: str) -> dict[str, HistoryEntry]:
-        """The newest entry of `kind` per key."""
+    def latest(self, kind: str, fingerprint: Fingerprint | None = None) -> dict[str, HistoryEntry]:
+        """The newest entry of `kind` per key; given a `fingerprint`, only among entries that carry exactly it
+        (entries of unknown origin never match one)."""
         newest: dict[str, HistoryEntry] = {}
         for entry in self.entries:
-            if entry.kind == kind:
-                current = newest.get(entry.key)
-                if current is None or entry.recorded_at_s >= current.recorded_at_s:
-                    newest[entry.key] = entry
+            if entry.kind != kind or (fingerprint is not None and entry.fingerprint != fingerprint):
+                continue
+            current = newest.get(entry.key)
+            if current is None or entry.recorded_at_s >= current.recorded_at_s:
+                newest[entry.key] = entry
         return newest
+
+    def fingerprints(self, kind: str | None = None) -> tuple[FingerprintSeen, ...]:
+        """Every fingerprint present (None for unknown origin), newest first, with how many entries carry it."""
+        counts: dict[Fingerprint | None, int] = {}
+        newest: dict[Fingerprint | None, float] = {}
+        for entry in self.entries:
+            if kind is not None and entry.kind != kind:
+                continue
+            fp = entry.fingerprint
+            counts[fp] = counts.get(fp, 0) + 1
+            newest[fp] = max(newest.get(fp, entry.recorded_at_s), entry.recorded_at_s)
+        seen = [FingerprintSeen(fingerprint=fp, entries=n, newest_at_s=newest[fp]) for fp, n in counts.items()]
+        return tuple(sorted(seen, key=lambda s: s.newest_at_s, reverse=True))
+
+    def other_fingerprints(self, current: Fingerprint | None, kind: str | None = None) -> tuple[FingerprintSeen, ...]:
+        """`fingerprints` without `current`: the "other scenarios" whose records never feed the current budget."""
+        return tuple(
+            seen for seen in self.fingerprints(kind) if seen.fingerprint is None or seen.fingerprint != current
+        )

@@ -1,0 +1,214 @@
+"""Provides the one JSON loader for every file decodetop reads: configs, baselines, history lines, recordings,
+traces, plan JSON and ``--diff`` inputs.
+
+Python's `json` accepts things a file from a user or from another machine must not be allowed to do to us: a
+document nested 100,000 levels deep raises `RecursionError`; an integer of 5,000 digits raises a bare `ValueError`
+(CPython's int/str conversion limit) or, where that limit is off, takes quadratic time; ``NaN`` and ``Infinity``
+(and ``1e999``, which parses to infinity) slip through as numbers; invalid UTF-8, a FIFO or ``/dev/zero`` hang or
+fill memory before any parsing starts. Every reader goes through here, and every one of those turns into one
+`decodetop.errors.UserInputError` line naming the file (and the line, for JSON-lines files) and the problem.
+
+Stdlib only.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from decodetop.errors import UserInputError
+
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+"""Largest JSON file read whole. The biggest files decodetop writes are history (capped at 16 MiB, see
+`decodetop.history.MAX_BYTES`) and plan/budget documents of a few hundred KiB; recordings and traces are read line
+by line or through their own bounds."""
+MAX_INT_DIGITS = 4300
+"""Longest integer literal accepted: CPython's default int/str conversion limit
+(https://docs.python.org/3/library/stdtypes.html#int-max-str-digits), applied here even where it is switched off."""
+MAX_LINE_BYTES = 4 * 1024 * 1024
+"""Longest line of a JSON-lines file (history, recordings) parsed; a longer one counts as a bad line unread."""
+
+_TYPE_WORDS: dict[type, str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true/false",
+    type(None): "null",
+}
+
+
+class JsonInputError(UserInputError):
+    """A JSON file or line that cannot be used; the message is one line naming the file, the line and the problem."""
+
+    def __init__(self, source: str, problem: str, line_number: int | None = None) -> None:
+        self.source = source
+        """The file (or other source) as named in the message."""
+        self.problem = problem
+        """The problem alone, without the source: for callers that count bad lines."""
+        self.line_number = line_number
+        """1-based line of a JSON-lines file, or None for a whole document."""
+        where = source if line_number is None else f"{source} line {line_number}"
+        super().__init__(f"{where}: {problem}")
+
+
+class _NotFiniteError(ValueError):
+    """NaN, Infinity or an overflowing float literal."""
+
+
+class _TooManyDigitsError(ValueError):
+    """An integer literal longer than MAX_INT_DIGITS."""
+
+
+def _reject_constant(name: str) -> float:
+    raise _NotFiniteError(f"{name} is not a finite number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFiniteError(f"{text[:20]}{'…' if len(text) > 20 else ''} is out of range for a number")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text) - (1 if text.startswith("-") else 0)
+    if digits > MAX_INT_DIGITS:
+        raise _TooManyDigitsError(f"a number with {digits} digits (more than {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def type_word(value: object) -> str:
+    """ "an object", "a list", "a string"… for messages about the wrong JSON type."""
+    return _TYPE_WORDS.get(type(value), type(value).__name__)
+
+
+def _problem(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to read"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8 text (bad byte at offset {exc.start})"
+    if isinstance(exc, (_NotFiniteError, _TooManyDigitsError)):
+        return str(exc)
+    if isinstance(exc, ValueError) and "integer string conversion" in str(exc):
+        return f"a number with more than {MAX_INT_DIGITS} digits"
+    return f"cannot be read as JSON ({type(exc).__name__})"
+
+
+def parse_json(text: str | bytes, *, source: str, line_number: int | None = None, expect: type | None = None) -> Any:
+    """Parse one JSON document (or one line of a JSON-lines file) from `source`.
+
+    Raises `JsonInputError` for anything unusable: bad UTF-8, bad syntax, deep nesting, huge integers, NaN or
+    Infinity, or a top-level value that is not of type `expect` (when given)."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        text = text.removeprefix("\ufeff")
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise JsonInputError(source, _problem(exc), line_number) from None
+    if expect is not None and not (isinstance(value, expect) and not (expect is int and isinstance(value, bool))):
+        wanted = _TYPE_WORDS.get(expect, expect.__name__)
+        raise JsonInputError(source, f"expected {wanted} at the top, found {type_word(value)}", line_number)
+    return value
+
+
+def dumps_strict(value: object) -> str:
+    """The JSON text of `value`, refusing NaN and Infinity (what `parse_json` would refuse to read back)."""
+    return json.dumps(value, allow_nan=False)
+
+
+def read_bounded(path: Path | str, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Read a regular file whole, at most `max_bytes`; anything else is a `UserInputError` naming it.
+
+    A FIFO, a device such as ``/dev/zero`` or a directory is refused from its `fstat` before a byte is read (the
+    open is non-blocking, so a FIFO without a writer does not hang)."""
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise UserInputError(f"{target}: {what} not found") from None
+    except OSError as exc:
+        raise UserInputError(
+            f"{target}: cannot read {what} ({exc.strerror or errno.errorcode.get(exc.errno or 0)})"
+        ) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UserInputError(f"{target}: {what} is {file_kind(info.st_mode)}, not a regular file")
+        if info.st_size > max_bytes:
+            raise UserInputError(f"{target}: {what} is larger than {max_bytes // (1024 * 1024)} MiB")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1024 * 1024, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:  # grew while being read
+            raise UserInputError(f"{target}: {what} is larger than {max_bytes // (1024 * 1024)} MiB")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise UserInputError(f"{target}: cannot read {what} ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def file_kind(mode: int) -> str:
+    """ "a directory", "a FIFO", "a character device"… for messages about a path that is not a regular file."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def load_json(
+    path: Path | str, *, what: str = "JSON file", expect: type | None = dict, max_bytes: int = DEFAULT_MAX_BYTES
+) -> Any:
+    """Read and parse a whole JSON file; its top level must be of type `expect` (an object unless told)."""
+    raw = read_bounded(path, what=what, max_bytes=max_bytes)
+    return parse_json(raw, source=str(path), expect=expect)
+
+
+def load_json_object(
+    path: Path | str, *, what: str = "JSON file", max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
+    """`load_json` for the usual case: a file whose top level is an object."""
+    value: dict[str, Any] = load_json(path, what=what, expect=dict, max_bytes=max_bytes)
+    return value
+
+
+def iter_json_lines(
+    text: str, *, source: str, expect: type | None = dict, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, Any | JsonInputError]]:
+    """Each non-blank line of a JSON-lines text as (line number, parsed value or the error for that line).
+
+    Bad lines are handed back, not raised, so a reader can count and skip them; a line longer than
+    `max_line_bytes` is reported without being parsed."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if len(line) > max_line_bytes:
+            yield number, JsonInputError(source, f"line longer than {max_line_bytes // (1024 * 1024)} MiB", number)
+            continue
+        try:
+            yield number, parse_json(line, source=source, line_number=number, expect=expect)
+        except JsonInputError as exc:
+            yield number, exc
