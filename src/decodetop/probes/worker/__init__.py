@@ -55,7 +55,7 @@ def share_cpu_threads(world_size: int) -> int:
 
     Every rank with torch's default of one thread per core oversubscribes the host, and the ranks then spin-wait on
     each other: on 2 cores, 2 ranks × 2 threads made a 64k-element op 250× slower (found by the component probes'
-    helper, worker/shapes.py).
+    helper).
     """
     threads = max(1, (os.cpu_count() or 1) // max(1, world_size))
     torch.set_num_threads(threads)

@@ -22,8 +22,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from decodetop.budget.keys import AllreduceKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput, Stats
-from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner
+from decodetop.probes.worker.tensors import randn
 from decodetop.probes.worker.timing import plan_counts, time_graph, time_host, time_host_and_events
 from decodetop.textfmt import format_bytes
 
@@ -41,6 +44,38 @@ def metrics_for(nbytes: int, time_us: float, world_size: int) -> dict[str, float
     """time_us, algbw_gbps (1 GB = 1e9 B, as nccl-tests) and busbw_gbps for one all-reduce of `nbytes`."""
     algbw = nbytes / time_us / 1e3 if time_us > 0 else 0.0
     return {"time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(world_size)}
+
+
+def collective_runner(key: AllreduceKey, ctx: ProbeContext) -> OpRunner:
+    """One all-reduce or all-gather of exactly `bytes` per rank, bf16 on GPUs (fp32 on gloo), on the group."""
+    if key.ranks != ctx.world_size:
+        raise UnsupportedError(f"plan needs {key.ranks} ranks for {key.collective}, the group has {ctx.world_size}")
+    if ctx.world_size < 2:
+        raise UnsupportedError("a collective needs two or more ranks")
+    dt = torch.bfloat16 if ctx.is_cuda else torch.float32
+    numel = max(1, key.bytes // dt.itemsize)
+    buf = randn((numel,), dt, ctx.device, std=1e-3)
+    if key.collective == "all_reduce":
+
+        def all_reduce() -> None:
+            dist.all_reduce(buf)
+
+        return OpRunner(all_reduce, 2.0 * key.bytes, 0.0)
+    if key.collective == "all_gather":
+        out = torch.empty(numel * ctx.world_size, dtype=dt, device=ctx.device)
+
+        def all_gather() -> None:
+            dist.all_gather_into_tensor(out, buf)
+
+        return OpRunner(all_gather, key.bytes * (1 + ctx.world_size), 0.0)
+    raise UnsupportedError(f"collective {key.collective!r} is not all_reduce or all_gather")
+
+
+def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """A layer's all-reduce (or all-gather) of the key's exact size on this group."""
+    key = parse_key_id(key_id)
+    assert isinstance(key, AllreduceKey)
+    return collective_runner(key, ctx)
 
 
 def _sizes(params: dict[str, Any]) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from decodetop.probes.registry import ProbeRegistry
 from decodetop.textfmt import format_bytes
 
 #: Kept free on a GPU beyond what a probe asks for: the CUDA context, NCCL buffers and allocator slack.
@@ -24,6 +25,10 @@ DEFAULT_CACHE_BYTES = 64 * 1024**2
 
 class InsufficientMemoryError(RuntimeError):
     """The device does not have the free memory a probe needs (checked before allocating)."""
+
+
+class UnsupportedError(Exception):
+    """This kernel cannot run on this rank; the message says why (fp8 on a CPU, NVFP4 off sm_100/sm_120, ...)."""
 
 
 @dataclass
@@ -41,6 +46,9 @@ class ProbeContext:
     #: A gloo group over the same ranks for host-side agreement and barriers that keep the GPUs idle
     #: (None: use the default group, which is gloo already on CPU ranks).
     cpu_group: Any = None
+    #: The probes this rank knows (built-ins plus the controller's extra modules): the `layer` probe finds each
+    #: key's kernels through its probe's worker module.
+    registry: ProbeRegistry = field(default_factory=ProbeRegistry)
     _graphs: list[Any] = field(default_factory=list)
 
     @property

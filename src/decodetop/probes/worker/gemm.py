@@ -23,23 +23,154 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
 
 from decodetop.budget.keys import GemmKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput
-from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.shapes import (
-    FP8_VARIANTS,
-    TimingOptions,
-    free_memory,
-    gemm_runner,
-    kernels_note,
-    key_list,
-    measure,
-    not_run,
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, free_memory, kernels_note, key_list, measure, not_run
+from decodetop.probes.worker.tensors import (
+    DTYPES,
+    copies_for,
+    first_line,
     randn,
+    require_free,
+    scaled_mm,
+    sm_tag,
     weight_cache,
+    weights,
 )
 from decodetop.probes.worker.timing import Rotation, rotation_count, time_events, time_host
+
+FP8_VARIANTS = ("tensor", "row")
+"""FP8 `_scaled_mm` scalings: per-tensor (cuBLASLt) and row-wise (CUTLASS) (probes.md §4)."""
+
+
+def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str = "") -> OpRunner:
+    """[m×k]·[k×n] (batched `batch` times) at the key's dtype; weights [n×k] as a Linear stores them."""
+    m, n, k, batch = key.m, key.n, key.k, key.batch
+    device = ctx.device
+    note = ""
+    if key.dtype == "mxfp4":
+        raise UnsupportedError("no MXFP4 GEMM in torch (MXFP4 experts run weight-only in Triton/CUTLASS kernels)")
+    if key.dtype == "nvfp4":
+        return _nvfp4_runner(key, ctx, rotate=rotate)
+    fp8 = key.dtype == "fp8"
+    if fp8 and not ctx.is_cuda:
+        raise UnsupportedError("fp8 GEMM (torch._scaled_mm) needs a GPU; CPU ranks time bf16/fp32 only")
+    if fp8 and batch > 1:
+        fp8 = False
+        note = "batched fp8 GEMM has no torch kernel (_scaled_mm is 2-D): timed in bf16"
+    dtype = torch.float8_e4m3fn if fp8 else DTYPES.get(key.dtype, torch.bfloat16)
+    wsize = 1 if fp8 else dtype.itemsize
+    w_bytes = batch * n * k * wsize
+    act_bytes = batch * (m * k * (1 if fp8 else dtype.itemsize) + m * n * 2)
+    copies = copies_for(ctx, w_bytes, rotate)
+    require_free(ctx, copies * w_bytes + 4 * act_bytes, f"GEMM weights {key.key_id}")
+    flops = 2.0 * batch * m * n * k
+    if batch > 1:
+        ws = weights((batch, n, k), dtype, device, copies)
+        x = randn((batch, m, k), dtype, device)
+
+        def bmm() -> torch.Tensor:
+            return torch.bmm(x, ws.next().transpose(1, 2))
+
+        return OpRunner(bmm, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
+    if not fp8:
+        wl = weights((n, k), dtype, device, copies)
+        xl = randn((m, k), dtype, device)
+
+        def mm() -> torch.Tensor:
+            return F.linear(xl, wl.next())
+
+        return OpRunner(mm, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
+    variant = variant or "tensor"
+    if n % 16 or k % 16:
+        raise UnsupportedError(f"fp8 _scaled_mm needs n and k divisible by 16 (n={n}, k={k})")
+    w8 = weights((n, k), torch.float8_e4m3fn, device, copies)
+    rows = m
+    x8 = randn((rows, k), torch.float8_e4m3fn, device)
+    if variant == "tensor":
+        sa = torch.tensor(1.0, device=device)
+        sb = torch.tensor(1.0, device=device)
+    elif variant == "row":
+        sa = torch.rand(rows, 1, device=device) + 0.5
+        sb = torch.rand(1, n, device=device) + 0.5
+    else:
+        raise ValueError(f"unknown fp8 variant {variant!r} (known: {', '.join(FP8_VARIANTS)})")
+    try:
+        scaled_mm(x8, w8.items[0].t(), sa, sb)
+    except Exception as exc:
+        if m % 16 == 0:
+            raise UnsupportedError(
+                f"fp8 {variant}-wise _scaled_mm failed: {type(exc).__name__}: {first_line(exc)}"
+            ) from None
+        rows = -(-m // 16) * 16
+        x8 = randn((rows, k), torch.float8_e4m3fn, device)
+        if variant == "row":
+            sa = torch.rand(rows, 1, device=device) + 0.5
+        try:
+            scaled_mm(x8, w8.items[0].t(), sa, sb)
+        except Exception as exc2:
+            raise UnsupportedError(
+                f"fp8 {variant}-wise _scaled_mm failed: {type(exc2).__name__}: {first_line(exc2)}"
+            ) from None
+        note = f"M padded {m}→{rows} (this _scaled_mm rejected M={m}: {first_line(exc)[:80]})"
+
+    def mm8() -> torch.Tensor:
+        return scaled_mm(x8, w8.next().t(), sa, sb)
+
+    return OpRunner(mm8, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
+
+
+def _nvfp4_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """NVFP4 via `_scaled_mm` with float4_e2m1fn_x2 operands and e4m3 block-16 scales (probes.md §4)."""
+    tag = sm_tag(ctx)
+    if not ctx.is_cuda:
+        raise UnsupportedError("NVFP4 GEMM needs an sm_100/sm_120 GPU; CPU ranks time bf16/fp32 only")
+    major, _minor = torch.cuda.get_device_capability(ctx.device)
+    if major not in (10, 12):
+        raise UnsupportedError(f"NVFP4 tensor cores exist on sm_100/sm_103/sm_120 only; unsupported on {tag}")
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        raise UnsupportedError(f"torch {torch.__version__} has no float4_e2m1fn_x2")
+    m, n, k = key.m, key.n, key.k
+    if key.batch > 1 or k % 32 or n % 16:
+        raise UnsupportedError(f"NVFP4 _scaled_mm needs batch 1, k % 32 == 0 and n % 16 == 0 ({key.key_id})")
+    device = ctx.device
+    w_bytes = n * k / 2 + n * k / 16
+    copies = copies_for(ctx, w_bytes, rotate)
+    require_free(ctx, copies * w_bytes, f"NVFP4 weights {key.key_id}")
+
+    def packed(rows: int) -> torch.Tensor:
+        raw = torch.randint(1, 255, (rows, k // 2), dtype=torch.uint8, device=device)
+        return raw.view(torch.float4_e2m1fn_x2)
+
+    def scales(rows: int) -> torch.Tensor:
+        # cuBLAS NVFP4 wants the swizzled 128×4 layout padded to it; random values make the layout moot for timing.
+        padded = (-(-rows // 128) * 128, -(-(k // 16) // 4) * 4)
+        return (torch.rand(padded, device=device) + 0.5).to(torch.float8_e4m3fn)
+
+    ws = Rotation([(packed(n), scales(n)) for _ in range(copies)])
+    x = packed(m)
+    sx = scales(m)
+
+    def mm4() -> torch.Tensor:
+        w, sw = ws.next()
+        return scaled_mm(x, w.t(), sx, sw)
+
+    try:
+        mm4()
+    except Exception as exc:
+        raise UnsupportedError(f"NVFP4 _scaled_mm failed on {tag}: {type(exc).__name__}: {first_line(exc)}") from None
+    return OpRunner(mm4, w_bytes + m * k / 2 + m * n * 2, 2.0 * m * n * k, copies, weight_bytes=w_bytes)
+
+
+def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """A layer's GEMM: the key's dtype, FP8 with per-tensor scales."""
+    key = parse_key_id(key_id)
+    assert isinstance(key, GemmKey)
+    return gemm_runner(key, ctx, rotate=rotate)
+
 
 #: Reference copy size: 256 MiB on GPUs (h200-machine.md: 4.1 TB/s D2D at this size), 32 MiB on CPU ranks.
 COPY_BYTES_GPU = 256 * 1024**2

@@ -15,17 +15,90 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import torch
+
 from decodetop.budget.keys import KvcastKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.shapes import (
-    OpRunner,
-    TimingOptions,
-    key_list,
-    kvcast_read_runners,
-    kvcast_write_runner,
-    measure,
-)
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.tensors import FP8_E4M3_MAX, randn, require_free
+
+#: Tokens per KV-cache block when gathering blocks (SGLang/vLLM page sizes are 1-64; FlashMLA uses 64).
+KV_BLOCK_TOKENS = 64
+
+
+def _kv_torch_dtype(name: str) -> torch.dtype:
+    return {"fp8": torch.float8_e4m3fn, "bf16": torch.bfloat16, "fp16": torch.float16}.get(name, torch.bfloat16)
+
+
+def kvcast_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
+    """Write one layer's new entries: `tokens` rows of `width` BF16 values cast to the cache dtype and copied into a
+    cache of `context` + `tokens` slots (FP8 index keys of a DSA layout get a dynamic scale per 128 values)."""
+    device = ctx.device
+    kv = _kv_torch_dtype(key.kv_dtype)
+    slots = key.context + key.tokens
+    require_free(ctx, slots * key.width * kv.itemsize * 1.1, f"KV cache {key.key_id}")
+    cache = randn((slots, key.width), kv, device, std=1.0)
+    new = randn((key.tokens, key.width), torch.bfloat16, device, std=1.0)
+    where = torch.arange(key.context, slots, device=device)
+    group = 128 if key.layout == "dsa_index" and key.width % 128 == 0 else 0
+    scales = torch.ones(slots, max(1, key.width // 128), device=device) if group else None
+
+    # FP8 rows are copied through a uint8 view: index_copy_ has no Float8 kernel on CPU (same bytes, same work).
+    raw = cache.view(torch.uint8) if kv.itemsize == 1 else cache
+
+    def write() -> None:
+        if kv == torch.float8_e4m3fn:
+            if group and scales is not None:
+                blocks = new.float().view(key.tokens, -1, group)
+                s = blocks.abs().amax(dim=-1).clamp_(min=1e-6) / FP8_E4M3_MAX
+                q = (blocks / s.unsqueeze(-1)).view(key.tokens, key.width).to(kv)
+                raw.index_copy_(0, where, q.view(torch.uint8))
+                scales.index_copy_(0, where, s)
+            else:
+                raw.index_copy_(0, where, new.to(kv).view(torch.uint8))
+        else:
+            cache.index_copy_(0, where, new.to(kv))
+
+    moved = key.tokens * key.width * (2 + kv.itemsize)
+    return OpRunner(write, moved, 0.0)
+
+
+def kvcast_read_runners(width: int, context: int, gather_tokens: int, ctx: ProbeContext) -> tuple[OpRunner, OpRunner]:
+    """(whole-cache cast, gather-then-cast) of an FP8 cache of `context` tokens read as BF16.
+
+    whole: `cache.to(bf16)` over every cached token: grows with context (the motivating bug's pattern).
+    gather: the blocks a step needs — `gather_tokens` tokens in blocks of 64 (a DSA top-k) — gathered, then cast:
+    flat in context once context exceeds `gather_tokens`.
+    """
+    device = ctx.device
+    fp8 = torch.float8_e4m3fn
+    require_free(ctx, context * width * 3.2, f"FP8 cache of {context} tokens")
+    cache = randn((context, width), fp8, device, std=1.0)
+    need = min(context, gather_tokens)
+    blocks = max(1, -(-context // KV_BLOCK_TOKENS))
+    want_blocks = max(1, -(-need // KV_BLOCK_TOKENS))
+    gen = torch.Generator(device="cpu").manual_seed(context)
+    chosen = torch.randperm(blocks, generator=gen)[:want_blocks].sort().values
+    idx = (chosen.unsqueeze(1) * KV_BLOCK_TOKENS + torch.arange(KV_BLOCK_TOKENS)).flatten()
+    idx = idx[idx < context][:need].to(device)
+
+    def whole() -> torch.Tensor:
+        return cache.to(torch.bfloat16)
+
+    def gather() -> torch.Tensor:
+        return cache.index_select(0, idx).to(torch.bfloat16)
+
+    whole_bytes = context * width * 3.0
+    gather_bytes = idx.numel() * width * 3.0
+    return OpRunner(whole, whole_bytes, 0.0), OpRunner(gather, gather_bytes, 0.0)
+
+
+def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """A layer's KV-cache write (rotation does not apply: the write goes to one cache)."""
+    key = parse_key_id(key_id)
+    assert isinstance(key, KvcastKey)
+    return kvcast_write_runner(key, ctx)
 
 
 def _read(width: int, context: int, gather_tokens: int, ctx: ProbeContext, which: int) -> OpRunner:

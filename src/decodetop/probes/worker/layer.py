@@ -4,7 +4,8 @@ Params `dense_ops` and `moe_ops` list one layer's ops in execution order as `COU
 them from the step inventory: norms, projections, rotary, KV write, attention, all-reduces, MLP or routing + routed
 experts + shared experts). For each non-empty layer the probe:
 
-1. builds every op with the same kernels the component probes time (`shapes.runner_for`); an op that cannot run
+1. builds every op with the same kernels the component probes time (`ops.op_runner_for`: the `op_runner` of the
+   worker module of the key's probe); an op that cannot run
    here is left out and named in the note (an all-reduce when the group has fewer ranks than the plan's TP);
 2. times each op alone (CUDA-graph replay on GPUs, host clock on CPU ranks): the parts;
 3. times the whole layer back to back, as one CUDA graph (`graph`) and eagerly with CUDA events (`eager`; the
@@ -21,17 +22,8 @@ from typing import Any
 
 from decodetop.budget.keys import AllreduceKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOutput
-from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.shapes import (
-    OpRunner,
-    TimingOptions,
-    UnsupportedError,
-    free_memory,
-    not_run,
-    point,
-    runner_for,
-    time_runner,
-)
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, free_memory, not_run, op_runner_for, point
 
 #: Most rotated copies of a whole layer captured in one graph (each op rotates its own inputs).
 MAX_LAYER_ROTATION = 8
@@ -74,7 +66,7 @@ def _one_layer(
     left_out: list[tuple[str, str]] = []
     for count, kid in ops:
         try:
-            runner = runner_for(kid, ctx, rotate=opts.rotate)
+            runner = op_runner_for(kid, ctx, rotate=opts.rotate)
         except UnsupportedError as exc:
             left_out.append((kid, str(exc)))
             continue
@@ -85,15 +77,7 @@ def _one_layer(
     for count, kid, runner, is_coll in built:
         pt = {"what": "part", "layer": variant, "key": kid, "count": count, "role": "part", "device": device}
         try:
-            timing = time_runner(
-                ctx,
-                runner,
-                budget_ms=opts.budget_ms,
-                max_samples=opts.max_samples,
-                min_samples=opts.min_samples,
-                graph=opts.graph,
-                collective=is_coll,
-            )
+            timing = opts.time(ctx, runner, collective=is_coll)
         except Exception as exc:
             out.append(not_run(f"{variant} part ×{count} {kid}", pt, exc))
             failed_parts.append(kid)
@@ -130,15 +114,7 @@ def _one_layer(
         name = f"{variant} layer [{mode}]"
         try:
             ctx.host_barrier()
-            timing = time_runner(
-                ctx,
-                whole,
-                budget_ms=opts.budget_ms * 2,
-                max_samples=opts.max_samples,
-                min_samples=opts.min_samples,
-                graph=mode == "graph",
-                collective=collective,
-            )
+            timing = opts.time(ctx, whole, graph=mode == "graph", collective=collective, budget_scale=2.0)
         except Exception as exc:
             out.append(not_run(name, pt, exc))
             continue

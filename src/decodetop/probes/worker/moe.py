@@ -15,13 +15,164 @@ the step inventory and are measured by the `gemm` probe at their own shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
+
 from decodetop.budget.keys import MoeKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
-from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.shapes import MOE_VARIANTS, TimingOptions, key_list, measure, moe_runner
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
+from decodetop.probes.worker.timing import Rotation
+
+MOE_VARIANTS = ("grouped", "loop")
+
+
+def _grouped_mm_fn() -> Callable[..., torch.Tensor] | None:
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) -> OpRunner:
+    """One MoE layer's routed experts: sort tokens by expert, gate_up GEMM, SiLU-and-mul, down GEMM, weighted combine.
+
+    Routing is fixed so that the `tokens` × `top_k` assignments touch exactly `experts_active` experts (the
+    inventory's expected count); only those experts' weights are allocated (× rotation copies).
+    """
+    if key.dtype in ("nvfp4", "mxfp4"):
+        where = sm_tag(ctx)
+        raise UnsupportedError(f"{key.dtype} expert GEMMs have no torch kernel on {where} (grouped GEMM: probes.md §4)")
+    fp8 = key.dtype == "fp8"
+    if fp8 and not ctx.is_cuda:
+        raise UnsupportedError("fp8 expert GEMMs (_scaled_mm / _scaled_grouped_mm) need a GPU")
+    device = ctx.device
+    t, k_top, h, inter = key.tokens, key.top_k, key.hidden, key.intermediate
+    active = max(1, min(key.experts_active, key.experts_local, t * k_top))
+    wdtype = torch.float8_e4m3fn if fp8 else DTYPES.get(key.dtype, torch.bfloat16)
+    wsize = wdtype.itemsize
+    per_expert = (2 * inter * h + h * inter) * wsize
+    w_bytes = active * per_expert
+    copies = copies_for(ctx, w_bytes, rotate)
+    require_free(ctx, copies * w_bytes * 1.05, f"MoE expert weights {key.key_id}")  # +5 %: activations, offsets
+    # [E, N, K] like nn.Linear weights; the GEMMs take the transposed (column-major) view.
+    experts = Rotation(
+        [
+            (randn((active, 2 * inter, h), wdtype, device), randn((active, h, inter), wdtype, device))
+            for _ in range(copies)
+        ]
+    )
+    x = randn((t, h), torch.bfloat16, device, std=1.0)
+    ids = torch.tensor([[(i * k_top + j) % active for j in range(k_top)] for i in range(t)], device=device)
+    weights = torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1
+    flat = ids.flatten()
+    counts_host = [0] * active
+    for e in flat.tolist():
+        counts_host[e] += 1
+    bounds = [0]
+    for c in counts_host:
+        bounds.append(bounds[-1] + c)
+    rows = t * k_top
+    moved = w_bytes + t * h * 2 * 2 + rows * (2 * inter + h) * 2
+    flops = 2.0 * rows * 3 * h * inter
+    ones = torch.ones(rows, device=device, dtype=torch.int32)
+
+    def dispatch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        order = torch.argsort(flat, stable=True)
+        token_idx = order // k_top
+        xs = x.index_select(0, token_idx)
+        counts = torch.zeros(active, device=device, dtype=torch.int32).scatter_add_(0, flat, ones)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        return order, token_idx, xs, offs
+
+    def combine(y: torch.Tensor, order: torch.Tensor, token_idx: torch.Tensor) -> torch.Tensor:
+        scale = weights.flatten().index_select(0, order).unsqueeze(1)
+        out = torch.zeros(t, h, device=device, dtype=torch.float32)
+        return out.index_add_(0, token_idx, y.float() * scale).to(torch.bfloat16)
+
+    def act(hcat: torch.Tensor) -> torch.Tensor:
+        return F.silu(hcat[:, :inter]) * hcat[:, inter:]
+
+    if variant == "grouped":
+        gmm = _grouped_mm_fn()
+        if fp8:
+            sgmm = getattr(torch, "_scaled_grouped_mm", None)
+            if sgmm is None:
+                raise UnsupportedError(f"torch {torch.__version__} has no _scaled_grouped_mm for fp8 experts")
+            sa_rows = torch.ones(rows, device=device)
+            sb13: torch.Tensor | None = torch.ones(active, 2 * inter, device=device)
+            sb2: torch.Tensor | None = torch.ones(active, h, device=device)
+
+            def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
+                a8 = a.to(torch.float8_e4m3fn)  # dynamic activation quantization (scales fixed at 1 here)
+                return sgmm(a8, w.transpose(-2, -1), sa_rows, sb, offs=offs, out_dtype=torch.bfloat16)  # type: ignore[no-any-return]
+
+        else:
+            if gmm is None:
+                raise UnsupportedError(f"torch {torch.__version__} has no grouped_mm / _grouped_mm")
+
+            def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
+                return gmm(a, w.transpose(-2, -1), offs=offs)
+
+            sb13 = sb2 = None
+
+        def grouped() -> torch.Tensor:
+            w13, w2 = experts.next()
+            order, token_idx, xs, offs = dispatch()
+            hcat = gm(xs, w13, offs, sb13)
+            y = gm(act(hcat), w2, offs, sb2)
+            return combine(y, order, token_idx)
+
+        try:
+            grouped()
+        except Exception as exc:
+            raise UnsupportedError(
+                f"grouped GEMM failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
+            ) from None
+        return OpRunner(grouped, moved, flops, copies, weight_bytes=w_bytes)
+
+    if variant != "loop":
+        raise ValueError(f"unknown MoE variant {variant!r} (known: {', '.join(MOE_VARIANTS)})")
+    one = torch.tensor(1.0, device=device)
+
+    def expert_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if fp8:
+            a8 = a.to(torch.float8_e4m3fn)
+            pad = (-a8.shape[0]) % 16
+            if pad:
+                a8 = torch.cat([a8, a8.new_zeros(pad, a8.shape[1])])
+            return scaled_mm(a8, w.t(), one, one)[: a.shape[0]]
+        return F.linear(a, w)
+
+    def loop() -> torch.Tensor:
+        w13, w2 = experts.next()
+        order, token_idx, xs, _offs = dispatch()
+        outs = []
+        for e in range(active):
+            lo, hi = bounds[e], bounds[e + 1]
+            if hi > lo:
+                outs.append(expert_mm(act(expert_mm(xs[lo:hi], w13[e])), w2[e]))
+        return combine(torch.cat(outs), order, token_idx)
+
+    try:
+        loop()
+    except Exception as exc:
+        raise UnsupportedError(
+            f"per-expert loop failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    return OpRunner(loop, moved, flops, copies, weight_bytes=w_bytes)
+
+
+def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """A layer's routed experts: the grouped GEMM where torch has one here, else the per-expert loop."""
+    key = parse_key_id(key_id)
+    assert isinstance(key, MoeKey)
+    try:
+        return moe_runner(key, ctx, rotate=rotate, variant="grouped")
+    except UnsupportedError:
+        return moe_runner(key, ctx, rotate=rotate, variant="loop")
 
 
 def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:

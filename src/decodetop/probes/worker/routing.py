@@ -14,10 +14,86 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
+
 from decodetop.budget.keys import RoutingKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
-from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.shapes import OpRunner, TimingOptions, key_list, measure, permute_runners, routing_runner
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.tensors import DTYPES, copies_for, randn
+from decodetop.probes.worker.timing import Rotation
+
+
+def routing_runner(key: RoutingKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """Router GEMM (fp32 logits), softmax or sigmoid scoring (+ correction bias for sigmoid: DeepSeek noaux_tc),
+    group-limited top-k when n_group > 1 (top-2 sum per group, keep topk_group groups), top-k, normalised weights."""
+    device = ctx.device
+    t, h, e = key.tokens, key.hidden, key.n_experts
+    if key.scoring not in ("softmax", "sigmoid"):
+        raise UnsupportedError(f"scoring {key.scoring!r} is not softmax or sigmoid")
+    wdtype = DTYPES.get(key.dtype, torch.bfloat16)
+    w_bytes = e * h * wdtype.itemsize
+    copies = copies_for(ctx, w_bytes, rotate)
+    routers = Rotation([randn((e, h), wdtype, device) for _ in range(copies)])
+    x = randn((t, h), wdtype, device, std=1.0)
+    bias = torch.randn(e, device=device) * 0.01
+    groups = key.n_group if key.n_group > 1 and e % key.n_group == 0 else 1
+    top_k = min(key.top_k, e)
+
+    def route() -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, routers.next()).float()
+        if key.scoring == "softmax":
+            scores = logits.softmax(dim=-1)
+            choice = scores
+        else:
+            scores = logits.sigmoid()
+            choice = scores + bias
+        if groups > 1:
+            per_group = choice.view(t, groups, e // groups)
+            group_score = per_group.topk(min(2, e // groups), dim=-1).values.sum(dim=-1)
+            keep = group_score.topk(min(key.topk_group, groups), dim=-1).indices
+            mask = torch.zeros(t, groups, device=device, dtype=torch.bool).scatter_(1, keep, True)
+            full = mask.unsqueeze(-1).expand(t, groups, e // groups).reshape(t, e)  # no host sync (graph-safe)
+            choice = choice.masked_fill(~full, float("-inf"))
+        ids = choice.topk(top_k, dim=-1).indices
+        w = scores.gather(1, ids)
+        if key.scoring == "sigmoid":
+            w = w / w.sum(dim=-1, keepdim=True)
+        return w, ids
+
+    moved = w_bytes + t * h * wdtype.itemsize + t * e * 4
+    return OpRunner(route, moved, 2.0 * t * h * e, copies, weight_bytes=w_bytes)
+
+
+def permute_runners(tokens: int, hidden: int, top_k: int, ctx: ProbeContext) -> tuple[OpRunner, OpRunner]:
+    """(permute, unpermute): gather tokens into expert order ([tokens·top_k × hidden]), and the weighted scatter-add
+    back — the dispatch and combine halves of a fused MoE, timed on their own."""
+    device = ctx.device
+    x = randn((tokens, hidden), torch.bfloat16, device, std=1.0)
+    ids = torch.randint(0, 256, (tokens * top_k,), device=device)
+    y = randn((tokens * top_k, hidden), torch.bfloat16, device, std=1.0)
+    w = torch.rand(tokens * top_k, 1, device=device) + 0.1
+
+    def permute() -> torch.Tensor:
+        order = torch.argsort(ids, stable=True)
+        return x.index_select(0, order // top_k)
+
+    order0 = torch.argsort(ids, stable=True) // top_k
+
+    def unpermute() -> torch.Tensor:
+        out = torch.zeros(tokens, hidden, device=device, dtype=torch.float32)
+        return out.index_add_(0, order0, y.float() * w).to(torch.bfloat16)
+
+    rows = tokens * top_k * hidden * 2
+    return OpRunner(permute, tokens * hidden * 2 + rows, 0.0), OpRunner(unpermute, 2 * rows, 2.0 * rows / 2)
+
+
+def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """A layer's router: GEMM, scoring and top-k."""
+    key = parse_key_id(key_id)
+    assert isinstance(key, RoutingKey)
+    return routing_runner(key, ctx, rotate=rotate)
 
 
 def _permute(key: RoutingKey, ctx: ProbeContext, which: int) -> OpRunner:
