@@ -9,6 +9,11 @@ GEMM time vs M) by log-log interpolation between the two nearest measured points
 roofline estimate (bytes / bandwidth, collectives at the interconnect's latency) when `estimate` hardware is
 given (status "estimated"); otherwise the op is **missing**: its segment says so and names the missing keys, and
 the budget's total and unexplained remainder are marked incomplete. Missing data is never a silent 0.
+
+Every figure carries its provenance in words (`Segment.provenance`, `Budget.observed`, `Budget.hardware_text`):
+measured (refined to "measured in this run" / "measured earlier: age, host, device" by the probes-level
+`decodetop.probes.budgeting.compose`), a roofline estimate for named hardware and how it was chosen, or missing
+with the reason. The observed step says whether it was observed at all (`ObservedStep`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
@@ -34,6 +39,63 @@ LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
 
 STATUSES = ("measured", "interpolated", "estimated", "missing")
 _RANK = {s: i for i, s in enumerate(STATUSES)}
+PROVENANCE_KINDS = ("measured_now", "measured_earlier", "measured", "estimate", "not_applicable", "missing")
+"""Where a segment's figure came from: measured in this run, measured earlier (read back from the history),
+measured (origin not refined: a budget composed from bare key times), a roofline estimate, not applicable here, or
+no figure at all."""
+OBSERVED_SOURCES = ("flag", "settings", "server", "default")
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    """The observed decode step and where it came from: a flag, the settings file, a serving engine's /metrics, or
+    the built-in default (then it is assumed, not observed, and every surface says so)."""
+
+    ms: float
+    source: str = "default"
+    """flag, settings, server or default."""
+    detail: str = ""
+    """flag: its name; server: 'URL, 30 s window, 4 s ago'; default: why no observation (e.g. the server's error)."""
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.ms) or self.ms <= 0:
+            raise UserInputError(f"observed step: {self.ms} must be a positive number of ms")
+        if self.source not in OBSERVED_SOURCES:
+            raise UserInputError(f"observed step source {self.source!r} is not one of {', '.join(OBSERVED_SOURCES)}")
+
+    @property
+    def assumed(self) -> bool:
+        """True when nothing was observed: the figure is the default."""
+        return self.source == "default"
+
+    @property
+    def text(self) -> str:
+        """One line: '95 ms assumed, not observed (the default; …)' or '12.3 ms observed (server …)'."""
+        ms = f"{self.ms:.3g} ms"
+        if self.assumed:
+            why = self.detail or "the default: no --observed-ms and no --server"
+            return f"{ms} assumed, not observed ({why})"
+        where = {"flag": "from", "settings": "from the settings file", "server": "by the server"}[self.source]
+        return f"{ms} observed {where}{' ' + self.detail if self.detail else ''}".rstrip()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"ms": self.ms, "source": self.source, "detail": self.detail, "assumed": self.assumed, "text": self.text}
+
+
+def default_observed(detail: str = "") -> ObservedStep:
+    """The built-in observed step (probes.md §0), marked as assumed; `detail` says why nothing was observed."""
+    return ObservedStep(DEFAULT_OBSERVED_MS, "default", detail)
+
+
+def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
+    """The one sentence every surface prints when the target is out of reach of any kernel tuning ('' otherwise)."""
+    if roofline_ms is None or target_ms >= roofline_ms:
+        return ""
+    return (
+        f"the target is below this deployment's roofline ({roofline_ms:.3g} ms): no kernel tuning reaches it; it "
+        "needs fewer bytes per GPU (more GPUs, lower precision, speculative decoding)"
+    )
 
 
 @dataclass(frozen=True)
@@ -103,6 +165,18 @@ class Segment:
     p90_ms: float | None = None
     missing_keys: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
+    probes: tuple[str, ...] = ()
+    """The probes whose measurements the figure uses (for where and when they were taken)."""
+    provenance_kind: str = "missing"
+    """One of PROVENANCE_KINDS."""
+    provenance: str = ""
+    """Where the figure came from, in words ("measured in this run", "roofline estimate for NVIDIA H200 (detected
+    by NVML)", "measured 3h ago on gpu-host-1 (2 × NVIDIA H200)")."""
+
+    @property
+    def estimated(self) -> bool:
+        """True when any part of the figure is a roofline estimate rather than a measurement."""
+        return self.status == "estimated"
 
     @property
     def label(self) -> str:
@@ -136,6 +210,52 @@ class Budget:
     launch_mode: str
     missing: tuple[str, ...] = field(default=())
     """Components with missing data."""
+    observed: ObservedStep | None = None
+    """Where `observed_ms` came from (None: a caller that did not say; treated as assumed)."""
+    hardware_text: str = ""
+    """What the roofline and the estimates are for: 'NVIDIA H200 (detected by NVML)', 'n/a on CPU', ''."""
+    device_kind: str = ""
+    """cuda or cpu: the ranks the measurements ran on ('' when nothing was measured)."""
+    header: str = ""
+    """A line every surface shows above the figures ('CPU ranks (gloo): timings show the method, not a GPU')."""
+    scenario: str = ""
+    """`Scenario.fingerprint_id` of what was composed ('' for a bare inventory)."""
+    notes: tuple[str, ...] = ()
+    """What the composition could not do and why (one line each)."""
+
+    @property
+    def observed_step(self) -> ObservedStep:
+        """`observed`, or the observed figure marked as assumed when the caller did not say where it came from."""
+        if self.observed is not None:
+            return self.observed
+        return ObservedStep(self.observed_ms, "default", "origin not given")
+
+    @property
+    def verdict(self) -> str:
+        """`roofline_verdict` for this budget ('' when the target is within reach or there is no roofline)."""
+        return roofline_verdict(self.target_ms, self.roofline_ms)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Segments per provenance kind (measured now/earlier, estimate, missing, …)."""
+        out: dict[str, int] = {}
+        for seg in self.segments:
+            out[seg.provenance_kind] = out.get(seg.provenance_kind, 0) + 1
+        return out
+
+    def summary(self) -> str:
+        """'7 components: 5 measured, 2 roofline estimates for NVIDIA H200 (detected by NVML)' — true by
+        construction (counted from the segments)."""
+        n = len(self.segments)
+        measured = sum(1 for s in self.segments if s.provenance_kind.startswith("measured") and not s.estimated)
+        estimated = sum(1 for s in self.segments if s.estimated)
+        missing = sum(1 for s in self.segments if s.status == "missing")
+        parts = [f"{measured} measured"]
+        if estimated:
+            parts.append(f"{estimated} roofline estimate{'s' if estimated != 1 else ''} (in part or whole)")
+        if missing:
+            parts.append(f"{missing} without a figure")
+        return f"{n} components: " + ", ".join(parts)
 
     @property
     def unexplained(self) -> Segment:
@@ -173,6 +293,9 @@ class Budget:
                     "n_ops": s.n_ops,
                     "missing_keys": list(s.missing_keys),
                     "sources": list(s.sources),
+                    "probes": list(s.probes),
+                    "provenance_kind": s.provenance_kind,
+                    "provenance": s.provenance,
                 }
                 for s in self.segments
             ],
@@ -187,6 +310,14 @@ class Budget:
             "tokens_per_step": self.tokens_per_step,
             "kernels": self.kernels,
             "launch_mode": self.launch_mode,
+            "observed": self.observed_step.to_dict(),
+            "hardware": self.hardware_text,
+            "device_kind": self.device_kind,
+            "header": self.header,
+            "scenario": self.scenario,
+            "verdict": self.verdict,
+            "summary": self.summary(),
+            "notes": list(self.notes),
         }
 
 
@@ -197,6 +328,7 @@ class _OpTime:
     p90: float
     status: str
     source: str
+    probe: str = ""
 
 
 def _estimate(op: Op, hw: Hardware, tp: int) -> float:
@@ -219,7 +351,7 @@ def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
 ) -> _OpTime | None:
     found = measured.get(op.key.key_id)
     if found is not None:
-        return _OpTime(found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source)
+        return _OpTime(found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source, op.key.probe)
     curve: Curve | None = None
     x = 0.0
     if isinstance(op.key, AllreduceKey):
@@ -230,7 +362,7 @@ def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
         hit = curve.at(x)
         if hit is not None:
             ms, exact = hit
-            return _OpTime(ms, ms, ms, "measured" if exact else "interpolated", curve.source)
+            return _OpTime(ms, ms, ms, "measured" if exact else "interpolated", curve.source, op.key.probe)
     if estimate is not None:
         ms = _estimate(op, estimate, tp)
         return _OpTime(ms, ms, ms, "estimated", "roofline")
@@ -250,16 +382,31 @@ def _launch_time(
         ms = kernels * found.median_ms
         reason = f"{kernels} kernels × {found.median_ms * 1e3:.3g} µs per kernel ({mode}, measured)"
         seg = Segment(
-            comp, ms, "measured", reason, 1, kernels * found.p10_ms, kernels * found.p90_ms, (), (found.source,)
+            comp,
+            ms,
+            "measured",
+            reason,
+            1,
+            kernels * found.p10_ms,
+            kernels * found.p90_ms,
+            (),
+            (found.source,),
+            ("launch",),
+            "measured",
+            "measured",
         )
         return seg, ms
     if estimate is not None:
         per = LAUNCH_ESTIMATE_US[mode] / 1e3
         ms = kernels * per
-        reason = f"{kernels} kernels × {LAUNCH_ESTIMATE_US[mode]:g} µs per kernel ({mode}, typical; probes.md §3)"
-        return Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",)), ms
+        reason = f"{kernels} kernels × {LAUNCH_ESTIMATE_US[mode]:g} µs per kernel ({mode}, typical)"
+        seg = Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",), (), "estimate", "")
+        return seg, ms
     reason = f"{kernels} kernels; per-kernel {mode} launch cost not measured ({key.key_id})"
-    return Segment(comp, None, "missing", reason, 1, None, None, (key.key_id,)), None
+    seg = Segment(
+        comp, None, "missing", reason, 1, None, None, (key.key_id,), (), (), "missing", "no figure: " + reason
+    )
+    return seg, None
 
 
 def compose_budget(
@@ -273,14 +420,25 @@ def compose_budget(
     target_tps: float = DEFAULT_TARGET_TPS,
     roofline: Roofline | None = None,
     estimate: Hardware | None = None,
+    observed: ObservedStep | None = None,
+    hardware_text: str | None = None,
+    device_kind: str = "",
+    header: str = "",
+    scenario: str = "",
+    notes: tuple[str, ...] = (),
 ) -> Budget:
     """Compose a budget for `inventory`.
 
     measured: key id → MeasuredTime of one instance. allreduce_curves: collective kind ("all_reduce",
     "all_gather") → Curve of time vs bytes. gemm_curves: `GemmKey.curve_id` → Curve of time vs M.
     launch_mode: "graph" or "eager" (default: the deployment's). estimate: hardware to estimate unmeasured ops
-    from (roofline-only budget when `measured` is empty); None leaves them missing.
+    from (roofline-only budget when `measured` is empty); None leaves them missing. observed: the observed step
+    with its origin (overrides `observed_ms`). hardware_text: what the estimates and the roofline are for, in words
+    (default: the estimate's or roofline's GPU name). device_kind, header, scenario, notes: carried to the Budget for
+    every surface to show.
     """
+    if observed is not None:
+        observed_ms = observed.ms
     measured = measured or {}
     allreduce_curves = allreduce_curves or {}
     gemm_curves = gemm_curves or {}
@@ -299,6 +457,7 @@ def compose_budget(
         worst = "measured"
         missing_keys: list[str] = []
         sources: list[str] = []
+        probes: list[str] = []
         counts = dict.fromkeys(STATUSES, 0)
         for op in ops:
             t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
@@ -315,6 +474,8 @@ def compose_budget(
             p90 += op.count * t.p90
             if t.source not in sources:
                 sources.append(t.source)
+            if t.probe and t.probe not in probes:
+                probes.append(t.probe)
             if _RANK[t.status] > _RANK[worst]:
                 worst = t.status
         summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
@@ -331,6 +492,12 @@ def compose_budget(
             reason = f"{counts['interpolated']} of {len(ops)} ops interpolated on a measured curve ({summary})"
         else:
             reason = f"all {len(ops)} ops measured"
+        if worst == "missing":
+            kind, prov = "missing", "no figure: " + reason
+        elif worst == "estimated":
+            kind, prov = "estimate", reason
+        else:
+            kind, prov = "measured", "measured"
         segments.append(
             Segment(
                 comp.value,
@@ -342,10 +509,23 @@ def compose_budget(
                 p90 if known else None,
                 tuple(missing_keys),
                 tuple(sources),
+                tuple(probes),
+                kind,
+                prov,
             )
         )
     launch_seg, _ = _launch_time(mode, inventory.kernels, measured, estimate)
     segments.append(launch_seg)
+    hw_text = hardware_text
+    if hw_text is None:
+        hw = estimate or (roofline.hardware if roofline is not None else None)
+        hw_text = hw.gpu_name if hw is not None else ""
+    segments = [
+        replace(seg, provenance=f"roofline estimate for {hw_text or 'the assumed GPU'}: {seg.reason}")
+        if seg.provenance_kind == "estimate"
+        else seg
+        for seg in segments
+    ]
     if launch_seg.status == "missing":
         missing_components.append(Component.LAUNCH.value)
     total = sum(s.ms for s in segments if s.ms is not None)
@@ -365,4 +545,10 @@ def compose_budget(
         kernels=inventory.kernels,
         launch_mode=mode,
         missing=tuple(missing_components),
+        observed=observed,
+        hardware_text=hw_text,
+        device_kind=device_kind,
+        header=header,
+        scenario=scenario,
+        notes=tuple(notes),
     )

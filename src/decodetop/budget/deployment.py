@@ -59,6 +59,14 @@ class Deployment:
             raise UserInputError(f"--tp: {self.tp} does not split the {spec.n_heads} attention heads of {spec.name}")
         if spec.n_heads < self.tp:
             raise UserInputError(f"--tp: {self.tp} is more than the {spec.n_heads} attention heads of {spec.name}")
+        kv = spec.n_kv_heads
+        if spec.attention_kind == "gqa" and kv > 0 and kv % self.tp and self.tp % kv:
+            # vLLM and SGLang split the KV heads evenly, or replicate them when TP is a multiple of their count
+            # (vllm/model_executor/layers/linear.py, QKVParallelLinear: num_kv_head_replicas = tp_size // num_kv_heads)
+            raise UserInputError(
+                f"--tp: {self.tp} neither splits the {kv} KV heads of {spec.name} evenly nor replicates them "
+                f"(TP must divide {kv} or be a multiple of it)"
+            )
         if self.accept_length is not None:
             if not math.isfinite(self.accept_length) or not 1.0 <= self.accept_length <= 64:
                 raise UserInputError(f"--accept-length: {self.accept_length} is out of range (1..64)")
