@@ -24,6 +24,7 @@ from decodetop.collectors.serving import (
     parse_latency_totals,
 )
 from decodetop.errors import UserInputError
+from trickle_server import TricklingServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 _SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{[^}]*\})? (?P<value>\S+)$")
@@ -69,6 +70,7 @@ class Engine:
     pages: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     delay_s: float = 0.0
     hits: int = 0
+    redirects: dict[str, str] = field(default_factory=dict)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -82,6 +84,8 @@ class _Handler(BaseHTTPRequestHandler):
         data = body.encode("utf-8")
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        if self.path in self.engine.redirects:
+            self.send_header("Location", self.engine.redirects[self.path])
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
@@ -385,8 +389,55 @@ def test_hung_server_times_out(engine: tuple[Engine, str]) -> None:
     state.delay_s = 2.0
     status = ServerStepSource(base, timeout_s=0.2).poll()
     assert isinstance(status, ServerStatus)
-    assert status.state is ServerState.UNREACHABLE
-    assert "timed out" in status.message or "no answer" in status.message
+    assert status.state is ServerState.TIMED_OUT
+    assert "no complete answer within 0.2 s" in status.message
+
+
+@pytest.mark.parametrize("headers_first", [False, True], ids=["status-line-trickles", "body-trickles"])
+def test_trickling_server_is_cut_off_at_one_overall_deadline(headers_first: bool) -> None:
+    """A server sending one byte every 0.3 s never trips a 1 s read timeout; the one deadline ends the scrape."""
+    with TricklingServer(interval_s=0.3, headers_first=headers_first) as server:
+        answers: list[ObservedStep | ServerStatus] = []
+        poller = threading.Thread(target=lambda: answers.append(ServerStepSource(server.url, timeout_s=1.0).poll()))
+        poller.start()
+        poller.join(60.0)  # liveness only: per-read timeouts would keep reading for minutes
+        assert not poller.is_alive(), "the scrape did not end at its deadline"
+        assert server.sent < server.total_bytes
+    (status,) = answers
+    assert isinstance(status, ServerStatus)
+    assert status.state is ServerState.TIMED_OUT
+    assert status.message == f"{server.url}: no complete answer within 1 s"
+
+
+def test_a_failed_poll_carries_the_last_step_and_its_age(engine: tuple[Engine, str]) -> None:
+    state, base = engine
+    first = _page("vllm.txt")
+    state.pages["/metrics"] = (200, PROM, first)
+    clock, wall = FakeClock(), FakeClock()
+    wall.t = 1_800_000_000.0
+    source = ServerStepSource(base, clock=clock, wall_clock=wall)
+    assert isinstance(source.poll(), ServerStatus)  # first scrape: waiting
+    state.pages["/metrics"] = (200, PROM, advance(first, "vllm:inter_token_latency_seconds", [(0.01, 1)] * 50))
+    clock.t += 5.0
+    wall.t += 5.0
+    step = source.poll()
+    assert isinstance(step, ObservedStep)
+    assert step.taken_unix_s == wall.t
+    assert step.age_s(wall.t + 12.5) == pytest.approx(12.5)
+    del state.pages["/metrics"]  # the engine stops serving metrics
+    status = source.poll()
+    assert isinstance(status, ServerStatus) and status.state is ServerState.HTTP_ERROR
+    assert status.last_step == step
+
+
+def test_redirect_is_followed_within_the_deadline(engine: tuple[Engine, str]) -> None:
+    """vLLM mounts its metrics app at /metrics/ and answers /metrics with 307."""
+    state, base = engine
+    state.pages["/metrics"] = (307, "text/plain", "")
+    state.redirects["/metrics"] = "/metrics/"
+    state.pages["/metrics/"] = (200, PROM, _page("vllm.txt"))
+    status = ServerStepSource(base).poll()
+    assert isinstance(status, ServerStatus) and status.state is ServerState.WAITING
 
 
 def test_url_forms_and_bad_input() -> None:

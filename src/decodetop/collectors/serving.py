@@ -19,20 +19,18 @@ from __future__ import annotations
 
 import collections
 import enum
-import ipaddress
 import math
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from http.client import HTTPException
+from dataclasses import dataclass, replace
 
 from decodetop.errors import UserInputError
+from decodetop.httpget import HttpRequestError, http_request
 
 DEFAULT_TIMEOUT_S = 2.0
-"""Per-scrape HTTP timeout: a /metrics page answers in milliseconds; a hung server must not stall the UI."""
+"""Overall deadline of one scrape (connect to last byte): a /metrics page answers in milliseconds; a hung or
+trickling server must not stall the UI or the exporter."""
 DEFAULT_WINDOW_S = 10.0
 """Δ window: long enough for a few hundred tokens at ~50 tok/s (probes.md §7.10 GLM-5 reference ~19 ms/step)."""
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -57,6 +55,7 @@ class ServerState(str, enum.Enum):
     """Why a poll gave no step time. The value is stable (JSON, metrics)."""
 
     UNREACHABLE = "unreachable"
+    TIMED_OUT = "timed_out"
     HTTP_ERROR = "http_error"
     NOT_METRICS = "not_metrics"
     UNPARSEABLE = "unparseable"
@@ -93,6 +92,12 @@ class ObservedStep:
     """The model_name label values aggregated."""
     note: str = ""
     """Anything the reader should know about how the step was derived (e.g. a given accept length not applied)."""
+    taken_unix_s: float | None = None
+    """Wall-clock time of the scrape that closed the window (None where unknown, e.g. an old recording)."""
+
+    def age_s(self, now_unix_s: float) -> float | None:
+        """Seconds since the scrape that closed the window (None where that time is unknown)."""
+        return None if self.taken_unix_s is None else max(0.0, now_unix_s - self.taken_unix_s)
 
     @property
     def summary(self) -> str:
@@ -114,6 +119,8 @@ class ServerStatus:
     message: str
     url: str
     source: str | None = None
+    last_step: ObservedStep | None = None
+    """The last step this source did observe, if any: kept so a surface can say how old the last figure is."""
 
     @property
     def summary(self) -> str:
@@ -158,52 +165,34 @@ def normalize_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | ServerStatus:
-    """GET `url` and return its body as text, or the status that says why it is not a metrics page."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in {"http", "https"}:
-        return ServerStatus(ServerState.UNREACHABLE, f"{url}: only http and https URLs are read", url)
-    host = parts.hostname or ""
-    handlers: list[urllib.request.BaseHandler] = []
-    if _is_loopback(host):
-        handlers.append(urllib.request.ProxyHandler({}))  # a proxy from the environment cannot reach our loopback
-    opener = urllib.request.build_opener(*handlers)
-    # the scheme is checked above: http(s) only, never file: or custom schemes
-    request = urllib.request.Request(url, headers={"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"})  # noqa: S310
+    """GET `url` within ONE overall deadline of `timeout_s` (`decodetop.httpget`: a server that trickles is cut off
+    there) and return its body as text, or the status that says why it is not a metrics page."""
     try:
-        with opener.open(request, timeout=timeout_s) as response:
-            content_type = str(response.headers.get("Content-Type", ""))
-            body: bytes = response.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        hint = " (SGLang serves /metrics only with --enable-metrics)" if exc.code == 404 else ""
-        return ServerStatus(ServerState.HTTP_ERROR, f"{url}: HTTP {exc.code} {exc.reason}{hint}", url)
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        text = "timed out" if isinstance(reason, TimeoutError) else str(reason)
-        return ServerStatus(ServerState.UNREACHABLE, f"{url}: unreachable ({text})", url)
-    except TimeoutError:
-        return ServerStatus(ServerState.UNREACHABLE, f"{url}: no answer within {timeout_s:g} s", url)
-    except (OSError, HTTPException) as exc:
-        return ServerStatus(ServerState.UNREACHABLE, f"{url}: connection failed ({type(exc).__name__}: {exc})", url)
-    if len(body) > MAX_BODY_BYTES:
+        answer = http_request(
+            url,
+            deadline_s=timeout_s,
+            headers={"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1"},
+            max_body_bytes=MAX_BODY_BYTES,
+        )
+    except HttpRequestError as exc:
+        state = ServerState.TIMED_OUT if exc.timed_out else ServerState.UNREACHABLE
+        reason = exc.reason if exc.timed_out else f"unreachable ({exc.reason})"
+        return ServerStatus(state, f"{url}: {reason}", url)
+    if answer.status >= 300:
+        hint = " (SGLang serves /metrics only with --enable-metrics)" if answer.status == 404 else ""
+        return ServerStatus(ServerState.HTTP_ERROR, f"{url}: HTTP {answer.status} {answer.reason}{hint}", url)
+    if answer.truncated:
         return ServerStatus(ServerState.NOT_METRICS, f"{url}: answer larger than {MAX_BODY_BYTES} bytes", url)
     try:
-        text = body.decode("utf-8")
+        text = answer.body.decode("utf-8")
     except UnicodeDecodeError:
         return ServerStatus(ServerState.UNPARSEABLE, f"{url}: answer is not UTF-8 text", url)
+    content_type = answer.content_type.lower()
     head = text.lstrip()[:256].lower()
-    if "html" in content_type.lower() or head.startswith(("<!doctype", "<html", "<")):
+    if "html" in content_type or head.startswith(("<!doctype", "<html", "<")):
         return ServerStatus(ServerState.NOT_METRICS, f"{url}: an HTML page, not Prometheus metrics", url)
-    if "json" in content_type.lower() or head.startswith(("{", "[")):
+    if "json" in content_type or head.startswith(("{", "[")):
         return ServerStatus(ServerState.NOT_METRICS, f"{url}: JSON, not Prometheus text metrics", url)
     return text
 
@@ -323,6 +312,7 @@ class ServerStepSource:
         window_s: float = DEFAULT_WINDOW_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         fetch: Callable[[str, float], str | ServerStatus] = fetch_metrics_text,
     ) -> None:
         self.url = normalize_url(url)
@@ -335,11 +325,22 @@ class ServerStepSource:
         self.window_s = window_s
         self.timeout_s = timeout_s
         self._clock = clock
+        self._wall_clock = wall_clock
         self._fetch = fetch
         self._history: collections.deque[_Scrape] = collections.deque()
+        self.last_step: ObservedStep | None = None
+        """The latest step observed; a status returned later carries it (`ServerStatus.last_step`)."""
 
     def poll(self) -> ObservedStep | ServerStatus:
-        """Scrape once; the observed step over the window, or the status that says why there is none."""
+        """Scrape once (within the `timeout_s` deadline); the observed step over the window, or the status that says
+        why there is none, carrying the last step observed before it."""
+        answer = self._poll()
+        if isinstance(answer, ObservedStep):
+            self.last_step = answer
+            return answer
+        return replace(answer, last_step=self.last_step)
+
+    def _poll(self) -> ObservedStep | ServerStatus:
         now = self._clock()
         text = self._fetch(self.url, self.timeout_s)
         if isinstance(text, ServerStatus):
@@ -393,6 +394,7 @@ class ServerStepSource:
             running_requests=totals.running_requests,
             model_names=totals.model_names,
             note=_VLLM_NOTE if totals.source == "vllm" and self.accept_length not in (None, 1.0) else "",
+            taken_unix_s=self._wall_clock(),
         )
 
     def _factor(self, totals: LatencyTotals) -> tuple[float, str]:

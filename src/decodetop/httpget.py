@@ -1,0 +1,230 @@
+"""Provides `http_request`: one HTTP request to a live server under ONE overall deadline (connect, request, status
+line, headers and body together), for every read of a `--server` (the observed step, the exporter, trace capture).
+
+Socket timeouts alone bound each read, not the request: a server that sends one byte every 1.5 s never trips a 2 s
+read timeout and holds the caller for as long as it likes. Here every read waits at most for what is left of the
+deadline, so the request ends at the deadline whatever the server does. Redirects (vLLM's `/metrics` answers 307
+to `/metrics/`) are followed within the same deadline. Loopback never goes through a proxy from the environment;
+other hosts honour `http_proxy`/`https_proxy`/`no_proxy` as urllib does. A TLS handshake is bounded per read by
+what was left of the deadline when it started.
+
+Stdlib only, so every package may use it.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import io
+import ipaddress
+import socket
+import ssl
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+MAX_REDIRECTS = 5
+"""Redirects followed before giving up (urllib follows 10; a metrics endpoint needs one)."""
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """A complete answer: status, content type and at most `max_body_bytes` + 1 bytes of the body."""
+
+    url: str
+    """The URL that answered (after redirects)."""
+    status: int
+    reason: str
+    content_type: str
+    body: bytes
+    truncated: bool
+    """The body is longer than the limit asked for (only the limit + 1 bytes were read)."""
+    location: str = ""
+    """The Location header of a redirect that was not followed."""
+
+
+class HttpRequestError(Exception):
+    """No complete answer: the host is unreachable, refused, broke the protocol, or the deadline passed."""
+
+    def __init__(self, url: str, reason: str, *, timed_out: bool = False) -> None:
+        self.url = url
+        self.reason = reason
+        """One line, without the URL."""
+        self.timed_out = timed_out
+        """True when the deadline passed (the server was reached, or not, but did not finish in time)."""
+        super().__init__(f"{url}: {reason}")
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, each read waiting at most for what is left of the deadline. Holds its own file over the
+    socket (as the response's own file does), so the connection closing early does not close the socket under it."""
+
+    def __init__(self, sock: socket.socket, deadline_s: float, clock: Callable[[], float]) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)
+        self._deadline_s = deadline_s
+        self._clock = clock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview | bytearray) -> int:  # type: ignore[override]
+        remaining = self._deadline_s - self._clock()
+        if remaining <= 0:
+            raise TimeoutError("deadline passed")
+        self._sock.settimeout(remaining)
+        return self._raw.readinto(buffer) or 0  # None only on a non-blocking socket, which this is not
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def _response_class(deadline_s: float, clock: Callable[[], float]) -> type[http.client.HTTPResponse]:
+    class _DeadlineResponse(http.client.HTTPResponse):
+        def __init__(
+            self, sock: socket.socket, debuglevel: int = 0, method: str | None = None, url: str | None = None
+        ) -> None:
+            super().__init__(sock, debuglevel, method, url)
+            self.fp.close()  # the plain file over the socket: every read goes through the deadline instead
+            self.fp = io.BufferedReader(_DeadlineReader(sock, deadline_s, clock))
+
+    return _DeadlineResponse
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _proxy_for(parts: urllib.parse.SplitResult) -> urllib.parse.SplitResult | None:
+    host = parts.hostname or ""
+    if is_loopback(host):
+        return None
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    return urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+
+
+def _connection(
+    parts: urllib.parse.SplitResult, timeout_s: float
+) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+    """(connection, request target, extra headers) for a URL, through the environment's proxy where one applies."""
+    host = parts.hostname or ""
+    port = parts.port
+    target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
+    proxy = _proxy_for(parts)
+    extra: dict[str, str] = {}
+    conn: http.client.HTTPConnection
+    if proxy is not None and proxy.username:
+        token = base64.b64encode(f"{proxy.username}:{proxy.password or ''}".encode()).decode("ascii")
+        extra["Proxy-Authorization"] = f"Basic {token}"
+    if parts.scheme == "https":
+        context = ssl.create_default_context()
+        if proxy is None:
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+        else:
+            conn = http.client.HTTPSConnection(proxy.hostname or "", proxy.port, timeout=timeout_s, context=context)
+            conn.set_tunnel(host, port, headers=extra)
+            extra = {}
+    elif proxy is None:
+        conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    else:
+        conn = http.client.HTTPConnection(proxy.hostname or "", proxy.port, timeout=timeout_s)
+        target = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query, ""))
+    return conn, target, extra
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve the host name ({exc.strerror or exc})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed ({exc.reason or exc})"
+    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+    return f"connection failed ({type(exc).__name__}{': ' + text if text else ''})"
+
+
+def _once(
+    url: str,
+    *,
+    method: str,
+    body: bytes | None,
+    headers: Mapping[str, str],
+    deadline_s: float,
+    max_body_bytes: int,
+    clock: Callable[[], float],
+    total_s: float,
+) -> HttpAnswer:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise HttpRequestError(url, "only http and https URLs with a host are read")
+    remaining = deadline_s - clock()
+    if remaining <= 0:
+        raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True)
+    conn, target, extra = _connection(parts, remaining)
+    conn.response_class = _response_class(deadline_s, clock)
+    try:
+        conn.request(method, target, body=body, headers={**headers, **extra})
+        response = conn.getresponse()
+        data = response.read(max_body_bytes + 1)
+        return HttpAnswer(
+            url=url,
+            status=response.status,
+            reason=str(response.reason or ""),
+            content_type=str(response.headers.get("Content-Type", "")),
+            body=data[:max_body_bytes],
+            truncated=len(data) > max_body_bytes,
+            location=str(response.headers.get("Location", "")),
+        )
+    except TimeoutError:
+        raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise HttpRequestError(url, _describe(exc)) from None
+    finally:
+        conn.close()
+
+
+def http_request(
+    url: str,
+    *,
+    deadline_s: float,
+    method: str = "GET",
+    body: bytes | None = None,
+    headers: Mapping[str, str] | None = None,
+    max_body_bytes: int = 1024 * 1024,
+    clock: Callable[[], float] = time.monotonic,
+) -> HttpAnswer:
+    """Send one request and read the whole answer (any status) within `deadline_s` seconds from now, following
+    redirects of GET and HEAD within the same deadline. Raises `HttpRequestError` (one line) when there is no complete
+    answer in time or at all."""
+    if not deadline_s > 0:
+        raise ValueError(f"deadline_s must be positive, got {deadline_s!r}")
+    deadline = clock() + deadline_s
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        answer = _once(
+            current,
+            method=method,
+            body=body,
+            headers=headers or {},
+            deadline_s=deadline,
+            max_body_bytes=max_body_bytes,
+            clock=clock,
+            total_s=deadline_s,
+        )
+        if answer.status not in _REDIRECTS or not answer.location or method not in {"GET", "HEAD"}:
+            return answer
+        current = urllib.parse.urljoin(current, answer.location)
+    raise HttpRequestError(url, f"more than {MAX_REDIRECTS} redirects")
