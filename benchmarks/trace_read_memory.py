@@ -1,4 +1,4 @@
-"""Read a large synthetic profiler trace and report peak memory (issue 10: traces of hundreds of MB in bounded memory).
+"""Read a large synthetic profiler trace and report peak memory (traces of hundreds of MB in bounded memory).
 
 Writes a synthetic PyTorch-profiler-shaped trace of `--mb` MB (default 300) into a temporary directory, then, in a
 fresh interpreter each, (1) imports decodetop.traces only (baseline), (2) reads the trace, (3) reads and analyses it,

@@ -158,7 +158,7 @@ def test_real_h200_plan_files_one_gpu_vs_two() -> None:
     assert "moved most: dense MLP (+1.03 ms, ×1.1)" in format_budget_diff(back, "b")
 
 
-DIAGNOSIS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis_plans_h200x2"
+DIAGNOSIS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis" / "plans_h200x2"
 """The latest recorded diagnosis plans (any run must point at the planted component)."""
 """Issue 8's plants on 2 × H200 (Llama-3.1-70B, 4 layers, TP 2): a clean plan and one plan per plant."""
 

@@ -1,4 +1,4 @@
-"""The recorder (benchmarks/record_nvml.py) run over the fake: what it writes replays as what it read."""
+"""The recorder (benchmarks/recorders/record_nvml.py) run over the fake: what it writes replays as what it read."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from decodetop.collectors.fake_nvml import fake_nvml, load_recording
 from decodetop.collectors.nvml import PynvmlBackend
 from decodetop.collectors.telemetry import TelemetrySampler
 
-RECORDER = Path(__file__).resolve().parents[2] / "benchmarks" / "record_nvml.py"
+RECORDER = Path(__file__).resolve().parents[2] / "benchmarks" / "recorders" / "record_nvml.py"
 
 
 def _recorder() -> ModuleType:

@@ -24,7 +24,7 @@ from decodetop.tui.adapters import (
 from decodetop.tui.launch import parse_gpus
 from decodetop.tui.model import ProbeState
 
-H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "probe_h200x1.json"
+H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "primitives" / "h200x1.json"
 
 
 @pytest.fixture(scope="module")

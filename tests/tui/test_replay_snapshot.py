@@ -27,7 +27,7 @@ from decodetop.tui.widgets.gpu_table import GpuTable
 from .conftest import make_app, wait_until
 from .fakes import failing_checks
 
-H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "probe_h200x1.json"
+H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "primitives" / "h200x1.json"
 T0_UNIX_S = 1_796_000_000.0  # 2026-11-29 (UTC), the day the H200 data was recorded
 SIZES = [(80, 24), (160, 48)]
 

@@ -22,7 +22,7 @@ from decodetop.tui.widgets.gpu_table import GpuTable
 from .conftest import make_app, wait_until
 from .fakes import FakeProbes, failing_checks, make_sources
 
-H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "probe_h200x1.json"
+H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "primitives" / "h200x1.json"
 
 
 def _snapshots(n: int) -> list[Any]:

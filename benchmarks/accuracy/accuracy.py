@@ -1,13 +1,13 @@
-"""Probe accuracy (issue 8, part 1): each probe against an independent measurement of the same thing, same run.
+"""Probe accuracy (H200 proof, part 1): each probe against an independent measurement of the same thing, same run.
 
 - all-reduce: the `allreduce` probe's pipelined and graph modes against this file's own ranks (own processes, TCP
   rendezvous): a host-timed loop of N back-to-back `torch.distributed.all_reduce` calls + one synchronize, / N
   (as nccl-tests), and a CUDA graph of N all-reduces replayed back to back, timed by CUDA events, / N (nccl-tests'
   `-G`; each replay synchronized alone is reported too: on 2 × H200 it is 2–3 µs per op faster at small sizes, a
-  property of the replay pattern that benchmarks/allreduce_variance.py shows with the probe's own timers in a plain
-  process). The independent side runs in `--ar-rounds` fresh process groups, because the eager small all-reduce is
-  bimodal per process there (about 30 or 45–55 µs). With one GPU both sides exchange nothing (one rank): the
-  comparison is then of the call cost only, and the table says so.
+  property of the replay pattern that benchmarks/accuracy/allreduce_variance.py shows with the probe's own timers
+  in a plain process). The independent side runs in `--ar-rounds` fresh process groups, because the eager small
+  all-reduce is bimodal per process there (about 30 or 45–55 µs). With one GPU both sides exchange nothing (one
+  rank): the comparison is then of the call cost only, and the table says so.
 - GEMM: the `gemm` probe (CUDA-graph replay, rotated weights) against `triton.testing.do_bench` (CUDA events per
   call, L2 flushed between calls, median) of the same torch call, `F.linear(x, w)` with a [1×k] BF16 input and an
   [n×k] weight.
@@ -18,7 +18,7 @@ The ratio probe / independent is reported per row; the issue asks that any disag
 Without CUDA (this file's CPU smoke test) the probes run on CPU ranks, the GEMM reference is a host-timed loop and
 the copy reference a numpy copy; each row names its method, so a CPU table is never mistaken for a GPU one.
 
-    PYTHONPATH=src python3 benchmarks/accuracy.py --json /tmp/issue8_accuracy.json
+    PYTHONPATH=src python3 benchmarks/accuracy/accuracy.py --json /tmp/proof_accuracy.json
 """
 
 from __future__ import annotations
@@ -157,7 +157,8 @@ def _ar_rank(rank: int, world: int, port: int, sizes: Sequence[int], q: Any) -> 
 def independent_allreduce_rounds(world: int, sizes: Sequence[int], rounds: int) -> dict[str, Any]:
     """`independent_allreduce` in `rounds` fresh process groups: per size the median over rounds of each figure,
     and the pipelined min/max across rounds. On 2 × H200 the eager small all-reduce is bimodal per process (about
-    30 or 45–55 µs, whichever a process draws: benchmarks/allreduce_variance.py), so one process is not a reference.
+    30 or 45–55 µs, whichever a process draws: benchmarks/accuracy/allreduce_variance.py), so one process is not a
+    reference.
     """
     got = [independent_allreduce(world, sizes) for _ in range(max(1, rounds))]
     ok = [g for g in got if "error" not in g]
@@ -501,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = compare(results, ind_ar, ind_gemm, ind_copy, world)
     env = next((r.environment.to_dict() for r in results if r.environment is not None), None)
     doc = {
-        "what": "issue 8 part 1: probe accuracy",
+        "what": "H200 proof part 1: probe accuracy",
         "device_kind": kind,
         "world_size": world,
         "probes_wall_s": round(probes_s, 2),

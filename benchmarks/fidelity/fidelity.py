@@ -1,4 +1,4 @@
-"""Budget fidelity (issue 8, part 2): decodetop's budget against a real decode step of a real architecture.
+"""Budget fidelity (H200 proof, part 2): decodetop's budget against a real decode step of a real architecture.
 
 For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config, reduced to 4 layers, TP 1):
 
@@ -12,15 +12,15 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
    The model is timed three ways in one process: stock; with the attention a serving engine runs for decode
    (`ServingAttention`: SDPA with GQA in the kernel, absorbed MLA over the latent cache); and with, in addition,
    every Llama-form RMSNorm as one `F.rms_norm` call. Each swap computes what the stock model computes
-   (tests/benchmarks/test_issue8_scripts.py checks the logits on CPU);
+   (tests/benchmarks/test_benchmark_scripts.py checks the logits on CPU);
 3. a torch.profiler trace of a few eager steps goes through `decodetop.traces.analyze_trace` and is compared with
    the eager budget per component (`decodetop.traces.compare.compare`): which component explains each gap.
 
 |predicted − measured| / measured is reported per model and mode; the issue's target is ≤ 15 % in graph mode.
 On a machine without CUDA everything runs on CPU ranks / the CPU at tiny sizes (`--tiny`): graph mode is skipped
-with a message. Run on the GPU machine through `benchmarks/h200_issue8.sh`, or alone:
+with a message. Run on the GPU machine through `benchmarks/campaigns/h200_proof.sh`, or alone:
 
-    PYTHONPATH=src python3 benchmarks/fidelity.py --json /tmp/issue8_fidelity.json
+    PYTHONPATH=src python3 benchmarks/fidelity/fidelity.py --json /tmp/proof_fidelity.json
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def absorbed_mla_forward(
     transformers' own DeepseekV3Attention caches the same latents but decompresses *all* of them through kv_b_proj
     every step (a [context × kv_lora_rank]·[kv_lora_rank × heads·(nope+v)] GEMM per layer, then per-head K/V
     copies): the prefill form, which no serving engine uses for decode. Same weights, same cache; with every cache
-    slot filled the output equals the stock forward's up to rounding (tests/benchmarks/test_issue8_scripts.py).
+    slot filled the output equals the stock forward's up to rounding (tests/benchmarks/test_benchmark_scripts.py).
     transformers builds no mask for a registered attention function, so here as in `serving_sdpa` a decode query
     attends to every slot of the StaticCache (the unfilled tail is 1.5 % of it at the default sizes)."""
     import sys as _sys
@@ -746,7 +746,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     doc: dict[str, Any] = {
-        "what": "issue 8 part 2: budget fidelity",
+        "what": "H200 proof part 2: budget fidelity",
         "layers": args.layers,
         "context": args.context,
         "tiny": args.tiny,
@@ -791,7 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["models"][n] = entry
     dump_json(doc, args.json)  # partial results survive a deadline
     if not args.skip_model:
-        tmp = Path(tempfile.mkdtemp(prefix="issue8_trace_"))
+        tmp = Path(tempfile.mkdtemp(prefix="proof_trace_"))
         for n in names:
             entry = doc["models"][n]
             print(f"fidelity: {n}: building and timing the transformers model", file=sys.stderr, flush=True)

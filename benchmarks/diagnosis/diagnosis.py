@@ -1,4 +1,4 @@
-"""Diagnosis (issue 8, part 3): plant a slowdown, run the probe plan clean and planted, see which component moves.
+"""Diagnosis (H200 proof, part 3): plant a slowdown, run the probe plan clean and planted, see which component moves.
 
 Plants (none changes the GPU's settings):
 
@@ -19,7 +19,7 @@ For each plant the budget per component is compared with the clean one (same mod
 component with the largest increase must be the expected one. Model: Llama-3.1-70B-shaped, 4 layers (GQA, so SDPA
 is the attention kernel the plant wraps), TP = the group size, context 4096, batch 1.
 
-    PYTHONPATH=src python3 benchmarks/diagnosis.py --json /tmp/issue8_diagnosis.json
+    PYTHONPATH=src python3 benchmarks/diagnosis/diagnosis.py --json /tmp/proof_diagnosis.json
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from typing import Any
 
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fidelity"))
 
 from fidelity import FIDELITY_PROBES, dump_json, inventory_for, model_overrides, reduced_spec, run_plans
 
 #: Environment variable the planted attention wrapper reads in the rank (set through the controller's rank_env).
-PLANT_ENV = "DECODETOP_ISSUE8_PLANT"
+PLANT_ENV = "DECODETOP_DIAGNOSIS_PLANT"
 #: Note the planted attention probe adds to each of its measurements (so a planted result is never mistaken).
-PLANT_NOTE = "PLANTED: whole-cache FP8→BF16 cast before SDPA (benchmarks/diagnosis.py)"
+PLANT_NOTE = "PLANTED: whole-cache FP8→BF16 cast before SDPA (benchmarks/diagnosis/diagnosis.py)"
 #: What each plant should move.
 EXPECTED = {
     "launch_blocking": "launch",
@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     only = FIDELITY_PROBES
     name = args.model
     doc: dict[str, Any] = {
-        "what": "issue 8 part 3: diagnosis",
+        "what": "H200 proof part 3: diagnosis",
         "model": spec.name,
         "tp": world,
         "device_kind": layout.kind,

@@ -1,9 +1,9 @@
 """Where does the small all-reduce's time vary? The `allreduce` probe and independent loops, fresh processes each.
 
-Issue 8's accuracy table on 2 × H200 found the probe's small eager all-reduce at 45–47 µs against 28–30 µs from
-benchmarks/accuracy.py's own loop in the same run, while benchmarks/allreduce_vs_dist.py (a different independent
-loop) agreed with the probe within 8 %. This script separates the candidate causes by running, R rounds in
-alternation, each in a fresh pair of rank processes:
+The proof's accuracy table on 2 × H200 found the probe's small eager all-reduce at 45–47 µs against 28–30 µs from
+benchmarks/accuracy/accuracy.py's own loop in the same run, while benchmarks/accuracy/allreduce_vs_dist.py (a
+different independent loop) agreed with the probe within 8 %. This script separates the candidate causes by
+running, R rounds in alternation, each in a fresh pair of rank processes:
 
 - `probe`: the `allreduce` probe through `ProbeController` (FileStore rendezvous, eager NCCL init with device_id, a
   gloo side group, CUDA events around the pipelined loop);
@@ -14,7 +14,7 @@ Per variant and size it prints the median over rounds and the min–max across r
 (pipelined and graph µs per op). If the variants overlap within their round-to-round spread, the difference is
 between process launches, not between the methods.
 
-    PYTHONPATH=src python3 benchmarks/allreduce_variance.py --rounds 3 --json /tmp/ar_variance.json
+    PYTHONPATH=src python3 benchmarks/accuracy/allreduce_variance.py --rounds 3 --json /tmp/ar_variance.json
 """
 
 from __future__ import annotations

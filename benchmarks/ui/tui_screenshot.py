@@ -2,13 +2,13 @@
 
 - Telemetry: the NVML recording `h200x1-load` (one H200 under load), replicated to the plan's 2 GPUs; the GPU
   panel says so.
-- Probes: `benchmarks/results/probe_h200x1.json` (allreduce, launch, membw measured on that H200) and
+- Probes: `benchmarks/results/primitives/h200x1.json` (allreduce, launch, membw measured on that H200) and
   `plan_glm-5-tp2-h200x1.json` (GLM-5's TP-2 plan measured on one rank of it: every component but the all-reduces,
   which the budget shows as a roofline estimate).
 - Health: the checks run over the host tree copied from the same Firecracker VM
   (`tests/fixtures/hosts/firecracker-h200-vm`), with the recorded NVML.
 
-    .venv/bin/python benchmarks/tui_screenshot.py [--size 160x48] [--out docs/screenshots/main.svg]
+    .venv/bin/python benchmarks/ui/tui_screenshot.py [--size 160x48] [--out docs/screenshots/main.svg]
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: The GLM-5 TP-2 plan measured on the H200 (one rank: its all-reduces are missing and shown so), beside the
 #: primitives; the one recorded GPU is replicated to the plan's two (the GPU panel says so).
 MODEL = "glm-5"
 GPUS = 2
-PRIMITIVES = "benchmarks/results/probe_h200x1.json"
-PLAN = "benchmarks/results/plan_glm-5-tp2-h200x1.json"
+PRIMITIVES = "benchmarks/results/primitives/h200x1.json"
+PLAN = "benchmarks/results/plans/plan_glm-5-tp2-h200x1.json"
 sys.path.insert(0, str(ROOT / "src"))
 
 

@@ -10,9 +10,9 @@ stall while a probe runs.
   loop and records how late each wake-up is, from the first probe's start to the last one's end (rank start-up
   included).
 
-Targets (issue 6): first frame ≤ 1.0 s, RSS ≤ 150 MB, idle CPU ≤ 2 %, stall ≤ 50 ms.
+Targets of the live UI: first frame ≤ 1.0 s, RSS ≤ 150 MB, idle CPU ≤ 2 %, stall ≤ 50 ms.
 
-    .venv/bin/python benchmarks/tui_bench.py [--window 20] [--runs 5] [--json out.json]
+    .venv/bin/python benchmarks/ui/tui_bench.py [--window 20] [--runs 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 POLL_S = 0.01
 """capture-pane poll period for the first frame (the figure's resolution)."""
 STALL_SLEEP_S = 0.005

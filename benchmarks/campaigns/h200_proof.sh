@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Issue 8 on the GPU machine: probe accuracy, budget fidelity, diagnosis and cost, in one run.
+# The H200 proof on the GPU machine: probe accuracy, budget fidelity, diagnosis and cost, in one run.
 #
-#   bash benchmarks/h200_issue8.sh                 # every part; logs and JSON under $OUT (default /tmp/issue8)
-#   PARTS="fidelity cost" bash benchmarks/h200_issue8.sh
+#   bash benchmarks/campaigns/h200_proof.sh                 # every part; logs and JSON under $OUT (default /tmp/proof)
+#   PARTS="fidelity cost" bash benchmarks/campaigns/h200_proof.sh
 #
 # Each part has its own deadline (timeout -k), so one hanging part cannot eat the others' time. Files under $OUT:
-# issue8_env.txt, issue8_log.txt, issue8_{accuracy,fidelity,diagnosis,cost}.json; the short tables print last.
+# proof_env.txt, proof_log.txt, proof_{accuracy,fidelity,diagnosis,cost}.json; the short tables print last.
 # Never changes GPU settings; NVLink multicast stays off (KINDS.md).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/issue8}
+OUT=${OUT:-/tmp/proof}
 PARTS=${PARTS:-"accuracy fidelity diagnosis cost"}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-LOG=$OUT/issue8_log.txt
+LOG=$OUT/proof_log.txt
 T_ACCURACY=${T_ACCURACY:-80}
 T_FIDELITY=${T_FIDELITY:-190}
 T_DIAGNOSIS=${T_DIAGNOSIS:-100}
@@ -38,7 +38,7 @@ print("cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version() if torch.cud
       "gpus", torch.cuda.device_count())
 EOF
   env | grep -E '^(NCCL|CUDA|TORCH_SYMM|NVSHMEM)' | sort
-} >"$OUT/issue8_env.txt" 2>&1
+} >"$OUT/proof_env.txt" 2>&1
 
 part() {  # part NAME TIMEOUT ARGS...
   local name=$1 limit=$2
@@ -46,12 +46,12 @@ part() {  # part NAME TIMEOUT ARGS...
   case " $PARTS " in *" $name "*) ;; *) return 0 ;; esac
   echo "=== $name (deadline ${limit}s) $(date -u +%T)" | tee -a "$LOG"
   local t0=$SECONDS
-  timeout -k 10 "$limit" $PY "benchmarks/$name.py" --json "$OUT/issue8_$name.json" "$@" >>"$LOG" 2>&1
+  timeout -k 10 "$limit" $PY "benchmarks/$name/$name.py" --json "$OUT/proof_$name.json" "$@" >>"$LOG" 2>&1
   local rc=$?
   echo "=== $name rc=$rc in $((SECONDS - t0)) s" | tee -a "$LOG"
 }
 
-if [ "${ISSUE8_TINY:-0}" = 1 ]; then  # CPU smoke run: tiny shapes, no full-size plan
+if [ "${PROOF_TINY:-0}" = 1 ]; then  # CPU smoke run: tiny shapes, no full-size plan
   part accuracy "$T_ACCURACY" --tiny
   part fidelity "$T_FIDELITY" --tiny --context 128 --steps 3 --samples 2
   part diagnosis "$T_DIAGNOSIS" --tiny --context 256
@@ -67,7 +67,7 @@ $PY - "$OUT" <<'EOF'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 for name in ("accuracy", "fidelity", "diagnosis", "cost"):
-    p = out / f"issue8_{name}.json"
+    p = out / f"proof_{name}.json"
     if not p.exists():
         print(f"## {name}: no result"); continue
     d = json.loads(p.read_text())

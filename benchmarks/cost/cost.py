@@ -1,4 +1,4 @@
-"""Cost (issue 8, part 4): what decodetop itself costs on the machine it measures.
+"""Cost (H200 proof, part 4): what decodetop itself costs on the machine it measures.
 
 1. Wall time of the full default probe plan of a model (default GLM-5 at TP 2: `run_plan` with the default
    `PlanRunOptions()`, sweeps and the layer probe included), the probe group's start included. On fewer GPUs than
@@ -9,7 +9,7 @@
    with no collector, with a `TelemetryCollector` thread at a 1 s tick and at 0.1 s, interleaved (A B C A B C ...),
    in the same probe group; the medians per condition and their change against "off".
 
-    PYTHONPATH=src python3 benchmarks/cost.py --json /tmp/issue8_cost.json
+    PYTHONPATH=src python3 benchmarks/cost/cost.py --json /tmp/proof_cost.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fidelity"))
 
 from fidelity import dump_json
 
@@ -49,7 +49,7 @@ def plan_wall(model: str, tp: int, device: str, timeout_s: float | None) -> dict
     from decodetop.probes.gpuinfo import visible_gpus
 
     gpus = [] if device == "cpu" else list(visible_gpus())
-    out_json = Path(tempfile.mkdtemp(prefix="issue8_plan_")) / "plan.json"
+    out_json = Path(tempfile.mkdtemp(prefix="proof_plan_")) / "plan.json"
     cmd = [sys.executable, "-m", "decodetop", "probe", "--model", model, "--tp", str(tp), "--budget"]
     if gpus:
         cmd += ["--gpus", ",".join(str(i) for i in range(min(tp, len(gpus))))]
@@ -240,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH")
     args = ap.parse_args(argv)
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    doc: dict[str, Any] = {"what": "issue 8 part 4: cost"}
+    doc: dict[str, Any] = {"what": "H200 proof part 4: cost"}
     if "tick" in parts:
         print("cost: telemetry ticks", file=sys.stderr, flush=True)
         doc["tick"] = tick_cost(args.ticks)

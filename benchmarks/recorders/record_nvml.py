@@ -2,7 +2,7 @@
 
 Run on a GPU machine from the repository root (torch is needed only for the load, in child processes):
 
-    PYTHONPATH=src python3 benchmarks/record_nvml.py --out DIR --label h200x2
+    PYTHONPATH=src python3 benchmarks/recorders/record_nvml.py --out DIR --label h200x2
 
 It runs decodetop's own telemetry sampler and GPU checks through `RecordingBackend`, so every NVML function the
 code uses is called for every GPU and every pair, and each outcome (the value, or the NVML error code) is kept
@@ -160,7 +160,7 @@ def _meta(phase: str, load: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "nvidia_ml_py": binding,
         "cpu_count": os.cpu_count(),
-        "recorder": "benchmarks/record_nvml.py",
+        "recorder": "benchmarks/recorders/record_nvml.py",
     }
 
 

@@ -1,4 +1,4 @@
-# Sourced by the GPU-machine campaign scripts (h200x2_campaign.sh, h200x2_issue8b.sh): the environment every run
+# Sourced by the GPU-machine campaign scripts (h200x2_primitives.sh, h200x2_proof.sh): the environment every run
 # needs, and `want`/`step`. The caller sets OUT, TGZ, W (work folder), STEPS and LOG before calling `step`.
 # Never changes GPU settings; NVLink multicast stays off (KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

@@ -2,7 +2,7 @@
 
 Run on a GPU machine from the repository root:
 
-    PYTHONPATH=src python3 benchmarks/nvml_tick_cost.py --out DIR [--ticks 40]
+    PYTHONPATH=src python3 benchmarks/cost/nvml_tick_cost.py --out DIR [--ticks 40]
 
 It times `TelemetrySampler.sample()` back to back (`--gap` seconds apart) through the real NVML choke point,
 first with the process lists (the costly calls, MangoHud PR #2104) and then without, and reports the median and

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Why does the layer probe time a 14 KiB all-reduce part at ~30 µs on 2 × H200 when the allreduce probe says ~12 µs?
 # The part alone, with a norm, and after FP8 GEMMs (rotated or not). Results under $OUT/l.tgz.
-source "$(dirname "$0")/campaign_lib.sh"
+source "$(dirname "$0")/../campaigns/campaign_lib.sh"
 W=/tmp/lw; mkdir -p $W
 AR='1*allreduce:collective=all_reduce,bytes=14336,ranks=2,dtype=bf16'
 G1='1*gemm:m=1,n=18432,k=7168,batch=1,dtype=fp8'

@@ -1,4 +1,4 @@
-"""Record real decode-step profiler traces of a small random-weight transformers model (issue 10 fixtures).
+"""Record real decode-step profiler traces of a small random-weight transformers model (the trace fixtures).
 
 Runs on the GPU machine (python3.12, torch 2.11, transformers 5.x, no network) and on a CPU (CPU traces). Each
 variant runs a few unprofiled warm-up decode steps, then `--steps` decode steps under torch.profiler with one
@@ -15,7 +15,8 @@ variant runs a few unprofiled warm-up decode steps, then `--steps` decode steps 
 Trimming keeps the profiled steps only, drops python_function events other than `nn.Module: ...` frames, and drops
 bulky args (strides, concrete inputs); every kept event is as the profiler wrote it otherwise.
 
-    python3 benchmarks/record_traces.py --out DIR [--steps 4] [--variants eager,eager_planted,graph,graph_planted]
+    python3 benchmarks/recorders/record_traces.py --out DIR [--steps 4] \
+        [--variants eager,eager_planted,graph,graph_planted]
 """
 
 from __future__ import annotations

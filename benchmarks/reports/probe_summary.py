@@ -1,6 +1,6 @@
 """Print Markdown tables from a `decodetop probe --json` file (the tables in docs/benchmarks.md come from here).
 
-PYTHONPATH=src python3 benchmarks/probe_summary.py benchmarks/results/probe_h200x1.json
+PYTHONPATH=src python3 benchmarks/reports/probe_summary.py benchmarks/results/primitives/h200x1.json
 """
 
 from __future__ import annotations

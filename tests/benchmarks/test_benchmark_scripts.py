@@ -1,4 +1,4 @@
-"""CPU smoke tests of the issue-8 benchmark scripts (benchmarks/{accuracy,fidelity,diagnosis,cost}.py) at tiny sizes.
+"""CPU smoke tests of the proof scripts (benchmarks/{accuracy,fidelity,diagnosis,cost}/*.py) at tiny sizes.
 
 No timing assertions: the scripts' figures only mean something on the GPU machine. These tests check that the
 scripts build the right configs, really plant what they say, compare the right rows and never crash on CPU.
@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCH))
+for _topic in ("accuracy", "fidelity", "diagnosis", "cost"):
+    sys.path.insert(0, str(BENCH / _topic))
 
 fidelity: Any = importlib.import_module("fidelity")
 diagnosis: Any = importlib.import_module("diagnosis")
@@ -201,7 +202,7 @@ def test_diagnosis_baseline_diff_verdict_on_the_h200_plan_runs() -> None:
     communication, and nothing else beyond its noise but one component that got faster."""
     import json
 
-    plans = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis_plans_h200x2"
+    plans = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis" / "plans_h200x2"
     clean = json.loads((plans / "diagnosis_clean.plan.json").read_text())
     nccl = json.loads((plans / "diagnosis_nccl_simple_ring.plan.json").read_text())
     v = diagnosis.diff_verdict("nccl_simple_ring", clean["budget"], nccl["budget"])

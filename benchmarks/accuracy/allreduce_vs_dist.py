@@ -11,7 +11,8 @@ Two code paths time the same thing, pipelined all-reduce per op at 4 sizes:
 It prints the ratio probe / independent per size and writes JSON. Acceptance: every ratio within 10 %.
 `--rounds R` alternates the two R times and compares medians (use it on shared or busy hosts).
 
-    PYTHONPATH=src python3 benchmarks/allreduce_vs_dist.py --json benchmarks/results/probe_allreduce_vs_dist_cpu.json
+    PYTHONPATH=src python3 benchmarks/accuracy/allreduce_vs_dist.py \
+        --json benchmarks/results/accuracy/allreduce_vs_dist_cpu.json
 """
 
 from __future__ import annotations
