@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from decodetop.settings import (
     default_settings_path,
     dumps_settings,
     load_settings,
+    save_changes,
     save_settings,
     with_overrides,
 )
@@ -99,3 +101,96 @@ def test_strings_are_escaped(tmp_path: Path) -> None:
     odd = Settings(model='/models/a "b"\\c/config.json')
     save_settings(odd, path)
     assert load_settings(path) == odd
+
+
+# -- saving only what the UI changed ---------------------------------------------------------------------------------
+
+
+def test_save_changes_keeps_flag_values_out_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    original = '# mine\nmodel = "llama-3.1-70b"\ntp = 8  # the whole box\nobserved_ms = 40.0\n'
+    path.write_text(original)
+    flags = with_overrides(load_settings(path), tp=2, observed_ms=12.5)  # one-off flags for this run
+    assert (flags.tp, flags.observed_ms) == (2, 12.5)
+    save_changes(path, {"theme": "decodetop-light"})  # `t` in the UI
+    text = path.read_text()
+    assert text == original + 'theme = "decodetop-light"\n'  # every other line as it was, comments included
+    stored = load_settings(path)
+    assert (stored.tp, stored.observed_ms, stored.theme) == (8, 40.0, "decodetop-light")
+    save_changes(path, {"model": "glm-5-nvfp4"})  # `m` in the UI
+    assert load_settings(path).model == "glm-5-nvfp4"
+    assert "tp = 8  # the whole box" in path.read_text()
+
+
+def test_save_changes_creates_the_file_and_removes_keys(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "s.toml"
+    save_changes(path, {"theme": "decodetop-contrast", "tp": 4})
+    assert load_settings(path) == Settings(theme="decodetop-contrast", tp=4)
+    save_changes(path, {"tp": None})
+    assert "tp" not in path.read_text() and load_settings(path).tp is None
+
+
+def test_save_changes_refuses_to_touch_a_broken_file(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text("model = \n")
+    with pytest.raises(UserInputError, match="not valid TOML"):
+        save_changes(path, {"theme": "decodetop-light"})
+    assert path.read_text() == "model = \n"
+    with pytest.raises(UserInputError, match="unknown setting"):
+        save_changes(tmp_path / "t.toml", {"colour": "red"})
+
+
+def test_saving_keeps_the_mode_and_the_symlink(tmp_path: Path) -> None:
+    real = tmp_path / "dotfiles" / "decodetop.toml"
+    real.parent.mkdir()
+    real.write_text('model = "llama-3.1-8b"\n')
+    real.chmod(0o600)
+    link = tmp_path / "cfg" / "settings.toml"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    save_changes(link, {"theme": "decodetop-light"})
+    assert link.is_symlink() and link.resolve() == real
+    assert real.stat().st_mode & 0o777 == 0o600
+    assert load_settings(real).theme == "decodetop-light"
+    save_settings(Settings(model="glm-5"), link)
+    assert link.is_symlink() and load_settings(real).model == "glm-5"
+    assert real.stat().st_mode & 0o777 == 0o600
+
+
+def test_bad_theme_names_the_file_and_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('theme = "solarized"\n')
+    with pytest.raises(UserInputError) as info:
+        load_settings(path, themes=("decodetop-dark", "decodetop-light"))
+    assert str(info.value) == f"{path}: theme 'solarized' is not one of decodetop-dark, decodetop-light"
+    assert load_settings(path).theme == "solarized"  # without the theme list it is not checked here
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("tp = " + "9" * 5000 + "\n", "not valid TOML"),
+        ("x = " + "[" * 5000 + "]" * 5000 + "\n", "not valid TOML"),
+        ("observed_ms = nan\n", "observed_ms must be a positive number"),
+        ("target_tps = inf\n", "target_tps must be a positive number"),
+    ],
+)
+def test_hostile_values(tmp_path: Path, body: str, needle: str) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(body)
+    with pytest.raises(UserInputError, match=needle) as info:
+        load_settings(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "device"])
+def test_settings_must_be_a_regular_file(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "s.toml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path = Path("/dev/zero")
+    with pytest.raises(UserInputError, match="not a regular file"):
+        load_settings(path)

@@ -10,10 +10,15 @@ scalar keys::
     theme = "decodetop-dark"
     tick_s = 1.0
 
-A missing file means the defaults. A malformed file, an unknown key or a value of the wrong type raises
-`decodetop.errors.UserInputError` naming the file and the problem; the file itself is never rewritten on a read.
-`save_settings` writes the whole table atomically (the UI does so when the user cycles the theme), so comments in
-a hand-edited file do not survive a save.
+A missing file means the defaults. A malformed file, an unknown key or a value of the wrong type (a theme that
+does not exist included, when the caller names the themes) raises `decodetop.errors.UserInputError` naming the file,
+the key and the problem; the file itself is never rewritten on a read.
+
+Flags override the file for one run only. When the user changes something in the UI (`t` cycles the theme, `m`
+picks a model), `save_changes` re-reads the file and rewrites just those keys, so one-off flags such as
+``--tp 2 --observed-ms 12.5`` never replace the stored values and the rest of the file (comments included) stays
+as it was. `save_settings` writes a whole table. Both write atomically, keep the file's mode and write through a
+symlinked file (`decodetop.atomic`).
 
 Stdlib only (tomllib on 3.11+, tomli before).
 """
@@ -22,8 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 from decodetop import paths
 from decodetop.atomic import write_text_atomic
 from decodetop.errors import UserInputError
+from decodetop.jsonio import read_bounded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,6 +45,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib  # type: ignore[import-not-found,unused-ignore]
 
 SETTINGS_FILE_NAME = "settings.toml"
+MAX_SETTINGS_BYTES = 1024 * 1024
+"""A settings file is a handful of lines; anything larger than this is not one."""
 
 DEFAULT_OBSERVED_MS = 95.0
 """probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
@@ -126,24 +135,39 @@ def settings_from_mapping(data: Mapping[str, Any], where: str) -> Settings:
         raise UserInputError(f"{where}: {str(exc).removeprefix('settings: ')}") from None
 
 
-def load_settings(path: Path | None = None) -> Settings:
-    """Read the settings file; a missing file gives the defaults, a bad one a `UserInputError` naming it."""
-    target = path if path is not None else default_settings_path()
+def _read_table(target: Path) -> dict[str, Any]:
+    """Parse the TOML file at `target` (which exists); every failure is one `UserInputError` line naming it."""
+    raw = read_bounded(target, what="settings file", max_bytes=MAX_SETTINGS_BYTES)
     try:
-        raw = target.read_bytes()
-    except FileNotFoundError:
-        if path is not None:
-            raise UserInputError(f"{target}: settings file not found") from None
-        return Settings()
-    except OSError as exc:
-        raise UserInputError(f"{target}: cannot read settings ({exc.strerror})") from None
-    try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        table: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise UserInputError(f"{target}: settings file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise UserInputError(f"{target}: not valid TOML ({exc})") from None
-    return settings_from_mapping(data, str(target))
+    except RecursionError:
+        raise UserInputError(f"{target}: not valid TOML (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer beyond the int/str conversion limit
+        raise UserInputError(f"{target}: not valid TOML ({str(exc).splitlines()[0][:80]})") from None
+    return table
+
+
+def _check_theme(settings: Settings, themes: Collection[str] | None, where: str) -> None:
+    if themes is not None and settings.theme not in themes:
+        raise UserInputError(f"{where}: theme {settings.theme!r} is not one of {', '.join(themes)}")
+
+
+def load_settings(path: Path | None = None, themes: Collection[str] | None = None) -> Settings:
+    """Read the settings file; a missing file gives the defaults, a bad one a `UserInputError` naming it.
+
+    Given `themes` (the registered theme names), a theme outside them is an error naming the file and the key."""
+    target = path if path is not None else default_settings_path()
+    if not target.exists() and not target.is_symlink():
+        if path is not None:
+            raise UserInputError(f"{target}: settings file not found")
+        return Settings()
+    settings = settings_from_mapping(_read_table(target), str(target))
+    _check_theme(settings, themes, str(target))
+    return settings
 
 
 def _toml_value(value: object) -> str:
@@ -170,6 +194,55 @@ def save_settings(settings: Settings, path: Path | None = None) -> Path:
     """Write `settings` atomically (temp file + rename) and return the path written."""
     target = path if path is not None else default_settings_path()
     write_text_atomic(target, dumps_settings(settings))
+    return target
+
+
+def _key_line(key: str) -> re.Pattern[str]:
+    return re.compile(rf"^[ \t]*{re.escape(key)}[ \t]*=")
+
+
+def save_changes(path: Path | None, changed: Mapping[str, Any]) -> Path:
+    """Store just the `changed` settings (what the user changed in the UI), leaving every other line of the file
+    as it is; a None value removes the key (back to automatic). Returns the path written.
+
+    The file is re-read first, so values given as flags for this run, and edits made by hand or by another
+    process since the start, are kept. A file that no longer parses is not touched: `UserInputError`."""
+    target = path if path is not None else default_settings_path()
+    unknown = sorted(set(changed) - set(_FIELD_TYPES))
+    if unknown:
+        raise UserInputError(f"settings: unknown setting {unknown[0]!r}")
+    exists = target.exists()
+    if exists:
+        current = _read_table(target)
+        text = read_bounded(target, what="settings file", max_bytes=MAX_SETTINGS_BYTES).decode("utf-8")
+    else:
+        current, text = {}, "# decodetop settings; flags of the same name override these.\n"
+    merged = dict(current)
+    lines = text.splitlines()
+    for key, value in changed.items():
+        pattern = _key_line(key)
+        lines = [line for line in lines if not pattern.match(line)] if value is None else lines
+        if value is None:
+            merged.pop(key, None)
+            continue
+        merged[key] = value
+        new_line = f"{key} = {_toml_value(value)}"
+        for index, line in enumerate(lines):
+            if pattern.match(line):
+                lines[index] = new_line
+                break
+        else:
+            lines.append(new_line)
+    settings_from_mapping(merged, str(target))  # refuse to store a value the next start would refuse
+    new_text = "\n".join(lines) + "\n"
+    try:
+        if tomllib.loads(new_text) != merged:
+            raise ValueError("edit did not give the intended table")
+    except ValueError:  # a key spread over several lines: write the file's keys, one a line, instead
+        body = "".join(f"{key} = {_toml_value(value)}\n" for key, value in merged.items())
+        write_text_atomic(target, "# decodetop settings; flags of the same name override these.\n" + body)
+        return target
+    write_text_atomic(target, new_text)
     return target
 
 

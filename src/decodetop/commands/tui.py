@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus
 
     config_path = Path(args.settings) if args.settings else None
-    settings = load_settings(config_path)
+    settings = load_settings(config_path, themes=THEME_NAMES)
     settings = with_overrides(
         settings,
         model=args.config or args.model,
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         tick_s=args.tick,
     )
     if settings.theme not in THEME_NAMES:
-        raise UserInputError(f"theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
+        raise UserInputError(f"--theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
     if args.record and args.replay:
         raise UserInputError("--record and --replay cannot be combined")
     options = LaunchOptions(

@@ -26,8 +26,8 @@ from decodetop.budget.diff import diff_budgets
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.errors import UserInputError
 from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry
-from decodetop.settings import Settings, save_settings
-from decodetop.themes import THEME_NAMES, next_theme, register_themes, theme_variable_defaults
+from decodetop.settings import Settings, save_changes
+from decodetop.themes import THEME_NAMES, drop_other_themes, next_theme, register_themes, theme_variable_defaults
 from decodetop.tui.messages import (
     BaselineSaved,
     BudgetReady,
@@ -212,6 +212,7 @@ class DecodetopApp(App[int]):
         self._gpu_note: str | None = None
         register_themes(self)
         self.theme = settings.theme if settings.theme in self.available_themes else THEME_NAMES[0]
+        drop_other_themes(self)
 
     # -- layout ----------------------------------------------------------------------------------------------------
 
@@ -762,7 +763,7 @@ class DecodetopApp(App[int]):
         self.results = {}
         self._recompose_budget()
         self._plan_probes(run_now=self.sources.run_probes_at_start)
-        self._save_settings()
+        self._save_settings({"model": model})
         self._set_status()
 
     def action_cycle_theme(self) -> None:
@@ -771,15 +772,16 @@ class DecodetopApp(App[int]):
         self.settings = dataclasses.replace(self.settings, theme=self.theme)
         self.query_one(BudgetBar).refresh()
         self.notify(f"theme {self.theme}", timeout=2)
-        self._save_settings()
+        self._save_settings({"theme": self.theme})
 
     @work(thread=True, exit_on_error=False, group="files")
-    def _save_settings(self) -> None:
+    def _save_settings(self, changed: dict[str, object]) -> None:
+        """Store what the user changed in the UI, and only that: one-off flags never reach the file."""
         if not self.save_theme:
             return
         try:
-            save_settings(self.settings, self.settings_path)
-        except OSError as exc:
+            save_changes(self.settings_path, changed)
+        except (OSError, UserInputError) as exc:
             self.call_from_thread(self.notify, f"settings not saved: {exc}", severity="warning")
 
     def on_unmount(self) -> None:
