@@ -17,7 +17,9 @@ from decodetop.errors import UserInputError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
-    parser.add_argument("file", nargs="?", help="a PyTorch profiler trace (.json or .json.gz)")
+    parser.add_argument(
+        "file", nargs="?", help="a PyTorch profiler trace (.json or .json.gz), or a directory of per-rank traces"
+    )
     parser.add_argument("--server", metavar="URL", help="capture a trace from a live SGLang/vLLM server instead")
     parser.add_argument("--steps", type=int, default=5, help="decode steps to profile with --server (default 5)")
     parser.add_argument("--engine", default="auto", choices=("auto", "sglang", "vllm"), help="server kind")
@@ -51,11 +53,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
+    from pathlib import Path
+
     from decodetop.traces.analysis import analyze
     from decodetop.traces.capture import capture
     from decodetop.traces.classify import load_rules
-    from decodetop.traces.compare import compare, load_budget_json
+    from decodetop.traces.compare import budget_ms, compare, load_budget_json
+    from decodetop.traces.ranks import load_traces
     from decodetop.traces.reader import read_trace
+    from decodetop.traces.traced import traced_view
 
     if bool(args.file) == bool(args.server):
         raise UserInputError("trace: give a trace FILE or --server URL (one of them)")
@@ -74,37 +80,81 @@ def run(args: argparse.Namespace) -> int:
         )
         path = str(captured.path)
         print(f"captured {path} from {args.server} ({captured.engine}, {captured.waited_s:.1f} s)", file=sys.stderr)
-    spec_vocab = None
     budget: Any = None
     budget_note = ""
     if args.budget:
         budget = load_budget_json(args.budget)
         budget_note = f"budget from {args.budget}"
-    trace = read_trace(path)
     rules = load_rules(args.rules)
     options = {"rules": rules, "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
-    report = analyze(trace, vocab_size=args.vocab_size, **options)
-    if args.model or args.config:
-        budget, spec_vocab, shapes, budget_note = _budget_for(args, report)
-        # GEMMs without context: the model's weight shapes, then its vocabulary, decide
-        report = analyze(trace, vocab_size=args.vocab_size or spec_vocab, gemm_shapes=shapes, **options)
+    layers: list[int | None] = [None]
+
+    def analyze_file(file: Path) -> Any:
+        nonlocal budget, budget_note
+        trace = read_trace(file)
+        report = analyze(trace, vocab_size=args.vocab_size, **options)
+        if args.model or args.config:
+            found = _budget_for(args, report)
+            if budget is None:  # the first rank's budget is every rank's (same model, same deployment)
+                budget, budget_note, layers[0] = found[0], found[3], found[4]
+            # GEMMs without context: the model's weight shapes, then its vocabulary, decide
+            report = analyze(trace, vocab_size=args.vocab_size or found[1], gemm_shapes=found[2], **options)
+        return report
+
+    files = [Path(path), *captured.other_files] if captured is not None else Path(path)  # every rank's file
+    traces = load_traces(files, analyze_file)
+    report = traces.report
     comparison = compare(report, budget) if budget is not None else None
+    view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers[0])
     if args.json:
-        out: dict[str, Any] = {"trace": report.to_json()}
+        out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
         if comparison is not None:
             out["comparison"] = comparison.to_json()
             out["budget_source"] = budget_note
         if captured is not None:
             out["captured"] = {"path": str(captured.path), "engine": captured.engine}
-        print(json.dumps(out, indent=1))
+        print(json.dumps(finite(out), indent=1, allow_nan=False))
     else:
-        sys.stdout.write(render_text(report, comparison, budget_note))
+        sys.stdout.write(render_text(report, comparison, budget_note, view))
     return 0
 
 
-def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, dict[Any, Any], str]:
-    """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size and
-    the GEMM weight shapes of its inventory."""
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None, so the JSON printed is valid JSON."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def _view_json(view: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(view)
+    data["header"] = view.header()
+    data["accounted_ms"] = view.accounted_ms
+    data["unexplained_ms"] = view.unexplained_ms
+    return data
+
+
+def _ranks_json(traces: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "ranks": [asdict(r) for r in traces.ranks],
+        "spread_ms": traces.spread_ms,
+        "standing_out": list(traces.standing_out),
+    }
+
+
+def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, dict[Any, Any], str, int | None]:
+    """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size, the
+    GEMM weight shapes of its inventory, a note and the number of decoder layers."""
     from decodetop.budget.compose import compose_budget
     from decodetop.budget.deployment import Deployment
     from decodetop.budget.gpus import GPUS, find_gpu
@@ -132,7 +182,8 @@ def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None,
     vocab = getattr(spec, "vocab_size", None)
     note = f"roofline-estimated budget of {spec.name} ({dep.describe(spec)}) on {hw.gpu_name}; run probes for measured"
     shapes = gemm_shapes_from_inventory(inv.ops)
-    return budget, vocab if isinstance(vocab, int) else None, shapes, note
+    layers = getattr(spec, "n_layers", None)
+    return budget, vocab if isinstance(vocab, int) else None, shapes, note, layers if isinstance(layers, int) else None
 
 
 def _observed(report: Any) -> float:
@@ -140,8 +191,9 @@ def _observed(report: Any) -> float:
     return ms if ms > 0 else 1.0
 
 
-def render_text(report: Any, comparison: Any = None, budget_note: str = "") -> str:
-    """The headless report: steps, per-component bar, top kernels, and the comparison when there is one."""
+def render_text(report: Any, comparison: Any = None, budget_note: str = "", view: Any = None) -> str:
+    """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
+    traced bar as the live UI shows it (the same `traced_view`)."""
     from decodetop.textfmt import format_duration_us, table
     from decodetop.traces.compare import short_name
     from decodetop.traces.model import LAUNCH_KEY
@@ -200,7 +252,33 @@ def render_text(report: Any, comparison: Any = None, budget_note: str = "") -> s
         for r in sorted(comparison.rows, key=lambda r: -abs(r.delta_ms if r.delta_ms is not None else r.traced_ms)):
             add(f"  {r.finding}")
         lines.extend(f"note: {n}" for n in comparison.notes)
+    if view is not None:
+        lines.extend(["", *render_traced(view)])
     return "\n".join(lines) + "\n"
+
+
+def render_traced(view: Any) -> list[str]:
+    """The traced bar in text: header, per segment probed (should cost) / traced (does cost), the largest gap."""
+    from decodetop.textfmt import table
+
+    lines = [f"traced bar: {view.header()}"]
+    rows = [
+        (
+            s.label,
+            "-" if s.probed_ms is None else round(s.probed_ms, 4),
+            round(s.traced_ms, 4),
+            round(s.kernels_per_step, 1),
+        )
+        for s in view.segments
+    ]
+    lines.append(table(("segment", "should cost ms", "does cost ms", "kernels"), rows, align="lrrr"))
+    if view.gap_text:
+        lines.append(f"largest gap: {view.gap_text}")
+    lines.append(view.attribution_text)
+    if view.ranks_text:
+        lines.append(view.ranks_text)
+    lines.extend(f"note: {n}" for n in view.notes)
+    return lines
 
 
 def _top(bucket: Any, short_name: Any) -> str:

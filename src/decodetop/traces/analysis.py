@@ -17,7 +17,7 @@ import statistics
 from array import array
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from decodetop.budget.components import Component
@@ -29,7 +29,7 @@ from decodetop.traces.classify import (
     bucket_label,
     load_rules,
 )
-from decodetop.traces.model import LAUNCH_KEY, BucketTime, KernelStat, StepSummary, TraceReport
+from decodetop.traces.model import LAUNCH_KEY, AttributionCount, BucketTime, KernelStat, StepSummary, TraceReport
 from decodetop.traces.reader import GPU_KERNEL, HOST_ANNOTATION, HOST_OP, NO_ID, Trace, read_trace
 
 GAP_FACTOR = 10.0
@@ -39,7 +39,18 @@ GAP_MIN_US = 20.0
 """Floor of that threshold: a couple of eager launches (probes.md §3: 4-6 µs per launch + sync)."""
 REPEAT_MATCH = 0.9
 """Fraction of kernels that must equal the kernel one period later for a period to count as the step length."""
-TOP_PER_BUCKET = 3
+TOP_PER_BUCKET = 10
+"""Kernels kept per bucket: what the traced bar's kernel list shows when a segment is opened."""
+GRAPH_LAUNCH = "GraphLaunch"
+"""Runtime calls whose name holds this launch a CUDA (or HIP) graph: cudaGraphLaunch, cudaGraphLaunch_v10000,
+hipGraphLaunch. Every kernel of the replay carries the launch's correlation id (CUPTI/roctracer)."""
+HOW_CONTEXT = "host context (module, annotation or operator)"
+HOW_NAME = "kernel name"
+HOW_SHAPE = "GEMM shape (model weights or vocabulary)"
+HOW_ORDER = "order in the step (the block between norms)"
+HOW_NONE = "unattributed (family known, component not)"
+HOW_UNCLASSIFIED = "no rule (unclassified)"
+"""How a kernel got its component: the traced report counts kernels and time per way."""
 OVERLAP_NOTE = 1.05
 """Kernel time above busy time by more than 5% means streams overlap: component sums then exceed the step."""
 
@@ -59,6 +70,10 @@ class _Units:
     """Where the unit's span ends (ts + full duration), for step windows."""
     exclusive: bool = False
     """True when `dur` are self times that partition the covered time (CPU ops): busy = their sum."""
+    graph: array[int] = field(default_factory=lambda: array("b"))
+    """1 where the unit was replayed by a graph launch (no host operators around it), else 0."""
+    corr: array[int] = field(default_factory=lambda: array("q"))
+    """The unit's correlation id (graph-replayed kernels share their launch's)."""
 
 
 def analyze_trace(
@@ -161,6 +176,8 @@ def _gpu_units(trace: Trace, device: int | None) -> tuple[_Units, str]:
     corr_sorted = array("q", (trace.rt_corr[i] for i in by_corr))
     launch_ts = array("d", (trace.rt_ts_us[i] for i in by_corr))
     launch_thread = array("i", (trace.rt_thread[i] for i in by_corr))
+    graph_ids = {i for i, name in enumerate(trace.names) if GRAPH_LAUNCH in name}
+    graph_corr = {trace.rt_corr[i] for i in by_corr if trace.rt_name[i] in graph_ids} if graph_ids else set()
     del by_corr
     units = _empty_units()
     for i in order:
@@ -174,6 +191,8 @@ def _gpu_units(trace: Trace, device: int | None) -> tuple[_Units, str]:
         units.launch_thread.append(launch_thread[k] if found else NO_ID)
         units.stack.append(NO_ID)
         units.end.append(trace.gpu_ts_us[i] + trace.gpu_dur_us[i])
+        units.graph.append(1 if corr != NO_ID and corr in graph_corr else 0)
+        units.corr.append(corr)
     return units, f"cuda:{device}" if device >= 0 else "gpu"
 
 
@@ -212,6 +231,8 @@ def _cpu_units(trace: Trace) -> _Units:
         units.launch_thread.append(trace.host_thread[i])
         units.stack.append(NO_ID)
         units.end.append(ts[i] + dur[i])
+        units.graph.append(0)
+        units.corr.append(NO_ID)
     return units
 
 
@@ -302,7 +323,30 @@ def _attach_context(trace: Trace, units: _Units, source: str, skip: set[int]) ->
 
 
 def _segment(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int]], str, list[float | None]]:
-    """Group unit indices into decode steps; returns the steps, how they were found, and marker durations."""
+    """Group unit indices into decode steps; returns the steps, how they were found, and marker durations.
+
+    A step holding graph-replayed kernels is timed on the GPU timeline (its kernels' window), not by its host
+    marker: the marker ends when the launch call returns, long before the replay's kernels finish."""
+    steps, how, durs = _segment_host(trace, units, rules)
+    graph_steps = [k for k, members in enumerate(steps) if any(units.graph[u] for u in members)]
+    if graph_steps and not how.startswith("graph launches"):
+        for k in graph_steps:
+            durs[k] = None
+        how += "; graph replays timed on the GPU timeline (kernels linked to their graph launch by correlation id)"
+    return steps, how, durs
+
+
+def _by_graph_launch(units: _Units) -> list[list[int]]:
+    """One step per graph launch: the kernels carrying that launch's correlation id, in time order."""
+    groups: dict[int, list[int]] = defaultdict(list)
+    for u in range(len(units.name)):
+        if units.graph[u]:
+            groups[units.corr[u]].append(u)
+    return sorted(groups.values(), key=lambda members: units.ts[members[0]])
+
+
+def _segment_host(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int]], str, list[float | None]]:
+    """Steps from markers, else graph launches, else the repetition of the kernel sequence, else gaps."""
     n = len(units.name)
     for marker in rules.step_markers:
         matches = {i for i, name in enumerate(trace.names) if marker.pattern.search(name)}
@@ -326,6 +370,9 @@ def _segment(trace: Trace, units: _Units, rules: RuleSet) -> tuple[list[list[int
             if steps:
                 sample = trace.names[ranges[0][2]]
                 return steps, f"markers: {marker.id} ({where}, e.g. {sample!r})", durs
+    graphs = _by_graph_launch(units)
+    if len(graphs) >= 2:
+        return graphs, "graph launches: one step per replay (kernels by correlation id)", [None] * len(graphs)
     period = _period(units)
     if period is not None:
         steps = _by_period(units, period)
@@ -518,6 +565,7 @@ def _attribute(
     fam_of: dict[tuple[int, str, str | None], tuple[str | None, str | None]] = {}
     inferred = 0
     unattributed_gemm = 0
+    how_stats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for members in steps:
         families: list[str | None] = []
         rule_ids: list[str | None] = []
@@ -525,27 +573,45 @@ def _attribute(
             krule = rules.classify(names[units.name[u]])
             families.append(krule.family if krule else None)
             rule_ids.append(krule.id if krule else None)
-        guess = _sequence_guess(families)
+        kinds = _block_kinds(families)
+        guess = _sequence_guess(families, kinds)
         for pos, u in enumerate(members):
             family = families[pos]
             ctx, via = stack_ctx[units.stack[u]] if units.stack[u] != NO_ID else (None, None)
             component: Component | None = None
+            how = HOW_UNCLASSIFIED
             if family is not None:
                 component = rules.component(family, ctx)
+                how = HOW_CONTEXT if ctx is not None and ctx in rules.families[family].by_context else HOW_NAME
                 if family == "activation" and ctx is None and guess[pos] is Component.ROUTED_EXPERTS:
-                    component, via = Component.ROUTED_EXPERTS, "inferred: in an MoE block"
+                    component, via, how = Component.ROUTED_EXPERTS, "inferred: in an MoE block", HOW_ORDER
                 if component is None and family == "gemm":
                     shape = stacks[units.stack[u]].shape if units.stack[u] != NO_ID else NO_ID
                     by_shape = _shape_component(names[shape], gemm_shapes) if gemm_shapes and shape != NO_ID else None
                     if by_shape is not None:
                         component, via = by_shape, f"weight shape matches the model's {by_shape.value}"
+                        how = HOW_SHAPE
                     elif vocab_size and shape != NO_ID and _shape_has(names[shape], vocab_size):
                         component, via = Component.LM_HEAD, f"shape has the vocabulary ({vocab_size})"
+                        how = HOW_SHAPE
                     elif ctx is None and (guessed := guess[pos]) is not None:
                         component, via = guessed, f"inferred: {guessed.value} by its neighbours"
+                        how = HOW_ORDER
                         inferred += 1
                     else:
                         unattributed_gemm += 1
+                if component is None and ctx is None and units.graph[u] and kinds[pos]:
+                    # inside a replay the block a copy sits in is all there is: the rules' context of that block
+                    component = rules.component(family, _KIND_CONTEXT[kinds[pos]])
+                    if component is not None:
+                        how, via = HOW_ORDER, f"graph replay, {kinds[pos]} block"
+                if component is None:
+                    how = HOW_NONE
+            if via is None and units.graph[u]:  # no host operator inside a replay: say where in the step it ran
+                via = f"graph replay, {kinds[pos]} block" if kinds[pos] else "graph replay"
+            acc_how = how_stats[how]
+            acc_how[0] += 1
+            acc_how[1] += units.dur[u]
             key = (units.name[u], bucket_key(component, family), via)
             acc = stats.setdefault(key, [0.0, 0.0])
             acc[0] += 1
@@ -619,6 +685,17 @@ def _attribute(
         if key[1] == UNCLASSIFIED:
             odd_us[names[key[0]]] += time_us
     unclassified = sorted(odd_us, key=lambda name: -odd_us[name])
+    attribution = tuple(
+        AttributionCount(
+            rule=how,
+            kernels_per_step=count / per_step,
+            time_us_per_step=time_us / per_step,
+            share=time_us / total_us if total_us else 0.0,
+        )
+        for how, (count, time_us) in sorted(how_stats.items(), key=lambda kv: -kv[1][1])
+    )
+    if trace.bad_times:
+        notes.append(f"{trace.bad_times} events with a NaN, infinite or negative timestamp or duration were skipped")
     return TraceReport(
         path=str(trace.path),
         source=source,
@@ -638,6 +715,9 @@ def _attribute(
         notes=tuple(notes),
         events_total=trace.events_total,
         gpu_name=_gpu_name(trace, device_label) if source == "gpu" else None,
+        attribution=attribution,
+        graph_kernels_per_step=sum(units.graph[u] for members in steps for u in members) / per_step,
+        events_skipped=trace.bad_times,
     )
 
 
@@ -667,6 +747,9 @@ def _gpu_name(trace: Trace, device_label: str) -> str | None:
     return None
 
 
+_KIND_CONTEXT = {"attention": "attn_module", "experts": "experts", "mlp": "mlp", "lm_head": "lm_head"}
+"""The context rule (kernel_rules.json) a norm-delimited block of each kind stands for, for graph-replayed kernels."""
+
 _SEQ_COMPONENT = {
     "attention": Component.ATTENTION_PROJ,
     "experts": Component.ROUTED_EXPERTS,
@@ -675,11 +758,12 @@ _SEQ_COMPONENT = {
 }
 
 
-def _sequence_guess(families: Sequence[str | None]) -> list[Component | None]:
-    """For GEMMs without context: blocks between norms that hold attention are projections, blocks with routing or
-    grouped GEMMs are experts, blocks with an activation are the MLP, and a block with sampling (or the last block
-    after the final norm) is the lm_head."""
-    out: list[Component | None] = [None] * len(families)
+def _block_kinds(families: Sequence[str | None]) -> list[str]:
+    """The kind of norm-delimited block each position sits in ('attention', 'experts', 'mlp', 'lm_head' or ''):
+    blocks between norms that hold attention are attention blocks, blocks with routing or grouped GEMMs are
+    experts, blocks with an activation are the MLP, and a block with sampling (or the last block after the final
+    norm) is the lm_head."""
+    out = [""] * len(families)
     norms = [i for i, f in enumerate(families) if f == "norm"]
     if not norms:
         return out
@@ -698,9 +782,16 @@ def _sequence_guess(families: Sequence[str | None]) -> list[Component | None]:
         else:
             continue
         for i in range(lo, hi):
-            if families[i] in {"gemm", "activation"}:
-                out[i] = _SEQ_COMPONENT[kind]
+            out[i] = kind
     return out
+
+
+def _sequence_guess(families: Sequence[str | None], kinds: Sequence[str]) -> list[Component | None]:
+    """For GEMMs (and activations) without context: the component of the block they sit in (`_block_kinds`)."""
+    return [
+        _SEQ_COMPONENT[kind] if kind and family in {"gemm", "activation"} else None
+        for family, kind in zip(families, kinds, strict=True)
+    ]
 
 
 def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float | None) -> StepSummary:

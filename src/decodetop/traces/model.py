@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+_NOT_ATTRIBUTED = ("unattributed (family known, component not)", "no rule (unclassified)")
+"""`AttributionCount.rule` values that mean no component (the analysis's HOW_NONE and HOW_UNCLASSIFIED)."""
+
 LAUNCH_KEY = "launch"
 """The traced bar's launch segment: GPU idle inside the decode steps (host-bound gaps), beside the probes' launch."""
 
@@ -58,6 +61,17 @@ class BucketTime:
 
 
 @dataclass(frozen=True)
+class AttributionCount:
+    """Kernels (and their time) per step that one way of attribution decided (host context, name, order...)."""
+
+    rule: str
+    kernels_per_step: float
+    time_us_per_step: float
+    share: float
+    """Fraction of all kernel time in the steps."""
+
+
+@dataclass(frozen=True)
 class TraceReport:
     """What `analyze_trace` found in one trace file."""
 
@@ -83,6 +97,17 @@ class TraceReport:
     events_total: int
     gpu_name: str | None = None
     """The traced GPU's name from the trace's deviceProperties, when it says."""
+    attribution: tuple[AttributionCount, ...] = ()
+    """How the kernels got their component, largest time first."""
+    graph_kernels_per_step: float = 0.0
+    """Kernels per step replayed by a CUDA graph launch (no host operators around them)."""
+    events_skipped: int = 0
+    """Events left out for a NaN, infinite or negative timestamp or duration."""
+
+    @property
+    def attributed_share(self) -> float:
+        """Fraction of kernel time attributed to a budget component (not unattributed, not unclassified)."""
+        return sum(a.share for a in self.attribution if a.rule not in _NOT_ATTRIBUTED)
 
     def traced_ms(self) -> dict[str, float]:
         """Per-step milliseconds by bucket key, plus 'launch' = GPU idle inside the step: the traced bar."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import math
 import zlib
 from array import array
 from collections import Counter
@@ -79,6 +80,8 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     categories: Counter[str] = field(default_factory=Counter)
     events_total: int = 0
+    bad_times: int = 0
+    """Events left out because their timestamp or duration is NaN, infinite or negative (counted, never used)."""
     _ids: dict[str, int] = field(default_factory=dict, repr=False)
     _threads: dict[tuple[object, object], int] = field(default_factory=dict, repr=False)
 
@@ -334,7 +337,12 @@ def _keep(event: dict[str, Any], trace: Trace) -> None:
     ts = _num(event.get("ts"))
     if ts is None:
         return
-    dur = _num(event.get("dur")) or 0.0
+    dur = _num(event.get("dur"))
+    if dur is None:
+        dur = 0.0
+    if not (math.isfinite(ts) and math.isfinite(dur)) or ts < 0 or dur < 0:
+        trace.bad_times += 1  # a NaN, infinite or negative time would poison every sum and sort after it
+        return
     args = event.get("args")
     if not isinstance(args, dict):
         args = {}
