@@ -244,7 +244,7 @@ async def test_a_stored_baseline_budget_marks_at_start_and_a_corrupt_one_is_igno
         bar = app.query_one(BudgetBar)
         await wait_until(pilot, lambda: bar.budget is not None and bar.budget.moved != (), "moves")
         assert [(m.key, round(m.delta_ms, 6)) for m in bar.budget.moved] == [("routed_experts", -0.5)]
-        assert "█ experts    2.10 Δ-0.50 █ " in _screen_text(app)
+        assert "▚ experts    2.10 Δ-0.50 " in _screen_text(app)
     History(path).record(KIND_BASELINE, "default", {"checks": {}, "budget": {"segments": "?"}}, recorded_at_s=NOW_S)
     app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
     async with app.run_test(size=(80, 24)) as pilot:

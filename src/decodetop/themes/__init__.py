@@ -6,7 +6,14 @@ from typing import TYPE_CHECKING, Any
 
 from textual.theme import Theme
 
-from decodetop.themes.palette import PALETTES, SEGMENT_KEYS, Palette, segment_variable
+from decodetop.themes.palette import (
+    PALETTES,
+    SEGMENT_KEYS,
+    SEGMENT_PATTERNS,
+    Palette,
+    segment_pattern,
+    segment_variable,
+)
 
 if TYPE_CHECKING:
     from textual.app import App
@@ -15,9 +22,12 @@ __all__ = [
     "BUILTIN_THEMES",
     "DEFAULT_THEME",
     "SEGMENT_KEYS",
+    "SEGMENT_PATTERNS",
     "THEME_NAMES",
+    "drop_other_themes",
     "next_theme",
     "register_themes",
+    "segment_pattern",
     "segment_variable",
     "theme_variable_defaults",
 ]
@@ -52,6 +62,15 @@ def register_themes(app: App[Any]) -> None:
     """Register every built-in theme with `app`."""
     for theme in BUILTIN_THEMES.values():
         app.register_theme(theme)
+
+
+def drop_other_themes(app: App[Any]) -> None:
+    """Unregister Textual's own themes, so the command palette offers only decodetop's (the budget bar, the markers
+    and the statuses take their colours from decodetop's variables, which Textual's themes lack). Call it once
+    `app.theme` is one of decodetop's."""
+    for name in list(app.available_themes):
+        if name not in BUILTIN_THEMES:
+            app.unregister_theme(name)
 
 
 def theme_variable_defaults() -> dict[str, str]:

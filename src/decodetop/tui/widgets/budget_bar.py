@@ -20,7 +20,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from decodetop.history import format_age_coarse
-from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
+from decodetop.themes.palette import SEGMENT_KEYS, segment_pattern, segment_variable
 from decodetop.tui.model import BudgetSegment, BudgetView
 
 STALE_AFTER_S = 600.0
@@ -52,8 +52,6 @@ SHORT_LABELS = {
 }
 """Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
 UNEXPLAINED_GLYPH = "░"
-CONTRAST_GLYPHS = ("█", "▓", "▒")
-"""Fill glyphs rotated per segment in the high-contrast theme, so adjacent segments differ by more than hue."""
 
 _SEGMENT_CLASSES = {key: f"budget-bar--{segment_variable(key)}" for key in SEGMENT_KEYS}
 _MARK_CLASSES = ("budget-bar--mark-observed", "budget-bar--mark-target", "budget-bar--mark-roofline")
@@ -160,10 +158,9 @@ class BudgetBar(Widget):
                     return
         self.set_reactive(BudgetBar.now_s, now_s)
 
-    def _glyph(self, index: int) -> str:
-        if self.app.theme == "decodetop-contrast":
-            return CONTRAST_GLYPHS[index % len(CONTRAST_GLYPHS)]
-        return "█"
+    def _glyph(self, key: str) -> str:
+        """The segment's own fill pattern (themes.palette.SEGMENT_PATTERNS): segments differ without colour too."""
+        return segment_pattern(key)
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         """Lines `render` produces at `width`."""
@@ -246,12 +243,12 @@ class BudgetBar(Widget):
     ) -> Text:
         cells: list[tuple[str, str]] = [(" ", "")] * bar_width
         position = 0.0
-        for index, segment in enumerate(budget.components):
+        for segment in budget.components:
             if segment.ms <= 0 or segment.status == "missing":
                 continue
             start = position
             position += segment.ms
-            self._fill(cells, start, position, scale_ms, self._glyph(index), _SEGMENT_CLASSES[segment.key])
+            self._fill(cells, start, position, scale_ms, self._glyph(segment.key), _SEGMENT_CLASSES[segment.key])
         end = budget.observed_ms if full else max(budget.observed_ms, position)
         if end > position:
             self._fill(cells, position, end, scale_ms, UNEXPLAINED_GLYPH, _SEGMENT_CLASSES["unexplained"])
@@ -342,7 +339,7 @@ class BudgetBar(Widget):
 
     def _legend_entry(self, budget: BudgetView, index: int, segment: BudgetSegment) -> Text:
         cls = _SEGMENT_CLASSES.get(segment.key, _SEGMENT_CLASSES["unexplained"])
-        glyph = UNEXPLAINED_GLYPH if segment.status == "remainder" else self._glyph(index)
+        glyph = UNEXPLAINED_GLYPH if segment.status == "remainder" else self._glyph(segment.key)
         share = 100.0 * segment.ms / budget.observed_ms if budget.observed_ms > 0 else 0.0
         stale = segment.measured_at_s is not None and self.now_s - segment.measured_at_s > STALE_AFTER_S
         value_style = self._style("budget-bar--muted") if stale else Style()
