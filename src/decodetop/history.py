@@ -339,9 +339,9 @@ class History:
         if not os.path.lexists(self.path):
             return _Disk(lines=[], entries=[], missing=True)
         try:
-            raw = read_bounded(self.path, what="history", max_bytes=MAX_READ_BYTES)
+            raw = read_bounded(self.path, max_bytes=MAX_READ_BYTES)
         except UserInputError as exc:
-            message = str(exc).removeprefix(f"{self.path}: ")
+            message = str(exc).removeprefix(f"{self.path}: cannot read: ")
             if "larger than" in message:
                 return _Disk(lines=[], entries=[], bad_lines=1, first_error=message)
             return _Disk(lines=[], entries=[], unreadable=message)

@@ -122,31 +122,49 @@ def parse_json(text: str | bytes, *, source: str, line_number: int | None = None
     return value
 
 
+def loads(text: str | bytes, *, source: str, line_number: int | None = None) -> Any:
+    """A drop-in for `json.loads` in readers that word syntax errors themselves: `json.JSONDecodeError` passes
+    through unchanged, while everything `json.loads` would let through or crash on (deep nesting, huge integers,
+    NaN, Infinity, bad UTF-8) becomes a `JsonInputError` naming `source`."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise JsonInputError(source, _problem(exc), line_number) from None
+
+
 def dumps_strict(value: object) -> str:
     """The JSON text of `value`, refusing NaN and Infinity (what `parse_json` would refuse to read back)."""
     return json.dumps(value, allow_nan=False)
 
 
-def read_bounded(path: Path | str, *, what: str = "file", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """Read a regular file whole, at most `max_bytes`; anything else is a `UserInputError` naming it.
+def read_bounded(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Read a regular file whole, at most `max_bytes`; anything else is a `UserInputError`
+    ``"<path>: cannot read: <reason>"``.
 
     A FIFO, a device such as ``/dev/zero`` or a directory is refused from its `fstat` before a byte is read (the
     open is non-blocking, so a FIFO without a writer does not hang)."""
     target = Path(path)
+
+    def refuse(reason: str) -> UserInputError:
+        return UserInputError(f"{target}: cannot read: {reason}")
+
     try:
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise UserInputError(f"{target}: {what} not found") from None
     except OSError as exc:
-        raise UserInputError(
-            f"{target}: cannot read {what} ({exc.strerror or errno.errorcode.get(exc.errno or 0)})"
-        ) from None
+        raise refuse(exc.strerror or errno.errorcode.get(exc.errno or 0, "error")) from None
     try:
         info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise refuse(os.strerror(errno.EISDIR))
         if not stat.S_ISREG(info.st_mode):
-            raise UserInputError(f"{target}: {what} is {file_kind(info.st_mode)}, not a regular file")
+            raise refuse(f"{file_kind(info.st_mode)}, not a regular file")
+        too_large = f"larger than {max_bytes} bytes"
         if info.st_size > max_bytes:
-            raise UserInputError(f"{target}: {what} is larger than {max_bytes // (1024 * 1024)} MiB")
+            raise refuse(too_large)
         chunks: list[bytes] = []
         total = 0
         while total <= max_bytes:
@@ -156,10 +174,10 @@ def read_bounded(path: Path | str, *, what: str = "file", max_bytes: int = DEFAU
             chunks.append(chunk)
             total += len(chunk)
         if total > max_bytes:  # grew while being read
-            raise UserInputError(f"{target}: {what} is larger than {max_bytes // (1024 * 1024)} MiB")
+            raise refuse(too_large)
         return b"".join(chunks)
     except OSError as exc:
-        raise UserInputError(f"{target}: cannot read {what} ({exc.strerror})") from None
+        raise refuse(exc.strerror or "error") from None
     finally:
         os.close(fd)
 
@@ -179,19 +197,15 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-def load_json(
-    path: Path | str, *, what: str = "JSON file", expect: type | None = dict, max_bytes: int = DEFAULT_MAX_BYTES
-) -> Any:
+def load_json(path: Path | str, *, expect: type | None = dict, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     """Read and parse a whole JSON file; its top level must be of type `expect` (an object unless told)."""
-    raw = read_bounded(path, what=what, max_bytes=max_bytes)
+    raw = read_bounded(path, max_bytes=max_bytes)
     return parse_json(raw, source=str(path), expect=expect)
 
 
-def load_json_object(
-    path: Path | str, *, what: str = "JSON file", max_bytes: int = DEFAULT_MAX_BYTES
-) -> dict[str, Any]:
+def load_json_object(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
     """`load_json` for the usual case: a file whose top level is an object."""
-    value: dict[str, Any] = load_json(path, what=what, expect=dict, max_bytes=max_bytes)
+    value: dict[str, Any] = load_json(path, expect=dict, max_bytes=max_bytes)
     return value
 
 

@@ -137,7 +137,7 @@ def settings_from_mapping(data: Mapping[str, Any], where: str) -> Settings:
 
 def _read_table(target: Path) -> dict[str, Any]:
     """Parse the TOML file at `target` (which exists); every failure is one `UserInputError` line naming it."""
-    raw = read_bounded(target, what="settings file", max_bytes=MAX_SETTINGS_BYTES)
+    raw = read_bounded(target, max_bytes=MAX_SETTINGS_BYTES)
     try:
         table: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
@@ -214,7 +214,7 @@ def save_changes(path: Path | None, changed: Mapping[str, Any]) -> Path:
     exists = target.exists()
     if exists:
         current = _read_table(target)
-        text = read_bounded(target, what="settings file", max_bytes=MAX_SETTINGS_BYTES).decode("utf-8")
+        text = read_bounded(target, max_bytes=MAX_SETTINGS_BYTES).decode("utf-8")
     else:
         current, text = {}, "# decodetop settings; flags of the same name override these.\n"
     merged = dict(current)
