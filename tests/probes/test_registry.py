@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from decodetop.errors import UserInputError
-from decodetop.probes.registry import EXTRA_MODULES_ENV, ProbeRegistry, default_allreduce_sizes
+from decodetop.probes.registry import EXTRA_MODULES_ENV, ProbeRegistry
+from decodetop.probes.specs.allreduce import default_allreduce_sizes
 from decodetop.probes.worker.allreduce import bus_factor, metrics_for
 
 

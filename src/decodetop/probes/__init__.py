@@ -9,11 +9,15 @@ Public API (all importable without torch):
 - `probes.results`: `ProbeResult` (status ok/failed/timed_out/unsupported/cancelled, measurements, environment,
   error_rank/error/traceback), `Measurement`, `RankSeries`, `Stats`, `Environment`, `RankOutput`,
   `RankMeasurement`, `merge_rank_outputs`, `results_to_json`, `results_from_json`, `load_results(path)`.
-- `probes.registry`: `ProbeSpec`, `ProbeRegistry` (built-ins + `DECODETOP_PROBE_MODULES`), `BUILTIN_PROBES`.
+- `probes.spec.ProbeSpec` (a probe: worker module, parameters, plan and read hooks), `probes.specs` (one spec
+  module per built-in probe), `probes.registry.ProbeRegistry` (built-ins + `DECODETOP_PROBE_MODULES`),
+  `probes.hooks` (what the hooks see and return: `PlanContext`, `Planned`, `ProbeRequest`, `MeasuredSetBuilder`).
 - `probes.protocol.Progress` (what `on_progress` receives; `.line()` renders it).
 - `probes.report.format_result(result, columns)`: the CLI's plain-text table.
 - `probes.gpuinfo`: `visible_gpus()`, `compute_processes(gpus)`, `clock_snapshot(gpus)` (NVML, read-only).
 
 Adding a probe: a worker module `probes/worker/<name>.py` with `run(ctx: ProbeContext, params) -> RankOutput`
-(timing helpers in `probes/worker/timing.py`) and one `ProbeSpec` in the registry.
+(and `op_runner(key_id, ctx, *, rotate)` for a component a layer is built from; helpers in `worker/ops.py`,
+`worker/tensors.py`, `worker/timing.py`), a spec module `probes/specs/<name>.py` with its `SPEC` (hooks
+`plan=hooks.plan_keys` and the default `read` do for a keyed component), listed in `probes.specs.BUILTIN_PROBES`.
 """

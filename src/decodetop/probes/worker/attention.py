@@ -2,7 +2,7 @@
 
 Per key (`attention:kind=gqa|mla|mla+dsa,batch=…,q_len=…,context=…,…`): GQA through SDPA (enable_gqa), MLA in its
 absorbed form over the latent cache, and for DSA models (GLM-5, DeepSeek-V3.2) the indexer's scoring over the whole
-context and top-k selection before sparse MLA over the selected latents (see `shapes.attention_runner`). Caches
+context and top-k selection before sparse MLA over the selected latents (see `attention_runner` below). Caches
 are random, rotated above 2× L2 so each call reads DRAM as a new layer would. Metrics: time, KV bytes read and
 KV GB/s (probes.md §7.8).
 

@@ -1,0 +1,209 @@
+"""Provides what a probe's spec hooks see and give back (stdlib only, no torch): the plan side (`PlanContext` in,
+`Planned` out: the probe's `ProbeRequest` for a model's plan) and the reading side (`MeasuredSetBuilder`: budget
+inputs accumulated from results, built into a `MeasuredSet`).
+
+`decodetop.probes.planrun.plan_requests` calls every registered probe's `plan` hook and
+`measured_from_results` every result's probe's `read` hook; neither names a probe. Most component probes use the
+two generic hooks here: `plan_keys` (run the probe on the plan's keys of that probe) and `read_keyed_points`
+(every point with `role` "budget" and a `key` param gives that key's time, the slowest rank's median, the fastest
+variant winning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from decodetop.budget.compose import Curve, MeasuredTime
+from decodetop.budget.inventory import StepInventory
+from decodetop.budget.keys import LaunchKey
+from decodetop.budget.plan import ProbePlan
+from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One probe run of a plan: its parameters, and the plan keys it measures."""
+
+    probe: str
+    params: Mapping[str, Any]
+    """Parameters as the probe's spec takes them (JSON values; checked by `ProbeSpec.resolve_params`)."""
+    keys: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a `plan` hook plans for: a model's plan on a group of `world_size` ranks of `device_kind`."""
+
+    probe: str
+    """The probe being planned (the hook's own spec's name)."""
+    plan: ProbePlan
+    inventory: StepInventory
+    world_size: int
+    device_kind: str
+    """cuda or cpu."""
+    sweeps: bool = True
+    """Charts' sweeps wanted (GEMM over M, context sweeps); off: only the budget's own points."""
+    launch_mode: str = "graph"
+    only: tuple[str, ...] = ()
+    """The probes the user asked for (empty: all)."""
+
+    @property
+    def cuda(self) -> bool:
+        return self.device_kind == "cuda"
+
+    def key_ids(self, probe: str | None = None) -> tuple[str, ...]:
+        """The plan's key ids of `probe` (this hook's probe by default)."""
+        return tuple(k.key_id for k in self.plan.by_probe(probe or self.probe))
+
+    @property
+    def group_fits_collectives(self) -> bool:
+        """The group has exactly the plan's TP ranks (> 1): collectives at the plan's sizes can be measured."""
+        tp = self.plan.allreduce_ranks
+        return tp > 1 and self.world_size == tp
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A `plan` hook's answer: the probe's run (None: nothing to run) and notes on what cannot be measured."""
+
+    request: ProbeRequest | None = None
+    notes: tuple[str, ...] = ()
+
+
+def plan_keys(ctx: PlanContext) -> Planned:
+    """The generic plan hook: run the probe on the plan's keys of that probe (nothing when it has none)."""
+    ids = ctx.key_ids()
+    return Planned(ProbeRequest(ctx.probe, {"keys": list(ids)}, ids) if ids else None)
+
+
+@dataclass(frozen=True)
+class LayerComposition:
+    """The `layer` probe's verdict for one layer kind: Σ parts against the whole layer."""
+
+    layer: str
+    """dense or moe."""
+    mode: str
+    """graph (GPUs) or eager (CPU ranks)."""
+    sum_parts_us: float
+    layer_us: float
+    error_pct: float
+    eager_us: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MeasuredSet:
+    """Budget inputs read from probe results."""
+
+    times: Mapping[str, MeasuredTime]
+    gemm_curves: Mapping[str, Curve]
+    allreduce_curves: Mapping[str, Curve]
+    layers: tuple[LayerComposition, ...] = ()
+    copy_gbps: float | None = None
+    peak_tflops: float | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass
+class MeasuredSetBuilder:
+    """Budget inputs being read from results, one `read` hook at a time; `build()` gives the `MeasuredSet`."""
+
+    launch_mode: str = "graph"
+    plan: ProbePlan | None = None
+    times: dict[str, MeasuredTime] = field(default_factory=dict)
+    gemm_points: dict[str, dict[int, float]] = field(default_factory=dict)
+    allreduce_points: dict[str, dict[float, float]] = field(default_factory=dict)
+    layers: list[LayerComposition] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    copy_gbps: float = math.inf
+    peak_tflops: float = math.inf
+
+    @property
+    def collective_mode(self) -> str:
+        """The collective timing mode matching the launch mode: graph replay for graph, pipelined for eager."""
+        return "graph" if self.launch_mode == "graph" else "pipelined"
+
+    @property
+    def plan_ranks(self) -> int | None:
+        """The plan's TP degree (None without a plan): collectives measured on other group sizes do not count."""
+        return self.plan.allreduce_ranks if self.plan is not None else None
+
+    def launch_key(self, mode: str) -> LaunchKey:
+        """The plan's launch key of `mode` (a one-kernel key without a plan)."""
+        if self.plan is not None:
+            for key in self.plan.by_probe("launch"):
+                if isinstance(key, LaunchKey) and key.mode == mode:
+                    return key
+        return LaunchKey(mode, 1)
+
+    def offer(self, key_id: str, time: MeasuredTime) -> None:
+        """Keep `time` for `key_id` unless a faster one is there (variants of one key: the fastest counts)."""
+        prev = self.times.get(key_id)
+        if prev is None or time.median_ms < prev.median_ms:
+            self.times[key_id] = time
+
+    def build(self) -> MeasuredSet:
+        gemm_curves = {c: Curve(tuple(sorted(p.items())), "gemm probe sweep") for c, p in self.gemm_points.items() if p}
+        ar_curves = {
+            c: Curve(tuple(sorted(p.items())), "allreduce probe") for c, p in self.allreduce_points.items() if p
+        }
+        return MeasuredSet(
+            times=self.times,
+            gemm_curves=gemm_curves,
+            allreduce_curves=ar_curves,
+            layers=tuple(self.layers),
+            copy_gbps=self.copy_gbps if self.copy_gbps != math.inf else None,
+            peak_tflops=self.peak_tflops if self.peak_tflops != math.inf else None,
+            notes=tuple(self.notes),
+        )
+
+
+def ok_measurements(result: ProbeResult) -> list[Measurement]:
+    """The result's measurements that were taken (not unsupported or failed)."""
+    return [m for m in result.measurements if m.status is MeasurementStatus.OK]
+
+
+def busiest(m: Measurement) -> MeasuredTime | None:
+    """The slowest rank's median/p10/p90 of one measurement, in ms (the budget is the busiest GPU's)."""
+    series = [r for r in m.per_rank if r.stats is not None]
+    if series:
+        worst = max(series, key=lambda r: r.stats.median if r.stats else 0.0)
+        st = worst.stats
+        assert st is not None
+        if st.median > 0:
+            return MeasuredTime(st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3)
+    if m.stats is not None and m.stats.median > 0:
+        return MeasuredTime(m.stats.median / 1e3, m.stats.p10 / 1e3, m.stats.p90 / 1e3)
+    t = m.metrics.get("time_us")
+    if t is not None and t > 0 and math.isfinite(t):
+        return MeasuredTime.point(t / 1e3)
+    return None
+
+
+def with_source(t: MeasuredTime, source: str) -> MeasuredTime:
+    """`t` with where it came from."""
+    return dataclasses.replace(t, source=source)
+
+
+def budget_point(result: ProbeResult, m: Measurement) -> tuple[str, MeasuredTime] | None:
+    """(key id, time with its source) of a point the budget takes: `role` "budget", a `key` param, a time."""
+    key = m.params.get("key")
+    if not isinstance(key, str) or m.params.get("role") != "budget":
+        return None
+    t = busiest(m)
+    if t is None:
+        return None
+    variant = m.params.get("variant") or m.params.get("sampler") or m.params.get("mode") or ""
+    return key, with_source(t, f"{result.probe} probe" + (f" ({variant})" if variant else ""))
+
+
+def read_keyed_points(result: ProbeResult, into: MeasuredSetBuilder) -> None:
+    """The generic read hook: every budget point gives its key's time (the fastest variant of a key wins)."""
+    for m in ok_measurements(result):
+        found = budget_point(result, m)
+        if found is not None:
+            into.offer(*found)

@@ -1,0 +1,103 @@
+"""Provides the `allreduce` probe's spec (no torch): all-reduce latency and bus bandwidth per size, in three modes.
+
+Plan: on a group of exactly the plan's TP ranks, the plan's sweep sizes (up to `CPU_ALLREDUCE_MAX_BYTES` on CPU
+ranks) plus the exact sizes the step needs; on any other group the collectives stay missing and a note says why.
+Read: the all-reduce `Curve` (time vs bytes) in the mode matching the launch mode (graph replay for graph,
+pipelined for eager; pipelined when that mode was not measured, with a note), only at the plan's rank count.
+"""
+
+from __future__ import annotations
+
+from decodetop.budget.keys import AllreduceKey
+from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest, ok_measurements
+from decodetop.probes.results import ProbeResult
+from decodetop.probes.spec import ProbeSpec
+
+MiB = 1024 * 1024
+#: Largest all-reduce size swept on CPU ranks (gloo over shared memory: 128 MiB points take seconds each).
+CPU_ALLREDUCE_MAX_BYTES = 1024 * 1024
+#: Per-size-and-mode time target for the all-reduce sweep inside a plan (the probe's own default is 250 ms;
+#: a plan sweeps ~30 sizes, so 60 ms keeps it to seconds).
+PLAN_ALLREDUCE_BUDGET_MS = 60.0
+#: Synced ops per size on CPU ranks inside a plan (the default 200 takes seconds per size on gloo).
+CPU_PLAN_SYNCED_OPS = 50
+
+
+def default_allreduce_sizes() -> list[int]:
+    """8 B ... 128 MiB in ×4 steps, then 256 MiB (probes.md §7.2 wants a wide sweep)."""
+    sizes = []
+    size = 8
+    while size <= 128 * MiB:
+        sizes.append(size)
+        size *= 4
+    sizes.append(256 * MiB)
+    return sizes
+
+
+def plan(ctx: PlanContext) -> Planned:
+    """The sweep and the exact sizes, when the group has the plan's TP ranks."""
+    keys = [k for k in ctx.plan.by_probe("allreduce") if isinstance(k, AllreduceKey)]
+    reduces = [k for k in keys if k.collective == "all_reduce"]
+    if not keys:
+        return Planned()
+    tp = ctx.plan.allreduce_ranks
+    if not ctx.group_fits_collectives:
+        return Planned(
+            notes=(
+                f"collectives not measured: the plan is TP {tp} but the group has {ctx.world_size} rank(s); "
+                "all-reduce and all-gather stay missing (per-GPU shapes are those of a TP-"
+                f"{tp} shard)",
+            )
+        )
+    exact = sorted({k.bytes for k in reduces})
+    sweep = [s for s in ctx.plan.allreduce_sweep_bytes if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
+    params: dict[str, object] = {"sizes": sweep or exact, "extra_sizes": exact, "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
+    notes: tuple[str, ...] = ()
+    if not ctx.cuda:
+        params["synced_ops"] = CPU_PLAN_SYNCED_OPS
+        notes = (f"all-reduce swept to {CPU_ALLREDUCE_MAX_BYTES // 1024} KiB on CPU ranks (plus the exact sizes)",)
+    return Planned(ProbeRequest("allreduce", params, tuple(k.key_id for k in reduces)), notes)
+
+
+def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
+    """The all-reduce curve in the launch mode's collective mode."""
+    by_mode: dict[str, dict[float, float]] = {}
+    for m in ok_measurements(result):
+        ranks = m.params.get("world_size")
+        if into.plan_ranks is not None and ranks != into.plan_ranks:
+            continue
+        t = busiest(m)
+        size = m.params.get("size_bytes")
+        if t is None or not isinstance(size, (int, float)) or size <= 0:
+            continue
+        by_mode.setdefault(str(m.params.get("mode")), {})[float(size)] = t.median_ms
+    want = into.collective_mode
+    chosen = want if want in by_mode else ("pipelined" if "pipelined" in by_mode else None)
+    if chosen is not None:
+        into.allreduce_points["all_reduce"] = by_mode[chosen]
+        if chosen != want:
+            into.notes.append(f"all-reduce curve from {chosen} mode ({want} not measured)")
+
+
+SPEC = ProbeSpec(
+    name="allreduce",
+    description="all-reduce latency and bus bandwidth per size: pipelined, CUDA-graph and synced modes",
+    module="decodetop.probes.worker.allreduce",
+    default_timeout_s=300.0,
+    collective=True,
+    table_columns=("size_bytes", "mode"),
+    default_params={
+        "sizes": default_allreduce_sizes(),
+        "extra_sizes": [],  # sizes the caller adds (e.g. a model's exact message sizes), bytes
+        "modes": ["pipelined", "graph", "synced"],
+        "ops_per_sample": 20,  # N back-to-back ops per timed sample (nccl-tests default -n 20: probes.md §1)
+        "samples": 25,  # timed samples per size and mode (upper bound; large sizes take fewer)
+        "min_samples": 5,
+        "synced_ops": 200,  # synced mode: individually synchronized ops, for p50/p99
+        "warmup_ops": 5,  # nccl-tests -w 5 on the H200 machine (h200-machine.md)
+        "budget_ms": 250.0,  # target time per size and mode; large sizes scale the counts down to fit
+    },
+    plan=plan,
+    read=read,
+    plan_order=900,
+)
