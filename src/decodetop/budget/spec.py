@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.budget.components import Component
 from decodetop.budget.quant import (
     DTYPE_NAMES,
@@ -32,6 +33,7 @@ from decodetop.budget.quant import (
     read_hf_quant_config,
     read_quantization_config,
 )
+from decodetop.errors import UserInputError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 """A config.json is a few KB; anything this large is not one (and is not read)."""
@@ -655,21 +657,15 @@ def _add_moe(spec: ModelSpec, add: Any, i: int) -> None:
 
 def _read_json(path: Path) -> object:
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(str(path), "", f"is {size} bytes; a config file is at most {MAX_CONFIG_BYTES}")
+        raw = jsonio.read_bounded(path, max_bytes=MAX_CONFIG_BYTES)  # a FIFO or /dev/zero is refused unread
+    except UserInputError as exc:
+        raise ConfigError(str(path), "", str(exc).removeprefix(f"{path}: ")) from None
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), "", f"cannot read: {exc}") from None
-    try:
-        return json.loads(text)
+        return jsonio.loads(raw, source=str(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(str(path), "", f"not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
-    except RecursionError:
-        raise ConfigError(str(path), "", "not valid JSON (nested too deeply)") from None
+    except jsonio.JsonInputError as exc:  # nesting, huge numbers, NaN, not UTF-8
+        raise ConfigError(str(path), "", exc.problem) from None
 
 
 def load_config(path: str | Path, name: str | None = None) -> ModelSpec:
