@@ -11,13 +11,17 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from decodetop.commands._scenario_args import (
+    add_gpus_argument,
+    add_scenario_arguments,
+    gpus_from_args,
+    observed_from_args,
+    scenario_from_args,
+    target_from_args,
+)
 from decodetop.errors import UserInputError
-
-if TYPE_CHECKING:
-    from decodetop.budget.inventory import StepInventory
-    from decodetop.budget.spec import ModelSpec
 
 MiB = 1024 * 1024
 
@@ -26,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
     parser.add_argument("names", nargs="*", metavar="NAME", help="probes to run (default: all); e.g. allreduce launch")
     parser.add_argument("--json", metavar="PATH", help="write full results as JSON to PATH ('-' for stdout)")
-    parser.add_argument("--gpus", metavar="LIST", help="GPUs to use, e.g. 0,1 (default: every visible GPU)")
+    add_gpus_argument(parser)
     parser.add_argument("--cpu-ranks", type=int, metavar="N", help="CPU ranks (gloo) where there is no GPU (default 2)")
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="force CPU ranks or GPUs (default auto)"
@@ -50,16 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--list", action="store_true", help="list the probes and their default parameters, then exit")
     plan = parser.add_argument_group("model plan: measure a model's decode step at its exact shapes")
-    src = plan.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="NAME", help="built-in preset (decodetop budget --list-models): run its plan")
-    src.add_argument("--config", metavar="PATH", help="a checkpoint directory or its config.json: run its plan")
-    plan.add_argument("--tp", type=int, metavar="N", help="tensor-parallel degree (default: the number of ranks)")
-    plan.add_argument("--batch", type=int, metavar="N", help="concurrent sequences (default 1)")
-    plan.add_argument("--context", type=int, metavar="N", help="tokens in each KV cache (default 4096)")
-    plan.add_argument("--launch-mode", choices=("graph", "eager"), help="kernel launches (default graph)")
+    add_scenario_arguments(plan)
     plan.add_argument("--budget", action="store_true", help="print the composed per-step budget")
-    plan.add_argument("--observed-ms", type=float, metavar="MS", help="observed step time, ms (default 95)")
-    plan.add_argument("--target-tps", type=float, metavar="TPS", help="target tok/s per sequence (default 309)")
     plan.add_argument(
         "--baseline",
         metavar="PATH",
@@ -81,19 +77,6 @@ def parse_size_list(text: str, flag: str) -> list[int]:
         except ValueError as exc:
             raise UserInputError(f"{flag}: {exc}") from None
     return sizes
-
-
-def parse_gpu_list(text: str) -> list[int]:
-    """'0,1' → [0, 1]; one-line UserInputError otherwise."""
-    items = [p.strip() for p in text.split(",") if p.strip()]
-    if not items:
-        raise UserInputError("--gpus: no GPU given")
-    out = []
-    for item in items:
-        if not item.lstrip("-").isdigit():
-            raise UserInputError(f"--gpus: {item!r} is not a GPU index")
-        out.append(int(item))
-    return out
 
 
 def _parse_value(raw: str) -> Any:
@@ -137,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the command."""
     from decodetop.probes.registry import ProbeRegistry
 
-    if getattr(args, "model", None) or getattr(args, "config", None):
+    if args.model is not None or args.config is not None:
         return run_plan_from_args(args)
     if getattr(args, "baseline", None):
         raise UserInputError(
@@ -160,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
     if args.cpu_ranks is not None and args.cpu_ranks < 1:
         raise UserInputError(f"--cpu-ranks must be at least 1, got {args.cpu_ranks}")
-    gpus = parse_gpu_list(args.gpus) if args.gpus else None
+    gpus = list(g) if (g := gpus_from_args(args)) is not None else None
     if args.launcher == "torchrun":
         from decodetop.probes.worker.torchrun import run_under_torchrun
 
@@ -243,33 +226,14 @@ def _report(results: Sequence[Any], args: argparse.Namespace, printed: bool = Fa
     return 1 if bad else 0
 
 
-def deployment_from_args(args: argparse.Namespace, default_tp: int) -> tuple[ModelSpec, StepInventory]:
-    """The model spec and inventory named by `decodetop probe --model/--config --tp --batch --context
-    --launch-mode`; (spec, inventory). One-line UserInputError for a bad flag."""
-    from decodetop.budget.deployment import DEFAULT_CONTEXT, Deployment
-    from decodetop.budget.inventory import build_inventory
-    from decodetop.budget.spec import load_config, load_preset
-
-    spec = load_config(args.config) if args.config else load_preset(args.model)
-    dep = Deployment(
-        tp=args.tp if args.tp is not None else default_tp,
-        batch=args.batch if args.batch is not None else 1,
-        context_len=args.context if args.context is not None else DEFAULT_CONTEXT,
-        launch_mode=args.launch_mode or "graph",
-    )
-    return spec, build_inventory(spec, dep)
-
-
 def run_plan_from_args(args: argparse.Namespace) -> int:
     """`decodetop probe --model NAME|--config PATH [--tp N] [--budget] [--baseline PATH] [--json PATH]`: run the
     plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
     against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
     'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
-    import math
     from pathlib import Path
 
     from decodetop.atomic import write_text_atomic
-    from decodetop.budget.compose import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
     from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
     from decodetop.budget.plan import build_plan
     from decodetop.probes.controller import ProbeController, resolve_layout
@@ -286,22 +250,26 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     from decodetop.probes.report import format_result
     from decodetop.probes.results import ProbeResult, ProbeStatus
 
-    for flag, value in (("--observed-ms", args.observed_ms), ("--target-tps", args.target_tps)):
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise UserInputError(f"{flag}: {value} must be a positive number")
+    observed = observed_from_args(args)
+    target_tps = target_from_args(args)
     if args.timeout is not None and args.timeout <= 0:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
     baseline_path = str(getattr(args, "baseline", None) or "")
     baseline = load_budget_document(baseline_path) if baseline_path else None  # a bad file fails before any probe
-    gpus = parse_gpu_list(args.gpus) if args.gpus else None
-    layout = resolve_layout(gpus, args.cpu_ranks, args.device)
-    spec, inventory = deployment_from_args(args, layout.world_size)
+    gpus = gpus_from_args(args)
+    layout = resolve_layout(list(gpus) if gpus is not None else None, args.cpu_ranks, args.device)
+    label = "GPUs" if layout.kind == "cuda" else "CPU ranks"
+    scenario = scenario_from_args(args, layout.world_size, group_label=label)
+    inventory = scenario.inventory()
     opts = PlanRunOptions(
-        launch_mode=args.launch_mode,
-        observed_ms=args.observed_ms if args.observed_ms is not None else DEFAULT_OBSERVED_MS,
-        target_tps=args.target_tps if args.target_tps is not None else DEFAULT_TARGET_TPS,
+        launch_mode=scenario.deployment.launch_mode,
+        observed_ms=observed.ms,
+        target_tps=target_tps,
         only=tuple(args.names or ()),
         timeout_s=args.timeout,
+        observed=observed,
+        scenario_id=scenario.fingerprint_id,
+        deployment_text=scenario.describe(),
     )
     plan = build_plan(inventory)
     plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, options=opts)  # checks
@@ -313,8 +281,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
     quiet = args.json == "-"
     print(
-        f"decodetop probe: {spec.name}, {inventory.deployment.describe(spec)}: {len(plan.key_ids())} measurements "
-        f"on {where}",
+        f"decodetop probe: {scenario.describe()}: {len(plan.key_ids())} measurements on {where}",
         file=sys.stderr,
         flush=True,
     )
@@ -339,7 +306,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     elif not quiet:
         b = run.budget
         print(
-            f"composed {b.total_ms:.3g} ms/step of observed {b.observed_ms:g} ms "
+            f"composed {b.total_ms:.3g} ms/step of observed {b.observed_step.text} "
             f"({'complete' if b.complete else 'missing: ' + ', '.join(b.missing)}); --budget shows the breakdown"
         )
     diff_doc: dict[str, Any] | None = None

@@ -31,15 +31,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from decodetop.budget.compose import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS, Budget, Curve, MeasuredTime
+from decodetop.budget.compose import (
+    DEFAULT_OBSERVED_MS,
+    DEFAULT_TARGET_TPS,
+    Budget,
+    Curve,
+    MeasuredTime,
+    ObservedStep,
+    default_observed,
+)
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import AllreduceKey, LaunchKey
 from decodetop.budget.plan import ProbePlan, build_plan
-from decodetop.budget.roofline import Roofline
 from decodetop.errors import UserInputError
+from decodetop.probes.budgeting import GpuHint
 from decodetop.probes.results import (
     RESULTS_FORMAT_VERSION,
-    Environment,
     Measurement,
     MeasurementStatus,
     ProbeResult,
@@ -60,8 +67,6 @@ CPU_ALLREDUCE_MAX_BYTES = 1024 * 1024
 PLAN_ALLREDUCE_BUDGET_MS = 60.0
 #: Tokens a DSA step attends to when the model does not say (models.md §2: index_topk 2048).
 DEFAULT_GATHER_TOKENS = 2048
-#: Width of the text bars in `format_budget`.
-BAR_WIDTH = 40
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,21 @@ class PlanRunOptions:
     """Run only these probes (empty: every probe the plan needs)."""
     timeout_s: float | None = None
     """Deadline per probe (None: each probe's default)."""
+    observed: ObservedStep | None = None
+    """The observed step with its origin (None: `observed_ms`, from the default unless it differs from it)."""
+    scenario_id: str = ""
+    """`Scenario.fingerprint_id` of the run ('' for a bare inventory)."""
+    deployment_text: str = ""
+    """`Scenario.describe()`: the deployment line with where TP came from ('' for the inventory's own)."""
+
+    @property
+    def observed_step(self) -> ObservedStep:
+        """`observed`, else `observed_ms` marked as the default (assumed) when it is the default."""
+        if self.observed is not None:
+            return self.observed
+        if self.observed_ms == DEFAULT_OBSERVED_MS:
+            return default_observed()
+        return ObservedStep(self.observed_ms, "flag", "given")
 
 
 @dataclass(frozen=True)
@@ -439,53 +459,34 @@ def measured_from_results(
     )
 
 
-def roofline_from_results(
-    inventory: StepInventory, environment: Environment | None, copy_gbps: float | None
-) -> Roofline | None:
-    """The roofline on the GPUs the results came from, at the measured copy bandwidth (None on CPU ranks)."""
-    from decodetop.budget.gpus import find_gpu
-    from decodetop.budget.roofline import hardware_for, roofline
-
-    if environment is None or environment.device_kind != "cuda":
-        return None
-    gpu = find_gpu(environment.gpu_names[0]) if environment.gpu_names else None
-    if gpu is None and not copy_gbps:
-        return None
-    hw = hardware_for(
-        gpu,
-        bandwidth_gbps=copy_gbps or None,
-        bandwidth_source="measured device copy (gemm probe reference, read + write)",
-    )
-    return roofline(inventory, hw)
-
-
 def compose_from_results(
     inventory: StepInventory,
     results: Sequence[ProbeResult],
     options: PlanRunOptions | None = None,
     *,
     plan: ProbePlan | None = None,
+    gpu: GpuHint | None = None,
 ) -> tuple[Budget, MeasuredSet]:
-    """The budget of `inventory` from probe results (fresh, or read back with `results.load_results`)."""
-    from decodetop.budget.compose import compose_budget
+    """The budget of `inventory` from probe results (fresh, or read back with `results.load_results`), through the
+    one composition (`decodetop.probes.budgeting.compose_inventory`); the measured inputs beside it."""
+    from decodetop.probes.budgeting import compose_inventory
 
     opts = options or PlanRunOptions()
     plan = plan or build_plan(inventory)
     mode = opts.launch_mode or inventory.deployment.launch_mode
-    measured = measured_from_results(results, launch_mode=mode, plan=plan)
-    env = next((r.environment for r in results if r.environment is not None), None)
-    roof = roofline_from_results(inventory, env, measured.copy_gbps)
-    budget = compose_budget(
+    comp = compose_inventory(
         inventory,
-        measured.times,
-        allreduce_curves=measured.allreduce_curves,
-        gemm_curves=measured.gemm_curves,
-        launch_mode=mode,
-        observed_ms=opts.observed_ms,
+        results,
+        observed=opts.observed_step,
         target_tps=opts.target_tps,
-        roofline=roof,
+        gpu=gpu,
+        plan=plan,
+        launch_mode=mode,
+        scenario_id=opts.scenario_id,
+        deployment_text=opts.deployment_text,
     )
-    return budget, measured
+    measured = measured_from_results(comp.used, launch_mode=mode, plan=plan)
+    return comp.budget, measured
 
 
 # --------------------------------------------------------------------------------------------- running
@@ -583,67 +584,16 @@ def plan_run_to_json(run: PlanRun, baseline_diff: Mapping[str, Any] | None = Non
     return json.dumps(plan_run_to_dict(run, baseline_diff), indent=1, allow_nan=False) + "\n"
 
 
-def _bar(ms: float | None, scale: float, char: str = "█") -> str:
-    if ms is None or scale <= 0:
-        return "?"
-    cells = ms / scale * BAR_WIDTH
-    full = int(cells)
-    text = char * full
-    if cells - full >= 0.5 or (ms > 0 and not text):
-        text += "▌" if char == "█" else char
-    return text
-
-
 def format_budget(run: PlanRun) -> str:
-    """The stacked budget as text: per component ms, % of observed, status and a bar; then total, unexplained,
-    observed, target, roofline; the layer composition errors; and the notes."""
-    from decodetop.textfmt import format_number, table
+    """The budget as text (`decodetop.probes.budgeting.format_budget_table`, as `decodetop budget` prints it); then
+    the layer composition errors and the notes."""
+    from decodetop.probes.budgeting import format_budget_table
+    from decodetop.textfmt import format_number
 
     b = run.budget
-    scale = max(b.observed_ms, b.total_ms, 1e-9)
-    rows: list[list[Any]] = []
-    for seg in b.segments:
-        share = f"{seg.ms / b.observed_ms * 100:.1f}%" if seg.ms is not None else "-"
-        rows.append(
-            [
-                seg.label,
-                format_number(seg.ms) if seg.ms is not None else "missing",
-                share,
-                seg.status,
-                _bar(seg.ms, scale),
-                seg.reason,
-            ]
-        )
-    rows.append(
-        [
-            "total" + ("" if b.complete else " (≥, incomplete)"),
-            format_number(b.total_ms),
-            f"{b.total_ms / b.observed_ms * 100:.1f}%",
-            "",
-            _bar(b.total_ms, scale),
-            "",
-        ]
-    )
-    un = b.unexplained
-    rows.append(
-        [
-            "unexplained" + ("" if b.complete else " (≤)"),
-            format_number(un.ms or 0.0),
-            f"{(un.ms or 0.0) / b.observed_ms * 100:.1f}%",
-            un.status,
-            _bar(max(un.ms or 0.0, 0.0), scale, "░"),
-            un.reason,
-        ]
-    )
     lines = [f"Budget: {b.model}, {b.deployment} — ms per decode step on the busiest GPU"]
-    lines.append(table(["component", "ms", "of observed", "status", "bar", "note"], rows, align="lrrlll"))
-    tok = b.tokens_per_step
-    lines.append(
-        f"observed {format_number(b.observed_ms)} ms/step ({format_number(1000 * tok / b.observed_ms)} tok/s) | "
-        f"target {format_number(b.target_tps)} tok/s = {format_number(b.target_ms)} ms/step | "
-        + (f"roofline {format_number(b.roofline_ms)} ms/step" if b.roofline_ms is not None else "roofline: n/a here")
-        + f" | composed {format_number(b.total_ms)} ms/step ({b.kernels} kernels, launch {b.launch_mode})"
-    )
+    lines.extend(format_budget_table(b))
+    lines.append(f"composed {format_number(b.total_ms)} ms/step ({b.kernels} kernels, launch {b.launch_mode})")
     if run.measured.layers:
         lines.append("Layer composition (Σ parts vs the whole layer, same kernels):")
         for lc in run.measured.layers:

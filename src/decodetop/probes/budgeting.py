@@ -1,0 +1,334 @@
+"""Provides `compose`: the one composition of a budget from a scenario and probe results, called by every surface
+(`decodetop budget`, `decodetop probe --budget`, the live UI's budget bar and the exporter's `decodetop_budget_*`
+series), so they print the same figures with the same provenance. Stdlib only (no torch).
+
+    budget = compose(
+        scenario,                       # decodetop.budget.scenario.Scenario
+        results,                        # ProbeResults: fresh, read back with results.load_results, or from history
+        observed=ObservedStep(12.3, "server", "http://127.0.0.1:30000/metrics, 30 s window, 4 s ago"),
+        target_tps=309.0,
+        gpu=GpuHint("NVIDIA H200", "detected by NVML"),     # what the host has, when the results do not say
+        group_kind="cuda",              # the probe group's device kind, when known without results
+        stored_at_s={"gemm": 1.8e9},    # results read back from the history: when each was measured
+        now_s=time.time(),
+    )
+
+The rules (the same for every surface):
+
+- the device kind is the results' (their `Environment`), else the probe group's, else a GPU's when one is named;
+  results of another device kind are left out, with a note.
+- on CPU ranks nothing is attributed to a GPU: no roofline ("n/a on CPU"), no roofline estimates (a component not
+  measured has no figure), and the header says "CPU ranks (gloo): timings show the method, not a GPU".
+- on GPUs the hardware is the results' GPU, else `gpu` (detected, named by a flag, or assumed, said in words); its
+  memory bandwidth is the measured device copy when the results hold one, else a flag's, else the datasheet's.
+  Components not measured are roofline estimates for that hardware, marked as such.
+- a measured figure says whether it was measured in this run, or earlier (age, host, device) for results read back
+  from the history.
+- the observed step says where it came from (`ObservedStep`): a default is "assumed, not observed".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from decodetop.budget.compose import DEFAULT_TARGET_TPS, Budget, ObservedStep, Segment, compose_budget
+from decodetop.budget.gpus import GPUS, find_gpu
+from decodetop.budget.inventory import StepInventory
+from decodetop.budget.plan import ProbePlan, build_plan
+from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
+from decodetop.budget.scenario import Scenario
+from decodetop.history import format_age
+from decodetop.probes.results import Environment, ProbeResult
+
+CPU_HEADER = "CPU ranks (gloo): timings show the method, not a GPU"
+CPU_HARDWARE = "n/a on CPU"
+ASSUMED_GPU_KEY = "rtx-pro-6000"
+"""The GPU assumed where none is seen and none is named: the seed host's (docs/architecture.md, the 95 ms step)."""
+
+
+@dataclass(frozen=True)
+class GpuHint:
+    """The GPU a budget is for when the results do not say: its name and how it was chosen, in words."""
+
+    name: str
+    """An NVML device name or a hardware-table key ("NVIDIA H200", "h200")."""
+    how: str
+    """"detected by NVML", "--gpu", "assumed: no --gpu and no GPU seen"."""
+    bandwidth_gbps: float | None = None
+    """A measured memory bandwidth to use instead of the datasheet's (`--bandwidth-tbps`)."""
+    bandwidth_source: str = ""
+    allreduce_latency_us: float | None = None
+    """A measured small-message all-reduce latency (`--allreduce-us`)."""
+    latency_source: str = ""
+
+
+def assumed_gpu() -> GpuHint:
+    """The GPU `decodetop budget` assumes where it sees none and none is named."""
+    return GpuHint(GPUS[ASSUMED_GPU_KEY].name, "assumed: no --gpu and no GPU seen")
+
+
+@dataclass(frozen=True)
+class Composition:
+    """A composed budget with what it was composed from (the roofline, and which results were used)."""
+
+    budget: Budget
+    roofline: Roofline | None
+    hardware: Hardware | None
+    used: tuple[ProbeResult, ...]
+    """The results the budget uses (those of the budget's device kind)."""
+
+
+def compose(
+    scenario: Scenario,
+    results: Sequence[ProbeResult] = (),
+    *,
+    observed: ObservedStep,
+    target_tps: float = DEFAULT_TARGET_TPS,
+    gpu: GpuHint | None = None,
+    group_kind: str | None = None,
+    stored_at_s: Mapping[str, float] | None = None,
+    now_s: float | None = None,
+) -> Budget:
+    """The budget of `scenario` from `results` (see the module docstring for the rules)."""
+    return compose_full(
+        scenario,
+        results,
+        observed=observed,
+        target_tps=target_tps,
+        gpu=gpu,
+        group_kind=group_kind,
+        stored_at_s=stored_at_s,
+        now_s=now_s,
+    ).budget
+
+
+def compose_full(
+    scenario: Scenario,
+    results: Sequence[ProbeResult] = (),
+    *,
+    observed: ObservedStep,
+    target_tps: float = DEFAULT_TARGET_TPS,
+    gpu: GpuHint | None = None,
+    group_kind: str | None = None,
+    stored_at_s: Mapping[str, float] | None = None,
+    now_s: float | None = None,
+    plan: ProbePlan | None = None,
+) -> Composition:
+    """`compose`, returning the roofline and hardware too (what `decodetop budget` prints beside the budget)."""
+    return compose_inventory(
+        scenario.inventory(),
+        results,
+        observed=observed,
+        target_tps=target_tps,
+        gpu=gpu,
+        group_kind=group_kind,
+        stored_at_s=stored_at_s,
+        now_s=now_s,
+        plan=plan,
+        scenario_id=scenario.fingerprint_id,
+        deployment_text=scenario.describe(),
+    )
+
+
+def _device_text(env: Environment | None) -> str:
+    if env is None:
+        return "unknown device"
+    if env.device_kind != "cuda":
+        return f"{env.world_size} CPU ranks"
+    name = env.gpu_names[0] if env.gpu_names else "GPU"
+    return f"{env.world_size} × {name}"
+
+
+def _provenance(seg: Segment, origin: Mapping[str, ProbeResult], stored: Mapping[str, float], now_s: float) -> Segment:
+    """A measured segment's provenance refined to 'measured in this run' or 'measured earlier: age, host, device'."""
+    if seg.provenance_kind != "measured":
+        return seg
+    earlier = [p for p in seg.probes if p in stored]
+    if not earlier:
+        return dataclasses.replace(seg, provenance_kind="measured_now", provenance="measured in this run")
+    oldest = min(earlier, key=lambda p: stored[p])
+    res = origin.get(oldest)
+    env = res.environment if res is not None else None
+    host = env.host if env is not None else "unknown host"
+    age = format_age(max(0.0, now_s - stored[oldest]))
+    text = f"measured earlier: {age} ago on {host} ({_device_text(env)})"
+    return dataclasses.replace(seg, provenance_kind="measured_earlier", provenance=text)
+
+
+def _hardware(env: Environment | None, gpu: GpuHint | None, copy_gbps: float | None) -> tuple[Hardware | None, str]:
+    """The hardware of a GPU budget and the words saying what it is and how it was chosen."""
+    if env is not None and env.gpu_names:
+        name, how = env.gpu_names[0], "the probe results' GPU"
+    elif gpu is not None:
+        name, how = gpu.name, gpu.how
+    else:
+        return None, "no GPU seen and none named (pass --gpu)"
+    row = find_gpu(name)
+    bandwidth, bw_source = None, ""
+    if copy_gbps:
+        bandwidth, bw_source = copy_gbps, "measured device copy (gemm probe reference, read + write)"
+    elif gpu is not None and gpu.bandwidth_gbps:
+        bandwidth, bw_source = gpu.bandwidth_gbps, gpu.bandwidth_source or "given"
+    if row is None and bandwidth is None:
+        return None, f"{name}: not in the hardware table (pass --gpu or --bandwidth-tbps)"
+    latency = gpu.allreduce_latency_us if gpu is not None else None
+    hw = hardware_for(
+        row,
+        bandwidth_gbps=bandwidth,
+        bandwidth_source=bw_source or "measured",
+        allreduce_latency_us=latency,
+        latency_source=(gpu.latency_source if gpu is not None else "") or "measured",
+        gpu_name=row.name if row is not None else name,
+    )
+    return hw, f"{hw.gpu_name} ({how})"
+
+
+def compose_inventory(
+    inventory: StepInventory,
+    results: Sequence[ProbeResult] = (),
+    *,
+    observed: ObservedStep,
+    target_tps: float = DEFAULT_TARGET_TPS,
+    gpu: GpuHint | None = None,
+    group_kind: str | None = None,
+    stored_at_s: Mapping[str, float] | None = None,
+    now_s: float | None = None,
+    plan: ProbePlan | None = None,
+    launch_mode: str | None = None,
+    scenario_id: str = "",
+    deployment_text: str = "",
+) -> Composition:
+    """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation."""
+    from decodetop.probes.planrun import measured_from_results
+
+    stored = dict(stored_at_s or {})
+    now = time.time() if now_s is None else now_s
+    good = [r for r in results if r.ok]
+    env = next((r.environment for r in good if r.environment is not None), None)
+    kind = env.device_kind if env is not None else (group_kind or ("cuda" if gpu is not None else ""))
+    notes: list[str] = []
+    used = [r for r in good if r.environment is None or r.environment.device_kind == kind]
+    if len(used) < len(good):
+        left = sorted({r.probe for r in good if r not in used})
+        notes.append(f"left out results from another device kind than {kind}: {', '.join(left)}")
+    plan = plan or build_plan(inventory)
+    mode = launch_mode or inventory.deployment.launch_mode
+    measured = measured_from_results(used, launch_mode=mode, plan=plan)
+    notes.extend(measured.notes)
+    roof: Roofline | None = None
+    hw: Hardware | None = None
+    header = ""
+    if kind == "cpu":
+        hw_text, header = CPU_HARDWARE, CPU_HEADER
+    else:
+        hw, hw_text = _hardware(env, gpu, measured.copy_gbps)
+        if hw is not None:
+            roof = roofline(inventory, hw)
+    budget = compose_budget(
+        inventory,
+        measured.times,
+        allreduce_curves=measured.allreduce_curves,
+        gemm_curves=measured.gemm_curves,
+        launch_mode=mode,
+        target_tps=target_tps,
+        roofline=roof,
+        estimate=hw,
+        observed=observed,
+        hardware_text=hw_text,
+        device_kind=kind,
+        header=header,
+        scenario=scenario_id,
+        notes=tuple(notes),
+    )
+    origin = {r.probe: r for r in used}
+    segments = tuple(_provenance(s, origin, stored, now) for s in budget.segments)
+    budget = dataclasses.replace(budget, segments=segments)
+    if deployment_text:
+        budget = dataclasses.replace(budget, deployment=deployment_text)
+    return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used))
+
+
+# --- text ------------------------------------------------------------------------------------------------------
+
+TEXT_BAR_WIDTH = 40
+MEASURED_CHAR = "█"
+ESTIMATED_CHAR = "▒"
+REMAINDER_CHAR = "░"
+
+
+def _bar(ms: float | None, scale: float, char: str) -> str:
+    if ms is None or scale <= 0:
+        return "?"
+    cells = ms / scale * TEXT_BAR_WIDTH
+    full = int(cells)
+    text = char * full
+    if cells - full >= 0.5 or (ms > 0 and not text):
+        text += "▌" if char == MEASURED_CHAR else char
+    return text
+
+
+def observed_line(budget: Budget) -> str:
+    """'observed 95 ms assumed, not observed (…) | target 309 tok/s = 3.24 ms/step | roofline 4.17 ms/step …'."""
+    from decodetop.textfmt import format_number
+
+    obs = budget.observed_step
+    roof = (
+        f"roofline {format_number(budget.roofline_ms)} ms/step for {budget.hardware_text}"
+        if budget.roofline_ms is not None
+        else f"roofline: {budget.hardware_text or 'n/a here'}"
+    )
+    return (
+        f"observed {obs.text} | target {format_number(budget.target_tps)} tok/s = "
+        f"{format_number(budget.target_ms)} ms/step | {roof}"
+    )
+
+
+def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
+    """The budget as text lines, the same in `decodetop budget` and `decodetop probe --budget`: a header (CPU ranks),
+    one row per component with ms, share of observed, status, bar (measured █, estimated ▒) and where the figure came
+    from; total and unexplained; the observed/target/roofline line; the roofline verdict; the summary."""
+    from decodetop.textfmt import format_number, table
+
+    b = budget
+    scale = max(b.observed_ms, b.total_ms, 1e-9)
+    rows: list[list[object]] = []
+    for seg in b.segments:
+        share = f"{seg.ms / b.observed_ms * 100:.1f}%" if seg.ms is not None else "-"
+        char = ESTIMATED_CHAR if seg.estimated else MEASURED_CHAR
+        row: list[object] = [seg.label, format_number(seg.ms) if seg.ms is not None else "missing", share, seg.status]
+        if bars:
+            row.append(_bar(seg.ms, scale, char))
+        row.append(seg.provenance)
+        rows.append(row)
+    total: list[object] = [
+        "total" + ("" if b.complete else " (≥, incomplete)"),
+        format_number(b.total_ms),
+        f"{b.total_ms / b.observed_ms * 100:.1f}%",
+        "",
+    ]
+    un = b.unexplained
+    rest: list[object] = [
+        "unexplained" + ("" if b.complete else " (≤)"),
+        format_number(un.ms or 0.0),
+        f"{(un.ms or 0.0) / b.observed_ms * 100:.1f}%",
+        un.status,
+    ]
+    if bars:
+        total.append(_bar(b.total_ms, scale, MEASURED_CHAR))
+        rest.append(_bar(max(un.ms or 0.0, 0.0), scale, REMAINDER_CHAR))
+    total.append("")
+    rest.append(un.reason + ("; the observed step is assumed, not observed" if b.observed_step.assumed else ""))
+    rows += [total, rest]
+    headers = ["component", "ms", "of observed", "status", *(["bar"] if bars else []), "where it came from"]
+    lines: list[str] = []
+    if b.header:
+        lines.append(b.header)
+    lines.append(table(headers, rows, align="lrrl" + ("l" if bars else "") + "l"))
+    lines.append(observed_line(b))
+    if b.verdict:
+        lines.append(b.verdict)
+    lines.append(b.summary() + (f"; estimates for {b.hardware_text}" if any(s.estimated for s in b.segments) else ""))
+    return lines
