@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.atomic import write_text_atomic
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.errors import UserInputError
@@ -132,16 +133,18 @@ def _corrupt(path: Path, problem: str) -> UserInputError:
 def load_baseline(name: str = DEFAULT_BASELINE, *, directory: Path | None = None) -> Baseline | None:
     """Baseline `name`, or None when it was never saved. A corrupt file raises UserInputError naming it."""
     path = baseline_path(name, directory)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _corrupt(path, f"unreadable: {exc}") from exc
     try:
-        document = json.loads(text)
+        text = jsonio.read_bounded(path).decode("utf-8")  # a FIFO or device in its place is refused unread
+    except (UserInputError, UnicodeDecodeError) as exc:
+        raise _corrupt(path, f"unreadable: {str(exc).removeprefix(f'{path}: ')}") from None
+    try:
+        document = jsonio.loads(text, source=str(path))
     except json.JSONDecodeError as exc:
         raise _corrupt(path, f"not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except jsonio.JsonInputError as exc:  # nesting, huge numbers, NaN
+        raise _corrupt(path, exc.problem) from None
     if not isinstance(document, dict):
         raise _corrupt(path, "not a JSON object")
     if document.get("format") != BASELINE_FORMAT:
