@@ -817,7 +817,7 @@ def _step_summary(k: int, units: _Units, members: list[int], marker_dur: float |
         index=k,
         label=f"step {k}",
         start_us=start,
-        wall_us=marker_dur if marker_dur is not None else window,
+        wall_us=max(marker_dur, window) if marker_dur is not None else window,  # a marker can end before its kernels
         gpu_window_us=window,
         gpu_busy_us=busy,
         gpu_idle_us=max(0.0, window - busy),

@@ -120,18 +120,19 @@ def standing_out(ranks: list[RankSummary]) -> list[str]:
         step = statistics.median(o.step_ms for o in others)
         compute = statistics.median(o.compute_ms for o in others)
         wait = statistics.median(o.collective_ms for o in others)
-        if step > 0 and r.step_ms > step * (1 + STANDS_OUT):
-            out.append(f"rank {r.rank} is slow: step {r.step_ms:.3g} ms vs {step:.3g} ms on the others")
-        elif compute > 0 and r.compute_ms > compute * (1 + STANDS_OUT):
+        waits = r.collective_ms > MIN_WAIT_MS and r.collective_ms > wait * (1 + STANDS_OUT) + MIN_WAIT_MS
+        if compute > 0 and r.compute_ms > compute * (1 + STANDS_OUT):
             out.append(
                 f"rank {r.rank} is slow: it computes {r.compute_ms:.3g} ms per step vs {compute:.3g} ms on the others"
             )
-        if r.collective_ms > MIN_WAIT_MS and r.collective_ms > wait * (1 + STANDS_OUT) + MIN_WAIT_MS:
+        elif step > 0 and r.step_ms > step * (1 + STANDS_OUT) and not waits:
+            out.append(f"rank {r.rank} is slow: step {r.step_ms:.3g} ms vs {step:.3g} ms on the others")
+        if waits:
             out.append(
                 f"rank {r.rank} waits {r.collective_ms:.3g} ms per step in collectives vs {wait:.3g} ms on the others "
                 "(it waits for a slower rank)"
             )
-    return out
+    return sorted(out, key=lambda line: "waits" in line)  # the slow rank first
 
 
 def analyze_path(

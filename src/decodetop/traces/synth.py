@@ -62,6 +62,8 @@ class SynthSpec:
     """MoE layers: router top-k, then fused_moe GEMMs around the activation, instead of the dense MLP."""
     allreduce: bool = False
     """Tensor-parallel layers: an NCCL all-reduce after attention and after the MLP."""
+    allreduce_us: float | None = None
+    """Duration of each all-reduce kernel (default `kernel_us`): a fast TP rank waits in it for a slow one."""
     long_first_step: int = 0
     """Kernels added to step 0 only (a prefill-like step among decode steps)."""
     odd_kernel: str | None = None
@@ -114,14 +116,15 @@ class _Writer:
         self.gpu_t = max(self.gpu_t, launch_ts + 2.0)
         self.emit({"ph": "s", "id": self.corr, "pid": 11, "tid": 11, "ts": launch_ts, "cat": "ac2g", "name": "ac2g"})
         k_start = self.gpu_t
+        dur = s.allreduce_us if name == NCCL and s.allreduce_us is not None else s.kernel_us
         self.span(
             "kernel",
             name,
             k_start,
-            s.kernel_us,
+            dur,
             **{"External id": self.ext, "device": 0, "stream": 7, "correlation": self.corr, "grid": [132, 1, 1]},
         )
-        self.gpu_t += s.kernel_us
+        self.gpu_t += dur
         return start, self.cpu_t
 
 

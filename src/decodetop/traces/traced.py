@@ -128,7 +128,7 @@ def traced_view(
     probed = dict(probed or {})
     step = report.step_wall_us_mean / 1000
     busy = min(report.gpu_busy_us_mean / 1000, step) if step > 0 else report.gpu_busy_us_mean / 1000
-    kernel_ms = report.kernel_time_us_per_step / 1000
+    kernel_ms = sum(b.time_us_per_step for b in report.buckets) / 1000
     scale = busy / kernel_ms if kernel_ms > busy > 0 else 1.0
     notes: list[str] = []
     if scale < 1.0:
@@ -144,7 +144,7 @@ def traced_view(
     segments: list[TracedSegment] = []
     for comp in Component:
         if comp.value == LAUNCH_KEY:
-            idle = max(0.0, step - busy)
+            idle = max(0.0, step - kernel_ms * scale)  # the rest of the step: the GPU waited for the host
             segments.append(TracedSegment(LAUNCH_KEY, IDLE_LABEL, idle, probed.get(LAUNCH_KEY), 0.0, ()))
             continue
         found = groups.get(comp.value)
