@@ -82,6 +82,7 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr("decodetop.tui.app.DecodetopApp", FakeApp)
     monkeypatch.setattr("decodetop.tui.launch.build_sources", lambda settings, options: object())
+    monkeypatch.setattr("decodetop.tui.launch.require_terminal", lambda stdin, stdout, environ: None)
     assert main(["--settings", str(path), "--tp", "2", "--no-probes"]) == 0
     settings = seen["settings"]
     assert isinstance(settings, Settings)

@@ -7,6 +7,8 @@ subcommand never loads it.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.errors import UserInputError
     from decodetop.settings import default_settings_path, load_settings, with_overrides
     from decodetop.themes import THEME_NAMES
-    from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus
+    from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus, require_terminal
 
     config_path = Path(args.settings) if args.settings else None
     settings = load_settings(config_path, themes=THEME_NAMES)
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         prometheus=args.prometheus,
         server=args.server,
     )
+    require_terminal(sys.stdin, sys.stdout, os.environ)  # before anything starts: no escape codes into a file
     sources = build_sources(settings, options)
 
     from decodetop.tui.app import DecodetopApp

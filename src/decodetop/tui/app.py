@@ -28,6 +28,7 @@ from decodetop.errors import UserInputError
 from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry
 from decodetop.settings import Settings, save_changes
 from decodetop.themes import THEME_NAMES, drop_other_themes, next_theme, register_themes, theme_variable_defaults
+from decodetop.tui.launch import HEADLESS_HINT, MIN_COLUMNS, MIN_ROWS
 from decodetop.tui.messages import (
     BaselineSaved,
     BudgetReady,
@@ -267,7 +268,7 @@ class DecodetopApp(App[int]):
     WIDE_FROM = (150, 40)
     """From this size (columns, rows) the GPU table and health panel also show beside the tabs."""
 
-    MIN_SIZE = (60, 16)
+    MIN_SIZE = (MIN_COLUMNS, MIN_ROWS)
     """Below this (columns, rows) the screen says "too small" instead of drawing a cut layout: the compact budget
     (border, title, bar, two legend rows, note: 6 rows), the tab strip (2), three table rows with the header (4),
     the status line and the footer (2) need 14 rows; 60 columns hold the six headline GPU columns."""
@@ -294,7 +295,7 @@ class DecodetopApp(App[int]):
         too_small = size.width < self.MIN_SIZE[0] or size.height < self.MIN_SIZE[1]
         self.query_one("#too-small", Static).update(
             f"terminal too small: {size.width}×{size.height}, decodetop needs {self.MIN_SIZE[0]}×{self.MIN_SIZE[1]}"
-            "; make it larger, or run `decodetop check` / `decodetop probe` / `decodetop budget` headless"
+            f"; make it larger, or {HEADLESS_HINT}"
             if too_small
             else ""
         )

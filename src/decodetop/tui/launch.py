@@ -4,10 +4,10 @@ none, host checks, history), and `LaunchOptions`, the flags that choose them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from decodetop.errors import UserInputError
 from decodetop.history import History
@@ -17,6 +17,12 @@ from decodetop.tui.taps import ServerPoller, Taps
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
+MIN_COLUMNS = 60
+MIN_ROWS = 16
+"""The smallest terminal the live UI lays out (DecodetopApp.MIN_SIZE says what fits); below it the UI says "too
+small" while running, and refuses to start."""
+HEADLESS_HINT = "use the headless commands instead: `decodetop check`, `decodetop probe`, `decodetop budget` (--json)"
+"""What to run where the live UI cannot."""
 CPU_RANK_NICE = 10
 """CPU ranks spin at 100 % in gloo collectives; at nice 10 they yield to the UI on a 2-core box (GPU ranks are
 left alone)."""
@@ -37,6 +43,36 @@ class LaunchOptions:
     server: str | None = None
     history_path: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def terminal_problem(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) -> str | None:
+    """Why the live UI cannot run here (one line naming the problem and what to run instead), or None.
+
+    Checked before the app starts: without a terminal the UI would write escape codes to a file and wait for keys
+    that never come; a `dumb` terminal cannot draw it; a tiny one cannot hold it."""
+    if not stdout.isatty():
+        return f"the live UI needs a terminal, and stdout is not one; {HEADLESS_HINT}"
+    if not stdin.isatty():
+        return f"the live UI reads keys from a terminal, and stdin is not one; {HEADLESS_HINT}"
+    if environ.get("TERM", "") == "dumb":
+        return f"the live UI cannot draw on TERM=dumb; {HEADLESS_HINT}"
+    try:
+        size = os.get_terminal_size(stdout.fileno())
+    except (OSError, ValueError):
+        return None  # the size is unknown here; the running UI says "too small" if it is
+    if size.columns < MIN_COLUMNS or size.lines < MIN_ROWS:
+        return (
+            f"the terminal is {size.columns}×{size.lines}, the live UI needs at least {MIN_COLUMNS}×{MIN_ROWS}; "
+            f"make it larger, or {HEADLESS_HINT}"
+        )
+    return None
+
+
+def require_terminal(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) -> None:
+    """`terminal_problem` as a `UserInputError` (one line on stderr, exit 2)."""
+    problem = terminal_problem(stdin, stdout, environ)
+    if problem is not None:
+        raise UserInputError(problem)
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:
