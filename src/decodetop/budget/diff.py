@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.errors import UserInputError
 
@@ -292,12 +293,11 @@ def load_budget_document(path: str | Path) -> dict[str, Any]:
     One-line UserInputError naming the file: unreadable, not JSON, no budget, a malformed segment."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise UserInputError(f"{path}: cannot read: {reason}") from None
+        text = jsonio.read_bounded(p).decode("utf-8")  # a FIFO or device is refused unread
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: cannot read: {exc}") from None
     try:
-        document = json.loads(text)
+        document = jsonio.loads(text, source=str(path))  # nesting, huge numbers, NaN: one line naming the file
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{path}: not JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     if not isinstance(document, dict):
