@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.errors import UserInputError
 
 #: Version of the JSON layout written by `results_to_json`; bump on an incompatible change.
@@ -415,7 +416,7 @@ def results_to_json(results: Sequence[ProbeResult]) -> str:
 def results_from_json(text: str, source: str = "<string>") -> list[ProbeResult]:
     """Parse a results document (or a bare list of results); one-line `UserInputError` when malformed."""
     try:
-        doc = json.loads(text)
+        doc = jsonio.loads(text, source=source)  # nesting, huge numbers, NaN: one line naming the file
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{source}: not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     if isinstance(doc, dict):
@@ -446,10 +447,10 @@ def results_from_json(text: str, source: str = "<string>") -> list[ProbeResult]:
 def load_results(path: str | Path) -> list[ProbeResult]:
     """Read a results JSON file written by `decodetop probe --json`; one-line `UserInputError` on any problem."""
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise UserInputError(f"{p}: no such results file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserInputError(f"{p}: no such results file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = jsonio.read_bounded(p).decode("utf-8")  # a FIFO or device is refused unread
+    except UnicodeDecodeError as exc:
         raise UserInputError(f"{p}: cannot read results file ({exc})") from None
     return results_from_json(text, source=str(p))
