@@ -1,0 +1,164 @@
+"""The fused-MoE decode kernel: its torch reference against a dense formulation (CPU), its launch shapes, where it
+says it cannot run, the Triton kernels under Triton's CPU interpreter (where Triton is installed), and on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
+
+from decodetop.budget.keys import MoeKey
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.fused_moe import (
+    HAVE_TRITON,
+    fused_moe_runner,
+    grid_for,
+    reference_moe,
+    routed_ids,
+    triton_unavailable,
+)
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _dense_moe(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Every expert on every token, masked by the routing: an independent formulation of the same layer."""
+    inter = w13.shape[1] // 2
+    n_exp = w13.shape[0]
+    gate_up = torch.einsum("th,enh->ten", x.float(), w13.float())  # [T, E, 2I]
+    act = (F.silu(gate_up[..., :inter]) * gate_up[..., inter:]).to(x.dtype).float()
+    y = torch.einsum("tei,ehi->teh", act, w2.float())  # [T, E, H]
+    mix = torch.zeros(x.shape[0], n_exp)
+    mix.scatter_add_(1, ids.long(), weights.float())
+    return torch.einsum("te,teh->th", mix, y).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reference_equals_every_expert_masked_by_routing(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    tokens, hidden, inter, n_exp, top_k = 3, 64, 24, 6, 2
+    x = torch.randn(tokens, hidden).to(dtype)
+    w13 = (torch.randn(n_exp, 2 * inter, hidden) * 0.1).to(dtype)
+    w2 = (torch.randn(n_exp, hidden, inter) * 0.1).to(dtype)
+    ids = routed_ids(tokens, top_k, n_exp, torch.device("cpu"))
+    weights = torch.rand(tokens, top_k) + 0.1
+    got = reference_moe(x, w13, w2, ids, weights).float()
+    want = _dense_moe(x, w13, w2, ids, weights).float()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert torch.allclose(got, want, rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_reference_reads_only_the_routed_experts() -> None:
+    torch.manual_seed(2)
+    x = torch.randn(1, 32)
+    w13 = torch.randn(4, 16, 32)
+    w2 = torch.randn(4, 32, 8)
+    ids = torch.tensor([[1, 3]], dtype=torch.int32)
+    weights = torch.tensor([[0.6, 0.4]])
+    before = reference_moe(x, w13, w2, ids, weights)
+    w13[0].fill_(float("nan"))  # experts 0 and 2 are not routed: poisoning them changes nothing
+    w2[2].fill_(float("nan"))
+    assert torch.equal(reference_moe(x, w13, w2, ids, weights), before)
+
+
+def test_routed_ids_give_distinct_experts_per_token() -> None:
+    ids = routed_ids(3, 4, 8, torch.device("cpu"))
+    assert ids.dtype == torch.int32 and ids.shape == (3, 4)
+    for row in ids.tolist():
+        assert len(set(row)) == 4
+    assert set(ids.flatten().tolist()) == set(range(8))
+
+
+def test_grid_covers_every_output_row() -> None:
+    grid = grid_for(tokens=1, top_k=8, hidden=4096, inter=768)
+    assert grid.gate_up == (8, 48)
+    assert grid.down == (1, 256)
+    assert grid_for(2, 2, 100, 17, block_n=16).gate_up == (4, 2)  # ⌈17/16⌉: the tail block is masked
+    with pytest.raises(ValueError):
+        grid_for(0, 8, 4096, 768)
+
+
+def _cpu_ctx() -> ProbeContext:
+    return ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+
+
+def test_cpu_rank_says_why_the_fused_variant_cannot_run() -> None:
+    reason = triton_unavailable(torch.device("cpu"))
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        assert reason
+        assert ("Triton is not installed" in reason) if not HAVE_TRITON else ("CUDA GPU" in reason)
+    key = MoeKey(tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=64, intermediate=32, dtype="bf16", bias=0)
+    if reason:
+        with pytest.raises(UnsupportedError, match=r"Triton|CUDA"):
+            fused_moe_runner(key, _cpu_ctx(), rotate=False)
+
+
+def test_nvfp4_experts_are_unsupported_with_the_formats_named() -> None:
+    key = MoeKey(
+        tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=64, intermediate=32, dtype="nvfp4", bias=0
+    )
+    with pytest.raises(UnsupportedError, match="bf16, fp16, fp32, fp8"):
+        fused_moe_runner(key, _cpu_ctx(), rotate=False)
+
+
+INTERPRETED = textwrap.dedent(
+    """
+    import torch
+    from decodetop.probes.worker import fused_moe as fm
+    torch.manual_seed(0)
+    for tokens, hidden, inter, n_exp, top_k, dtype in [
+        (1, 300, 80, 6, 2, torch.bfloat16),  # tails: 300 % 256 and 80 % 16
+        (2, 512, 256, 8, 4, torch.float32),
+    ]:
+        x = torch.randn(tokens, hidden).to(dtype)
+        w13 = (torch.randn(n_exp, 2 * inter, hidden) * 0.05).to(dtype)
+        w2 = (torch.randn(n_exp, hidden, inter) * 0.05).to(dtype)
+        ids = fm.routed_ids(tokens, top_k, n_exp, torch.device("cpu"))
+        wts = torch.rand(tokens, top_k) + 0.1
+        got = fm.fused_moe(x, w13, w2, ids, wts).float()
+        want = fm.reference_moe(x, w13, w2, ids, wts).float()
+        err = (got - want).abs().max().item()
+        assert err <= 0.02 * want.abs().max().item(), (dtype, err)
+    print("ok")
+    """
+)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed here")
+def test_triton_kernels_match_the_reference_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_runner_on_a_gpu_checks_itself_and_replays_in_a_graph() -> None:
+    from decodetop.probes.worker.timing import time_graph
+
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cuda", 0), backend="nccl")
+    key = MoeKey(
+        tokens=1,
+        top_k=8,
+        experts_local=128,
+        experts_active=8,
+        hidden=4096,
+        intermediate=768,
+        dtype="bf16",
+        bias=0,
+    )
+    runner = fused_moe_runner(key, ctx, rotate=True)  # raises if the kernel disagrees with the reference
+    samples = time_graph(runner.fn, runner.rotation * 4, 5)
+    assert min(samples) > 0
