@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.errors import UserInputError
 
 FORMAT_NAME = "decodetop-recording"
@@ -447,9 +448,11 @@ def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
     except UnicodeDecodeError:
         return None, "not UTF-8"
     try:
-        obj = json.loads(text)
+        obj = jsonio.loads(text, source="recording line")
     except json.JSONDecodeError as exc:
         return None, f"not JSON ({exc.msg})"
+    except jsonio.JsonInputError as exc:  # nesting, huge numbers, NaN: a corrupt line, counted and skipped
+        return None, exc.problem
     if not isinstance(obj, dict):
         return None, "not a JSON object"
     version = obj.get("v")
