@@ -90,6 +90,20 @@ def type_word(value: object) -> str:
     return _TYPE_WORDS.get(type(value), type(value).__name__)
 
 
+def strict_decoder(*, allow_nan: bool = False) -> json.JSONDecoder:
+    """A `json.JSONDecoder` for readers that decode piece by piece (`raw_decode`): huge integers and out-of-range
+    floats raise ValueError, and so do NaN/Infinity unless `allow_nan` (a reader that skips and counts them);
+    deep nesting still raises RecursionError. `problem_of` words any of them."""
+    if allow_nan:
+        return json.JSONDecoder(parse_int=_bounded_int)
+    return json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+
+
+def problem_of(exc: BaseException) -> str:
+    """The one-line problem (without the file) for an exception raised while decoding JSON."""
+    return _problem(exc)
+
+
 def _problem(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "nested too deeply to read"

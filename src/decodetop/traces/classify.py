@@ -15,9 +15,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 
@@ -236,11 +236,11 @@ def load_rules(path: str | None = None) -> RuleSet:
     else:
         source = path
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UserInputError(f"{path}: cannot read kernel rules: {exc.strerror or exc}") from None
+            text = jsonio.read_bounded(path).decode("utf-8")  # a FIFO or device is refused unread
+        except UnicodeDecodeError as exc:
+            raise UserInputError(f"{path}: cannot read kernel rules: {exc}") from None
     try:
-        data = json.loads(text)
+        data = jsonio.loads(text, source=source)  # nesting, huge numbers, NaN: one line naming the file
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{source}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
     return parse_rules(data, source)

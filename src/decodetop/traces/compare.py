@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.errors import UserInputError
 from decodetop.traces.model import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
@@ -91,7 +92,7 @@ def _ms(value: object) -> float | None:
 def load_budget_json(path: str | Path) -> dict[str, float | None]:
     """Read a budget JSON file (see `budget_ms`) with one-line errors."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = jsonio.loads(jsonio.read_bounded(path), source=str(path))  # bounded; hostile JSON named
     except OSError as exc:
         raise UserInputError(f"{path}: cannot read budget: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

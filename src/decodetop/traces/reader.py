@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from decodetop import jsonio
 from decodetop.errors import UserInputError
 
 CHUNK_BYTES = 1 << 18
@@ -153,7 +154,7 @@ class _Stream:
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
         self.eof = False
-        self._decoder = json.JSONDecoder()
+        self._decoder = jsonio.strict_decoder(allow_nan=True)  # NaN durations are skipped and counted later
 
     def fill(self) -> bool:
         """Append one chunk; False at end of input."""
@@ -205,6 +206,8 @@ class _Stream:
                 raise UserInputError(
                     f"{self.path}: malformed JSON in {what} at character {self.offset + exc.pos}: {exc.msg}"
                 ) from None
+            except (RecursionError, ValueError) as exc:  # nesting too deep, a number with thousands of digits
+                raise UserInputError(f"{self.path}: {what} at {self.where()}: {jsonio.problem_of(exc)}") from None
             if end == len(self.buf) and not self.eof:  # a number cut at the chunk edge would parse short
                 self.fill()
                 continue
