@@ -22,8 +22,10 @@ def test_text_output_glm5_nvfp4(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "743.9 B total, 40.83 B active" in out
     assert "157 × 12 KiB (156 in the layers + 1 after the embedding)" in out
-    assert "Roofline on NVIDIA RTX PRO 6000 Blackwell, 1792 GB/s" in out
-    assert "unexplained" in out and "observed 95.0 ms/step" in out and "target 309 tok/s = 3.24 ms/step" in out
+    assert "Roofline on NVIDIA RTX PRO 6000 Blackwell (--gpu), 1792 GB/s" in out
+    assert "unexplained" in out and "target 309 tok/s = 3.24 ms/step" in out
+    assert "observed 95 ms assumed, not observed (the default: no --observed-ms and no --server)" in out
+    assert "TP 8 (--tp)" in out
     assert "q_a+kv_a_proj (replicated)" in out  # the inventory, grouped by component
     assert "Assumptions" in out
 
@@ -172,24 +174,28 @@ def test_defaults_without_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: 
     from decodetop.commands import budget as command
 
     monkeypatch.setattr(command._GpuFacts, "count", lambda self: 0)
-    monkeypatch.setattr(command._GpuFacts, "gpu0", lambda self: None)
+    monkeypatch.setattr(command._GpuFacts, "gpu0_name", lambda self: None)
     assert main(["budget", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["model"]["name"] == "GLM-5-NVFP4"
-    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (8, "default (no GPU count)")
-    assert data["roofline"]["bandwidth_source"].startswith("assumed")
+    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (1, "default: no probe group; pass --tp")
+    assert data["roofline"]["hardware"] == "NVIDIA RTX PRO 6000 Blackwell (assumed: no --gpu and no GPU seen)"
+    assert data["budget"]["observed"]["assumed"] is True
 
 
 def test_tp_and_bandwidth_from_nvml(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from decodetop.commands import budget as command
 
     monkeypatch.setattr(command._GpuFacts, "count", lambda self: 2)
-    monkeypatch.setattr(command._GpuFacts, "gpu0", lambda self: ("NVIDIA H200", 6016, 3201))  # h200-machine.md
+    monkeypatch.setattr(command._GpuFacts, "gpu0_name", lambda self: "NVIDIA H200")
     assert main(["budget", "--model", "llama-3.1-70b", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (2, "GPUs seen by NVML")
-    assert data["roofline"]["mem_bandwidth_gbps"] == pytest.approx(6016 / 8 * 3201 * 2 / 1000)
-    assert data["roofline"]["bandwidth_source"].startswith("NVML: NVIDIA H200")
+    assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (
+        2,
+        "default: the 2 GPUs seen by NVML of the probe group",
+    )
+    assert data["roofline"]["mem_bandwidth_gbps"] == 4800  # the datasheet's, as the live UI uses for the same GPU
+    assert data["roofline"]["hardware"] == "NVIDIA H200 141GB (detected by NVML)"
     assert data["roofline"]["allreduce_latency_us"] == 14.0  # NVLink default from the H200 row
 
 
@@ -264,7 +270,5 @@ def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
     )
     assert main(["budget", "--diff", str(PLAN_X2), str(tmp_path / "gone.json")]) == 2
     assert "gone.json: cannot read: No such file or directory" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as info:
-        main(["budget", "--model", "glm-5", "--diff", str(PLAN_X2), str(PLAN_X2)])
-    assert info.value.code == 2
-    assert "--diff: not allowed with argument --model" in capsys.readouterr().err
+    assert main(["budget", "--model", "glm-5", "--diff", str(PLAN_X2), str(PLAN_X2)]) == 2
+    assert "--diff compares two files: give it without --model" in capsys.readouterr().err

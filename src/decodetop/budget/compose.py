@@ -222,6 +222,8 @@ class Budget:
     """`Scenario.fingerprint_id` of what was composed ('' for a bare inventory)."""
     notes: tuple[str, ...] = ()
     """What the composition could not do and why (one line each)."""
+    tp_source: str = ""
+    """Where the deployment's TP came from, in words (`Scenario.tp_source`)."""
 
     @property
     def observed_step(self) -> ObservedStep:
@@ -315,6 +317,7 @@ class Budget:
             "device_kind": self.device_kind,
             "header": self.header,
             "scenario": self.scenario,
+            "tp_source": self.tp_source,
             "verdict": self.verdict,
             "summary": self.summary(),
             "notes": list(self.notes),
@@ -407,6 +410,13 @@ def _launch_time(
         comp, None, "missing", reason, 1, None, None, (key.key_id,), (), (), "missing", "no figure: " + reason
     )
     return seg, None
+
+
+def _estimate_text(seg: Segment, hardware: str) -> str:
+    """'roofline estimate for NVIDIA H200 (detected by NVML)', with the reason where only part is estimated."""
+    if seg.reason.startswith("roofline estimate ("):
+        return f"roofline estimate for {hardware}"
+    return f"estimate for {hardware}: {seg.reason}"
 
 
 def compose_budget(
@@ -521,7 +531,7 @@ def compose_budget(
         hw = estimate or (roofline.hardware if roofline is not None else None)
         hw_text = hw.gpu_name if hw is not None else ""
     segments = [
-        replace(seg, provenance=f"roofline estimate for {hw_text or 'the assumed GPU'}: {seg.reason}")
+        replace(seg, provenance=_estimate_text(seg, hw_text or "the assumed GPU"))
         if seg.provenance_kind == "estimate"
         else seg
         for seg in segments

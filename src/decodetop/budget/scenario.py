@@ -43,22 +43,22 @@ def parse_gpu_list(text: str, flag: str = "--gpus") -> tuple[int, ...]:
     lists, negatives, descending ranges and duplicates are one-line `UserInputError`s naming the flag."""
     items = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in items):
-        raise UserInputError(f"{flag} {text!r}: give GPU indices like 0,1 or 0-3,5")
+        raise UserInputError(f"{flag}: {text!r} is not a GPU list (give e.g. 0,1 or 0-3,5)")
     out: list[int] = []
     for item in items:
         m = _GPU_ITEM.match(item)
         if m is None:
-            raise UserInputError(f"{flag} {text!r}: {item!r} is not a GPU index or range (give e.g. 0,1 or 0-3,5)")
+            raise UserInputError(f"{flag}: {item!r} is not a GPU index or range (give e.g. 0,1 or 0-3,5)")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
-            raise UserInputError(f"{flag} {text!r}: range {item!r} runs backwards (give {hi}-{lo})")
+            raise UserInputError(f"{flag}: range {item!r} runs backwards (give {hi}-{lo})")
         if hi > MAX_GPU_INDEX:
-            raise UserInputError(f"{flag} {text!r}: GPU index {hi} is out of range (0..{MAX_GPU_INDEX})")
+            raise UserInputError(f"{flag}: GPU index {hi} is out of range (0..{MAX_GPU_INDEX})")
         out.extend(range(lo, hi + 1))
     dupes = sorted({i for i in out if out.count(i) > 1})
     if dupes:
-        raise UserInputError(f"{flag} {text!r}: GPU {dupes[0]} is listed twice")
+        raise UserInputError(f"{flag}: GPU {dupes[0]} is listed twice in {text!r}")
     return tuple(out)
 
 

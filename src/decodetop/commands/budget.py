@@ -7,46 +7,46 @@ name and memory bus for the bandwidth).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from decodetop.commands._scenario_args import (
+    add_scenario_arguments,
+    observed_from_args,
+    scenario_from_args,
+    target_from_args,
+)
 from decodetop.errors import UserInputError
+
+if TYPE_CHECKING:
+    from decodetop.budget.scenario import Scenario
+    from decodetop.probes.budgeting import Composition
+
+DEFAULT_MODEL = "glm-5-nvfp4"
+"""The model `decodetop budget` shows without --model/--config (the seed deployment's, docs/architecture.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
-    src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="NAME", help="built-in preset (default glm-5-nvfp4; --list-models)")
-    src.add_argument(
-        "--config", metavar="PATH", help="a local checkpoint directory or its config.json (weights are never read)"
-    )
-    src.add_argument(
+    add_scenario_arguments(parser, default_model=DEFAULT_MODEL)
+    parser.add_argument(
         "--diff",
         nargs=2,
         metavar=("OLD", "NEW"),
         help="compare the budgets of two earlier --json outputs (decodetop probe --model M --json, decodetop budget "
         "--json) per component: which one moved beyond its noise; runs nothing",
     )
+    parser.add_argument(
+        "--results",
+        metavar="PATH",
+        help="compose from the probe results in PATH (a decodetop probe --json file) instead of roofline estimates "
+        "alone; TP defaults to the ranks those results ran on",
+    )
     parser.add_argument("--list-models", action="store_true", help="list the built-in presets and exit")
-    parser.add_argument("--tp", type=int, help="tensor-parallel degree (default: number of GPUs, else 8)")
-    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree (default 1)")
-    parser.add_argument("--batch", type=int, default=1, help="concurrent sequences (default 1)")
-    parser.add_argument("--context", type=int, default=4096, help="tokens in each KV cache (default 4096)")
-    parser.add_argument(
-        "--kv-dtype", default="auto", choices=("auto", "bf16", "fp16", "fp8"), help="KV-cache dtype (default auto)"
-    )
-    parser.add_argument("--accept-length", type=float, help="speculative decoding (MTP): tokens accepted per step")
-    parser.add_argument("--draft-tokens", type=int, help="draft tokens per step (default: from --accept-length)")
-    parser.add_argument(
-        "--launch-mode", default="graph", choices=("graph", "eager"), help="kernel launches (default graph)"
-    )
     parser.add_argument("--gpu", metavar="NAME", help="GPU table row: rtx-pro-6000, h100, h200, b200, a100, ...")
     parser.add_argument("--bandwidth-tbps", type=float, help="measured memory bandwidth, TB/s")
     parser.add_argument("--allreduce-us", type=float, help="measured small-message all-reduce latency, µs")
-    parser.add_argument("--observed-ms", type=float, default=95.0, help="observed step time, ms (default 95)")
-    parser.add_argument("--target-tps", type=float, default=309.0, help="target tok/s per sequence (default 309)")
     parser.add_argument("--plan", action="store_true", help="also print the probe plan (the measurements needed)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
 
@@ -74,19 +74,15 @@ class _GpuFacts:
         nvml = self._get()
         return int(nvml.device_count()) if nvml is not None else 0
 
-    def gpu0(self) -> tuple[str, int, int] | None:
-        """(name, bus width bits, max memory clock MHz) of GPU 0, or None."""
+    def gpu0_name(self) -> str | None:
+        """NVML's name of GPU 0, or None."""
         nvml = self._get()
         if nvml is None or nvml.device_count() < 1:
             return None
         from decodetop.collectors.nvml import GpuRef
 
         name = nvml.query("nvmlDeviceGetName", GpuRef(0))
-        width = nvml.query("nvmlDeviceGetMemoryBusWidth", GpuRef(0))
-        clock = nvml.query("nvmlDeviceGetMaxClockInfo", GpuRef(0), 2)  # NVML_CLOCK_MEM = 2 (nvml.h)
-        if not isinstance(name, str) or not isinstance(width, int) or not isinstance(clock, int):
-            return None
-        return name, width, clock
+        return name if isinstance(name, str) and name else None
 
 
 def _positive(value: float | None, flag: str) -> None:
@@ -96,97 +92,59 @@ def _positive(value: float | None, flag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from decodetop.budget.compose import compose_budget
-    from decodetop.budget.deployment import DEFAULT_TP, Deployment
-    from decodetop.budget.gpus import GPUS, find_gpu, nvml_bandwidth_gbps
-    from decodetop.budget.inventory import build_inventory
+    from decodetop.budget.gpus import GPUS, find_gpu
     from decodetop.budget.plan import build_plan
-    from decodetop.budget.roofline import hardware_for, roofline
-    from decodetop.budget.spec import load_config, load_preset, preset_names
+    from decodetop.budget.spec import preset_names
+    from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full
+    from decodetop.probes.results import load_results
 
     if args.list_models:
         for name in preset_names():
             print(name)
         return 0
     if args.diff:
+        if args.model is not None or args.config is not None or args.results is not None:
+            raise UserInputError("--diff compares two files: give it without --model, --config or --results")
         return _diff(args.diff[0], args.diff[1], as_json=args.json)
-    for value, flag in (
-        (args.bandwidth_tbps, "--bandwidth-tbps"),
-        (args.allreduce_us, "--allreduce-us"),
-        (args.observed_ms, "--observed-ms"),
-        (args.target_tps, "--target-tps"),
-    ):
+    for value, flag in ((args.bandwidth_tbps, "--bandwidth-tbps"), (args.allreduce_us, "--allreduce-us")):
         _positive(value, flag)
-    spec = load_config(args.config) if args.config else load_preset(args.model or "glm-5-nvfp4")
+    observed = observed_from_args(args)
+    target_tps = target_from_args(args)
+    results = list(load_results(args.results)) if args.results else []
     facts = _GpuFacts()
-    tp_source = "--tp"
-    tp = args.tp
-    if tp is None:
-        count = facts.count()
-        tp, tp_source = (count, "GPUs seen by NVML") if count > 0 else (DEFAULT_TP, "default (no GPU count)")
-    dep = Deployment(
-        tp=tp,
-        ep=args.ep,
-        batch=args.batch,
-        context_len=args.context,
-        kv_dtype=args.kv_dtype,
-        accept_length=args.accept_length,
-        draft_tokens=args.draft_tokens,
-        launch_mode=args.launch_mode,
-    )
-    inv = build_inventory(spec, dep)
-
-    gpu = None
-    gpu_name = None
-    assumed = False
+    env = next((r.environment for r in results if r.environment is not None), None)
+    group_size: int | None = None
+    if env is not None:
+        group_size, label = env.world_size, ("GPUs" if env.device_kind == "cuda" else "CPU ranks")
+    else:
+        count = facts.count() if args.tp is None else 0
+        group_size, label = (count or None), "GPUs seen by NVML"
+    scenario = scenario_from_args(args, group_size, group_label=label, default_model=DEFAULT_MODEL)
     bandwidth = args.bandwidth_tbps * 1000 if args.bandwidth_tbps else None
-    bw_source = "measured (--bandwidth-tbps)"
+    bw_source = "measured (--bandwidth-tbps)" if bandwidth else ""
     if args.gpu:
-        gpu = find_gpu(args.gpu)
-        if gpu is None:
+        row = find_gpu(args.gpu)
+        if row is None:
             raise UserInputError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
-    elif bandwidth is None:
-        seen = facts.gpu0()
-        if seen is not None:
-            name, width, clock = seen
-            gpu, gpu_name = find_gpu(name), name
-            bandwidth = nvml_bandwidth_gbps(width, clock)
-            bw_source = f"NVML: {name}, {width}-bit bus × {clock} MHz × 2"
-        else:
-            gpu, assumed = GPUS["rtx-pro-6000"], True  # the seed host's GPU (probes.md §0)
-    hw = hardware_for(
-        gpu,
+        hint = GpuHint(row.name, "--gpu")
+    else:
+        seen = facts.gpu0_name() if env is None else None
+        hint = GpuHint(seen, "detected by NVML") if seen else assumed_gpu()
+    hint = GpuHint(
+        hint.name,
+        hint.how,
         bandwidth_gbps=bandwidth,
         bandwidth_source=bw_source,
         allreduce_latency_us=args.allreduce_us,
-        latency_source="measured (--allreduce-us)",
-        gpu_name=gpu_name,
+        latency_source="measured (--allreduce-us)" if args.allreduce_us else "",
     )
-    if assumed:
-        hw = dataclasses.replace(
-            hw,
-            bandwidth_source="assumed, no --gpu and no NVML; " + hw.bandwidth_source,
-            gpu_name=hw.gpu_name + " (assumed)",
-        )
-    roof = roofline(inv, hw)
-    budget = compose_budget(
-        inv, {}, observed_ms=args.observed_ms, target_tps=args.target_tps, roofline=roof, estimate=hw
-    )
-    plan = build_plan(inv) if args.plan else None
+    comp = compose_full(scenario, results, observed=observed, target_tps=target_tps, gpu=hint)
+    plan = build_plan(scenario.inventory()) if args.plan else None
     if args.json:
-        print(json.dumps(_as_json(spec, inv, roof=roof, budget=budget, plan=plan, tp_source=tp_source), indent=1))
+        print(json.dumps(_as_json(scenario, comp, plan=plan), indent=1, allow_nan=False))
     else:
-        sys.stdout.write(
-            _as_text(
-                spec,
-                inv,
-                roof=roof,
-                budget=budget,
-                plan=plan,
-                tp_source=tp_source,
-                gpu_memory_gib=gpu.memory_gib if gpu is not None and gpu_name is None else None,
-            )
-        )
+        row = find_gpu(comp.hardware.gpu_name) if comp.hardware is not None else None
+        sys.stdout.write(_as_text(scenario, comp, plan=plan, gpu_memory_gib=row.memory_gib if row else None))
     return 0
 
 
@@ -209,8 +167,29 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
 
 
-def _as_json(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_source: str) -> dict[str, Any]:
+def _roofline_json(comp: Composition) -> dict[str, Any] | None:
+    roof = comp.roofline
+    if roof is None:
+        return None
+    return {
+        "gpu": roof.hardware.gpu_name,
+        "hardware": comp.budget.hardware_text,
+        "mem_bandwidth_gbps": roof.hardware.mem_bandwidth_gbps,
+        "bandwidth_source": roof.hardware.bandwidth_source,
+        "allreduce_latency_us": roof.hardware.allreduce_latency_us,
+        "latency_source": roof.hardware.latency_source,
+        "step_ms": roof.step_ms,
+        "ms_per_token": roof.ms_per_token,
+        "tokens_per_s": roof.tokens_per_s,
+        "tokens_per_s_total": roof.tokens_per_s_total,
+        "terms": [{"name": t.name, "ms": t.ms, "detail": t.detail} for t in roof.terms],
+    }
+
+
+def _as_json(scenario: Scenario, comp: Composition, *, plan: Any) -> dict[str, Any]:
+    spec, inv = scenario.spec, scenario.inventory()
     dep = inv.deployment
+    budget = comp.budget
     return {
         "model": {
             "name": spec.name,
@@ -225,7 +204,8 @@ def _as_json(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_sourc
         },
         "deployment": {
             "tp": dep.tp,
-            "tp_source": tp_source,
+            "tp_source": scenario.tp_source,
+            "scenario": scenario.fingerprint_id,
             "ep": dep.ep,
             "batch": dep.batch,
             "context_len": dep.context_len,
@@ -244,18 +224,7 @@ def _as_json(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_sourc
             "all_reduce": {str(k): v for k, v in inv.collective_sizes("all_reduce").items()},
             "all_gather": {str(k): v for k, v in inv.collective_sizes("all_gather").items()},
         },
-        "roofline": {
-            "gpu": roof.hardware.gpu_name,
-            "mem_bandwidth_gbps": roof.hardware.mem_bandwidth_gbps,
-            "bandwidth_source": roof.hardware.bandwidth_source,
-            "allreduce_latency_us": roof.hardware.allreduce_latency_us,
-            "latency_source": roof.hardware.latency_source,
-            "step_ms": roof.step_ms,
-            "ms_per_token": roof.ms_per_token,
-            "tokens_per_s": roof.tokens_per_s,
-            "tokens_per_s_total": roof.tokens_per_s_total,
-            "terms": [{"name": t.name, "ms": t.ms, "detail": t.detail} for t in roof.terms],
-        },
+        "roofline": _roofline_json(comp),
         "budget": budget.to_dict(),
         "assumptions": list(inv.assumptions),
         "inventory": [
@@ -281,12 +250,12 @@ def _as_json(spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_sourc
     }
 
 
-def _as_text(
-    spec: Any, inv: Any, *, roof: Any, budget: Any, plan: Any, tp_source: str, gpu_memory_gib: float | None = None
-) -> str:
+def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib: float | None = None) -> str:
+    from decodetop.probes.budgeting import format_budget_table
     from decodetop.textfmt import format_bytes, format_number, table
 
-    dep = inv.deployment
+    spec, inv = scenario.spec, scenario.inventory()
+    roof, budget = comp.roofline, comp.budget
     lines: list[str] = []
     add = lines.append
     add(f"{spec.name}  ({spec.model_type}; {spec.source})")
@@ -295,13 +264,13 @@ def _as_text(
         "(input embedding excluded, lm_head included)"
     )
     add(f"  weights      {spec.quant.describe()}")
-    add(f"  deployment   {dep.describe(spec)}  (TP from {tp_source})")
+    add(f"  deployment   {scenario.describe().split(', ', 1)[1]}")
     per_token = (inv.weight_bytes + inv.kv_bytes) / inv.tokens_per_step
     add(
         f"  busiest GPU  holds {_gb(inv.resident_weight_bytes)} of weights; reads {_gb(inv.weight_bytes)} weights + "
         f"{_gb(inv.kv_bytes)} KV per step = {_gb(per_token)} per token"
     )
-    if gpu_memory_gib is not None and inv.resident_weight_bytes > gpu_memory_gib * 2**30:
+    if roof is not None and gpu_memory_gib is not None and inv.resident_weight_bytes > gpu_memory_gib * 2**30:
         add(
             f"  warning      {_gb(inv.resident_weight_bytes)} of weights per GPU do not fit in the "
             f"{gpu_memory_gib:g} GiB of a {roof.hardware.gpu_name} (before any KV cache): use more GPUs or fewer bits"
@@ -315,58 +284,43 @@ def _as_text(
         f"{' + 1 after the embedding' if ar else ''})"
         + (f"; all-gathers {', '.join(f'{n} × {format_bytes(s)}' for s, n in sorted(ag.items()))}" if ag else "")
     )
-    hw = roof.hardware
     add("")
-    add(f"Roofline on {hw.gpu_name}, {hw.mem_bandwidth_gbps:g} GB/s, all-reduce {hw.allreduce_latency_us:g} µs")
-    add(f"  bandwidth: {hw.bandwidth_source}")
-    add(f"  latency:   {hw.latency_source}")
-    rows = [[t.name, round(t.ms, 3), t.detail] for t in roof.terms]
-    add(_indent(table(["term", "ms", "detail"], rows)))
-    add(
-        f"  = {format_number(roof.step_ms)} ms per step, {format_number(roof.ms_per_token)} ms per token, "
-        f"{format_number(roof.tokens_per_s)} tok/s per sequence ({format_number(roof.tokens_per_s_total)} tok/s total)"
-    )
-    add("")
-    estimated_only = all(seg.status == "estimated" for seg in budget.segments)
-    title = "Budget (roofline estimates: no probe results)" if estimated_only else "Budget"
-    add(f"{title}, ms per step")
-    brows = []
-    for seg in budget.segments:
-        share = f"{seg.ms / budget.observed_ms * 100:.1f}%" if seg.ms is not None else "-"
-        brows.append([seg.label, round(seg.ms, 3) if seg.ms is not None else None, share, seg.status, seg.reason])
-    brows.append(["total", round(budget.total_ms, 3), f"{budget.total_ms / budget.observed_ms * 100:.1f}%", "", ""])
-    un = budget.unexplained
-    brows.append(
-        [
-            "unexplained",
-            round(un.ms or 0.0, 3),
-            f"{(un.ms or 0.0) / budget.observed_ms * 100:.1f}%",
-            un.status,
-            un.reason,
-        ]
-    )
-    add(_indent(table(["component", "ms", "of observed", "status", "note"], brows, align="lrrll")))
-    observed_tps = 1000 / budget.per_token_ms(budget.observed_ms)
-    add(
-        f"  observed {format_number(budget.observed_ms)} ms/step ({format_number(observed_tps)} tok/s)"
-        f" | target {format_number(budget.target_tps)} tok/s = {format_number(budget.target_ms)} ms/step"
-        f" | roofline {format_number(roof.step_ms)} ms/step"
-    )
-    if budget.target_ms < roof.step_ms:
+    if budget.header:
+        add(budget.header)
+    if roof is None:
+        add(f"Roofline: {budget.hardware_text}")
+    else:
+        hw = roof.hardware
         add(
-            f"  the target is below this deployment's roofline ({format_number(roof.step_ms)} ms): no kernel tuning "
-            "reaches it; it needs fewer bytes per GPU (more GPUs, lower precision, speculative decoding)"
+            f"Roofline on {budget.hardware_text}, {hw.mem_bandwidth_gbps:g} GB/s, all-reduce "
+            f"{hw.allreduce_latency_us:g} µs"
         )
+        add(f"  bandwidth: {hw.bandwidth_source}")
+        add(f"  latency:   {hw.latency_source}")
+        rows = [[t.name, round(t.ms, 3), t.detail] for t in roof.terms]
+        add(_indent(table(["term", "ms", "detail"], rows)))
+        add(
+            f"  = {format_number(roof.step_ms)} ms per step, {format_number(roof.ms_per_token)} ms per token, "
+            f"{format_number(roof.tokens_per_s)} tok/s per sequence "
+            f"({format_number(roof.tokens_per_s_total)} tok/s total)"
+        )
+    add("")
+    measured_any = any(seg.provenance_kind.startswith("measured") for seg in budget.segments)
+    title = "Budget" if measured_any else "Budget (roofline estimates: no probe results)"
+    add(f"{title}, ms per step")
+    add(_indent("\n".join(line for line in format_budget_table(budget, bars=False) if line != budget.header)))
+    for note in budget.notes:
+        add(f"  note: {note}")
     add("")
     add("Assumptions")
     for a in inv.assumptions:
         add(f"  - {a}")
     add("")
     add("Inventory by component (busiest GPU, one decode step)")
-    for comp, ops in inv.by_component().items():
+    for component, ops in inv.by_component().items():
         wsum = sum(op.total_weight_bytes for op in ops)
         ksum = sum(op.total_kernels for op in ops)
-        add(f"  {comp.label}: {len(ops)} ops, {_gb(wsum)} weights, {ksum} kernels")
+        add(f"  {component.label}: {len(ops)} ops, {_gb(wsum)} weights, {ksum} kernels")
         orows = [
             [
                 op.name,

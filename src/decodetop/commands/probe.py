@@ -269,7 +269,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         observed=observed,
         scenario_id=scenario.fingerprint_id,
-        deployment_text=scenario.describe(),
+        tp_source=scenario.tp_source,
     )
     plan = build_plan(inventory)
     plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, options=opts)  # checks

@@ -129,7 +129,7 @@ def compose_full(
         now_s=now_s,
         plan=plan,
         scenario_id=scenario.fingerprint_id,
-        deployment_text=scenario.describe(),
+        tp_source=scenario.tp_source,
     )
 
 
@@ -199,7 +199,7 @@ def compose_inventory(
     plan: ProbePlan | None = None,
     launch_mode: str | None = None,
     scenario_id: str = "",
-    deployment_text: str = "",
+    tp_source: str = "",
 ) -> Composition:
     """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation."""
     from decodetop.probes.planrun import measured_from_results
@@ -246,8 +246,8 @@ def compose_inventory(
     origin = {r.probe: r for r in used}
     segments = tuple(_provenance(s, origin, stored, now) for s in budget.segments)
     budget = dataclasses.replace(budget, segments=segments)
-    if deployment_text:
-        budget = dataclasses.replace(budget, deployment=deployment_text)
+    if tp_source:
+        budget = dataclasses.replace(budget, tp_source=tp_source)
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used))
 
 
