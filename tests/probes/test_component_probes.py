@@ -14,7 +14,8 @@ from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import build_inventory
 from decodetop.budget.spec import load_config
 from decodetop.probes.controller import ProbeController
-from decodetop.probes.planrun import PlanRunOptions, busiest, run_plan
+from decodetop.probes.hooks import busiest
+from decodetop.probes.planrun import PlanRunOptions, run_plan
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus
 
 pytestmark = pytest.mark.slow

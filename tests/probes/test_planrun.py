@@ -17,17 +17,15 @@ from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey, parse_key_id
 from decodetop.budget.plan import build_plan
 from decodetop.budget.spec import load_config, load_preset
 from decodetop.errors import UserInputError
+from decodetop.probes.hooks import busiest
 from decodetop.probes.planrun import (
     PlanRun,
     PlanRunOptions,
-    busiest,
     compose_from_results,
     format_budget,
-    layer_ops,
     measured_from_results,
     plan_requests,
     plan_run_to_dict,
-    representative_layers,
 )
 from decodetop.probes.results import (
     Measurement,
@@ -38,6 +36,7 @@ from decodetop.probes.results import (
     Stats,
     results_from_json,
 )
+from decodetop.probes.specs.layer import layer_ops, representative_layers
 
 TINY_LLAMA = {
     "model_type": "llama",
