@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from decodetop import jsonio
 from decodetop.collectors.nvml import (
     NVML_ERROR_NOT_SUPPORTED,
     Arg,
@@ -225,11 +226,11 @@ def load_recording(name_or_path: str | Path) -> Recording:
             names = ", ".join(bundled_recordings()) or "none"
             raise UserInputError(f"NVML recording {name_or_path!r} not found (bundled: {names})")
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserInputError(f"{path}: cannot read NVML recording: {exc.strerror or exc}") from exc
+        text = jsonio.read_bounded(path).decode("utf-8")  # a FIFO or device is refused unread
+    except UnicodeDecodeError as exc:
+        raise UserInputError(f"{path}: cannot read NVML recording: {exc}") from None
     try:
-        data = json.loads(text)
+        data = jsonio.loads(text, source=str(path))  # nesting, huge numbers, NaN: one line naming the file
     except json.JSONDecodeError as exc:
         raise UserInputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
     return parse_recording(data, str(path))
