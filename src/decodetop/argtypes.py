@@ -127,12 +127,20 @@ def _nearest_existing(directory: Path) -> Path:
     return current
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, as a container or taskset limits it), else the count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
 def check_cpu_ranks(count: int | None, *, force: bool, cpu_count: int | None = None) -> None:
     """Refuse more CPU ranks than the machine has CPUs unless `force`: each rank is a process that spins on a
     core, so more ranks than cores time-slice each other and measure the scheduler, not the method."""
     if count is None:
         return
-    cpus = cpu_count if cpu_count is not None else (os.cpu_count() or 1)
+    cpus = cpu_count if cpu_count is not None else usable_cpus()
     if count > cpus and not force:
         raise UserInputError(
             f"--cpu-ranks {count}: more than the {cpus} CPUs of this machine (add --force to run anyway)"

@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from decodetop import __version__
 from decodetop.errors import DecodetopError
@@ -29,9 +30,17 @@ def _command_module(name: str) -> ModuleType:
     return importlib.import_module(f"decodetop.commands.{name}")
 
 
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line, as every other decodetop error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``decodetop: error: --flag: <problem> (see <prog> --help)`` and exit 2, without the usage block."""
+        self.exit(2, f"decodetop: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: the live UI's flags at the top level, one subparser per headless command."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrorParser(
         prog="decodetop",
         description="Where a multi-GPU LLM decode step's time goes, and whether the host is set up right. "
         "With no subcommand, starts the live terminal UI.",

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
 from decodetop.commands._scenario_args import (
     add_gpus_argument,
     add_scenario_arguments,
@@ -29,15 +30,21 @@ MiB = 1024 * 1024
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
     parser.add_argument("names", nargs="*", metavar="NAME", help="probes to run (default: all); e.g. allreduce launch")
-    parser.add_argument("--json", metavar="PATH", help="write full results as JSON to PATH ('-' for stdout)")
+    parser.add_argument(
+        "--json", type=output_path, metavar="PATH", help="write full results as JSON to PATH ('-' for stdout)"
+    )
     add_gpus_argument(parser)
-    parser.add_argument("--cpu-ranks", type=int, metavar="N", help="CPU ranks (gloo) where there is no GPU (default 2)")
+    parser.add_argument(
+        "--cpu-ranks", type=positive_int, metavar="N", help="CPU ranks (gloo) where there is no GPU (default 2)"
+    )
     parser.add_argument(
         "--device", choices=("auto", "cpu", "cuda"), default="auto", help="force CPU ranks or GPUs (default auto)"
     )
     parser.add_argument("--sizes", metavar="LIST", help="all-reduce sizes replacing the default sweep, e.g. 8,4K,1M")
     parser.add_argument("--add-sizes", metavar="LIST", help="all-reduce sizes added to the sweep, e.g. 12K,96K")
-    parser.add_argument("--timeout", type=float, metavar="S", help="deadline per probe in seconds (default per probe)")
+    parser.add_argument(
+        "--timeout", type=positive_finite_float, metavar="S", help="deadline per probe in seconds (default per probe)"
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -141,8 +148,7 @@ def run(args: argparse.Namespace) -> int:
         spec.resolve_params(params.get(spec.name))  # bad parameters fail before anything is spawned
     if args.timeout is not None and args.timeout <= 0:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
-    if args.cpu_ranks is not None and args.cpu_ranks < 1:
-        raise UserInputError(f"--cpu-ranks must be at least 1, got {args.cpu_ranks}")
+    check_cpu_ranks(args.cpu_ranks, force=args.force)
     gpus = list(g) if (g := gpus_from_args(args)) is not None else None
     if args.launcher == "torchrun":
         from decodetop.probes.worker.torchrun import run_under_torchrun
@@ -254,6 +260,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     target_tps = target_from_args(args)
     if args.timeout is not None and args.timeout <= 0:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
+    check_cpu_ranks(args.cpu_ranks, force=args.force)
     baseline_path = str(getattr(args, "baseline", None) or "")
     baseline = load_budget_document(baseline_path) if baseline_path else None  # a bad file fails before any probe
     gpus = gpus_from_args(args)
