@@ -140,7 +140,7 @@ def test_auto_curve_takes_custom_below_the_limit_and_nccl_above() -> None:
     assert got[16384.0] == ONE_SHOT[16384.0]
     assert got[1048576.0] == ONE_SHOT[1048576.0]
     assert got[16777216.0] == NCCL[16777216.0]
-    assert curve.summary.startswith("NCCL 8 B, custom one-shot 16 KiB–1 MiB, NCCL 16 MiB")
+    assert curve.summary.startswith("NCCL 8 B, custom one-shot 16 KiB–1 MiB, NCCL 16 MiB (vLLM at TP 2 over NVLink")
     path = curve.path_at(32768)
     assert path is not None and path.label == "custom one-shot"
 

@@ -297,7 +297,8 @@ def engine_allreduce_curve(
 
 
 def summarize(paths: list[tuple[int, AllreducePath]] | tuple[tuple[int, AllreducePath], ...]) -> str:
-    """'custom one-shot < 8 MiB, NCCL above (vLLM at TP 2 over NVLink: …)' — the runs of one path, in size order."""
+    """'NCCL 8 B, custom one-shot 16 KiB–1 MiB, NCCL 16 MiB (vLLM at TP 2 over NVLink: …)': the runs of one path in
+    size order, with the reason of the first custom run (the first run's where none is custom)."""
     runs: list[tuple[str, int, int, str]] = []
     for size, path in paths:
         if runs and runs[-1][0] == path.label:
@@ -310,7 +311,8 @@ def summarize(paths: list[tuple[int, AllreducePath]] | tuple[tuple[int, Allreduc
     if len(runs) == 1:
         return f"{runs[0][0]} ({runs[0][3]})"
     parts = [f"{label} {_size_text(lo)}" + (f"–{_size_text(hi)}" if hi != lo else "") for label, lo, hi, _r in runs]
-    return ", ".join(parts) + f" ({runs[0][3]})"
+    custom = [r for r in runs if r[0] != "NCCL"]
+    return ", ".join(parts) + f" ({(custom or runs)[0][3]})"
 
 
 # --------------------------------------------------------------------------------------------- topology

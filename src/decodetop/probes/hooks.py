@@ -114,9 +114,13 @@ class MeasuredSetBuilder:
 
     launch_mode: str = "graph"
     plan: ProbePlan | None = None
+    allreduce_choice: str = "auto"
+    """`--allreduce`: auto (what vLLM would run), nccl or custom (decodetop.budget.engine_paths)."""
     times: dict[str, MeasuredTime] = field(default_factory=dict)
     gemm_points: dict[str, dict[int, float]] = field(default_factory=dict)
     allreduce_points: dict[str, dict[float, float]] = field(default_factory=dict)
+    allreduce_sources: dict[str, str] = field(default_factory=dict)
+    """Source text per all-reduce curve (the path the engine rule chose and why); 'allreduce probe' otherwise."""
     layers: list[LayerComposition] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     copy_gbps: float = math.inf
@@ -149,7 +153,9 @@ class MeasuredSetBuilder:
     def build(self) -> MeasuredSet:
         gemm_curves = {c: Curve(tuple(sorted(p.items())), "gemm probe sweep") for c, p in self.gemm_points.items() if p}
         ar_curves = {
-            c: Curve(tuple(sorted(p.items())), "allreduce probe") for c, p in self.allreduce_points.items() if p
+            c: Curve(tuple(sorted(p.items())), self.allreduce_sources.get(c, "allreduce probe"))
+            for c, p in self.allreduce_points.items()
+            if p
         }
         return MeasuredSet(
             times=self.times,

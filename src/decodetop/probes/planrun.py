@@ -190,11 +190,13 @@ def measured_from_results(
     launch_mode: str = "graph",
     plan: ProbePlan | None = None,
     registry: ProbeRegistry | None = None,
+    allreduce: str = "auto",
 ) -> MeasuredSet:
     """Read probe results into budget inputs: each result through its probe's `read` hook (the generic keyed
-    reader for a probe this registry does not know); see the module docstring for the rules."""
+    reader for a probe this registry does not know); see the module docstring for the rules. `allreduce`:
+    auto, nccl or custom (`decodetop.budget.engine_paths`)."""
     reg = registry or ProbeRegistry()
-    into = MeasuredSetBuilder(launch_mode=launch_mode, plan=plan)
+    into = MeasuredSetBuilder(launch_mode=launch_mode, plan=plan, allreduce_choice=allreduce)
     for res in results:
         read = reg.get(res.probe).read if res.probe in reg else read_keyed_points
         read(res, into)

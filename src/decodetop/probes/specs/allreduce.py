@@ -8,9 +8,10 @@ pipelined for eager; pipelined when that mode was not measured, with a note), on
 
 from __future__ import annotations
 
+from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
 from decodetop.budget.keys import AllreduceKey
-from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest, ok_measurements
-from decodetop.probes.results import ProbeResult
+from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest
+from decodetop.probes.results import MeasurementStatus, ProbeResult
 from decodetop.probes.spec import ProbeSpec
 
 MiB = 1024 * 1024
@@ -60,23 +61,60 @@ def plan(ctx: PlanContext) -> Planned:
 
 
 def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
-    """The all-reduce curve in the launch mode's collective mode."""
+    """The all-reduce curve in the launch mode's collective mode; with custom (P2P) points in the result, the curve
+    the engine rule picks per size under `into.allreduce_choice` (decodetop.budget.engine_paths), its source
+    naming the path and why."""
     by_mode: dict[str, dict[float, float]] = {}
-    for m in ok_measurements(result):
+    custom: dict[str, dict[str, dict[float, float]]] = {}
+    custom_tried = False
+    unsupported = ""
+    capability: str | None = None
+    for m in result.measurements:
+        impl = str(m.params.get("impl", "nccl"))
         ranks = m.params.get("world_size")
         if into.plan_ranks is not None and ranks != into.plan_ranks:
+            continue
+        if impl != "nccl":
+            custom_tried = True
+            if m.status is MeasurementStatus.UNSUPPORTED and not unsupported:
+                unsupported = m.note
+            cc = m.params.get("compute_capability")
+            capability = str(cc) if cc else capability
+        if m.status is not MeasurementStatus.OK:
             continue
         t = busiest(m)
         size = m.params.get("size_bytes")
         if t is None or not isinstance(size, (int, float)) or size <= 0:
             continue
-        by_mode.setdefault(str(m.params.get("mode")), {})[float(size)] = t.median_ms
+        mode = str(m.params.get("mode"))
+        if impl == "nccl":
+            by_mode.setdefault(mode, {})[float(size)] = t.median_ms
+        else:
+            custom.setdefault(mode, {}).setdefault(impl, {})[float(size)] = t.median_ms
     want = into.collective_mode
     chosen = want if want in by_mode else ("pipelined" if "pipelined" in by_mode else None)
-    if chosen is not None:
-        into.allreduce_points["all_reduce"] = by_mode[chosen]
-        if chosen != want:
-            into.notes.append(f"all-reduce curve from {chosen} mode ({want} not measured)")
+    if chosen is None:
+        return
+    into.allreduce_points["all_reduce"] = by_mode[chosen]
+    if chosen != want:
+        into.notes.append(f"all-reduce curve from {chosen} mode ({want} not measured)")
+    if not custom_tried:  # results from before the custom kernels: NCCL as measured
+        return
+    ranks = into.plan_ranks or int(result.world_size)
+    env = result.environment
+    topo = AllreduceTopology(
+        world_size=ranks,
+        compute_capability=capability,
+        p2p_all_pairs=True if custom.get(chosen) else None,
+        nvlink_all_pairs=nvlink_all_pairs(env.topology if env else None, ranks),
+        custom_unsupported=unsupported if not custom.get(chosen) else "",
+    )
+    curve = engine_allreduce_curve(into.allreduce_choice, topo, by_mode[chosen], custom.get(chosen, {}))
+    for impl, points in custom.get(chosen, {}).items():
+        into.allreduce_points[f"all_reduce:{impl}"] = points
+    into.allreduce_points["all_reduce"] = dict(curve.points)
+    into.allreduce_sources["all_reduce"] = f"allreduce probe: {curve.summary}"
+    into.notes.extend(curve.notes)
 
 
 SPEC = ProbeSpec(
@@ -85,9 +123,15 @@ SPEC = ProbeSpec(
     module="decodetop.probes.worker.allreduce",
     default_timeout_s=300.0,
     collective=True,
-    table_columns=("size_bytes", "mode"),
+    table_columns=("size_bytes", "mode", "impl"),
     default_params={
         "sizes": default_allreduce_sizes(),
+        # nccl (torch.distributed) and the engines' P2P kernel class through torch symmetric memory
+        # (decodetop.probes.worker.symm_allreduce); "multimem" only with the multimem opt-in below.
+        "impls": ["nccl", "one_shot", "two_shot"],
+        # Largest custom size swept: twice the engines' 8 MiB custom all-reduce limit (budget/engine_paths.py).
+        "custom_max_bytes": 16 * MiB,
+        "multimem": False,  # NVLink multicast stays off on shared machines; true opts in to the multimem kernel
         "extra_sizes": [],  # sizes the caller adds (e.g. a model's exact message sizes), bytes
         "modes": ["pipelined", "graph", "synced"],
         "ops_per_sample": 20,  # N back-to-back ops per timed sample (nccl-tests default -n 20: probes.md §1)

@@ -12,6 +12,10 @@ bf16 on GPUs (the TP activation dtype), fp32 on gloo (gloo has no bf16 sum on ev
 (nccl-tests' all-reduce bus bandwidth: probes.md §1), and `p99_us` for synced. The sum is checked once per size,
 outside the timing (inputs rank+1 everywhere; expected n(n+1)/2). Timed buffers hold zeros, so repeated in-place
 sums never overflow.
+
+Implementations (`impls`, each point's `impl` param): `nccl` (torch.distributed, all three modes) and the engines'
+kernel class, P2P `one_shot` / `two_shot` through torch's symmetric memory (graph and pipelined modes, sizes up to
+`custom_max_bytes`; `multimem` only with the `multimem` opt-in): `decodetop.probes.worker.symm_allreduce`.
 """
 
 from __future__ import annotations
@@ -87,8 +91,11 @@ def _sizes(params: dict[str, Any]) -> list[int]:
 
 
 def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
-    """Sweep the sizes on every rank; returns this rank's samples and metrics per (size, mode)."""
+    """Sweep the sizes on every rank; returns this rank's samples and metrics per (size, mode, impl)."""
+    from decodetop.probes.worker import symm_allreduce
+
     sizes = _sizes(params)
+    impls = [str(i) for i in params.get("impls", ["nccl"])]
     modes = [str(m) for m in params["modes"]]
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -101,7 +108,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     ctx.require_free_bytes(max(sizes) + elsize, "all-reduce buffer")
     n = ctx.world_size
     out: list[RankMeasurement] = []
-    for index, size in enumerate(sizes):
+    for index, size in enumerate(sizes if "nccl" in impls else []):
         ctx.progress(f"{format_bytes(size)}", index, len(sizes))
         numel = max(1, size // elsize)
         nbytes = numel * elsize
@@ -117,7 +124,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
             time_host(op, 1, _ESTIMATE_OPS, warmup=int(params["warmup_ops"]), sync=ctx.synchronize)
         )
         est_us = ctx.agree_max(est_us)
-        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n}
+        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n, "impl": "nccl"}
         for mode in modes:
             name = f"allreduce {format_bytes(nbytes)} {mode}"
             point = {**base, "mode": mode}
@@ -168,6 +175,8 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
             note = "one rank: nothing is exchanged, this is the call's own cost" if n == 1 else ""
             out.append(RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics, note=note))
         del buf
+    custom = [i for i in impls if i != "nccl"]
+    out.extend(symm_allreduce.run_custom(ctx, params, sizes=sizes, modes=modes, impls=custom, metrics_for=metrics_for))
     ctx.progress("done", len(sizes), len(sizes))
     return RankOutput(measurements=tuple(out))
 
