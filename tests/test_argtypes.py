@@ -12,6 +12,7 @@ from decodetop.argtypes import (
     check_cpu_ranks,
     file_or_directory,
     non_empty,
+    output_file,
     output_path,
     positive_finite_float,
     positive_int,
@@ -88,6 +89,8 @@ def test_output_path_is_checked_up_front(tmp_path: Path) -> None:
         output_path(str(blocker / "out.json"))
     with pytest.raises(argparse.ArgumentTypeError, match="must not be empty"):
         output_path("")
+    with pytest.raises(argparse.ArgumentTypeError, match="needs a file"):
+        output_file("-")  # no standard output for a file written while the screen is in use
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes whatever the mode")

@@ -88,12 +88,23 @@ def file_or_directory(text: str) -> Path:
 def output_path(text: str) -> str:
     """Where a command writes its output, checked before any work starts: ``-`` (standard output), or a regular
     file (new or existing) in a directory this user can write (tried by creating and removing an empty file there,
-    as the atomic writer will). A directory, a device or a FIFO is refused (an
-    atomic write would replace it); so is a place that cannot be written. Returned as given, for the writer."""
+    as the atomic writer will). A directory, a device or a FIFO is refused (an atomic write would replace it); so
+    is a place that cannot be written. Returned as given, for the writer."""
     if text == STDOUT:
         return text
+    return _check_output(text, hint=" (use - for standard output)")
+
+
+def output_file(text: str) -> str:
+    """`output_path` without ``-``: a file that is written while the screen is in use (``--record``)."""
+    if text == STDOUT:
+        raise argparse.ArgumentTypeError("needs a file: standard output is the screen here")
+    return _check_output(text, hint="")
+
+
+def _check_output(text: str, hint: str) -> str:
     if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty (use - for standard output)")
+        raise argparse.ArgumentTypeError(f"must not be empty{hint}")
     path = Path(text).expanduser()
     try:
         info = path.stat()
@@ -103,8 +114,7 @@ def output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text}: cannot write ({exc.strerror or exc})") from None
     if info is not None:
         if not stat.S_ISREG(info.st_mode):
-            kind = file_kind(info.st_mode)
-            raise argparse.ArgumentTypeError(f"{text}: {kind}, not a file to write (use - for standard output)")
+            raise argparse.ArgumentTypeError(f"{text}: {file_kind(info.st_mode)}, not a file to write{hint}")
         if not os.access(path, os.W_OK):
             raise argparse.ArgumentTypeError(f"{text}: cannot write (Permission denied)")
     parent = _nearest_existing(path.parent)
