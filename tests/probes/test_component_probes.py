@@ -121,7 +121,9 @@ def test_gemm_sweep_references_and_unsupported_dtypes(controller: ProbeControlle
 def test_moe_grouped_and_loop(controller: ProbeController) -> None:
     res = _run(controller, "moe", {"keys": [MOE]})
     variants = {m.params["variant"]: m for m in _by(res, key=MOE)}
-    assert set(variants) == {"grouped", "loop"}
+    assert set(variants) == {"grouped", "loop", "fused"}
+    fused = variants.pop("fused")  # the Triton kernel: GPUs only, with the reason
+    assert fused.status is MeasurementStatus.UNSUPPORTED and ("Triton" in fused.note or "CUDA" in fused.note)
     for m in variants.values():
         _ok(m)
         assert m.metrics["weight_bytes"] == 3 * (2 * 32 * 64 + 64 * 32) * 2  # the 3 active experts only

@@ -6,7 +6,9 @@ weighted combine — two ways, both reported:
 
 - `grouped`: one grouped GEMM per projection (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`; FP8 through
   `torch._scaled_grouped_mm`), as fused-MoE kernels do (probes.md §7.7);
-- `loop`: a per-expert loop of plain GEMMs (`_scaled_mm` for FP8), what a naive implementation launches.
+- `loop`: a per-expert loop of plain GEMMs (`_scaled_mm` for FP8), what a naive implementation launches;
+- `fused`: decodetop's Triton grouped GEMV over the routed experts (two kernels, expert ids read on the device), the
+  class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only).
 
 Only the active experts' weights are allocated (× rotation copies above 2× L2); metrics include the bytes of the
 active experts per step. The budget takes the faster supported variant. The shared experts are dense MLP GEMMs in
@@ -25,11 +27,12 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import MoeKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.fused_moe import fused_moe_runner
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
 from decodetop.probes.worker.timing import Rotation
 
-MOE_VARIANTS = ("grouped", "loop")
+MOE_VARIANTS = ("grouped", "loop", "fused")
 
 
 def _grouped_mm_fn() -> Callable[..., torch.Tensor] | None:
@@ -190,14 +193,11 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
         ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
         for variant in variants:
             pt = {"what": "moe", "key": kid, "variant": variant, "role": "budget", "device": ctx.device.type}
-            out.append(
-                measure(
-                    ctx,
-                    opts,
-                    f"{kid} [{variant}]",
-                    pt,
-                    partial(moe_runner, key, ctx, rotate=opts.rotate, variant=variant),
-                )
+            build = (
+                partial(fused_moe_runner, key, ctx, rotate=opts.rotate)
+                if variant == "fused"
+                else partial(moe_runner, key, ctx, rotate=opts.rotate, variant=variant)
             )
+            out.append(measure(ctx, opts, f"{kid} [{variant}]", pt, build))
     ctx.progress("done", len(keys), len(keys))
     return RankOutput(measurements=tuple(out))
