@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Any
 
+from decodetop.argtypes import non_empty, positive_finite_float, positive_int
 from decodetop.errors import UserInputError
 
 
@@ -20,8 +21,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "file", nargs="?", help="a PyTorch profiler trace (.json or .json.gz), or a directory of per-rank traces"
     )
-    parser.add_argument("--server", metavar="URL", help="capture a trace from a live SGLang/vLLM server instead")
-    parser.add_argument("--steps", type=int, default=5, help="decode steps to profile with --server (default 5)")
+    parser.add_argument(
+        "--server", type=non_empty, metavar="URL", help="capture a trace from a live SGLang/vLLM server instead"
+    )
+    parser.add_argument(
+        "--steps", type=positive_int, default=5, help="decode steps to profile with --server (default 5)"
+    )
     parser.add_argument("--engine", default="auto", choices=("auto", "sglang", "vllm"), help="server kind")
     parser.add_argument(
         "--output-dir",
@@ -30,10 +35,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where the server writes traces (SGLang: sent as output_dir; vLLM: its VLLM_TORCH_PROFILER_DIR)",
     )
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the trace (default 120)")
-    parser.add_argument("--duration", type=float, default=3.0, help="vLLM: seconds between start and stop (default 3)")
+    parser.add_argument(
+        "--timeout", type=positive_finite_float, default=120.0, help="seconds to wait for the trace (default 120)"
+    )
+    parser.add_argument(
+        "--duration", type=positive_finite_float, default=3.0, help="vLLM: seconds between start and stop (default 3)"
+    )
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--model", metavar="NAME", help="budget preset to compare with (decodetop budget --list-models)")
+    src.add_argument(
+        "--model", type=non_empty, metavar="NAME", help="budget preset to compare with (decodetop budget --list-models)"
+    )
     src.add_argument("--config", metavar="PATH", help="HF config.json (or its directory) to compare with")
     src.add_argument("--budget", metavar="JSON", help="a budget JSON (decodetop budget --json, or {component: ms})")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for the budget (default 1)")
