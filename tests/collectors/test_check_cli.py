@@ -11,8 +11,6 @@ import pytest
 
 from decodetop.cli import main
 
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-
 
 @pytest.fixture(autouse=True)
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -28,15 +26,21 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dic
 
 @pytest.mark.parametrize(
     ("name", "code"),
-    [("epyc-well-tuned", 0), ("epyc-motivating", 1), ("lxc-stale-uvm-major", 2), ("firecracker-h200-vm", 0)],
+    [
+        ("epyc-well-tuned", 0),
+        ("epyc-motivating", 1),
+        ("lxc-stale-uvm-major", 2),
+        ("firecracker-h200-vm", 0),
+        ("kvm-haltpoll-vm", 0),
+    ],
 )
-def test_exit_codes_on_fixtures(capsys: pytest.CaptureFixture[str], name: str, code: int) -> None:
-    got, document = _json(capsys, ["--root", str(HOSTS / name / "root")])
+def test_exit_codes_on_fixtures(capsys: pytest.CaptureFixture[str], hosts: Path, name: str, code: int) -> None:
+    got, document = _json(capsys, ["--root", str(hosts / name / "root")])
     assert got == code == document["exit_code"]
 
 
-def test_table_is_failing_first_and_verbose_adds_fix(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--root", str(HOSTS / "lxc-stale-uvm-major" / "root"), "--verbose"]) == 2
+def test_table_is_failing_first_and_verbose_adds_fix(capsys: pytest.CaptureFixture[str], hosts: Path) -> None:
+    assert main(["check", "--root", str(hosts / "lxc-stale-uvm-major" / "root"), "--verbose"]) == 2
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[1].split()[:5] == ["ID", "STATUS", "TITLE", "OBSERVED", "EXPECTED"]
@@ -45,9 +49,9 @@ def test_table_is_failing_first_and_verbose_adds_fix(capsys: pytest.CaptureFixtu
     assert "→ exit 2 (critical)" in out
 
 
-def test_baseline_save_then_diff(capsys: pytest.CaptureFixture[str], state_dir: Path) -> None:
-    good = str(HOSTS / "epyc-well-tuned" / "root")
-    bad = str(HOSTS / "epyc-motivating" / "root")
+def test_baseline_save_then_diff(capsys: pytest.CaptureFixture[str], state_dir: Path, hosts: Path) -> None:
+    good = str(hosts / "epyc-well-tuned" / "root")
+    bad = str(hosts / "epyc-motivating" / "root")
     assert main(["check", "--root", good, "--save-baseline", "boot1"]) == 0
     assert (state_dir / "baselines" / "boot1.json").is_file()
     capsys.readouterr()
@@ -58,14 +62,26 @@ def test_baseline_save_then_diff(capsys: pytest.CaptureFixture[str], state_dir: 
     assert ("C14", "kernel") in changes
 
 
-def test_corrupt_baseline_clear_error_not_overwritten(capsys: pytest.CaptureFixture[str], state_dir: Path) -> None:
+@pytest.mark.parametrize(("name", "code"), [("epyc-well-tuned", 0), ("epyc-motivating", 1)])
+def test_unreadable_baseline_keeps_the_findings_exit_code_and_the_file(
+    capsys: pytest.CaptureFixture[str], state_dir: Path, hosts: Path, name: str, code: int
+) -> None:
+    """Monitoring reads the exit code: a corrupt baseline is said on stderr, never turned into a critical (2)."""
     path = state_dir / "baselines" / "default.json"
     path.parent.mkdir(parents=True)
     path.write_text("{garbage")
-    code = main(["check", "--root", str(HOSTS / "epyc-well-tuned" / "root"), "--save-baseline"])
+    root = str(hosts / name / "root")
+    assert main(["check", "--root", root, "--save-baseline"]) == code
     err = capsys.readouterr().err
-    assert code == 2 and "default.json: not valid JSON" in err
+    assert "baseline not saved" in err and "default.json: not valid JSON" in err
+    assert main(["check", "--root", root, "--baseline", "default"]) == code
+    captured = capsys.readouterr()
+    assert "baseline not compared" in captured.err and "Changed since" not in captured.out
     assert path.read_text() == "{garbage"
+    (path.parent / "deep.json").write_text("[" * 100_000)
+    assert main(["check", "--root", root, "--baseline", "deep"]) == code
+    assert "baseline not compared" in capsys.readouterr().err
+    assert (path.parent / "deep.json").read_text() == "[" * 100_000
     assert main(["check", "--baseline", "missing"]) == 2
     assert "no such baseline" in capsys.readouterr().err
 
@@ -103,13 +119,13 @@ def test_check_does_not_import_textual_or_torch() -> None:
 
 
 @pytest.mark.parametrize("name", ["epyc-motivating", "lxc-stale-uvm-major"])
-def test_recording_a_tree_packs_everything_the_checks_read(tmp_path: Path, name: str) -> None:
+def test_recording_a_tree_packs_everything_the_checks_read(tmp_path: Path, hosts: Path, name: str) -> None:
     """Config space (hex), device numbers, open outcomes, kmsg and the second cpuidle sample survive the trip."""
+    from decodetop.collectors.archive import RecordingRoot, unpack_collected, write_collect_tarball
     from decodetop.collectors.checks.host import run_host_checks
-    from decodetop.collectors.collect import RecordingRoot, unpack_collected, write_collect_tarball
     from decodetop.collectors.hostroot import HostRoot
 
-    recorder = RecordingRoot(HOSTS / name / "root")
+    recorder = RecordingRoot(hosts / name / "root")
     before = run_host_checks(recorder, sample_interval_s=0.0)
     archive = tmp_path / "c.tar.gz"
     write_collect_tarball(recorder, archive, {"n": len(before)})
@@ -124,7 +140,7 @@ def test_unpack_rejects_foreign_archives(tmp_path: Path) -> None:
     import io
     import tarfile
 
-    from decodetop.collectors.collect import unpack_collected
+    from decodetop.collectors.archive import unpack_collected
     from decodetop.errors import UserInputError
 
     archive = tmp_path / "evil.tar.gz"
@@ -152,7 +168,7 @@ def test_default_baseline_is_compared_automatically(capsys: pytest.CaptureFixtur
 
 
 def test_root_accepts_the_unpacked_collect_folder(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    from decodetop.collectors.collect import ARCHIVE_TOP, unpack_collected
+    from decodetop.collectors.archive import ARCHIVE_TOP, unpack_collected
 
     archive = tmp_path / "host.tar.gz"
     main(["check", "--collect", str(archive), "--sample-interval", "0"])
@@ -162,3 +178,43 @@ def test_root_accepts_the_unpacked_collect_folder(capsys: pytest.CaptureFixture[
     assert document["root"] == str(tmp_path / "x" / ARCHIVE_TOP)
     assert "C16" in {r["check_id"] for r in document["results"]}  # type: ignore[attr-defined,index]
     assert code == document["exit_code"]
+
+
+def test_a_crash_inside_check_exits_unknown(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Monitoring plugins exit 3 (UNKNOWN) when they cannot tell; a bug must never read as warning or critical."""
+    import decodetop.collectors.checks.host as host
+
+    def boom(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(host, "run_all_checks", boom)
+    assert main(["check", "--sample-interval", "0"]) == 3
+    err = capsys.readouterr().err
+    assert err == "decodetop check: UNKNOWN: internal error: RuntimeError: boom\n"
+
+
+def test_root_that_is_this_host_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A copied tree (or an unpacked decodetop-collect/ folder) whose root is a link to / would show this host."""
+    (tmp_path / "slash").symlink_to("/")
+    collect = tmp_path / "decodetop-collect"
+    collect.mkdir()
+    (collect / "findings.json").write_text("{}")
+    (collect / "root").symlink_to("/")
+    for root in (tmp_path / "slash", collect):
+        assert main(["check", "--root", str(root)]) == 2
+        assert "resolves to / (this host)" in capsys.readouterr().err
+
+
+def test_run_as_root_advice_only_when_not_root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import decodetop.collectors.checks.context as context
+    from decodetop.collectors.hostroot import HostRoot
+
+    error = ValueError("state1/name: empty")
+    monkeypatch.setattr(context.os, "geteuid", lambda: 1000)
+    assert context.unknown_result("C8", "Deep C-states", error, root=HostRoot()).fix.startswith("Run as root")
+    assert context.unknown_result("C8", "Deep C-states", error, root=HostRoot(tmp_path)).fix.startswith("Run as root")
+    monkeypatch.setattr(context.os, "geteuid", lambda: 0)
+    fix = context.unknown_result("C8", "Deep C-states", error, root=HostRoot()).fix
+    assert "root" not in fix and "--collect" in fix

@@ -1,7 +1,8 @@
-"""Golden findings for the copied host trees under tests/fixtures/hosts (node_exporter's e2e pattern).
+"""Golden findings for the host trees built by tests/fixtures/hosts/build_fixtures.py (node_exporter's e2e pattern).
 
-Each scenario's `expected.json` holds (check_id, status, observed, facts) for every finding. To update after a
-reviewed change: `DECODETOP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/collectors/test_checks_fixtures.py`,
+Each scenario's committed `expected.json` holds (check_id, status, observed, facts) for every finding. To update
+after a reviewed change:
+`DECODETOP_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/collectors/test_checks_fixtures.py`,
 then read `git diff tests/fixtures/hosts/*/expected.json`.
 """
 
@@ -9,34 +10,57 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from host_trees import HOST_FIXTURES, SCENARIOS, load_generator
 
 from decodetop.collectors.checks.host import run_all_checks, run_host_checks
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
 from decodetop.collectors.hostroot import HostRoot
 
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-SCENARIOS = sorted(p.name for p in HOSTS.iterdir() if (p / "root").is_dir())
 UPDATE = os.environ.get("DECODETOP_UPDATE_GOLDEN") == "1"
 
 
-def _run(name: str) -> list[CheckResult]:
-    return run_all_checks(HostRoot(HOSTS / name / "root"), sample_interval_s=0.0)
+@pytest.fixture()
+def run(hosts: Path) -> Callable[[str], list[CheckResult]]:
+    """All checks over scenario `name`'s tree."""
+    return lambda name: run_all_checks(HostRoot(hosts / name / "root"), sample_interval_s=0.0)
 
 
 def _by_id(results: list[CheckResult]) -> dict[str, CheckResult]:
     return {r.check_id: r for r in results}
 
 
-def test_all_four_scenarios_present() -> None:
-    assert SCENARIOS == ["epyc-motivating", "epyc-well-tuned", "firecracker-h200-vm", "lxc-stale-uvm-major"]
+def test_every_scenario_has_golden_findings_and_no_stray_ones() -> None:
+    assert SCENARIOS == (
+        "epyc-motivating",
+        "epyc-well-tuned",
+        "firecracker-h200-vm",
+        "kvm-haltpoll-vm",
+        "lxc-stale-uvm-major",
+    )
+    assert sorted(p.parent.name for p in HOST_FIXTURES.glob("*/expected.json")) == list(SCENARIOS)
+
+
+def test_generator_is_deterministic(hosts: Path, tmp_path: Path) -> None:
+    """A second build is byte-for-byte the first (contents, symlink targets, layout): the golden files pin it."""
+
+    def snapshot(base: Path) -> dict[str, bytes | str]:
+        out: dict[str, bytes | str] = {}
+        for path in sorted(base.rglob("*")):
+            rel = str(path.relative_to(base))
+            out[rel] = f"-> {path.readlink()}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
+        return out
+
+    load_generator().build("kvm-haltpoll-vm", tmp_path / "again")
+    assert snapshot(tmp_path / "again") == snapshot(hosts / "kvm-haltpoll-vm" / "root")
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_golden_findings(name: str) -> None:
-    results = _run(name)
+def test_golden_findings(run: Callable[[str], list[CheckResult]], name: str) -> None:
+    results = run(name)
     got = {
         "exit_code": exit_code(results),
         "results": [
@@ -44,15 +68,15 @@ def test_golden_findings(name: str) -> None:
             for r in results
         ],
     }
-    golden = HOSTS / name / "expected.json"
+    golden = HOST_FIXTURES / name / "expected.json"
     if UPDATE:
         golden.write_text(json.dumps(got, indent=1, ensure_ascii=False) + "\n")
     expected = json.loads(golden.read_text())
     assert got == expected
 
 
-def test_motivating_host_findings() -> None:
-    results = _run("epyc-motivating")
+def test_motivating_host_findings(run: Callable[[str], list[CheckResult]]) -> None:
+    results = run("epyc-motivating")
     r = _by_id(results)
     assert r["C1"].status == Status.WARN and "acpi-cpufreq" in r["C1"].observed
     assert r["C2"].status == Status.WARN and "0x1A" in r["C2"].observed
@@ -66,15 +90,15 @@ def test_motivating_host_findings() -> None:
     assert exit_code(results) == 1
 
 
-def test_motivating_host_link_judged_under_load() -> None:
-    root = HostRoot(HOSTS / "epyc-motivating" / "root")
+def test_motivating_host_link_judged_under_load(hosts: Path) -> None:
+    root = HostRoot(hosts / "epyc-motivating" / "root")
     busy = {"0000:03:00.0": True, "0000:04:00.0": True}
     r = _by_id(run_host_checks(root, sample_interval_s=0.0, gpu_busy=busy))
     assert r["P1:0000:03:00.0"].status == Status.WARN
 
 
-def test_well_tuned_host_is_clean() -> None:
-    results = _run("epyc-well-tuned")
+def test_well_tuned_host_is_clean(run: Callable[[str], list[CheckResult]]) -> None:
+    results = run("epyc-well-tuned")
     assert exit_code(results) == 0
     r = _by_id(results)
     assert "PM-QoS" in r["C8"].observed
@@ -82,8 +106,8 @@ def test_well_tuned_host_is_clean() -> None:
     assert not any("00:08.0" in cid for cid in r)
 
 
-def test_lxc_stale_major_spells_out_the_symptom() -> None:
-    results = _run("lxc-stale-uvm-major")
+def test_lxc_stale_major_spells_out_the_symptom(run: Callable[[str], list[CheckResult]]) -> None:
+    results = run("lxc-stale-uvm-major")
     r = _by_id(results)
     n12 = r["N12"]
     assert n12.status == Status.FAIL
@@ -96,8 +120,8 @@ def test_lxc_stale_major_spells_out_the_symptom() -> None:
     assert exit_code(results) == 2
 
 
-def test_firecracker_vm_says_not_exposed() -> None:
-    results = _run("firecracker-h200-vm")
+def test_firecracker_vm_says_not_exposed(run: Callable[[str], list[CheckResult]]) -> None:
+    results = run("firecracker-h200-vm")
     r = _by_id(results)
     assert r["C16"].observed.startswith("VM (firecracker)")
     for cid in ("C1", "C4", "C8"):
@@ -106,16 +130,8 @@ def test_firecracker_vm_says_not_exposed() -> None:
     assert exit_code(results) == 0
 
 
-def _copy(tmp_path: Path, name: str) -> Path:
-    import shutil
-
-    dest = tmp_path / name
-    shutil.copytree(HOSTS / name / "root", dest, symlinks=True)
-    return dest
-
-
-def test_xid_in_kernel_log(tmp_path: Path) -> None:
-    tree = _copy(tmp_path, "firecracker-h200-vm")
+def test_xid_in_kernel_log(copy_host: Callable[[str], Path]) -> None:
+    tree = copy_host("firecracker-h200-vm")
     with (tree / "dev/kmsg").open("a") as log:
         log.write("4,950,3012345,-;NVRM: Xid (PCI:0000:00:07): 13, pid=4711, name=python3, Graphics Exception\n")
     r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))
@@ -126,9 +142,9 @@ def test_xid_in_kernel_log(tmp_path: Path) -> None:
     assert r["N8"].status == Status.FAIL and r["N8"].facts["xids"] == "13,79"
 
 
-def test_cgroup_v1_devices_list(tmp_path: Path) -> None:
+def test_cgroup_v1_devices_list(copy_host: Callable[[str], Path]) -> None:
     """The LXC story under cgroup v1: devices.list still allows the old uvm major 510 only."""
-    tree = _copy(tmp_path, "lxc-stale-uvm-major")
+    tree = copy_host("lxc-stale-uvm-major")
     (tree / "sys/fs/cgroup/cgroup.controllers").unlink()
     (tree / "proc/3321/cgroup").write_text("12:devices:/lxc/101\n0::/\n")
     devices = tree / "sys/fs/cgroup/devices/lxc/101"
@@ -144,9 +160,9 @@ def test_cgroup_v1_devices_list(tmp_path: Path) -> None:
     assert r["N12"].status == Status.PASS
 
 
-def test_host_side_lxc_configs(tmp_path: Path) -> None:
+def test_host_side_lxc_configs(copy_host: Callable[[str], Path]) -> None:
     """§3.4: on the Proxmox host, a container rule for the old major is reported against /proc/devices."""
-    tree = _copy(tmp_path, "epyc-motivating")  # live nvidia-uvm is 510 here
+    tree = copy_host("epyc-motivating")  # live nvidia-uvm is 510 here
     pve = tree / "etc/pve/lxc"
     pve.mkdir(parents=True)
     (pve / "101.conf").write_text(
@@ -169,7 +185,7 @@ def test_host_side_lxc_configs(tmp_path: Path) -> None:
     assert r["N12:/var/lib/lxc/web/config"].status == Status.PASS
 
 
-def test_load_from_recorded_nvml_judges_link_speed(tmp_path: Path) -> None:
+def test_load_from_recorded_nvml_judges_link_speed(copy_host: Callable[[str], Path]) -> None:
     """The fake NVML replays the H200 VM (bus 0000:00:06.0, like the Firecracker fixture): busy only under load."""
     from decodetop.collectors.checks.host import nvml_gpu_busy
     from decodetop.collectors.fake_nvml import fake_nvml
@@ -177,7 +193,7 @@ def test_load_from_recorded_nvml_judges_link_speed(tmp_path: Path) -> None:
     assert nvml_gpu_busy(fake_nvml("h200x1-idle")) == {"0000:00:06.0": False}
     busy = nvml_gpu_busy(fake_nvml("h200x1-load"))
     assert busy == {"0000:00:06.0": True}
-    tree = _copy(tmp_path, "firecracker-h200-vm")
+    tree = copy_host("firecracker-h200-vm")
     gpu = tree / "sys/devices/pci0000:00/0000:00:06.0"
     (gpu / "current_link_speed").write_text("2.5 GT/s PCIe\n")
     r = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0, gpu_busy=busy))
@@ -186,14 +202,14 @@ def test_load_from_recorded_nvml_judges_link_speed(tmp_path: Path) -> None:
     assert r["P1:0000:00:06.0"].status == Status.INFO and "idle, recheck under load" in r["P1:0000:00:06.0"].observed
 
 
-def test_gpu_checks_are_wired_in_on_the_live_root() -> None:
+def test_gpu_checks_are_wired_in_on_the_live_root(hosts: Path) -> None:
     from decodetop.collectors.checks.host import run_gpu_checks
     from decodetop.collectors.fake_nvml import fake_nvml
 
     results = run_gpu_checks(HostRoot(), fake_nvml("h200x1-load"), under_load=True)
     ids = {r.check_id.split(":")[0] for r in results}
     assert "N1" in ids and "N1-N11" not in ids
-    skipped = run_gpu_checks(HostRoot(HOSTS / "epyc-motivating" / "root"), fake_nvml("h200x1-load"))
+    skipped = run_gpu_checks(HostRoot(hosts / "epyc-motivating" / "root"), fake_nvml("h200x1-load"))
     assert [r.check_id for r in skipped] == ["N1-N11"] and "copied host tree" in skipped[0].observed
 
 
@@ -225,3 +241,20 @@ def test_live_run_has_unique_ids_with_recorded_nvml() -> None:
     results = run_all_checks(HostRoot(), nvml=fake_nvml("h200x1-load"), sample_interval_s=0.0)
     ids = [r.check_id for r in results]
     assert len(ids) == len(set(ids))
+
+
+def test_haltpoll_guest_reads_two_word_state_names(
+    run: Callable[[str], list[CheckResult]], copy_host: Callable[[str], Path]
+) -> None:
+    """KVM guests with cpuidle-haltpoll name state 1 "haltpoll idle": C8 reads it as written, never unknown."""
+    r = _by_id(run("kvm-haltpoll-vm"))
+    assert r["C7"].observed == "driver haltpoll, governor haltpoll"
+    assert r["C8"].status == Status.PASS and r["C8"].observed == "no state deeper than 1 µs"
+    assert exit_code(list(r.values())) in (0, 1)
+    tree = copy_host("kvm-haltpoll-vm")
+    for cpu in range(16):
+        (tree / f"sys/devices/system/cpu/cpu{cpu}/cpuidle/state1/latency").write_text("10\n")
+    c8 = _by_id(run_host_checks(HostRoot(tree), sample_interval_s=0.0))["C8"]
+    assert c8.status == Status.INFO  # a guest cannot change its idle states
+    assert c8.observed.startswith("haltpoll idle (10 µs) enabled on 16/16 CPUs, +4960 entries")
+    assert c8.facts["deep_cstates_enabled"] == "haltpoll idle"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,15 +12,12 @@ from decodetop.collectors.checks.host import run_host_checks
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 GPU = "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0"
 
 
 @pytest.fixture()
-def tree(tmp_path: Path) -> Path:
-    dest = tmp_path / "root"
-    shutil.copytree(HOSTS / "epyc-motivating" / "root", dest, symlinks=True)
-    return dest
+def tree(copy_host: Callable[[str], Path]) -> Path:
+    return copy_host("epyc-motivating")
 
 
 def _find(results: list[CheckResult], check_id: str) -> CheckResult:
@@ -80,15 +78,15 @@ def test_empty_tree_gives_no_crash(tmp_path: Path) -> None:
     assert all("does not exist" in r.observed for r in unknown)
 
 
-def test_fuzz_any_file_the_checks_read(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_fuzz_any_file_the_checks_read(hosts: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Replace any one file the checks read with random bytes: no exception escapes, every finding is well formed."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from decodetop.collectors.collect import RecordingRoot
+    from decodetop.collectors.archive import RecordingRoot
 
     tree = tmp_path_factory.mktemp("fuzz") / "root"
-    shutil.copytree(HOSTS / "epyc-motivating" / "root", tree, symlinks=True)
+    shutil.copytree(hosts / "epyc-motivating" / "root", tree, symlinks=True)
     recorder = RecordingRoot(tree)
     run_host_checks(recorder, sample_interval_s=0.0)
     read = sorted(

@@ -12,7 +12,6 @@ from decodetop.collectors.checks.host import run_host_checks
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 PCI = "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0"
 GPU0 = f"{PCI}/0000:02:00.0/0000:03:00.0"
 CPU = "sys/devices/system/cpu"
@@ -120,10 +119,14 @@ MUTATIONS: list[tuple[str, Callable[[Path], None], str, Status, str]] = [
 
 @pytest.mark.parametrize(("label", "mutate", "check_id", "status", "text"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
 def test_mutation(
-    tmp_path: Path, label: str, mutate: Callable[[Path], None], check_id: str, status: Status, text: str
+    copy_host: Callable[[str], Path],
+    label: str,
+    mutate: Callable[[Path], None],
+    check_id: str,
+    status: Status,
+    text: str,
 ) -> None:
-    tree = tmp_path / "root"
-    shutil.copytree(HOSTS / "epyc-well-tuned" / "root", tree, symlinks=True)
+    tree = copy_host("epyc-well-tuned")
     before = {r.check_id: r for r in run_host_checks(HostRoot(tree), sample_interval_s=0.0)}
     assert before[check_id].status in (Status.PASS, Status.INFO), before[check_id]
     assert text not in before[check_id].observed

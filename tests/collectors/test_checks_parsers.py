@@ -18,6 +18,7 @@ from decodetop.collectors.checks.parsers import (
     parse_device_rule,
     parse_devices_list,
     parse_int,
+    parse_name,
     parse_proc_devices,
     parse_thp_bracket,
     parse_xids,
@@ -149,3 +150,21 @@ def test_int_cmdline_kmsg_xid() -> None:
     assert kmsg_text("4,1702,4013001,-;hello; world") == "hello; world"
     events = parse_xids(["3,9,9,-;NVRM: Xid (PCI:0000:3B:00): 79, pid=123, GPU has fallen off the bus."])
     assert [(e.pci, e.code) for e in events] == [("0000:3b:00", 79)]
+
+
+def test_names_are_read_as_the_kernel_writes_them() -> None:
+    """cpuidle state names are free text (cpuidle-haltpoll's "haltpoll idle"), not one word."""
+    assert parse_name("haltpoll idle\n", "name") == "haltpoll idle"
+    assert parse_name("C1E\n", "name") == "C1E"
+    assert parse_name("C\x1b[31m2\n", "name") == "C?[31m2"  # no terminal escapes reach the table
+    assert parse_name("x" * 100, "name") == "x" * 64 + "…"
+    for bad in ("", "\n", "  \n", "two\nlines\n"):
+        with pytest.raises(ValueError, match="name: "):
+            parse_name(bad, "name")
+
+
+@given(st.text(max_size=80))
+def test_name_garbage_raises_value_error_only(text: str) -> None:
+    with contextlib.suppress(ValueError):
+        shown = parse_name(text, "name")
+        assert shown.strip() and "\n" not in shown and len(shown) <= 65

@@ -86,3 +86,32 @@ def test_live_root_reads_the_real_host() -> None:
     assert root.stat_rdev("/dev/null") == DeviceNumber("c", 1, 3)
     assert root.open_probe("/dev/null").ok
     assert root.stat_rdev("/proc/cpuinfo") is None
+
+
+def test_only_regular_files_are_read_and_reads_are_bounded(tmp_path: Path) -> None:
+    """A FIFO in a copied tree is never opened (opening it for reading would hang); a file past the cap is refused."""
+    from decodetop.collectors.hostroot import MAX_FILE_BYTES
+
+    root = _tree(tmp_path)
+    os.mkfifo(tmp_path / "proc/cmdline")
+    with pytest.raises(HostReadError, match=r"/proc/cmdline is a FIFO; not read"):
+        root.read_text("/proc/cmdline")
+    with pytest.raises(HostReadError, match=r"/proc is a directory; not read"):
+        root.read_text("/proc")
+    big = tmp_path / "proc/kallsyms"
+    with big.open("wb") as handle:
+        handle.truncate(MAX_FILE_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(HostReadError, match=r"/proc/kallsyms is larger than 67,108,864 bytes; not read"):
+        root.read_bytes("/proc/kallsyms")
+    assert root.read_bytes("/proc/kallsyms", 16) == b"\0" * 16
+    (tmp_path / ".later/proc/cmdline").symlink_to("/etc/hostname")  # resolved inside the tree: absent there
+    assert root.read_text_later("/proc/counter") == "5\n"
+    (tmp_path / "sys/outside").symlink_to("../../../../../../../../etc")  # '..' stops at the root
+    assert root.path("/sys/outside/hostname") == tmp_path.resolve() / "etc/hostname"
+
+
+def test_live_device_nodes_are_never_opened_for_reading() -> None:
+    root = HostRoot()
+    with pytest.raises(HostReadError, match=r"/dev/zero is a character device; not read"):
+        root.read_bytes("/dev/zero")
+    assert root.try_read_text("/dev/zero") is None

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import struct
-import sys
 from pathlib import Path
 
 import pytest
+from host_trees import load_generator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,12 +22,7 @@ from decodetop.collectors.pci import (
     upstream_bdfs,
 )
 
-HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-_spec = importlib.util.spec_from_file_location("build_fixtures", HOSTS / "build_fixtures.py")
-assert _spec is not None and _spec.loader is not None
-bf = importlib.util.module_from_spec(_spec)
-sys.modules["build_fixtures"] = bf  # dataclasses look their module up while the class body runs
-_spec.loader.exec_module(bf)
+bf = load_generator()
 
 
 def _endpoint(devctl: int, *, size: int = 4096, lnksta_speed: int = 5) -> bytes:
@@ -124,8 +118,8 @@ def test_link_speed_and_bdf_parsing() -> None:
         normalize_bdf("3b:00")
 
 
-def test_fixture_discovery_and_bridge_walk() -> None:
-    root = HostRoot(HOSTS / "epyc-motivating" / "root")
+def test_fixture_discovery_and_bridge_walk(hosts: Path) -> None:
+    root = HostRoot(hosts / "epyc-motivating" / "root")
     gpus = find_gpus(root)
     assert [g.bdf for g in gpus] == ["0000:03:00.0", "0000:04:00.0"]
     assert gpus[0].sysfs_path == "/sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0/0000:02:00.0/0000:03:00.0"

@@ -13,6 +13,10 @@ A root is either the live host (`/`) or a directory holding a copied host tree (
 
 Symlinks inside a copied tree are resolved against the tree, never against the real `/`: an absolute link target
 (`/sys/devices/...`) means that path under the root.
+
+Every read is bounded and reads regular files only (sysfs and /proc pseudo-files are regular): a FIFO or a device
+node is never opened for reading, and no file yields more than `MAX_FILE_BYTES`. /dev/kmsg is the one device read,
+through `read_kmsg`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,22 @@ _MAX_LINK_HOPS = 40
 
 _KMSG_MAX_RECORDS = 200_000
 """Stop reading /dev/kmsg after this many records: the kernel ring buffer holds far fewer (a few MiB at most)."""
+
+MAX_FILE_BYTES = 64 * 1024 * 1024
+"""The most any one file read yields. The largest files the checks read are a few MiB on big hosts: /proc/interrupts
+of a 768-thread machine is ~1,000 lines of 768 eleven-character columns (~8 MiB); a copied kernel log is at most
+`_KMSG_MAX_RECORDS` lines. A larger file is refused rather than read into memory."""
+
+_READ_CHUNK_BYTES = 64 * 1024
+
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symlink"),
+)
 
 RDEV_SIDE_FILE = "dev/.rdev"
 OPEN_SIDE_FILE = "dev/.open"
@@ -155,24 +175,63 @@ class HostRoot:
     # -- reads -------------------------------------------------------------------------------------------------
 
     def read_bytes(self, rel: str, max_bytes: int | None = None) -> bytes:
-        """Raw bytes of host file `rel`; under a copied tree, `rel.hex` is decoded when `rel` itself is absent."""
+        """Raw bytes of host file `rel`; under a copied tree, `rel.hex` is decoded when `rel` itself is absent.
+
+        `max_bytes` returns at most that prefix; without it a file over `MAX_FILE_BYTES` raises HostReadError.
+        """
         host = "/" + self._norm(rel)
         target = self._resolve(rel)
         try:
-            with open(target, "rb") as handle:
-                return handle.read() if max_bytes is None else handle.read(max_bytes)
+            return self._read_regular(target, host, max_bytes)
         except FileNotFoundError:
             hex_path = target.with_name(target.name + ".hex")
-            if not self.is_live and hex_path.exists():
-                text = hex_path.read_text(encoding="ascii", errors="replace")
+            if not self.is_live:
                 try:
-                    data = bytes.fromhex("".join(text.split()))
-                except ValueError as exc:
-                    raise HostReadError(errno_mod.EINVAL, f"{host}.hex is not hex text: {exc}") from exc
-                return data if max_bytes is None else data[:max_bytes]
+                    text = self._read_regular(hex_path, host + ".hex", None).decode("ascii", errors="replace")
+                except FileNotFoundError:
+                    pass
+                else:
+                    try:
+                        data = bytes.fromhex("".join(text.split()))
+                    except ValueError as exc:
+                        raise HostReadError(errno_mod.EINVAL, f"{host}.hex is not hex text: {exc}") from exc
+                    return data if max_bytes is None else data[:max_bytes]
             raise HostReadError(errno_mod.ENOENT, f"{host} does not exist") from None
+        except HostReadError:
+            raise
         except OSError as exc:
             raise HostReadError(exc.errno or errno_mod.EIO, f"cannot read {host}: {exc.strerror or exc}") from exc
+
+    def _read_regular(self, target: Path, host: str, max_bytes: int | None) -> bytes:
+        """Read a regular file, at most MAX_FILE_BYTES (+1 to tell it is larger); anything else is never opened.
+
+        Under a copied tree the path is already resolved inside the root, so a symlink at its end is refused too
+        (O_NOFOLLOW). FileNotFoundError passes through for the `.hex` fallback.
+        """
+        before = target.stat() if self.is_live else target.lstat()
+        kind = next((what for test, what in _FILE_KINDS if test(before.st_mode)), "")
+        if kind or not stat.S_ISREG(before.st_mode):
+            raise HostReadError(errno_mod.EINVAL, f"{host} is {kind or 'not a regular file'}; not read")
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if self.is_live else os.O_NOFOLLOW)
+        fd = os.open(target, flags)
+        try:
+            opened = os.fstat(fd)
+            if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISREG(opened.st_mode):
+                raise HostReadError(errno_mod.EAGAIN, f"{host} changed while being opened; not read")
+            want = MAX_FILE_BYTES + 1 if max_bytes is None else min(max_bytes, MAX_FILE_BYTES)
+            chunks: list[bytes] = []
+            got = 0
+            while got < want:
+                chunk = os.read(fd, min(_READ_CHUNK_BYTES, want - got))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                got += len(chunk)
+        finally:
+            os.close(fd)
+        if max_bytes is None and got > MAX_FILE_BYTES:
+            raise HostReadError(errno_mod.EFBIG, f"{host} is larger than {MAX_FILE_BYTES:,} bytes; not read")
+        return b"".join(chunks)
 
     def read_text(self, rel: str) -> str:
         """Text of host file `rel` (UTF-8, undecodable bytes replaced)."""
@@ -182,9 +241,9 @@ class HostRoot:
         """The second sample of counter file `rel`: live, a fresh read; a copied tree, `.later/<rel>` when present."""
         if not self.is_live:
             resolved = self._resolve(rel)
-            later = self.base / LATER_DIR / resolved.relative_to(self.base)
-            if later.is_file():
-                return later.read_text(encoding="utf-8", errors="replace")
+            later = f"{LATER_DIR}/{resolved.relative_to(self.base)}"
+            if self._resolve(later).is_file():
+                return self.read_text(later)
         return self.read_text(rel)
 
     def has_later_sample(self) -> bool:

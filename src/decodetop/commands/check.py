@@ -7,12 +7,16 @@ Exit codes follow the monitoring-plugin convention (`checks.model.exit_code`): 0
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import textwrap
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from decodetop.collectors.baseline import Change
+    from decodetop.collectors.baseline import Baseline, Change
     from decodetop.collectors.checks.model import CheckResult
 
 _OBSERVED_WIDTH = 60
@@ -71,22 +75,99 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the checks, print them, handle baselines and --collect; return the exit code."""
-    import tempfile
-    from pathlib import Path
+UNKNOWN_EXIT = 3
+"""Monitoring-plugin UNKNOWN (https://nagios-plugins.org/doc/guidelines.html#AEN78): what a crash inside `check`
+exits with, so a bug never reads as a finding's warning (1) or critical (2)."""
 
+
+def run(args: argparse.Namespace) -> int:
+    """Run the checks, print them, handle baselines and --collect; return the exit code.
+
+    Bad input (a flag, a crafted --root archive) exits 2 with one line; anything unexpected exits 3 (UNKNOWN).
+    """
+    from decodetop.errors import DecodetopError
+
+    try:
+        return _run(args)
+    except (DecodetopError, BrokenPipeError):
+        raise
+    except Exception as exc:  # the monitoring contract: a crash is UNKNOWN, said in one line
+        print(f"decodetop check: UNKNOWN: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return UNKNOWN_EXIT
+
+
+@dataclass(frozen=True)
+class _Baselines:
+    """The baseline to compare with, and why one was not compared or will not be saved (notes for stderr)."""
+
+    name: str
+    loaded: Baseline | None
+    compare_note: str
+    save_note: str
+
+
+def _baselines(args: argparse.Namespace) -> _Baselines:
+    """Load the baseline before any work. An unreadable one is noted, never fatal: the exit code stays the findings'.
+
+    A missing `--baseline NAME` is a mistyped argument (exit 2). An unreadable `--save-baseline` target is left as
+    it is and not overwritten.
+    """
     from decodetop.collectors import baseline as bl
+    from decodetop.errors import UserInputError
+
+    explicit = args.baseline is not None
+    name = args.baseline if explicit else bl.DEFAULT_BASELINE
+    bl.baseline_path(name)  # a malformed name is an argument error
+    loaded: Baseline | None = None
+    compare_note = ""
+    compare_error: Exception | None = None
+    if explicit or not args.root:
+        try:
+            loaded = bl.load_baseline(name)
+        except Exception as exc:  # any unreadable file only costs the comparison
+            compare_error = exc
+            compare_note = f"baseline not compared: {exc}"
+        if explicit and loaded is None and compare_error is None:
+            saved = ", ".join(bl.list_baselines()) or "none"
+            raise UserInputError(f"--baseline {name}: no such baseline (saved: {saved})")
+    save_note = ""
+    if args.save_baseline:
+        bl.baseline_path(args.save_baseline)  # validate the name early
+        error = compare_error if args.save_baseline == name else None
+        if args.save_baseline != name or not (explicit or not args.root):
+            try:
+                bl.load_baseline(args.save_baseline)
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            save_note = f"baseline not saved: {error}"
+    return _Baselines(name, loaded, compare_note, save_note)
+
+
+def _root_path(args: argparse.Namespace) -> Path:
+    """The directory `--root` names (the unpacked decodetop-collect/ folder counts), refusing one that is `/`."""
+    from decodetop.errors import UserInputError
+
+    root_path = Path(args.root)
+    if (root_path / "findings.json").is_file() and (root_path / "root").is_dir():
+        root_path = root_path / "root"  # the unpacked decodetop-collect/ folder itself
+    if root_path.is_dir() and root_path.resolve() == Path("/"):
+        raise UserInputError(f"--root {args.root}: resolves to / (this host); run without --root to check this host")
+    return root_path
+
+
+def _run(args: argparse.Namespace) -> int:
+    from decodetop.collectors import baseline as bl
+    from decodetop.collectors.archive import RecordingRoot, unpacked, write_collect_tarball
     from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S
     from decodetop.collectors.checks.host import run_all_checks, sort_for_display
     from decodetop.collectors.checks.model import exit_code
-    from decodetop.collectors.collect import RecordingRoot, unpack_collected, write_collect_tarball
     from decodetop.collectors.hostroot import HostReadError, HostRoot
     from decodetop.collectors.pci import find_gpus
     from decodetop.errors import UserInputError
 
     interval = DEFAULT_SAMPLE_INTERVAL_S if args.sample_interval is None else args.sample_interval
-    if interval < 0 or interval > 60:
+    if not 0 <= interval <= 60:
         raise UserInputError(f"--sample-interval {interval}: give 0 to 60 seconds")
     if args.root and args.collect:
         raise UserInputError("--collect records this host; it cannot be combined with --root")
@@ -99,35 +180,13 @@ def run(args: argparse.Namespace) -> int:
 
         textfile = textfile_path(textfile)  # a bad name fails before any work
 
-    # Load the baseline first, so a corrupt one fails before any work and is never overwritten.
-    explicit = args.baseline is not None
-    base_name = args.baseline if explicit else bl.DEFAULT_BASELINE
-    baseline = None
-    baseline_note = ""
-    try:
-        if explicit or not args.root:
-            baseline = bl.load_baseline(base_name)
-    except UserInputError as exc:
-        if explicit or args.save_baseline:
-            raise
-        baseline_note = f"baseline not compared: {exc}"
-    if explicit and baseline is None:
-        saved = ", ".join(bl.list_baselines()) or "none"
-        raise UserInputError(f"--baseline {base_name}: no such baseline (saved: {saved})")
-    if args.save_baseline:
-        bl.baseline_path(args.save_baseline)  # validate the name early
-        if args.save_baseline != base_name:
-            bl.load_baseline(args.save_baseline)  # raises on a corrupt target, which stays untouched
+    base = _baselines(args)  # before any work, so nothing stored is overwritten after a failed read
 
-    tmp: tempfile.TemporaryDirectory[str] | None = None
-    try:
+    with contextlib.ExitStack() as stack:
         if args.root:
-            root_path = Path(args.root)
-            if (root_path / "findings.json").is_file() and (root_path / "root").is_dir():
-                root_path = root_path / "root"  # the unpacked decodetop-collect/ folder itself
+            root_path = _root_path(args)
             if root_path.is_file():
-                tmp = tempfile.TemporaryDirectory(prefix="decodetop-root-")
-                root_path = unpack_collected(root_path, Path(tmp.name))
+                root_path = stack.enter_context(unpacked(root_path))
             try:
                 root: HostRoot = HostRoot(root_path)
             except HostReadError as exc:
@@ -138,43 +197,13 @@ def run(args: argparse.Namespace) -> int:
             root = HostRoot()
         busy = {gpu.bdf: True for gpu in find_gpus(root)} if args.under_load else None
         results = run_all_checks(root, sample_interval_s=interval, gpu_busy=busy, lxc_config_paths=lxc_dirs)
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
 
     ordered = sort_for_display(results)
-    changes = bl.diff_baseline(baseline, results) if baseline is not None else []
+    changes = bl.diff_baseline(base.loaded, results) if base.loaded is not None else []
     code = exit_code(results)
-    context = next((r.observed for r in results if r.check_id == "C16"), "")
-    where = args.root if args.root else "this host"
-
     try:
-        if args.json:
-            import json
-
-            document: dict[str, Any] = {
-                "root": args.root or "/",
-                "context": context,
-                "exit_code": code,
-                "results": bl.results_to_json(ordered),
-                "baseline": base_name if baseline is not None else None,
-                "changes": [c.__dict__ for c in changes],
-            }
-            if baseline_note:
-                document["baseline_note"] = baseline_note
-            print(json.dumps(document, indent=1, ensure_ascii=False))
-        else:
-            print(f"decodetop check: {where}")
-            print(render_table(ordered, verbose=args.verbose))
-            print()
-            print(summary_line(results, code))
-            if baseline is not None:
-                print(render_changes(base_name, changes))
-            if baseline_note:
-                print(baseline_note, file=sys.stderr)
+        _print(args, ordered=ordered, results=results, code=code, base=base, changes=changes)
     except BrokenPipeError:  # `decodetop check | head`: the reader left; still collect/save and exit with the code
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     if args.collect and isinstance(root, RecordingRoot):
@@ -184,14 +213,52 @@ def run(args: argparse.Namespace) -> int:
             f"collected {count} paths into {args.collect} (check it with: decodetop check --root {args.collect})",
             file=sys.stderr,
         )
-    if args.save_baseline:
+    if args.save_baseline and not base.save_note:
         path = bl.save_baseline(results, args.save_baseline, root=args.root or "/")
         print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
+    for note in (base.compare_note, base.save_note):
+        if note:
+            print(f"decodetop check: {note}", file=sys.stderr)
     if textfile:
         from decodetop.export.prometheus import write_check_textfile
 
         write_check_textfile(textfile, results)
     return code
+
+
+def _print(
+    args: argparse.Namespace,
+    *,
+    ordered: list[CheckResult],
+    results: list[CheckResult],
+    code: int,
+    base: _Baselines,
+    changes: list[Change],
+) -> None:
+    """The table (or --json document) on stdout."""
+    from decodetop.collectors import baseline as bl
+
+    if args.json:
+        import json
+
+        document: dict[str, Any] = {
+            "root": args.root or "/",
+            "context": next((r.observed for r in results if r.check_id == "C16"), ""),
+            "exit_code": code,
+            "results": bl.results_to_json(ordered),
+            "baseline": base.name if base.loaded is not None else None,
+            "changes": [c.__dict__ for c in changes],
+        }
+        if base.compare_note:
+            document["baseline_note"] = base.compare_note
+        print(json.dumps(document, indent=1, ensure_ascii=False))
+        return
+    print(f"decodetop check: {args.root if args.root else 'this host'}")
+    print(render_table(ordered, verbose=args.verbose))
+    print()
+    print(summary_line(results, code))
+    if base.loaded is not None:
+        print(render_changes(base.name, changes))
 
 
 def _wrap(text: str, width: int) -> list[str]:

@@ -5,6 +5,7 @@ found in sysfs, plus the helpers that build `CheckResult`s and turn unreadable i
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -220,8 +221,20 @@ GUARDED_ERRORS = (OSError, ValueError, PciConfigError, KeyError, IndexError)
 """What unreadable or malformed input raises; anything else is a bug and propagates."""
 
 
-def unknown_result(check_id: str, title: str, exc: BaseException, subject: str = "host") -> CheckResult:
-    """The `unknown` finding for input a check could not read, with the reason."""
+def unless_root(root: HostRoot | None, advice: str, otherwise: str = "") -> str:
+    """`advice` to run as root, or `otherwise` when decodetop already runs as root on the live host.
+
+    Over a copied tree the advice stands: it is for whoever collects on that host.
+    """
+    if root is not None and root.is_live and os.geteuid() == 0:
+        return otherwise
+    return advice
+
+
+def unknown_result(
+    check_id: str, title: str, exc: BaseException, subject: str = "host", *, root: HostRoot | None = None
+) -> CheckResult:
+    """The `unknown` finding for input a check could not read, with the reason ("run as root" only if not root)."""
     return CheckResult(
         check_id=check_id,
         title=title,
@@ -229,7 +242,11 @@ def unknown_result(check_id: str, title: str, exc: BaseException, subject: str =
         observed=f"cannot evaluate: {exc}",
         expected="readable input",
         why="The file this check reads is missing, unreadable or malformed.",
-        fix="Run as root on the host, or send `decodetop check --collect` output for review.",
+        fix=unless_root(
+            root,
+            "Run as root on the host, or send `decodetop check --collect` output for review.",
+            "Send `decodetop check --collect` output for review: the file is there but not in the form expected.",
+        ),
         subject=subject,
     )
 
@@ -237,8 +254,11 @@ def unknown_result(check_id: str, title: str, exc: BaseException, subject: str =
 class per_gpu:  # noqa: N801 - used as a statement: `with per_gpu(results, "P3", title, gpu):`
     """Per-GPU guard: garbage in one GPU's files makes that GPU's finding unknown and leaves the others."""
 
-    def __init__(self, results: list[CheckResult], check_id: str, title: str, gpu: PciDevice) -> None:
+    def __init__(
+        self, results: list[CheckResult], check_id: str, title: str, gpu: PciDevice, *, root: HostRoot | None = None
+    ) -> None:
         self.results = results
+        self.root = root
         self.check_id = f"{check_id}:{gpu.bdf}"
         self.title = title
         self.subject = f"GPU {gpu.bdf}"
@@ -248,7 +268,7 @@ class per_gpu:  # noqa: N801 - used as a statement: `with per_gpu(results, "P3",
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
         if exc is not None and isinstance(exc, GUARDED_ERRORS):
-            self.results.append(unknown_result(self.check_id, self.title, exc, self.subject))
+            self.results.append(unknown_result(self.check_id, self.title, exc, self.subject, root=self.root))
             return True
         return False
 
@@ -262,7 +282,7 @@ def guarded(check_id: str, title: str) -> Callable[[CheckFn], CheckFn]:
             try:
                 return fn(ctx)
             except GUARDED_ERRORS as exc:
-                return [unknown_result(check_id, title, exc)]
+                return [unknown_result(check_id, title, exc, root=ctx.root)]
 
         inner.check_id = check_id  # type: ignore[attr-defined]
         return inner

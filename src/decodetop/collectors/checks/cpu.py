@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded
 from decodetop.collectors.checks.model import CheckResult, Status
-from decodetop.collectors.checks.parsers import cmdline_value, parse_cmdline, parse_int, parse_word
+from decodetop.collectors.checks.parsers import cmdline_value, parse_cmdline, parse_int, parse_name, parse_word
 
 CPU = "/sys/devices/system/cpu"
 FAMILY_ZEN5 = 0x1A
@@ -409,7 +409,7 @@ def read_idle_states(ctx: HostContext) -> list[IdleState]:
     for cpu_dir in cpus:
         for state_dir in ctx.root.glob(f"{cpu_dir}/cpuidle/state[0-9]*"):
             index = int(state_dir.rsplit("state", 1)[1])
-            name = parse_word(ctx.root.read_text(f"{state_dir}/name"), f"{state_dir}/name")
+            name = parse_name(ctx.root.read_text(f"{state_dir}/name"), f"{state_dir}/name")
             latency = parse_int(ctx.root.read_text(f"{state_dir}/latency"), f"{state_dir}/latency")
             disable = parse_int(ctx.root.read_text(f"{state_dir}/disable"), f"{state_dir}/disable")
             entry = per_state.setdefault(index, {"name": name, "latency": latency, "enabled": 0, "cpus": 0})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from decodetop.collectors.checks.context import HostContext, guarded
+from decodetop.collectors.checks.context import HostContext, guarded, unless_root
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import (
     DeviceRule,
@@ -185,7 +185,11 @@ def check_device_majors(ctx: HostContext) -> list[CheckResult]:
         status = Status.INFO if all("EACCES" in f.problem for f in soft) else Status.UNKNOWN
         observed = f"{listing} [/proc/devices: {registered}; {cgroup_note}]"
         why = SYMPTOM
-        fix = "Run as root to test the device cgroup; check the node's mode and group (video/render)."
+        fix = unless_root(
+            ctx.root,
+            "Run as root to test the device cgroup; check the node's mode and group (video/render).",
+            "Check the node's mode and group (video/render).",
+        )
     elif not nodes:
         status = Status.WARN
         observed = f"driver registered ({registered}) but no /dev/nvidia* nodes"
@@ -288,7 +292,7 @@ def check_xids(ctx: HostContext) -> list[CheckResult]:
                 f"kernel log unreadable: {exc}" if ctx.root.is_live else f"{where}: {exc}",
                 expected,
                 "Reading the kernel log needs CAP_SYSLOG when kernel.dmesg_restrict=1.",
-                "Run as root, or check `journalctl -k | grep Xid` on the host.",
+                unless_root(ctx.root, "Run as root, or check", "Check") + " `journalctl -k | grep Xid` on the host.",
             )
         ]
     events = parse_xids(records)

@@ -238,7 +238,7 @@ def check_irq_placement(ctx: HostContext) -> list[CheckResult]:
         return [CheckResult("C15", "GPU IRQ placement", Status.UNKNOWN, f"/proc/interrupts unreadable; {irq_note}", "")]
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "C15", "GPU IRQ placement", gpu):
+        with per_gpu(results, "C15", "GPU IRQ placement", gpu, root=ctx.root):
             local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
             local = parse_cpulist(local_text) if local_text is not None else None
             numbered = [line for line in interrupts.splitlines() if line.split(":", 1)[0].strip().isdigit()]

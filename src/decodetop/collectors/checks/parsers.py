@@ -23,6 +23,24 @@ def parse_int(text: str, what: str) -> int:
         raise ValueError(f"{what}: expected an integer, got {value[:40]!r}") from None
 
 
+_NAME_MAX_CHARS = 64
+"""Longest sysfs name kept: the kernel's CPUIDLE_NAME_LEN is 16 (include/linux/cpuidle.h), so more is not a name."""
+
+
+def parse_name(text: str, what: str) -> str:
+    """A sysfs name as the kernel writes it: any text on one line, spaces included ('haltpoll idle').
+
+    The trailing newline goes; characters that are not printable show as '?'; empty is an error.
+    """
+    line = text.rstrip("\n")
+    if not line.strip():
+        raise ValueError(f"{what}: empty")
+    if "\n" in line:
+        raise ValueError(f"{what}: expected one line, got {line[:60]!r}")
+    shown = "".join(ch if ch.isprintable() else "?" for ch in line[:_NAME_MAX_CHARS])
+    return shown + ("…" if len(line) > _NAME_MAX_CHARS else "")
+
+
 def parse_word(text: str, what: str) -> str:
     """One word from a sysfs file; empty or several words is an error."""
     words = text.split()

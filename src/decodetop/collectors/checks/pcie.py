@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from decodetop.collectors.checks.context import HostContext, guarded, per_gpu
+from decodetop.collectors.checks.context import HostContext, guarded, per_gpu, unless_root
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int
 from decodetop.collectors.hostroot import HostRoot
@@ -57,7 +57,7 @@ def check_link(ctx: HostContext) -> list[CheckResult]:
         return _no_gpu("P1", title)
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "P1", title, gpu):
+        with per_gpu(results, "P1", title, gpu, root=ctx.root):
             results.append(_link_one(ctx, gpu, title))
     return results
 
@@ -158,7 +158,7 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
         return _no_gpu("P3", title)
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "P3", title, gpu):
+        with per_gpu(results, "P3", title, gpu, root=ctx.root):
             subject = f"GPU {gpu.bdf}"
             expected = f"MaxReadReq {P3_MRRS_RECOMMENDED_BYTES} B; MaxPayload = the smallest DevCap MPS on the path"
             why = (
@@ -175,7 +175,7 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
                         reason or f"{gpu.bdf}: no PCI Express capability",
                         expected,
                         why,
-                        "Run `decodetop check` as root on the host (not in a container).",
+                        unless_root(ctx.root, "Run `decodetop check` as root on the host (not in a container)."),
                         subject=subject,
                     )
                 )
@@ -241,7 +241,7 @@ def check_acs(ctx: HostContext) -> list[CheckResult]:
     )
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "P4", title, gpu):
+        with per_gpu(results, "P4", title, gpu, root=ctx.root):
             bridges = upstream_bdfs(gpu)
             subject = f"GPU {gpu.bdf}"
             if not bridges:
@@ -305,7 +305,9 @@ def check_acs(ctx: HostContext) -> list[CheckResult]:
                     "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
                     "that need it for passthrough)."
                     if redirecting
-                    else ("Run as root on the host to read bridge config space." if unknown else ""),
+                    else (
+                        unless_root(ctx.root, "Run as root on the host to read bridge config space.") if unknown else ""
+                    ),
                     subject=subject,
                     facts={"acs_redirect_bridges": str(len(redirecting))},
                 )
@@ -325,7 +327,7 @@ def check_iommu(ctx: HostContext) -> list[CheckResult]:
         return [CheckResult("P5", title, Status.INFO, observed, expected, why, facts={"iommu_units": str(len(units))})]
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "P5", title, gpu):
+        with per_gpu(results, "P5", title, gpu, root=ctx.root):
             subject = f"GPU {gpu.bdf}"
             group_path = gpu.sysfs("iommu_group")
             if not units and not ctx.root.exists(group_path):
@@ -380,7 +382,7 @@ def check_numa_affinity(ctx: HostContext) -> list[CheckResult]:
     nodes = [n for n in ctx.root.try_listdir("/sys/devices/system/node") if n.startswith("node") and n[4:].isdigit()]
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
-        with per_gpu(results, "P6", title, gpu):
+        with per_gpu(results, "P6", title, gpu, root=ctx.root):
             node = parse_int(ctx.root.read_text(gpu.sysfs("numa_node")), gpu.sysfs("numa_node"))
             local_text = ctx.root.try_read_text(gpu.sysfs("local_cpulist"))
             local = format_cpulist(parse_cpulist(local_text)) if local_text is not None else "?"
