@@ -6,6 +6,7 @@ Importing this module must not import torch (the controller imports it); the pro
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
@@ -20,7 +21,17 @@ PROBES = (
     ),
     ProbeSpec("test_unsupported", "cannot run here", "fake_probes", 30.0, {"kind": "unsupported"}, hidden=True),
     ProbeSpec("test_exit", "rank 1 dies", "fake_probes", 30.0, {"kind": "exit"}, hidden=True),
+    ProbeSpec(
+        "test_sigkill", "rank 1 is killed in a collective", "fake_probes", 30.0, {"kind": "sigkill"}, hidden=True
+    ),
+    ProbeSpec("test_noisy", "prints and warns on every rank", "fake_probes", 30.0, {"kind": "noisy"}, hidden=True),
 )
+
+#: What `test_noisy` writes, so a test can look for it on the terminal and in the rank log.
+NOISY_STDOUT = "planted stdout line"
+NOISY_STDERR = "planted stderr line"
+NOISY_C_LEVEL = "planted fd-level line"
+NOISY_WARNING = "planted warning"
 
 
 def run(ctx: Any, params: dict[str, Any]) -> RankOutput:
@@ -40,8 +51,25 @@ def run(ctx: Any, params: dict[str, Any]) -> RankOutput:
         if ctx.rank == 1:
             os._exit(7)
         return RankOutput()
+    if kind == "noisy":
+        import sys
+        import warnings
+
+        print(f"{NOISY_STDOUT} from rank {ctx.rank}", flush=True)
+        print(f"{NOISY_STDERR} from rank {ctx.rank}", file=sys.stderr, flush=True)
+        os.write(1, f"{NOISY_C_LEVEL} from rank {ctx.rank}\n".encode())
+        warnings.warn(f"{NOISY_WARNING} from rank {ctx.rank}", UserWarning, stacklevel=1)
+        return RankOutput()
     import torch
     import torch.distributed as dist
+
+    if kind == "sigkill":
+        # Rank 0 waits in an all-reduce that rank 1 never joins: rank 1 is killed, rank 0 sees the peer vanish.
+        if ctx.rank == 1:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(torch.ones(1))
+        return RankOutput()
 
     t = torch.tensor([float(ctx.rank + 1)])
     dist.all_reduce(t)

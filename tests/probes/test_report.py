@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from decodetop.probes.report import format_result, header_for, summary_line
 from decodetop.probes.results import (
     MeasurementStatus,
@@ -65,3 +67,12 @@ def test_failed_summary_names_rank() -> None:
         probe="launch", status=ProbeStatus.FAILED, params={}, world_size=2, error_rank=1, error="ValueError: x"
     )
     assert summary_line(failed) == "launch: failed, 2 ranks, 0.0 s: failed on rank 1: ValueError: x"
+
+
+def test_rank_warnings_and_the_log_are_named_after_the_table() -> None:
+    warned = dataclasses.replace(_result(), rank_warnings=2, rank_log="/state/logs/ranks-1.log")
+    assert format_result(warned).splitlines()[-1] == "ranks showed 2 warnings: see /state/logs/ranks-1.log"
+    quiet = dataclasses.replace(_result(), rank_log="/state/logs/ranks-1.log")
+    assert "ranks-1.log" not in format_result(quiet)
+    failed = dataclasses.replace(quiet, status=ProbeStatus.FAILED, error="boom", error_rank=1)
+    assert format_result(failed).splitlines()[-1] == "rank output: /state/logs/ranks-1.log"

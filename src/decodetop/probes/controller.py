@@ -10,6 +10,10 @@ controller; the controller waits on those pipes, the ranks' process sentinels an
 - A probe that outlives its deadline: the group is terminated, the result says "timed out after N s", and the next
   `run` spawns a fresh group.
 - `cancel()` (from any thread) ends the running probe at once with a `cancelled` result.
+- A rank that dies (a signal, `os._exit`, the OOM killer) gives a `failed` result naming that rank and how it
+  died ("rank 1 died: killed by SIGKILL"), not the transport error its peers saw.
+- The ranks' stdout and stderr (Python and C-level) go to one log file per controller under the state dir
+  (`rank_log`), never to the terminal; each result carries the file's path and the count of Python warnings.
 - `close()` asks idle ranks to leave (they free CUDA graphs, give `destroy_process_group` a deadline — it can
   hang after graph-captured collectives, h200-machine.md — and exit), then terminates and kills whatever is left,
   all within `close_timeout_s` (5 s).
@@ -28,6 +32,7 @@ import multiprocessing
 import os
 import platform
 import shutil
+import signal
 import tempfile
 import threading
 import time
@@ -37,9 +42,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from decodetop.errors import DecodetopError, UserInputError
+from decodetop.paths import state_dir
 from decodetop.probes.gpuinfo import GpuInfo, clock_snapshot, host_environment_fields, visible_gpus
 from decodetop.probes.protocol import (
     RANK_ENV_DEFAULTS,
@@ -55,6 +61,7 @@ from decodetop.probes.rankmain import rank_entry
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import (
     Environment,
+    Measurement,
     ProbeResult,
     ProbeStatus,
     RankOutput,
@@ -62,6 +69,23 @@ from decodetop.probes.results import (
 )
 
 ProgressCallback = Callable[[Progress], None]
+
+
+class _Finish(Protocol):
+    """`run`'s result maker: the status and what the ranks said, with the run's timing and environment added."""
+
+    def __call__(
+        self,
+        status: ProbeStatus,
+        *,
+        message: str = "",
+        error: str | None = None,
+        error_rank: int | None = None,
+        traceback: str | None = None,
+        measurements: tuple[Measurement, ...] = (),
+        rank_warnings: int = 0,
+    ) -> ProbeResult: ...
+
 
 #: Default number of CPU ranks where there is no GPU (the issue's default: 2, enough for a real collective).
 DEFAULT_CPU_RANKS = 2
@@ -138,6 +162,28 @@ def _utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def describe_exit(exitcode: int | None) -> str:
+    """How a process ended, from its exit code: 'killed by SIGKILL', 'exit code 7'."""
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+#: Rank logs kept in the state dir's `logs/` (older ones are removed when a controller starts its first group).
+KEEP_RANK_LOGS = 20
+
+
+def default_rank_log() -> Path:
+    """`<state dir>/logs/ranks-<UTC time>-<pid>.log`: one file per controller (per run of decodetop)."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return state_dir() / "logs" / f"ranks-{stamp}-{os.getpid()}.log"
+
+
 @dataclass
 class _Replies:
     """The ranks' replies to probe command `seq`."""
@@ -146,6 +192,9 @@ class _Replies:
     on_progress: ProgressCallback | None
     outputs: dict[int, RankOutput] = field(default_factory=dict)
     errors: dict[int, tuple[str, str | None]] = field(default_factory=dict)
+    died: dict[int, str] = field(default_factory=dict)
+    """Ranks whose process ended during the probe, with how ('killed by SIGKILL')."""
+    warnings: int = 0
 
     def answered(self, rank: int) -> bool:
         return rank in self.outputs or rank in self.errors
@@ -158,6 +207,7 @@ class _Replies:
         elif isinstance(msg, RankDone):
             if msg.seq != self.seq:
                 return
+            self.warnings += msg.warnings
             if msg.error is not None:
                 self.errors[rank] = (msg.error, msg.traceback)
             elif msg.output is not None:
@@ -198,8 +248,11 @@ class ProbeController:
         error_grace_s: float = DEFAULT_ERROR_GRACE_S,
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
         layout: GroupLayout | None = None,
+        rank_log: Path | None = None,
     ) -> None:
         self.layout = layout or resolve_layout(gpus, cpu_ranks, device)
+        self.rank_log: Path = rank_log or default_rank_log()
+        """Where the ranks' stdout and stderr go (appended; created with the first group)."""
         self.registry = registry or ProbeRegistry()
         self._rank_env_extra = dict(rank_env or {})
         self.start_timeout_s = start_timeout_s
@@ -212,6 +265,7 @@ class ProbeController:
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         self._seq = 0
         self._closed = False
+        self._start_warnings = 0  # Python warnings the ranks showed while starting, told with the next result
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     @property
@@ -286,7 +340,16 @@ class ProbeController:
 
             nvml_before = clock_snapshot(self.layout.gpus)
 
-            def finish(status: ProbeStatus, **kw: Any) -> ProbeResult:
+            def finish(
+                status: ProbeStatus,
+                *,
+                message: str = "",
+                error: str | None = None,
+                error_rank: int | None = None,
+                traceback: str | None = None,
+                measurements: tuple[Measurement, ...] = (),
+                rank_warnings: int = 0,
+            ) -> ProbeResult:
                 env = self._group.environment if self._group else None
                 if env is not None:
                     extra = dict(env.extra)
@@ -302,7 +365,13 @@ class ProbeController:
                     started_utc=started_utc,
                     duration_s=round(time.monotonic() - t0, 3),
                     world_size=self.world_size,
-                    **kw,
+                    message=message,
+                    error=error,
+                    error_rank=error_rank,
+                    traceback=traceback,
+                    measurements=measurements,
+                    rank_warnings=rank_warnings + self._take_start_warnings(),
+                    rank_log=str(self.rank_log),
                 )
 
             if self._group is not None and (self._group.dead or not all(p.is_alive() for p in self._group.procs)):
@@ -338,7 +407,7 @@ class ProbeController:
         deadline_s: float,
         t0: float,
         on_progress: ProgressCallback | None,
-        finish: Callable[..., ProbeResult],
+        finish: _Finish,
     ) -> ProbeResult:
         replies = _Replies(seq=seq, on_progress=on_progress)
         outputs, errors = replies.outputs, replies.errors
@@ -375,7 +444,8 @@ class ProbeController:
                         code = group.procs[rank].exitcode
                         replies.read_pending(group.conns[rank], rank)  # it may have replied just before dying
                         if not replies.answered(rank):
-                            errors[rank] = (f"rank {rank} exited unexpectedly (exit code {code})", None)
+                            replies.died[rank] = describe_exit(code)
+                            errors[rank] = (f"rank {rank} died: {replies.died[rank]}", None)
                     if rank in errors and first_error_at is None:
                         first_error_at = time.monotonic()
                     continue
@@ -390,22 +460,39 @@ class ProbeController:
                     first_error_at = time.monotonic()
         group.busy = False
         if errors:
-            rank = min(errors)
+            # A rank that died is the cause; its peers' errors (a closed connection in the collective) follow.
+            rank = min(replies.died) if replies.died else min(errors)
             error, tb = errors[rank]
+            if rank in replies.died:
+                message = error
+                others = [f"rank {r} then failed: {errors[r][0]}" for r in sorted(errors) if r != rank]
+                tb = "\n".join(others) or None
+            else:
+                message = f"rank {rank}: {error}"
             if group is self._group and (group.dead or any(not p.is_alive() for p in group.procs)):
                 self._stop_group(graceful=False)
             return finish(
                 ProbeStatus.FAILED,
-                message=f"rank {rank}: {error}",
+                message=message,
                 error_rank=rank,
                 error=error,
                 traceback=tb,
                 measurements=merge_rank_outputs(outputs),
+                rank_warnings=replies.warnings,
             )
         reasons = [o.unsupported_reason for o in outputs.values() if o.unsupported_reason]
         if reasons and not any(o.measurements for o in outputs.values()):
-            return finish(ProbeStatus.UNSUPPORTED, message=reasons[0])
-        return finish(ProbeStatus.OK, measurements=merge_rank_outputs(outputs), message=reasons[0] if reasons else "")
+            return finish(ProbeStatus.UNSUPPORTED, message=reasons[0], rank_warnings=replies.warnings)
+        return finish(
+            ProbeStatus.OK,
+            measurements=merge_rank_outputs(outputs),
+            message=reasons[0] if reasons else "",
+            rank_warnings=replies.warnings,
+        )
+
+    def _take_start_warnings(self) -> int:
+        count, self._start_warnings = self._start_warnings, 0
+        return count
 
     def _drain_wake(self) -> None:
         with contextlib.suppress(EOFError, OSError):
@@ -430,6 +517,7 @@ class ProbeController:
         ctx = multiprocessing.get_context("spawn")
         tmpdir = tempfile.mkdtemp(prefix="decodetop-probe-")
         env = self._rank_env()
+        log_path = self._prepare_rank_log()
         procs: list[BaseProcess] = []
         conns: list[Connection] = []
         group = _Group(procs=procs, conns=conns, tmpdir=tmpdir, busy=True)
@@ -446,6 +534,7 @@ class ProbeController:
                     extra_probe_modules=self.registry.extra_modules,
                     parent_pid=os.getpid(),
                     join_timeout_s=self.start_timeout_s,
+                    log_path=log_path,
                 )
                 proc = ctx.Process(
                     target=rank_entry, args=(config, child_conn), name=f"decodetop-probe-rank{rank}", daemon=True
@@ -460,6 +549,27 @@ class ProbeController:
             raise
         group.busy = False
         return group
+
+    def _prepare_rank_log(self) -> str:
+        """Create the rank log (or append to it) with a line marking this group's start; where the state dir cannot
+        be written, a file in the temp dir instead. '' when neither can (the ranks keep the terminal's fds)."""
+        header = f"== {_utc_now()} probe group: {self.world_size} {self.layout.kind} rank(s), pid {os.getpid()} ==\n"
+        fallback = Path(tempfile.gettempdir()) / f"decodetop-ranks-{os.getpid()}.log"
+        for path in (self.rank_log, fallback):
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if not path.exists():
+                    _prune_rank_logs(path.parent, keep=KEEP_RANK_LOGS - 1)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+                try:
+                    os.write(fd, header.encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                continue
+            self.rank_log = path
+            return str(path)
+        return ""
 
     def _await_ready(self, group: _Group) -> None:
         ready: set[int] = set()
@@ -487,8 +597,9 @@ class ProbeController:
                             msg = conn.recv()
                             if isinstance(msg, Fatal):
                                 raise ProbeGroupError(f"probe rank {rank} failed to start: {msg.error}")
-                    code = group.procs[rank].exitcode
-                    raise ProbeGroupError(f"probe rank {rank} exited during start (exit code {code})")
+                    group.procs[rank].join(timeout=1.0)  # the sentinel closes just before the exit code is known
+                    how = describe_exit(group.procs[rank].exitcode)
+                    raise ProbeGroupError(f"probe rank {rank} died during start: {how}")
                 assert isinstance(obj, Connection)
                 rank = conn_rank[id(obj)]
                 try:
@@ -499,6 +610,7 @@ class ProbeController:
                     raise ProbeGroupError(f"probe rank {rank} failed to start: {msg.error}")
                 if isinstance(msg, Ready):
                     ready.add(rank)
+                    self._start_warnings += msg.warnings
                     if msg.environment is not None:
                         group.environment = self._complete_environment(msg.environment)
 
@@ -537,6 +649,14 @@ class ProbeController:
             with contextlib.suppress(OSError):
                 conn.close()
         shutil.rmtree(group.tmpdir, ignore_errors=True)
+
+
+def _prune_rank_logs(directory: Path, keep: int) -> None:
+    """Remove all but the `keep` newest `ranks-*.log` files of `directory` (only files decodetop named so)."""
+    logs = sorted(directory.glob("ranks-*.log"), key=lambda p: p.name, reverse=True)
+    for old in logs[keep:]:
+        with contextlib.suppress(OSError):
+            old.unlink()
 
 
 def _end_processes(procs: Sequence[BaseProcess], deadline: float) -> None:

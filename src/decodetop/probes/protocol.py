@@ -35,6 +35,7 @@ class RankConfig:
     extra_probe_modules: tuple[str, ...] = ()
     parent_pid: int = 0  # the rank exits when this process goes away
     join_timeout_s: float = 120.0
+    log_path: str = ""  # the rank's fd 1 and 2 go here (appended), never to the terminal; "" leaves them
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,8 @@ class Ready:
 
     rank: int
     environment: Environment | None = None
+    warnings: int = 0
+    """Python warnings the rank showed while starting (written to the rank log)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class RankDone:
     output: RankOutput | None = None
     error: str | None = None
     traceback: str | None = None
+    warnings: int = 0
+    """Python warnings the rank showed during this probe (written to the rank log)."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Provides the entry point of a spawned probe rank, before torch: environment, stdin, signals, parent watch.
+"""Provides the entry point of a spawned probe rank, before torch: output to the rank log, environment, stdin,
+signals, parent watch, and the count of Python warnings the rank shows.
+
+A rank never writes to the terminal: its fd 1 and 2 (Python's prints, warnings and tracebacks, and C-level writes
+of NCCL, CUDA or gloo) are appended to the controller's rank log file, so nothing lands on the UI's screen.
 
 This module imports no torch, so that the controller can name `rank_entry` as the spawn target without loading
 torch itself; torch is imported in the child only, by `decodetop.probes.worker.serve`.
@@ -15,6 +19,7 @@ import time
 import traceback
 import warnings
 from multiprocessing.connection import Connection
+from typing import TextIO
 
 from decodetop.probes.protocol import Fatal, RankConfig
 
@@ -33,6 +38,48 @@ def _detach_stdin() -> None:
         sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - replaces the process's stdin for good
 
 
+def _redirect_output(log_path: str) -> None:
+    """Point fd 1 and 2 at the rank log (appended): C-level writes follow the fds, Python's streams too."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
+
+
+class WarningCount:
+    """Python warnings shown in this process since the last `take()` (they still go to stderr: the rank log)."""
+
+    _count = 0
+
+    @classmethod
+    def install(cls) -> None:
+        shown = warnings.showwarning
+
+        def count_and_show(  # noqa: PLR0917 - the signature of warnings.showwarning
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            cls._count += 1
+            shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = count_and_show
+
+    @classmethod
+    def take(cls) -> int:
+        """The count since the last call (the rank reports it with Ready and each RankDone)."""
+        count, cls._count = cls._count, 0
+        return count
+
+
 def _watch_parent(parent_pid: int) -> None:
     while True:
         if os.getppid() != parent_pid:
@@ -44,6 +91,10 @@ def rank_entry(config: RankConfig, conn: Connection) -> None:
     """Prepare the process, then hand over to the torch-side rank loop."""
     # Ctrl-C reaches the whole foreground process group; the controller decides how the ranks end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.log_path:
+        with contextlib.suppress(OSError):  # an unwritable log leaves the output where it was
+            _redirect_output(config.log_path)
+    WarningCount.install()
     _detach_stdin()
     for key, value in config.env.items():
         os.environ[key] = value

@@ -86,9 +86,24 @@ def measurement_table(measurements: Sequence[Measurement], columns: Sequence[str
     return table(headers, rows, align=align)
 
 
+def rank_output_line(result: ProbeResult) -> str:
+    """'ranks showed 2 warnings: see /…/ranks-….log' when the ranks warned (or failed: their output may say why);
+    '' otherwise."""
+    if not result.rank_log or (result.rank_warnings == 0 and result.status is not ProbeStatus.FAILED):
+        return ""
+    if result.rank_warnings:
+        plural = "s" if result.rank_warnings != 1 else ""
+        return f"ranks showed {result.rank_warnings} warning{plural}: see {result.rank_log}"
+    return f"rank output: {result.rank_log}"
+
+
 def format_result(result: ProbeResult, columns: Sequence[str] = ()) -> str:
-    """The summary line, then the table (when there are measurements)."""
+    """The summary line, the table (when there are measurements), and where the ranks' output went when it
+    matters."""
     parts = [f"== {summary_line(result)}"]
     if result.measurements:
         parts.append(measurement_table(result.measurements, columns))
+    line = rank_output_line(result)
+    if line:
+        parts.append(line)
     return "\n".join(parts)

@@ -298,6 +298,10 @@ class ProbeResult:
     error_rank: int | None = None
     error: str | None = None
     traceback: str | None = None
+    rank_warnings: int = 0
+    """Python warnings the ranks showed during this probe (and the group's start, when it started for it)."""
+    rank_log: str = ""
+    """The file the ranks' stdout and stderr went to ('' when not redirected)."""
 
     @property
     def ok(self) -> bool:
@@ -324,6 +328,8 @@ class ProbeResult:
             "error_rank": self.error_rank,
             "error": self.error,
             "traceback": self.traceback,
+            "rank_warnings": self.rank_warnings,
+            "rank_log": self.rank_log,
         }
 
     @classmethod
@@ -345,6 +351,8 @@ class ProbeResult:
             error_rank=None if error_rank is None else int(error_rank),
             error=None if error is None else str(error),
             traceback=None if tb is None else str(tb),
+            rank_warnings=int(data.get("rank_warnings", 0)),
+            rank_log=str(data.get("rank_log", "")),
         )
 
 

@@ -8,6 +8,7 @@ here and reported with the rank and traceback; the loop goes on with the next co
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import importlib
 import os
@@ -24,6 +25,8 @@ import torch.distributed as dist
 
 from decodetop.probes.gpuinfo import nccl_env
 from decodetop.probes.protocol import Fatal, Progress, RankConfig, RankDone, Ready, RunProbe, Shutdown
+from decodetop.probes.rankmain import WarningCount
+from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import Environment, RankOutput
 from decodetop.probes.worker.context import ProbeContext
 
@@ -155,12 +158,15 @@ def serve(config: RankConfig, conn: Connection) -> None:
                 timeout=dt.timedelta(seconds=config.join_timeout_s),
                 **kwargs,
             )
-            ctx = ProbeContext(rank=config.rank, world_size=config.world_size, device=device, backend=backend)
+            registry = ProbeRegistry(extra_modules=config.extra_probe_modules)
+            ctx = ProbeContext(
+                rank=config.rank, world_size=config.world_size, device=device, backend=backend, registry=registry
+            )
             if backend != "gloo" and config.world_size > 1:
                 ctx.cpu_group = dist.new_group(backend="gloo")
             ctx.barrier()
             env = collect_environment(ctx) if config.rank == 0 else None
-            conn.send(Ready(config.rank, env))
+            conn.send(Ready(config.rank, env, warnings=WarningCount.take()))
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 conn.send(Fatal(config.rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
@@ -202,4 +208,4 @@ def _run_command(ctx: ProbeContext, conn: Connection, cmd: RunProbe) -> None:
         reply = RankDone(cmd.seq, ctx.rank, output=output)
     finally:
         ctx.progress_sink = None
-    conn.send(reply)
+    conn.send(dataclasses.replace(reply, warnings=WarningCount.take()))
