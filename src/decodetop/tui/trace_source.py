@@ -1,0 +1,174 @@
+"""Provides the live UI's trace source: `--trace FILE|DIR` and the capture key's background work (blocking calls,
+run in a worker thread), each ending in a `TraceLoad` or a `UserInputError` with one line for the status bar.
+
+Captured traces are kept under the state directory, one directory per capture with a `capture.json` that records
+the scenario (model, TP) the trace was taken under, the server, the engine and the files, so a later session can
+tell which budget a kept trace belongs to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from decodetop.errors import UserInputError
+from decodetop.traces.capture import capture, detect_engine
+from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
+
+TRACE_CAP_BYTES = 2 << 30
+"""Largest trace (all ranks together) the UI reads: 2 GiB. The streaming reader keeps ~1/10 of a trace's size in
+columns (benchmarks/trace_load.py in docs/benchmarks.md); beyond this a capture of too many steps is more likely
+than a trace worth minutes of reading."""
+CAPTURE_STEPS = 5
+"""Decode steps the capture key asks for (`decodetop trace --steps` has the same default)."""
+CAPTURE_TIMEOUT_S = 120.0
+"""Overall deadline of one capture (`decodetop trace --timeout` has the same default)."""
+
+Progress = Callable[[str], None]
+"""A one-line progress note, called from the worker thread."""
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """Where traces come from: a file or per-rank directory given with --trace, and the server for the capture key."""
+
+    path: Path | None = None
+    server: str | None = None
+    """The serving engine's base URL (--server): /start_profile lives there."""
+    state_dir: Path | None = None
+    """Where captures are kept (None: the capture goes to a temporary directory)."""
+    steps: int = CAPTURE_STEPS
+    timeout_s: float = CAPTURE_TIMEOUT_S
+    max_bytes: int = TRACE_CAP_BYTES
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    """A trace read and attributed: what the traced bar draws, with where it came from."""
+
+    traces: TraceSet
+    path: Path
+    """The file (or directory of per-rank files) read."""
+    modified_s: float
+    """When the newest file was written (wall clock): the traced bar shows its age."""
+    origin: str
+    """'--trace' or 'captured from URL (engine)'."""
+    layers: int | None = None
+
+
+def base_url(server: str) -> str:
+    """The engine's base URL from --server, which may name its /metrics endpoint."""
+    url = server.rstrip("/")
+    return url.removesuffix("/metrics")
+
+
+def check_size(paths: list[Path], max_bytes: int) -> None:
+    """Refuse a trace whose files together exceed `max_bytes`, naming the size and the cap."""
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except OSError as exc:
+            raise UserInputError(f"{path}: cannot read trace: {exc.strerror or exc}") from None
+    if total > max_bytes:
+        raise UserInputError(
+            f"trace {paths[0].parent if len(paths) > 1 else paths[0]} is {total / 1e6:.0f} MB, over the "
+            f"{max_bytes / 1e6:.0f} MB cap: capture fewer steps"
+        )
+
+
+def layers_of(model: str | None) -> int | None:
+    """The model's decoder layers (for 'N per layer'), or None when the setting names no known model."""
+    if not model:
+        return None
+    from decodetop.budget.spec import load_config, load_preset
+
+    try:
+        spec = load_config(model) if model.endswith(".json") or "/" in model else load_preset(model)
+    except (UserInputError, OSError, ValueError):
+        return None
+    return spec.n_layers
+
+
+def load(path: Path, options: TraceOptions, *, origin: str = "--trace", model: str | None = None) -> TraceLoad:
+    """Read and attribute a trace file or directory (blocking); one-line UserInputError on any problem."""
+    files = [f for _, f in trace_files(path)]
+    check_size(files, options.max_bytes)
+    traces = analyze_path(path)
+    modified = max((f.stat().st_mtime for f in files if f.exists()), default=time.time())
+    return TraceLoad(traces, path, modified, origin, layers_of(model))
+
+
+def capture_dir(state_dir: Path | None, now_s: float) -> Path | None:
+    """A fresh directory for one capture under the state directory (None without one)."""
+    if state_dir is None:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_s))
+    directory = state_dir / "traces" / stamp
+    suffix = 1
+    while directory.exists():
+        suffix += 1
+        directory = state_dir / "traces" / f"{stamp}-{suffix}"
+    directory.mkdir(parents=True)
+    return directory
+
+
+def capture_and_load(
+    options: TraceOptions,
+    scenario: Mapping[str, object],
+    *,
+    progress: Progress,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TraceLoad:
+    """Ask the --server for a trace of `options.steps` decode steps, keep it under the state directory with the
+    scenario it was taken under, and read it. Every failure is one UserInputError line."""
+    if not options.server:
+        raise UserInputError("trace capture needs --server URL (a SGLang or vLLM server with its profiler on)")
+    url = base_url(options.server)
+    vllm_dir = options.path if options.path is not None and options.path.is_dir() else None
+    started = time.monotonic()
+
+    def tick(seconds: float) -> None:
+        progress(f"trace: capturing {options.steps} steps from {url}… {time.monotonic() - started:.0f} s")
+        sleep(seconds)
+
+    progress(f"trace: capturing {options.steps} steps from {url}…")
+    engine = detect_engine(url)
+    keep = capture_dir(options.state_dir, time.time())
+    if engine == "vllm" and vllm_dir is None:
+        raise UserInputError(
+            "trace: vLLM writes traces to its VLLM_TORCH_PROFILER_DIR: start decodetop with --trace DIR "
+            "(that directory)"
+        )
+    result = capture(
+        url,
+        steps=options.steps,
+        output_dir=keep if engine == "sglang" else vllm_dir,
+        engine=engine,
+        timeout_s=max(0.1, options.timeout_s - (time.monotonic() - started)),
+        sleep=tick,
+    )
+    files = [result.path, *result.other_files]
+    if keep is not None:
+        record = {
+            "scenario": dict(scenario),
+            "server": url,
+            "engine": result.engine,
+            "files": [str(f) for f in files],
+            "captured_at_s": time.time(),
+        }
+        (keep / "capture.json").write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    check_size(files, options.max_bytes)
+    progress(f"trace: reading {len(files)} trace file{'s' if len(files) > 1 else ''}…")
+    traces = analyze_path(files)
+    model = scenario.get("model")
+    return TraceLoad(
+        traces,
+        result.path if len(files) == 1 else result.output_dir,
+        max(f.stat().st_mtime for f in files),
+        f"captured from {url} ({result.engine})",
+        layers_of(model if isinstance(model, str) else None),
+    )
