@@ -57,11 +57,11 @@ class ProbeSpec:
         return params
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: object) -> object:
     return list(value) if isinstance(value, (list, tuple)) else value
 
 
-def _check_type(probe: str, key: str, default: Any, value: Any) -> Any:
+def _check_type(probe: str, key: str, default: object, value: object) -> object:
     where = f"probe {probe!r} parameter {key!r}"
     if isinstance(default, bool):
         if not isinstance(value, bool):

@@ -80,7 +80,7 @@ def attention_runner(key: AttentionKey, ctx: ProbeContext, *, rotate: bool, cont
         ctx, copies * (latent_bytes + index_bytes) * 1.1 + b * q * heads * length * 4, f"MLA cache {key.key_id}"
     )
     fp8 = torch.float8_e4m3fn
-    caches = Rotation(
+    latents: Rotation[tuple[torch.Tensor, torch.Tensor | None]] = Rotation(
         [
             (
                 randn((b, length, width), dt, device, std=1.0),
@@ -100,12 +100,12 @@ def attention_runner(key: AttentionKey, ctx: ProbeContext, *, rotate: bool, cont
         return torch.bmm(p, cache[:, :, :lora])
 
     def mla() -> torch.Tensor:
-        cache, _ = caches.next()
+        cache, _ = latents.next()
         return mla_over(cache, qt)
 
     def mla_dsa() -> torch.Tensor:
-        cache, index_cache = caches.next()
-        assert q_idx is not None and w_idx is not None
+        cache, index_cache = latents.next()
+        assert q_idx is not None and w_idx is not None and index_cache is not None
         keys = index_cache.to(dt)  # FP8 index keys → bf16 (DeepGEMM reads FP8 directly)
         logits = torch.bmm(q_idx, keys.transpose(1, 2)).view(b, q, key.index_heads, length)
         score = (logits.float().relu_() * w_idx).sum(dim=2)  # [b, q, length]

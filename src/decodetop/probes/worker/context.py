@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,11 +44,11 @@ class ProbeContext:
     progress_sink: Callable[[str, int, int], None] | None = None
     #: A gloo group over the same ranks for host-side agreement and barriers that keep the GPUs idle
     #: (None: use the default group, which is gloo already on CPU ranks).
-    cpu_group: Any = None
+    cpu_group: dist.ProcessGroup | None = None
     #: The probes this rank knows (built-ins plus the controller's extra modules): the `layer` probe finds each
     #: key's kernels through its probe's worker module.
     registry: ProbeRegistry = field(default_factory=ProbeRegistry)
-    _graphs: list[Any] = field(default_factory=list)
+    _graphs: list[torch.cuda.CUDAGraph] = field(default_factory=list)
 
     @property
     def is_cuda(self) -> bool:
@@ -111,7 +110,7 @@ class ProbeContext:
             return int(torch.cuda.get_device_properties(self.device).L2_cache_size)
         return _cpu_llc_bytes()
 
-    def keep_graph(self, graph: Any) -> Any:
+    def keep_graph(self, graph: torch.cuda.CUDAGraph) -> torch.cuda.CUDAGraph:
         """Register a CUDA graph so that shutdown frees it before leaving the process group."""
         self._graphs.append(graph)
         return graph

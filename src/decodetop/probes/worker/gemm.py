@@ -194,7 +194,7 @@ def references(ctx: ProbeContext, samples: int) -> tuple[list[RankMeasurement], 
             [(torch.empty(numel, device=ctx.device), randn((numel,), torch.float32, ctx.device)) for _ in range(copies)]
         )
 
-        def copy(pairs: Rotation = pairs) -> None:
+        def copy(pairs: Rotation[tuple[torch.Tensor, torch.Tensor]] = pairs) -> None:
             dst, src = pairs.next()
             dst.copy_(src)
 

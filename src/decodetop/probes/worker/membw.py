@@ -18,6 +18,7 @@ GPU timings use CUDA events; CPU timings the host clock. Counts are scaled to `b
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ def _gbps(nbytes: float, time_us: float) -> float:
     return nbytes / time_us / 1e3 if time_us > 0 else 0.0
 
 
-def _timer(ctx: ProbeContext) -> Any:
+def _timer(ctx: ProbeContext) -> Callable[..., list[float]]:
     if ctx.is_cuda:
         return time_events
     return time_host

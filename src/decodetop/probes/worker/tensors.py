@@ -75,7 +75,7 @@ def weight_cache() -> Iterator[None]:
         _WEIGHT_CACHE = None
 
 
-def weights(shape: Sequence[int], dtype: torch.dtype, device: torch.device, copies: int) -> Rotation:
+def weights(shape: Sequence[int], dtype: torch.dtype, device: torch.device, copies: int) -> Rotation[torch.Tensor]:
     """`copies` random weight tensors in a Rotation (shared within a `weight_cache()` block)."""
     key = (tuple(shape), dtype, str(device), copies)
     if _WEIGHT_CACHE is not None and key in _WEIGHT_CACHE:

@@ -21,9 +21,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
+
+T = TypeVar("T")
+"""What a `Rotation` holds (a tensor, a tuple of tensors)."""
 
 #: Rotate over at least this multiple of the cache size (probes.md §4: "total size > 2x L2").
 ROTATION_CACHE_FACTOR = 2.0
@@ -41,24 +44,25 @@ def rotation_count(
     return max(1, min(max_copies, needed))
 
 
-class Rotation:
+class Rotation(Generic[T]):
     """A fixed ring of inputs: `next()` returns the next one, so consecutive calls touch different memory."""
 
-    def __init__(self, items: Sequence[Any]):
+    def __init__(self, items: Sequence[T]):
         if not items:
             raise ValueError("Rotation needs at least one item")
         self.items = list(items)
         self._i = 0
 
     @classmethod
-    def build(cls, make: Callable[[], Any], buffer_bytes: int, cache_bytes: int, max_copies: int = 64) -> Rotation:
+    def build(cls, make: Callable[[], T], buffer_bytes: int, cache_bytes: int, max_copies: int = 64) -> Rotation[T]:
         """`rotation_count(...)` fresh inputs from `make()`."""
         return cls([make() for _ in range(rotation_count(buffer_bytes, cache_bytes, max_copies))])
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def next(self) -> Any:
+    def next(self) -> T:
+        """The next input of the ring."""
         item = self.items[self._i]
         self._i = (self._i + 1) % len(self.items)
         return item
@@ -90,7 +94,7 @@ def plan_counts(
     return Counts(ops, samples)
 
 
-def new_event() -> Any:
+def new_event() -> torch.cuda.Event:
     """A CUDA event that records time."""
     return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
