@@ -1,30 +1,31 @@
 """Realistic export state for the exposition tests: telemetry from the NVML helper's H200 recording, probe results
-(committed fixture under tests/fixtures/metrics), health checks, a budget and a live server's observed step."""
+(committed fixtures under tests/fixtures/metrics), health checks, a budget and a live server's observed step."""
 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
+from decodetop.budget import compose
+from decodetop.budget.compose import Budget, Segment
+from decodetop.collectors import telemetry
+from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
+from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.export.prometheus import ExportState
+from decodetop.probes.results import ProbeResult, load_results
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 RECORDING = "h200x1-load"
 PROBES_JSON = FIXTURES / "probe_results_h200x2.json"
-
-
-def _ns(value: Any) -> Any:
-    if isinstance(value, dict):
-        return SimpleNamespace(**{k: _ns(v) for k, v in value.items()})
-    if isinstance(value, list):
-        return tuple(_ns(v) for v in value)
-    return value
+PLAN_JSON = FIXTURES / "probe_results_plan_glm5_tp2_h200x2.json"
+"""A full model plan's results (GLM-5 at TP 2 on 2 × H200: 10 probes, 312 points; per-rank samples left out, the
+pooled stats kept), from benchmarks/results/plans."""
 
 
 class _ShiftedTime:
@@ -40,15 +41,11 @@ class _ShiftedTime:
         return getattr(time, name)
 
 
-@functools.lru_cache(maxsize=1)
-def telemetry_snapshot() -> Any:
-    """Two H200s under load: the NVML helper's real recording (`h200x1-load`, replicated to 2 GPUs) read by the
+@functools.lru_cache(maxsize=2)
+def telemetry_snapshot(gpus: int = 2) -> TelemetrySnapshot:
+    """H200s under load: the NVML helper's real recording (`h200x1-load`, replicated to `gpus` GPUs) read by the
     real sampler over two ticks one second apart, so counters, rates and clock-event shares are present."""
-    from decodetop.collectors import telemetry
-    from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
-    from decodetop.collectors.nvml import Nvml
-
-    backend = FakeNvmlBackend(load_recording(RECORDING), replicate_to=2, clock=None)
+    backend = FakeNvmlBackend(load_recording(RECORDING), replicate_to=gpus, clock=None)
     sampler = telemetry.TelemetrySampler(Nvml(backend))
     mono = [1000.0]
     real_time = telemetry.time
@@ -62,30 +59,44 @@ def telemetry_snapshot() -> Any:
         telemetry.time = real_time
 
 
-def probe_results() -> tuple[Any, ...]:
-    """The probe-results fixture (all-reduce sweep, membw, a timed-out probe) as ProbeResult objects."""
-    try:
-        from decodetop.probes.results import load_results
-    except ImportError:
-        return tuple(_ns(r) for r in json.loads(PROBES_JSON.read_text())["results"])
+def probe_results() -> tuple[ProbeResult, ...]:
+    """The probe-results fixture (all-reduce sweep, membw, a timed-out probe)."""
     return tuple(load_results(PROBES_JSON))
 
 
-def budget() -> Any:
-    """The budget helper's Budget for GLM-5-NVFP4 at TP8: composed segments (one still missing its GEMM data),
-    the observed 95 ms step and the 309 tok/s target (docs/architecture.md defaults)."""
-    from decodetop.budget.compose import Budget, Segment
+@functools.lru_cache(maxsize=1)
+def plan_results() -> tuple[ProbeResult, ...]:
+    """A full model plan's results (`PLAN_JSON`)."""
+    return tuple(load_results(PLAN_JSON))
 
+
+def gpu_check_results(gpus: int) -> tuple[CheckResult, ...]:
+    """The GPU checks over the H200 recording replicated to `gpus` GPUs (no host tree, one sample)."""
+    nvml = Nvml(FakeNvmlBackend(load_recording(RECORDING), replicate_to=gpus, clock=None))
+    return tuple(gpu_checks(None, nvml, window_s=0))
+
+
+def budget() -> Budget:
+    """A Budget for GLM-5-NVFP4 at TP8: composed segments (one still missing its GEMM data), the observed 95 ms
+    step and the 309 tok/s target (docs/architecture.md defaults)."""
     segments = (
-        Segment("attention", 21.4, "measured", "MLA decode at 16k context", n_ops=78),
-        Segment("attention_proj", 6.1, "interpolated", "GEMM curve vs M", n_ops=312),
-        Segment("routed_experts", 28.7, "measured", "grouped GEMM", n_ops=75),
-        Segment("shared_experts", 3.2, "measured", "GEMM", n_ops=75),
-        Segment("routing", 1.9, "estimated", "roofline", n_ops=75),
-        Segment("communication", 17.6, "measured", "all-reduce", n_ops=156),
-        Segment("norms", 2.4, "measured", "rmsnorm", n_ops=313),
-        Segment("lm_head", None, "missing", "no sampling probe yet", n_ops=1, missing_keys=("sampling:x",)),
-        Segment("launch", 4.3, "measured", "graph replay", n_ops=1),
+        Segment("attention", 21.4, "measured", "MLA decode at 16k context", n_ops=78, provenance_kind="measured_now"),
+        Segment("attention_proj", 6.1, "interpolated", "GEMM curve vs M", n_ops=312, provenance_kind="measured_now"),
+        Segment("routed_experts", 28.7, "measured", "grouped GEMM", n_ops=75, provenance_kind="measured_earlier"),
+        Segment("shared_experts", 3.2, "measured", "GEMM", n_ops=75, provenance_kind="measured_now"),
+        Segment("routing", 1.9, "estimated", "roofline", n_ops=75, provenance_kind="estimate"),
+        Segment("communication", 17.6, "measured", "all-reduce", n_ops=156, provenance_kind="measured_now"),
+        Segment("norms", 2.4, "measured", "rmsnorm", n_ops=313, provenance_kind="measured_now"),
+        Segment(
+            "lm_head",
+            None,
+            "missing",
+            "no sampling probe yet",
+            n_ops=1,
+            missing_keys=("sampling:x",),
+            provenance_kind="missing",
+        ),
+        Segment("launch", 4.3, "measured", "graph replay", n_ops=1, provenance_kind="measured_now"),
     )
     total = sum(s.ms or 0.0 for s in segments)
     return Budget(
@@ -103,6 +114,9 @@ def budget() -> Any:
         kernels=2400,
         launch_mode="graph",
         missing=("lm_head",),
+        observed=compose.default_observed("no --server"),
+        hardware_text="NVIDIA H200 (detected by NVML)",
+        device_kind="cuda",
     )
 
 
@@ -138,6 +152,7 @@ def observed() -> ObservedStep:
         url="http://127.0.0.1:30000/metrics",
         running_requests=1.0,
         model_names=("zai-org/GLM-5-NVFP4",),
+        taken_unix_s=1795959000.0,
     )
 
 

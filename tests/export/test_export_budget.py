@@ -1,33 +1,37 @@
 """The exporter's budget for --model: probe results (shaped as the probes record them: a `key` param, role, variant,
-the all-reduce sweep by mode) composed by the probe engine's `compose_from_results` against the live server's step,
-and exported."""
+the all-reduce sweep by mode) composed through the one composition (`probes.budgeting.compose`) against the live
+server's step, and exported with each component's status and provenance."""
 
 from __future__ import annotations
 
 import functools
 import subprocess
-from types import SimpleNamespace
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
-from decodetop.budget.compose import Budget
-from decodetop.budget.deployment import Deployment
-from decodetop.budget.inventory import build_inventory
+from decodetop.budget.compose import Budget, default_observed
 from decodetop.budget.keys import AllreduceKey, GemmKey, MoeKey
 from decodetop.budget.plan import ProbePlan, build_plan
-from decodetop.budget.spec import load_preset
+from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
+from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus
 from decodetop.export.prometheus import ExportState, render_exposition
-from decodetop.export.service import budget_composer
+from decodetop.export.schedule import BudgetComposer
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus, Stats
 
 MODEL, TP = "glm-5-nvfp4", 8
 
 
 @functools.lru_cache(maxsize=1)
+def _scenario() -> Scenario:
+    return build_scenario(ModelSource("preset", MODEL), TpChoice(TP, "--tp"))
+
+
+@functools.lru_cache(maxsize=1)
 def _plan() -> ProbePlan:
-    return build_plan(build_inventory(load_preset(MODEL), Deployment(tp=TP)))
+    return build_plan(_scenario().inventory())
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,27 +84,45 @@ def _results() -> tuple[ProbeResult, ...]:
     )
 
 
+def _step(ms: float) -> ObservedStep:
+    return ObservedStep(
+        step_ms=ms,
+        itl_ms=ms,
+        source="sglang",
+        metric="sglang:inter_token_latency_seconds",
+        samples=100,
+        window_s=30.0,
+        accept_length=1.0,
+        accept_length_from="none",
+        url="http://127.0.0.1:30000/metrics",
+        taken_unix_s=time.time(),
+    )
+
+
 def test_budget_for_model_follows_observed_step() -> None:
-    compose = budget_composer(MODEL, TP)
-    budget = compose(_results_cached(), SimpleNamespace(step_ms=52.5))
+    compose = BudgetComposer(_scenario(), default_observed(), 309.0, "cuda")
+    budget = compose(_results_cached(), _step(52.5), None)
     assert isinstance(budget, Budget)
-    assert budget.observed_ms == 52.5
+    assert budget.observed_ms == 52.5 and budget.observed_step.source == "server"
     assert budget.unexplained_ms == pytest.approx(52.5 - budget.total_ms)
     assert any(isinstance(k, AllreduceKey) and k.collective == "all_reduce" for k in _plan().by_probe("allreduce"))
     communication = budget.segment("communication")
     assert communication is not None and communication.ms is not None and communication.ms > 0
     routed = budget.segment("routed_experts")
-    assert routed is not None and routed.status == "measured"
+    assert routed is not None and routed.status == "measured" and routed.provenance_kind == "measured_now"
     from decodetop.budget.components import Component
 
-    moe_ops = build_inventory(load_preset(MODEL), Deployment(tp=TP)).by_component()[Component.ROUTED_EXPERTS]
+    moe_ops = _scenario().inventory().by_component()[Component.ROUTED_EXPERTS]
     instances = sum(op.count for op in moe_ops)
     assert routed.ms == pytest.approx(instances * 0.095)  # the faster MoE implementation (95 µs, not 180) counts
     attention = budget.segment("attention")
-    assert attention is not None and attention.status == "missing"  # its probe failed: missing, never 0
-    assert not budget.complete
-    # without a server step the budget's default observed time stands
-    assert compose(_results_cached(), None).observed_ms == 95.0
+    assert attention is not None and attention.provenance_kind == "estimate"  # its probe failed: estimated, never 0
+    # without a server step the default stands, marked as assumed and saying why
+    down = ServerStatus(ServerState.TIMED_OUT, "http://127.0.0.1:30000/metrics: no complete answer within 2 s", "u")
+    assumed = compose(_results_cached(), down, None)
+    assert assumed.observed_ms == 95.0 and assumed.observed_step.assumed
+    assert "no complete answer within 2 s" in assumed.observed_step.text
+    # exported: one series per component, its provenance in the labels
     text = render_exposition(ExportState(budget=budget))
     assert (
         subprocess.run(
@@ -108,5 +130,15 @@ def test_budget_for_model_follows_observed_step() -> None:
         ).returncode
         == 0
     )
-    names = {s.name for f in text_string_to_metric_families(text) for s in f.samples}
-    assert {"decodetop_budget_segment_seconds", "decodetop_budget_segment_status", "decodetop_budget_complete"} <= names
+    series = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    segments = {s.labels["component"]: s for s in series if s.name == "decodetop_budget_segment_seconds"}
+    assert set(segments) == {seg.component for seg in budget.segments} | {"unexplained"}
+    for seg in budget.segments:
+        labels = segments[seg.component].labels
+        assert (labels["status"], labels["provenance"]) == (seg.status, seg.provenance_kind)
+    assert segments["routed_experts"].value == pytest.approx(routed.ms / 1e3)
+    assert segments["attention"].labels["provenance"] == "estimate"
+    (info,) = [s for s in series if s.name == "decodetop_budget_info"]
+    assert info.labels["hardware"] == budget.hardware_text and "RTX PRO 6000" in info.labels["hardware"]
+    observed = [s for s in series if s.name == "decodetop_budget_step_seconds" and s.labels["line"] == "observed"]
+    assert [(s.labels["source"], s.value) for s in observed] == [("server", pytest.approx(0.0525))]

@@ -16,15 +16,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
+from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
+from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus, ServerStepSource
 from decodetop.errors import UserInputError
-from decodetop.export.service import Exporter, PlannedRun, parse_duration, probe_plan_runs
+from decodetop.export.schedule import Exporter, PlannedRun, parse_duration, probe_plan_runs
+from decodetop.probes.results import ProbeResult, ProbeStatus
+from trickle_server import TricklingServer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 _EXPORTER = (sys.executable, "-m", "decodetop", "exporter")
@@ -177,48 +180,45 @@ def test_parse_duration() -> None:
 
 
 class _Registry:
-    def __init__(self, specs: dict[str, dict[str, Any]]) -> None:
-        self.specs = specs
+    """The names of a build that registers only some probes."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = list(names)
 
     def names(self) -> list[str]:
-        return list(self.specs)
-
-    def get(self, name: str) -> Any:
-        return SimpleNamespace(name=name, default_params=self.specs[name])
+        return list(self._names)
 
 
-REGISTRY = _Registry(
-    {"allreduce": {"sizes": [], "modes": []}, "launch": {}, "membw": {}, "gemm": {"keys": []}, "tracer": {}}
-)
+REGISTRY = _Registry(["allreduce", "launch", "membw", "gemm", "tracer"])
+
+
+def _scenario(model: str, tp: int) -> Scenario:
+    return build_scenario(ModelSource("preset", model), TpChoice(tp, "--tp"))
 
 
 def test_plan_without_model_is_every_registered_probe() -> None:
-    runs, notes = probe_plan_runs(None, None, REGISTRY, world_size=2, device_kind="cpu")
+    runs, notes = probe_plan_runs(None, REGISTRY, world_size=2, device_kind="cpu")
     assert runs == tuple(PlannedRun(n) for n in REGISTRY.names()) and notes == ()
 
 
 def test_plan_for_a_model_is_the_probe_engines_plan() -> None:
     """--model runs what `decodetop probe --model` runs (probes.planrun), limited to the registered probes."""
-    from decodetop.budget.deployment import Deployment
-    from decodetop.budget.inventory import build_inventory
     from decodetop.budget.plan import build_plan
-    from decodetop.budget.spec import load_preset
     from decodetop.probes.planrun import plan_requests
 
-    inventory = build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8))
+    scenario = _scenario("glm-5-nvfp4", 8)
+    inventory = scenario.inventory()
     requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda")
-    runs, notes = probe_plan_runs("glm-5-nvfp4", 8, REGISTRY, world_size=8, device_kind="cuda")
+    runs, notes = probe_plan_runs(scenario, REGISTRY, world_size=8, device_kind="cuda")
     assert [(r.probe, dict(r.params)) for r in runs] == [
         (r.probe, dict(r.params)) for r in requests if r.probe in REGISTRY.names()
     ]
     assert {"allreduce", "gemm", "launch"} <= {r.probe for r in runs}
     assert any("not in this build's probe registry" in n for n in notes)  # moe, attention, ... are not in REGISTRY
     # a group smaller than the plan's TP measures no collective, and says so
-    small, small_notes = probe_plan_runs("glm-5-nvfp4", 8, REGISTRY, world_size=2, device_kind="cpu")
+    small, small_notes = probe_plan_runs(scenario, REGISTRY, world_size=2, device_kind="cpu")
     assert "allreduce" not in {r.probe for r in small}
     assert any("collectives not measured" in n for n in small_notes)
-    with pytest.raises(UserInputError, match="unknown preset"):
-        probe_plan_runs("no-such-model", 8, REGISTRY, world_size=8, device_kind="cuda")
 
 
 class _FakeController:
@@ -229,12 +229,15 @@ class _FakeController:
         self.closed = False
         self.cancelled = 0
 
-    def run(self, probe: str, params: Any = None) -> Any:
+    def run(self, probe: str, params: Any = None) -> ProbeResult:
         self.runs.append((probe, params))
         if probe == "broken":
             raise RuntimeError("rank 1 could not import torch")
-        status = SimpleNamespace(value="timed_out" if probe == "slow" else "ok")
-        return SimpleNamespace(probe=probe, status=status, message="timed out after 60 s", measurements=())
+        status = ProbeStatus.TIMED_OUT if probe == "slow" else ProbeStatus.OK
+        return ProbeResult(probe, status, {}, message="timed out after 60 s" if probe == "slow" else "")
+
+    def rank_pids(self) -> list[int]:
+        return []
 
     def cancel(self) -> None:
         self.cancelled += 1
@@ -279,18 +282,28 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
     assert not [t for t in threading.enumerate() if t.name.startswith("decodetop-exporter-") and t.is_alive()]
 
 
-def test_budget_hook_follows_probe_results_and_observed_step() -> None:
-    """After a probe cycle and after a server poll that gave a step, the exporter recomposes the budget."""
-    seen: list[tuple[tuple[str, ...], float | None]] = []
+def test_budget_follows_probe_results_and_observed_step() -> None:
+    """After a probe cycle and after a server poll that gave a step, the exporter recomposes the budget through the
+    one composition, with the server's step as observed (not assumed)."""
+    from decodetop.budget.compose import default_observed
+    from decodetop.export.schedule import BudgetComposer
 
-    def budget_for(results: tuple[Any, ...], observed: Any) -> Any:
-        step = getattr(observed, "step_ms", None)
-        seen.append((tuple(r.probe for r in results), step))
-        return SimpleNamespace(model="m", segments=(), observed_ms=step or 95.0, unexplained_ms=step or 95.0)
+    step = ObservedStep(
+        step_ms=19.2,
+        itl_ms=19.2,
+        source="sglang",
+        metric="sglang:inter_token_latency_seconds",
+        samples=10,
+        window_s=30.0,
+        accept_length=1.0,
+        accept_length_from="none",
+        url="http://127.0.0.1:30000/metrics",
+        taken_unix_s=time.time(),
+    )
 
     class Server:
-        def poll(self) -> Any:
-            return SimpleNamespace(step_ms=19.2, source="sglang", samples=10)
+        def poll(self) -> ObservedStep:
+            return step
 
     exporter = Exporter(
         listen="127.0.0.1:0",
@@ -300,18 +313,80 @@ def test_budget_hook_follows_probe_results_and_observed_step() -> None:
         plan=(PlannedRun("allreduce"),),
         make_controller=_FakeController,
         server_source=Server(),
-        budget_for=budget_for,
+        budget_for=BudgetComposer(_scenario("llama-3.1-70b", 2), default_observed(), 309.0, "cpu"),
         log=io.StringIO(),
     )
     exporter.start()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not any(r == ("allreduce",) and s == 19.2 for r, s in seen):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            budget = exporter.box().budget
+            if budget is not None and budget.observed_ms == 19.2 and exporter.box().probe_results:
+                break
             time.sleep(0.02)
-        assert any(r == ("allreduce",) and s == 19.2 for r, s in seen), seen
-        assert exporter.box().budget.observed_ms == 19.2
+        budget = exporter.box().budget
+        assert budget is not None and budget.observed_ms == 19.2
+        assert budget.observed_step.source == "server" and "http://127.0.0.1:30000/metrics" in budget.observed_step.text
     finally:
         exporter.stop()
+
+
+def test_trickling_server_reports_up_0_within_its_deadline() -> None:
+    """A server that sends one byte every 0.3 s: each poll ends at its 1 s deadline and the exposition says the
+    server is down and why, while the exporter keeps serving."""
+    with TricklingServer(interval_s=0.3) as slow:
+        exporter = Exporter(
+            listen="127.0.0.1:0",
+            nvml=None,
+            check_every_s=None,
+            probe_every_s=None,
+            server_source=ServerStepSource(slow.url, timeout_s=1.0),
+            server_every_s=0.1,
+            log=io.StringIO(),
+        )
+        exporter.start()
+        try:
+            deadline = time.monotonic() + 60  # liveness only: per-read timeouts would keep the poll for minutes
+            while time.monotonic() < deadline and not isinstance(exporter.box().observed, ServerStatus):
+                time.sleep(0.05)
+            observed = exporter.box().observed
+            assert isinstance(observed, ServerStatus) and observed.state is ServerState.TIMED_OUT
+            assert exporter.server is not None
+            body = _scrape(exporter.server.url)
+            assert body is not None
+            assert "decodetop_server_up 0.0" in body
+            assert 'decodetop_server_status_info{state="timed_out"} 1.0' in body
+            assert slow.sent < slow.total_bytes
+        finally:
+            exporter.stop()
+
+
+def test_listen_on_every_interface_warns(tmp_path: Path) -> None:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*_EXPORTER, "--no-probes", "--no-checks", "--demo", "--listen", f"0.0.0.0:{port}"],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and _scrape(f"http://127.0.0.1:{port}/metrics") is None:
+            assert proc.poll() is None, proc.communicate()[1]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert warning == [
+        "decodetop exporter: warning: --listen 0.0.0.0: the metrics (GPU names, host checks, probe results) are "
+        "exposed on every network interface of this host; use 127.0.0.1 or a firewall unless that is what you want"
+    ]
 
 
 def test_busy_gpus_skip_the_probe_cycle() -> None:

@@ -3,29 +3,42 @@ units, a failing part never fails a scrape, the check textfile is written atomic
 
 from __future__ import annotations
 
+import math
 import socket
 import subprocess
+import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
-from expo_fixtures import budget, checks, full_state, observed, probe_results, telemetry_snapshot
+from expo_fixtures import (
+    budget,
+    checks,
+    full_state,
+    gpu_check_results,
+    observed,
+    plan_results,
+    probe_results,
+    telemetry_snapshot,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.errors import UserInputError
 from decodetop.export.prometheus import (
+    PARTS,
     ExportState,
     StateBox,
+    listen_warning,
     metric_for_key,
     parse_listen,
     render_exposition,
     start_metrics_server,
     write_check_textfile,
 )
+from decodetop.probes.results import ProbeResult, ProbeStatus
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -84,50 +97,88 @@ def test_exposition_reads_back_in_base_units() -> None:
         )
     info = [dict(labels) for name, labels in samples if name == "decodetop_gpu_info"]
     assert len(info) == 2 and info[0]["name"] == snap.gpus[0].name
-    # probes: µs → s, GB/s → bytes/s, by probe/measurement/size/mode/rank
+    # probes: µs → s, the median and the tail of each point pooled over the ranks (no per-rank, no per-sample series)
     allreduce = next(r for r in probe_results() if r.probe == "allreduce")
     point = next(
         m for m in allreduce.measurements if m.params["size_bytes"] == 32 * 1024**2 and m.params["mode"] == "graph"
     )
+    assert point.stats is not None
     labels = {"probe": "allreduce", "measurement": point.name, "size": str(32 * 1024**2), "mode": "graph"}
-    assert _value(samples, "decodetop_probe_time_seconds", rank="all", **labels) == pytest.approx(
-        point.metrics["time_us"] * 1e-6
+    assert _value(samples, "decodetop_probe_seconds", percentile="50", **labels) == pytest.approx(
+        point.stats.median * 1e-6
     )
-    assert _value(samples, "decodetop_probe_busbw_bytes_per_second", rank="1", **labels) == pytest.approx(
-        point.per_rank[1].metrics["busbw_gbps"] * 1e9
-    )
-    assert _value(samples, "decodetop_probe_sample_seconds", rank="all", stat="p99", **labels) == pytest.approx(
+    assert _value(samples, "decodetop_probe_seconds", percentile="99", **labels) == pytest.approx(
         point.stats.p99 * 1e-6
     )
-    assert _value(samples, "decodetop_probe_status", probe="launch", status="timed_out") == 1
-    assert _value(samples, "decodetop_probe_status", probe="launch", status="ok") == 0
-    unsupported = {"probe": "membw", "measurement": "h2d pinned", "size": str(256 * 1024**2), "mode": ""}
-    assert _value(samples, "decodetop_probe_measurement_ok", **unsupported) == 0
-    # budget (the budget helper's Budget): ms → s by component, unexplained as a segment, statuses, step lines
+    assert not any("rank" in dict(labels) for _, labels in samples)
+    assert _value(samples, "decodetop_probe_ok", probe="launch", status="timed_out") == 0
+    assert _value(samples, "decodetop_probe_ok", probe="allreduce", status="ok") == 1
+    assert _value(samples, "decodetop_probe_points", probe="membw", outcome="unsupported") == 1
+    # budget: ms → s, one series per component with its status and provenance, unexplained, step lines
     b = budget()
     model = {"model": b.model}
-    assert _value(samples, "decodetop_budget_segment_seconds", component="communication", **model) == pytest.approx(
-        0.0176
+    measured = {"status": "measured", "provenance": "measured_now"}
+    assert _value(
+        samples, "decodetop_budget_segment_seconds", component="communication", **measured, **model
+    ) == pytest.approx(0.0176)
+    assert _value(
+        samples,
+        "decodetop_budget_segment_seconds",
+        component="routed_experts",
+        status="measured",
+        provenance="measured_earlier",
+        **model,
+    ) == pytest.approx(0.0287)
+    assert _value(
+        samples,
+        "decodetop_budget_segment_seconds",
+        component="routing",
+        status="estimated",
+        provenance="estimate",
+        **model,
+    ) == pytest.approx(0.0019)
+    assert math.isnan(
+        _value(
+            samples,
+            "decodetop_budget_segment_seconds",
+            component="lm_head",
+            status="missing",
+            provenance="missing",
+            **model,
+        )
     )
-    assert _value(samples, "decodetop_budget_segment_seconds", component="unexplained", **model) == pytest.approx(
-        b.unexplained_ms / 1e3
-    )
-    assert ("decodetop_budget_segment_seconds", (("component", "lm_head"), ("model", b.model))) not in samples
-    assert _value(samples, "decodetop_budget_segment_status", component="lm_head", status="missing", **model) == 1
-    assert _value(samples, "decodetop_budget_segment_status", component="routing", status="estimated", **model) == 1
+    assert _value(
+        samples,
+        "decodetop_budget_segment_seconds",
+        component="unexplained",
+        status="missing",
+        provenance="assumed",
+        **model,
+    ) == pytest.approx(b.unexplained_ms / 1e3)
+    per_component = [
+        dict(labels)["component"] for name, labels in samples if name == "decodetop_budget_segment_seconds"
+    ]
+    assert sorted(per_component) == sorted([*(s.component for s in b.segments), "unexplained"])
     assert _value(samples, "decodetop_budget_complete", **model) == 0
-    assert _value(samples, "decodetop_budget_step_seconds", line="observed", **model) == pytest.approx(0.095)
-    assert _value(samples, "decodetop_budget_step_seconds", line="sum", **model) == pytest.approx(b.total_ms / 1e3)
+    assert _value(samples, "decodetop_budget_step_seconds", line="observed", source="default", **model) == (
+        pytest.approx(0.095)
+    )
+    assert _value(samples, "decodetop_budget_step_seconds", line="sum", source="probes", **model) == pytest.approx(
+        b.total_ms / 1e3
+    )
     assert _value(samples, "decodetop_budget_target_tokens_per_second", **model) == 309
-    # checks: a state set per check, counts, the exit code (a FAIL → 2)
+    info = {"deployment": b.deployment, "hardware": "NVIDIA H200 (detected by NVML)", "device_kind": "cuda"}
+    assert _value(samples, "decodetop_budget_info", header="", **info, **model) == 1
+    # checks: one series per check labelled with its status (value: its exit code), counts, the exit code
     c1 = {"check": "C1", "subject": "host", "title": "CPU frequency governor"}
     assert _value(samples, "decodetop_check_status", status="warn", **c1) == 1
-    assert _value(samples, "decodetop_check_status", status="pass", **c1) == 0
+    assert ("decodetop_check_status", tuple(sorted({**c1, "status": "pass"}.items()))) not in samples
     assert _value(samples, "decodetop_checks", status="fail") == 1
     assert _value(samples, "decodetop_check_exit_code") == 2
     # the live server's step
     assert _value(samples, "decodetop_observed_step_seconds", source="sglang") == pytest.approx(0.0192)
     assert _value(samples, "decodetop_server_up") == 1
+    assert _value(samples, "decodetop_observed_step_age_seconds", source="sglang") >= 0
     assert _value(samples, "decodetop_probe_interval_seconds") == 600
     assert ("decodetop_build_info", (("version", __import__("decodetop").__version__),)) in samples
     assert all(name.startswith("decodetop_") for name in names)
@@ -143,21 +194,30 @@ def test_empty_state_and_server_status() -> None:
     samples = _samples(text)
     assert _value(samples, "decodetop_server_up") == 0
     assert _value(samples, "decodetop_server_status_info", state="unreachable") == 1
-    assert not any(name.startswith("decodetop_gpu_") for name, _ in samples)
+    assert not any(name.startswith(("decodetop_gpu_", "decodetop_observed_")) for name, _ in samples)
 
 
-class _Exploding:
-    def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"boom reading {name}")
+def test_server_down_keeps_the_last_step_with_its_age() -> None:
+    last = replace(observed(), taken_unix_s=time.time() - 3600.0)
+    down = ServerStatus(ServerState.TIMED_OUT, "no complete answer within 2 s", last.url, last_step=last)
+    samples = _samples(render_exposition(ExportState(observed=down)))
+    assert _value(samples, "decodetop_server_up") == 0
+    assert _value(samples, "decodetop_server_status_info", state="timed_out") == 1
+    assert _value(samples, "decodetop_observed_step_seconds", source="sglang") == pytest.approx(0.0192)
+    assert _value(samples, "decodetop_observed_step_age_seconds", source="sglang") >= 3600.0
 
 
-def test_failing_part_is_left_out_and_counted() -> None:
-    box = StateBox(ExportState(telemetry=_Exploding(), checks=checks(), observed=observed()))
+def test_failing_part_is_left_out_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     from prometheus_client import generate_latest
 
-    from decodetop.export.prometheus import make_registry
+    from decodetop.export import prometheus
 
-    registry = make_registry(box)
+    def explode(snap: object, out: object) -> None:
+        raise RuntimeError("boom rendering telemetry")
+
+    monkeypatch.setattr(prometheus, "_render_telemetry", explode)
+    box = StateBox(ExportState(telemetry=telemetry_snapshot(), checks=checks(), observed=observed()))
+    registry = prometheus.make_registry(box)
     for expected_errors in (1, 2):
         samples = _samples(generate_latest(registry).decode())
         assert _value(samples, "decodetop_exporter_render_errors_total", part="telemetry") == expected_errors
@@ -168,11 +228,14 @@ def test_failing_part_is_left_out_and_counted() -> None:
 
 def test_state_box_keeps_latest_result_per_probe() -> None:
     box = StateBox()
-    first, second = SimpleNamespace(probe="allreduce", n=1), SimpleNamespace(probe="allreduce", n=2)
-    box.add_probe_result(first)
-    box.add_probe_result(SimpleNamespace(probe="membw", n=3))
-    box.add_probe_result(second)
-    assert [getattr(r, "n", None) for r in box().probe_results] == [3, 2]
+
+    def result(probe: str, duration_s: float) -> ProbeResult:
+        return ProbeResult(probe, ProbeStatus.OK, {}, duration_s=duration_s)
+
+    box.add_probe_result(result("allreduce", 1))
+    box.add_probe_result(result("membw", 3))
+    box.add_probe_result(result("allreduce", 2))
+    assert [r.duration_s for r in box().probe_results] == [3, 2]
     box.update(probe_interval_s=60.0)
     assert box().probe_interval_s == 60.0
 
@@ -247,9 +310,52 @@ def test_every_gpu_field_with_a_value_is_exported() -> None:
     """Each numeric GpuSnapshot field the exposition maps appears for each GPU whenever NVML gave a value."""
     from decodetop.export.prometheus import _GPU_GAUGES
 
-    state = ExportState(telemetry=telemetry_snapshot())
-    samples = _samples(render_exposition(state))
-    for gpu in state.telemetry.gpus:
-        for attr, name, _, _ in _GPU_GAUGES:
-            present = ("decodetop_" + name, (("gpu", str(gpu.index)),)) in samples
-            assert present == (getattr(gpu, attr) is not None), (attr, name)
+    snap = telemetry_snapshot()
+    samples = _samples(render_exposition(ExportState(telemetry=snap)))
+    for gpu in snap.gpus:
+        for gauge in _GPU_GAUGES:
+            present = ("decodetop_" + gauge.name, (("gpu", str(gpu.index)),)) in samples
+            assert present == (gauge.read(gpu) is not None), gauge.name
+
+
+def test_listen_warning_names_every_interface() -> None:
+    for host in ("0.0.0.0", "::", "[::]"):
+        warning = listen_warning(host)
+        assert warning is not None and "every network interface" in warning
+    for host in ("127.0.0.1", "::1", "10.0.0.5"):
+        assert listen_warning(host) is None
+
+
+SERIES_PER_GPU_MAX = 150
+PROBE_PLAN_SERIES_MAX = 400
+
+
+def _series_by_part(state: ExportState) -> dict[str, int]:
+    return {part: len(_samples(render_exposition(state, parts=(part,)))) for part in PARTS}
+
+
+def test_series_count_at_eight_gpus_with_a_full_plan() -> None:
+    """The exposition's size at 8 (fake) GPUs with a full model plan's results: at most 150 series per GPU (telemetry
+    and checks) plus 400 for the probe plan, counted on the generated text (docs/benchmarks.md states the count)."""
+    gpus = 8
+    state = ExportState(
+        telemetry=telemetry_snapshot(gpus),
+        probe_results=plan_results(),
+        budget=budget(),
+        checks=(*checks(), *gpu_check_results(gpus)),
+        checks_unix_s=1795959000.0,
+        observed=observed(),
+        probe_interval_s=600.0,
+    )
+    assert len(state.telemetry.gpus) == gpus if state.telemetry else False
+    assert sum(len(r.measurements) for r in state.probe_results) > 300
+    by_part = _series_by_part(state)
+    meta = len(_samples(render_exposition(ExportState(), parts=())))  # build info and the exporter's own series
+    per_part = {part: n - meta for part, n in by_part.items()}
+    total = len(_samples(render_exposition(state)))
+    assert total == sum(per_part.values()) + meta
+    assert per_part["probes"] <= PROBE_PLAN_SERIES_MAX, per_part
+    assert per_part["budget"] <= 2 * (len(state.budget.segments) + 1) if state.budget else False
+    per_gpu = (per_part["telemetry"] + per_part["checks"]) / gpus
+    assert per_gpu <= SERIES_PER_GPU_MAX, per_part
+    assert total <= SERIES_PER_GPU_MAX * gpus + PROBE_PLAN_SERIES_MAX, per_part

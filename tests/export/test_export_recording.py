@@ -14,16 +14,17 @@ from pathlib import Path
 import pytest
 from expo_fixtures import budget, checks, observed, probe_results, telemetry_snapshot
 
+from decodetop import jsonio
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.serving import ObservedStep
 from decodetop.errors import UserInputError
 from decodetop.export.recording import (
+    KIND_TYPES,
     Recorder,
     decode_event,
     decode_replay,
     from_jsonable,
     read_recording,
-    resolve_type,
     to_jsonable,
     write_events,
 )
@@ -228,16 +229,59 @@ def test_generic_dataclass_round_trip() -> None:
         to_jsonable(object())
 
 
-def test_resolve_type_stays_inside_decodetop_data() -> None:
-    assert resolve_type("decodetop.collectors.checks.model.CheckResult") is CheckResult
-    for bad in (
-        "os.system",
-        "decodetop.tui.app.DecodetopApp",
-        "decodetop.probes.worker.allreduce.run",
-        "decodetop.nope.X",
-    ):
-        with pytest.raises(ValueError):
-            resolve_type(bad)
+def _line(kind: str, type_name: object, data: object) -> str:
+    return json.dumps({"v": 1, "t": 1795959002.5, "kind": kind, "type": type_name, "data": data})
+
+
+PROBE_RESULT = "decodetop.probes.results.ProbeResult"
+
+
+def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) -> None:
+    """Lines a hand or another tool wrote: a probe result typed null or as another class, data of the wrong shape,
+    payloads whose fields are null or of the wrong type, a line of 5 MiB. Each is counted and skipped."""
+    path = tmp_path / "hostile.jsonl"
+    _record_session(path)
+    lines = path.read_text().splitlines()
+    corrupt = [
+        _line("probe_result", None, {"probe": "allreduce", "status": "ok", "params": {}}),
+        _line("probe_result", "decodetop.collectors.checks.model.CheckResult", {"probe": "x", "status": "ok"}),
+        _line("probe_result", "os.system", {"probe": "x", "status": "ok"}),
+        _line("telemetry", "decodetop.collectors.telemetry.TelemetrySnapshot", 42),
+        _line("budget", "decodetop.budget.compose.Budget", [{"model": "m"}]),
+        _line("meta", None, ["not", "an", "object"]),
+        '{"v":1,"t":1795959002.5,"kind":"checks","type":null,"data":"' + "x" * (5 * 1024 * 1024) + '"}',
+    ]
+    undecodable = [
+        _line("probe_result", PROBE_RESULT, {"probe": None, "status": "ok", "params": {}}),
+        _line("probe_result", PROBE_RESULT, {"probe": "x", "status": "no-such-status", "params": {}}),
+        _line("probe_result", PROBE_RESULT, {"probe": "x", "status": "ok", "params": [], "measurements": [None]}),
+        _line(
+            "probe_result", PROBE_RESULT, {"probe": "x", "status": "ok", "params": {}, "measurements": [{"name": 1}]}
+        ),
+        _line("observed_step", "decodetop.collectors.serving.ObservedStep", {"step_ms": "fast"}),
+        _line("checks", "decodetop.collectors.checks.model.CheckResult", [{"check_id": None}]),
+    ]
+    path.write_text("\n".join([*lines[:3], *corrupt, *undecodable, *lines[3:]]) + "\n")
+    replay = read_recording(path)
+    assert replay.corrupt_lines == len(corrupt)
+    assert "line 4: type None is not what a probe_result line holds (ProbeResult)" in replay.warnings[0]
+    decoded = decode_replay(replay)
+    assert decoded.undecodable == len(undecodable)
+    for item in decoded.items:  # everything that did decode is of its kind's class
+        expected = KIND_TYPES.get(item.event.kind)
+        values = item.value if isinstance(item.value, tuple) else (item.value,)
+        assert expected is None or all(isinstance(v, expected) for v in values), item
+    assert [d.event.kind for d in decoded.items].count("probe_result") == 3
+
+
+def test_an_overlong_line_is_skipped_unread(tmp_path: Path) -> None:
+    path = tmp_path / "long.jsonl"
+    _record_session(path)
+    good = path.read_bytes()
+    path.write_bytes(b"x" * (jsonio.MAX_LINE_BYTES * 3) + b"\n" + good)
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 1 and replay.events[0].kind == "meta" and replay.events[0].line_no == 2
+    assert "line 1: line longer than 4 MiB" in replay.warnings[0]
 
 
 def test_decode_replay_skips_payloads_that_no_longer_fit(tmp_path: Path) -> None:

@@ -27,12 +27,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from decodetop import __version__
 from decodetop.atomic import write_text_atomic
+from decodetop.budget.compose import Budget
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
-from decodetop.errors import DecodetopError, UserInputError
+from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS, GpuSnapshot, TelemetrySnapshot
+from decodetop.errors import UserInputError
+from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
 
 log = logging.getLogger(__name__)
 
@@ -52,23 +59,23 @@ _GB_TO_BYTES = 1e9
 # --- state ---------------------------------------------------------------------------------------------------
 
 
+Observation = ObservedStep | ServerStatus
+"""The live server's last answer: its step, or why there is none (carrying the last step seen)."""
+
+
 @dataclass(frozen=True)
 class ExportState:
-    """What one scrape renders: the latest of everything, as the TUI or the exporter command holds it.
+    """What one scrape renders: the latest of everything, as the TUI or the exporter command holds it. A part that
+    is None or empty is simply absent from the exposition."""
 
-    Types are the other packages' dataclasses (`collectors.telemetry.TelemetrySnapshot`, `probes.results.
-    ProbeResult`, the budget, `CheckResult`, `collectors.serving.ObservedStep`/`ServerStatus`); the collector reads
-    them by attribute, so a part that is None or empty is simply absent from the exposition.
-    """
-
-    telemetry: Any | None = None
-    probe_results: tuple[Any, ...] = ()
-    budget: Any | None = None
+    telemetry: TelemetrySnapshot | None = None
+    probe_results: tuple[ProbeResult, ...] = ()
+    budget: Budget | None = None
     checks: tuple[CheckResult, ...] = ()
     checks_unix_s: float | None = None
     """When the checks ran (wall clock)."""
-    observed: Any | None = None
-    """The live server's step (`ObservedStep`) or why there is none (`ServerStatus`)."""
+    observed: Observation | None = None
+    """The live server's step or why there is none."""
     probe_interval_s: float | None = None
     """The exporter's probe schedule, when it has one."""
     notes: Mapping[str, str] = field(default_factory=dict)
@@ -86,17 +93,16 @@ class StateBox:
         with self._lock:
             return self._state
 
-    def update(self, **changes: Any) -> ExportState:
+    def update(self, **changes: object) -> ExportState:
         """Replace some fields (dataclasses.replace) atomically; returns the new state."""
         with self._lock:
-            self._state = replace(self._state, **changes)
+            self._state = replace(self._state, **changes)  # type: ignore[arg-type]
             return self._state
 
-    def add_probe_result(self, result: Any) -> ExportState:
+    def add_probe_result(self, result: ProbeResult) -> ExportState:
         """Keep the latest result per probe name."""
         with self._lock:
-            name = getattr(result, "probe", None)
-            kept = tuple(r for r in self._state.probe_results if getattr(r, "probe", None) != name)
+            kept = tuple(r for r in self._state.probe_results if r.probe != result.probe)
             self._state = replace(self._state, probe_results=(*kept, result))
             return self._state
 
@@ -108,7 +114,7 @@ StateProvider = Callable[[], ExportState]
 
 
 class _Family:
-    """One metric family being filled; drops None/non-finite values and repeated label sets."""
+    """One metric family being filled; drops None/non-finite values (unless `nan_ok`) and repeated label sets."""
 
     def __init__(self, kind: str, name: str, doc: str, labels: Sequence[str]) -> None:
         self.kind = kind
@@ -118,11 +124,13 @@ class _Family:
         self.samples: list[tuple[tuple[str, ...], float]] = []
         self._seen: set[tuple[str, ...]] = set()
 
-    def add(self, labels: Sequence[object], value: float | int | bool | None) -> None:
+    def add(self, labels: Sequence[object], value: float | None, *, nan_ok: bool = False) -> None:
         if value is None:
-            return
+            if not nan_ok:
+                return
+            value = math.nan
         number = float(value)
-        if not math.isfinite(number):
+        if not math.isfinite(number) and not (nan_ok and math.isnan(number)):
             return
         key = tuple("" if v is None else str(v) for v in labels)
         if len(key) != len(self.labels):
@@ -132,10 +140,8 @@ class _Family:
         self._seen.add(key)
         self.samples.append((key, number))
 
-    def build(self) -> Any:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        family: Any
+    def build(self) -> Metric:
+        family: CounterMetricFamily | GaugeMetricFamily
         if self.kind == "counter":
             family = CounterMetricFamily(self.name, self.doc, labels=self.labels)
         else:
@@ -167,17 +173,8 @@ class _Out:
             raise ValueError(f"{full} declared twice with different type or labels")
         return family
 
-    def built(self) -> list[Any]:
+    def built(self) -> list[Metric]:
         return [f.build() for f in self.families.values() if f.samples]
-
-
-def _num(obj: Any, attr: str) -> float | None:
-    value = getattr(obj, attr, None)
-    if isinstance(value, bool):
-        return 1.0 if value else 0.0
-    if isinstance(value, (int, float)):
-        return float(value)
-    return None
 
 
 def _scaled(value: float | None, scale: float) -> float | None:
@@ -186,175 +183,209 @@ def _scaled(value: float | None, scale: float) -> float | None:
 
 # --- telemetry -----------------------------------------------------------------------------------------------
 
-# (attribute of GpuSnapshot, metric name, help, scale to the base unit)
-_GPU_GAUGES: tuple[tuple[str, str, str, float], ...] = (
-    ("sm_clock_mhz", "gpu_sm_clock_hertz", "SM clock now.", _MHZ_TO_HZ),
-    ("sm_clock_max_mhz", "gpu_sm_clock_max_hertz", "Highest SM clock the GPU allows.", _MHZ_TO_HZ),
-    ("mem_clock_mhz", "gpu_memory_clock_hertz", "Memory clock now.", _MHZ_TO_HZ),
-    ("mem_clock_max_mhz", "gpu_memory_clock_max_hertz", "Highest memory clock the GPU allows.", _MHZ_TO_HZ),
-    ("app_sm_clock_mhz", "gpu_applications_sm_clock_hertz", "Applications SM clock setting.", _MHZ_TO_HZ),
-    ("app_mem_clock_mhz", "gpu_applications_memory_clock_hertz", "Applications memory clock setting.", _MHZ_TO_HZ),
-    ("performance_state", "gpu_performance_state", "P-state: 0 is P0 (max performance) ... 15; 32 unknown.", 1.0),
-    ("pcie_gen", "gpu_pcie_link_generation", "PCIe link generation now.", 1.0),
-    ("pcie_gen_max", "gpu_pcie_link_generation_max", "Highest PCIe generation of slot, riser and GPU.", 1.0),
-    ("pcie_gen_gpu_max", "gpu_pcie_link_generation_gpu_max", "Highest PCIe generation of the GPU alone.", 1.0),
-    ("pcie_width", "gpu_pcie_link_width_lanes", "PCIe link width now.", 1.0),
-    ("pcie_width_max", "gpu_pcie_link_width_max_lanes", "Widest PCIe link possible.", 1.0),
-    ("pcie_tx_bytes_per_s", "gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput over the last tick.", 1.0),
-    ("pcie_rx_bytes_per_s", "gpu_pcie_rx_bytes_per_second", "PCIe receive throughput over the last tick.", 1.0),
-    ("power_w", "gpu_power_watts", "Power draw.", 1.0),
-    ("power_limit_enforced_w", "gpu_power_limit_enforced_watts", "Power limit the GPU enforces.", 1.0),
-    ("power_limit_w", "gpu_power_limit_watts", "Power-management limit currently set.", 1.0),
-    ("power_limit_default_w", "gpu_power_limit_default_watts", "Default power-management limit.", 1.0),
-    ("temperature_c", "gpu_temperature_celsius", "GPU core temperature.", 1.0),
-    ("gpu_util_pct", "gpu_utilization_ratio", "Share of time a kernel ran (NVML utilization.gpu).", _PCT_TO_RATIO),
-    ("mem_util_pct", "gpu_memory_busy_ratio", "Share of time device memory was read or written.", _PCT_TO_RATIO),
-    ("mem_total_bytes", "gpu_memory_total_bytes", "Device memory.", 1.0),
-    ("mem_used_bytes", "gpu_memory_used_bytes", "Device memory in use.", 1.0),
-    ("mem_free_bytes", "gpu_memory_free_bytes", "Device memory free.", 1.0),
-    ("nvlink_links", "gpu_nvlink_links", "NVLink links present.", 1.0),
-    ("nvlink_active_links", "gpu_nvlink_active_links", "NVLink links up.", 1.0),
-    ("ecc_enabled", "gpu_ecc_enabled", "1 if ECC is on.", 1.0),
-    ("ecc_pending_enabled", "gpu_ecc_pending_enabled", "1 if ECC will be on after the next reset.", 1.0),
-    ("persistence_mode", "gpu_persistence_mode", "1 if persistence mode is on.", 1.0),
-    ("retired_pages_pending", "gpu_retired_pages_pending", "1 if a page retirement waits for a reset.", 1.0),
-    ("remapped_rows_correctable", "gpu_remapped_rows_correctable", "Rows remapped for correctable errors.", 1.0),
-    ("remapped_rows_uncorrectable", "gpu_remapped_rows_uncorrectable", "Rows remapped for uncorrectable errors.", 1.0),
-    ("remapped_rows_pending", "gpu_remapped_rows_pending", "1 if a row remap waits for a reset.", 1.0),
-    ("remapped_rows_failure", "gpu_remapped_rows_failure", "1 if a row remap failed.", 1.0),
-    ("numa_node_id", "gpu_numa_node", "NUMA node NVML places the GPU on.", 1.0),
+GpuNumber = Callable[[GpuSnapshot], float | None]
+
+
+@dataclass(frozen=True)
+class _GpuGauge:
+    """One numeric GpuSnapshot field as a per-GPU series: how to read it, its name, help and scale to base units."""
+
+    read: GpuNumber
+    name: str
+    doc: str
+    scale: float = 1.0
+
+
+_GPU_GAUGES: tuple[_GpuGauge, ...] = (
+    _GpuGauge(lambda g: g.sm_clock_mhz, "gpu_sm_clock_hertz", "SM clock now.", _MHZ_TO_HZ),
+    _GpuGauge(lambda g: g.sm_clock_max_mhz, "gpu_sm_clock_max_hertz", "Highest SM clock the GPU allows.", _MHZ_TO_HZ),
+    _GpuGauge(lambda g: g.mem_clock_mhz, "gpu_memory_clock_hertz", "Memory clock now.", _MHZ_TO_HZ),
+    _GpuGauge(
+        lambda g: g.mem_clock_max_mhz, "gpu_memory_clock_max_hertz", "Highest memory clock the GPU allows.", _MHZ_TO_HZ
+    ),
+    _GpuGauge(
+        lambda g: g.app_sm_clock_mhz, "gpu_applications_sm_clock_hertz", "Applications SM clock setting.", _MHZ_TO_HZ
+    ),
+    _GpuGauge(
+        lambda g: g.app_mem_clock_mhz,
+        "gpu_applications_memory_clock_hertz",
+        "Applications memory clock setting.",
+        _MHZ_TO_HZ,
+    ),
+    _GpuGauge(
+        lambda g: g.performance_state,
+        "gpu_performance_state",
+        "P-state: 0 is P0 (max performance) ... 15; 32 unknown.",
+    ),
+    _GpuGauge(lambda g: g.pcie_gen, "gpu_pcie_link_generation", "PCIe link generation now."),
+    _GpuGauge(
+        lambda g: g.pcie_gen_max, "gpu_pcie_link_generation_max", "Highest PCIe generation of slot, riser and GPU."
+    ),
+    _GpuGauge(
+        lambda g: g.pcie_gen_gpu_max, "gpu_pcie_link_generation_gpu_max", "Highest PCIe generation of the GPU alone."
+    ),
+    _GpuGauge(lambda g: g.pcie_width, "gpu_pcie_link_width_lanes", "PCIe link width now."),
+    _GpuGauge(lambda g: g.pcie_width_max, "gpu_pcie_link_width_max_lanes", "Widest PCIe link possible."),
+    _GpuGauge(
+        lambda g: g.pcie_tx_bytes_per_s,
+        "gpu_pcie_tx_bytes_per_second",
+        "PCIe transmit throughput over the last tick.",
+    ),
+    _GpuGauge(
+        lambda g: g.pcie_rx_bytes_per_s, "gpu_pcie_rx_bytes_per_second", "PCIe receive throughput over the last tick."
+    ),
+    _GpuGauge(lambda g: g.power_w, "gpu_power_watts", "Power draw."),
+    _GpuGauge(lambda g: g.power_limit_enforced_w, "gpu_power_limit_enforced_watts", "Power limit the GPU enforces."),
+    _GpuGauge(lambda g: g.power_limit_w, "gpu_power_limit_watts", "Power-management limit currently set."),
+    _GpuGauge(lambda g: g.power_limit_default_w, "gpu_power_limit_default_watts", "Default power-management limit."),
+    _GpuGauge(lambda g: g.temperature_c, "gpu_temperature_celsius", "GPU core temperature."),
+    _GpuGauge(
+        lambda g: g.gpu_util_pct,
+        "gpu_utilization_ratio",
+        "Share of time a kernel ran (NVML utilization.gpu).",
+        _PCT_TO_RATIO,
+    ),
+    _GpuGauge(
+        lambda g: g.mem_util_pct,
+        "gpu_memory_busy_ratio",
+        "Share of time device memory was read or written.",
+        _PCT_TO_RATIO,
+    ),
+    _GpuGauge(lambda g: g.mem_total_bytes, "gpu_memory_total_bytes", "Device memory."),
+    _GpuGauge(lambda g: g.mem_used_bytes, "gpu_memory_used_bytes", "Device memory in use."),
+    _GpuGauge(lambda g: g.mem_free_bytes, "gpu_memory_free_bytes", "Device memory free."),
+    _GpuGauge(lambda g: g.nvlink_links, "gpu_nvlink_links", "NVLink links present."),
+    _GpuGauge(lambda g: g.nvlink_active_links, "gpu_nvlink_active_links", "NVLink links up."),
+    _GpuGauge(lambda g: _flag(g.ecc_enabled), "gpu_ecc_enabled", "1 if ECC is on."),
+    _GpuGauge(
+        lambda g: _flag(g.ecc_pending_enabled), "gpu_ecc_pending_enabled", "1 if ECC will be on after the next reset."
+    ),
+    _GpuGauge(lambda g: _flag(g.persistence_mode), "gpu_persistence_mode", "1 if persistence mode is on."),
+    _GpuGauge(
+        lambda g: _flag(g.retired_pages_pending),
+        "gpu_retired_pages_pending",
+        "1 if a page retirement waits for a reset.",
+    ),
+    _GpuGauge(
+        lambda g: g.remapped_rows_correctable,
+        "gpu_remapped_rows_correctable",
+        "Rows remapped for correctable errors.",
+    ),
+    _GpuGauge(
+        lambda g: g.remapped_rows_uncorrectable,
+        "gpu_remapped_rows_uncorrectable",
+        "Rows remapped for uncorrectable errors.",
+    ),
+    _GpuGauge(
+        lambda g: _flag(g.remapped_rows_pending), "gpu_remapped_rows_pending", "1 if a row remap waits for a reset."
+    ),
+    _GpuGauge(lambda g: _flag(g.remapped_rows_failure), "gpu_remapped_rows_failure", "1 if a row remap failed."),
+    _GpuGauge(lambda g: g.numa_node_id, "gpu_numa_node", "NUMA node NVML places the GPU on."),
 )
-_GPU_COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("pcie_tx_bytes_total", "gpu_pcie_tx_bytes", "PCIe bytes transmitted since driver load."),
-    ("pcie_rx_bytes_total", "gpu_pcie_rx_bytes", "PCIe bytes received since driver load."),
-    ("pcie_replay_count", "gpu_pcie_replays", "PCIe replays (link-level retransmissions)."),
+_GPU_COUNTERS: tuple[_GpuGauge, ...] = (
+    _GpuGauge(lambda g: g.pcie_tx_bytes_total, "gpu_pcie_tx_bytes", "PCIe bytes transmitted since driver load."),
+    _GpuGauge(lambda g: g.pcie_rx_bytes_total, "gpu_pcie_rx_bytes", "PCIe bytes received since driver load."),
+    _GpuGauge(lambda g: g.pcie_replay_count, "gpu_pcie_replays", "PCIe replays (link-level retransmissions)."),
 )
-_ECC_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("ecc_corrected_volatile", "corrected", "volatile"),
-    ("ecc_uncorrected_volatile", "uncorrected", "volatile"),
-    ("ecc_corrected_aggregate", "corrected", "aggregate"),
-    ("ecc_uncorrected_aggregate", "uncorrected", "aggregate"),
+_ECC_FIELDS: tuple[tuple[GpuNumber, str, str], ...] = (
+    (lambda g: g.ecc_corrected_volatile, "corrected", "volatile"),
+    (lambda g: g.ecc_uncorrected_volatile, "uncorrected", "volatile"),
+    (lambda g: g.ecc_corrected_aggregate, "corrected", "aggregate"),
+    (lambda g: g.ecc_uncorrected_aggregate, "uncorrected", "aggregate"),
 )
+_KNOWN_CLOCK_REASONS = tuple(r.name for r in CLOCK_EVENT_REASONS)
 
 
-def _known_clock_reasons() -> tuple[str, ...]:
-    try:
-        from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS
-    except ImportError:  # the telemetry module is optional to the exporter's tests
-        return ()
-    return tuple(str(r.name) for r in CLOCK_EVENT_REASONS)
+def _flag(value: bool | None) -> float | None:
+    return None if value is None else float(value)
 
 
-def _render_telemetry(snap: Any, out: _Out) -> None:
+def _render_telemetry(snap: TelemetrySnapshot, out: _Out) -> None:
     g = "gpu"
-    up = out.gauge("nvml_up", "1 if NVML answered on the last telemetry tick.")
-    up.add([], _num(snap, "nvml_available"))
-    source = getattr(snap, "source", None)
-    if source is not None:
-        out.gauge(
-            "telemetry_source_info", "Where telemetry comes from (nvml, a fake recording, none).", ["source"]
-        ).add([source], 1)
+    out.gauge("nvml_up", "1 if NVML answered on the last telemetry tick.").add([], float(snap.nvml_available))
+    out.gauge("telemetry_source_info", "Where telemetry comes from (nvml, a fake recording, none).", ["source"]).add(
+        [snap.source], 1
+    )
     out.gauge("telemetry_last_tick_timestamp_seconds", "Unix time of the last telemetry tick.").add(
-        [], _num(snap, "taken_at_unix_s")
+        [], snap.taken_at_unix_s
     )
     out.gauge("telemetry_tick_cost_seconds", "Wall time of the last tick's NVML reads, all GPUs.").add(
-        [], _num(snap, "tick_cost_s")
+        [], snap.tick_cost_s
     )
-    out.gauge("telemetry_nvml_calls", "NVML calls made on the last tick.").add([], _num(snap, "nvml_calls"))
-    system = getattr(snap, "system", None)
-    if system is not None:
-        driver = getattr(system, "driver_version", None)
-        cuda = getattr(system, "cuda_driver_version", None)
-        if driver or cuda:
-            out.gauge(
-                "nvml_driver_info", "NVIDIA driver and its CUDA version.", ["driver_version", "cuda_version"]
-            ).add([driver or "", cuda or ""], 1)
-    gpus = tuple(getattr(snap, "gpus", ()) or ())
-    out.gauge("gpus", "GPUs NVML sees.").add([], len(gpus))
-    known_reasons = _known_clock_reasons()
-    for gpu in gpus:
-        index = getattr(gpu, "index", None)
-        if index is None:
-            continue
-        label = str(index)
-        out.gauge(
-            "gpu_info",
-            "Identity of each GPU (value 1).",
-            [g, "name", "uuid", "pci_bus_id", "compute_capability"],
-        ).add(
-            [
-                label,
-                getattr(gpu, "name", None) or "",
-                getattr(gpu, "uuid", None) or "",
-                getattr(gpu, "pci_bus_id", None) or "",
-                getattr(gpu, "compute_capability", None) or "",
-            ],
-            1,
+    out.gauge("telemetry_nvml_calls", "NVML calls made on the last tick.").add([], snap.nvml_calls)
+    driver, cuda = snap.system.driver_version, snap.system.cuda_driver_version
+    if driver or cuda:
+        out.gauge("nvml_driver_info", "NVIDIA driver and its CUDA version.", ["driver_version", "cuda_version"]).add(
+            [driver or "", cuda or ""], 1
         )
-        for attr, name, doc, scale in _GPU_GAUGES:
-            out.gauge(name, doc, [g]).add([label], _scaled(_num(gpu, attr), scale))
-        for attr, name, doc in _GPU_COUNTERS:
-            out.counter(name, doc, [g]).add([label], _num(gpu, attr))
-        for attr, kind, scope in _ECC_FIELDS:
+    out.gauge("gpus", "GPUs NVML sees.").add([], len(snap.gpus))
+    for gpu in snap.gpus:
+        label = str(gpu.index)
+        out.gauge(
+            "gpu_info", "Identity of each GPU (value 1).", [g, "name", "uuid", "pci_bus_id", "compute_capability"]
+        ).add([label, gpu.name or "", gpu.uuid or "", gpu.pci_bus_id or "", gpu.compute_capability or ""], 1)
+        for gauge in _GPU_GAUGES:
+            out.gauge(gauge.name, gauge.doc, [g]).add([label], _scaled(gauge.read(gpu), gauge.scale))
+        for counter in _GPU_COUNTERS:
+            out.counter(counter.name, counter.doc, [g]).add([label], counter.read(gpu))
+        for read, kind, scope in _ECC_FIELDS:
             out.counter(
                 "gpu_ecc_errors",
                 "ECC errors by type; volatile since driver load, aggregate over the GPU's life.",
                 [g, "type", "scope"],
-            ).add([label, kind, scope], _num(gpu, attr))
-        mask = getattr(gpu, "clock_event_mask", None)
-        active = set(getattr(gpu, "clock_event_reasons", ()) or ())
-        if isinstance(mask, int):
-            reasons = list(known_reasons) + sorted(active - set(known_reasons))
-            for reason in reasons:
-                out.gauge(
-                    "gpu_clock_event_reason_active",
-                    "1 while this clock-event (throttle) reason holds the clocks (healthchecks.md N3).",
-                    [g, "reason"],
-                ).add([label, reason], 1 if reason in active else 0)
-        for reason, ns in dict(getattr(gpu, "clock_event_time_ns", {}) or {}).items():
-            if isinstance(ns, (int, float)):
-                out.counter(
-                    "gpu_clock_event_seconds",
-                    "Time spent with each clock-event reason since driver load, in seconds.",
-                    [g, "reason"],
-                ).add([label, reason], ns * _NS_TO_S)
-        for reason, share in dict(getattr(gpu, "clock_event_share", {}) or {}).items():
-            if isinstance(share, (int, float)):
-                out.gauge(
-                    "gpu_clock_event_share_ratio",
-                    "Share of the last tick spent with each clock-event reason.",
-                    [g, "reason"],
-                ).add([label, reason], share)
-        processes = getattr(gpu, "processes", None)
-        if processes is not None:
+            ).add([label, kind, scope], read(gpu))
+        _render_clock_events(gpu, label, out)
+        if gpu.processes is not None:
             out.gauge("gpu_processes", "Processes with a context on the GPU (when read this tick).", [g]).add(
-                [label], len(processes)
+                [label], len(gpu.processes)
             )
-    for pair in tuple(getattr(snap, "pairs", ()) or ()):
-        a, b = getattr(pair, "gpu_a", None), getattr(pair, "gpu_b", None)
-        if a is None or b is None:
-            continue
-        level = _num(pair, "topology_level")
+    for pair in snap.pairs:
         out.gauge(
             "gpu_pair_topology_level",
             "Common ancestor of a GPU pair: 0 same board, 10 PIX, 20 PXB, 30 PHB, 40 NODE, 50 SYS.",
             ["gpu_a", "gpu_b", "topology"],
-        ).add([a, b, getattr(pair, "topology_name", None) or ""], level)
-        for capability, code in dict(getattr(pair, "p2p_status", {}) or {}).items():
-            if isinstance(code, int):
-                out.gauge(
-                    "gpu_pair_p2p_ok",
-                    "1 if the driver reports this P2P capability OK between the pair.",
-                    ["gpu_a", "gpu_b", "capability"],
-                ).add([a, b, capability], 1 if code == 0 else 0)
+        ).add([pair.gpu_a, pair.gpu_b, pair.topology_name or ""], pair.topology_level)
+        for capability, code in pair.p2p_status.items():
+            out.gauge(
+                "gpu_pair_p2p_ok",
+                "1 if the driver reports this P2P capability OK between the pair.",
+                ["gpu_a", "gpu_b", "capability"],
+            ).add([pair.gpu_a, pair.gpu_b, capability], 1 if code == 0 else 0)
+
+
+def _render_clock_events(gpu: GpuSnapshot, label: str, out: _Out) -> None:
+    g = "gpu"
+    if gpu.clock_event_mask is not None:
+        active = set(gpu.clock_event_reasons)
+        for reason in [*_KNOWN_CLOCK_REASONS, *sorted(active - set(_KNOWN_CLOCK_REASONS))]:
+            out.gauge(
+                "gpu_clock_event_reason_active",
+                "1 while this clock-event (throttle) reason holds the clocks (healthchecks.md N3).",
+                [g, "reason"],
+            ).add([label, reason], 1 if reason in active else 0)
+    for reason, ns in gpu.clock_event_time_ns.items():
+        out.counter(
+            "gpu_clock_event_seconds",
+            "Time spent with each clock-event reason since driver load, in seconds.",
+            [g, "reason"],
+        ).add([label, reason], ns * _NS_TO_S)
+    for reason, share in gpu.clock_event_share.items():
+        out.gauge(
+            "gpu_clock_event_share_ratio", "Share of the last tick spent with each clock-event reason.", [g, "reason"]
+        ).add([label, reason], share)
 
 
 # --- probe results -------------------------------------------------------------------------------------------
 
-_PROBE_STATUSES = ("ok", "failed", "timed_out", "unsupported", "cancelled")
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _SIZE_KEYS = ("size_bytes", "bytes", "message_bytes", "size", "nbytes")
-_MODE_KEYS = ("mode", "timing", "timing_mode")
+_MODE_KEYS = ("mode", "timing", "timing_mode", "method")
+_DETAIL_ROLES = frozenset({"sweep", "diagnostic", "part"})
+"""Measurement roles (params["role"]) that are the probe's working: the points of a GEMM curve, diagnostic
+variants, a layer's parts. They stay in `decodetop probe --json` and the UI's details; the exposition keeps the
+points the budget reads and the primitives' own points, so its size does not grow with the plan's sweeps."""
+PERCENTILES: tuple[tuple[str, str], ...] = (("50", "median"), ("99", "p99"))
+"""The median and the tail of each exported point: (the `percentile` label, the `Stats` field)."""
 
 
 def metric_for_key(key: str) -> tuple[str, float] | None:
@@ -378,7 +409,7 @@ def metric_for_key(key: str) -> tuple[str, float] | None:
     return None
 
 
-def _param(params: Mapping[str, Any], keys: Sequence[str]) -> str:
+def _param(params: Mapping[str, object], keys: Sequence[str]) -> str:
     for key in keys:
         value = params.get(key)
         if value is not None:
@@ -386,8 +417,8 @@ def _param(params: Mapping[str, Any], keys: Sequence[str]) -> str:
     return ""
 
 
-def _iso_to_unix(text: object) -> float | None:
-    if not isinstance(text, str) or not text:
+def _iso_to_unix(text: str) -> float | None:
+    if not text:
         return None
     try:
         stamp = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -398,82 +429,62 @@ def _iso_to_unix(text: object) -> float | None:
     return stamp.timestamp()
 
 
-def _render_probes(results: Iterable[Any], out: _Out) -> None:
-    latest: dict[str, Any] = {}
-    for result in results:
-        name = getattr(result, "probe", None)
-        if isinstance(name, str):
-            latest[name] = result
-    base = ["probe", "measurement", "size", "mode", "rank"]
+def exported_points(result: ProbeResult) -> tuple[Measurement, ...]:
+    """The measurements of a result that get series of their own: every one except the detail roles."""
+    return tuple(m for m in result.measurements if m.params.get("role") not in _DETAIL_ROLES)
+
+
+def _render_probes(results: Iterable[ProbeResult], out: _Out) -> None:
+    latest = {result.probe: result for result in results}
     for probe, result in latest.items():
-        status = getattr(result, "status", None)
-        status_text = str(getattr(status, "value", status) or "")
-        for candidate in _PROBE_STATUSES:
-            out.gauge(
-                "probe_status",
-                "1 for the outcome of each probe's last run (ok, failed, timed_out, unsupported, cancelled).",
-                ["probe", "status"],
-            ).add([probe, candidate], 1 if candidate == status_text else 0)
+        out.gauge(
+            "probe_ok",
+            "1 if each probe's last run ended ok, else 0; the status label says how it ended "
+            "(ok, failed, timed_out, unsupported, cancelled).",
+            ["probe", "status"],
+        ).add([probe, result.status.value], 1 if result.ok else 0)
         out.gauge("probe_duration_seconds", "Wall time of each probe's last run.", ["probe"]).add(
-            [probe], _num(result, "duration_s")
+            [probe], result.duration_s
         )
         out.gauge("probe_last_run_timestamp_seconds", "Unix time each probe last started.", ["probe"]).add(
-            [probe], _iso_to_unix(getattr(result, "started_utc", None))
+            [probe], _iso_to_unix(result.started_utc)
         )
-        out.gauge("probe_world_size", "Ranks the probe ran on.", ["probe"]).add([probe], _num(result, "world_size"))
-        for m in tuple(getattr(result, "measurements", ()) or ()):
-            params = dict(getattr(m, "params", {}) or {})
-            point = [probe, str(getattr(m, "name", "")), _param(params, _SIZE_KEYS), _param(params, _MODE_KEYS)]
-            m_status = getattr(m, "status", None)
-            supported = str(getattr(m_status, "value", m_status) or "ok") == "ok"
-            out.gauge(
-                "probe_measurement_ok",
-                "1 if the point was measured, 0 if unsupported here or failed.",
-                base[:4],
-            ).add(point, 1 if supported else 0)
-            _render_stats(out, point, "all", getattr(m, "stats", None), str(getattr(m, "unit", "")))
-            _render_metric_map(out, point, "all", getattr(m, "metrics", {}) or {})
-            for series in tuple(getattr(m, "per_rank", ()) or ()):
-                rank = getattr(series, "rank", None)
-                if rank is None:
-                    continue
-                _render_metric_map(out, point, str(rank), getattr(series, "metrics", {}) or {})
+        statuses = [m.status for m in result.measurements]
+        points = out.gauge(
+            "probe_points", "Points each probe measured in its last run, by outcome.", ["probe", "outcome"]
+        )
+        for outcome in MeasurementStatus:
+            points.add([probe, outcome.value], statuses.count(outcome))
+        for m in exported_points(result):
+            _render_point(out, probe, m)
 
 
-def _render_stats(out: _Out, point: list[str], rank: str, stats: Any, unit: str) -> None:
-    if stats is None:
+def _render_point(out: _Out, probe: str, m: Measurement) -> None:
+    """The median and the tail of one point, in base units, as one summary-style family per unit."""
+    stats = m.stats
+    if stats is None or m.status is not MeasurementStatus.OK:
         return
-    labels = ["probe", "measurement", "size", "mode", "rank", "stat"]
-    if unit in _TIME_UNITS:
-        fam = out.gauge("probe_sample_seconds", "Statistics of the samples of each time-valued point.", labels)
-        scale = _TIME_UNITS[unit]
-    elif unit == "gbps":
+    labels = ["probe", "measurement", "size", "mode", "percentile"]
+    point = [probe, m.name, _param(m.params, _SIZE_KEYS), _param(m.params, _MODE_KEYS)]
+    if stats.unit in _TIME_UNITS:
         fam = out.gauge(
-            "probe_sample_bytes_per_second", "Statistics of the samples of each bandwidth-valued point.", labels
+            "probe_seconds",
+            "Median and tail (percentile 50, 99) of each point's samples, pooled over the ranks.",
+            labels,
+        )
+        scale = _TIME_UNITS[stats.unit]
+    elif stats.unit == "gbps":
+        fam = out.gauge(
+            "probe_bytes_per_second",
+            "Median and tail (percentile 50, 99) of each bandwidth-valued point's samples, pooled over the ranks.",
+            labels,
         )
         scale = _GB_TO_BYTES
     else:
         return
-    for which in ("median", "p10", "p90", "p99", "min", "max", "mean"):
-        fam.add([*point, rank, which], _scaled(_num(stats, which), scale))
-    out.gauge("probe_samples", "Samples behind each point's statistics.", labels[:5]).add(
-        [*point, rank], _num(stats, "count")
-    )
-
-
-def _render_metric_map(out: _Out, point: list[str], rank: str, metrics: Mapping[str, Any]) -> None:
-    for key, value in metrics.items():
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        named = metric_for_key(str(key))
-        if named is None:
-            continue
-        stem, scale = named
-        out.gauge(
-            f"probe_{stem}",
-            f"Probe metric {key}, in base units (per rank, or the mean over ranks as rank=all).",
-            ["probe", "measurement", "size", "mode", "rank"],
-        ).add([*point, rank], float(value) * scale)
+    values = {"median": stats.median, "p99": stats.p99}
+    for percentile, which in PERCENTILES:
+        fam.add([*point, percentile], values[which] * scale)
 
 
 # --- budget --------------------------------------------------------------------------------------------------
@@ -481,93 +492,48 @@ def _render_metric_map(out: _Out, point: list[str], rank: str, metrics: Mapping[
 _MS_TO_S = 1e-3
 
 
-def _first_num(obj: Any, names: Sequence[str]) -> float | None:
-    for name in names:
-        value = _num(obj, name)
-        if value is not None:
-            return value
-    return None
-
-
-def _segment_key(seg: Any) -> str | None:
-    for attr in ("component", "key", "name"):
-        value = getattr(seg, attr, None)
-        if value is not None:
-            return str(getattr(value, "value", value))
-    return None
-
-
-def budget_segments_ms(budget: Any) -> dict[str, float]:
-    """Component key → ms per step from a budget: `segments` as objects (component/key + ms) or a mapping."""
-    raw = getattr(budget, "segments", None)
-    if raw is None:
-        raw = getattr(budget, "components", None)
-    out: dict[str, float] = {}
-    if isinstance(raw, Mapping):
-        for key, value in raw.items():
-            ms = value if isinstance(value, (int, float)) else _first_num(value, ("ms", "time_ms", "step_ms"))
-            if ms is not None:
-                out[str(getattr(key, "value", key))] = float(ms)
-        return out
-    for seg in raw or ():
-        key = _segment_key(seg)
-        ms = _first_num(seg, ("ms", "time_ms", "step_ms", "per_token_ms"))
-        if key is not None and ms is not None:
-            out[key] = ms
-    return out
-
-
-_SEGMENT_STATUSES = ("measured", "interpolated", "estimated", "missing")
-"""Where a segment's time came from (budget/compose.py STATUSES): worst status among its ops."""
-_UNEXPLAINED = "unexplained"
-"""budget.components.UNEXPLAINED_KEY: observed − Σ components."""
-
-
-def _render_budget(budget: Any, out: _Out) -> None:
-    model = str(getattr(budget, "model", "") or getattr(getattr(budget, "deployment", None), "model", "") or "")
-    segments = budget_segments_ms(budget)
-    unexplained_ms = _first_num(budget, ("unexplained_ms",))
-    if unexplained_ms is not None:
-        segments.setdefault(_UNEXPLAINED, unexplained_ms)
+def _render_budget(budget: Budget, out: _Out) -> None:
+    model = budget.model
+    out.gauge(
+        "budget_info",
+        "What the budget is of (value 1): model, deployment, the hardware its roofline and estimates are for, the "
+        "device kind the probes ran on, and the line every surface shows above the figures.",
+        ["model", "deployment", "hardware", "device_kind", "header"],
+    ).add([model, budget.deployment, budget.hardware_text, budget.device_kind, budget.header], 1)
     fam = out.gauge(
         "budget_segment_seconds",
-        "Per-step decode time by component from the probes; 'unexplained' is observed minus their sum.",
-        ["model", "component"],
+        "Per-step decode time of each component (one series each) and 'unexplained' (observed minus their sum). "
+        "status: measured, interpolated, estimated or missing (NaN: no figure); provenance: measured_now, "
+        "measured_earlier, measured, estimate, not_applicable or missing.",
+        ["model", "component", "status", "provenance"],
     )
-    for key, ms in segments.items():
-        fam.add([model, key], ms * _MS_TO_S)
-    raw = getattr(budget, "segments", None)
-    for seg in raw if isinstance(raw, (list, tuple)) else ():
-        seg_key, status = _segment_key(seg), getattr(seg, "status", None)
-        if seg_key is None or not isinstance(status, str):
-            continue
-        for candidate in _SEGMENT_STATUSES:
-            out.gauge(
-                "budget_segment_status",
-                "1 for where each segment's time came from (measured, interpolated, estimated, missing).",
-                ["model", "component", "status"],
-            ).add([model, seg_key, candidate], 1 if candidate == status else 0)
+    for seg in budget.segments:
+        fam.add([model, seg.component, seg.status, seg.provenance_kind], _scaled(seg.ms, _MS_TO_S), nan_ok=True)
+    rest = budget.unexplained
+    observed = budget.observed_step
+    fam.add(
+        [model, rest.component, rest.status, "assumed" if observed.assumed else "observed"],
+        budget.unexplained_ms * _MS_TO_S,
+    )
     out.gauge("budget_complete", "1 when every segment has data (else the sum is a lower bound).", ["model"]).add(
-        [model], _num(budget, "complete")
+        [model], float(budget.complete)
     )
     lines = out.gauge(
         "budget_step_seconds",
-        "Decode step lines: sum of the components, observed, target (from the target throughput), roofline.",
-        ["model", "line"],
+        "Decode step lines: sum of the components, observed (source: flag, settings, server, or default = assumed, "
+        "not observed), target (from the target throughput), roofline.",
+        ["model", "line", "source"],
     )
-    for line, names in (
-        ("sum", ("total_ms", "sum_ms", "composed_ms", "probed_ms")),
-        ("observed", ("observed_ms", "observed_step_ms")),
-        ("target", ("target_ms", "target_step_ms")),
-        ("roofline", ("roofline_ms", "roofline_step_ms")),
-    ):
-        lines.add([model, line], _scaled(_first_num(budget, names), _MS_TO_S))
+    lines.add([model, "sum", "probes"], budget.total_ms * _MS_TO_S)
+    lines.add([model, "observed", observed.source], observed.ms * _MS_TO_S)
+    lines.add([model, "target", "target"], budget.target_ms * _MS_TO_S)
+    lines.add([model, "roofline", "roofline"], _scaled(budget.roofline_ms, _MS_TO_S))
     out.gauge("budget_target_tokens_per_second", "Target decode throughput per stream.", ["model"]).add(
-        [model], _first_num(budget, ("target_tps", "target_tok_s", "target_tokens_per_s"))
+        [model], budget.target_tps
     )
     out.gauge(
         "budget_tokens_per_step", "Tokens one decode step yields per sequence (MTP accept length).", ["model"]
-    ).add([model], _first_num(budget, ("tokens_per_step",)))
+    ).add([model], budget.tokens_per_step)
 
 
 # --- checks --------------------------------------------------------------------------------------------------
@@ -578,15 +544,14 @@ _STATUSES = tuple(s.value for s in Status)
 def _render_checks(checks: Sequence[CheckResult], taken_unix_s: float | None, out: _Out) -> None:
     state = out.gauge(
         "check_status",
-        "1 for the status of each health check (pass, info, warn, fail, unknown), 0 for the others.",
+        "One series per health check, labelled with its status (pass, info, warn, fail, unknown); the value is "
+        "decodetop check's exit code for it alone: 0 pass/info, 1 warn, 2 fail, 3 unknown.",
         ["check", "subject", "title", "status"],
     )
     counts = dict.fromkeys(_STATUSES, 0)
     for result in checks:
-        status = getattr(result.status, "value", str(result.status))
-        counts[status] = counts.get(status, 0) + 1
-        for candidate in _STATUSES:
-            state.add([result.check_id, result.subject, result.title, candidate], 1 if candidate == status else 0)
+        counts[result.status.value] = counts.get(result.status.value, 0) + 1
+        state.add([result.check_id, result.subject, result.title, result.status.value], exit_code([result]))
     by_status = out.gauge("checks", "Health checks by status.", ["status"])
     for status, n in counts.items():
         by_status.add([status], n)
@@ -599,34 +564,38 @@ def _render_checks(checks: Sequence[CheckResult], taken_unix_s: float | None, ou
 
 # --- observed step -------------------------------------------------------------------------------------------
 
+_UP_DOC = "1 if the serving engine's /metrics gave a step time on the last poll (within its deadline), else 0."
+_AGE_DOC = "Seconds since the observed step was last measured (it keeps growing while the server is down)."
 
-def _render_observed(observed: Any, out: _Out) -> None:
-    step_ms = _num(observed, "step_ms")
-    if step_ms is None:  # a ServerStatus
-        state = getattr(observed, "state", None)
-        out.gauge("server_up", "1 if the serving engine's /metrics gave a step time on the last poll.").add([], 0)
+
+def _render_observed(observed: Observation, out: _Out, now_unix_s: float) -> None:
+    step = observed if isinstance(observed, ObservedStep) else observed.last_step
+    up = out.gauge("server_up", _UP_DOC)
+    if isinstance(observed, ServerStatus):
+        up.add([], 0)
         out.gauge("server_status_info", "Why the last poll of the serving engine gave no step.", ["state"]).add(
-            [str(getattr(state, "value", state) or "")], 1
+            [observed.state.value], 1
         )
+    else:
+        up.add([], 1)
+    if step is None:
         return
-    source = str(getattr(observed, "source", ""))
     labels = ["source"]
-    out.gauge("server_up", "1 if the serving engine's /metrics gave a step time on the last poll.").add([], 1)
+    source = [step.source]
+    out.gauge("observed_step_age_seconds", _AGE_DOC, labels).add(source, step.age_s(now_unix_s))
     out.gauge("observed_step_seconds", "Mean decode step the serving engine observed over the window.", labels).add(
-        [source], step_ms * _MS_TO_S
+        source, step.step_ms * _MS_TO_S
     )
     out.gauge(
         "observed_inter_token_latency_seconds", "Mean inter-token latency (Δsum/Δcount) over the window.", labels
-    ).add([source], _scaled(_num(observed, "itl_ms"), _MS_TO_S))
-    out.gauge("observed_step_samples", "Histogram observations in the window.", labels).add(
-        [source], _num(observed, "samples")
-    )
-    out.gauge("observed_step_window_seconds", "Length of the window.", labels).add([source], _num(observed, "window_s"))
+    ).add(source, step.itl_ms * _MS_TO_S)
+    out.gauge("observed_step_samples", "Histogram observations in the window.", labels).add(source, step.samples)
+    out.gauge("observed_step_window_seconds", "Length of the window.", labels).add(source, step.window_s)
     out.gauge("observed_accept_length", "Speculative accept length applied to the ITL.", labels).add(
-        [source], _num(observed, "accept_length")
+        source, step.accept_length
     )
     out.gauge("observed_running_requests", "Requests the engine was running at the end of the window.", labels).add(
-        [source], _num(observed, "running_requests")
+        source, step.running_requests
     )
 
 
@@ -648,11 +617,11 @@ class DecodetopCollector:
         self._errors: dict[str, int] = dict.fromkeys(self.parts, 0)
         self._lock = threading.Lock()
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         """Nothing up front: names depend on the data (registering must not render)."""
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         """The families of one scrape."""
         state = self.state_provider()
         renderers: dict[str, Callable[[_Out], None]] = {
@@ -664,7 +633,9 @@ class DecodetopCollector:
                 if state.checks or state.checks_unix_s is not None
                 else None
             ),
-            "observed": lambda out: _render_observed(state.observed, out) if state.observed is not None else None,
+            "observed": lambda out: (
+                _render_observed(state.observed, out, time.time()) if state.observed is not None else None
+            ),
         }
         names: set[str] = set()
         for part in self.parts:
@@ -684,7 +655,7 @@ class DecodetopCollector:
                 yield family
         yield from self._meta(state)
 
-    def _meta(self, state: ExportState) -> list[Any]:
+    def _meta(self, state: ExportState) -> list[Metric]:
         out = _Out()
         out.gauge("build_info", "decodetop's version (value 1).", ["version"]).add([__version__], 1)
         errors = out.counter("exporter_render_errors", "Scrapes in which a part failed to render.", ["part"])
@@ -701,10 +672,10 @@ class DecodetopCollector:
         return out.built()
 
 
-def make_registry(state_provider: StateProvider, parts: Sequence[str] = PARTS, *, process: bool = False) -> Any:
+def make_registry(
+    state_provider: StateProvider, parts: Sequence[str] = PARTS, *, process: bool = False
+) -> CollectorRegistry:
     """An own CollectorRegistry (never the global one) with the decodetop collector, and process metrics if asked."""
-    from prometheus_client import CollectorRegistry, ProcessCollector
-
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DecodetopCollector(state_provider, parts))
     if process:
@@ -714,8 +685,6 @@ def make_registry(state_provider: StateProvider, parts: Sequence[str] = PARTS, *
 
 def render_exposition(state: ExportState | StateProvider, parts: Sequence[str] = PARTS) -> str:
     """The text exposition (format 0.0.4) of a state."""
-    from prometheus_client import generate_latest
-
     if isinstance(state, ExportState):
         fixed = state
 
@@ -748,12 +717,6 @@ def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, no
     node_exporter reads only `*.prom` files in its `--collector.textfile.directory`, so another suffix is refused.
     """
     target = textfile_path(path)
-    try:
-        import prometheus_client  # noqa: F401 - only to say clearly when it is missing
-    except ImportError:
-        raise DecodetopError(
-            f"--prometheus-textfile {target}: needs the prometheus_client package (pip install prometheus-client)"
-        ) from None
     state = ExportState(checks=tuple(results), checks_unix_s=time.time() if now_unix_s is None else now_unix_s)
     text = render_exposition(state, parts=("checks",))
     try:
@@ -764,6 +727,16 @@ def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, no
 
 
 # --- HTTP server ---------------------------------------------------------------------------------------------
+
+
+def listen_warning(host: str) -> str | None:
+    """The line to print when `host` serves the metrics on every interface (0.0.0.0, ::, or an empty host)."""
+    if host.strip("[]") not in {"0.0.0.0", "::", ""}:  # noqa: S104 - recognising the wildcard, not binding it
+        return None
+    return (
+        f"--listen {host or '*'}: the metrics (GPU names, host checks, probe results) are exposed on every network "
+        "interface of this host; use 127.0.0.1 or a firewall unless that is what you want"
+    )
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -796,7 +769,7 @@ class MetricsServer:
 
     host: str
     port: int
-    _server: Any
+    _server: WSGIServer | None
     _thread: threading.Thread
 
     @property
@@ -826,8 +799,6 @@ def start_metrics_server(addr: str | tuple[str, int], state_provider: StateProvi
     `addr` is "HOST:PORT" (default form "127.0.0.1:9464"; port 0 picks a free one, see `.port`). A port in use or
     a host that is not ours gives one UserInputError line.
     """
-    from prometheus_client import start_http_server
-
     host, port = parse_listen(addr) if isinstance(addr, str) else addr
     registry = make_registry(state_provider, process=True)
     try:

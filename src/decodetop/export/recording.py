@@ -6,13 +6,16 @@ A recording is a text file with one JSON object per line, appended as things hap
     {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.TelemetrySnapshot","data":{...}}
     {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.model.CheckResult","data":[...]}
 
-`t` is wall-clock Unix seconds; `type` names the dataclass the payload came from (a list payload holds several of
-it), so `decode_event` can rebuild the object without the reader knowing every class. Lines are written whole and
+`t` is wall-clock Unix seconds; `kind` says what the payload is, and with it the class that rebuilds it
+(`KIND_TYPES`: a fixed table, never a class looked up by the name a file gives); `type` names the dataclass the
+payload came from (a list payload holds several of it) and must agree with the kind. Lines are written whole and
 flushed one by one (line-buffered), so a crash loses at most the line being written; `read_recording` skips a
-truncated or corrupt line, counts it and says so in one line, and never fails on it.
+truncated, corrupt, mistyped (`"type": null` on a probe result) or overlong line (`jsonio.MAX_LINE_BYTES`), counts
+it and says so in one line, and never fails on it; `decode_replay` does the same for a payload that does not fit its
+class.
 
-Serialisation uses a class's own `to_dict`/`from_dict` where it has them, and otherwise walks the dataclass fields
-(enums by value, tuples as lists, non-finite floats as null, since JSON has no NaN).
+Serialisation walks the dataclass fields, one codec both ways (enums by value, tuples as lists, non-finite floats as
+null, since JSON has no NaN), and rebuilds by the fields' type hints.
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
-import importlib
 import json
 import math
 import os
@@ -35,7 +37,12 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from decodetop import jsonio
-from decodetop.errors import UserInputError
+from decodetop.budget.compose import Budget
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.telemetry import TelemetrySnapshot
+from decodetop.errors import DecodetopError, UserInputError
+from decodetop.probes.results import ProbeResult
 
 FORMAT_NAME = "decodetop-recording"
 FORMAT_VERSION = 1
@@ -47,17 +54,24 @@ KINDS: tuple[str, ...] = ("meta", "telemetry", "probe_result", "checks", "budget
 MAX_LISTED_PROBLEMS = 3
 """Corrupt lines named one by one in the warning; the rest are only counted."""
 
-_ALLOWED_TYPE_PREFIX = "decodetop."
-_FORBIDDEN_TYPE_PREFIXES = ("decodetop.tui", "decodetop.themes", "decodetop.probes.worker")
-"""A recording may name only decodetop's own data classes, never UI or torch modules (layering, safety)."""
+KIND_TYPES: Mapping[str, type[Any]] = {
+    "telemetry": TelemetrySnapshot,
+    "probe_result": ProbeResult,
+    "checks": CheckResult,
+    "budget": Budget,
+    "observed_step": ObservedStep,
+}
+"""The class each kind's payload rebuilds into ("meta" is a plain object). A line's `type` must name it (by class
+name, so a class moved to another module still reads)."""
+_CHUNK_BYTES = 64 * 1024
 
 
 # --- serialisation -------------------------------------------------------------------------------------------
 
 
 def to_jsonable(obj: Any) -> Any:
-    """A JSON-ready value for `obj`: a class's `to_dict()` where it has one, else dataclass fields, enums by value,
-    tuples/sets as lists, paths as strings, non-finite floats as None. Raises TypeError naming an unknown type."""
+    """A JSON-ready value for `obj`: dataclass fields, enums by value, tuples/sets as lists, paths as strings,
+    non-finite floats as None. Raises TypeError naming an unknown type."""
     if obj is None or isinstance(obj, (bool, str)):
         return obj
     if isinstance(obj, enum.Enum):
@@ -66,9 +80,6 @@ def to_jsonable(obj: Any) -> Any:
         return int(obj)
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
-    to_dict = getattr(obj, "to_dict", None)
-    if callable(to_dict) and not isinstance(obj, type):
-        return to_jsonable(to_dict())
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
@@ -100,13 +111,16 @@ def type_name(obj: Any) -> str | None:
     return None
 
 
-def from_jsonable(cls: Any, data: Any) -> Any:
-    """Rebuild a value of type `cls` from `to_jsonable` output: `cls.from_dict` where it exists, else dataclass
-    fields by their type hints (unknown keys ignored, missing ones take their defaults). ValueError if it cannot."""
+def from_jsonable(cls: type[Any], data: Any) -> Any:
+    """Rebuild a value of type `cls` from `to_jsonable` output: dataclass fields by their type hints (unknown keys
+    ignored, missing ones take their defaults). ValueError (one line) for anything that does not fit, whatever the
+    class's own checks raise: a payload read from a file must never crash the reader."""
     try:
         return _convert(cls, data)
-    except (TypeError, KeyError, AttributeError, NameError) as exc:
-        raise ValueError(f"cannot rebuild {getattr(cls, '__qualname__', cls)}: {exc}") from exc
+    except (TypeError, KeyError, AttributeError, NameError, OverflowError, RecursionError, DecodetopError) as exc:
+        raise ValueError(
+            f"cannot rebuild {cls.__qualname__}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        ) from exc
 
 
 _SEQUENCES: tuple[Any, ...] = (
@@ -176,9 +190,6 @@ def _convert(hint: Any, value: Any) -> Any:
         key_hint, value_hint = args if len(args) == 2 else (Any, Any)
         return {_convert_key(key_hint, k): _convert(value_hint, v) for k, v in value.items()}
     if isinstance(hint, type):
-        from_dict = getattr(hint, "from_dict", None)
-        if callable(from_dict) and isinstance(value, dict):
-            return from_dict(value)
         if issubclass(hint, enum.Enum):
             return hint(value)
         if dataclasses.is_dataclass(hint):
@@ -234,31 +245,10 @@ def _dataclass_from(cls: type[Any], value: Any) -> Any:
         raise ValueError(f"{cls.__qualname__}: {exc}") from None
 
 
-def resolve_type(name: str) -> type[Any]:
-    """The decodetop class a recording names ("decodetop.collectors.checks.model.CheckResult"); ValueError if the
-    name is outside decodetop's data packages or does not resolve."""
-    if not name.startswith(_ALLOWED_TYPE_PREFIX) or name.startswith(_FORBIDDEN_TYPE_PREFIXES):
-        raise ValueError(f"type {name!r} is not a decodetop data class")
-    module_name, _, qualname = name.rpartition(".")
-    # nested classes: walk the module path back until it imports
-    parts = qualname.split(".")
-    while module_name:
-        try:
-            module = importlib.import_module(module_name)
-            break
-        except ImportError:
-            module_name, _, head = module_name.rpartition(".")
-            parts.insert(0, head)
-    else:
-        raise ValueError(f"type {name!r}: module not found")
-    obj: Any = module
-    for part in parts:
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ValueError(f"type {name!r}: {part!r} not found in {module_name}")
-    if not isinstance(obj, type):
-        raise ValueError(f"type {name!r} is not a class")
-    return obj
+def expected_type_name(kind: str) -> str | None:
+    """The class name a line of `kind` must carry in `type` (None for "meta")."""
+    cls = KIND_TYPES.get(kind)
+    return None if cls is None else cls.__qualname__
 
 
 # --- events --------------------------------------------------------------------------------------------------
@@ -320,13 +310,11 @@ class Replay:
 
 
 def decode_event(event: RecordedEvent, cls: type[Any] | None = None) -> Any:
-    """Rebuild the object an event recorded: as `cls`, or as the class the line names. A list payload gives a tuple.
-    Returns the raw payload when neither names a class; ValueError when the payload does not fit the class."""
-    target = cls
+    """Rebuild the object an event recorded: as `cls`, or as its kind's class (`KIND_TYPES`). A list payload gives a
+    tuple; "meta" gives its raw object. ValueError (one line) when the payload does not fit the class."""
+    target = cls if cls is not None else KIND_TYPES.get(event.kind)
     if target is None:
-        if event.type_name is None:
-            return event.payload
-        target = resolve_type(event.type_name)
+        return event.payload
     if isinstance(event.payload, list):
         return tuple(from_jsonable(target, item) for item in event.payload)
     return from_jsonable(target, event.payload)
@@ -468,10 +456,19 @@ def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
         return None, f"unknown kind {kind!r}"
     if "data" not in obj:
         return None, "no data"
+    data = obj["data"]
     tname = obj.get("type")
     if tname is not None and not isinstance(tname, str):
         return None, "type is not a string"
-    return RecordedEvent(float(t), kind, obj["data"], tname, 0), ""
+    expected = expected_type_name(kind)
+    if expected is None:
+        if not isinstance(data, dict):
+            return None, f"{kind} data is not an object"
+    elif not (data == [] and tname is None) and (tname is None or tname.rpartition(".")[2] != expected):
+        return None, f"type {tname!r} is not what a {kind} line holds ({expected})"
+    elif not isinstance(data, (dict, list)) or (isinstance(data, list) and kind != "checks"):
+        return None, f"{kind} data is not an object"
+    return RecordedEvent(float(t), kind, data, tname, 0), ""
 
 
 def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:
@@ -485,8 +482,16 @@ def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, Recorded
         raise UserInputError(f"--replay {p}: is a directory") from None
     except OSError as exc:
         raise UserInputError(f"--replay {p}: cannot read ({exc.strerror or exc})") from None
+    limit = jsonio.MAX_LINE_BYTES
     with handle:
-        for line_no, raw in enumerate(handle, start=1):
+        line_no = 0
+        while raw := handle.readline(limit + 1):
+            line_no += 1
+            if len(raw) > limit and not raw.endswith(b"\n"):
+                while (rest := handle.readline(_CHUNK_BYTES)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an overlong line is skipped unread, never held in memory whole
+                yield line_no, None, f"line longer than {limit // (1024 * 1024)} MiB"
+                continue
             stripped = raw.strip()
             if not stripped:
                 continue

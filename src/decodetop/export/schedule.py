@@ -1,13 +1,15 @@
-"""Provides the headless exporter: telemetry, host checks, the probe plan and a live server's step on schedules,
-all feeding one `StateBox` that the /metrics server renders at each scrape.
+"""Provides the headless exporter's schedule: telemetry, host checks, the probe plan and a live server's step on
+their periods, all feeding one `StateBox` that the /metrics server renders at each scrape, and the budget
+recomposed through the one composition every surface uses (`decodetop.probes.budgeting.compose`).
 
 Threads (all daemons, all stopped by `Exporter.stop()` within a few seconds):
 
 - telemetry: `collectors.telemetry.TelemetryCollector` at `tick_s`;
 - checks: `collectors.checks.host.run_all_checks` every `check_every_s`;
-- probes: the probe plan through one `probes.controller.ProbeController` every `probe_every_s` (first run at
-  start); latency probes pause costly NVML calls while they run (docs/architecture.md, "Processes");
-- server: `collectors.serving.ServerStepSource.poll()` every `server_every_s`.
+- probes: the probe plan through one probe controller every `probe_every_s` (first run at start); latency probes
+  pause costly NVML calls while they run (docs/architecture.md, "Processes");
+- server: `collectors.serving.ServerStepSource.poll()` every `server_every_s`, each poll bounded by one overall
+  deadline (`decodetop.httpget`), so a server that trickles shows as down (`decodetop_server_up` 0) within it.
 
 A part that fails (no NVML, a probe group that cannot start, a dead server URL) is a one-line note in the state
 (`decodetop_exporter_part_failing{part}`) and on stderr once per change; the exporter keeps serving the rest.
@@ -22,15 +24,27 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Protocol, TextIO
 
+from decodetop.budget import compose as budget_compose
+from decodetop.budget.compose import Budget
+from decodetop.budget.plan import build_plan
+from decodetop.budget.scenario import Scenario
+from decodetop.collectors.checks.host import run_all_checks
+from decodetop.collectors.nvml import Nvml
+from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
 from decodetop.errors import UserInputError
-from decodetop.export.prometheus import ExportState, MetricsServer, StateBox, start_metrics_server
+from decodetop.export.prometheus import ExportState, MetricsServer, Observation, StateBox, start_metrics_server
+from decodetop.history import format_age
+from decodetop.probes.budgeting import GpuHint, compose
+from decodetop.probes.planrun import plan_requests
+from decodetop.probes.results import ProbeResult, ProbeStatus
 
 LATENCY_PROBES = frozenset({"allreduce", "launch"})
 """Probes whose timings costly NVML calls (process lists) would disturb (peers.md §3.8)."""
 DEFAULT_PROBE_EVERY_S = 600.0
-"""The issue's example schedule: the plan every 10 minutes."""
+"""The plan every 10 minutes: a full model plan takes 15-20 s on 2 × H200 (docs/benchmarks.md, cost)."""
 DEFAULT_CHECK_EVERY_S = 300.0
 """Host settings change rarely; every 5 minutes catches a governor reset without measurable cost."""
 DEFAULT_SERVER_EVERY_S = 5.0
@@ -52,31 +66,51 @@ def parse_duration(text: str, flag: str) -> float:
     return seconds
 
 
+class ProbeRunner(Protocol):
+    """What the schedule needs of a probe group (`decodetop.probes.controller.ProbeController`)."""
+
+    def run(self, probe: str, params: Mapping[str, object] | None = None) -> ProbeResult: ...
+
+    def rank_pids(self) -> list[int]: ...
+
+    def cancel(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StepSource(Protocol):
+    """What the schedule needs of a live server (`decodetop.collectors.serving.ServerStepSource`)."""
+
+    def poll(self) -> ObservedStep | ServerStatus: ...
+
+
+class ProbeNames(Protocol):
+    """The registered probes' names (`decodetop.probes.registry.ProbeRegistry`)."""
+
+    def names(self) -> list[str]: ...
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     """One probe run of the plan: the registered probe and the parameters that differ from its defaults."""
 
     probe: str
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, object] = field(default_factory=dict)
 
 
 def probe_plan_runs(
-    model: str | None, tp: int | None, registry: Any, *, world_size: int, device_kind: str
+    scenario: Scenario | None, registry: ProbeNames, *, world_size: int, device_kind: str
 ) -> tuple[tuple[PlannedRun, ...], tuple[str, ...]]:
     """What the exporter runs each period, and notes on what cannot be measured on this group.
 
-    Without a model: every registered probe (`registry.names()`) at its defaults, what the TUI lists. With a
-    model (a preset name or a config.json path): the probe engine's plan for it (`probes.planrun.plan_requests`,
-    the same runs as `decodetop probe --model`), on a group of `world_size` ranks of `device_kind` ("cuda" or
-    "cpu"), keeping the probes this build registers. A model that cannot be resolved is one UserInputError line.
+    Without a scenario: every registered probe at its defaults, what the TUI lists. With one: the probe engine's
+    plan for it (`probes.planrun.plan_requests`, the same runs as `decodetop probe --model`), on a group of
+    `world_size` ranks of `device_kind` ("cuda" or "cpu"), keeping the probes this build registers.
     """
     names = list(registry.names())
-    if model is None:
+    if scenario is None:
         return tuple(PlannedRun(name) for name in names), ()
-    from decodetop.budget.plan import build_plan
-    from decodetop.probes.planrun import plan_requests
-
-    inventory = _inventory(model, tp)
+    inventory = scenario.inventory()
     requests, notes = plan_requests(build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind)
     runs = tuple(PlannedRun(r.probe, dict(r.params)) for r in requests if r.probe in names)
     missing = sorted({r.probe for r in requests} - set(names))
@@ -85,26 +119,50 @@ def probe_plan_runs(
     return runs, tuple(notes)
 
 
-def _inventory(model: str, tp: int | None) -> Any:
-    """The step inventory of `model` (preset or config.json) at `tp` (the budget's default TP when None)."""
-    from decodetop.budget.deployment import Deployment
-    from decodetop.budget.inventory import build_inventory
+def budget_observed(
+    observation: Observation | None, given: budget_compose.ObservedStep, now_unix_s: float
+) -> budget_compose.ObservedStep:
+    """The observed step a budget is composed against: the server's step while it gives one (with its URL, window
+    and age), else `given` (a flag's, or the default — then marked as assumed, saying why the server gave none)."""
+    if isinstance(observation, ObservedStep):
+        age = observation.age_s(now_unix_s)
+        when = f", {format_age(age)} ago" if age is not None else ""
+        detail = f"{observation.url}, {observation.window_s:.0f} s window{when}"
+        return budget_compose.ObservedStep(observation.step_ms, "server", detail)
+    if isinstance(observation, ServerStatus) and given.assumed:
+        return budget_compose.default_observed(f"the server gave no step: {observation.message}")
+    return given
 
-    spec = _resolve_spec(model)
-    deployment = Deployment(tp=tp) if tp is not None else Deployment()
-    deployment.validate(spec)
-    return build_inventory(spec, deployment)
 
+@dataclass(frozen=True)
+class BudgetComposer:
+    """Composes the exporter's budget through `probes.budgeting.compose`, as `decodetop budget`, `probe --budget`
+    and the UI do: the scenario of `--model/--config`, the probe group's device kind, the GPU NVML sees."""
 
-def _resolve_spec(model: str) -> Any:
-    """A ModelSpec from a preset name (`glm-5-nvfp4`) or a path to an HF config.json (or its folder)."""
-    from pathlib import Path
+    scenario: Scenario
+    observed: budget_compose.ObservedStep
+    """`--observed-ms` as an observed step, or the default marked as assumed."""
+    target_tps: float
+    group_kind: str | None = None
+    """cuda or cpu: the probe group's ranks (None without probes)."""
 
-    from decodetop.budget.spec import load_config, load_preset
-
-    if model.endswith(".json") or "/" in model or Path(model).exists():
-        return load_config(model)
-    return load_preset(model)
+    def __call__(
+        self, results: Sequence[ProbeResult], observation: Observation | None, telemetry: TelemetrySnapshot | None
+    ) -> Budget:
+        """The budget of the results so far against the current observed step."""
+        now = time.time()
+        gpu = None
+        if telemetry is not None and telemetry.gpus and telemetry.gpus[0].name:
+            gpu = GpuHint(telemetry.gpus[0].name, "detected by NVML")
+        return compose(
+            self.scenario,
+            results,
+            observed=budget_observed(observation, self.observed, now),
+            target_tps=self.target_tps,
+            gpu=gpu,
+            group_kind=self.group_kind,
+            now_s=now,
+        )
 
 
 class Exporter:
@@ -115,15 +173,15 @@ class Exporter:
         self,
         *,
         listen: str,
-        nvml: Any | None,
+        nvml: Nvml | None,
         tick_s: float = 1.0,
         check_every_s: float | None = DEFAULT_CHECK_EVERY_S,
         probe_every_s: float | None = DEFAULT_PROBE_EVERY_S,
         plan: Sequence[PlannedRun] = (),
-        make_controller: Callable[[], Any] | None = None,
-        server_source: Any | None = None,
+        make_controller: Callable[[], ProbeRunner] | None = None,
+        server_source: StepSource | None = None,
         server_every_s: float = DEFAULT_SERVER_EVERY_S,
-        budget_for: Callable[[tuple[Any, ...], Any], Any] | None = None,
+        budget_for: BudgetComposer | None = None,
         preflight: Callable[[Sequence[int]], str | None] | None = None,
         log: TextIO | None = None,
     ) -> None:
@@ -137,16 +195,16 @@ class Exporter:
         self.server_source = server_source
         self.server_every_s = server_every_s
         self.budget_for = budget_for
+        """Recomposes the budget after each probe result, server poll and the first telemetry snapshot."""
         self.preflight = preflight
         """(our own rank pids) → None to probe, or why not (another process holds the GPUs: a serving engine)."""
-        """(probe results, observed step or None) → Budget or None; called after each probe cycle and server poll."""
         self.box = StateBox(ExportState(probe_interval_s=self.probe_every_s))
         self._log = log if log is not None else sys.stderr
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._server: MetricsServer | None = None
-        self._collector: Any | None = None
-        self._controller: Any | None = None
+        self._collector: TelemetryCollector | None = None
+        self._controller: ProbeRunner | None = None
         self._controller_lock = threading.Lock()
         self._notes_lock = threading.Lock()
 
@@ -179,8 +237,6 @@ class Exporter:
         self.say(f"serving {self._server.url}")
         self._recompose()  # before anything is measured: observed and target, every component still missing
         if self.nvml is not None:
-            from decodetop.collectors.telemetry import TelemetryCollector
-
             self._collector = TelemetryCollector(
                 self.nvml, interval_s=self.tick_s, on_snapshot=self._on_snapshot, thread_name="decodetop-exporter-nvml"
             )
@@ -198,17 +254,14 @@ class Exporter:
         self._threads.append(thread)
         thread.start()
 
-    def _on_snapshot(self, snapshot: Any) -> None:
+    def _on_snapshot(self, snapshot: TelemetrySnapshot) -> None:
         first = self.box().telemetry is None
         self.box.update(telemetry=snapshot)
         if first:
             self._recompose()  # the GPU is known now: unmeasured parts can be estimated from its table row
-        available = getattr(snapshot, "nvml_available", True)
-        self._note("telemetry", None if available else f"NVML unavailable: {getattr(snapshot, 'nvml_reason', '')}")
+        self._note("telemetry", None if snapshot.nvml_available else f"NVML unavailable: {snapshot.nvml_reason}")
 
     def _checks_loop(self) -> None:
-        from decodetop.collectors.checks.host import run_all_checks
-
         assert self.check_every_s is not None
         while not self._stop.is_set():
             try:
@@ -247,13 +300,13 @@ class Exporter:
         if self.preflight is None:
             return None
         controller = self._controller
-        own = list(controller.rank_pids()) if controller is not None and hasattr(controller, "rank_pids") else []
+        own = controller.rank_pids() if controller is not None else []
         try:
             return self.preflight(own)
         except Exception as exc:  # a failed look at the GPUs is a reason not to probe them
             return f"could not check the GPUs for other processes ({type(exc).__name__}: {exc})"
 
-    def _run_probe(self, planned: PlannedRun, failures: list[str]) -> Any | None:
+    def _run_probe(self, planned: PlannedRun, failures: list[str]) -> ProbeResult | None:
         try:
             with self._controller_lock:
                 if self._stop.is_set():
@@ -273,20 +326,18 @@ class Exporter:
             if not self._stop.is_set():
                 failures.append(f"{planned.probe}: {type(exc).__name__}: {exc}")
             return None
-        status = str(getattr(getattr(result, "status", None), "value", "ok"))
-        message = str(getattr(result, "message", "") or getattr(result, "error", "") or "")
-        if status != "ok" and not self._stop.is_set():
-            detail = f" ({message})" if message and message != status else ""
-            failures.append(f"{planned.probe}: {status}{detail}")
+        message = result.message or result.error or ""
+        if result.status is not ProbeStatus.OK and not self._stop.is_set():
+            detail = f" ({message})" if message and message != result.status.value else ""
+            failures.append(f"{planned.probe}: {result.status.value}{detail}")
         return result
 
     def _recompose(self) -> None:
         if self.budget_for is None:
             return
         state = self.box()
-        observed = state.observed if hasattr(state.observed, "step_ms") else None
         try:
-            budget = self.budget_for(state.probe_results, observed)
+            budget = self.budget_for(state.probe_results, state.observed, state.telemetry)
         except Exception as exc:  # composing must not end the exporter; the note says what happened
             self._note("budget", f"composing the budget failed: {type(exc).__name__}: {exc}")
             return
@@ -301,10 +352,11 @@ class Exporter:
             except Exception as exc:  # poll() returns statuses; anything else is a bug worth a note, not a crash
                 self._note("observed", f"server poll failed: {type(exc).__name__}: {exc}")
             else:
+                before = self.box().observed
                 self.box.update(observed=observed)
                 self._note("observed", None)
-                if hasattr(observed, "step_ms"):
-                    self._recompose()
+                if isinstance(observed, ObservedStep) or isinstance(before, ObservedStep):
+                    self._recompose()  # a new step, or the step just went away (the budget says so)
             self._stop.wait(self.server_every_s)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -320,7 +372,8 @@ class Exporter:
                 controller.cancel()
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """End every thread, the probe group, the collector and the server."""
+        """End every thread, the probe group, the collector and the server (a server poll in flight ends at its
+        deadline, `collectors.serving.DEFAULT_TIMEOUT_S`)."""
         self.request_stop()
         deadline = time.monotonic() + timeout_s
         with self._controller_lock:
@@ -333,20 +386,3 @@ class Exporter:
             thread.join(max(0.1, deadline - time.monotonic()))
         if self._server is not None:
             self._server.close()
-
-
-def budget_composer(model: str, tp: int | None) -> Callable[[tuple[Any, ...], Any], Any]:
-    """A `budget_for` hook for `--model`: the probe engine's `compose_from_results` (what `decodetop probe --model
-    --budget` prints) over the results so far, against the live server's step where there is one, else the
-    budget's default observed step."""
-    from decodetop.probes.planrun import PlanRunOptions, compose_from_results
-
-    inventory = _inventory(model, tp)
-
-    def compose_for(results: tuple[Any, ...], observed: Any) -> Any:
-        step_ms = getattr(observed, "step_ms", None)
-        options = PlanRunOptions() if step_ms is None else PlanRunOptions(observed_ms=float(step_ms))
-        budget, _ = compose_from_results(inventory, list(results), options)
-        return budget
-
-    return compose_for
