@@ -1,31 +1,160 @@
-"""Provides plain-text tables and unit formatting for the headless commands (stdlib only)."""
+"""Provides plain-text tables and unit formatting for the headless commands (stdlib only).
+
+Tables fit the terminal: where the natural width is wider than `terminal_width()`, the text columns (left-aligned)
+narrow and their cells wrap onto continuation lines; numbers (right-aligned columns) are never cut. Output that is
+not a terminal (a pipe, a file) keeps whole lines unless ``COLUMNS`` says otherwise, so ``grep`` sees every word;
+the full text is always in ``--json``.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Sequence
+import os
+import sys
+import textwrap
+from collections.abc import Iterator, Sequence
+
+MIN_TEXT_COLUMN = 10
+"""Narrowest a text column is squeezed to (a word of ten characters still fits on one line)."""
+GAP = "  "
+"""Between columns."""
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
-    """Render a fixed-width table. `align` holds one of 'l'/'r' per column (default: numbers right, text left)."""
+_RESERVED = contextvars.ContextVar("decodetop_textfmt_reserved", default=0)
+"""Columns taken by an indent the caller adds around tables rendered elsewhere (`reserved_columns`)."""
+
+
+@contextlib.contextmanager
+def reserved_columns(columns: int) -> Iterator[None]:
+    """Tables rendered inside leave `columns` free at the left: for text that a caller indents afterwards."""
+    token = _RESERVED.set(_RESERVED.get() + columns)
+    try:
+        yield
+    finally:
+        _RESERVED.reset(token)
+
+
+def terminal_width() -> int | None:
+    """Columns to fit in: ``COLUMNS`` when set to a positive number, else the terminal's width when standard output
+    is one, else None (no limit: output for a pipe or a file is not cut)."""
+    env = os.environ.get("COLUMNS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if not sys.stdout.isatty():
+            return None
+        return os.get_terminal_size(sys.stdout.fileno()).columns or None
+    except (OSError, ValueError, AttributeError):  # no real stdout (captured, closed)
+        return None
+
+
+def _numeric_column(rows: Sequence[Sequence[object]], i: int) -> bool:
+    return bool(rows) and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
+
+
+def _fit_widths(natural: list[int], shrinkable: list[bool], room: int) -> list[int]:
+    """Narrow the widest shrinkable columns, one character at a time, until the row fits in `room` (or none can
+    narrow further: then the table is as narrow as it goes)."""
+    widths = list(natural)
+    excess = sum(widths) + len(GAP) * (len(widths) - 1) - room
+    while excess > 0:
+        candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > min(natural[i], MIN_TEXT_COLUMN)]
+        if not candidates:
+            break
+        widest = max(candidates, key=lambda i: widths[i])
+        widths[widest] -= 1
+        excess -= 1
+    return widths
+
+
+def _wrap_cell(text: str, width: int, max_lines: int | None) -> list[str]:
+    if len(text) <= width:
+        return [text]
+    lines = textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[:max_lines]
+        lines[-1] = lines[-1][: width - 1].rstrip() + "…"
+    return lines
+
+
+def table(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    align: str | None = None,
+    *,
+    width: int | None = -1,
+    indent: int = 0,
+    max_lines: int | None = None,
+    row_notes: Sequence[Sequence[str]] | None = None,
+) -> str:
+    """Render a fixed-width table. `align` holds one of 'l'/'r' per column (default: numbers right, text left).
+
+    `width` is the room in columns (default: `terminal_width()`; None: no limit). When the table is wider, text
+    columns narrow and wrap (at most `max_lines` lines a cell, the last ending in "…"); right-aligned columns keep
+    their width. `indent` spaces start every line and count against the width. `row_notes[i]`, when given, are
+    lines printed as they are under row i (details that span the table)."""
     cells = [[_cell(v) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
+    natural = [len(h) for h in headers]
     for row in cells:
         for i, value in enumerate(row):
-            widths[i] = max(widths[i], len(value))
+            natural[i] = max(natural[i], len(value))
     if align is None:
-        align = "".join(
-            "r" if rows and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows) else "l"
-            for i in range(len(headers))
-        )
+        align = "".join("r" if _numeric_column(rows, i) else "l" for i in range(len(headers)))
+    room = terminal_width() if width == -1 else width
+    widths = natural
+    if room is not None:
+        widths = _fit_widths(natural, [a == "l" for a in align], room - indent - _RESERVED.get())
+    pad = " " * indent
 
-    def fmt(row: Sequence[str]) -> str:
-        parts = [v.rjust(widths[i]) if align[i] == "r" else v.ljust(widths[i]) for i, v in enumerate(row)]
-        return "  ".join(parts).rstrip()
+    def fmt(row: Sequence[str]) -> list[str]:
+        wrapped = [_wrap_cell(v, widths[i], max_lines) if align[i] == "l" else [v] for i, v in enumerate(row)]
+        out = []
+        for k in range(max(len(w) for w in wrapped)):
+            parts = [
+                (w[k] if k < len(w) else "").rjust(widths[i])
+                if align[i] == "r"
+                else (w[k] if k < len(w) else "").ljust(widths[i])
+                for i, w in enumerate(wrapped)
+            ]
+            out.append((pad + GAP.join(parts)).rstrip())
+        return out
 
-    lines = [fmt(list(headers)), "  ".join("-" * w for w in widths)]
-    lines.extend(fmt(row) for row in cells)
+    lines = fmt(list(headers))
+    lines.append(pad + GAP.join("-" * w for w in widths))
+    for number, row in enumerate(cells):
+        lines.extend(fmt(row))
+        if row_notes is not None and number < len(row_notes):
+            lines.extend(row_notes[number])
     return "\n".join(lines)
+
+
+def fit_text(text: str, width: int | None = -1) -> str:
+    """`text` with every line longer than `width` (default: `terminal_width()`) wrapped at word boundaries; the
+    continuation lines keep the line's indent plus two spaces. Lines that fit, tables included, are unchanged."""
+    room = terminal_width() if width == -1 else width
+    if room is None:
+        return text
+    out: list[str] = []
+    for line in text.split("\n"):
+        if len(line) <= room:
+            out.append(line)
+            continue
+        lead = line[: len(line) - len(line.lstrip())]
+        if len(lead) + 2 > room // 2:  # a deep indent would leave no room for words
+            lead = ""
+        out.extend(
+            textwrap.wrap(
+                line.strip(),
+                room,
+                initial_indent=lead,
+                subsequent_indent=lead + "  ",
+                break_long_words=True,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
 
 
 def _cell(value: object) -> str:

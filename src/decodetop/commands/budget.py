@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.budget.spec import preset_names
     from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full
     from decodetop.probes.results import load_results
+    from decodetop.textfmt import fit_text
 
     if args.list_models:
         for name in preset_names():
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_as_json(scenario, comp, plan=plan), indent=1, allow_nan=False))
     else:
         row = find_gpu(comp.hardware.gpu_name) if comp.hardware is not None else None
-        sys.stdout.write(_as_text(scenario, comp, plan=plan, gpu_memory_gib=row.memory_gib if row else None))
+        text = _as_text(scenario, comp, plan=plan, gpu_memory_gib=row.memory_gib if row else None)
+        sys.stdout.write(fit_text(text))  # tables fit already; long notes wrap to the terminal
     return 0
 
 
@@ -252,7 +254,7 @@ def _as_json(scenario: Scenario, comp: Composition, *, plan: Any) -> dict[str, A
 
 def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib: float | None = None) -> str:
     from decodetop.probes.budgeting import format_budget_table
-    from decodetop.textfmt import format_bytes, format_number, table
+    from decodetop.textfmt import format_bytes, format_number, reserved_columns, table
 
     spec, inv = scenario.spec, scenario.inventory()
     roof, budget = comp.roofline, comp.budget
@@ -298,7 +300,7 @@ def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib
         add(f"  bandwidth: {hw.bandwidth_source}")
         add(f"  latency:   {hw.latency_source}")
         rows = [[t.name, round(t.ms, 3), t.detail] for t in roof.terms]
-        add(_indent(table(["term", "ms", "detail"], rows)))
+        add(table(["term", "ms", "detail"], rows, indent=2))
         add(
             f"  = {format_number(roof.step_ms)} ms per step, {format_number(roof.ms_per_token)} ms per token, "
             f"{format_number(roof.tokens_per_s)} tok/s per sequence "
@@ -308,7 +310,9 @@ def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib
     measured_any = any(seg.provenance_kind.startswith("measured") for seg in budget.segments)
     title = "Budget" if measured_any else "Budget (roofline estimates: no probe results)"
     add(f"{title}, ms per step")
-    add(_indent("\n".join(line for line in format_budget_table(budget, bars=False) if line != budget.header)))
+    with reserved_columns(2):  # the budget table is indented below
+        budget_lines = format_budget_table(budget, bars=False)
+    add(_indent("\n".join(line for line in budget_lines if line != budget.header)))
     for note in budget.notes:
         add(f"  note: {note}")
     add("")
@@ -334,7 +338,7 @@ def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib
             ]
             for op in ops
         ]
-        add(_indent(table(["op", "layers", "×", "shape", "dtype", "weights MB", "KV MB", "kernels"], orows), 4))
+        add(table(["op", "layers", "×", "shape", "dtype", "weights MB", "KV MB", "kernels"], orows, indent=4))
     if plan is not None:
         add("")
         add(

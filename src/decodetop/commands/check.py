@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from decodetop.collectors.baseline import Baseline, Change
     from decodetop.collectors.checks.model import CheckResult
 
-_OBSERVED_WIDTH = 60
-_EXPECTED_WIDTH = 40
+_PIPE_WIDTH = 160
+"""Width of the table when stdout is not a terminal and COLUMNS is unset: the widths the table had before it
+followed the terminal (observed cells wrapped at 60, expected at 40)."""
 _TEXT_WIDTH = 100
 
 
@@ -261,50 +262,28 @@ def _print(
         print(render_changes(base.name, changes))
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
-
-
 def render_table(results: list[CheckResult], *, verbose: bool = False) -> str:
-    """id, status, title, observed, expected; long cells wrap onto continuation lines; --verbose adds why/fix."""
+    """id, status, title, observed, expected, fitted to the terminal (`decodetop.textfmt.table`: long cells wrap
+    onto continuation lines; the full text is in --json); --verbose adds why/fix under each row."""
+    from decodetop.textfmt import table, terminal_width
+
     headers = ("ID", "STATUS", "TITLE", "OBSERVED", "EXPECTED")
-    rows = [
-        (
-            r.check_id,
-            r.status.value.upper(),
-            r.title,
-            _wrap(r.observed, _OBSERVED_WIDTH),
-            _wrap(r.expected, _EXPECTED_WIDTH),
-        )
-        for r in results
-    ]
-    w_id = max([len(headers[0])] + [len(r[0]) for r in rows])
-    w_st = max([len(headers[1])] + [len(r[1]) for r in rows])
-    w_title = max([len(headers[2])] + [len(r[2]) for r in rows])
-    w_obs = max([len(headers[3])] + [len(line) for r in rows for line in r[3]])
-
-    def line(a: str, b: str, c: str, d: str, e: str) -> str:
-        return f"{a:<{w_id}}  {b:<{w_st}}  {c:<{w_title}}  {d:<{w_obs}}  {e}".rstrip()
-
-    out = [line(*headers), line("-" * w_id, "-" * w_st, "-" * w_title, "-" * w_obs, "-" * _EXPECTED_WIDTH)]
-    for result, (cid, status, title, observed, expected) in zip(results, rows, strict=True):
-        for i in range(max(len(observed), len(expected))):
-            out.append(
-                line(
-                    cid if i == 0 else "",
-                    status if i == 0 else "",
-                    title if i == 0 else "",
-                    observed[i] if i < len(observed) else "",
-                    expected[i] if i < len(expected) else "",
-                )
-            )
-        if verbose:
-            indent = " " * (w_id + 2)
-            for label, text in (("why", result.why), ("fix", result.fix)):
-                if text:
-                    wrapped = textwrap.wrap(f"{label}: {text}", _TEXT_WIDTH)
-                    out.extend(indent + w for w in wrapped)
-    return "\n".join(out)
+    width = terminal_width() or _PIPE_WIDTH
+    rows = [(r.check_id, r.status.value.upper(), r.title, r.observed, r.expected) for r in results]
+    notes: list[list[str]] | None = None
+    if verbose:
+        w_id = max([len(headers[0])] + [len(r.check_id) for r in results])
+        wrap_at = max(20, min(_TEXT_WIDTH, width - w_id - 2))
+        notes = [
+            [
+                " " * (w_id + 2) + line
+                for label, text in (("why", r.why), ("fix", r.fix))
+                if text
+                for line in textwrap.wrap(f"{label}: {text}", wrap_at)
+            ]
+            for r in results
+        ]
+    return table(headers, rows, align="lllll", width=width, row_notes=notes)
 
 
 def summary_line(results: list[CheckResult], code: int) -> str:
