@@ -9,7 +9,8 @@ resource tracker aside). A full start-up is timed first for scale.
 
 Target of the live UI: quit within 1 s whatever the ranks are doing.
 
-    .venv/bin/python benchmarks/ui/quit_during_startup.py [--ranks 2] [--runs 3] [--delays 0.05,0.3,1,2,4] [--json out.json]
+    .venv/bin/python benchmarks/ui/quit_during_startup.py [--ranks 2] [--runs 3] [--delays 0.05,0.3,1,2,4]
+        [--json out.json]
 """
 
 from __future__ import annotations

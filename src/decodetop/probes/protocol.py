@@ -103,7 +103,3 @@ class Fatal:
     rank: int
     error: str
     traceback: str | None = None
-
-
-Command = RunProbe | Shutdown
-Message = Ready | Progress | RankDone | Fatal

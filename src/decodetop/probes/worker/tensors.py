@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.context import ProbeContext
 from decodetop.probes.worker.timing import Rotation, rotation_count
 
 #: Scale of random weights and activations (typical init std; keeps bf16 sums finite, never all zeros).
@@ -36,13 +36,6 @@ def sm_tag(ctx: ProbeContext) -> str:
         return "cpu"
     major, minor = torch.cuda.get_device_capability(ctx.device)
     return f"sm_{major}{minor}"
-
-
-def plain_dtype(name: str) -> torch.dtype:
-    """The torch dtype of a plain key dtype name (bf16, fp16, fp32); `UnsupportedError` otherwise."""
-    if name in DTYPES:
-        return DTYPES[name]
-    raise UnsupportedError(f"dtype {name!r} is not a plain torch dtype")
 
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, std: float = INIT_STD) -> torch.Tensor:
