@@ -5,7 +5,9 @@ is left behind.
 What `q` in the live UI does during start-up: the probe thread is inside `start()` (or the first `run()`), and the
 UI thread calls `close()`. For each delay after the start began, the script times `close()` (the UI's wait) and the
 time until the starting thread returned, then checks that no rank survives (psutil, zombies and multiprocessing's
-resource tracker aside). A full start-up is timed first for scale.
+resource tracker aside). It does so twice: on the bare controller, and through the live UI's probe source
+(`tui.adapters.ControllerProbes`: a probe thread in `run("launch")`, then `cancel()` and `close()` as the app's
+`shutdown_sources` does). A full start-up is timed first for scale.
 
 Target of the live UI: quit within 1 s whatever the ranks are doing.
 
@@ -58,24 +60,40 @@ def full_start_s(ranks: int) -> float:
     return took
 
 
-def quit_once(ranks: int, delay_s: float) -> dict[str, float | int | bool]:
-    """close() `delay_s` after start() began in another thread."""
+def quit_once(ranks: int, delay_s: float, through_ui: bool) -> dict[str, float | int | bool]:
+    """close() `delay_s` after start() (or the UI source's first run) began in another thread."""
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    pc = ProbeController(device="cpu", cpu_ranks=ranks)
     outcome: list[str] = []
+    if through_ui:
+        from decodetop.tui.adapters import ControllerProbes
 
-    def start() -> None:
-        try:
-            pc.start()
-            outcome.append("started")
-        except Exception as exc:
-            outcome.append(type(exc).__name__)
+        source = ControllerProbes(lambda: ProbeController(device="cpu", cpu_ranks=ranks))
+
+        def start() -> None:
+            done = source.run("launch", lambda fraction, text: None)
+            outcome.append("started" if done.result is not None else "cancelled")
+
+        def close() -> None:
+            source.cancel()
+            source.close()
+
+    else:
+        pc = ProbeController(device="cpu", cpu_ranks=ranks)
+
+        def start() -> None:
+            try:
+                pc.start()
+                outcome.append("started")
+            except Exception as exc:
+                outcome.append(type(exc).__name__)
+
+        close = pc.close
 
     starter = threading.Thread(target=start, daemon=True)
     starter.start()
     time.sleep(delay_s)
     t0 = time.monotonic()
-    pc.close()
+    close()
     close_s = time.monotonic() - t0
     starter.join(30)
     thread_s = time.monotonic() - t0
@@ -99,21 +117,28 @@ def main() -> int:
     args = parser.parse_args()
     delays = [float(d) for d in args.delays.split(",") if d.strip()]
     start_s = full_start_s(args.ranks)
-    rows = [quit_once(args.ranks, d) for d in delays for _ in range(args.runs)]
+    rows = [
+        {**quit_once(args.ranks, d, ui), "through_ui": ui}
+        for ui in (False, True)
+        for d in delays
+        for _ in range(args.runs)
+    ]
     machine = f"{platform.node()} ({os.cpu_count()} CPUs), Python {platform.python_version()}"
     report = {"machine": machine, "ranks": args.ranks, "full_start_s": start_s, "runs": rows}
     if args.json:
         args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{machine}; {args.ranks} CPU ranks; a full start took {start_s:.2f} s")
-    print(f"{'delay s':>8} {'close median s':>15} {'close max s':>12} {'thread max s':>13} {'ranks left':>11}")
-    for d in delays:
-        mine = [r for r in rows if r["delay_s"] == d]
-        closes = [float(r["close_s"]) for r in mine]
-        print(
-            f"{d:>8.2f} {statistics.median(closes):>15.3f} {max(closes):>12.3f} "
-            f"{max(float(r['thread_s']) for r in mine):>13.3f} {sum(int(r['left']) for r in mine):>11d}"
-            + ("  (start had finished)" if any(r["start_finished_first"] for r in mine) else "")
-        )
+    print(f"{'via':>10} {'delay s':>8} {'close median s':>15} {'close max s':>12} {'thread max s':>13} {'left':>5}")
+    for ui in (False, True):
+        for d in delays:
+            mine = [r for r in rows if r["delay_s"] == d and r["through_ui"] == ui]
+            closes = [float(r["close_s"]) for r in mine]
+            via = "UI source" if ui else "controller"
+            print(
+                f"{via:>10} {d:>8.2f} {statistics.median(closes):>15.3f} {max(closes):>12.3f} "
+                f"{max(float(r['thread_s']) for r in mine):>13.3f} {sum(int(r['left']) for r in mine):>5d}"
+                + ("  (start had finished)" if any(r["start_finished_first"] for r in mine) else "")
+            )
     return 1 if any(int(r["left"]) for r in rows) else 0
 
 
