@@ -1,4 +1,5 @@
-"""Provides `capture`: ask a live SGLang or vLLM server for a profiler trace of a few decode steps (stdlib urllib).
+"""Provides `capture`: ask a live SGLang or vLLM server for a profiler trace of a few decode steps (each request
+under one overall deadline, `decodetop.httpget`).
 
 SGLang: `POST /start_profile` with a JSON body {output_dir, num_steps, activities}; the server stops by itself after
 `num_steps` forward steps and writes `<time>-TP-<rank>.trace.json.gz` into output_dir. vLLM (started with
@@ -12,13 +13,12 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from decodetop.errors import UserInputError
+from decodetop.httpget import HttpRequestError, http_request
 
 HOW_TO_START = (
     "start a profiling-enabled server: SGLang has /start_profile built in (the trace is written on the server's "
@@ -43,23 +43,18 @@ class CaptureResult:
 
 
 def _request(url: str, *, method: str, body: bytes | None, timeout_s: float) -> tuple[int, str]:
-    """(status, first line of the body); HTTP errors come back as their status, not as exceptions."""
-    req = urllib.request.Request(url, data=body, method=method)  # noqa: S310 - http(s) only, checked in capture()
-    if body is not None:
-        req.add_header("Content-Type", "application/json")
+    """(status, first line of the body) within ONE overall deadline of `timeout_s` (`decodetop.httpget`: a server
+    that trickles is cut off there); HTTP errors come back as their status, not as exceptions."""
+    headers = {"Content-Type": "application/json"} if body is not None else {}
     try:
-        with urllib.request.urlopen(req, timeout=max(timeout_s, 0.1)) as resp:  # noqa: S310
-            return resp.status, _first_line(resp.read(4096))
-    except urllib.error.HTTPError as exc:
-        return exc.code, _first_line(exc.read(4096) if exc.fp else b"")
-    except urllib.error.URLError as exc:
-        if isinstance(exc.reason, TimeoutError):
+        answer = http_request(
+            url, deadline_s=max(timeout_s, 0.1), method=method, body=body, headers=headers, max_body_bytes=4096
+        )
+    except HttpRequestError as exc:
+        if exc.timed_out:
             raise UserInputError(f"no answer from {url} within {timeout_s:.0f} s") from None
         raise UserInputError(f"cannot reach {url}: {exc.reason}; {HOW_TO_START}") from None
-    except TimeoutError:
-        raise UserInputError(f"no answer from {url} within {timeout_s:.0f} s") from None
-    except OSError as exc:
-        raise UserInputError(f"cannot reach {url}: {exc}") from None
+    return answer.status, _first_line(answer.body)
 
 
 def _first_line(data: bytes) -> str:
