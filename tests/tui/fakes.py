@@ -237,6 +237,14 @@ class FakeBudget:
             roofline_ms=2.1,
         )
 
+    def fingerprint(self, settings: Settings, result: object) -> None:
+        """The fixed budget has no scenario: stored results carry no fingerprint."""
+        return None
+
+    def accepts(self, fingerprint: object, settings: Settings) -> bool:
+        """Every stored record feeds the fixed budget (the real source's rules are tested on PresetBudget)."""
+        return True
+
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
         if "allreduce" not in results:
             return ProbeCurves()

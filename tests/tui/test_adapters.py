@@ -97,7 +97,8 @@ def test_the_plan_on_cpu_ranks_lists_the_models_probes() -> None:
 def test_budget_without_results_is_all_estimates_and_names_the_assumed_gpu() -> None:
     view = PresetBudget().compose(Settings(model="llama-3.1-70b", tp=4), {}, 0.0)
     assert {s.status for s in view.segments} <= {"estimated", "missing"}
-    assert "(assumed)" in view.note
+    assert "0 of 7 components measured, 7 roofline estimates" in view.note
+    assert "(assumed: no --gpu and no GPU seen)" in view.hardware_text
 
 
 def test_models_lists_the_presets() -> None:

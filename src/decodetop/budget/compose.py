@@ -246,18 +246,18 @@ class Budget:
         return out
 
     def summary(self) -> str:
-        """'7 components: 5 measured, 2 roofline estimates for NVIDIA H200 (detected by NVML)' — true by
-        construction (counted from the segments)."""
+        """'5 of 7 components measured, 2 roofline estimates' — true by construction (counted from the segments):
+        a segment estimated in part counts as an estimate, one with missing data as without a figure."""
         n = len(self.segments)
-        measured = sum(1 for s in self.segments if s.provenance_kind.startswith("measured") and not s.estimated)
+        measured = sum(1 for s in self.segments if s.status in ("measured", "interpolated"))
         estimated = sum(1 for s in self.segments if s.estimated)
         missing = sum(1 for s in self.segments if s.status == "missing")
-        parts = [f"{measured} measured"]
+        parts = [f"{measured} of {n} components measured"]
         if estimated:
-            parts.append(f"{estimated} roofline estimate{'s' if estimated != 1 else ''} (in part or whole)")
+            parts.append(f"{estimated} roofline estimate{'s' if estimated != 1 else ''}")
         if missing:
             parts.append(f"{missing} without a figure")
-        return f"{n} components: " + ", ".join(parts)
+        return ", ".join(parts)
 
     @property
     def unexplained(self) -> Segment:

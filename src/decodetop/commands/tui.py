@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from decodetop.commands._scenario_args import TP_HELP, add_gpus_argument, add_model_arguments, gpus_from_args
+
 
 def _positive_float(text: str) -> float:
     try:
@@ -35,32 +37,26 @@ def _positive_int(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the live UI's flags on the main parser."""
     group = parser.add_argument_group("live UI (no subcommand)")
-    which = group.add_mutually_exclusive_group()
-    which.add_argument("--model", help="model preset (`decodetop budget --list-models`) or a path to an HF config.json")
-    which.add_argument(
-        "--config", metavar="PATH", help="a local checkpoint directory or its config.json (weights are never read)"
-    )
+    add_model_arguments(group, default="the settings file's, else glm-5-nvfp4")
     group.add_argument(
         "--settings", metavar="FILE", help="settings TOML (default: settings.toml in the user config directory)"
     )
-    group.add_argument("--tp", type=_positive_int, help="tensor-parallel degree (default: the number of ranks)")
-    group.add_argument("--observed-ms", type=_positive_float, help="observed decode step in ms (default 95)")
+    group.add_argument("--tp", type=_positive_int, help=TP_HELP)
+    group.add_argument(
+        "--observed-ms",
+        type=_positive_float,
+        help="observed decode step in ms (default: --server's, else 95 shown as assumed, not observed)",
+    )
     group.add_argument("--target-tps", type=_positive_float, help="target tokens/s for one stream (default 309)")
     group.add_argument("--theme", help="decodetop-dark, decodetop-light or decodetop-contrast (t cycles them)")
     group.add_argument("--cpu-ranks", type=_positive_int, metavar="N", help="run probes on N CPU ranks (gloo)")
-    group.add_argument("--gpus", metavar="LIST", help="GPUs for the probe group, e.g. 0,1,2,3 or 0-3 (default: all)")
+    add_gpus_argument(group)
     group.add_argument("--no-probes", action="store_true", help="run no probes (telemetry, checks, history only)")
     group.add_argument("--tick", type=_positive_float, metavar="S", help="telemetry period in seconds (default 1)")
     group.add_argument("--record", metavar="FILE", help="record telemetry and probe results to FILE")
     group.add_argument("--replay", metavar="FILE", help="replay a recording instead of reading NVML")
     group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
     group.add_argument("--server", metavar="URL", help="serving engine /metrics URL for the observed step time")
-    group.add_argument(
-        "--trace",
-        metavar="FILE",
-        help="a profiler trace, or a directory of per-rank traces, for the traced bar (with --server and vLLM: "
-        "its VLLM_TORCH_PROFILER_DIR, where c captures land)",
-    )
     group.add_argument(
         "--demo", action="store_true", help="fake NVML replaying an H200 recording on 8 GPUs; no probes unless asked"
     )
@@ -69,16 +65,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
+    from decodetop.budget.scenario import model_source
     from decodetop.errors import UserInputError
-    from decodetop.settings import default_settings_path, load_settings, with_overrides
+    from decodetop.settings import DEFAULT_OBSERVED_MS, default_settings_path, load_settings, with_overrides
     from decodetop.themes import THEME_NAMES
-    from decodetop.tui.launch import LaunchOptions, build_sources, parse_gpus, require_terminal
+    from decodetop.tui.launch import LaunchOptions, build_sources, require_terminal
 
     config_path = Path(args.settings) if args.settings else None
     settings = load_settings(config_path, themes=THEME_NAMES)
+    named = model_source(args.model, args.config) if args.model is not None or args.config is not None else None
+    base_observed = settings.observed_ms
     settings = with_overrides(
         settings,
-        model=args.config or args.model,
+        model=named.value if named is not None else None,
         tp=args.tp,
         observed_ms=args.observed_ms,
         target_tps=args.target_tps,
@@ -89,9 +88,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
     if args.record and args.replay:
         raise UserInputError("--record and --replay cannot be combined")
+    if args.observed_ms is not None:
+        observed_from = "flag"
+    elif base_observed != DEFAULT_OBSERVED_MS:
+        observed_from = "settings"
+    else:
+        observed_from = "default"
     options = LaunchOptions(
         cpu_ranks=args.cpu_ranks,
-        gpus=parse_gpus(args.gpus) if args.gpus else None,
+        gpus=gpus_from_args(args),
+        observed_from=observed_from,
         no_probes=args.no_probes,
         demo=args.demo,
         force=args.force,
@@ -102,14 +108,6 @@ def run(args: argparse.Namespace) -> int:
     )
     require_terminal(sys.stdin, sys.stdout, os.environ)  # before anything starts: no escape codes into a file
     sources = build_sources(settings, options)
-    from decodetop.paths import state_dir
-    from decodetop.tui.trace_source import TraceOptions
-
-    if args.trace == "":
-        raise UserInputError("--trace: empty path")
-    sources.trace = TraceOptions(
-        path=Path(args.trace) if args.trace else None, server=args.server, state_dir=state_dir()
-    )
 
     from decodetop.tui.app import DecodetopApp
 

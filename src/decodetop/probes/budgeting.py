@@ -40,7 +40,7 @@ from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
 from decodetop.budget.scenario import Scenario
-from decodetop.history import format_age
+from decodetop.history import Fingerprint, format_age, local_host_id
 from decodetop.probes.results import Environment, ProbeResult
 
 CPU_HEADER = "CPU ranks (gloo): timings show the method, not a GPU"
@@ -162,10 +162,9 @@ def _hardware(env: Environment | None, gpu: GpuHint | None, copy_gbps: float | N
     """The hardware of a GPU budget and the words saying what it is and how it was chosen."""
     if env is not None and env.gpu_names:
         name, how = env.gpu_names[0], "the probe results' GPU"
-    elif gpu is not None:
-        name, how = gpu.name, gpu.how
     else:
-        return None, "no GPU seen and none named (pass --gpu)"
+        hint = gpu if gpu is not None else assumed_gpu()
+        name, how = hint.name, hint.how
     row = find_gpu(name)
     bandwidth, bw_source = None, ""
     if copy_gbps:
@@ -208,7 +207,7 @@ def compose_inventory(
     now = time.time() if now_s is None else now_s
     good = [r for r in results if r.ok]
     env = next((r.environment for r in good if r.environment is not None), None)
-    kind = env.device_kind if env is not None else (group_kind or ("cuda" if gpu is not None else ""))
+    kind = env.device_kind if env is not None else (group_kind or "cuda")
     notes: list[str] = []
     used = [r for r in good if r.environment is None or r.environment.device_kind == kind]
     if len(used) < len(good):
@@ -332,3 +331,70 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
         lines.append(b.verdict)
     lines.append(b.summary() + (f"; estimates for {b.hardware_text}" if any(s.estimated for s in b.segments) else ""))
     return lines
+
+
+# --- where results were measured ------------------------------------------------------------------------------
+
+_VERSION_FIELDS = ("driver_version", "cuda_version", "torch_version", "nccl_version")
+
+
+def fingerprint_of(env: Environment, scenario: Scenario | str) -> Fingerprint:
+    """The history fingerprint of a result taken in `env` for `scenario` (its `fingerprint_id`)."""
+    from decodetop import __version__
+
+    scenario_id = scenario if isinstance(scenario, str) else scenario.fingerprint_id
+    cuda = env.device_kind == "cuda"
+    return Fingerprint(
+        host_id=env.host or local_host_id(),
+        device_kind="cuda" if cuda else "cpu",
+        gpu_name=(env.gpu_names[0] if env.gpu_names else None) if cuda else None,
+        gpu_count=env.world_size,
+        driver_version=env.driver if cuda else None,
+        cuda_version=env.cuda if cuda else None,
+        torch_version=env.torch,
+        nccl_version=env.nccl if cuda else None,
+        decodetop_version=__version__,
+        scenario=scenario_id,
+    )
+
+
+def expected_fingerprint(
+    scenario: Scenario | str, *, device_kind: str, gpu_count: int, gpu_name: str | None = None
+) -> Fingerprint:
+    """The fingerprint this session's results will carry, as far as it is known before the probe group has run:
+    host, device kind, GPU name and count, decodetop version and scenario; the versions the ranks report (driver,
+    CUDA, torch, NCCL) are None until a fresh result gives them (`fingerprint_accepts` treats them as not yet
+    known)."""
+    from decodetop import __version__
+
+    scenario_id = scenario if isinstance(scenario, str) else scenario.fingerprint_id
+    cuda = device_kind == "cuda"
+    return Fingerprint(
+        host_id=local_host_id(),
+        device_kind="cuda" if cuda else "cpu",
+        gpu_name=gpu_name if cuda else None,
+        gpu_count=gpu_count,
+        driver_version=None,
+        cuda_version=None,
+        torch_version=None,
+        nccl_version=None,
+        decodetop_version=__version__,
+        scenario=scenario_id,
+    )
+
+
+def fingerprint_accepts(stored: Fingerprint | None, current: Fingerprint, *, exact: bool) -> bool:
+    """Whether a stored record may feed the current budget: never one of unknown origin; with `exact` (the current
+    fingerprint came from a fresh result), only an equal one; otherwise one equal on every field the current
+    fingerprint knows (the versions the ranks report are not known before they ran)."""
+    if stored is None:
+        return False
+    if exact:
+        return stored == current
+    for f in dataclasses.fields(Fingerprint):
+        want = getattr(current, f.name)
+        if f.name in _VERSION_FIELDS and want is None:
+            continue
+        if getattr(stored, f.name) != want:
+            return False
+    return True

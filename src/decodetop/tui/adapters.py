@@ -8,6 +8,7 @@ module stays cheap and never imports torch (the controller spawns ranks; the UI 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
@@ -16,7 +17,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from decodetop.budget.components import Component
 from decodetop.textfmt import format_bytes, format_number
 from decodetop.tui.model import (
     BudgetSegment,
@@ -30,11 +30,17 @@ from decodetop.tui.model import (
     TelemetryFrame,
 )
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback
+from decodetop.tui.taps import SERVER_POLL_S, ServerPoller
 
 if TYPE_CHECKING:
+    from decodetop.budget.compose import Budget, ObservedStep
+    from decodetop.budget.scenario import Scenario
     from decodetop.collectors.checks.model import CheckResult
     from decodetop.collectors.nvml import Nvml
+    from decodetop.collectors.serving import ObservedStep as ServerObserved
+    from decodetop.collectors.serving import ServerStatus
     from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
+    from decodetop.history import Fingerprint
     from decodetop.probes.controller import ProbeController
     from decodetop.probes.results import Measurement, ProbeResult
     from decodetop.settings import Settings
@@ -317,32 +323,35 @@ def compact_payload(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_INVENTORIES: dict[tuple[str, int], Any] = {}
-_INVENTORY_LOCK = threading.Lock()
+@dataclass(frozen=True)
+class GroupInfo:
+    """The probe group a budget is for, as far as the UI knows it without spawning it: its size and device kind."""
+
+    size: int
+    kind: str
+    """cuda or cpu."""
+    label: str
+    """How to name its ranks: "GPUs", "CPU ranks", "fake GPUs of the demo"."""
 
 
-def inventory_for(model: str, tp: int) -> Any:
-    """The decode-step inventory of `model` (a preset name or a config.json path) at TP `tp` (cached)."""
-    key = (model, tp)
-    with _INVENTORY_LOCK:
-        if key not in _INVENTORIES:
-            from pathlib import Path
-
-            from decodetop.budget.deployment import Deployment
-            from decodetop.budget.inventory import build_inventory
-            from decodetop.budget.spec import load_config, load_preset
-
-            looks_like_path = "/" in model or model.endswith(".json") or Path(model).is_dir()
-            spec = load_config(model) if looks_like_path else load_preset(model)
-            _INVENTORIES[key] = build_inventory(spec, Deployment(tp=tp))
-        return _INVENTORIES[key]
+def group_of(layout: Any) -> GroupInfo:
+    """A `probes.controller.GroupLayout` as a `GroupInfo`."""
+    kind = str(layout.kind)
+    return GroupInfo(int(layout.world_size), kind, "GPUs" if kind == "cuda" else "CPU ranks")
 
 
-def plan_for(model: str, tp: int) -> Any:
-    """The model's `ProbePlan` at TP `tp`."""
-    from decodetop.budget.plan import build_plan
+def scenario_for(settings: Settings, group: GroupInfo | None) -> Scenario:
+    """The scenario of the UI's settings on its probe group, by the one rule (`decodetop.budget.scenario`): TP is
+    the settings' (from --tp or the settings file), else the group's size, else 1."""
+    from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
 
-    return build_plan(inventory_for(model, tp))
+    tp = choose_tp(
+        settings.tp,
+        group_size=group.size if group is not None else None,
+        group_label=group.label if group is not None else "ranks",
+        tp_from="--tp or the settings file",
+    )
+    return build_scenario(source_from_setting(settings.model), tp)
 
 
 class ControllerProbes:
@@ -387,15 +396,16 @@ class ControllerProbes:
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The model's probe plan on this group: one row per probe run, with the keys it measures."""
-        from decodetop.budget.deployment import DEFAULT_TP
+        from decodetop.budget.plan import build_plan
         from decodetop.probes.planrun import plan_requests
 
-        tp = settings.tp or DEFAULT_TP
         layout = self.layout() if self.layout is not None else None
-        world = layout.world_size if layout is not None else tp
-        kind = layout.kind if layout is not None else "cuda"
-        plan = plan_for(settings.model, tp)
-        requests, notes = plan_requests(plan, inventory_for(settings.model, tp), world_size=world, device_kind=kind)
+        group = group_of(layout) if layout is not None else None
+        scenario = scenario_for(settings, group)
+        inventory = scenario.inventory()
+        world = group.size if group is not None else scenario.tp
+        kind = group.kind if group is not None else "cuda"
+        requests, notes = plan_requests(build_plan(inventory), inventory, world_size=world, device_kind=kind)
         self._requests = {r.probe: r for r in requests}
         self.plan_notes = tuple(notes)
         return [
@@ -642,31 +652,124 @@ def measured_at(results: Mapping[str, object]) -> dict[str, float]:
     return times
 
 
-_PROBE_OF_COMPONENT = {
-    "attention": ("attention", "kvcast"),
-    "attention_proj": ("gemm",),
-    "dense_mlp": ("gemm",),
-    "routed_experts": ("moe",),
-    "shared_experts": ("gemm", "moe"),
-    "routing": ("routing",),
-    "communication": ("allreduce", "sampling"),
-    "norms": ("norms",),
-    "lm_head": ("gemm", "sampling"),
-    "launch": ("launch",),
-}
-"""Which probes' results a component's figure comes from (for its age)."""
+def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_text: str = "") -> BudgetView:
+    """A composed `Budget` as the bar's view: every figure with its provenance, the header, the observed step's
+    origin and the roofline verdict, as the CLI prints them. `measured_s`: probe → when its result was taken (the
+    age shown beside a measured figure)."""
+    segments = []
+    for seg in budget.segments:
+        ages = [measured_s[p] for p in seg.probes if p in measured_s]
+        measured = seg.provenance_kind.startswith("measured")
+        segments.append(
+            BudgetSegment(
+                key=seg.component,
+                label=seg.label,
+                ms=seg.ms or 0.0,
+                status=seg.status,
+                measured_at_s=min(ages) if ages and measured else None,
+                p10_ms=seg.p10_ms,
+                p90_ms=seg.p90_ms,
+                provenance=seg.provenance,
+            )
+        )
+    estimates = any(s.estimated for s in budget.segments)
+    summary = budget.summary() + (f" (≈ for {budget.hardware_text})" if estimates else "")
+    lines = [
+        f"{tp_text} · {budget.kernels} kernels/step, {budget.launch_mode} launch" if tp_text else "",
+        summary,
+    ]
+    obs = budget.observed_step
+    return BudgetView(
+        title=title,
+        segments=tuple(segments),
+        observed_ms=budget.observed_ms,
+        target_ms=budget.target_ms,
+        roofline_ms=budget.roofline_ms,
+        note="\n".join(line for line in lines if line),
+        header=budget.header,
+        observed_assumed=obs.assumed,
+        observed_text=obs.text,
+        verdict=budget.verdict,
+        hardware_text=budget.hardware_text,
+    )
+
+
+_SERVER_FAILURES = frozenset(
+    {"unreachable", "timed_out", "http_error", "not_metrics", "unparseable", "no_latency_metric"}
+)
+"""`collectors.serving.ServerState` values that mean the server could not be read (said in the bar's header)."""
 
 
 class PresetBudget:
-    """`BudgetSource` over `decodetop.budget`: presets, the step inventory, roofline and `compose_budget`.
+    """`BudgetSource` over the one composition (`decodetop.probes.budgeting.compose`): the same figures and
+    provenance as `decodetop budget` and `decodetop probe --budget` for the same scenario and results.
 
-    Components the probes measured show as measured (or interpolated along a measured curve); the rest are
-    roofline estimates (marked ≈), so the bar is never empty; the unexplained remainder is observed minus all of it.
+    gpu_name: the GPU's NVML name once telemetry has it (how it was found: `gpu_how`). group: the probe group (its
+    size is the default TP, its device kind says whether figures are a GPU's). observed_from: where the settings'
+    observed step came from ("flag", "settings" or "default"). server_url: the --server URL (its answers arrive
+    through `note_server`). Results taken before `session_start_s` count as measured earlier (from the history).
     """
 
-    def __init__(self, gpu_name: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        gpu_name: Callable[[], str | None] | None = None,
+        *,
+        group: Callable[[], GroupInfo | None] | None = None,
+        gpu_how: str = "detected by NVML",
+        observed_from: str = "default",
+        server_url: str | None = None,
+        session_start_s: float | None = None,
+    ) -> None:
+        import time
+
         self.gpu_name = gpu_name
-        """Returns the GPU's NVML name once telemetry has it (for bandwidth and interconnect figures)."""
+        self.group = group
+        self.gpu_how = gpu_how
+        self.observed_from = observed_from
+        self.server_url = server_url
+        self.session_start_s = time.time() if session_start_s is None else session_start_s
+        self._server_answer: ServerObserved | ServerStatus | None = None
+        self._fresh_fingerprint: Fingerprint | None = None
+
+    def _current_fingerprint(self, settings: Settings) -> tuple[Fingerprint, bool]:
+        """This session's fingerprint for `settings` and whether it is exact (taken from a fresh result's
+        environment) or expected (before the probe group has run: the versions it reports are not known yet)."""
+        from decodetop.probes.budgeting import expected_fingerprint
+
+        group = self.group() if self.group is not None else None
+        scenario = scenario_for(settings, group)
+        fresh = self._fresh_fingerprint
+        if fresh is not None:
+            return dataclasses.replace(fresh, scenario=scenario.fingerprint_id), True
+        kind = group.kind if group is not None else "cuda"
+        name = self.gpu_name() if self.gpu_name else None
+        count = group.size if group is not None else scenario.tp
+        return expected_fingerprint(scenario, device_kind=kind, gpu_count=count, gpu_name=name), False
+
+    def fingerprint(self, settings: Settings, result: object) -> Fingerprint | None:
+        """The fingerprint to store with a fresh result of this session (None without an environment); from then on
+        only stored records equal to it feed the budget."""
+        from decodetop.probes.budgeting import fingerprint_of
+        from decodetop.probes.results import ProbeResult
+
+        if not isinstance(result, ProbeResult) or result.environment is None:
+            return None
+        group = self.group() if self.group is not None else None
+        fp = fingerprint_of(result.environment, scenario_for(settings, group))
+        self._fresh_fingerprint = fp
+        return fp
+
+    def accepts(self, fingerprint: Fingerprint | None, settings: Settings) -> bool:
+        """Whether a stored record may feed the budget for `settings`: its fingerprint matches this host, device,
+        versions and scenario (records of unknown origin never do)."""
+        from decodetop.probes.budgeting import fingerprint_accepts
+
+        current, exact = self._current_fingerprint(settings)
+        return fingerprint_accepts(fingerprint, current, exact=exact)
+
+    def note_server(self, answer: ServerObserved | ServerStatus) -> None:
+        """The --server poller's latest answer (any thread)."""
+        self._server_answer = answer
 
     def models(self) -> Sequence[tuple[str, str]]:
         """Preset names with their display names."""
@@ -681,74 +784,74 @@ class PresetBudget:
             out.append((name, str(info.get("display_name", ""))))
         return out
 
-    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
-        """The budget for `settings` from the probe results so far."""
-        from decodetop.budget.compose import compose_budget
-        from decodetop.budget.deployment import DEFAULT_TP
-        from decodetop.budget.gpus import GPUS, find_gpu
-        from decodetop.budget.roofline import hardware_for, roofline
-        from decodetop.probes.planrun import measured_from_results
+    def observed(self, settings: Settings, now_s: float) -> tuple[ObservedStep, str]:
+        """The observed step with its origin, and a header line when the server could not be read."""
+        from decodetop.budget.compose import ObservedStep, default_observed
+        from decodetop.collectors.serving import ObservedStep as ServerStep
+        from decodetop.history import format_age
 
-        tp = settings.tp or DEFAULT_TP
-        inventory = inventory_for(settings.model, tp)
+        answer = self._server_answer
+        header = ""
+        last: ServerStep | None = None
+        if isinstance(answer, ServerStep):
+            last = answer
+        elif answer is not None:
+            last = answer.last_step
+            if answer.state.value in _SERVER_FAILURES:
+                header = f"server {answer.url}: {answer.message} — the observed step is not live"
+        if last is not None and last.step_ms == settings.observed_ms:
+            age = last.age_s(now_s)
+            when = f", {format_age(age)} ago" if age is not None else ""
+            now = "" if answer is last else f"; now: {answer.summary if answer is not None else ''}"
+            detail = f"{last.url}, {last.window_s:.0f} s window{when}{now}"
+            return ObservedStep(settings.observed_ms, "server", detail), header
+        if self.observed_from in ("flag", "settings"):
+            what = "--observed-ms" if self.observed_from == "flag" else ""
+            return ObservedStep(settings.observed_ms, self.observed_from, what), header
+        if self.server_url is not None:
+            why = answer.summary if answer is not None else "waiting for the server's first window"
+            return default_observed(f"the default; server {self.server_url}: {why}"), header
+        return default_observed(), header
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        """The budget for `settings` from the probe results so far (this session's and the history's)."""
+        from decodetop.probes.budgeting import GpuHint, compose
+        from decodetop.probes.results import ProbeResult
+
+        group = self.group() if self.group is not None else None
+        scenario = scenario_for(settings, group)
+        good = [r for r in results.values() if isinstance(r, ProbeResult) and r.ok]
+        taken = measured_at({r.probe: r for r in good})
+        stored = {p: t for p, t in taken.items() if t < self.session_start_s}
+        fresh = self._fresh_fingerprint
+        if fresh is not None:  # once this session's ranks said what they run, stored results must match it exactly
+            from decodetop.probes.budgeting import fingerprint_of
+
+            want = dataclasses.replace(fresh, scenario=scenario.fingerprint_id)
+            good = [
+                r
+                for r in good
+                if r.probe not in stored
+                or (r.environment is not None and fingerprint_of(r.environment, want.scenario) == want)
+            ]
         name = self.gpu_name() if self.gpu_name else None
-        gpu = find_gpu(name) if name else None
-        assumed = gpu is None
-        if gpu is None:
-            gpu = GPUS["rtx-pro-6000"]  # the seed host's GPU (probes.md §0), as `decodetop budget` assumes
-        mode = inventory.deployment.launch_mode
-        good = [r for r in results.values() if getattr(r, "ok", False)]
-        measured = measured_from_results(good, launch_mode=mode, plan=plan_for(settings.model, tp))  # type: ignore[arg-type]
-        hardware = hardware_for(
-            gpu,
-            bandwidth_gbps=measured.copy_gbps or None,
-            bandwidth_source="measured device copy" if measured.copy_gbps else "measured",
-        )
-        roof = roofline(inventory, hardware)
-        budget = compose_budget(
-            inventory,
-            measured.times,
-            allreduce_curves=measured.allreduce_curves,
-            gemm_curves=measured.gemm_curves,
-            observed_ms=settings.observed_ms,
+        observed, header = self.observed(settings, now_s)
+        budget = compose(
+            scenario,
+            good,
+            observed=observed,
             target_tps=settings.target_tps,
-            roofline=roof,
-            estimate=hardware,
+            gpu=GpuHint(name, self.gpu_how) if name else None,
+            group_kind=group.kind if group is not None else None,
+            stored_at_s=stored,
+            now_s=now_s,
         )
-        times = measured_at(results)
-        segments = []
-        for seg in budget.segments:
-            status = seg.status if seg.status in ("measured", "interpolated", "estimated") else "missing"
-            ages = [times[p] for p in _PROBE_OF_COMPONENT.get(seg.component, ()) if p in times]
-            at = min(ages) if ages else None
-            segments.append(
-                BudgetSegment(
-                    key=seg.component,
-                    label=seg.label,
-                    ms=seg.ms or 0.0,
-                    status=status,
-                    measured_at_s=at if status in ("measured", "interpolated") else None,
-                    p10_ms=seg.p10_ms,
-                    p90_ms=seg.p90_ms,
-                )
-            )
-        present = {s.key for s in segments}
-        segments.extend(BudgetSegment(c.value, c.label, 0.0, "missing") for c in Component if c.value not in present)
-        measured_count = sum(1 for s in segments if s.status in ("measured", "interpolated"))
-        gpu_text = f"{gpu.name}{' (assumed)' if assumed else ''}"
-        note = (
-            f"{measured_count} of {len(budget.segments)} components measured, the rest roofline estimates (≈) "
-            f"for {gpu_text}; {inventory.kernels if hasattr(inventory, 'kernels') else budget.kernels} kernels/step, "
-            f"{mode} launch"
-        )
-        return BudgetView(
-            title=f"{budget.model} · TP{tp}",
-            segments=tuple(segments),
-            observed_ms=budget.observed_ms,
-            target_ms=budget.target_ms,
-            roofline_ms=budget.roofline_ms,
-            note=note,
-        )
+        view = budget_view(budget, scenario.title, taken, scenario.tp_text)
+        if header:
+            from dataclasses import replace
+
+            view = replace(view, header="\n".join(h for h in (view.header, header) if h))
+        return view
 
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
         """Chart series from the all-reduce and GEMM results."""
@@ -774,3 +877,21 @@ class HostChecks:
         from decodetop.collectors.checks.host import run_all_checks
 
         return run_all_checks(nvml=self.nvml)
+
+
+class BudgetServerPoller(ServerPoller):
+    """`ServerPoller` that hands each answer to the budget first, so its next composition says where the observed
+    step came from (or that the server could not be read)."""
+
+    def __init__(self, source: Any, budget: PresetBudget, period_s: float = SERVER_POLL_S) -> None:
+        super().__init__(source, period_s)
+        self.budget = budget
+
+    def start(self, on_answer: Callable[[Any], None]) -> None:
+        """Start polling; each answer goes to the budget, then to `on_answer`."""
+
+        def both(answer: Any) -> None:
+            self.budget.note_server(answer)
+            on_answer(answer)
+
+        super().start(both)

@@ -54,7 +54,6 @@ from decodetop.tui.probe_queue import ProbeQueue
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
-from decodetop.tui.screens.trace_kernels import TraceKernelsScreen
 from decodetop.tui.sources import ProbeOutcome, Sources
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
@@ -62,7 +61,6 @@ from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.status_line import StatusLine
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
-from decodetop.tui.widgets.traced_bar import OpenTraceKernels, TracedBar, TraceStatus
 
 if TYPE_CHECKING:
     from decodetop.tui.widgets.charts import Charts
@@ -81,7 +79,6 @@ HELP_TEXT = {
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model: the probe plan and the budget follow",
     "cycle_theme": "next theme: dark, light, high-contrast (remembered in settings.toml)",
-    "capture_trace": "capture a profiler trace of a few decode steps from --server: the traced bar (enter: kernels)",
     "show_tab('probes')": "probes tab",
     "show_tab('gpus')": "GPUs tab",
     "show_tab('health')": "health tab",
@@ -163,7 +160,6 @@ class DecodetopApp(App[int]):
         Binding("s", "save_baseline", "baseline"),
         Binding("m", "pick_model", "model"),
         Binding("t", "cycle_theme", "theme"),
-        Binding("c", "capture_trace", "trace", show=False),
         Binding("1", "show_tab('probes')", "probes", show=False),
         Binding("2", "show_tab('gpus')", "GPUs", show=False),
         Binding("3", "show_tab('health')", "health", show=False),
@@ -201,13 +197,13 @@ class DecodetopApp(App[int]):
         self.running_probe: str | None = None
         self.closing = False
         self._history_latest: dict[str, HistoryEntry] = {}
+        self._history_probes: list[HistoryEntry] = []
+        """Every stored probe result; only those whose fingerprint the budget accepts are restored."""
         self._status_notes: list[str] = list(sources.notes)
         self._status_text = ""
         self._budget_seq = 0
         self._sources_closed = False
         self.server_note = ""
-        self.trace_note = ""
-        """The traced bar's last progress or outcome, one line."""
         """The live server's last answer, one line (--server)."""
         self._budget_shown = -1
         self._budget_view: BudgetView | None = None
@@ -231,7 +227,6 @@ class DecodetopApp(App[int]):
         """Budget on top, the tables and charts in tabs below, a status line and the footer."""
         with Container(id="budget-box"):
             yield BudgetBar(id="budget")
-            yield TracedBar(self.sources.trace, id="traced")
         with Horizontal(id="main"):
             with TabbedContent(initial="probes", id="tabs"):
                 with TabPane("Probes 1", id="probes"):
@@ -267,8 +262,6 @@ class DecodetopApp(App[int]):
             self.sources.server.start(self._on_server_answer)
         if self.age_refresh_s > 0:
             self.set_interval(self.age_refresh_s, self._refresh_ages)
-        self.query_one(TracedBar).now_s = self.now()
-        self.query_one(TracedBar).start(self.settings.model)
         self.query_one(ProbeTable).focus()
 
     COMPACT_BELOW_ROWS = 40
@@ -384,6 +377,7 @@ class DecodetopApp(App[int]):
             elif entry.kind == KIND_BASELINE and entry.key == BASELINE_NAME:
                 baseline = entry
         self._history_latest = latest
+        self._history_probes = [e for e in message.entries if e.kind == KIND_PROBE]
         if baseline is not None:
             self.baseline = baseline
         for probe_id in list(self.probe_views):
@@ -392,8 +386,18 @@ class DecodetopApp(App[int]):
         self._show_health()
         self._set_status()
 
+    def _matching_history(self, probe_id: str) -> HistoryEntry | None:
+        """The newest stored result of `probe_id` measured on this setup for this scenario (fingerprints compared by
+        the budget source); records from elsewhere or of unknown origin never feed the budget."""
+        found = [
+            e
+            for e in self._history_probes
+            if e.key == probe_id and self.sources.budget.accepts(e.fingerprint, self.settings)
+        ]
+        return max(found, key=lambda e: e.recorded_at_s) if found else None
+
     def _restore_from_history(self, probe_id: str) -> None:
-        entry = self._history_latest.get(probe_id)
+        entry = self._matching_history(probe_id)
         view = self.probe_views.get(probe_id)
         if entry is None or view is None or probe_id in self.results:
             return
@@ -495,7 +499,13 @@ class DecodetopApp(App[int]):
             history = self.sources.history
             if history is not None and outcome.payload and not self.closing:
                 try:
-                    history.record(KIND_PROBE, probe_id, outcome.payload, recorded_at_s=outcome.view.measured_at_s)
+                    history.record(
+                        KIND_PROBE,
+                        probe_id,
+                        outcome.payload,
+                        recorded_at_s=outcome.view.measured_at_s,
+                        fingerprint=self.sources.budget.fingerprint(self.settings, outcome.result),
+                    )
                 except (OSError, ValueError) as exc:
                     self.call_from_thread(self.notify, f"history: cannot save {probe_id}: {exc}", severity="warning")
             self.post_message(ProbeFinished(probe_id, outcome))
@@ -637,7 +647,6 @@ class DecodetopApp(App[int]):
         view = self._budget_view
         if view is not None:
             self.query_one(BudgetBar).budget = dataclasses.replace(view, moved=budget_moves(view, self.baseline))
-            self.query_one(TracedBar).budget = view
 
     @property
     def budget_settled(self) -> bool:
@@ -647,7 +656,6 @@ class DecodetopApp(App[int]):
     def _refresh_ages(self) -> None:
         now = self.now()
         self.query_one(BudgetBar).tick(now)
-        self.query_one(TracedBar).now_s = now
         self.query_one(ProbeTable).refresh_ages(now)
 
     # -- status line -----------------------------------------------------------------------------------------------
@@ -668,8 +676,6 @@ class DecodetopApp(App[int]):
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
         if self.server_note:
             parts.append(self.server_note)
-        if self.trace_note:
-            parts.append(self.trace_note)
         parts.extend(self._status_notes[-2:])
         text = " · ".join(parts)
         if text != self._status_text:
@@ -779,19 +785,6 @@ class DecodetopApp(App[int]):
         self._plan_probes(run_now=self.sources.run_probes_at_start)
         self._save_settings({"model": model})
         self._set_status()
-
-    def action_capture_trace(self) -> None:
-        """`c`: capture a few decode steps from --server in the background; the traced bar shows them."""
-        self.query_one(TracedBar).capture({"model": self.settings.model, "tp": self.settings.tp})
-
-    @on(TraceStatus)
-    def _trace_status(self, message: TraceStatus) -> None:
-        self.trace_note = message.text
-        self._set_status()
-
-    @on(OpenTraceKernels)
-    def _open_trace_kernels(self, message: OpenTraceKernels) -> None:
-        self.push_screen(TraceKernelsScreen(message.segment, message.trace_path))
 
     def action_cycle_theme(self) -> None:
         """`t`: next theme, remembered in the settings file."""

@@ -3,6 +3,7 @@ none, host checks, history), and `LaunchOptions`, the flags that choose them."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class LaunchOptions:
     server: str | None = None
     history_path: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    observed_from: str = "default"
+    """Where the settings' observed step came from: "flag", "settings" or "default" (then it is assumed)."""
 
 
 def terminal_problem(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) -> str | None:
@@ -76,30 +79,25 @@ def require_terminal(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) 
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:
-    """ "0,1,2,3" or "0-3" → (0, 1, 2, 3); bad input is a one-line `UserInputError`."""
-    out: list[int] = []
-    try:
-        for raw in text.split(","):
-            part = raw.strip()
-            if "-" in part:
-                lo, hi = (int(p) for p in part.split("-", 1))
-                if hi < lo:
-                    raise ValueError
-                out.extend(range(lo, hi + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise UserInputError(f"--gpus {text!r}: give GPU indices like 0,1,2,3 or 0-3") from None
-    if not out or any(i < 0 for i in out) or len(set(out)) != len(out):
-        raise UserInputError(f"--gpus {text!r}: give distinct, non-negative GPU indices like 0,1,2,3 or 0-3")
-    return tuple(out)
+    """ "0,1,2,3" or "0-3" → (0, 1, 2, 3): the one GPU-list grammar (`decodetop.budget.scenario.parse_gpu_list`)."""
+    from decodetop.budget.scenario import parse_gpu_list
+
+    return parse_gpu_list(text)
 
 
 def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
     from decodetop.collectors.nvml import Nvml
-    from decodetop.tui.adapters import CollectorTelemetry, ControllerProbes, HostChecks, NoProbes, PresetBudget
+    from decodetop.tui.adapters import (
+        CollectorTelemetry,
+        ControllerProbes,
+        GroupInfo,
+        HostChecks,
+        NoProbes,
+        PresetBudget,
+        group_of,
+    )
 
     notes: list[str] = list(options.notes)
     taps = _build_taps(options)
@@ -176,16 +174,38 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         snap = telemetry.collector.latest
         return snap.gpus[0].name if snap is not None and snap.gpus else None
 
+    @functools.cache
+    def group() -> GroupInfo | None:
+        """The probe group (its size is the default TP); with --no-probes, the group a run would use."""
+        if isinstance(probes, ControllerProbes) and probes.layout is not None:
+            return group_of(probes.layout())
+        if options.demo:
+            return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs of the demo")
+        from decodetop.probes.controller import resolve_layout
+
+        try:
+            gpus = list(options.gpus) if options.gpus is not None else None
+            return group_of(resolve_layout(gpus, options.cpu_ranks, "auto"))
+        except UserInputError:
+            return None
+
+    budget = PresetBudget(
+        gpu_name,
+        group=group,
+        gpu_how="fake NVML of the demo" if options.demo else "detected by NVML",
+        observed_from=options.observed_from,
+        server_url=options.server,
+    )
     return Sources(
         telemetry=telemetry,
         probes=probes,
-        budget=PresetBudget(gpu_name),
+        budget=budget,
         checks=HostChecks(nvml),
         history=History(options.history_path),
         run_probes_at_start=run_probes,
         notes=tuple(notes),
         taps=taps,
-        server=_build_server(options),
+        server=_build_server(options, budget),
     )
 
 
@@ -209,12 +229,13 @@ def _build_taps(options: LaunchOptions) -> Taps | None:
     return taps
 
 
-def _build_server(options: LaunchOptions) -> ServerPoller | None:
+def _build_server(options: LaunchOptions, budget: Any) -> ServerPoller | None:
     if options.server is None:
         return None
     from decodetop.collectors.serving import ServerStepSource
+    from decodetop.tui.adapters import BudgetServerPoller
 
-    return ServerPoller(ServerStepSource(options.server))
+    return BudgetServerPoller(ServerStepSource(options.server), budget)
 
 
 def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | None, notes: list[str]) -> Sources:
@@ -244,7 +265,7 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
     return Sources(
         telemetry=telemetry,
         probes=probes,
-        budget=PresetBudget(gpu_name),
+        budget=PresetBudget(gpu_name, gpu_how="from the recording", observed_from=options.observed_from),
         checks=RecordedChecks(checks),
         history=None,
         run_probes_at_start=bool(results),

@@ -77,6 +77,13 @@ class BudgetSegment:
     p10_ms: float | None = None
     """The spread of the component's figure (None for a point figure): what the baseline diff calls noise."""
     p90_ms: float | None = None
+    provenance: str = ""
+    """Where the figure came from, in words (`decodetop.budget.compose.Segment.provenance`)."""
+
+    @property
+    def estimated(self) -> bool:
+        """True for a roofline estimate (drawn with its own fill, never marked as moved since the baseline)."""
+        return self.status == "estimated"
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,17 @@ class BudgetView:
     """One line under the bar (what is missing, what source the observed figure came from)."""
     moved: tuple[BudgetMove, ...] = ()
     """Components that moved beyond their noise since the baseline (the app fills it; the legend marks them Δ)."""
+    header: str = ""
+    """A line above the figures that must not be missed: 'CPU ranks (gloo): timings show the method, not a GPU', or
+    the server being unreachable."""
+    observed_assumed: bool = False
+    """True when the observed step is the default, not an observation: the bar says "assumed, not observed"."""
+    observed_text: str = ""
+    """Where the observed step came from, one line (`ObservedStep.text`)."""
+    verdict: str = ""
+    """The roofline verdict, worded as the CLI's (`decodetop.budget.compose.roofline_verdict`)."""
+    hardware_text: str = ""
+    """What the roofline and the estimates are for ('NVIDIA H200 141GB (detected by NVML)', 'n/a on CPU')."""
 
     @property
     def components(self) -> tuple[BudgetSegment, ...]:
@@ -134,6 +152,7 @@ class BudgetView:
                 "p10_ms": None if s.status == "missing" else s.p10_ms,
                 "p90_ms": None if s.status == "missing" else s.p90_ms,
                 "status": s.status,
+                "provenance": s.provenance,
             }
             for s in self.components
         ]

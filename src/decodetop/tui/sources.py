@@ -13,11 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from decodetop.collectors.checks.model import CheckResult
-from decodetop.history import History
+from decodetop.history import Fingerprint, History
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.taps import ServerPoller, Taps
-from decodetop.tui.trace_source import TraceOptions
 
 ProgressCallback = Callable[[float | None, str], None]
 """(fraction done 0..1 or None, one-line note); called from the probe worker thread."""
@@ -79,6 +78,13 @@ class BudgetSource(Protocol):
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
         """Chart series taken from the probe results."""
 
+    def fingerprint(self, settings: Settings, result: object) -> Fingerprint | None:
+        """Where a fresh result of this session was measured, stored with it in the history (None: unknown)."""
+
+    def accepts(self, fingerprint: Fingerprint | None, settings: Settings) -> bool:
+        """Whether a stored record with `fingerprint` may feed the budget for `settings` (same host, devices,
+        versions and scenario; never a record of unknown origin)."""
+
 
 class ChecksSource(Protocol):
     """Host health checks and baselines."""
@@ -106,5 +112,3 @@ class Sources:
     """--record / --prometheus outputs, fed from worker threads."""
     server: ServerPoller | None = None
     """--server: the serving engine's observed step."""
-    trace: TraceOptions | None = None
-    """--trace and the capture key's server: the traced bar's sources."""

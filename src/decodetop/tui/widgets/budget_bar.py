@@ -5,11 +5,18 @@ The full bar spans 0 to the largest of observed, explained, target and roofline,
 cell wide, so a second bar zooms to 0 .. ~1.2 × max(explained, target, roofline): the components, the target and
 the roofline all read at 80 columns. Every colour comes from a component class whose CSS names a theme variable.
 A component that moved beyond its noise since the baseline shows "Δ" and its signed change in place of its share.
+
+Measured and estimated read apart in the bar itself: a roofline estimate is drawn hatched (its pattern on every
+other cell, "·" between, dimmed), so also without colour; it keeps its "≈" in the legend and never shows a Δ (an
+estimate moves with its assumptions, not with the host). Above the bar: the header that must not be missed (CPU
+ranks, an unreachable server), the observed step marked "assumed, not observed" when it is the default, and the
+roofline verdict in the CLI's words.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -52,6 +59,10 @@ SHORT_LABELS = {
 }
 """Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
 UNEXPLAINED_GLYPH = "░"
+ESTIMATE_GAP = "·"
+"""Every other cell of a roofline estimate: the hatching that tells an estimate from a measurement without colour."""
+_ESTIMATE = "|estimate"
+"""Suffix of a cell's class: drawn dimmed (an estimate)."""
 
 _SEGMENT_CLASSES = {key: f"budget-bar--{segment_variable(key)}" for key in SEGMENT_KEYS}
 _MARK_CLASSES = ("budget-bar--mark-observed", "budget-bar--mark-target", "budget-bar--mark-roofline")
@@ -64,6 +75,8 @@ def _css() -> str:
         "BudgetBar > .budget-bar--title { text-style: bold; }",
         "BudgetBar > .budget-bar--muted { color: $state-muted; }",
         "BudgetBar > .budget-bar--missing { color: $state-muted; text-style: italic; }",
+        "BudgetBar > .budget-bar--header { color: $state-warn; text-style: bold; }",
+        "BudgetBar > .budget-bar--assumed { color: $state-warn; text-style: bold; }",
         "BudgetBar > .budget-bar--moved-up { color: $state-bad; text-style: bold; }",
         "BudgetBar > .budget-bar--moved-down { color: $state-ok; text-style: bold; }",
     ]
@@ -115,6 +128,8 @@ class BudgetBar(Widget):
     | `budget-bar--muted` | Stale values and secondary text. |
     | `budget-bar--missing` | Components with no figure yet. |
     | `budget-bar--title` | The first line. |
+    | `budget-bar--header` | The line above the figures that must not be missed (CPU ranks, server unreachable). |
+    | `budget-bar--assumed` | "assumed, not observed" beside a default observed step. |
     | `budget-bar--moved-up` / `-down` | The Δ of a component slower / faster than at the baseline. |
     """
 
@@ -122,6 +137,8 @@ class BudgetBar(Widget):
         "budget-bar--title",
         "budget-bar--muted",
         "budget-bar--missing",
+        "budget-bar--header",
+        "budget-bar--assumed",
         *_SEGMENT_CLASSES.values(),
         *_MARK_CLASSES,
         *_MOVED_CLASSES,
@@ -136,11 +153,16 @@ class BudgetBar(Widget):
     """Short legend (three columns, no ages: stale values are muted instead); the app sets it on short screens."""
 
     def _style(self, name: str) -> Style:
-        """A component style, looked up once per render (the bar asks for one per cell)."""
+        """A component style, looked up once per render (the bar asks for one per cell); a name ending in
+        `_ESTIMATE` is that style dimmed."""
         cache: dict[str, Style] = self.__dict__.setdefault("_style_cache", {})
         style = cache.get(name)
         if style is None:
-            style = cache[name] = self.get_component_rich_style(name, partial=True)
+            if name.endswith(_ESTIMATE):
+                style = self._style(name.removesuffix(_ESTIMATE)) + Style(dim=True)
+            else:
+                style = self.get_component_rich_style(name, partial=True)
+            cache[name] = style
         return style
 
     def tick(self, now_s: float) -> None:
@@ -178,7 +200,15 @@ class BudgetBar(Widget):
         budget = self.budget
         if budget is None:
             return [Text("composing the budget…", style=self._style("budget-bar--muted"))]
-        lines = self._title_lines(budget, width)
+        lines = [
+            Text(line[:width], style=self._style("budget-bar--header")) for line in budget.header.splitlines() if line
+        ]
+        lines += self._title_lines(budget, width)
+        if budget.verdict:
+            lines += [
+                Text(line, style=self._style("budget-bar--mark-roofline"))
+                for line in textwrap.wrap(budget.verdict, max(20, width))
+            ]
         full_scale = max(budget.observed_ms, budget.explained_ms, budget.target_ms, budget.roofline_ms or 0.0)
         markers = self._markers(budget)
         label_width = 11
@@ -191,8 +221,9 @@ class BudgetBar(Widget):
             lines.append(self._bar_line(budget, zoom_label, label_width, bar_width, zoom_scale, False))
             lines.append(self._marker_line(markers, label_width, bar_width, zoom_scale))
         lines.extend(self._legend(budget, width))
-        if budget.note:
-            lines.append(Text(budget.note[:width], style=self._style("budget-bar--muted")))
+        for note in budget.note.splitlines():
+            cut = note if len(note) <= width else note[: width - 1] + "…"
+            lines.append(Text(cut, style=self._style("budget-bar--muted")))
         return lines
 
     def _title_lines(self, budget: BudgetView, width: int) -> list[Text]:
@@ -218,11 +249,16 @@ class BudgetBar(Widget):
         text, first = second, text
         text.append("observed ", style=self._style("budget-bar--mark-observed"))
         text.append(f"{format_ms(observed)} ms")
+        if budget.observed_assumed:
+            text.append(" assumed, not observed", style=self._style("budget-bar--assumed"))
         text.append(" · target ", style=self._style("budget-bar--mark-target"))
         text.append(f"{format_ms(budget.target_ms)} ms ({1000.0 / budget.target_ms:.0f} tok/s)")
         if budget.roofline_ms is not None:
             text.append(" · roofline ", style=self._style("budget-bar--mark-roofline"))
             text.append(f"{format_ms(budget.roofline_ms)} ms")
+        elif budget.hardware_text:
+            text.append(" · roofline ", style=self._style("budget-bar--mark-roofline"))
+            text.append(budget.hardware_text if budget.hardware_text.startswith("n/a") else "n/a")
         gap = observed / budget.target_ms if budget.target_ms > 0 else 0.0
         if gap > 1:
             text.append(f" · {gap:.1f}× over target", style=self._style("budget-bar--muted"))
@@ -248,7 +284,8 @@ class BudgetBar(Widget):
                 continue
             start = position
             position += segment.ms
-            self._fill(cells, start, position, scale_ms, self._glyph(segment.key), _SEGMENT_CLASSES[segment.key])
+            cls = _SEGMENT_CLASSES[segment.key] + (_ESTIMATE if segment.estimated else "")
+            self._fill(cells, start, position, scale_ms, self._glyph(segment.key), cls)
         end = budget.observed_ms if full else max(budget.observed_ms, position)
         if end > position:
             self._fill(cells, position, end, scale_ms, UNEXPLAINED_GLYPH, _SEGMENT_CLASSES["unexplained"])
@@ -269,9 +306,10 @@ class BudgetBar(Widget):
         last = round(end_ms / scale_ms * width)
         if last == first and end_ms > start_ms and first < width:
             last = first + 1  # never let a non-zero segment vanish; it takes at least one cell
-        for i in range(max(0, first), min(width, last)):
+        hatched = cls.endswith(_ESTIMATE)
+        for n, i in enumerate(range(max(0, first), min(width, last))):
             if cells[i][1] == "" or glyph != UNEXPLAINED_GLYPH:
-                cells[i] = (glyph, cls)
+                cells[i] = (ESTIMATE_GAP if hatched and n % 2 else glyph, cls)
 
     def _marker_line(self, markers: list[_Marker], label_width: int, bar_width: int, scale_ms: float) -> Text:
         cells: list[tuple[str, str]] = [(" ", "")] * bar_width
@@ -344,7 +382,7 @@ class BudgetBar(Widget):
         stale = segment.measured_at_s is not None and self.now_s - segment.measured_at_s > STALE_AFTER_S
         value_style = self._style("budget-bar--muted") if stale else Style()
         mark = STATUS_MARKS.get(segment.status, "")
-        move = budget.move(segment.key)
+        move = None if segment.estimated else budget.move(segment.key)  # an estimate keeps its ≈, never a Δ
         move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
         if self.compact:
             short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
