@@ -5,6 +5,7 @@ controller."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import socket
@@ -452,3 +453,82 @@ def test_sigint_while_probing_ends_every_rank(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+
+def test_exporter_takes_a_config_like_every_command(tmp_path: Path) -> None:
+    """`exporter --config PATH` (the shared scenario flags): its budget is exported with provenance labels."""
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_LLAMA))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [*_EXPORTER, "--no-probes", "--no-checks", "--demo", "--listen", f"127.0.0.1:{port}", "--config", str(config)],
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        text: str | None = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            text = _scrape(f"http://127.0.0.1:{port}/metrics")
+            if text is not None and "NVIDIA H200" in text and "decodetop_budget_segment_seconds" in text:
+                break
+            time.sleep(0.1)
+        assert text is not None
+        series = [s for f in text_string_to_metric_families(text) for s in f.samples]
+        (info,) = [s for s in series if s.name == "decodetop_budget_info"]
+        assert "NVIDIA H200" in info.labels["hardware"]
+        segments = [s for s in series if s.name == "decodetop_budget_segment_seconds"]
+        assert segments and {s.labels["provenance"] for s in segments} <= {"estimate", "not_applicable", "assumed"}
+        (observed,) = [
+            s for s in series if s.name == "decodetop_budget_step_seconds" and s.labels["line"] == "observed"
+        ]
+        assert observed.labels["source"] == "default"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "budget: " in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--config", "/dev/zero"], "--config"),
+        (["--model", "no-such-model"], "no-such-model"),
+        (["--model", "glm-5", "--config", "x.json"], "not allowed with argument"),
+    ],
+)
+def test_exporter_bad_scenario_is_one_line_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
+    bad = subprocess.run(
+        [*_EXPORTER, "--no-probes", "--no-checks", "--demo", "--listen", "127.0.0.1:0", *flags],
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert bad.returncode == 2, bad.stderr
+    lines = [line for line in bad.stderr.strip().splitlines() if not line.startswith("usage:")]
+    assert len(lines) == 1 and message in lines[0], bad.stderr
