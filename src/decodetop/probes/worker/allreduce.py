@@ -31,7 +31,7 @@ from decodetop.probes.results import MeasurementStatus, RankMeasurement, RankOut
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import randn
-from decodetop.probes.worker.timing import plan_counts, time_graph, time_host, time_host_and_events
+from decodetop.probes.worker.timing import Counts, plan_counts, time_graph, time_host, time_host_and_events
 from decodetop.textfmt import format_bytes
 
 MODES = ("pipelined", "graph", "synced")
@@ -135,22 +135,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
                     )
                 )
                 continue
-            if mode == "synced":
-                counts = plan_counts(
-                    est_us,
-                    float(params["budget_ms"]),
-                    max_ops=1,
-                    max_samples=int(params["synced_ops"]),
-                    min_samples=int(params["min_samples"]),
-                )
-            else:
-                counts = plan_counts(
-                    est_us,
-                    float(params["budget_ms"]),
-                    max_ops=int(params["ops_per_sample"]),
-                    max_samples=int(params["samples"]),
-                    min_samples=int(params["min_samples"]),
-                )
+            counts = mode_counts(params, est_us, mode)
             ctx.host_barrier()
             device_samples: list[float] = []
             if mode == "pipelined":
@@ -179,6 +164,18 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     out.extend(symm_allreduce.run_custom(ctx, params, sizes=sizes, modes=modes, impls=custom, metrics_for=metrics_for))
     ctx.progress("done", len(sizes), len(sizes))
     return RankOutput(measurements=tuple(out))
+
+
+def mode_counts(params: dict[str, Any], est_us: float, mode: str) -> Counts:
+    """Ops per sample and samples for one size in `mode` (synced: one op per sample, up to `synced_ops`)."""
+    synced = mode == "synced"
+    return plan_counts(
+        est_us,
+        float(params["budget_ms"]),
+        max_ops=1 if synced else int(params["ops_per_sample"]),
+        max_samples=int(params["synced_ops" if synced else "samples"]),
+        min_samples=int(params["min_samples"]),
+    )
 
 
 def _check_sum(ctx: ProbeContext, buf: torch.Tensor) -> None:
