@@ -264,7 +264,7 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
     path.write_text("\n".join([*lines[:3], *corrupt, *undecodable, *lines[3:]]) + "\n")
     replay = read_recording(path)
     assert replay.corrupt_lines == len(corrupt)
-    assert "line 4: type None is not what a probe_result line holds (ProbeResult)" in replay.warnings[0]
+    assert "line 4: type null is not what a probe_result line holds (ProbeResult)" in replay.warnings[0]
     decoded = decode_replay(replay)
     assert decoded.undecodable == len(undecodable)
     for item in decoded.items:  # everything that did decode is of its kind's class

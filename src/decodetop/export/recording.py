@@ -465,7 +465,7 @@ def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
         if not isinstance(data, dict):
             return None, f"{kind} data is not an object"
     elif not (data == [] and tname is None) and (tname is None or tname.rpartition(".")[2] != expected):
-        return None, f"type {tname!r} is not what a {kind} line holds ({expected})"
+        return None, f"type {json.dumps(tname)} is not what a {kind} line holds ({expected})"
     elif not isinstance(data, (dict, list)) or (isinstance(data, list) and kind != "checks"):
         return None, f"{kind} data is not an object"
     return RecordedEvent(float(t), kind, data, tname, 0), ""
@@ -584,7 +584,7 @@ def decode_replay(replay: Replay) -> DecodedReplay:
     if undecodable:
         more = f", and {undecodable - len(problems)} more" if undecodable > len(problems) else ""
         warnings.append(
-            f"{replay.path.name}: skipped {undecodable} event{'s' if undecodable != 1 else ''} this version cannot "
-            f"read ({'; '.join(problems)}{more})"
+            f"{replay.path.name}: skipped {undecodable} event{'s' if undecodable != 1 else ''} whose data does not "
+            f"fit its kind (damaged, or from another decodetop version) ({'; '.join(problems)}{more})"
         )
     return DecodedReplay(replay=replay, items=tuple(items), undecodable=undecodable, warnings=tuple(warnings))
