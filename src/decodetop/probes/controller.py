@@ -617,14 +617,14 @@ class ProbeController:
     def _complete_environment(self, env: Environment) -> Environment:
         host = host_environment_fields(self.layout.gpus)
         # Rank 0 knows torch's view; the controller adds the host's (driver, NVML names, topology, NCCL_* here).
-        nccl_env = {**host.get("nccl_env", {}), **dict(env.nccl_env)}
+        nccl_env = {**host.nccl_env, **dict(env.nccl_env)}
         return replace(
             env,
-            host=str(host.get("host") or env.host),
-            driver=host.get("driver") or env.driver,
-            gpu_names=tuple(host.get("gpu_names") or env.gpu_names),
-            gpu_uuids=tuple(host.get("gpu_uuids") or env.gpu_uuids),
-            topology=host.get("topology") or env.topology,
+            host=host.host or env.host,
+            driver=host.driver or env.driver,
+            gpu_names=host.gpu_names or env.gpu_names,
+            gpu_uuids=host.gpu_uuids or env.gpu_uuids,
+            topology=host.topology or env.topology,
             nccl_env=nccl_env,
             extra={**dict(env.extra), "controller_python": platform.python_version()},
         )

@@ -193,21 +193,32 @@ def _process_name(pid: int) -> str:
         return "?"
 
 
-def host_environment_fields(gpus: Sequence[GpuInfo] = ()) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HostFields:
+    """What the host (not torch) says about the environment a result was taken in."""
+
+    host: str
+    nccl_env: Mapping[str, str]
+    visible_devices: str | None
+    driver: str | None
+    gpu_names: tuple[str, ...] = ()
+    gpu_uuids: tuple[str, ...] = ()
+    topology: str | None = None
+
+
+def host_environment_fields(gpus: Sequence[GpuInfo] = ()) -> HostFields:
     """Host-side environment: host, driver, GPU names/UUIDs, topology text, NCCL_* variables (no torch)."""
-    fields: dict[str, Any] = {
-        "host": socket.gethostname(),
-        "nccl_env": nccl_env(),
-        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-    }
     source = _source(None)
     driver = source.query("nvmlSystemGetDriverVersion") if source is not None else None
-    fields["driver"] = None if driver is None or isinstance(driver, NA) else _decode(driver)
-    if gpus:
-        fields["gpu_names"] = tuple(g.name for g in gpus)
-        fields["gpu_uuids"] = tuple(g.uuid for g in gpus)
-        fields["topology"] = nvidia_smi_topology()
-    return fields
+    return HostFields(
+        host=socket.gethostname(),
+        nccl_env=nccl_env(),
+        visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        driver=None if driver is None or isinstance(driver, NA) else _decode(driver),
+        gpu_names=tuple(g.name for g in gpus),
+        gpu_uuids=tuple(g.uuid for g in gpus),
+        topology=nvidia_smi_topology() if gpus else None,
+    )
 
 
 def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

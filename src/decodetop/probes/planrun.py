@@ -41,6 +41,7 @@ from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.errors import UserInputError
 from decodetop.probes.budgeting import GpuHint
+from decodetop.probes.controller import GroupLayout
 from decodetop.probes.hooks import (
     MeasuredSet,
     MeasuredSetBuilder,
@@ -48,6 +49,7 @@ from decodetop.probes.hooks import (
     ProbeRequest,
     read_keyed_points,
 )
+from decodetop.probes.protocol import Progress
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import (
     RESULTS_FORMAT_VERSION,
@@ -121,7 +123,7 @@ class _Controller(Protocol):
     def world_size(self) -> int: ...
 
     @property
-    def layout(self) -> Any: ...
+    def layout(self) -> GroupLayout: ...
 
     def run(
         self,
@@ -129,7 +131,7 @@ class _Controller(Protocol):
         params: Mapping[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
-        on_progress: Callable[[Any], None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
     ) -> ProbeResult: ...
 
 
@@ -265,9 +267,9 @@ def run_plan(
         if on_progress is not None:
             on_progress(PlanProgress(i, n, req.probe, "starting", 0, 0))
 
-        def relay(p: Any, i: int = i, probe: str = req.probe) -> None:
+        def relay(p: Progress, i: int = i, probe: str = req.probe) -> None:
             if on_progress is not None:
-                on_progress(PlanProgress(i, n, probe, str(p.text), int(p.done), int(p.total)))
+                on_progress(PlanProgress(i, n, probe, p.text, p.done, p.total))
 
         result = controller.run(req.probe, dict(req.params), timeout_s=opts.timeout_s, on_progress=relay)
         results.append(result)

@@ -78,9 +78,9 @@ def run_under_torchrun(
             host = host_environment_fields(visible_gpus() if use_cuda else ())
             env = replace(
                 env,
-                driver=host.get("driver"),
-                topology=host.get("topology"),
-                nccl_env={**host.get("nccl_env", {}), **dict(env.nccl_env)},
+                driver=host.driver,
+                topology=host.topology,
+                nccl_env={**host.nccl_env, **dict(env.nccl_env)},
             )
         for seq, name in enumerate(names, start=1):
             spec = registry.get(name)
