@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     from decodetop.budget.gpus import GPUS, find_gpu
     from decodetop.budget.plan import build_plan
     from decodetop.budget.spec import preset_names
-    from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full
+    from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full, taken_at_s
     from decodetop.probes.results import load_results
     from decodetop.textfmt import fit_text
 
@@ -139,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
         allreduce_latency_us=args.allreduce_us,
         latency_source="measured (--allreduce-us)" if args.allreduce_us else "",
     )
-    comp = compose_full(scenario, results, observed=observed, target_tps=target_tps, gpu=hint)
+    # results read from a file were measured earlier: each figure says when, where and on what
+    stored = {r.probe: t for r in results if (t := taken_at_s(r)) is not None}
+    comp = compose_full(scenario, results, observed=observed, target_tps=target_tps, gpu=hint, stored_at_s=stored)
     plan = build_plan(scenario.inventory()) if args.plan else None
     if args.json:
         print(json.dumps(_as_json(scenario, comp, plan=plan), indent=1, allow_nan=False))

@@ -133,6 +133,18 @@ def compose_full(
     )
 
 
+def taken_at_s(result: ProbeResult) -> float | None:
+    """When a result was taken (Unix seconds, from its start time), or None where it does not say."""
+    from datetime import datetime
+
+    if not result.started_utc:
+        return None
+    try:
+        return datetime.fromisoformat(result.started_utc.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
 def _device_text(env: Environment | None) -> str:
     if env is None:
         return "unknown device"
