@@ -331,7 +331,15 @@ PROBE_PLAN_SERIES_MAX = 400
 
 
 def _series_by_part(state: ExportState) -> dict[str, int]:
-    return {part: len(_samples(render_exposition(state, parts=(part,)))) for part in PARTS}
+    """Series per part, without the exporter's own (build info, render errors, part failing), which are "exporter"."""
+    empty = ExportState(probe_interval_s=state.probe_interval_s)
+    out = {
+        part: len(_samples(render_exposition(state, parts=(part,))))
+        - len(_samples(render_exposition(empty, parts=(part,))))
+        for part in PARTS
+    }
+    out["exporter"] = len(_samples(render_exposition(empty)))
+    return out
 
 
 def test_series_count_at_eight_gpus_with_a_full_plan() -> None:
@@ -349,11 +357,9 @@ def test_series_count_at_eight_gpus_with_a_full_plan() -> None:
     )
     assert len(state.telemetry.gpus) == gpus if state.telemetry else False
     assert sum(len(r.measurements) for r in state.probe_results) > 300
-    by_part = _series_by_part(state)
-    meta = len(_samples(render_exposition(ExportState(), parts=())))  # build info and the exporter's own series
-    per_part = {part: n - meta for part, n in by_part.items()}
+    per_part = _series_by_part(state)
     total = len(_samples(render_exposition(state)))
-    assert total == sum(per_part.values()) + meta
+    assert total == sum(per_part.values())
     assert per_part["probes"] <= PROBE_PLAN_SERIES_MAX, per_part
     assert per_part["budget"] <= 2 * (len(state.budget.segments) + 1) if state.budget else False
     per_gpu = (per_part["telemetry"] + per_part["checks"]) / gpus
