@@ -142,3 +142,29 @@ def test_four_pcie_gpus_stay_on_nccl_even_with_custom_points() -> None:
     curve = measured_from_results([result], allreduce="auto").allreduce_curves["all_reduce"]
     assert dict(curve.points)[16384.0] == pytest.approx(NCCL_US[16384] / 1e3)
     assert "more than two GPUs not all NVLink-connected" in curve.source
+
+
+def test_a_failing_size_stops_that_implementation_and_names_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from decodetop.probes.worker import symm_allreduce as sa
+
+    calls: list[int] = []
+
+    def one_size(sweep: object, impl: str, size: int) -> list[object]:
+        calls.append(size)
+        if size == 1024:
+            raise RuntimeError("two_shot_all_reduce: input must be contiguous.")
+        return []
+
+    monkeypatch.setattr(sa, "_one_size", one_size)
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    sweep = sa._Sweep(ctx, {}, None, 2, ("graph", "pipelined"), {"world_size": 1}, lambda *a: {})  # type: ignore[arg-type]
+    out = sa._sweep_impl(sweep, "two_shot", [8, 1024, 4096])
+    assert calls == [8, 1024]  # 4096 is never tried: the kernel's barriers may be left mid-way
+    assert [(m.params["size_bytes"], m.params["mode"]) for m in out] == [
+        (1024, "graph"),
+        (1024, "pipelined"),
+        (4096, "graph"),
+        (4096, "pipelined"),
+    ]
+    assert all(m.status is MeasurementStatus.FAILED for m in out)
+    assert "must be contiguous" in out[0].note and out[2].note.startswith("not run: an earlier size failed")

@@ -271,71 +271,95 @@ def run_custom(
     failed = agreed_reason(ctx, failed)
     if failed or sb is None:
         return all_unsupported(failed or "symmetric-memory rendezvous failed")
+    sweep = _Sweep(ctx, params, sb, elsize, tuple(custom_modes), base, metrics_for)
     out: list[RankMeasurement] = []
     try:
         for impl in impls:
             if impl == "multimem" and not sb.multicast:
                 out.append(unsupported(f"allreduce {impl} (custom)", {**base, "impl": impl}, "no multicast here"))
                 continue
-            for index, size in enumerate(chosen):
-                ctx.progress(f"{impl} {format_bytes(size)}", index, len(chosen))
-                out.extend(
-                    _one_size(
-                        ctx,
-                        params,
-                        sb,
-                        impl=impl,
-                        size=size,
-                        elsize=elsize,
-                        modes=custom_modes,
-                        base=base,
-                        metrics_for=metrics_for,
-                    )
-                )
+            out.extend(_sweep_impl(sweep, impl, chosen))
     finally:
-        ctx.release_graphs()
-        ctx.synchronize()
+        with contextlib.suppress(Exception):
+            ctx.release_graphs()
+            ctx.synchronize()
         ctx.host_barrier()
-        del sb
+        del sb, sweep
     return out
 
 
-def _one_size(
-    ctx: ProbeContext,
-    params: dict[str, Any],
-    sb: SymmBuffer,
-    *,
-    impl: str,
-    size: int,
-    elsize: int,
-    modes: Sequence[str],
-    base: dict[str, Any],
-    metrics_for: Callable[[int, float, int], dict[str, float]],
-) -> list[RankMeasurement]:
-    numel = max(1, size // elsize)
-    nbytes = numel * elsize
-    point = {**base, "size_bytes": nbytes, "impl": impl}
-    label = impl.replace("_", "-")
-    wrong = check_sum(ctx, sb, impl, numel)
-    if wrong:
-        expected = ctx.world_size * (ctx.world_size + 1) / 2
-        note = f"{label} all-reduce sum is wrong: {wrong} of {numel} elements differ from {expected:g}"
+@dataclass(frozen=True)
+class _Sweep:
+    """What every size of the custom sweep shares."""
+
+    ctx: ProbeContext
+    params: dict[str, Any]
+    sb: SymmBuffer
+    elsize: int
+    modes: tuple[str, ...]
+    base: dict[str, Any]
+    metrics_for: Callable[[int, float, int], dict[str, float]]
+
+    def failed(self, impl: str, size: int, note: str) -> list[RankMeasurement]:
+        """One `failed` point per mode at `size`."""
+        nbytes = max(1, size // self.elsize) * self.elsize
+        point = {**self.base, "size_bytes": nbytes, "impl": impl}
+        label = impl.replace("_", "-")
         return [
             RankMeasurement(
                 f"allreduce {format_bytes(nbytes)} {mode} {label}",
                 {**point, "mode": mode},
                 "us",
                 status=MeasurementStatus.FAILED,
-                note=note,
+                note=note[:300],
             )
-            for mode in modes
+            for mode in self.modes
         ]
+
+
+def _sweep_impl(sweep: _Sweep, impl: str, sizes: Sequence[int]) -> list[RankMeasurement]:
+    """Every size with one implementation. A size that fails on any rank stops the implementation on every rank
+    (its signal pads may be left mid-barrier); the rest of its sizes are `failed` with that reason."""
+    ctx = sweep.ctx
+    out: list[RankMeasurement] = []
+    stopped = ""
+    for index, size in enumerate(sizes):
+        if stopped:
+            out.extend(sweep.failed(impl, size, f"not run: an earlier size failed ({stopped})"))
+            continue
+        ctx.progress(f"{impl} {format_bytes(size)}", index, len(sizes))
+        error = ""
+        try:
+            points = _one_size(sweep, impl, size)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {first_line(exc)[:200]}"
+            points = []
+        error = agreed_reason(ctx, error)
+        if error:
+            stopped = error
+            out.extend(sweep.failed(impl, size, error))
+        else:
+            out.extend(points)
+    return out
+
+
+def _one_size(sweep: _Sweep, impl: str, size: int) -> list[RankMeasurement]:
+    """Check, then time one size with one implementation in every mode (graph / pipelined)."""
+    ctx, params, sb, elsize = sweep.ctx, sweep.params, sweep.sb, sweep.elsize
+    numel = max(1, size // elsize)
+    nbytes = numel * elsize
+    point = {**sweep.base, "size_bytes": nbytes, "impl": impl}
+    label = impl.replace("_", "-")
+    wrong = check_sum(ctx, sb, impl, numel)
+    if wrong:
+        expected = ctx.world_size * (ctx.world_size + 1) / 2
+        raise RuntimeError(f"{label} all-reduce sum is wrong: {wrong} of {numel} elements differ from {expected:g}")
     op = op_for(sb, impl, numel)
     warmup = int(params["warmup_ops"])
     est = statistics.median(time_host(op, 1, _ESTIMATE_OPS, warmup=warmup, sync=ctx.synchronize))
     est = ctx.agree_max(est)
     out: list[RankMeasurement] = []
-    for mode in modes:
+    for mode in sweep.modes:
         counts = plan_counts(
             est,
             float(params["budget_ms"]),
@@ -351,7 +375,7 @@ def _one_size(
         else:
             samples, device = time_host_and_events(op, counts.ops, counts.samples, warmup=warmup)
         med = statistics.median(samples)
-        metrics = metrics_for(nbytes, med, ctx.world_size)
+        metrics = sweep.metrics_for(nbytes, med, ctx.world_size)
         metrics["ops_per_sample"] = float(counts.ops)
         if device:
             metrics["event_time_us"] = statistics.median(device)
