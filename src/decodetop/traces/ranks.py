@@ -85,6 +85,8 @@ def trace_files(path: Path) -> list[tuple[int, Path]]:
     """(rank, file) for a trace file or every trace file directly in a directory, lowest rank first."""
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+        named = [p for p in files if ".trace." in p.name]  # torch.profiler's own names, beside any summary JSON
+        files = named or files
         if not files:
             raise UserInputError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
         ranked = [(rank_of(p, i), p) for i, p in enumerate(files)]
@@ -121,7 +123,7 @@ def standing_out(ranks: list[RankSummary]) -> list[str]:
         compute = statistics.median(o.compute_ms for o in others)
         wait = statistics.median(o.collective_ms for o in others)
         waits = r.collective_ms > MIN_WAIT_MS and r.collective_ms > wait * (1 + STANDS_OUT) + MIN_WAIT_MS
-        if compute > 0 and r.compute_ms > compute * (1 + STANDS_OUT):
+        if compute > 0 and r.compute_ms > compute * (1 + STANDS_OUT) and not waits:
             out.append(
                 f"rank {r.rank} is slow: it computes {r.compute_ms:.3g} ms per step vs {compute:.3g} ms on the others"
             )

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from decodetop.budget.components import Component
+from decodetop.traces.analysis import OVERLAP_NOTE
 from decodetop.traces.classify import UNATTRIBUTED_PREFIX
 from decodetop.traces.compare import short_name
 from decodetop.traces.model import LAUNCH_KEY, BucketTime, KernelStat, TraceReport
@@ -131,7 +132,7 @@ def traced_view(
     kernel_ms = sum(b.time_us_per_step for b in report.buckets) / 1000
     scale = busy / kernel_ms if kernel_ms > busy > 0 else 1.0
     notes: list[str] = []
-    if scale < 1.0:
+    if scale < 1 / OVERLAP_NOTE:
         notes.append(f"kernels overlap on several streams: their times are scaled by {scale:.2f} to the busy time")
     groups: dict[str, list[BucketTime]] = {}
     for b in report.buckets:
