@@ -6,7 +6,7 @@
   `plan_glm-5-tp2-h200x1.json` (GLM-5's TP-2 plan measured on one rank of it: every component but the all-reduces,
   which the budget shows as a roofline estimate).
 - Health: the checks run over the host tree copied from the same Firecracker VM
-  (`tests/fixtures/hosts/firecracker-h200-vm`), with the recorded NVML.
+  (`firecracker-h200-vm`, built by tests/fixtures/hosts/build_fixtures.py), with the recorded NVML.
 
     .venv/bin/python benchmarks/ui/tui_screenshot.py [--size 160x48] [--out docs/screenshots/main.svg]
 """
@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import runpy
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,11 +50,14 @@ async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
         snapshots.append(sampler.sample(processes=False))
         backend.advance()
         time.sleep(0.25)  # PCIe rates come from counter deltas between ticks
-    checks = run_all_checks(
-        HostRoot(ROOT / "tests/fixtures/hosts/firecracker-h200-vm/root"),
-        nvml=Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=GPUS, clock=None)),
-        sample_interval_s=0,
-    )
+    # The host trees are generated, not committed: build this one with the fixture generator.
+    generator = runpy.run_path(str(ROOT / "tests/fixtures/hosts/build_fixtures.py"), run_name="build_fixtures")
+    with tempfile.TemporaryDirectory(prefix="decodetop-shot-") as tmp:
+        checks = run_all_checks(
+            HostRoot(generator["build"]("firecracker-h200-vm", Path(tmp) / "root")),
+            nvml=Nvml(FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=GPUS, clock=None)),
+            sample_interval_s=0,
+        )
     results = [*load_results(ROOT / PRIMITIVES), *load_results(ROOT / PLAN)]
     sources = Sources(
         telemetry=ReplayTelemetry(snapshots, interval_s=0.05, loop=False),
