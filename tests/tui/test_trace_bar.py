@@ -266,3 +266,22 @@ async def test_capture_without_a_server_says_so() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await capture_with(app, pilot)
         await wait_until(pilot, lambda: "needs --server" in status(app), "the hint")
+
+
+async def test_quitting_does_not_wait_for_a_capture_in_flight(server: Any, tmp_path: Path) -> None:
+    """A server that never answers /start_profile: q still ends the app while its request is open."""
+    answered = threading.Event()
+
+    def hang(h: Handler, _b: dict[str, Any]) -> None:
+        server.release.wait(30)
+        answered.set()
+
+    sglang(server, hang)
+    app = trace_app(TraceOptions(server=url(server), state_dir=tmp_path / "s", timeout_s=60))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await capture_with(app, pilot)
+        await wait_until(pilot, lambda: any(p == "/start_profile" for _m, p, _b in server.calls), "the request")
+        assert traced(app).busy
+        await pilot.press("q")
+        await wait_until(pilot, lambda: not app.is_running, "the app to end")
+    assert not answered.is_set()  # the app ended while the server still held the request
