@@ -199,10 +199,8 @@ def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | 
 
 def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> LatencyTotals | ServerStatus:
     """Cumulative ITL totals from one /metrics body, or the status naming what is wrong with it."""
-    try:
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError:  # pragma: no cover - a declared dependency; stay a status on a bare serving box
-        return ServerStatus(ServerState.UNPARSEABLE, "prometheus_client is not installed; cannot read /metrics", url)
+    from prometheus_client.parser import text_string_to_metric_families  # only where a --server is read
+
     # {family: {labels-without-le: {"sum": x, "count": y}}}, gauges by name
     hist: dict[str, dict[tuple[tuple[str, str], ...], dict[str, float]]] = {}
     gauges: dict[str, list[tuple[dict[str, str], float]]] = {}

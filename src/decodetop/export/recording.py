@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
-from decodetop import jsonio
+from decodetop import __version__, jsonio
 from decodetop.budget.compose import Budget
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.collectors.serving import ObservedStep
@@ -353,8 +353,6 @@ class Recorder:
         if needs_newline:
             # a previous run died mid-line: end that line so ours start clean (the reader counts it as corrupt)
             self._handle.write("\n")
-        from decodetop import __version__
-
         header: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
