@@ -20,6 +20,7 @@ from decodetop.probes.worker.fused_moe import (
     HAVE_TRITON,
     fused_moe_runner,
     grid_for,
+    pick_block_n,
     reference_moe,
     routed_ids,
     triton_unavailable,
@@ -79,12 +80,24 @@ def test_routed_ids_give_distinct_experts_per_token() -> None:
 
 
 def test_grid_covers_every_output_row() -> None:
-    grid = grid_for(tokens=1, top_k=8, hidden=4096, inter=768)
-    assert grid.gate_up == (8, 48)
-    assert grid.down == (1, 256)
-    assert grid_for(2, 2, 100, 17, block_n=16).gate_up == (4, 2)  # ⌈17/16⌉: the tail block is masked
+    # Qwen3-MoE at TP 2 on an H200 (132 SMs): 8 slots × 768 rows; one token × 4096 rows.
+    grid = grid_for(tokens=1, top_k=8, hidden=4096, inter=768, sms=132)
+    assert (grid.gate_up_block_n, grid.down_block_n) == (8, 8)
+    assert grid.gate_up == (8, 96) and grid.down == (1, 512)
+    # Mixtral at TP 2: 2 slots × 7168 rows leave room for larger blocks.
+    mixtral = grid_for(tokens=1, top_k=2, hidden=4096, inter=7168, sms=132)
+    assert mixtral.gate_up_block_n == 16 and mixtral.gate_up == (2, 448)
+    tail = grid_for(2, 2, 100, 17)  # one SM: the largest block, tails masked
+    assert tail.gate_up == (4, 1) and tail.down == (2, 2)
     with pytest.raises(ValueError):
         grid_for(0, 8, 4096, 768)
+
+
+def test_block_rows_shrink_until_every_sm_has_work() -> None:
+    assert pick_block_n(rows=65536, outer=8, sms=132) == 64
+    assert pick_block_n(rows=4096, outer=1, sms=132) == 8  # never below the smallest block
+    with pytest.raises(ValueError):
+        pick_block_n(rows=0, outer=1, sms=1)
 
 
 def _cpu_ctx() -> ProbeContext:
@@ -115,16 +128,17 @@ INTERPRETED = textwrap.dedent(
     import torch
     from decodetop.probes.worker import fused_moe as fm
     torch.manual_seed(0)
-    for tokens, hidden, inter, n_exp, top_k, dtype in [
-        (1, 300, 80, 6, 2, torch.bfloat16),  # tails: 300 % 256 and 80 % 16
-        (2, 512, 256, 8, 4, torch.float32),
+    for tokens, hidden, inter, n_exp, top_k, dtype, sms in [
+        (1, 300, 80, 6, 2, torch.bfloat16, 1),  # tails: 300 % 256 and 80 % 64
+        (2, 512, 256, 8, 4, torch.float32, 1),
+        (1, 300, 84, 6, 2, torch.bfloat16, 1000),  # many SMs: 8-row blocks, 84 % 8 and 300 % 8 masked
     ]:
         x = torch.randn(tokens, hidden).to(dtype)
         w13 = (torch.randn(n_exp, 2 * inter, hidden) * 0.05).to(dtype)
         w2 = (torch.randn(n_exp, hidden, inter) * 0.05).to(dtype)
         ids = fm.routed_ids(tokens, top_k, n_exp, torch.device("cpu"))
         wts = torch.rand(tokens, top_k) + 0.1
-        got = fm.fused_moe(x, w13, w2, ids, wts).float()
+        got = fm.fused_moe(x, w13, w2, ids, wts, sms=sms).float()
         want = fm.reference_moe(x, w13, w2, ids, wts).float()
         err = (got - want).abs().max().item()
         assert err <= 0.02 * want.abs().max().item(), (dtype, err)

@@ -50,9 +50,12 @@ except ImportError:  # CPU-only torch wheels ship no Triton
 #: sectors, as vLLM's fused_moe configs pick BLOCK_SIZE_K 64–256 for small M
 #: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs).
 BLOCK_K = 256
-#: Output rows per program: small, so a batch-1 layer still spreads over every SM (H200: 132 SMs; Qwen3-MoE at
-#: TP 2 gives 8 slots × 768/16 = 384 gate_up programs and 4096/16 = 256 down programs).
-BLOCK_N = 16
+#: Output rows per program, from the largest down: the largest that still gives every SM `PROGRAMS_PER_SM` programs
+#: (a batch-1 layer is a weight stream: enough programs in flight keep HBM busy; fewer, larger blocks cost less
+#: per program where there is plenty of work, as Mixtral's 7168-wide gate_up).
+BLOCK_N_CHOICES = (64, 32, 16, 8)
+#: Programs per SM wanted in flight (H200: 132 SMs → 528 programs).
+PROGRAMS_PER_SM = 4
 #: Relative tolerance of the one-time check against `reference_moe` (bf16 output: 8 significant bits ≈ 0.4 %;
 #: fp32 accumulation order differs from torch's, so allow a few ulps over the output's scale).
 CHECK_RTOL = 0.05
@@ -143,19 +146,33 @@ def triton_unavailable(device: torch.device) -> str:
     return ""
 
 
+def pick_block_n(rows: int, outer: int, sms: int) -> int:
+    """Rows per program for `rows` output rows repeated over `outer` programs (slots or tokens) on `sms` SMs."""
+    if min(rows, outer, sms) < 1:
+        raise ValueError(f"fused MoE launch needs positive sizes: {rows=}, {outer=}, {sms=}")
+    for block_n in BLOCK_N_CHOICES:
+        if outer * -(-rows // block_n) >= PROGRAMS_PER_SM * sms:
+            return block_n
+    return BLOCK_N_CHOICES[-1]
+
+
 @dataclass(frozen=True)
 class Grid:
-    """Launch shape of the two kernels for one call."""
+    """Launch shape of the two kernels for one call: programs per axis and rows per program."""
 
     gate_up: tuple[int, int]
     down: tuple[int, int]
+    gate_up_block_n: int
+    down_block_n: int
 
 
-def grid_for(tokens: int, top_k: int, hidden: int, inter: int, block_n: int = BLOCK_N) -> Grid:
-    """gate_up: (tokens·top_k, ⌈inter/block_n⌉); down: (tokens, ⌈hidden/block_n⌉)."""
-    if min(tokens, top_k, hidden, inter, block_n) < 1:
-        raise ValueError(f"fused MoE shapes must be positive: {tokens=}, {top_k=}, {hidden=}, {inter=}, {block_n=}")
-    return Grid((tokens * top_k, -(-inter // block_n)), (tokens, -(-hidden // block_n)))
+def grid_for(tokens: int, top_k: int, hidden: int, inter: int, sms: int = 1) -> Grid:
+    """gate_up: (tokens·top_k, ⌈inter/bn⌉); down: (tokens, ⌈hidden/bn⌉); bn per kernel from `pick_block_n`."""
+    if min(tokens, top_k, hidden, inter, sms) < 1:
+        raise ValueError(f"fused MoE shapes must be positive: {tokens=}, {top_k=}, {hidden=}, {inter=}, {sms=}")
+    bn_up = pick_block_n(inter, tokens * top_k, sms)
+    bn_down = pick_block_n(hidden, tokens, sms)
+    return Grid((tokens * top_k, -(-inter // bn_up)), (tokens, -(-hidden // bn_down)), bn_up, bn_down)
 
 
 def fused_moe(
@@ -167,11 +184,13 @@ def fused_moe(
     *,
     act: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    sms: int | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
     w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `act`
-    [T·K, I] and `out` [T, H] may be passed preallocated so a captured graph allocates nothing."""
+    [T·K, I] and `out` [T, H] may be passed preallocated so a captured graph allocates nothing. `sms`: the SM count
+    the launch shape is sized for (default: the device's; 1 on CPU tensors under Triton's interpreter)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -189,9 +208,21 @@ def fused_moe(
         act = torch.empty(tokens * top_k, inter, device=x.device, dtype=x.dtype)
     if out is None:
         out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
-    grid = grid_for(tokens, top_k, hidden, inter)
+    if sms is None:
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+    grid = grid_for(tokens, top_k, hidden, inter, sms)
     _gate_up_kernel[grid.gate_up](
-        x, w13, ids, act, hidden, inter, w13.stride(0), w13.stride(1), top_k=top_k, block_n=BLOCK_N, block_k=BLOCK_K
+        x,
+        w13,
+        ids,
+        act,
+        hidden,
+        inter,
+        w13.stride(0),
+        w13.stride(1),
+        top_k=top_k,
+        block_n=grid.gate_up_block_n,
+        block_k=BLOCK_K,
     )
     _down_kernel[grid.down](
         act,
@@ -204,7 +235,7 @@ def fused_moe(
         w2.stride(0),
         w2.stride(1),
         top_k=top_k,
-        block_n=BLOCK_N,
+        block_n=grid.down_block_n,
         block_k=BLOCK_K,
     )
     return out
