@@ -1,36 +1,31 @@
 """Provides the public entry points of the health checks: `run_host_checks` (C1-C16, P1, P3-P7, N8, N12 over a
-`HostRoot`) and `run_all_checks` (those plus the NVML GPU checks N1-N11 and P2 when their module is there)."""
+`HostRoot`) and `run_all_checks` (those plus the NVML GPU checks N1-N11 and P2 on the live host)."""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S, HostContext, build_context
 from decodetop.collectors.checks.cpu import CPU_CHECKS
 from decodetop.collectors.checks.devices import DEVICE_CHECKS
+from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.kernel import KERNEL_CHECKS
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.pcie import PCIE_CHECKS
 from decodetop.collectors.hostroot import HostRoot
+from decodetop.collectors.nvml import Nvml
+from decodetop.collectors.telemetry import TelemetrySampler
 
 HOST_CHECKS = (*KERNEL_CHECKS[-1:], *CPU_CHECKS, *KERNEL_CHECKS[:-1], *PCIE_CHECKS, *DEVICE_CHECKS)
 """C16 first (it sets the context the rest is read in), then C1-C15, P1-P7, N12, N8."""
-
-GPU_CHECKS_MODULE = "decodetop.collectors.checks.gpu"
 
 BUSY_UTIL_PCT = 10
 """A GPU counts as busy (link speed judged) at this NVML utilisation or more. Idle GPUs show 0 % and retrain their
 link down to 2.5 GT/s (healthchecks.md §2.7); any steady work keeps the link at its trained speed."""
 
 
-def nvml_gpu_busy(nvml: Any) -> dict[str, bool] | None:
+def nvml_gpu_busy(nvml: Nvml) -> dict[str, bool] | None:
     """bdf → busy, from one NVML telemetry sample; None when NVML cannot say (no library, no GPUs)."""
-    try:
-        from decodetop.collectors.telemetry import TelemetrySampler
-    except ImportError:
-        return None
     snapshot = TelemetrySampler(nvml).sample(processes=False, processes_note="not needed to judge load")
     busy = {
         g.pci_bus_id: g.gpu_util_pct >= BUSY_UTIL_PCT
@@ -80,23 +75,13 @@ def gpu_checks_unavailable(reason: str) -> CheckResult:
     )
 
 
-def run_gpu_checks(root: HostRoot, nvml: Any | None = None, *, under_load: bool = False) -> list[CheckResult]:
-    """The NVML helper's `gpu_checks(root, nvml)`, imported lazily; one info line when it cannot run.
-
-    A copied tree is not described by this machine's NVML, so GPU checks are skipped there with one info line.
+def run_gpu_checks(root: HostRoot, nvml: Nvml | None = None, *, under_load: bool = False) -> list[CheckResult]:
+    """The NVML checks N1-N11 and P2 on the live host; one info line over a copied tree (NVML describes this
+    machine, not that tree) and one unknown line if they crash.
     """
-    try:
-        module = importlib.import_module(GPU_CHECKS_MODULE)
-    except ImportError as exc:
-        return [gpu_checks_unavailable(f"{GPU_CHECKS_MODULE} is not available ({exc})")]
-    gpu_checks = getattr(module, "gpu_checks", None)
-    if gpu_checks is None:
-        return [gpu_checks_unavailable(f"{GPU_CHECKS_MODULE} has no gpu_checks()")]
     if not root.is_live:
         return [gpu_checks_unavailable("NVML describes this machine, not a copied host tree")]
     if nvml is None:
-        from decodetop.collectors.nvml import Nvml
-
         nvml = Nvml()
     try:
         results = gpu_checks(root, nvml, under_load=under_load)
@@ -117,7 +102,7 @@ def run_gpu_checks(root: HostRoot, nvml: Any | None = None, *, under_load: bool 
 def run_all_checks(
     root: HostRoot | None = None,
     *,
-    nvml: Any | None = None,
+    nvml: Nvml | None = None,
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     gpu_busy: Mapping[str, bool] | None = None,
     sleep: Callable[[float], None] | None = None,
@@ -130,8 +115,6 @@ def run_all_checks(
     root = root if root is not None else HostRoot()
     if root.is_live and gpu_busy is None:
         if nvml is None:
-            from decodetop.collectors.nvml import Nvml
-
             nvml = Nvml()
         gpu_busy = nvml_gpu_busy(nvml)
     results = run_host_checks(
