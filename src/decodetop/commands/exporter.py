@@ -10,9 +10,15 @@ textual or torch (probes run in spawned ranks).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from decodetop.argtypes import non_empty, positive_int
 from decodetop.commands._scenario_args import add_gpus_argument, add_scenario_arguments
+
+if TYPE_CHECKING:
+    from decodetop.export.schedule import Exporter, ProbeRunner
+    from decodetop.probes.controller import GroupLayout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,12 +63,23 @@ _POLL_S = 0.25
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM; 0 on a clean stop."""
-    import os
-    import signal
-    import threading
-    from collections.abc import Sequence
-    from types import FrameType
+    from decodetop.export.prometheus import listen_warning, parse_listen
 
+    host, _ = parse_listen(args.listen)
+    exporter, lines = _build(args)
+    warning = listen_warning(host)
+    if warning is not None:
+        lines.insert(0, f"warning: {warning}")
+    try:
+        _serve(exporter, lines)
+    finally:
+        if exporter.nvml is not None:
+            exporter.nvml.close()
+    return 0
+
+
+def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
+    """The exporter the flags describe (nothing started yet), and the lines to say once it serves."""
     from decodetop.collectors.fake_nvml import fake_nvml
     from decodetop.collectors.nvml import Nvml
     from decodetop.collectors.serving import ServerStepSource
@@ -72,82 +89,83 @@ def run(args: argparse.Namespace) -> int:
         scenario_from_args,
         target_from_args,
     )
-    from decodetop.errors import UserInputError
-    from decodetop.export.prometheus import listen_warning, parse_listen
-    from decodetop.export.schedule import (
-        BudgetComposer,
-        Exporter,
-        PlannedRun,
-        ProbeRunner,
-        parse_duration,
-        probe_plan_runs,
-    )
-    from decodetop.probes.controller import ProbeController, resolve_layout
-    from decodetop.probes.gpuinfo import compute_processes
+    from decodetop.export.schedule import BudgetComposer, Exporter, PlannedRun, parse_duration, probe_plan_runs
+    from decodetop.probes.controller import resolve_layout
     from decodetop.probes.registry import ProbeRegistry
 
     tick_s = parse_duration(args.tick, "--tick")
-    check_every_s: float | None = parse_duration(args.check_every, "--check-every")
-    probe_every_s: float | None = parse_duration(args.probe_every, "--probe-every")
+    check_every_s = None if args.no_checks else parse_duration(args.check_every, "--check-every")
+    probe_every_s = parse_duration(args.probe_every, "--probe-every")
     server_window_s = parse_duration(args.server_window, "--server-window")
-    host, _ = parse_listen(args.listen)
-    if args.no_checks:
-        check_every_s = None
-    if args.no_probes:
-        probe_every_s = None
-    if args.cpu_ranks is not None and args.cpu_ranks < 1:
-        raise UserInputError(f"--cpu-ranks {args.cpu_ranks}: must be at least 1")
     observed = observed_from_args(args)
     target_tps = target_from_args(args)
     gpus = gpus_from_args(args)
-
     server_source = None
     if args.server is not None:
         server_source = ServerStepSource(args.server, accept_length=args.accept_length, window_s=server_window_s)
-
-    layout = resolve_layout(list(gpus) if gpus is not None else None, args.cpu_ranks) if probe_every_s else None
-    wants_budget = args.model is not None or args.config is not None
+    layout = None if args.no_probes else resolve_layout(list(gpus) if gpus is not None else None, args.cpu_ranks)
     scenario = None
-    if wants_budget:
+    if args.model is not None or args.config is not None:
         label = "GPUs" if layout is not None and layout.kind == "cuda" else "CPU ranks"
         scenario = scenario_from_args(args, layout.world_size if layout is not None else None, group_label=label)
-
     plan: tuple[PlannedRun, ...] = ()
-    plan_notes: tuple[str, ...] = ()
-    make_controller = None
-    preflight = None
+    lines: list[str] = [f"budget: {scenario.describe()}"] if scenario is not None else []
     if layout is not None:
-        plan, plan_notes = probe_plan_runs(
-            scenario, ProbeRegistry(), world_size=layout.world_size, device_kind=layout.kind
-        )
-
-        def make_controller() -> ProbeRunner:
-            return ProbeController(layout=layout)
-
-        if layout.kind == "cuda" and not args.force:
-
-            def preflight(own_pids: Sequence[int]) -> str | None:
-                busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(), *own_pids))
-                if not busy:
-                    return None
-                who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
-                return f"other processes hold GPU memory ({who}); pass --force to probe anyway"
-
-    nvml = fake_nvml() if args.demo else Nvml()
+        plan, notes = probe_plan_runs(scenario, ProbeRegistry(), world_size=layout.world_size, device_kind=layout.kind)
+        lines.extend(f"plan: {note}" for note in notes)
+    make_controller, preflight = _probe_group(layout, force=args.force)
     exporter = Exporter(
         listen=args.listen,
-        nvml=nvml,
+        nvml=fake_nvml() if args.demo else Nvml(),
         tick_s=tick_s,
         check_every_s=check_every_s,
-        probe_every_s=probe_every_s,
+        probe_every_s=probe_every_s if layout is not None else None,
         plan=plan,
         make_controller=make_controller,
         server_source=server_source,
-        budget_for=BudgetComposer(scenario, observed, target_tps, layout.kind if layout else None)
-        if scenario is not None
-        else None,
+        budget_for=None
+        if scenario is None
+        else BudgetComposer(scenario, observed, target_tps, layout.kind if layout is not None else None),
         preflight=preflight,
     )
+    return exporter, lines
+
+
+def _probe_group(
+    layout: GroupLayout | None, *, force: bool
+) -> tuple[Callable[[], ProbeRunner] | None, Callable[[Sequence[int]], str | None] | None]:
+    """How the exporter makes its probe group, and its look at the GPUs before each cycle (a serving engine holding
+    them needs --force, as `decodetop probe` does)."""
+    import os
+
+    from decodetop.probes.controller import ProbeController
+    from decodetop.probes.gpuinfo import compute_processes
+
+    if layout is None:
+        return None, None
+
+    def make_controller() -> ProbeRunner:
+        return ProbeController(layout=layout)
+
+    if layout.kind != "cuda" or force:
+        return make_controller, None
+
+    def preflight(own_pids: Sequence[int]) -> str | None:
+        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(), *own_pids))
+        if not busy:
+            return None
+        who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
+        return f"other processes hold GPU memory ({who}); pass --force to probe anyway"
+
+    return make_controller, preflight
+
+
+def _serve(exporter: Exporter, lines: Sequence[str]) -> None:
+    """Start, say `lines`, and serve until SIGINT/SIGTERM; everything stopped on the way out."""
+    import signal
+    import threading
+    from types import FrameType
+
     # The handler only flips a flag: taking a lock in a signal handler (Event.set) can deadlock against the main
     # thread interrupted while it holds that lock. The main loop polls the flag and stops the exporter itself.
     signalled: list[int] = []
@@ -155,25 +173,18 @@ def run(args: argparse.Namespace) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         signalled.append(signum)
 
-    previous: dict[signal.Signals, object] = {}
+    previous: dict[signal.Signals, signal.Handlers | Callable[[int, FrameType | None], object] | int | None] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     try:
         exporter.start()
-        warning = listen_warning(host)
-        if warning is not None:
-            exporter.say(f"warning: {warning}")
-        if scenario is not None:
-            exporter.say(f"budget: {scenario.describe()}")
-        for note in plan_notes:
-            exporter.say(f"plan: {note}")
+        for line in lines:
+            exporter.say(line)
         while not signalled and not exporter.wait(_POLL_S):
             pass
         exporter.say("stopping")
     finally:
         exporter.stop()
         for signum, handler in previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        nvml.close()
-    return 0
+            signal.signal(signum, handler)
