@@ -28,6 +28,7 @@ from decodetop.export.recording import (
     to_jsonable,
     write_events,
 )
+from decodetop.probes.results import ProbeResult
 
 
 def _record_session(path: Path) -> None:
@@ -272,6 +273,8 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
         values = item.value if isinstance(item.value, tuple) else (item.value,)
         assert expected is None or all(isinstance(v, expected) for v in values), item
     assert [d.event.kind for d in decoded.items].count("probe_result") == 3
+    assert decoded.values(ProbeResult) == list(probe_results())
+    assert decoded.values(CheckResult) == list(checks())
 
 
 def test_an_overlong_line_is_skipped_unread(tmp_path: Path) -> None:

@@ -7,6 +7,11 @@ labels, and a `gpu` label with the NVML index. Values are converted from decodet
 on the way out. Nothing here reads hardware: the collector renders whatever `ExportState` the caller's state
 provider returns at scrape time, so the exporter command and the TUI serve the same thing.
 
+The series stay few whatever the plan: per probe point its median and p99 pooled over the ranks (no per-rank and
+no per-sample series; the points of a GEMM sweep, diagnostic variants and a layer's parts stay in `probe --json`),
+one series per health check and per budget component (its status and provenance as labels). At 8 GPUs with a full
+model plan that is about 110 series per GPU plus 350 for the plan (benchmarks/cost/exporter_series.py).
+
 Every part of the state (telemetry, probes, budget, checks, observed step) is rendered on its own: a part that
 fails to render is left out of that scrape and counted in `decodetop_exporter_render_errors_total{part}`; a scrape
 never fails.

@@ -34,7 +34,7 @@ import typing
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any
+from typing import Any, TypeVar
 
 from decodetop import __version__, jsonio
 from decodetop.budget.compose import Budget
@@ -64,6 +64,7 @@ KIND_TYPES: Mapping[str, type[Any]] = {
 """The class each kind's payload rebuilds into ("meta" is a plain object). A line's `type` must name it (by class
 name, so a class moved to another module still reads)."""
 _CHUNK_BYTES = 64 * 1024
+T = TypeVar("T")
 
 
 # --- serialisation -------------------------------------------------------------------------------------------
@@ -561,6 +562,15 @@ class DecodedReplay:
     def skipped(self) -> int:
         """Corrupt lines plus undecodable events: everything a replay could not show."""
         return self.replay.corrupt_lines + self.undecodable
+
+    def values(self, cls: type[T]) -> list[T]:
+        """The decoded objects of one class, in file order (a list payload's items one by one)."""
+        out: list[T] = []
+        for item in self.items:
+            for value in item.value if isinstance(item.value, tuple) else (item.value,):
+                if isinstance(value, cls):
+                    out.append(value)
+        return out
 
 
 def decode_replay(replay: Replay) -> DecodedReplay:
