@@ -52,11 +52,11 @@ def test_allreduce_sweep_is_correct(controller: ProbeController) -> None:
     assert result.world_size == 2 and result.environment is not None
     assert result.environment.backend == "gloo" and result.environment.device_kind == "cpu"
     assert result.environment.nccl_env["NCCL_NVLS_ENABLE"] == "0"
-    nccl = [m for m in result.measurements if m.params["impl"] == "nccl"]
+    nccl = [m for m in result.measurements if m.params["impl"] == "gloo"]  # the group's own all-reduce
     assert [(m.params["size_bytes"], m.params["mode"]) for m in nccl] == [
         (size, mode) for size in (8, 4096, 65536) for mode in ("pipelined", "graph", "synced")
     ]
-    custom = [m for m in result.measurements if m.params["impl"] != "nccl"]  # P2P kernels: GPUs only, with why
+    custom = [m for m in result.measurements if m.params["impl"] != "gloo"]  # P2P kernels: GPUs only, with why
     assert [m.params["impl"] for m in custom] == ["one_shot", "two_shot"]
     assert all(m.status is MeasurementStatus.UNSUPPORTED and "CPU ranks" in m.note for m in custom)
     for m in nccl:

@@ -20,6 +20,8 @@ CPU_ALLREDUCE_MAX_BYTES = 1024 * 1024
 #: Per-size-and-mode time target for the all-reduce sweep inside a plan (the probe's own default is 250 ms;
 #: a plan sweeps ~30 sizes, so 60 ms keeps it to seconds).
 PLAN_ALLREDUCE_BUDGET_MS = 60.0
+#: `impl` values of torch.distributed's own all-reduce (the group's backend); any other impl is a P2P kernel.
+DIST_IMPLS = ("nccl", "gloo")
 #: Synced ops per size on CPU ranks inside a plan (the default 200 takes seconds per size on gloo).
 CPU_PLAN_SYNCED_OPS = 50
 
@@ -71,6 +73,7 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
     capability: str | None = None
     for m in result.measurements:
         impl = str(m.params.get("impl", "nccl"))
+        impl = "nccl" if impl in DIST_IMPLS else impl
         ranks = m.params.get("world_size")
         if into.plan_ranks is not None and ranks != into.plan_ranks:
             continue

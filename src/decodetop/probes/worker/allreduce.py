@@ -13,7 +13,8 @@ bf16 on GPUs (the TP activation dtype), fp32 on gloo (gloo has no bf16 sum on ev
 outside the timing (inputs rank+1 everywhere; expected n(n+1)/2). Timed buffers hold zeros, so repeated in-place
 sums never overflow.
 
-Implementations (`impls`, each point's `impl` param): `nccl` (torch.distributed, all three modes) and the engines'
+Implementations (`impls`): `nccl` — torch.distributed's own all-reduce, all three modes, each point's `impl` naming
+the group's backend (`nccl` on GPUs, `gloo` on CPU ranks) — and the engines'
 kernel class, P2P `one_shot` / `two_shot` through torch's symmetric memory (graph and pipelined modes, sizes up to
 `custom_max_bytes`; `multimem` only with the `multimem` opt-in): `decodetop.probes.worker.symm_allreduce`.
 """
@@ -124,7 +125,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
             time_host(op, 1, _ESTIMATE_OPS, warmup=int(params["warmup_ops"]), sync=ctx.synchronize)
         )
         est_us = ctx.agree_max(est_us)
-        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n, "impl": "nccl"}
+        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n, "impl": ctx.backend}
         for mode in modes:
             name = f"allreduce {format_bytes(nbytes)} {mode}"
             point = {**base, "mode": mode}
