@@ -3,6 +3,7 @@ events in the kernel log)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -91,36 +92,13 @@ def _cgroup_v1_rules(ctx: HostContext) -> tuple[tuple[DeviceRule, ...] | None, s
     return None, candidates[0]
 
 
-@guarded("N12", "NVIDIA device nodes and cgroup")
-def check_device_majors(ctx: HostContext) -> list[CheckResult]:
-    """N12: every /dev/nvidia* node carries the live major and the device cgroup allows it (rw)."""
-    title = "NVIDIA device nodes and cgroup"
-    expected = "each /dev/nvidia* major = its live major in /proc/devices, and allowed rw by the device cgroup"
-    fix_base = (
-        "Recreate stale nodes (nvidia-modprobe -u -c0, or bind-mount the host's /dev/nvidia-uvm) and update the "
-        "container's allow rule to the live major (lxc.cgroup2.devices.allow: c <major>:* rwm). " + DCGM_NOTE
-    )
-    devices = parse_proc_devices(ctx.root.read_text("/proc/devices"))
-    nvidia_majors = [(m, n) for m, n in devices.char if n.startswith("nvidia")]
-    nodes: list[str] = []
-    for pattern in _NODE_PATTERNS:
-        nodes.extend(ctx.root.device_nodes(pattern))
-    nodes = sorted(set(nodes))
-    registered = ", ".join(f"{n} {m}" for m, n in nvidia_majors) or "none"
-    results: list[CheckResult] = []
-    if not nvidia_majors and not nodes:
-        results.append(
-            CheckResult(
-                "N12",
-                title,
-                Status.INFO,
-                "no nvidia driver in /proc/devices and no /dev/nvidia* nodes",
-                expected,
-                facts={"nvidia_majors": "none"},
-            )
-        )
-        results.extend(_host_side(ctx, devices))
-        return results
+def _with_problem(finding: NodeFinding, extra: str) -> NodeFinding:
+    """`finding` with `extra` added to its problem."""
+    return dataclasses.replace(finding, problem=f"{finding.problem}; {extra}" if finding.problem else extra)
+
+
+def _node_findings(ctx: HostContext, nodes: list[str], devices: ProcDevices) -> list[NodeFinding]:
+    """Each node's device number against the live major of its driver."""
     findings: list[NodeFinding] = []
     for node in nodes:
         rdev = ctx.root.stat_rdev(node)
@@ -134,87 +112,109 @@ def check_device_majors(ctx: HostContext) -> list[CheckResult]:
         elif rdev.major != live:
             problem = f"stale major {rdev.major} (live {name} is {live})"
         findings.append(NodeFinding(node, rdev.kind, rdev.major, rdev.minor, live, problem))
-    cgroup_note = ""
+    return findings
+
+
+def _open_problem(errno_name: str, major: int) -> str:
+    """What a failed cgroup-v2 open probe says about a node."""
+    if errno_name == "EPERM":
+        return "open: EPERM, the device cgroup blocks it"
+    if errno_name in ("ENXIO", "ENODEV"):
+        return f"open: {errno_name}, no driver behind major {major} (stale)"
+    if errno_name == "EACCES":
+        # Mode bits are checked before the device cgroup (inode_permission), so EACCES hides the
+        # cgroup's answer: not a failure, but the cgroup could not be tested as this user.
+        return "open: EACCES (file mode; cgroup not testable as this user)"
+    if errno_name == "UNRECORDED":
+        return "open outcome not recorded"
+    return f"open: {errno_name}"
+
+
+def _cgroup_findings(ctx: HostContext, findings: list[NodeFinding]) -> tuple[list[NodeFinding], str]:
+    """The findings with the device cgroup's verdict added (v1 devices.list, or the v2 open probe), and a note."""
     if ctx.root.is_dir("/sys/fs/cgroup/devices"):
         rules, where = _cgroup_v1_rules(ctx)
         if rules is None:
-            cgroup_note = f"cgroup v1 but {where} unreadable"
-        else:
-            cgroup_note = f"cgroup v1 {where}"
-            for i, f in enumerate(findings):
-                if f.major >= 0 and not any(r.covers("c", f.major, f.minor, "rw") for r in rules):
-                    extra = f"not allowed rw by {where}"
-                    findings[i] = NodeFinding(
-                        f.node, f.kind, f.major, f.minor, f.live_major, f"{f.problem}; {extra}" if f.problem else extra
-                    )
-    elif ctx.root.exists("/sys/fs/cgroup/cgroup.controllers"):
-        cgroup_note = "cgroup v2 (open probe)"
-        for i, f in enumerate(findings):
-            if f.major < 0:
-                continue
-            probe = ctx.root.open_probe(f.node)
-            extra = ""
-            if probe.ok:
-                continue
-            if probe.errno_name == "EPERM":
-                extra = "open: EPERM, the device cgroup blocks it"
-            elif probe.errno_name in ("ENXIO", "ENODEV"):
-                extra = f"open: {probe.errno_name}, no driver behind major {f.major} (stale)"
-            elif probe.errno_name == "EACCES":
-                # Mode bits are checked before the device cgroup (inode_permission), so EACCES hides the
-                # cgroup's answer: not a failure, but the cgroup could not be tested as this user.
-                extra = "open: EACCES (file mode; cgroup not testable as this user)"
-            elif probe.errno_name == "UNRECORDED":
-                extra = "open outcome not recorded"
-            else:
-                extra = f"open: {probe.errno_name}"
-            findings[i] = NodeFinding(
-                f.node, f.kind, f.major, f.minor, f.live_major, f"{f.problem}; {extra}" if f.problem else extra
-            )
-    else:
-        cgroup_note = "no device cgroup found"
+            return findings, f"cgroup v1 but {where} unreadable"
+        return [
+            _with_problem(f, f"not allowed rw by {where}")
+            if f.major >= 0 and not any(r.covers("c", f.major, f.minor, "rw") for r in rules)
+            else f
+            for f in findings
+        ], f"cgroup v1 {where}"
+    if ctx.root.exists("/sys/fs/cgroup/cgroup.controllers"):
+        out: list[NodeFinding] = []
+        for f in findings:
+            probe = ctx.root.open_probe(f.node) if f.major >= 0 else None
+            out.append(f if probe is None or probe.ok else _with_problem(f, _open_problem(probe.errno_name, f.major)))
+        return out, "cgroup v2 (open probe)"
+    return findings, "no device cgroup found"
+
+
+def _judge_nodes(
+    ctx: HostContext, findings: list[NodeFinding], registered: str, cgroup_note: str
+) -> tuple[Status, str, str]:
+    """N12's status, observed text and fix from the node findings."""
     bad = [f for f in findings if f.problem and "EACCES" not in f.problem and "not recorded" not in f.problem]
     soft = [f for f in findings if f.problem and f not in bad]
     listing = "; ".join(f"{f.node} {f.major}:{f.minor} {f.problem}" for f in bad + soft)
     if bad:
-        status = Status.FAIL
         observed = f"NVML works but CUDA init fails: {listing} [/proc/devices: {registered}; {cgroup_note}]"
-        why = SYMPTOM
-        fix = fix_base
-    elif soft:
+        fix = (
+            "Recreate stale nodes (nvidia-modprobe -u -c0, or bind-mount the host's /dev/nvidia-uvm) and update the "
+            "container's allow rule to the live major (lxc.cgroup2.devices.allow: c <major>:* rwm). " + DCGM_NOTE
+        )
+        return Status.FAIL, observed, fix
+    if soft:
         status = Status.INFO if all("EACCES" in f.problem for f in soft) else Status.UNKNOWN
-        observed = f"{listing} [/proc/devices: {registered}; {cgroup_note}]"
-        why = SYMPTOM
         fix = unless_root(
             ctx.root,
             "Run as root to test the device cgroup; check the node's mode and group (video/render).",
             "Check the node's mode and group (video/render).",
         )
-    elif not nodes:
-        status = Status.WARN
-        observed = f"driver registered ({registered}) but no /dev/nvidia* nodes"
-        why = SYMPTOM
-        fix = "nvidia-modprobe -u -c0 creates the nodes; in a container, bind-mount them from the host."
-    else:
-        status = Status.PASS
-        observed = f"{len(nodes)} node(s) match live majors ({registered}); {cgroup_note}"
-        why = SYMPTOM
-        fix = ""
-    results.append(
-        CheckResult(
+        return status, f"{listing} [/proc/devices: {registered}; {cgroup_note}]", fix
+    if not findings:
+        return (
+            Status.WARN,
+            f"driver registered ({registered}) but no /dev/nvidia* nodes",
+            "nvidia-modprobe -u -c0 creates the nodes; in a container, bind-mount them from the host.",
+        )
+    return Status.PASS, f"{len(findings)} node(s) match live majors ({registered}); {cgroup_note}", ""
+
+
+@guarded("N12", "NVIDIA device nodes and cgroup")
+def check_device_majors(ctx: HostContext) -> list[CheckResult]:
+    """N12: every /dev/nvidia* node carries the live major and the device cgroup allows it (rw)."""
+    title = "NVIDIA device nodes and cgroup"
+    expected = "each /dev/nvidia* major = its live major in /proc/devices, and allowed rw by the device cgroup"
+    devices = parse_proc_devices(ctx.root.read_text("/proc/devices"))
+    nvidia_majors = [(m, n) for m, n in devices.char if n.startswith("nvidia")]
+    nodes = sorted({node for pattern in _NODE_PATTERNS for node in ctx.root.device_nodes(pattern)})
+    registered = ", ".join(f"{n} {m}" for m, n in nvidia_majors) or "none"
+    if not nvidia_majors and not nodes:
+        result = CheckResult(
             "N12",
             title,
-            status,
-            observed,
+            Status.INFO,
+            "no nvidia driver in /proc/devices and no /dev/nvidia* nodes",
             expected,
-            why,
-            fix,
-            subject="/dev/nvidia*",
-            facts={"nvidia_majors": registered},
+            facts={"nvidia_majors": "none"},
         )
+        return [result, *_host_side(ctx, devices)]
+    findings, cgroup_note = _cgroup_findings(ctx, _node_findings(ctx, nodes, devices))
+    status, observed, fix = _judge_nodes(ctx, findings, registered, cgroup_note)
+    result = CheckResult(
+        "N12",
+        title,
+        status,
+        observed,
+        expected,
+        SYMPTOM,
+        fix,
+        subject="/dev/nvidia*",
+        facts={"nvidia_majors": registered},
     )
-    results.extend(_host_side(ctx, devices))
-    return results
+    return [result, *_host_side(ctx, devices)]
 
 
 def _host_side(ctx: HostContext, devices: ProcDevices) -> list[CheckResult]:

@@ -125,64 +125,21 @@ def check_perf_paranoid(ctx: HostContext) -> list[CheckResult]:
     ]
 
 
-@guarded("C14", "Kernel vs NVIDIA module")
-def check_kernel_module(ctx: HostContext) -> list[CheckResult]:
-    """C14: report the kernel; fail when GPUs are present but the nvidia module is not loaded for this kernel."""
-    release = ctx.root.read_text("/proc/sys/kernel/osrelease").strip()
-    if not release:
-        raise ValueError("/proc/sys/kernel/osrelease is empty")
-    module_text = ctx.root.try_read_text("/sys/module/nvidia/version")
-    module = module_text.strip() if module_text else ""
-    proc_text = ctx.root.try_read_text("/proc/driver/nvidia/version")
-    proc_version = ""
-    if proc_text:
-        for token in proc_text.split():
-            if token.count(".") >= 1 and token.replace(".", "").isdigit():
-                proc_version = token
-                break
-    facts = {"kernel": release, "nvidia_module": module or "not loaded"}
-    expected = "nvidia module loaded for the running kernel; /sys/module and /proc/driver versions equal"
-    why = (
-        "After a kernel upgrade DKMS must rebuild the nvidia module; if it did not, the GPUs have no driver "
-        "after reboot."
-    )
-    if module and proc_version and module != proc_version:
-        return [
-            CheckResult(
-                "C14",
-                "Kernel vs NVIDIA module",
-                Status.FAIL,
-                f"kernel {release}; /sys/module/nvidia/version {module} != /proc/driver/nvidia/version {proc_version}",
-                expected,
-                why,
-                "Reboot or reload the nvidia modules so the loaded driver matches the installed one.",
-                facts=facts,
-            )
-        ]
-    if module:
-        return [
-            CheckResult(
-                "C14",
-                "Kernel vs NVIDIA module",
-                Status.PASS,
-                f"kernel {release}, nvidia {module}",
-                expected,
-                why,
-                facts=facts,
-            )
-        ]
+def _proc_driver_version(ctx: HostContext) -> str:
+    """The version number in /proc/driver/nvidia/version ('' when absent)."""
+    for token in (ctx.root.try_read_text("/proc/driver/nvidia/version") or "").split():
+        if token.count(".") >= 1 and token.replace(".", "").isdigit():
+            return token
+    return ""
+
+
+def _no_module_verdict(ctx: HostContext, release: str) -> tuple[Status, str, str]:
+    """C14 when no nvidia module is loaded: info without GPUs or in a container, else fail naming the builds."""
     if not ctx.gpus:
-        return [
-            CheckResult(
-                "C14",
-                "Kernel vs NVIDIA module",
-                Status.INFO,
-                f"kernel {release}; no NVIDIA GPU in sysfs and no nvidia module",
-                expected,
-                why,
-                facts=facts,
-            )
-        ]
+        return Status.INFO, f"kernel {release}; no NVIDIA GPU in sysfs and no nvidia module", ""
+    fix = "dkms autoinstall -k $(uname -r) (or reinstall the driver package), then modprobe nvidia."
+    if ctx.virt.container:
+        return Status.INFO, f"kernel {release}; /sys/module/nvidia not visible from this container", fix
     built_for = [
         k
         for k in ctx.root.try_listdir("/lib/modules")
@@ -192,22 +149,38 @@ def check_kernel_module(ctx: HostContext) -> list[CheckResult]:
         )
     ]
     detail = f"built for {', '.join(built_for)}" if built_for else "no nvidia.ko found under /lib/modules"
-    if ctx.virt.container:
-        status = Status.INFO
-        observed = f"kernel {release}; /sys/module/nvidia not visible from this container"
-    else:
+    return Status.FAIL, f"kernel {release}; {len(ctx.gpus)} NVIDIA GPU(s) but no nvidia module loaded ({detail})", fix
+
+
+@guarded("C14", "Kernel vs NVIDIA module")
+def check_kernel_module(ctx: HostContext) -> list[CheckResult]:
+    """C14: report the kernel; fail when GPUs are present but the nvidia module is not loaded for this kernel."""
+    release = ctx.root.read_text("/proc/sys/kernel/osrelease").strip()
+    if not release:
+        raise ValueError("/proc/sys/kernel/osrelease is empty")
+    module = (ctx.root.try_read_text("/sys/module/nvidia/version") or "").strip()
+    proc_version = _proc_driver_version(ctx)
+    if module and proc_version and module != proc_version:
         status = Status.FAIL
-        observed = f"kernel {release}; {len(ctx.gpus)} NVIDIA GPU(s) but no nvidia module loaded ({detail})"
+        observed = (
+            f"kernel {release}; /sys/module/nvidia/version {module} != /proc/driver/nvidia/version {proc_version}"
+        )
+        fix = "Reboot or reload the nvidia modules so the loaded driver matches the installed one."
+    elif module:
+        status, observed, fix = Status.PASS, f"kernel {release}, nvidia {module}", ""
+    else:
+        status, observed, fix = _no_module_verdict(ctx, release)
     return [
         CheckResult(
             "C14",
             "Kernel vs NVIDIA module",
             status,
             observed,
-            expected,
-            why,
-            "dkms autoinstall -k $(uname -r) (or reinstall the driver package), then modprobe nvidia.",
-            facts=facts,
+            "nvidia module loaded for the running kernel; /sys/module and /proc/driver versions equal",
+            "After a kernel upgrade DKMS must rebuild the nvidia module; if it did not, the GPUs have no driver "
+            "after reboot.",
+            fix,
+            facts={"kernel": release, "nvidia_module": module or "not loaded"},
         )
     ]
 

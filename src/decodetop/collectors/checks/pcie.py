@@ -4,6 +4,7 @@ P6 GPU-CPU NUMA affinity and P7 GPU-pair topology (healthchecks.md §1-§2). One
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded, per_gpu, unless_root
 from decodetop.collectors.checks.model import CheckResult, Status
@@ -86,67 +87,50 @@ def _link_one(ctx: HostContext, gpu: PciDevice, title: str) -> CheckResult:
         parent_max = parse_link_speed(parent_text) if parent_text else None
         if parent_max is not None and parent_max < max_speed:
             slot_note = f"; the slot ({bridges[-1]}) tops out at {parent_max} GT/s"
+    status, suffix, fix = _link_verdict(ctx, gpu.bdf, (cur_speed, max_speed), (cur_width, max_width), slot_note)
+    if status is Status.INFO:
+        facts["link"] = "idle"
+    return CheckResult(
+        f"P1:{gpu.bdf}", title, status, observed + suffix, expected, why, fix, subject=subject, facts=facts
+    )
+
+
+def _link_verdict(
+    ctx: HostContext,
+    bdf: str,
+    speeds: tuple[float | None, float | None],
+    widths: tuple[int, int],
+    slot_note: str,
+) -> tuple[Status, str, str]:
+    """P1's status, the text added to the observed link, and the fix: width always counts, speed only under load."""
+    (cur_speed, max_speed), (cur_width, max_width) = speeds, widths
     if cur_speed is None or max_speed is None:
-        return CheckResult(
-            f"P1:{gpu.bdf}",
-            title,
-            Status.UNKNOWN,
-            observed + ": link speed reads Unknown",
-            expected,
-            why,
-            subject=subject,
-            facts=facts,
-        )
+        return Status.UNKNOWN, ": link speed reads Unknown", ""
     if cur_width < max_width:
-        return CheckResult(
-            f"P1:{gpu.bdf}",
-            title,
+        return (
             Status.FAIL,
-            observed + slot_note,
-            expected,
-            why,
+            slot_note,
             "Reseat the GPU or riser, check the slot's lane wiring (BIOS bifurcation) and the cable.",
-            subject=subject,
-            facts=facts,
         )
     if slot_note:
-        return CheckResult(
-            f"P1:{gpu.bdf}",
-            title,
+        return (
             Status.WARN,
-            observed + slot_note,
-            expected,
-            why,
+            slot_note,
             "Move the GPU to a slot whose bridge supports the GPU's speed, or check the riser.",
-            subject=subject,
-            facts=facts,
         )
     if cur_speed >= max_speed:
-        return CheckResult(f"P1:{gpu.bdf}", title, Status.PASS, observed, expected, why, subject=subject, facts=facts)
-    busy = None if ctx.gpu_busy is None else ctx.gpu_busy.get(gpu.bdf)
+        return Status.PASS, "", ""
+    busy = None if ctx.gpu_busy is None else ctx.gpu_busy.get(bdf)
     if busy:
-        return CheckResult(
-            f"P1:{gpu.bdf}",
-            title,
+        return (
             Status.WARN,
-            observed + " under load",
-            expected,
-            why,
+            " under load",
             "Check the slot and riser; set the PCIe speed in the BIOS to the GPU's generation.",
-            subject=subject,
-            facts=facts,
         )
-    facts["link"] = "idle"
-    return CheckResult(
-        f"P1:{gpu.bdf}",
-        title,
+    return (
         Status.INFO,
-        observed + ": idle, recheck under load" + ("" if busy is False else " (load unknown)"),
-        expected,
-        why,
+        ": idle, recheck under load" + ("" if busy is False else " (load unknown)"),
         "Re-run `decodetop check` while the GPU serves traffic.",
-        subject=subject,
-        facts=facts,
     )
 
 
@@ -228,90 +212,89 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
     return results
 
 
+@dataclass(frozen=True)
+class _BridgeScan:
+    """What the ACS Control registers of the bridges above one GPU say."""
+
+    redirecting: tuple[str, ...]
+    unknown: tuple[str, ...]
+    clean: int
+
+
+def _scan_bridges(ctx: HostContext, bridges: list[str]) -> _BridgeScan:
+    """Each bridge: redirects P2P, clean (no ACS or redirect bits clear), or unknowable (with the reason)."""
+    redirecting: list[str] = []
+    unknown: list[str] = []
+    header_only: list[str] = []
+    clean = 0
+    for bridge in bridges:
+        config, reason = _config_or_reason(ctx.root, bridge)
+        if config is None and reason.endswith(_NEEDS_ROOT):
+            header_only.append(bridge)
+        elif config is None:
+            unknown.append(reason)
+        elif not config.has_extended_space:
+            unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
+        elif config.acs is not None and config.acs.redirects_p2p:
+            redirecting.append(f"{bridge} {config.acs.describe_control()}")
+        else:
+            clean += 1
+    if header_only:
+        unknown.insert(
+            0,
+            f"bridges {', '.join(header_only)}: only {HEADER_ONLY_BYTES} bytes of config space readable{_NEEDS_ROOT}",
+        )
+    return _BridgeScan(tuple(redirecting), tuple(unknown), clean)
+
+
+def _acs_one(ctx: HostContext, gpu: PciDevice, title: str) -> CheckResult:
+    expected = "ReqRedir- CmpltRedir- EgressCtrl- on every bridge between GPUs that do P2P"
+    why = (
+        "ACS redirect sends GPU peer-to-peer traffic up to the root complex (or blocks it): NCCL P2P gets slow "
+        "or hangs (NCCL troubleshooting, NCCL#199)."
+    )
+    subject = f"GPU {gpu.bdf}"
+    bridges = upstream_bdfs(gpu)
+    if not bridges:
+        observed = "no bridge between the GPU and its root complex"
+        return CheckResult(f"P4:{gpu.bdf}", title, Status.PASS, observed, expected, why, subject=subject)
+    scan = _scan_bridges(ctx, bridges)
+    fix = ""
+    if scan.redirecting:
+        status = Status.INFO if ctx.virt.vm or len(ctx.gpus) < 2 else Status.WARN
+        observed = "; ".join(scan.redirecting) + (" (one GPU: no P2P to redirect)" if len(ctx.gpus) < 2 else "")
+        fix = (
+            "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
+            "that need it for passthrough)."
+        )
+    elif scan.unknown:
+        status, observed = Status.UNKNOWN, "; ".join(scan.unknown)
+        fix = unless_root(ctx.root, "Run as root on the host to read bridge config space.")
+    else:
+        status, observed = Status.PASS, f"{scan.clean} bridge(s), none redirects P2P"
+    return CheckResult(
+        f"P4:{gpu.bdf}",
+        title,
+        status,
+        observed,
+        expected,
+        why,
+        fix,
+        subject=subject,
+        facts={"acs_redirect_bridges": str(len(scan.redirecting))},
+    )
+
+
 @guarded("P4", "ACS on bridges")
 def check_acs(ctx: HostContext) -> list[CheckResult]:
     """P4: RR, CR and EC clear in ACS Control on every bridge above each GPU (bare metal)."""
     title = "ACS on bridges"
     if not ctx.gpus:
         return _no_gpu("P4", title)
-    expected = "ReqRedir- CmpltRedir- EgressCtrl- on every bridge between GPUs that do P2P"
-    why = (
-        "ACS redirect sends GPU peer-to-peer traffic up to the root complex (or blocks it): NCCL P2P gets slow "
-        "or hangs (NCCL troubleshooting, NCCL#199)."
-    )
     results: list[CheckResult] = []
     for gpu in ctx.gpus:
         with per_gpu(results, "P4", title, gpu, root=ctx.root):
-            bridges = upstream_bdfs(gpu)
-            subject = f"GPU {gpu.bdf}"
-            if not bridges:
-                results.append(
-                    CheckResult(
-                        f"P4:{gpu.bdf}",
-                        title,
-                        Status.PASS,
-                        "no bridge between the GPU and its root complex",
-                        expected,
-                        why,
-                        subject=subject,
-                    )
-                )
-                continue
-            redirecting: list[str] = []
-            unknown: list[str] = []
-            header_only: list[str] = []
-            clean = 0
-            for bridge in bridges:
-                config, reason = _config_or_reason(ctx.root, bridge)
-                if config is None:
-                    if reason.endswith(_NEEDS_ROOT):
-                        header_only.append(bridge)
-                    else:
-                        unknown.append(reason)
-                    continue
-                if not config.has_extended_space:
-                    unknown.append(f"{bridge}: no extended config space ({config.size_bytes} bytes), ACS unknowable")
-                    continue
-                if config.acs is None:
-                    clean += 1
-                    continue
-                if config.acs.redirects_p2p:
-                    redirecting.append(f"{bridge} {config.acs.describe_control()}")
-                else:
-                    clean += 1
-            if redirecting:
-                status = Status.INFO if ctx.virt.vm or len(ctx.gpus) < 2 else Status.WARN
-                observed = "; ".join(redirecting)
-                if len(ctx.gpus) < 2:
-                    observed += " (one GPU: no P2P to redirect)"
-            elif unknown or header_only:
-                if header_only:
-                    unknown.insert(
-                        0,
-                        f"bridges {', '.join(header_only)}: only {HEADER_ONLY_BYTES} bytes of config "
-                        f"space readable{_NEEDS_ROOT}",
-                    )
-                status, observed = Status.UNKNOWN, "; ".join(unknown)
-            else:
-                status, observed = Status.PASS, f"{clean} bridge(s), none redirects P2P"
-            results.append(
-                CheckResult(
-                    f"P4:{gpu.bdf}",
-                    title,
-                    status,
-                    observed,
-                    expected,
-                    why,
-                    "Disable ACS in the BIOS (or setpci per NCCL's troubleshooting guide on bare metal; not inside VMs "
-                    "that need it for passthrough)."
-                    if redirecting
-                    else (
-                        unless_root(ctx.root, "Run as root on the host to read bridge config space.") if unknown else ""
-                    ),
-                    subject=subject,
-                    facts={"acs_redirect_bridges": str(len(redirecting))},
-                )
-            )
+            results.append(_acs_one(ctx, gpu, title))
     return results
 
 
