@@ -95,3 +95,22 @@ def test_trace_capture_from_a_trickling_server_ends_at_its_deadline(tmp_path: Pa
         with pytest.raises(UserInputError, match=r"no answer from .*/start_profile within 1 s"):
             capture(base_url, engine="sglang", output_dir=tmp_path, timeout_s=1.0)
         assert slow.sent < slow.total_bytes
+
+
+def test_a_slow_name_lookup_ends_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """getaddrinfo cannot be interrupted (a dead DNS server takes tens of seconds); the request stops waiting for it
+    at the deadline."""
+    release = threading.Event()
+    real = socket.getaddrinfo
+
+    def stuck_dns(*args: object, **kwargs: object) -> object:
+        release.wait(60.0)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck_dns)
+    try:
+        with pytest.raises(HttpRequestError) as info:
+            http_request("http://metrics.invalid:30000/metrics", deadline_s=0.5)
+    finally:
+        release.set()
+    assert info.value.timed_out and "no complete answer within 0.5 s" in str(info.value)

@@ -5,8 +5,10 @@ Socket timeouts alone bound each read, not the request: a server that sends one 
 read timeout and holds the caller for as long as it likes. Here every read waits at most for what is left of the
 deadline, so the request ends at the deadline whatever the server does. Redirects (vLLM's `/metrics` answers 307
 to `/metrics/`) are followed within the same deadline. Loopback never goes through a proxy from the environment;
-other hosts honour `http_proxy`/`https_proxy`/`no_proxy` as urllib does. A TLS handshake is bounded per read by
-what was left of the deadline when it started.
+other hosts honour `http_proxy`/`https_proxy`/`no_proxy` as urllib does. The host name is looked up on a helper
+thread that the request stops waiting for at the deadline (`getaddrinfo` itself cannot be interrupted, and a slow DNS
+server can take tens of seconds). A TLS handshake is bounded per read by what was left of the deadline when it
+started.
 
 Stdlib only, so every package may use it.
 """
@@ -19,6 +21,7 @@ import io
 import ipaddress
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -96,6 +99,64 @@ def _response_class(deadline_s: float, clock: Callable[[], float]) -> type[http.
     return _DeadlineResponse
 
 
+class _Http(http.client.HTTPConnection):
+    _create_connection: Callable[..., socket.socket]
+
+
+class _Https(http.client.HTTPSConnection):
+    _create_connection: Callable[..., socket.socket]
+
+
+AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str, tuple[object, ...]]
+
+
+def _lookup(host: str, port: int, wait_s: float) -> list[AddrInfo]:
+    """`getaddrinfo` on a daemon thread, waited for at most `wait_s` (TimeoutError after that)."""
+    answer: list[list[AddrInfo]] = []
+    failure: list[OSError] = []
+
+    def work() -> None:
+        try:
+            answer.append(
+                [(f, k, p, n, tuple(a)) for f, k, p, n, a in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)]
+            )
+        except OSError as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=work, name="decodetop-name-lookup", daemon=True)
+    worker.start()
+    worker.join(max(wait_s, 0.0))
+    if failure:
+        raise failure[0]
+    if not answer:
+        raise TimeoutError(f"looking up {host}")
+    return answer[0]
+
+
+def _connector(deadline_s: float, clock: Callable[[], float]) -> Callable[..., socket.socket]:
+    """A `socket.create_connection` whose name lookup and connects keep to the deadline."""
+
+    def create_connection(address: tuple[str, int], *_: object, **__: object) -> socket.socket:
+        host, port = address
+        last: OSError | None = None
+        for family, kind, proto, _name, sockaddr in _lookup(host, port, deadline_s - clock()):
+            remaining = deadline_s - clock()
+            if remaining <= 0:
+                raise TimeoutError("deadline passed")
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(remaining)
+                sock.connect(sockaddr)
+            except OSError as exc:
+                sock.close()
+                last = exc
+                continue
+            return sock
+        raise last if last is not None else OSError(f"no address for {host}")
+
+    return create_connection
+
+
 def is_loopback(host: str) -> bool:
     """`localhost` or a loopback address (127.0.0.0/8, ::1)."""
     if host == "localhost":
@@ -116,31 +177,29 @@ def _proxy_for(parts: urllib.parse.SplitResult) -> urllib.parse.SplitResult | No
     return urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
 
 
-def _connection(
-    parts: urllib.parse.SplitResult, timeout_s: float
-) -> tuple[http.client.HTTPConnection, str, dict[str, str]]:
+def _connection(parts: urllib.parse.SplitResult, timeout_s: float) -> tuple[_Http | _Https, str, dict[str, str]]:
     """(connection, request target, extra headers) for a URL, through the environment's proxy where one applies."""
     host = parts.hostname or ""
     port = parts.port
     target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     proxy = _proxy_for(parts)
     extra: dict[str, str] = {}
-    conn: http.client.HTTPConnection
+    conn: _Http | _Https
     if proxy is not None and proxy.username:
         token = base64.b64encode(f"{proxy.username}:{proxy.password or ''}".encode()).decode("ascii")
         extra["Proxy-Authorization"] = f"Basic {token}"
     if parts.scheme == "https":
         context = ssl.create_default_context()
         if proxy is None:
-            conn = http.client.HTTPSConnection(host, port, timeout=timeout_s, context=context)
+            conn = _Https(host, port, timeout=timeout_s, context=context)
         else:
-            conn = http.client.HTTPSConnection(proxy.hostname or "", proxy.port, timeout=timeout_s, context=context)
+            conn = _Https(proxy.hostname or "", proxy.port, timeout=timeout_s, context=context)
             conn.set_tunnel(host, port, headers=extra)
             extra = {}
     elif proxy is None:
-        conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
+        conn = _Http(host, port, timeout=timeout_s)
     else:
-        conn = http.client.HTTPConnection(proxy.hostname or "", proxy.port, timeout=timeout_s)
+        conn = _Http(proxy.hostname or "", proxy.port, timeout=timeout_s)
         target = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/", parts.query, ""))
     return conn, target, extra
 
@@ -174,6 +233,7 @@ def _once(
     if remaining <= 0:
         raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True)
     conn, target, extra = _connection(parts, remaining)
+    conn._create_connection = _connector(deadline_s, clock)
     conn.response_class = _response_class(deadline_s, clock)
     try:
         conn.request(method, target, body=body, headers={**headers, **extra})

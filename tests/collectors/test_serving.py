@@ -449,6 +449,9 @@ def test_url_forms_and_bad_input() -> None:
             normalize_url(bad)
     with pytest.raises(UserInputError, match="accept length"):
         ServerStepSource("h:1", accept_length=0.5)
+    for deadline in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(UserInputError, match="server deadline"):
+            ServerStepSource("h:1", timeout_s=deadline)
 
 
 def test_parse_fixtures_directly() -> None:

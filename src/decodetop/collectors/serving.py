@@ -318,6 +318,8 @@ class ServerStepSource:
             raise UserInputError(f"accept length {accept_length!r}: must be a number ≥ 1 (tokens per decode step)")
         if not (math.isfinite(window_s) and window_s > 0):
             raise UserInputError(f"server window {window_s!r}: must be a positive number of seconds")
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise UserInputError(f"server deadline {timeout_s!r}: must be a positive number of seconds")
         self.accept_length = accept_length
         self.model_name = model_name
         self.window_s = window_s
