@@ -192,7 +192,7 @@ def test_tp_and_bandwidth_from_nvml(capsys: pytest.CaptureFixture[str], monkeypa
     data = json.loads(capsys.readouterr().out)
     assert (data["deployment"]["tp"], data["deployment"]["tp_source"]) == (
         2,
-        "default: the 2 GPUs seen by NVML of the probe group",
+        "default: the 2 GPUs seen by NVML",
     )
     assert data["roofline"]["mem_bandwidth_gbps"] == 4800  # the datasheet's, as the live UI uses for the same GPU
     assert data["roofline"]["hardware"] == "NVIDIA H200 141GB (detected by NVML)"

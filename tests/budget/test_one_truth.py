@@ -133,7 +133,7 @@ def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfa
         assert re.fullmatch(r"measured earlier: \d+[smhd] ago on vm \(2 × NVIDIA H200\)", stored[key][3])
         assert tui_earlier[key] == (ms, status, stored[key][3])
     assert set(tui_now) == set(exporter) == set(stored) == set(components)
-    assert budget_doc["deployment"]["tp_source"] == "default: the 2 GPUs of the probe group"
+    assert budget_doc["deployment"]["tp_source"] == "default: the 2 GPUs the results ran on"
     assert budget_doc["budget"]["summary"] == "7 of 7 components measured"
     assert budget_doc["budget"]["observed"]["assumed"] is True
 

@@ -166,16 +166,22 @@ class TpChoice:
 
 
 def choose_tp(
-    tp: int | None, *, group_size: int | None = None, group_label: str = "ranks", tp_from: str = "--tp"
+    tp: int | None,
+    *,
+    group_size: int | None = None,
+    group_label: str = "ranks",
+    group_where: str = "of the probe group",
+    tp_from: str = "--tp",
 ) -> TpChoice:
     """The one TP rule: `tp` when given (from the flag or setting named by `tp_from`), else the number of ranks in
-    the probe group (`group_label`: "GPUs", "CPU ranks", "fake GPUs"), else 1 where there is no probe group."""
+    the probe group (said as "the 2 {group_label} {group_where}": "GPUs of the probe group", "GPUs seen by NVML",
+    "fake GPUs of the demo"), else 1 where there is no probe group."""
     if tp is not None:
         if not 1 <= tp <= 1024:
             raise UserInputError(f"{tp_from}: {tp} is out of range (1..1024)")
         return TpChoice(tp, tp_from)
     if group_size is not None and group_size >= 1:
-        return TpChoice(group_size, f"default: the {group_size} {group_label} of the probe group")
+        return TpChoice(group_size, f"default: the {group_size} {group_label} {group_where}")
     return TpChoice(1, "default: no probe group; pass --tp")
 
 

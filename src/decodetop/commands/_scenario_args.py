@@ -100,12 +100,13 @@ def scenario_from_args(
     group_size: int | None,
     *,
     group_label: str = "ranks",
+    group_where: str = "of the probe group",
     default_model: str | None = None,
 ) -> Scenario:
     """The scenario named by the shared flags. TP: `--tp`, else `group_size` (the probe group's ranks, named by
     `group_label`), else 1. A bad flag is one `UserInputError` line naming it."""
     source = model_source(_opt(args, "model"), _opt(args, "config"), default_model=default_model)  # type: ignore[arg-type]
-    tp = choose_tp(_opt(args, "tp"), group_size=group_size, group_label=group_label)  # type: ignore[arg-type]
+    tp = choose_tp(_opt(args, "tp"), group_size=group_size, group_label=group_label, group_where=group_where)  # type: ignore[arg-type]
     ep, batch, context = _opt(args, "ep"), _opt(args, "batch"), _opt(args, "context")
     kv, accept, draft, launch = (
         _opt(args, "kv_dtype"),

@@ -117,10 +117,11 @@ def run(args: argparse.Namespace) -> int:
     group_size: int | None = None
     if env is not None:
         group_size, label = env.world_size, ("GPUs" if env.device_kind == "cuda" else "CPU ranks")
+        where = "the results ran on"
     else:
         count = facts.count() if args.tp is None else 0
-        group_size, label = (count or None), "GPUs seen by NVML"
-    scenario = scenario_from_args(args, group_size, group_label=label, default_model=DEFAULT_MODEL)
+        group_size, label, where = (count or None), "GPUs", "seen by NVML"
+    scenario = scenario_from_args(args, group_size, group_label=label, group_where=where, default_model=DEFAULT_MODEL)
     bandwidth = args.bandwidth_tbps * 1000 if args.bandwidth_tbps else None
     bw_source = "measured (--bandwidth-tbps)" if bandwidth else ""
     if args.gpu:

@@ -331,7 +331,9 @@ class GroupInfo:
     kind: str
     """cuda or cpu."""
     label: str
-    """How to name its ranks: "GPUs", "CPU ranks", "fake GPUs of the demo"."""
+    """How to name its ranks: "GPUs", "CPU ranks", "fake GPUs"."""
+    where: str = "of the probe group"
+    """What they are: "of the probe group", "of the demo"."""
 
 
 def group_of(layout: Any) -> GroupInfo:
@@ -349,6 +351,7 @@ def scenario_for(settings: Settings, group: GroupInfo | None) -> Scenario:
         settings.tp,
         group_size=group.size if group is not None else None,
         group_label=group.label if group is not None else "ranks",
+        group_where=group.where if group is not None else "of the probe group",
         tp_from="--tp or the settings file",
     )
     return build_scenario(source_from_setting(settings.model), tp)

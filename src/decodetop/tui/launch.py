@@ -180,7 +180,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         if isinstance(probes, ControllerProbes) and probes.layout is not None:
             return group_of(probes.layout())
         if options.demo:
-            return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs of the demo")
+            return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs", "of the demo")
         from decodetop.probes.controller import resolve_layout
 
         try:

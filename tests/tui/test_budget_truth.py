@@ -1,0 +1,322 @@
+"""The live UI's budget tells the truth about where its figures come from, over the real budget source
+(`PresetBudget`, the one composition) with fixed telemetry and a fixed clock:
+
+- history from elsewhere never mixes in: a CPU run, or another model's GPU-like run, in the same state dir leaves
+  the `--demo` screen exactly as a clean state dir shows it (while the same run does feed its own scenario);
+- CPU ranks say so and name no GPU; an unreachable `--server` says the observed step is assumed;
+- after `s` then `R`, estimates stay marked as estimates (≈, hatched), never as moves (Δ).
+
+The probe results are a real plan run of Llama-3.1-70B at TP 2 on 2 × H200 (tests/fixtures/budgets).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+
+from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
+from decodetop.collectors.serving import ServerState, ServerStatus
+from decodetop.history import KIND_PROBE, History, local_host_id
+from decodetop.probes.budgeting import fingerprint_of
+from decodetop.probes.results import ProbeResult, load_results
+from decodetop.settings import Settings
+from decodetop.themes import register_themes, theme_variable_defaults
+from decodetop.tui.adapters import BudgetServerPoller, GroupInfo, NoProbes, PresetBudget, compact_payload, probe_view
+from decodetop.tui.app import DecodetopApp
+from decodetop.tui.model import BudgetView, ProbeView, TelemetryFrame
+from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
+from decodetop.tui.widgets.budget_bar import BudgetBar, format_ms
+
+from .conftest import make_app, wait_until
+from .fakes import NO_GPU_FRAME, NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock
+
+PLAN = Path(__file__).resolve().parents[1] / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
+SIZE = (100, 32)
+DEMO = GroupInfo(8, "cuda", "fake GPUs", "of the demo")
+CPU = GroupInfo(2, "cpu", "CPU ranks")
+
+
+def _results(device_kind: str = "cuda", gpus: int = 2) -> list[ProbeResult]:
+    """The recorded plan run, moved to this host (and to CPU ranks, or to `gpus` H200s)."""
+    out = []
+    for r in load_results(PLAN):
+        assert r.environment is not None
+        env = dataclasses.replace(r.environment, host=local_host_id(), world_size=gpus)
+        if device_kind == "cpu":
+            env = dataclasses.replace(env, device_kind="cpu", backend="gloo", gpu_names=(), driver=None)
+        else:
+            env = dataclasses.replace(env, gpu_names=("NVIDIA H200",) * gpus)
+        out.append(dataclasses.replace(r, environment=env))
+    return out
+
+
+def _record(history: History, results: Sequence[ProbeResult], model: str, tp: int, group: GroupInfo) -> None:
+    """Store `results` as a session on `group` for `model` at `tp` would have (with its fingerprint)."""
+    tp_choice = choose_tp(tp, group_size=group.size, group_label=group.label, group_where=group.where)
+    scenario = build_scenario(source_from_setting(model), tp_choice)
+    for r in results:
+        assert r.environment is not None
+        fp = fingerprint_of(r.environment, scenario)
+        history.record(KIND_PROBE, r.probe, compact_payload(r.to_dict()), recorded_at_s=NOW_S - 600, fingerprint=fp)
+
+
+def _sources(
+    budget: PresetBudget,
+    *,
+    history: History | None,
+    telemetry: TelemetryFrame,
+    probes: Any = None,
+    server: Any = None,
+) -> Sources:
+    return Sources(
+        telemetry=FakeTelemetry([telemetry]),
+        probes=probes or NoProbes("demo: no probes unless --cpu-ranks is given"),
+        budget=budget,
+        checks=FakeChecks(),
+        history=history,
+        clock=fixed_clock,
+        run_probes_at_start=False,
+        server=server,
+    )
+
+
+def _demo_budget() -> PresetBudget:
+    return PresetBudget(lambda: "NVIDIA H200", group=lambda: DEMO, gpu_how="fake NVML of the demo")
+
+
+def _budget_text(app: DecodetopApp) -> str:
+    bar = app.query_one(BudgetBar)
+    return "\n".join(line.plain for line in bar._lines(SIZE[0] - 4))
+
+
+def _settled(app: DecodetopApp, extra: Callable[[], bool] = lambda: True) -> Callable[[], bool]:
+    return lambda: app.query_one(BudgetBar).budget is not None and app.budget_settled and extra()
+
+
+async def _demo_screen(history: History | None, model: str) -> tuple[str, list[str]]:
+    """The budget panel's text and the sources of its segments, for the demo on `model`."""
+    app = make_app(
+        _sources(_demo_budget(), history=history, telemetry=eight_gpu_frame()), Settings(model=model, tp=None)
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        loaded = lambda: history is None or bool(app.probe_views)  # noqa: E731
+        await wait_until(pilot, _settled(app, loaded), "demo budget")
+        await pilot.pause(0.2)
+        await wait_until(pilot, _settled(app), "demo budget after history")
+        view = app.query_one(BudgetBar).budget
+        assert view is not None
+        return _budget_text(app), [s.provenance for s in view.components]
+
+
+async def test_a_cpu_run_in_the_same_state_dir_leaves_the_demo_as_a_clean_one(tmp_path: Path) -> None:
+    history = History(tmp_path / "history.jsonl", clock=fixed_clock)
+    _record(history, _results("cpu"), "llama-3.1-70b", 2, CPU)
+    # and a record from before fingerprints: origin unknown, never feeds a GPU budget
+    history.record(KIND_PROBE, "gemm", compact_payload(_results()[1].to_dict()), recorded_at_s=NOW_S - 60)
+    clean, clean_sources = await _demo_screen(None, "llama-3.1-70b")
+    dirty, dirty_sources = await _demo_screen(History(tmp_path / "history.jsonl", clock=fixed_clock), "llama-3.1-70b")
+    assert dirty == clean and dirty_sources == clean_sources
+    assert f"roofline {format_ms(_budget_roofline_ms('llama-3.1-70b', 8))} ms" in clean  # as `decodetop budget`
+    assert all("estimate for NVIDIA H200 141GB (fake NVML of the demo)" in p for p in clean_sources)
+
+
+async def test_another_models_gpu_run_leaves_the_demo_as_a_clean_one(tmp_path: Path) -> None:
+    path = tmp_path / "history.jsonl"
+    _record(History(path, clock=fixed_clock), _results("cuda", gpus=8), "llama-3.1-70b", None, DEMO)  # type: ignore[arg-type]
+    clean, _ = await _demo_screen(None, "glm-5-nvfp4")
+    other, _ = await _demo_screen(History(path, clock=fixed_clock), "glm-5-nvfp4")
+    assert other == clean
+    # the same run does feed its own scenario (so the comparison above can fail)
+    _, own = await _demo_screen(History(path, clock=fixed_clock), "llama-3.1-70b")
+    assert any(p.startswith("measured earlier: ") and "(8 × NVIDIA H200)" in p for p in own)
+
+
+class _BarApp(App[None]):
+    """The budget bar alone, showing a view the real app composed (its snapshot does not move with the layout)."""
+
+    def __init__(self, view: BudgetView, theme: str = "decodetop-dark") -> None:
+        super().__init__()
+        self.view = view
+        register_themes(self)
+        self.theme = theme
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return theme_variable_defaults()
+
+    def compose(self) -> ComposeResult:
+        yield BudgetBar()
+
+    def on_mount(self) -> None:
+        bar = self.query_one(BudgetBar)
+        bar.now_s = NOW_S
+        bar.budget = self.view
+
+
+async def _view_of(
+    app: DecodetopApp,
+    until: Callable[[], bool],
+    what: str,
+    keys: Sequence[tuple[str, Callable[[], bool]]] = (),
+) -> BudgetView:
+    """Run the real app until its budget settles, then press each key and wait for its condition; its view."""
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, _settled(app, until), what)
+        for key, then in keys:
+            await pilot.press(key)
+            await wait_until(pilot, _settled(app, then), f"{what}: after {key}")
+        view = app.query_one(BudgetBar).budget
+        assert view is not None
+        return view
+
+
+def _snapshot(snap_compare: Callable[..., bool], view: BudgetView, theme: str = "decodetop-dark") -> None:
+    assert snap_compare(_BarApp(view, theme), terminal_size=(SIZE[0], 22))
+
+
+def _text(view: BudgetView) -> str:
+    async def render() -> str:
+        app = _BarApp(view)
+        async with app.run_test(size=(SIZE[0], 22)) as pilot:
+            await pilot.pause()
+            return "\n".join(line.plain for line in app.query_one(BudgetBar)._lines(SIZE[0] - 2))
+
+    return asyncio.run(render())
+
+
+def test_the_clean_demo_budget(snap_compare: Callable[..., bool]) -> None:
+    app = make_app(_sources(_demo_budget(), history=None, telemetry=eight_gpu_frame()), Settings(model="llama-3.1-70b"))
+    view = asyncio.run(_view_of(app, lambda: True, "demo budget"))
+    assert all(seg.estimated for seg in view.components)
+    _snapshot(snap_compare, view)
+
+
+def test_cpu_ranks_say_cpu_and_name_no_gpu(snap_compare: Callable[..., bool], tmp_path: Path) -> None:
+    history = History(tmp_path / "history.jsonl", clock=fixed_clock)
+    _record(history, _results("cpu"), "llama-3.1-70b", None, CPU)  # type: ignore[arg-type]
+    budget = PresetBudget(lambda: None, group=lambda: CPU)
+    app = make_app(_sources(budget, history=history, telemetry=NO_GPU_FRAME), Settings(model="llama-3.1-70b"))
+    measured = lambda: any(s.status == "measured" for s in _components(app))  # noqa: E731
+    view = asyncio.run(_view_of(app, measured, "CPU budget from the history"))
+    _snapshot(snap_compare, view)
+    text = _text(view)
+    assert text.startswith("CPU ranks (gloo): timings show the method, not a GPU")
+    assert "roofline n/a on CPU" in text and "assumed, not observed" in text
+    assert "H200" not in text and "RTX" not in text and "NVIDIA" not in text
+    assert "TP 2 (default: the 2 CPU ranks of the probe group)" in text
+
+
+class _Unreachable:
+    """A serving engine /metrics source that is never there."""
+
+    url = "http://127.0.0.1:9/metrics"
+
+    def poll(self) -> ServerStatus:
+        return ServerStatus(ServerState.UNREACHABLE, f"{self.url}: connection refused", self.url)
+
+
+def test_an_unreachable_server_says_the_step_is_assumed(snap_compare: Callable[..., bool]) -> None:
+    budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: DEMO, server_url=_Unreachable.url)
+    poller = BudgetServerPoller(_Unreachable(), budget, period_s=0.05)
+    app = make_app(
+        _sources(budget, history=None, telemetry=eight_gpu_frame(), server=poller), Settings(model="glm-5-nvfp4")
+    )
+    try:
+        view = asyncio.run(_view_of(app, lambda: "server" in _header(app), "server header"))
+    finally:
+        poller.close()
+    _snapshot(snap_compare, view)
+    text = _text(view)
+    assert text.startswith(f"server {_Unreachable.url}: {_Unreachable.url}: connection refused")
+    assert "observed 95.0 ms assumed, not observed" in text
+
+
+class _RecordedProbes:
+    """A probe source whose runs hand back the recorded plan run's results (so `R` gives real measurements)."""
+
+    def __init__(self, results: Sequence[ProbeResult]) -> None:
+        self.results = {r.probe: r for r in results}
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        return [ProbeView(probe_id=p, title=p) for p in self.results]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        result = self.results[probe_id]
+        return ProbeOutcome(view=probe_view(result, title=probe_id), result=result)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        return None
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        return False
+
+    def cancel(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("theme", ["decodetop-dark", "decodetop-contrast"])
+def test_after_s_then_r_estimates_stay_marked_as_estimates(
+    snap_compare: Callable[..., bool], tmp_path: Path, theme: str
+) -> None:
+    """The baseline is all roofline estimates at the datasheet bandwidth; after R the GEMMs are measured and the
+    measured copy bandwidth moves the remaining estimates: they keep their ≈ and hatching, and get no Δ."""
+    results = [r for r in _results() if r.probe in ("gemm", "launch")]
+    budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: GroupInfo(2, "cuda", "GPUs"), session_start_s=0.0)
+    history = History(tmp_path / "history.jsonl", clock=fixed_clock)
+    app = make_app(
+        _sources(budget, history=history, telemetry=eight_gpu_frame(), probes=_RecordedProbes(results)),
+        Settings(model="llama-3.1-70b"),
+    )
+
+    def idle() -> bool:
+        return len(app.probe_views) == 2 and not app.queue and app.running_probe is None
+
+    def measured() -> bool:
+        return idle() and any(s.status == "measured" for s in _components(app))
+
+    keys = (("s", lambda: app.baseline is not None), ("R", measured))
+    view = asyncio.run(_view_of(app, idle, "plan and budget", keys=keys))
+    assert app.baseline is not None
+    estimated = [seg for seg in view.components if seg.estimated]
+    assert estimated and any(seg.status == "measured" for seg in view.components)
+    # the diff did flag estimates that moved with the measured bandwidth: the bar must not show them as moves
+    assert {m.key for m in view.moved} & {seg.key for seg in estimated}
+    _snapshot(snap_compare, view, theme)
+    text = _text(view)
+    for seg in estimated:
+        entry = next(line for line in text.splitlines() if seg.label[:10] in line and "ms" in line)
+        part = entry[entry.index(seg.label[:10]) :][:38]
+        assert "≈" in part and "Δ" not in part, entry
+    assert "·" in next(line for line in text.splitlines() if line.lstrip().startswith("zoom"))  # hatched
+
+
+def _components(app: DecodetopApp) -> tuple[Any, ...]:
+    view = app.query_one(BudgetBar).budget
+    return view.components if view is not None else ()
+
+
+def _header(app: DecodetopApp) -> str:
+    view = app.query_one(BudgetBar).budget
+    return view.header if view is not None else ""
+
+
+def _budget_roofline_ms(model: str, tp: int) -> float:
+    """`decodetop budget --model M --tp N --gpu h200 --json`'s roofline."""
+    import contextlib
+    import io
+    import json
+
+    from decodetop.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["budget", "--model", model, "--tp", str(tp), "--gpu", "h200", "--json"]) == 0
+    return float(json.loads(out.getvalue())["roofline"]["step_ms"])
