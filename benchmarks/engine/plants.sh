@@ -61,14 +61,6 @@ with_neighbour() {  # with_neighbour KIND NAME MODE: run NAME while neighbour KI
   wait "$pid" 2>/dev/null
 }
 
-expected() {  # what the diff should name for a plant
-  case $1 in
-    gemm_neighbour | cpu_neighbour) echo "GPU $PLANT_GPU" ;;
-    nccl_*) echo "all-reduce" ;;
-    launch_blocking) echo "launch" ;;
-  esac
-}
-
 run clean1 graph
 run clean2 graph
 case " $PLANTS " in *" launch_blocking "*) run clean_eager eager ;; esac
@@ -85,24 +77,12 @@ for r in $(seq 1 "$REPEATS"); do
   done
 done
 
-diff_line() {  # diff_line BASE RUN: the diff's verdict lines (moved most / straggler), one line
-  python3 -m decodetop budget --diff "$W/$1.json" "$W/$2.json" >"$W/$2.diff.txt" 2>&1
-  grep -iE "moved most|straggler|no component moved" "$W/$2.diff.txt" | tr '\n' ' ' | cut -c1-150
-}
-
-{
-  echo "| plant | run | expected | named | diff verdict |"
-  echo "|---|---|---|---|---|"
-  echo "| clean | 2 vs 1 | nothing | — | $(diff_line clean1 clean2) |"
-  for plant in $PLANTS; do
-    base=clean1
-    [ "$plant" = launch_blocking ] && base=clean_eager
-    want=$(expected "$plant")
-    for r in $(seq 1 "$REPEATS"); do
-      verdict=$(diff_line "$base" "${plant}_$r")
-      named=no
-      echo "$verdict" | grep -qiF "$want" && named=yes  # the verdict line, not the table (it lists every component)
-      echo "| $plant | $r | $want | $named | $verdict |"
-    done
-  done
-} | tee "$W/plants_table.md"
+for f in "$W"/*.json; do  # every run against its clean baseline: RUN.diff.txt
+  name=$(basename "$f" .json)
+  case $name in clean1 | clean_eager | plants_verdicts) continue ;; esac
+  base=clean1
+  case $name in launch_blocking_*) base=clean_eager ;; esac
+  python3 -m decodetop budget --diff "$W/$base.json" "$f" >"$W/$name.diff.txt" 2>&1
+done
+python3 benchmarks/engine/judge_plants.py "$W" --plants "$PLANTS" --repeats "$REPEATS" --gpu "$PLANT_GPU" |
+  tee "$W/plants_table.md"

@@ -86,3 +86,51 @@ def test_cpulist_and_bus_ids() -> None:
 def test_numa_cpus_falls_back_to_this_process_affinity(tmp_path: Path) -> None:
     # No nvidia-smi or no sysfs entry: every core this process may run on (a VM exposes no NUMA placement).
     assert neighbour.numa_cpus(99, sys_root=tmp_path) == sorted(os.sched_getaffinity(0))
+
+
+judge_plants: Any = importlib.import_module("judge_plants")
+
+
+def _doc(nccl_16k_us: float, source: str) -> dict[str, Any]:
+    ar_key = {"id": "allreduce:…", "params": {"collective": "all_reduce", "bytes": 16384, "ranks": 2, "dtype": "bf16"}}
+    point = {
+        "params": {"impl": "nccl", "mode": "graph", "size_bytes": 16384},
+        "status": "ok",
+        "metrics": {"time_us": nccl_16k_us},
+    }
+    return {
+        "plan": {"probes": {"allreduce": [ar_key]}},
+        "results": [{"probe": "allreduce", "measurements": [point]}],
+        "budget": {"segments": [{"component": "communication", "sources": [source]}]},
+    }
+
+
+CUSTOM = "allreduce probe: custom one-shot 16 KiB–4 MiB (vLLM at TP 2 over NVLink: custom all-reduce below 8 MiB)"
+
+
+def test_verdict_lines_and_expectations() -> None:
+    text = "component  before\nall-reduce  0.1 0.3\nmoved most: all-reduce / all-to-all (+0.200 ms, ×3.0)\n"
+    assert judge_plants.verdict(text) == "moved most: all-reduce / all-to-all (+0.200 ms, ×3.0)"
+    assert judge_plants.expected("gemm_neighbour", 1) == "GPU 1"
+    assert judge_plants.expected("nccl_p2p_disable", 1) == "all-reduce"
+    assert judge_plants.expected("launch_blocking", 1) == "launch"
+    with pytest.raises(ValueError):
+        judge_plants.expected("nonsense", 1)
+
+
+def test_a_custom_path_budget_is_immune_to_nccl_proto_and_the_probe_still_names_it() -> None:
+    still = "no component moved beyond its noise"
+    row = judge_plants.judge("nccl_proto_simple", 1, still, _doc(12.2, CUSTOM), _doc(19.0, CUSTOM))
+    assert row["named"] is True and "immune" in row["why"] and "12.2 → 19.0" in row["why"]
+    flat = judge_plants.judge("nccl_proto_simple", 1, still, _doc(12.2, CUSTOM), _doc(12.5, CUSTOM))
+    assert flat["named"] is False
+    nccl = judge_plants.judge("nccl_proto_simple", 1, still, _doc(12.2, "allreduce probe"), _doc(19.0, "x"))
+    assert nccl["named"] is False  # on the NCCL path the budget itself must name it
+    assert judge_plants.step_sizes(_doc(1.0, "")) == [16384]
+
+
+def test_a_straggler_verdict_names_the_neighbours_gpu() -> None:
+    said = "straggler: GPU 1 (launch+sync 2421 µs vs 17 µs)\nmoved most: dense MLP (+0.3 ms, ×1.5)"
+    row = judge_plants.judge("gemm_neighbour", 1, said, {}, {})
+    assert row["named"] is True
+    assert judge_plants.judge("gemm_neighbour", 0, said, {}, {})["named"] is False
