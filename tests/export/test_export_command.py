@@ -203,18 +203,22 @@ def test_plan_without_model_is_every_registered_probe() -> None:
 
 
 def test_plan_for_a_model_is_the_probe_engines_plan() -> None:
-    """--model runs what `decodetop probe --model` runs (probes.planrun), limited to the registered probes."""
+    """--model runs what `decodetop probe --model` runs (probes.planrun) less the charts' sweeps, limited to the
+    registered probes."""
     from decodetop.budget.plan import build_plan
-    from decodetop.probes.planrun import plan_requests
+    from decodetop.probes.planrun import PlanRunOptions, plan_requests
 
     scenario = _scenario("glm-5-nvfp4", 8)
     inventory = scenario.inventory()
-    requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda")
+    no_sweeps = PlanRunOptions(sweeps=False)
+    requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda", options=no_sweeps)
     runs, notes = probe_plan_runs(scenario, REGISTRY, world_size=8, device_kind="cuda")
     assert [(r.probe, dict(r.params)) for r in runs] == [
         (r.probe, dict(r.params)) for r in requests if r.probe in REGISTRY.names()
     ]
     assert {"allreduce", "gemm", "launch"} <= {r.probe for r in runs}
+    gemm = next(r for r in runs if r.probe == "gemm")
+    assert not gemm.params.get("sweep")  # the charts' GEMM-vs-M sweep is not run on a schedule
     assert any("not in this build's probe registry" in n for n in notes)  # moe, attention, ... are not in REGISTRY
     # a group smaller than the plan's TP measures no collective, and says so
     small, small_notes = probe_plan_runs(scenario, REGISTRY, world_size=2, device_kind="cpu")

@@ -38,7 +38,7 @@ from decodetop.errors import UserInputError
 from decodetop.export.prometheus import ExportState, MetricsServer, Observation, StateBox, start_metrics_server
 from decodetop.history import format_age
 from decodetop.probes.budgeting import GpuHint, compose
-from decodetop.probes.planrun import plan_requests
+from decodetop.probes.planrun import PlanRunOptions, plan_requests
 from decodetop.probes.results import ProbeResult, ProbeStatus
 
 LATENCY_PROBES = frozenset({"allreduce", "launch"})
@@ -47,6 +47,9 @@ DEFAULT_PROBE_EVERY_S = 600.0
 """The plan every 10 minutes: a full model plan takes 15-20 s on 2 × H200 (docs/benchmarks.md, cost)."""
 DEFAULT_CHECK_EVERY_S = 300.0
 """Host settings change rarely; every 5 minutes catches a governor reset without measurable cost."""
+SCHEDULED_PLAN = PlanRunOptions(sweeps=False)
+"""The plan on a schedule measures the budget's own points only: the GEMM-vs-M and context sweeps draw charts in
+`decodetop probe`, are not exported, and would take the GPUs from the serving engine every period for nothing."""
 DEFAULT_SERVER_EVERY_S = 5.0
 DEFAULT_SERVER_WINDOW_S = 30.0
 """Δ window for the observed step: a few thousand tokens at typical decode rates, steady for a dashboard."""
@@ -104,14 +107,17 @@ def probe_plan_runs(
     """What the exporter runs each period, and notes on what cannot be measured on this group.
 
     Without a scenario: every registered probe at its defaults, what the TUI lists. With one: the probe engine's
-    plan for it (`probes.planrun.plan_requests`, the same runs as `decodetop probe --model`), on a group of
-    `world_size` ranks of `device_kind` ("cuda" or "cpu"), keeping the probes this build registers.
+    plan for it (`probes.planrun.plan_requests`, the runs of `decodetop probe --model` less the charts' sweeps,
+    `SCHEDULED_PLAN`), on a group of `world_size` ranks of `device_kind` ("cuda" or "cpu"), keeping the probes this
+    build registers.
     """
     names = list(registry.names())
     if scenario is None:
         return tuple(PlannedRun(name) for name in names), ()
     inventory = scenario.inventory()
-    requests, notes = plan_requests(build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind)
+    requests, notes = plan_requests(
+        build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind, options=SCHEDULED_PLAN
+    )
     runs = tuple(PlannedRun(r.probe, dict(r.params)) for r in requests if r.probe in names)
     missing = sorted({r.probe for r in requests} - set(names))
     if missing:
