@@ -31,11 +31,13 @@ from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
 from decodetop.errors import UserInputError
 
 DEFAULT_OBSERVED_MS = 95.0
-"""The observed step time decodetop was built to explain (probes.md §0: 10.4 tok/s on GLM-5-NVFP4, TP8)."""
+"""The observed step time decodetop was built to explain (docs/reference/probes.md §0: 10.4 tok/s on GLM-5-NVFP4 at
+TP 8). A budget that uses it says so: it is assumed, not observed."""
 DEFAULT_TARGET_TPS = 309.0
 """The target throughput (docs/architecture.md); 309 tok/s is 3.24 ms per token."""
 LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
-"""Per-kernel cost when unmeasured: graph node ~0.6 µs, eager PyTorch op 5–10 µs (probes.md §3, §5, §7.5)."""
+"""Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
+measured on an H200), an eager PyTorch op ~5 µs (the same section: 6.6–7.1 µs host time per empty-kernel launch)."""
 
 STATUSES = ("measured", "interpolated", "estimated", "missing")
 _RANK = {s: i for i, s in enumerate(STATUSES)}
@@ -84,7 +86,7 @@ class ObservedStep:
 
 
 def default_observed(detail: str = "") -> ObservedStep:
-    """The built-in observed step (probes.md §0), marked as assumed; `detail` says why nothing was observed."""
+    """The built-in observed step (`DEFAULT_OBSERVED_MS`), marked as assumed; `detail` says why nothing was observed."""
     return ObservedStep(DEFAULT_OBSERVED_MS, "default", detail)
 
 

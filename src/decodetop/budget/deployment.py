@@ -11,7 +11,8 @@ from decodetop.budget.spec import ModelSpec
 from decodetop.errors import UserInputError
 
 DEFAULT_TP = 8
-"""Used when the number of GPUs cannot be counted (the seed host has 8 GPUs; probes.md §0)."""
+"""The dataclass default for callers that build a `Deployment` by hand; the commands and the UI take TP from the
+scenario layer instead (`decodetop.budget.scenario.choose_tp`: --tp, else the probe group's size, else 1)."""
 DEFAULT_CONTEXT = 4096
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
 LAUNCH_MODES = ("graph", "eager")

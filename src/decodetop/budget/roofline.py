@@ -3,10 +3,11 @@
     step = max(weight + KV bytes of the busiest GPU / memory bandwidth, FLOPs / matrix peak)
            + Σ collectives (latency + message bytes × algorithm factor / bus bandwidth)
 
-(probes.md §5's budget model without the efficiency and launch terms). Memory bandwidth is, in order of
-preference: measured (`--bandwidth-tbps`), NVML bus width × memory clock, or the datasheet table
-(`decodetop.budget.gpus`). The collective latency is measured when given, else the table's figure for the
-interconnect. Each choice is recorded in `Hardware.*_source` so the output can say where a number came from.
+(docs/reference/probes.md §5's budget model without the efficiency and launch terms). Memory bandwidth is, in
+order of preference: measured (the gemm probe's device copy, or `--bandwidth-tbps`), or the datasheet table
+(`decodetop.budget.gpus`), the same on every surface. The collective latency is measured when given, else the
+table's figure for the interconnect. Each choice is recorded in `Hardware.*_source` so the output can say where
+a number came from.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def hardware_for(
 
 
 def collective_time_us(kind: str, nbytes: float, ranks: int, hw: Hardware) -> float:
-    """latency + the bandwidth term of a ring collective (nccl-tests' busbw definitions, probes.md §1)."""
+    """latency + the bandwidth term of a ring collective (nccl-tests' busbw definitions,
+    https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)."""
     if ranks <= 1:
         return 0.0
     # all-reduce moves 2(n-1)/n of the message per rank; all-gather of nbytes per rank moves (n-1)·nbytes
