@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -24,3 +28,44 @@ def require_tool(name: str) -> str:
             pytest.fail(f"{name} is not installed and was not fetched (DECODETOP_REQUIRE_TOOLS=1); {hint}")
         pytest.skip(f"{name} is not installed; {hint}")
     return path
+
+
+HOST_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hosts"
+"""The host-tree generator (build_fixtures.py) and each scenario's committed golden findings (`<name>/expected.json`).
+The trees themselves are generated, not committed: the generator is deterministic and the golden files pin it."""
+
+
+def load_host_generator() -> ModuleType:
+    """tests/fixtures/hosts/build_fixtures.py as a module (registered first: its dataclasses look their module up)."""
+    name = "build_fixtures"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HOST_FIXTURES / "build_fixtures.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+HOST_SCENARIOS: tuple[str, ...] = tuple(sorted(load_host_generator().SCENARIOS))
+
+
+@pytest.fixture(scope="session")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every host scenario built once per session: `hosts / name / "root"` (shared: never change it)."""
+    dest = tmp_path_factory.mktemp("hosts")
+    load_host_generator().build_all(dest)
+    return dest
+
+
+@pytest.fixture()
+def copy_host(hosts: Path, tmp_path: Path) -> Callable[[str], Path]:
+    """A private copy of host scenario `name`'s tree, for tests that change files in it."""
+
+    def copy(name: str) -> Path:
+        dest = tmp_path / name
+        shutil.copytree(hosts / name / "root", dest, symlinks=True)
+        return dest
+
+    return copy

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from host_trees import HOST_FIXTURES, SCENARIOS, load_generator
 
+from conftest import HOST_FIXTURES, HOST_SCENARIOS, load_host_generator
 from decodetop.collectors.checks.host import run_all_checks, run_host_checks
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
 from decodetop.collectors.hostroot import HostRoot
@@ -34,14 +34,14 @@ def _by_id(results: list[CheckResult]) -> dict[str, CheckResult]:
 
 
 def test_every_scenario_has_golden_findings_and_no_stray_ones() -> None:
-    assert SCENARIOS == (
+    assert HOST_SCENARIOS == (
         "epyc-motivating",
         "epyc-well-tuned",
         "firecracker-h200-vm",
         "kvm-haltpoll-vm",
         "lxc-stale-uvm-major",
     )
-    assert sorted(p.parent.name for p in HOST_FIXTURES.glob("*/expected.json")) == list(SCENARIOS)
+    assert sorted(p.parent.name for p in HOST_FIXTURES.glob("*/expected.json")) == list(HOST_SCENARIOS)
 
 
 def test_generator_is_deterministic(hosts: Path, tmp_path: Path) -> None:
@@ -54,11 +54,11 @@ def test_generator_is_deterministic(hosts: Path, tmp_path: Path) -> None:
             out[rel] = f"-> {path.readlink()}" if path.is_symlink() else "dir" if path.is_dir() else path.read_bytes()
         return out
 
-    load_generator().build("kvm-haltpoll-vm", tmp_path / "again")
+    load_host_generator().build("kvm-haltpoll-vm", tmp_path / "again")
     assert snapshot(tmp_path / "again") == snapshot(hosts / "kvm-haltpoll-vm" / "root")
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
+@pytest.mark.parametrize("name", HOST_SCENARIOS)
 def test_golden_findings(run: Callable[[str], list[CheckResult]], name: str) -> None:
     results = run(name)
     got = {

@@ -7,10 +7,10 @@ import struct
 from pathlib import Path
 
 import pytest
-from host_trees import load_generator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import load_host_generator
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.pci import (
     PciConfigError,
@@ -22,7 +22,7 @@ from decodetop.collectors.pci import (
     upstream_bdfs,
 )
 
-bf = load_generator()
+bf = load_host_generator()
 
 
 def _endpoint(devctl: int, *, size: int = 4096, lnksta_speed: int = 5) -> bytes:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from decodetop.collectors.baseline import Baseline, Change
     from decodetop.collectors.checks.model import CheckResult
+    from decodetop.collectors.hostroot import HostRoot
 
 _PIPE_WIDTH = 160
 """Width of the table when stdout is not a terminal and COLUMNS is unset: the widths the table had before it
@@ -157,14 +158,18 @@ def _root_path(args: argparse.Namespace) -> Path:
     return root_path
 
 
-def _run(args: argparse.Namespace) -> int:
-    from decodetop.collectors import baseline as bl
-    from decodetop.collectors.archive import RecordingRoot, unpacked, write_collect_tarball
+@dataclass(frozen=True)
+class _Plan:
+    """The checked flags: what to read, how, and what to write afterwards."""
+
+    interval_s: float
+    lxc_dirs: tuple[str, ...] | None
+    textfile: str | None
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    """Check every flag before any work, so a bad one fails at once (exit 2)."""
     from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S
-    from decodetop.collectors.checks.host import run_all_checks, sort_for_display
-    from decodetop.collectors.checks.model import exit_code
-    from decodetop.collectors.hostroot import HostReadError, HostRoot
-    from decodetop.collectors.pci import find_gpus
     from decodetop.errors import UserInputError
 
     interval = DEFAULT_SAMPLE_INTERVAL_S if args.sample_interval is None else args.sample_interval
@@ -172,32 +177,45 @@ def _run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--sample-interval {interval}: give 0 to 60 seconds")
     if args.root and args.collect:
         raise UserInputError("--collect records this host; it cannot be combined with --root")
-    lxc_dirs = tuple(args.lxc_config_dir) if args.lxc_config_dir else None
     if args.collect and Path(args.collect).is_dir():
         raise UserInputError(f"--collect {args.collect}: is a directory, give a file name ending in .tar.gz")
     textfile = getattr(args, "prometheus_textfile", None)
     if textfile:
         from decodetop.export.prometheus import textfile_path
 
-        textfile = textfile_path(textfile)  # a bad name fails before any work
+        textfile = str(textfile_path(textfile))  # a bad name fails before any work
+    return _Plan(interval, tuple(args.lxc_config_dir) if args.lxc_config_dir else None, textfile or None)
 
+
+def _open_root(args: argparse.Namespace, stack: contextlib.ExitStack) -> HostRoot:
+    """The root the checks read: a copied tree (a directory or an unpacked archive), a recording root, or this host."""
+    from decodetop.collectors.archive import RecordingRoot, unpacked
+    from decodetop.collectors.hostroot import HostReadError, HostRoot
+    from decodetop.errors import UserInputError
+
+    if not args.root:
+        return RecordingRoot() if args.collect else HostRoot()
+    root_path = _root_path(args)
+    if root_path.is_file():
+        root_path = stack.enter_context(unpacked(root_path))
+    try:
+        return HostRoot(root_path)
+    except HostReadError as exc:
+        raise UserInputError(f"--root {args.root}: {exc}") from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    from decodetop.collectors import baseline as bl
+    from decodetop.collectors.checks.host import run_all_checks, sort_for_display
+    from decodetop.collectors.checks.model import exit_code
+    from decodetop.collectors.pci import find_gpus
+
+    plan = _plan(args)
     base = _baselines(args)  # before any work, so nothing stored is overwritten after a failed read
-
     with contextlib.ExitStack() as stack:
-        if args.root:
-            root_path = _root_path(args)
-            if root_path.is_file():
-                root_path = stack.enter_context(unpacked(root_path))
-            try:
-                root: HostRoot = HostRoot(root_path)
-            except HostReadError as exc:
-                raise UserInputError(f"--root {args.root}: {exc}") from exc
-        elif args.collect:
-            root = RecordingRoot()
-        else:
-            root = HostRoot()
+        root = _open_root(args, stack)
         busy = {gpu.bdf: True for gpu in find_gpus(root)} if args.under_load else None
-        results = run_all_checks(root, sample_interval_s=interval, gpu_busy=busy, lxc_config_paths=lxc_dirs)
+        results = run_all_checks(root, sample_interval_s=plan.interval_s, gpu_busy=busy, lxc_config_paths=plan.lxc_dirs)
 
     ordered = sort_for_display(results)
     changes = bl.diff_baseline(base.loaded, results) if base.loaded is not None else []
@@ -206,9 +224,26 @@ def _run(args: argparse.Namespace) -> int:
         _print(args, ordered=ordered, results=results, code=code, base=base, changes=changes)
     except BrokenPipeError:  # `decodetop check | head`: the reader left; still collect/save and exit with the code
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _write_outputs(args, root=root, results=results, code=code, base=base, plan=plan)
+    return code
+
+
+def _write_outputs(
+    args: argparse.Namespace,
+    *,
+    root: HostRoot,
+    results: list[CheckResult],
+    code: int,
+    base: _Baselines,
+    plan: _Plan,
+) -> None:
+    """After the table: the --collect archive, the baseline, the notes, the textfile."""
+    from decodetop.collectors import baseline as bl
+    from decodetop.collectors.archive import RecordingRoot, write_collect_tarball
+    from decodetop.collectors.checks.host import sort_for_display
 
     if args.collect and isinstance(root, RecordingRoot):
-        findings = {"exit_code": code, "results": bl.results_to_json(ordered)}
+        findings = {"exit_code": code, "results": bl.results_to_json(sort_for_display(results))}
         count = write_collect_tarball(root, Path(args.collect), findings)
         print(
             f"collected {count} paths into {args.collect} (check it with: decodetop check --root {args.collect})",
@@ -220,11 +255,10 @@ def _run(args: argparse.Namespace) -> int:
     for note in (base.compare_note, base.save_note):
         if note:
             print(f"decodetop check: {note}", file=sys.stderr)
-    if textfile:
+    if plan.textfile:
         from decodetop.export.prometheus import write_check_textfile
 
-        write_check_textfile(textfile, results)
-    return code
+        write_check_textfile(plan.textfile, results)
 
 
 def _print(
