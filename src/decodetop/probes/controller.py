@@ -42,7 +42,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from decodetop.errors import DecodetopError, UserInputError
 from decodetop.paths import state_dir
@@ -61,7 +61,6 @@ from decodetop.probes.rankmain import rank_entry
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import (
     Environment,
-    Measurement,
     ProbeResult,
     ProbeStatus,
     RankOutput,
@@ -69,22 +68,6 @@ from decodetop.probes.results import (
 )
 
 ProgressCallback = Callable[[Progress], None]
-
-
-class _Finish(Protocol):
-    """`run`'s result maker: the status and what the ranks said, with the run's timing and environment added."""
-
-    def __call__(
-        self,
-        status: ProbeStatus,
-        *,
-        message: str = "",
-        error: str | None = None,
-        error_rank: int | None = None,
-        traceback: str | None = None,
-        measurements: tuple[Measurement, ...] = (),
-        rank_warnings: int = 0,
-    ) -> ProbeResult: ...
 
 
 #: Default number of CPU ranks where there is no GPU (the issue's default: 2, enough for a real collective).
@@ -182,6 +165,17 @@ def default_rank_log() -> Path:
     """`<state dir>/logs/ranks-<UTC time>-<pid>.log`: one file per controller (per run of decodetop)."""
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return state_dir() / "logs" / f"ranks-{stamp}-{os.getpid()}.log"
+
+
+@dataclass(frozen=True)
+class _RunStart:
+    """What a probe run knows from its start: the probe, its resolved parameters, when, and the clocks before."""
+
+    probe: str
+    params: Mapping[str, Any]
+    started_utc: str
+    t0: float
+    nvml_before: list[dict[str, Any]]
 
 
 @dataclass
@@ -335,82 +329,70 @@ class ProbeController:
                 raise DecodetopError("probe controller is closed")
             self._drain_wake()
             self._cancel.clear()
-            started_utc = _utc_now()
-            t0 = time.monotonic()
-
-            nvml_before = clock_snapshot(self.layout.gpus)
-
-            def finish(
-                status: ProbeStatus,
-                *,
-                message: str = "",
-                error: str | None = None,
-                error_rank: int | None = None,
-                traceback: str | None = None,
-                measurements: tuple[Measurement, ...] = (),
-                rank_warnings: int = 0,
-            ) -> ProbeResult:
-                env = self._group.environment if self._group else None
-                if env is not None:
-                    extra = dict(env.extra)
-                    if nvml_before:
-                        extra["nvml_before"] = nvml_before
-                        extra["nvml_after"] = clock_snapshot(self.layout.gpus)
-                    env = replace(env, time_utc=started_utc, extra=extra)
-                return ProbeResult(
-                    probe=probe,
-                    status=status,
-                    params=resolved,
-                    environment=env,
-                    started_utc=started_utc,
-                    duration_s=round(time.monotonic() - t0, 3),
-                    world_size=self.world_size,
-                    message=message,
-                    error=error,
-                    error_rank=error_rank,
-                    traceback=traceback,
-                    measurements=measurements,
-                    rank_warnings=rank_warnings + self._take_start_warnings(),
-                    rank_log=str(self.rank_log),
-                )
-
+            start = _RunStart(probe, resolved, _utc_now(), time.monotonic(), clock_snapshot(self.layout.gpus))
             if self._group is not None and (self._group.dead or not all(p.is_alive() for p in self._group.procs)):
                 self._stop_group(graceful=False)  # a rank died since the last probe: start afresh
             try:
                 group = self._ensure_group()
             except ProbeGroupError as exc:
                 if self._cancel.is_set() or self._closed:
-                    return finish(ProbeStatus.CANCELLED, message="cancelled while the probe group was starting")
-                return finish(ProbeStatus.FAILED, message=str(exc), error=str(exc))
+                    return self._finish(start, ProbeStatus.CANCELLED, "cancelled while the probe group was starting")
+                return self._finish(start, ProbeStatus.FAILED, str(exc), error=str(exc))
             self._seq += 1
-            seq = self._seq
             group.busy = True
             try:
                 try:
                     for conn in group.conns:
-                        conn.send(RunProbe(seq=seq, probe=probe, module=spec.module, params=resolved))
+                        conn.send(RunProbe(seq=self._seq, probe=probe, module=spec.module, params=resolved))
                 except OSError as exc:
                     self._stop_group(graceful=False)
                     msg = f"probe group lost before the probe started ({exc}); it restarts with the next probe"
-                    return finish(ProbeStatus.FAILED, message=msg, error=msg)
-                return self._collect(group, seq, deadline_s=deadline_s, t0=t0, on_progress=on_progress, finish=finish)
+                    return self._finish(start, ProbeStatus.FAILED, msg, error=msg)
+                replies = _Replies(seq=self._seq, on_progress=on_progress)
+                return self._collect(group, replies, start, deadline_s=deadline_s)
             except BaseException:
                 # KeyboardInterrupt or a broken pipe mid-probe: ranks are in an unknown state; end them now.
                 self._stop_group(graceful=False)
                 raise
 
-    def _collect(
+    def _finish(
         self,
-        group: _Group,
-        seq: int,
+        start: _RunStart,
+        status: ProbeStatus,
+        message: str = "",
         *,
-        deadline_s: float,
-        t0: float,
-        on_progress: ProgressCallback | None,
-        finish: _Finish,
+        error: str | None = None,
+        error_rank: int | None = None,
+        traceback: str | None = None,
+        replies: _Replies | None = None,
     ) -> ProbeResult:
-        replies = _Replies(seq=seq, on_progress=on_progress)
-        outputs, errors = replies.outputs, replies.errors
+        """The result of the run that began at `start`: what the ranks said, the run's timing and environment."""
+        env = self._group.environment if self._group else None
+        if env is not None:
+            extra = dict(env.extra)
+            if start.nvml_before:
+                extra["nvml_before"] = start.nvml_before
+                extra["nvml_after"] = clock_snapshot(self.layout.gpus)
+            env = replace(env, time_utc=start.started_utc, extra=extra)
+        return ProbeResult(
+            probe=start.probe,
+            status=status,
+            params=start.params,
+            environment=env,
+            started_utc=start.started_utc,
+            duration_s=round(time.monotonic() - start.t0, 3),
+            world_size=self.world_size,
+            message=message,
+            error=error,
+            error_rank=error_rank,
+            traceback=traceback,
+            measurements=merge_rank_outputs(replies.outputs) if replies is not None else (),
+            rank_warnings=(replies.warnings if replies is not None else 0) + self._take_start_warnings(),
+            rank_log=str(self.rank_log),
+        )
+
+    def _collect(self, group: _Group, replies: _Replies, start: _RunStart, *, deadline_s: float) -> ProbeResult:
+        """Wait for every rank's reply (or death), the deadline, a cancel, or the grace after a rank's error."""
         first_error_at: float | None = None
         conn_rank = {id(c): r for r, c in enumerate(group.conns)}
         sentinel_rank = {p.sentinel: r for r, p in enumerate(group.procs)}
@@ -419,76 +401,77 @@ class ProbeController:
             now = time.monotonic()
             if self._cancel.is_set() or self._closed:
                 self._stop_group(graceful=False)
-                return finish(ProbeStatus.CANCELLED, message="cancelled")
-            if now - t0 >= deadline_s:
+                return self._finish(start, ProbeStatus.CANCELLED, "cancelled")
+            if now - start.t0 >= deadline_s:
                 self._stop_group(graceful=False)
                 msg = f"timed out after {deadline_s:g} s"
-                return finish(ProbeStatus.TIMED_OUT, message=msg, error=msg)
-            if len(outputs) + len(errors) == self.world_size:
+                return self._finish(start, ProbeStatus.TIMED_OUT, msg, error=msg)
+            if len(replies.outputs) + len(replies.errors) == self.world_size:
                 break
             if first_error_at is not None and now - first_error_at >= self.error_grace_s:
                 self._stop_group(graceful=False)  # ranks left in a collective the failed rank never joined
                 break
-            wait_s = min(_POLL_S, deadline_s - (now - t0))
-            ready = wait([*open_conns, *sentinel_rank, self._wake_r], timeout=max(wait_s, 0.0))
-            for obj in ready:
+            wait_s = min(_POLL_S, deadline_s - (now - start.t0))
+            for obj in wait([*open_conns, *sentinel_rank, self._wake_r], timeout=max(wait_s, 0.0)):
                 if obj is self._wake_r:
                     self._drain_wake()
                     continue
                 if isinstance(obj, int):  # a process sentinel: that rank exited
                     rank = sentinel_rank.pop(obj)
-                    group.dead = True
-                    if not replies.answered(rank):
-                        # The sentinel closes just before the process can be reaped: wait for the exit code.
-                        group.procs[rank].join(timeout=1.0)
-                        code = group.procs[rank].exitcode
-                        replies.read_pending(group.conns[rank], rank)  # it may have replied just before dying
-                        if not replies.answered(rank):
-                            replies.died[rank] = describe_exit(code)
-                            errors[rank] = (f"rank {rank} died: {replies.died[rank]}", None)
-                    if rank in errors and first_error_at is None:
-                        first_error_at = time.monotonic()
-                    continue
-                assert isinstance(obj, Connection)
-                rank = conn_rank[id(obj)]
-                try:
-                    replies.handle(obj.recv(), rank)
-                except (EOFError, OSError):
-                    open_conns.remove(obj)
-                    continue
-                if rank in errors and first_error_at is None:
+                    self._on_rank_exit(group, rank, replies)
+                else:
+                    assert isinstance(obj, Connection)
+                    rank = conn_rank[id(obj)]
+                    try:
+                        replies.handle(obj.recv(), rank)
+                    except (EOFError, OSError):
+                        open_conns.remove(obj)
+                        continue
+                if rank in replies.errors and first_error_at is None:
                     first_error_at = time.monotonic()
         group.busy = False
+        return self._result_from(group, replies, start)
+
+    @staticmethod
+    def _on_rank_exit(group: _Group, rank: int, replies: _Replies) -> None:
+        """A rank's process ended: unless it answered first, it died, and how (signal or exit code) is its error."""
+        group.dead = True
+        if replies.answered(rank):
+            return
+        # The sentinel closes just before the process can be reaped: wait for the exit code.
+        group.procs[rank].join(timeout=1.0)
+        replies.read_pending(group.conns[rank], rank)  # it may have replied just before dying
+        if not replies.answered(rank):
+            replies.died[rank] = describe_exit(group.procs[rank].exitcode)
+            replies.errors[rank] = (f"rank {rank} died: {replies.died[rank]}", None)
+
+    def _result_from(self, group: _Group, replies: _Replies, start: _RunStart) -> ProbeResult:
+        """Every rank's reply as one result: failed (naming the rank that died, else the first that raised),
+        unsupported (no rank measured anything, with the reason), or ok."""
+        errors, outputs = replies.errors, replies.outputs
         if errors:
             # A rank that died is the cause; its peers' errors (a closed connection in the collective) follow.
             rank = min(replies.died) if replies.died else min(errors)
             error, tb = errors[rank]
+            message = f"rank {rank}: {error}"
             if rank in replies.died:
                 message = error
                 others = [f"rank {r} then failed: {errors[r][0]}" for r in sorted(errors) if r != rank]
                 tb = "\n".join(others) or None
-            else:
-                message = f"rank {rank}: {error}"
             if group is self._group and (group.dead or any(not p.is_alive() for p in group.procs)):
                 self._stop_group(graceful=False)
-            return finish(
-                ProbeStatus.FAILED,
-                message=message,
-                error_rank=rank,
-                error=error,
-                traceback=tb,
-                measurements=merge_rank_outputs(outputs),
-                rank_warnings=replies.warnings,
+            return self._finish(
+                start, ProbeStatus.FAILED, message, error=error, error_rank=rank, traceback=tb, replies=replies
             )
         reasons = [o.unsupported_reason for o in outputs.values() if o.unsupported_reason]
         if reasons and not any(o.measurements for o in outputs.values()):
-            return finish(ProbeStatus.UNSUPPORTED, message=reasons[0], rank_warnings=replies.warnings)
-        return finish(
-            ProbeStatus.OK,
-            measurements=merge_rank_outputs(outputs),
-            message=reasons[0] if reasons else "",
-            rank_warnings=replies.warnings,
-        )
+            return self._finish(
+                start,
+                ProbeStatus.UNSUPPORTED,
+                reasons[0],
+                replies=replies,
+            )
+        return self._finish(start, ProbeStatus.OK, reasons[0] if reasons else "", replies=replies)
 
     def _take_start_warnings(self) -> int:
         count, self._start_warnings = self._start_warnings, 0

@@ -37,37 +37,48 @@ def attention_runner(key: AttentionKey, ctx: ProbeContext, *, rotate: bool, cont
     `index_topk`), then the same MLA over the gathered top-k latents.
     An FP8 KV cache is read as BF16 here (SDPA takes no FP8): the cast is what `kvcast` measures.
     """
-    device = ctx.device
-    ctx_len = key.context if context is None else context
-    length = ctx_len + key.q_len
-    b, q, heads = key.batch, key.q_len, key.heads
+    length = (key.context if context is None else context) + key.q_len
     note = "fp8 KV cache timed as bf16 (see kvcast for the cast)" if key.kv_dtype == "fp8" else ""
-    dt = torch.bfloat16
     if key.kind == "gqa":
-        attended = min(length, key.window) if key.window else length
-        kv_bytes = 2 * b * key.kv_heads * attended * key.head_dim * 2
-        copies = copies_for(ctx, kv_bytes, rotate)
-        require_free(ctx, copies * kv_bytes * 1.1, f"KV cache {key.key_id}")
-        caches = Rotation(
-            [
-                (
-                    randn((b, key.kv_heads, attended, key.head_dim), dt, device, std=1.0),
-                    randn((b, key.kv_heads, attended, key.v_head_dim), dt, device, std=1.0),
-                )
-                for _ in range(copies)
-            ]
-        )
-        qt = randn((b, heads, q, key.head_dim), dt, device, std=1.0)
-        gqa = key.kv_heads != heads
-
-        def sdpa() -> torch.Tensor:
-            kc, vc = caches.next()
-            return F.scaled_dot_product_attention(qt, kc, vc, enable_gqa=gqa)
-
-        flops = 2.0 * b * q * heads * attended * (key.head_dim + key.v_head_dim)
-        return OpRunner(sdpa, kv_bytes + 2 * qt.numel() * 2, flops, copies, note, kv_bytes=kv_bytes)
+        return _gqa_runner(key, ctx, length, note, rotate=rotate)
     if key.kind not in ("mla", "mla+dsa"):
         raise UnsupportedError(f"attention kind {key.kind!r} is not gqa, mla or mla+dsa")
+    note = (note + "; " if note else "") + "torch matmul MLA (reads the latent cache twice; FlashMLA reads it once)"
+    return _mla_runner(key, ctx, length, note, rotate=rotate)
+
+
+def _gqa_runner(key: AttentionKey, ctx: ProbeContext, length: int, note: str, *, rotate: bool) -> OpRunner:
+    """SDPA with enable_gqa over a K/V cache of `length` tokens (the last `window` of them for sliding windows)."""
+    device, dt = ctx.device, torch.bfloat16
+    b, q, heads = key.batch, key.q_len, key.heads
+    attended = min(length, key.window) if key.window else length
+    kv_bytes = 2 * b * key.kv_heads * attended * key.head_dim * 2
+    copies = copies_for(ctx, kv_bytes, rotate)
+    require_free(ctx, copies * kv_bytes * 1.1, f"KV cache {key.key_id}")
+    caches = Rotation(
+        [
+            (
+                randn((b, key.kv_heads, attended, key.head_dim), dt, device, std=1.0),
+                randn((b, key.kv_heads, attended, key.v_head_dim), dt, device, std=1.0),
+            )
+            for _ in range(copies)
+        ]
+    )
+    qt = randn((b, heads, q, key.head_dim), dt, device, std=1.0)
+    gqa = key.kv_heads != heads
+
+    def sdpa() -> torch.Tensor:
+        kc, vc = caches.next()
+        return F.scaled_dot_product_attention(qt, kc, vc, enable_gqa=gqa)
+
+    flops = 2.0 * b * q * heads * attended * (key.head_dim + key.v_head_dim)
+    return OpRunner(sdpa, kv_bytes + 2 * qt.numel() * 2, flops, copies, note, kv_bytes=kv_bytes)
+
+
+def _mla_runner(key: AttentionKey, ctx: ProbeContext, length: int, note: str, *, rotate: bool) -> OpRunner:
+    """Absorbed MLA over the latent cache of `length` tokens; for mla+dsa the indexer's top-k first."""
+    device, dt = ctx.device, torch.bfloat16
+    b, q, heads = key.batch, key.q_len, key.heads
     width = key.head_dim  # kv_lora_rank + rope as the kernel sees it
     lora = key.kv_lora_rank or key.v_head_dim
     dsa = key.kind == "mla+dsa"
@@ -118,7 +129,6 @@ def attention_runner(key: AttentionKey, ctx: ProbeContext, *, rotate: bool, cont
     flops = 2.0 * b * q * heads * attended * (width + lora)
     if dsa:
         flops += 2.0 * b * q * key.index_heads * length * key.index_head_dim
-    note = (note + "; " if note else "") + "torch matmul MLA (reads the latent cache twice; FlashMLA reads it once)"
     return OpRunner(mla_dsa if dsa else mla, kv_read + qt.numel() * 2 * 2, flops, copies, note, kv_bytes=kv_read)
 
 

@@ -18,6 +18,7 @@ Every rank runs the same ops with agreed counts, so the all-reduces inside the l
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from decodetop.budget.keys import AllreduceKey, parse_key_id
@@ -57,12 +58,34 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     return RankOutput(measurements=tuple(out))
 
 
+@dataclass(frozen=True)
+class _Op:
+    """One op of the layer, built: how many times a layer runs it, its key, its runner, whether it is a collective."""
+
+    count: int
+    key_id: str
+    runner: OpRunner
+    collective: bool
+
+
 def _one_layer(
     ctx: ProbeContext, opts: TimingOptions, variant: str, ops: list[tuple[int, str]]
 ) -> list[RankMeasurement]:
-    device = ctx.device.type
-    out: list[RankMeasurement] = []
-    built: list[tuple[int, str, OpRunner, bool]] = []
+    """Parts, whole layer in each mode, composition error."""
+    built, left_out = _build(ctx, opts, ops)
+    out, parts_us, failed_parts = _time_parts(ctx, opts, variant, built)
+    notes = _notes(left_out, failed_parts)
+    whole_points, layer_us = _time_whole(ctx, opts, variant, built, "; ".join(notes))
+    out.extend(whole_points)
+    out.append(_composition(ctx, variant, layer_us, parts_us if built else None, notes))
+    return out
+
+
+def _build(
+    ctx: ProbeContext, opts: TimingOptions, ops: list[tuple[int, str]]
+) -> tuple[list[_Op], list[tuple[str, str]]]:
+    """Each op's runner from its probe's kernels; (key, reason) of those that cannot run here."""
+    built: list[_Op] = []
     left_out: list[tuple[str, str]] = []
     for count, kid in ops:
         try:
@@ -70,33 +93,40 @@ def _one_layer(
         except UnsupportedError as exc:
             left_out.append((kid, str(exc)))
             continue
-        built.append((count, kid, runner, isinstance(parse_key_id(kid), AllreduceKey)))
-    collective = any(c for *_, c in built)
+        built.append(_Op(count, kid, runner, isinstance(parse_key_id(kid), AllreduceKey)))
+    return built, left_out
+
+
+def _time_parts(
+    ctx: ProbeContext, opts: TimingOptions, variant: str, built: list[_Op]
+) -> tuple[list[RankMeasurement], float, list[str]]:
+    """Each op alone: (points, Σ count × median µs, keys that failed to time)."""
+    out: list[RankMeasurement] = []
     parts_us = 0.0
-    failed_parts: list[str] = []
-    for count, kid, runner, is_coll in built:
-        pt = {"what": "part", "layer": variant, "key": kid, "count": count, "role": "part", "device": device}
+    failed: list[str] = []
+    for op in built:
+        pt = {
+            "what": "part",
+            "layer": variant,
+            "key": op.key_id,
+            "count": op.count,
+            "role": "part",
+            "device": ctx.device.type,
+        }
+        name = f"{variant} part ×{op.count} {op.key_id}"
         try:
-            timing = opts.time(ctx, runner, collective=is_coll)
+            timing = opts.time(ctx, op.runner, collective=op.collective)
         except Exception as exc:
-            out.append(not_run(f"{variant} part ×{count} {kid}", pt, exc))
-            failed_parts.append(kid)
+            out.append(not_run(name, pt, exc))
+            failed.append(op.key_id)
             continue
-        parts_us += count * timing.median_us
-        out.append(point(f"{variant} part ×{count} {kid}", pt, runner, timing))
-    runners = [(count, r) for count, _kid, r, _c in built]
+        parts_us += op.count * timing.median_us
+        out.append(point(name, pt, op.runner, timing))
+    return out, parts_us, failed
 
-    def layer() -> None:
-        for count, r in runners:
-            for _ in range(count):
-                r.fn()
 
-    whole = OpRunner(
-        layer,
-        sum(c * r.moved_bytes for c, r in runners),
-        sum(c * r.flops for c, r in runners),
-        min(MAX_LAYER_ROTATION, max((r.rotation for _, r in runners), default=1)),
-    )
+def _notes(left_out: list[tuple[str, str]], failed_parts: list[str]) -> list[str]:
+    """What the layer lacks: ops left out (grouped by reason) and parts that failed to time."""
     notes = []
     if left_out:
         by_reason: dict[str, list[str]] = {}
@@ -107,10 +137,37 @@ def _one_layer(
         )
     if failed_parts:
         notes.append("parts that failed to time: " + ", ".join(failed_parts))
-    modes = ("graph", "eager") if ctx.is_cuda else ("eager",)
+    return notes
+
+
+def _time_whole(
+    ctx: ProbeContext, opts: TimingOptions, variant: str, built: list[_Op], note: str
+) -> tuple[list[RankMeasurement], dict[str, float]]:
+    """The whole layer back to back, as one CUDA graph and eagerly (eagerly only on CPU ranks): (points, mode → µs)."""
+
+    def layer() -> None:
+        for op in built:
+            for _ in range(op.count):
+                op.runner.fn()
+
+    whole = OpRunner(
+        layer,
+        sum(op.count * op.runner.moved_bytes for op in built),
+        sum(op.count * op.runner.flops for op in built),
+        min(MAX_LAYER_ROTATION, max((op.runner.rotation for op in built), default=1)),
+    )
+    collective = any(op.collective for op in built)
+    out: list[RankMeasurement] = []
     layer_us: dict[str, float] = {}
-    for mode in modes:
-        pt = {"what": "layer", "layer": variant, "mode": mode, "ops": len(built), "role": "layer", "device": device}
+    for mode in ("graph", "eager") if ctx.is_cuda else ("eager",):
+        pt = {
+            "what": "layer",
+            "layer": variant,
+            "mode": mode,
+            "ops": len(built),
+            "role": "layer",
+            "device": ctx.device.type,
+        }
         name = f"{variant} layer [{mode}]"
         try:
             ctx.host_barrier()
@@ -118,25 +175,22 @@ def _one_layer(
         except Exception as exc:
             out.append(not_run(name, pt, exc))
             continue
-        if mode == "graph" and timing.method != "graph":
-            out.append(point(name, pt, whole, timing, note="; ".join(notes)))
-            continue
-        layer_us[mode] = timing.median_us
-        out.append(point(name, pt, whole, timing, note="; ".join(notes)))
+        if mode != "graph" or timing.method == "graph":  # a graph that fell back to events is no graph figure
+            layer_us[mode] = timing.median_us
+        out.append(point(name, pt, whole, timing, note=note))
+    return out, layer_us
+
+
+def _composition(
+    ctx: ProbeContext, variant: str, layer_us: dict[str, float], parts_us: float | None, notes: list[str]
+) -> RankMeasurement:
+    """(Σ parts − layer) / layer in graph mode (eager where there is no graph figure); failed without a layer."""
     basis = "graph" if "graph" in layer_us else "eager"
-    summary = {"what": "composition", "layer": variant, "mode": basis, "role": "composition", "device": device}
+    summary = {"what": "composition", "layer": variant, "mode": basis, "role": "composition", "device": ctx.device.type}
     name = f"{variant} layer composition error ({basis})"
-    if basis not in layer_us or not built:
-        out.append(
-            RankMeasurement(
-                name,
-                summary,
-                "us",
-                status=MeasurementStatus.FAILED,
-                note="; ".join([*notes, "the whole layer could not be timed"]),
-            )
-        )
-        return out
+    if basis not in layer_us or parts_us is None:
+        note = "; ".join([*notes, "the whole layer could not be timed"])
+        return RankMeasurement(name, summary, "us", status=MeasurementStatus.FAILED, note=note)
     whole_us = layer_us[basis]
     metrics = {
         "sum_parts_us": parts_us,
@@ -146,5 +200,4 @@ def _one_layer(
     if "eager" in layer_us and "graph" in layer_us:
         metrics["eager_us"] = layer_us["eager"]
         metrics["eager_gap_us"] = layer_us["eager"] - layer_us["graph"]
-    out.append(RankMeasurement(name, summary, "us", metrics=metrics, note="; ".join(notes)))
-    return out
+    return RankMeasurement(name, summary, "us", metrics=metrics, note="; ".join(notes))
