@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus
 from decodetop.textfmt import format_bytes, format_number, table
@@ -31,7 +30,8 @@ def header_for(key: str) -> str:
     return key.replace("_", " ")
 
 
-def _value(key: str, value: Any) -> Any:
+def _value(key: str, value: object) -> object:
+    """A table cell: sizes in bytes as KiB/MiB, floats to a few digits, the rest as given (None: empty)."""
     if value is None:
         return None
     if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -65,7 +65,7 @@ def measurement_table(measurements: Sequence[Measurement], columns: Sequence[str
     unit = header_for(f"x_{units[0]}")[2:] if len(units) == 1 else ""
     lead = [header_for(c) for c in columns] if columns else ["measurement"]
     headers = [*lead, f"median {unit}".strip(), "p10", "p90", *[header_for(k) for k in metric_keys], "note"]
-    rows: list[list[Any]] = []
+    rows: list[list[object]] = []
     for m in measurements:
         lead_values = [_value(c, m.params.get(c)) for c in columns] if columns else [m.name]
         stats = m.stats
