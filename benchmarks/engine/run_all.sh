@@ -31,7 +31,7 @@ want allreduce && step allreduce "${T_ALLREDUCE:-150}" python3 benchmarks/engine
   --json "$W/engine_allreduce_oneshot_h200x2.json"
 want moe && step moe "${T_MOE:-200}" env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/engine/moe_routed.py \
   --json "$W/engine_moe_routed_h200x1.json"
-want plants && step plants "${T_PLANTS:-480}" env OUT="$W" bash benchmarks/engine/plants.sh
+want plants && step plants "${T_PLANTS:-570}" env OUT="$W" bash benchmarks/engine/plants.sh
 cat "$LOG"
 for f in allreduce moe plants; do
   [ -f "$W/$f.txt" ] && { echo "## $f"; grep -E '^\|' "$W/$f.txt" | head -30; }
