@@ -6,6 +6,7 @@ The 8-GPU frame is the shape of the H200 recording (h200-machine.md: SM max 1980
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,6 +17,7 @@ from decodetop.settings import Settings
 from decodetop.tui.model import (
     BudgetSegment,
     BudgetView,
+    GpuProcessView,
     GpuView,
     ProbeCurves,
     ProbeState,
@@ -55,13 +57,44 @@ def h200_gpu(index: int, **changes: Any) -> GpuView:
         "clock_reasons": ("GpuIdle",),
         "mem_used_bytes": 1 * GIB,
         "mem_total_bytes": 141 * GIB,
+        # the 8 distinct buses of an 8-GPU host (what the fake NVML's replication gives: bus + copy)
+        "bus_id": f"0000:{index:02x}:06.0",
+        "mem_util_pct": 0.0,
+        "mem_clock_max_mhz": 3201.0,
+        "ecc_enabled": True,
+        "ecc_uncorrected": 0,
+        "ecc_corrected": 0,
+        "nvlink_active": 18,
+        "nvlink_links": 18,
+        "processes": (),
     }
     base.update(changes)
     return GpuView(**base)
 
 
-def eight_gpu_frame(t: float = NOW_S) -> TelemetryFrame:
+SERVING_PROCESSES = {
+    0: (
+        GpuProcessView(4242, 120 * GIB, "compute", "vllm", "python -m vllm.entrypoints.openai.api_server --tp 2", 71.0),
+    ),
+    1: (GpuProcessView(4243, 118 * GIB, "compute", "vllm", "python -m vllm.worker --rank 1", 69.0),),
+    2: (
+        GpuProcessView(5150, 3 * GIB, "compute", "alice", "python train.py --debug", 4.0),
+        GpuProcessView(5151, 512 * 1024**2, "compute", "bob", "jupyter-lab", None),
+    ),
+}
+"""A serving engine on GPUs 0-1 and two stray users on GPU 2 (pid, GPU memory, user, command, SM share)."""
+
+
+def eight_gpu_frame(t: float = NOW_S, *, processes: bool = False, util: float | None = None) -> TelemetryFrame:
+    """The 8-GPU host; with `processes`, a serving engine and stray users hold GPUs 0-2; `util` overrides GPU 0's
+    utilisation (history tests feed a changing one)."""
     gpus = [h200_gpu(i) for i in range(8)]
+    if processes:
+        for index, procs in SERVING_PROCESSES.items():
+            used = sum(p.used_mem_bytes or 0 for p in procs)
+            gpus[index] = h200_gpu(index, processes=procs, mem_used_bytes=used, util_pct=70.0, mem_util_pct=40.0)
+    if util is not None:
+        gpus[0] = dataclasses.replace(gpus[0], util_pct=util, power_w=76.0 + 6.0 * util)
     gpus[3] = h200_gpu(3, pcie_width=8, util_pct=95.0, sm_clock_mhz=1410.0, clock_reasons=("SwPowerCap",))
     gpus[5] = h200_gpu(5, temp_c=88.0, clock_reasons=("HwThermalSlowdown",))
     return TelemetryFrame(

@@ -21,6 +21,7 @@ from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.recording import Recorder
 from decodetop.probes.results import load_results
 from decodetop.settings import Settings
+from decodetop.tui.adapters import ReplayTelemetry
 from decodetop.tui.launch import LaunchOptions, build_sources
 from decodetop.tui.widgets.gpu_table import GpuTable
 
@@ -72,7 +73,10 @@ def _record(path: Path, corrupt: tuple[str, ...] = ()) -> Path:
 
 def _replay_app(path: Path) -> Any:
     sources = build_sources(Settings(model="glm-5", tp=8, tick_s=0.25), LaunchOptions(replay=path))
-    return make_app(dataclasses.replace(sources, clock=lambda: T0_UNIX_S + 3600))
+    assert isinstance(sources.telemetry, ReplayTelemetry)
+    # played once, not looped: the sparklines then hold one point, however long the snapshot takes to settle
+    once = ReplayTelemetry(sources.telemetry.snapshots, interval_s=0.25, loop=False)
+    return make_app(dataclasses.replace(sources, telemetry=once, clock=lambda: T0_UNIX_S + 3600))
 
 
 def _ready(app: Any) -> Callable[[Any], object]:

@@ -130,7 +130,7 @@ class Recording:
                 else:
                     for target in range(gpus):
                         if target % n == gpus_in_key[0]:
-                            out[pattern.sub(f"gpu{target}", key)] = outcome
+                            out[pattern.sub(f"gpu{target}", key)] = _as_copy(key, outcome, target // n)
             new_samples.append(out)
         return replace(
             self,
@@ -161,6 +161,27 @@ class Recording:
                 for t, s in zip(self.sample_times_s, self.samples, strict=True)
             ],
         }
+
+
+def _as_copy(key: str, outcome: Outcome, copy_index: int) -> Outcome:
+    """A replicated GPU's answer: the recorded one, except that copy k > 0 sits on its own PCI bus (bus + k) and
+    has its own UUID (last digits k), as distinct GPUs of a real host do."""
+    if copy_index == 0 or "ok" not in outcome:
+        return outcome
+    value = outcome["ok"]
+    if key.startswith("nvmlDeviceGetPciInfo(") and isinstance(value, dict):
+        bus = (int(value.get("bus", 0)) + copy_index) % 256  # PCI bus numbers are 8 bits
+        moved = dict(value)
+        moved["bus"] = bus
+        for field_name in ("busId", "busIdLegacy"):
+            text = value.get(field_name)
+            if isinstance(text, str) and text.count(":") == 2:
+                domain, _, rest = text.split(":")
+                moved[field_name] = f"{domain}:{bus:02x}:{rest}"
+        return {"ok": moved}
+    if key.startswith("nvmlDeviceGetUUID(") and isinstance(value, str) and len(value) > 4:
+        return {"ok": f"{value[:-4]}{copy_index:04x}"}
+    return outcome
 
 
 def _check_outcome(origin: str, key: str, outcome: object) -> Outcome:
@@ -356,6 +377,10 @@ class FakeNvmlBackend:
             raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{fn} was not recorded")
         if "error" in outcome:
             raise NvmlError(int(outcome["error"]), str(outcome.get("message", "")))
+        refs = [arg for arg in args if isinstance(arg, GpuRef)]
+        n = self.recording.gpu_count
+        if len(refs) == 1 and n > 0:
+            outcome = _as_copy(fn + "(", outcome, refs[0].index // n)
         return copy.deepcopy(outcome["ok"])
 
     def _field(self, sample: int, gpu: int, fid: int) -> dict[str, Any]:

@@ -164,6 +164,9 @@ class GpuProcess:
     used_mem_bytes: int | None
     kind: str
     """"compute" or "graphics"."""
+    sm_util_pct: int | None = None
+    """Its share of SM time over NVML's recent sample buffer (nvmlDeviceGetProcessUtilization); None where the
+    driver gives none (no samples yet, MIG, or not supported)."""
 
 
 @dataclass(frozen=True)
@@ -760,6 +763,18 @@ class TelemetrySampler:
                     pid = _int_or_none(d.get("pid"))
                     if pid is not None:
                         procs.append(GpuProcess(pid, _int_or_none(d.get("usedGpuMemory")), kind))
+            if procs:
+                # lastSeenTimeStamp 0: every sample in the driver's buffer; the newest per pid is kept
+                r.calls += 1
+                samples = self.nvml.query("nvmlDeviceGetProcessUtilization", g, 0)
+                sm_by_pid: dict[int, int] = {}
+                newest: dict[int, int] = {}
+                for sample in samples if isinstance(samples, list) else []:
+                    d = _as_dict(sample)
+                    pid, stamp, sm = (_int_or_none(d.get(k)) for k in ("pid", "timeStamp", "smUtil"))
+                    if pid is not None and sm is not None and (stamp or 0) >= newest.get(pid, -1):
+                        newest[pid], sm_by_pid[pid] = stamp or 0, sm
+                procs = [dataclasses.replace(p, sm_util_pct=sm_by_pid.get(p.pid)) for p in procs]
             v["processes"] = tuple(procs)
             v["processes_note"] = "; ".join(notes)
         else:

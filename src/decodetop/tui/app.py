@@ -19,7 +19,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Container, Horizontal, Vertical
 from textual.geometry import Size
-from textual.widgets import DataTable, Footer, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 from textual.worker import get_current_worker
 
 from decodetop.budget.diff import diff_budgets
@@ -52,14 +52,17 @@ from decodetop.tui.model import (
 )
 from decodetop.tui.probe_queue import ProbeQueue
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
+from decodetop.tui.screens.gpu_details import GpuDetailScreen
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
+from decodetop.tui.screens.tp_picker import TpChoice, TpPickerScreen, tp_options
 from decodetop.tui.sources import ProbeOutcome, Sources
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.status_line import StatusLine
+from decodetop.tui.widgets.process_table import ProcessTable
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 if TYPE_CHECKING:
@@ -86,8 +89,11 @@ HELP_TEXT = {
 }
 """What `?` says for each binding (the footer keeps the short descriptions)."""
 
+    "pick_tp": "choose the tensor-parallel degree: the probe plan and the budget follow",
+    "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
+    "filter": "filter the GPU, process and health tables (enter keeps it, escape clears it)",
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
-    ("enter", "details of the selected probe or check"),
+    ("enter", "details of the selected probe, GPU or check"),
     ("↑ ↓ / pgup pgdn", "move in a table"),
     ("tab", "move focus"),
     ("ctrl+p", "command palette"),
@@ -162,12 +168,15 @@ class DecodetopApp(App[int]):
         Binding("t", "cycle_theme", "theme"),
         Binding("1", "show_tab('probes')", "probes", show=False),
         Binding("2", "show_tab('gpus')", "GPUs", show=False),
+        Binding("p", "pick_tp", "TP"),
         Binding("3", "show_tab('health')", "health", show=False),
         Binding("4", "show_tab('charts')", "charts", show=False),
     ]
 
     def __init__(
         self,
+        Binding("o", "cycle_sort", "sort", show=False),
+        Binding("slash", "filter", "filter", key_display="/", show=False),
         sources: Sources,
         settings: Settings,
         settings_path: Path | None = None,
@@ -241,6 +250,7 @@ class DecodetopApp(App[int]):
                     yield Static("charts load when this tab opens", id="charts-placeholder")
             with Vertical(id="side"):
                 yield Static("", id="side-gpu-note", classes="gpu-note")
+                    yield ProcessTable(id="process-table")
                 yield GpuTable(id="side-gpu-table")
                 yield HealthPanel(id="side-health-panel")
         yield Static("", id="too-small")
@@ -250,6 +260,7 @@ class DecodetopApp(App[int]):
     def on_mount(self) -> None:
         """Draw the empty frame at once, then start everything in the background."""
         self.query_one("#budget-box").border_title = "per-token budget"
+        yield Input(placeholder="filter: GPU, bus id, process, check… (enter keeps, escape clears)", id="filter")
         self._fit_layout(self.size)
         self._recompose_budget()
         self._set_status()
@@ -279,6 +290,9 @@ class DecodetopApp(App[int]):
         (0, "-cols-tiny"),
         (MIN_SIZE[0], "-cols-ok"),
         (WIDE_FROM[0], "-cols-wide"),
+    WIDE_FOOTER_FROM = 120
+    """Narrower terminals get Textual's compact footer (one space between keys), so every key fits at 80."""
+
     ]
     """Screen classes from the width Textual passes with each resize (the new size, never the old one)."""
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
@@ -303,6 +317,12 @@ class DecodetopApp(App[int]):
         )
 
     def now(self) -> float:
+        footer = self.query_one(Footer)
+        footer.compact = size.width < self.WIDE_FOOTER_FROM
+        palette = size.width >= self.WIDE_FOOTER_FROM  # narrower: ctrl+p still works, `?` lists it
+        if footer.show_command_palette != palette:
+            footer.show_command_palette = palette
+            footer.refresh(recompose=True)
         """The app's clock (fixed in snapshot tests)."""
         return self.sources.clock()
 
@@ -329,6 +349,7 @@ class DecodetopApp(App[int]):
         if note != self._gpu_note:
             self._gpu_note = note
             for static in self.query(".gpu-note").results(Static):
+        self.query_one(ProcessTable).show(frame)
                 static.update(note)
         if self.charts is not None and self.query_one(TabbedContent).active == "charts":
             self.charts.show_history(self.telemetry, frame.taken_at_s)
@@ -339,6 +360,7 @@ class DecodetopApp(App[int]):
         if self.sources.taps is not None:
             self.sources.taps.on_observed(answer)
         step = getattr(answer, "step_ms", None)
+                static.set_class(bool(frame.gpus), "-source")  # only where the data comes from: can give way
         self.post_message(ObservedUpdate(float(step) if step is not None else None, str(answer.summary)))
 
     @on(ObservedUpdate)
@@ -774,12 +796,71 @@ class DecodetopApp(App[int]):
         except Exception as exc:  # the budget package may be missing presets
             self.notify(f"no model list: {exc}", severity="error")
             return
+        elif isinstance(event.data_table, GpuTable):
+            gpu = event.data_table.selected_gpu
+            if gpu is not None:
+                self.push_screen(GpuDetailScreen(gpu, list(event.data_table.history.get(gpu.index, ()))))
         self.push_screen(ModelPickerScreen(models, self.settings.model), self._model_picked)
 
     def _model_picked(self, model: str | None) -> None:
         if model is None or model == self.settings.model:
             return
         self.settings = dataclasses.replace(self.settings, model=model)
+    def action_pick_tp(self) -> None:
+        """`p`: choose the tensor-parallel degree; the probe plan and the budget follow."""
+        gpus = len(self.last_frame.gpus) if self.last_frame is not None else 0
+        self.push_screen(TpPickerScreen(tp_options(gpus, self.settings.tp), self.settings.tp), self._tp_picked)
+
+    def _tp_picked(self, choice: TpChoice | None) -> None:
+        if choice is None or choice.tp == self.settings.tp:
+            return
+        self.settings = dataclasses.replace(self.settings, tp=choice.tp)
+        self.results = {}
+        self._recompose_budget()
+        self._plan_probes(run_now=self.sources.run_probes_at_start)
+        self._save_settings({"tp": choice.tp})
+        self._set_status()
+
+    def action_cycle_sort(self) -> None:
+        """`o`: the next sort order of the GPU tables."""
+        order = ""
+        for table in self.query(GpuTable):
+            order = table.cycle_sort()
+        self.notify(f"GPUs sorted by {order}", timeout=2)
+
+    def action_filter(self) -> None:
+        """`/`: type a filter for the GPU, process and health tables."""
+        box = self.query_one("#filter", Input)
+        box.add_class("-shown")
+        box.focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self._apply_filter(event.value)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_kept(self, event: Input.Submitted) -> None:
+        if not event.value:
+            event.input.remove_class("-shown")
+        self.action_show_tab(self.query_one(TabbedContent).active)
+
+    def _apply_filter(self, text: str) -> None:
+        for table in self.query(GpuTable):
+            table.set_filter(text)
+        self.query_one(ProcessTable).set_filter(text)
+        for panel in self.query(HealthPanel):
+            panel.set_filter(text)
+
+    def on_key(self, event: events.Key) -> None:
+        """escape in the filter box clears the filter and hides the box."""
+        box = self.query_one("#filter", Input)
+        if event.key == "escape" and box.has_focus:
+            event.stop()
+            box.value = ""
+            self._apply_filter("")
+            box.remove_class("-shown")
+            self.action_show_tab(self.query_one(TabbedContent).active)
+
         self.results = {}
         self._recompose_budget()
         self._plan_probes(run_now=self.sources.run_probes_at_start)
@@ -799,6 +880,10 @@ class DecodetopApp(App[int]):
         """Store what the user changed in the UI, and only that: one-off flags never reach the file."""
         if not self.save_theme:
             return
+
+        self._set_status()
+
+
         try:
             save_changes(self.settings_path, changed)
         except (OSError, UserInputError) as exc:

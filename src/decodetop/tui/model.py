@@ -191,6 +191,39 @@ class GpuView:
     """Active clock-event reasons by NVML name ("GpuIdle", "SwPowerCap", "HwSlowdown"...)."""
     mem_used_bytes: int | None = None
     mem_total_bytes: int | None = None
+    bus_id: str = ""
+    """PCI bus id, sysfs form ("0000:3b:00.0")."""
+    mem_util_pct: float | None = None
+    """Share of the last sample period the memory controller was busy (NVML's memory utilisation)."""
+    mem_clock_max_mhz: float | None = None
+    pcie_gen_gpu_max: int | None = None
+    pcie_replay_count: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_uncorrected: int | None = None
+    """Uncorrected ECC errors since the driver loaded (volatile)."""
+    ecc_corrected: int | None = None
+    nvlink_active: int | None = None
+    nvlink_links: int | None = None
+    clock_event_share: tuple[tuple[str, float], ...] = ()
+    """Share (0–1) of the last tick spent with each counted clock-event reason (where the driver counts them)."""
+    processes: tuple[GpuProcessView, ...] | None = None
+    """Processes with a context on the GPU; None when not read this tick (`processes_note` says why)."""
+    processes_note: str = ""
+
+
+@dataclass(frozen=True)
+class GpuProcessView:
+    """One process on one GPU, as the process list shows it."""
+
+    pid: int
+    used_mem_bytes: int | None
+    kind: str
+    """"compute" or "graphics"."""
+    user: str = ""
+    command: str = ""
+    """The command line, or why it is unknown ("not on this host" for a recording)."""
+    sm_util_pct: float | None = None
+    """The process's share of SM time over the last sample period, where NVML gives it."""
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Provides Charts: all-reduce latency vs size (log-log, a line per mode), GEMM GB/s vs M, and per-GPU time series
-of SM clock, PCIe throughput and power. Each plot is a `PlotextPlot` drawn through its own `.plt` (never the global
-plotext module); line colours come from the theme's segment variables."""
+"""Provides Charts: all-reduce latency vs size (log-log, a line per mode), GEMM GB/s vs M, and per-GPU time series of
+utilisation, memory, SM clock, PCIe throughput, power and temperature. Each plot is a `PlotextPlot` drawn through its
+own `.plt` (never the global plotext module); line colours come from the theme's segment variables."""
 
 from __future__ import annotations
 
@@ -16,14 +16,17 @@ from textual_plotext import PlotextPlot
 from decodetop.textfmt import format_bytes
 from decodetop.themes.palette import SEGMENT_KEYS, segment_variable
 from decodetop.tui.model import ProbeCurves, Series
-from decodetop.tui.widgets.telemetry_history import TelemetryHistory
+from decodetop.tui.widgets.telemetry_history import SERIES, TelemetryHistory
 
 _PLOTS = (
     ("chart-allreduce", "all-reduce latency µs vs size (log-log)"),
     ("chart-gemm", "GEMM achieved GB/s vs M"),
+    ("chart-util", "utilisation % per GPU"),
+    ("chart-mem", "memory used GiB per GPU"),
     ("chart-sm", "SM clock MHz per GPU"),
     ("chart-pcie", "PCIe TX+RX GB/s per GPU"),
     ("chart-power", "power W per GPU"),
+    ("chart-temp", "temperature °C per GPU"),
 )
 
 
@@ -40,7 +43,8 @@ class SafePlot(PlotextPlot):
 
 
 class Charts(Grid):
-    """Five plots in a grid; `show_curves` and `show_history` re-plot them."""
+    """Eight plots in a grid (two probe curves, six per-GPU histories); `show_curves` and `show_history` re-plot
+    them."""
 
     DEFAULT_CSS = """
     Charts { grid-size: 2; grid-rows: 14; grid-gutter: 0 1; height: 1fr; overflow-y: auto; }
@@ -93,7 +97,7 @@ class Charts(Grid):
         titles = dict(_PLOTS)
         self._draw_xy("chart-allreduce", titles, self.curves.allreduce_us_by_mode, colours, log=True)
         self._draw_xy("chart-gemm", titles, self.curves.gemm_gbps_by_shape, colours, log=False)
-        for name in ("sm", "pcie", "power"):
+        for name in SERIES:
             series = [
                 Series(
                     label=f"GPU{index}",

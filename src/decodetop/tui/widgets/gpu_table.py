@@ -5,9 +5,12 @@ When NVML gives nothing, a single row says why (no driver, no library, a VM with
 
 from __future__ import annotations
 
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.widgets import DataTable
 
 from decodetop.tui.model import GpuView, TelemetryFrame
@@ -28,33 +31,81 @@ CLOCK_LOW_SHARE = 0.9
 BUSY_UTIL_PCT = 50.0
 MEM_FULL_SHARE = 0.95
 
-_COLUMNS = (
-    ("gpu", "GPU"),
-    ("util", "util"),
-    ("sm", "SM MHz"),
-    ("memclk", "memclk"),
-    ("pcie", "PCIe g×w"),
-    ("txrx", "TX/RX GB/s"),
-    ("power", "power W"),
-    ("temp", "°C"),
-    ("reasons", "clock events"),
-    ("mem", "mem GiB"),
-)
 GIB = 1024**3
-COLUMN_WIDTHS = {
-    "gpu": 3,
-    "util": 4,
-    "sm": 9,
-    "memclk": 6,
-    "pcie": 9,
-    "txrx": 10,
-    "power": 7,
-    "temp": 3,
-    "reasons": 14,
-    "mem": 7,
-}
-"""Fixed widths ("1980/1980", "5x16/5x16", "700/700"; long clock-event names are cut, the health panel has them
-whole), so a telemetry tick never re-measures columns or re-lays out the screen."""
+
+
+@dataclass(frozen=True)
+class GpuColumn:
+    """One column the table can show."""
+
+    key: str
+    label: str
+    width: int
+    priority: int
+    """Lower shows first: narrow terminals keep the columns that say most about a decode host."""
+
+
+COLUMNS: tuple[GpuColumn, ...] = (
+    GpuColumn("gpu", "GPU", 3, 0),
+    GpuColumn("name", "name", 10, 11),
+    GpuColumn("bus", "bus", 7, 10),
+    GpuColumn("util", "util", 4, 1),
+    GpuColumn("util_hist", "util hist", 9, 8),
+    GpuColumn("mem", "mem GiB", 7, 2),
+    GpuColumn("memutil", "mem%", 4, 14),
+    GpuColumn("mem_hist", "mem hist", 9, 16),
+    GpuColumn("sm", "SM MHz", 9, 3),
+    GpuColumn("memclk", "memclk", 6, 18),
+    GpuColumn("power", "power W", 7, 6),
+    GpuColumn("power_hist", "power hist", 10, 15),
+    GpuColumn("temp", "°C", 3, 4),
+    GpuColumn("temp_hist", "°C hist", 9, 17),
+    GpuColumn("pcie", "PCIe g×w", 9, 7),
+    GpuColumn("txrx", "TX/RX GB/s", 10, 9),
+    GpuColumn("nvlink", "NVLink", 6, 13),
+    GpuColumn("ecc", "ECC", 4, 12),
+    GpuColumn("reasons", "clock events", 14, 5),
+)
+"""Every column in display order. Widths fit their widest usual value ("1980/1980", "5x16/5x16", "700/700", a
+9-point sparkline); the clock-event column takes what room is left, so a tick never re-measures a column."""
+COLUMN_WIDTHS = {c.key: c.width for c in COLUMNS}
+FLEX_COLUMN = "reasons"
+CELL_PADDING = 1
+"""DataTable's default padding each side of a cell."""
+SCROLLBAR_CELLS = 2
+"""Room kept for the vertical scrollbar, so a scrollbar never pushes a column out of view."""
+SPARK_POINTS = 9
+"""Ticks a sparkline shows (its column width)."""
+SPARK_GLYPHS = "▁▂▃▄▅▆▇█"
+SORTS: tuple[str, ...] = ("gpu", "util", "mem", "power", "temp")
+"""Sort orders `o` cycles through (also chosen by clicking those column headers); all but "gpu" largest first."""
+TEMP_SCALE_C = 100.0
+"""Top of the temperature sparkline (datacenter GPUs slow down in the high 80s °C)."""
+
+
+def fit_columns(table_width: int) -> tuple[GpuColumn, ...]:
+    """The columns a table `table_width` cells wide shows, in display order: by priority while they fit, then the
+    clock-event column widened by what is left."""
+    room = table_width - SCROLLBAR_CELLS
+    chosen: set[str] = set()
+    for column in sorted(COLUMNS, key=lambda c: c.priority):
+        need = column.width + 2 * CELL_PADDING
+        if need <= room:
+            chosen.add(column.key)
+            room -= need
+    out = []
+    for column in COLUMNS:
+        if column.key in chosen:
+            out.append(replace(column, width=column.width + room) if column.key == FLEX_COLUMN else column)
+    return tuple(out)
+
+
+def sparkline(values: list[float], top: float) -> str:
+    """Values as block glyphs from ▁ (0) to █ (`top` or more), newest last."""
+    if top <= 0:
+        return ""
+    steps = len(SPARK_GLYPHS) - 1
+    return "".join(SPARK_GLYPHS[max(0, min(steps, round(steps * v / top)))] for v in values)
 
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
@@ -97,6 +148,62 @@ def classify(gpu: GpuView) -> dict[str, str]:
     return out
 
 
+SHORT_REASONS = {
+    "HwThermalSlowdown": "HwThermal",
+    "HwPowerBrakeSlowdown": "HwPowerBrake",
+    "SwThermalSlowdown": "SwThermal",
+    "ApplicationsClocksSetting": "AppClocks",
+    "DisplayClockSetting": "DisplayClock",
+}
+"""Clock-event names as the table shows them (the details screen and the health panel give NVML's names)."""
+
+
+def display_bus_id(bus_id: str) -> str:
+    """The bus id without the usual PCI domain ("0000:3b:00.0" → "3b:00.0")."""
+    return bus_id.removeprefix("0000:")
+
+
+def history_cells(history: list[GpuView]) -> dict[str, str]:
+    """The sparkline columns from one GPU's recent views (oldest first)."""
+    last = history[-1] if history else None
+    util = [g.util_pct for g in history if g.util_pct is not None]
+    mem = [g.mem_used_bytes / GIB for g in history if g.mem_used_bytes is not None]
+    power = [g.power_w for g in history if g.power_w is not None]
+    temp = [g.temp_c for g in history if g.temp_c is not None]
+    mem_top = (last.mem_total_bytes or 0) / GIB if last is not None else 0.0
+    power_top = (last.power_limit_w or max(power, default=0.0)) if last is not None else 0.0
+    return {
+        "util_hist": sparkline(util, 100.0),
+        "mem_hist": sparkline(mem, mem_top or max(mem, default=0.0)),
+        "power_hist": sparkline(power, power_top),
+        "temp_hist": sparkline(temp, max(TEMP_SCALE_C, *temp) if temp else TEMP_SCALE_C),
+    }
+
+
+def sort_value(gpu: GpuView, key: str) -> float:
+    """What a sort order compares (missing values last)."""
+    values = {
+        "gpu": float(gpu.index),
+        "util": gpu.util_pct,
+        "mem": None if gpu.mem_used_bytes is None else float(gpu.mem_used_bytes),
+        "power": gpu.power_w,
+        "temp": gpu.temp_c,
+    }
+    value = values.get(key)
+    return float("-inf") if value is None else value
+
+
+def matches(gpu: GpuView, text: str) -> bool:
+    """True when `text` (any case) is in one of the GPU's cells, its full name or bus id, or one of its processes'
+    user or command."""
+    needle = text.strip().lower()
+    if not needle:
+        return True
+    hay = [*gpu_cells(gpu).values(), gpu.name, gpu.bus_id]
+    hay += [f"{p.pid} {p.user} {p.command}" for p in gpu.processes or ()]
+    return any(needle in h.lower() for h in hay)
+
+
 def gpu_cells(gpu: GpuView) -> dict[str, str]:
     """The plain text of each column for one GPU."""
     pcie_now = "–" if gpu.pcie_gen is None else f"{gpu.pcie_gen}x{_num(gpu.pcie_width)}"
@@ -105,28 +212,44 @@ def gpu_cells(gpu: GpuView) -> dict[str, str]:
     mem = "–"
     if gpu.mem_used_bytes is not None and gpu.mem_total_bytes is not None:
         mem = f"{gpu.mem_used_bytes / GIB:.0f}/{gpu.mem_total_bytes / GIB:.0f}"
+    ecc = "–"
+    if gpu.ecc_enabled is False:
+        ecc = "off"
+    elif gpu.ecc_uncorrected is not None:
+        ecc = str(gpu.ecc_uncorrected)
+    nvlink = "–"
+    if gpu.nvlink_links:
+        nvlink = f"{_num(gpu.nvlink_active)}/{gpu.nvlink_links}"
+    elif gpu.nvlink_links == 0:
+        nvlink = "none"
     return {
         "gpu": str(gpu.index),
+        "name": gpu.name.removeprefix("NVIDIA ") or "–",
+        "bus": display_bus_id(gpu.bus_id) or "–",
         "util": _num(gpu.util_pct, "{:.0f}%"),
+        "memutil": _num(gpu.mem_util_pct, "{:.0f}%"),
+        "nvlink": nvlink,
+        "ecc": ecc,
         "sm": f"{_num(gpu.sm_clock_mhz)}/{_num(gpu.sm_clock_max_mhz)}",
         "memclk": _num(gpu.mem_clock_mhz),
         "pcie": f"{pcie_now}/{pcie_max}",
         "txrx": f"{_num(gpu.pcie_tx_gbps, '{:.1f}')}/{_num(gpu.pcie_rx_gbps, '{:.1f}')}",
         "power": f"{_num(gpu.power_w)}/{_num(gpu.power_limit_w)}",
         "temp": _num(gpu.temp_c),
-        "reasons": ",".join(reasons) if reasons else "none",
+        "reasons": ",".join(SHORT_REASONS.get(r, r) for r in reasons) if reasons else "none",
         "mem": mem,
     }
 
 
 class GpuTable(DataTable[Text]):
-    """All GPUs, updated in place each tick.
+    """All GPUs, updated in place each tick; the columns follow the table's width, rows can be sorted (`o`, or a
+    click on a sortable header) and filtered (`/`).
 
     | Class | Description |
     | :- | :- |
     | `gpu-table--bad` | a value that costs performance now (PCIe width down, HW slowdown, too hot) |
     | `gpu-table--warn` | a value worth a look |
-    | `gpu-table--muted` | the "why empty" row |
+    | `gpu-table--muted` | the "why empty" row, and the sparklines |
     """
 
     COMPONENT_CLASSES: ClassVar[set[str]] = {"gpu-table--bad", "gpu-table--warn", "gpu-table--muted"}
@@ -139,26 +262,100 @@ class GpuTable(DataTable[Text]):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id, cursor_type="row", zebra_stripes=True)
-        self._keys: set[str] = set()
+        self._row_keys: list[str] = []
         self._empty_reason: str | None = None
         self._cache = CellCache()
+        self._columns: tuple[GpuColumn, ...] = fit_columns(80)
+        self.history: dict[int, deque[GpuView]] = {}
+        """Each GPU's recent views (the sparklines and the details screen's throttle history)."""
+        self.frame: TelemetryFrame | None = None
+        """The frame shown."""
+        self.sort_key = "gpu"
+        self.filter_text = ""
 
     def on_mount(self) -> None:
         """Set up the columns."""
-        for key, label in _COLUMNS:
-            self.add_column(label, key=key, width=COLUMN_WIDTHS[key])
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for column in self._columns:
+            self.add_column(self._label(column), key=column.key, width=column.width)
+
+    def _label(self, column: GpuColumn) -> str:
+        if column.key == self.sort_key and column.key != "gpu":
+            return column.label + "▼"
+        return column.label
+
+    def on_resize(self, event: events.Resize) -> None:
+        """Columns for the new width (from the event: never one resize behind)."""
+        columns = fit_columns(event.size.width)
+        if columns != self._columns:
+            self._columns = columns
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        row = self.cursor_row
+        self.clear(columns=True)
+        self._cache.clear()
+        self._row_keys = []
+        self._empty_reason = None
+        self._add_columns()
+        if self.frame is not None:
+            self._draw(self.frame)
+        if 0 <= row < self.row_count:
+            self.move_cursor(row=row, scroll=False)
+
+    def set_sort(self, key: str) -> None:
+        """Sort by `key` (one of SORTS)."""
+        if key in SORTS and key != self.sort_key:
+            self.sort_key = key
+            self._rebuild()
+
+    def cycle_sort(self) -> str:
+        """The next sort order; returns it."""
+        self.set_sort(SORTS[(SORTS.index(self.sort_key) + 1) % len(SORTS)])
+        return self.sort_key
+
+    def set_filter(self, text: str) -> None:
+        """Show only GPUs matching `text` (empty: all)."""
+        if text != self.filter_text:
+            self.filter_text = text
+            if self.frame is not None:
+                self._draw(self.frame)
+
+    def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
+        """A click on a sortable header sorts by it."""
+        key = str(event.column_key.value)
+        if key in SORTS:
+            event.stop()
+            self.set_sort(key)
+
+    @property
+    def selected_gpu(self) -> GpuView | None:
+        """The GPU under the cursor."""
+        if self.frame is None or not 0 <= self.cursor_row < len(self._row_keys):
+            return None
+        key = self._row_keys[self.cursor_row]
+        return next((g for g in self.frame.gpus if f"gpu-{g.index}" == key), None)
 
     def show(self, frame: TelemetryFrame) -> None:
         """Show one telemetry frame: update rows in place, or one row saying why there is no GPU."""
+        for gpu in frame.gpus:
+            self.history.setdefault(gpu.index, deque(maxlen=SPARK_POINTS)).append(gpu)
+        self.frame = frame
+        self._draw(frame)
+
+    def _draw(self, frame: TelemetryFrame) -> None:
+        keys = [c.key for c in self._columns]
         if not frame.gpus:
             reason = frame.unavailable_reason or "no GPU found"
             if reason != self._empty_reason:
                 self.clear()
-                self._keys.clear()
+                self._row_keys = []
                 self._cache.clear()
                 muted = self.get_component_rich_style("gpu-table--muted", partial=True)
-                cells = [Text("–", style=muted) for _ in _COLUMNS]
-                cells[-2] = Text(reason, style=muted)
+                cells = [Text("–", style=muted) for _ in keys]
+                cells[-1] = Text(reason, style=muted)
                 self.add_row(*cells, key="none")
                 self._empty_reason = reason
             return
@@ -169,24 +366,29 @@ class GpuTable(DataTable[Text]):
         styles = {
             "bad": self.get_component_rich_style("gpu-table--bad", partial=True),
             "warn": self.get_component_rich_style("gpu-table--warn", partial=True),
+            "muted": self.get_component_rich_style("gpu-table--muted", partial=True),
         }
-        wanted = {f"gpu-{gpu.index}" for gpu in frame.gpus}
-        for key in sorted(self._keys - wanted):
-            self.remove_row(key)
-            self._keys.discard(key)
-            self._cache.forget_row(key)
-        for gpu in frame.gpus:
+        shown = [g for g in frame.gpus if matches(g, self.filter_text)]
+        reverse = self.sort_key != "gpu"
+        shown.sort(key=lambda g: (sort_value(g, self.sort_key), -g.index if reverse else g.index), reverse=reverse)
+        order = [f"gpu-{g.index}" for g in shown]
+        rebuild = order != self._row_keys
+        if rebuild:
+            self.clear()
+            self._cache.clear()
+            self._row_keys = order
+        for gpu in shown:
             key = f"gpu-{gpu.index}"
             flags = classify(gpu)
-            row_cells = {
-                col: Text(value, style=styles[flags[col]] if col in flags else "")
-                for col, value in gpu_cells(gpu).items()
-            }
-            if key in self._keys:
+            plain = gpu_cells(gpu) | history_cells(list(self.history.get(gpu.index, ())))
+            row_cells = {}
+            for col in keys:
+                style = styles[flags[col]] if col in flags else (styles["muted"] if col.endswith("_hist") else "")
+                row_cells[col] = Text(plain[col], style=style)
+            if not rebuild:
                 for col, text in row_cells.items():
                     self._cache.set(self, key, col, text, fixed_width=True)
             else:
-                self.add_row(*(row_cells[col] for col, _ in _COLUMNS), key=key)
-                self._keys.add(key)
+                self.add_row(*row_cells.values(), key=key)
                 for col, text in row_cells.items():
                     self._cache.remember(key, col, text)

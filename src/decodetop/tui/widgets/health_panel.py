@@ -6,6 +6,7 @@ from collections import Counter
 from typing import ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
@@ -24,8 +25,28 @@ _STATUS_CLASS = {
 }
 _COLUMNS = (("status", "status"), ("id", "id"), ("title", "check"), ("observed", "observed"), ("changed", "Δ"))
 COLUMN_WIDTHS = {"status": 7, "id": 10, "title": 22, "observed": 26, "changed": 1}
-"""Fixed widths that fit 80 columns (enter shows a check whole). Filling the table then measures no cell: a host
-has dozens of checks, and measuring them all at start stalled the event loop for ~0.3 s on a busy 2-core box."""
+"""Widths at 80 columns (enter shows a check whole). Widths are set, never measured from the cells: a host has
+dozens of checks, and measuring them all at start stalled the event loop for ~0.3 s on a busy 2-core box."""
+FLEX_COLUMNS = ("title", "observed")
+"""The text columns that take the room a wider table has, in the proportion of their widths at 80 columns."""
+CELL_PADDING = 1
+"""DataTable's default padding each side of a cell."""
+STATUS_ORDER = {Status.FAIL: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.PASS: 3, Status.INFO: 4}
+"""Row order: what needs action first, then what could not be checked, then passes; facts (info) last."""
+
+
+def column_widths(table_width: int) -> dict[str, int]:
+    """Column widths for a table `table_width` cells wide: the fixed columns as they are, the text columns share the
+    rest (never narrower than at 80 columns; one cell kept for the vertical scrollbar's edge)."""
+    fixed = sum(w for k, w in COLUMN_WIDTHS.items() if k not in FLEX_COLUMNS)
+    room = table_width - 2 * CELL_PADDING * len(COLUMN_WIDTHS) - fixed - 2  # the scrollbar (2 cells wide)
+    base = sum(COLUMN_WIDTHS[k] for k in FLEX_COLUMNS)
+    widths = dict(COLUMN_WIDTHS)
+    if room <= base:
+        return widths
+    title = room * COLUMN_WIDTHS["title"] // base
+    widths["title"], widths["observed"] = title, room - title
+    return widths
 
 
 def display_id(check_id: str) -> str:
@@ -37,8 +58,15 @@ def display_id(check_id: str) -> str:
 
 
 def sorted_checks(checks: tuple[CheckResult, ...]) -> list[CheckResult]:
-    """Failing first, then warnings, unknown, info, pass; stable by id within a status."""
-    return sorted(checks, key=lambda c: (-c.status.severity, c.check_id))
+    """Failing first, then warnings, unknown, pass, info; stable by id within a status."""
+    return sorted(checks, key=lambda c: (STATUS_ORDER[c.status], c.check_id))
+
+
+def check_matches(check: CheckResult, text: str) -> bool:
+    """True when `text` (any case) is in the check's status, id, title or observed value."""
+    needle = text.strip().lower()
+    hay = (check.status.value, check.check_id, check.title, check.observed)
+    return not needle or any(needle in h.lower() for h in hay)
 
 
 def row_keys(checks: list[CheckResult]) -> list[str]:
@@ -86,6 +114,8 @@ class HealthPanel(Vertical):
         self._order: list[CheckResult] = []
         self._keys: list[str] = []
         self._cache = CellCache()
+        self._widths = dict(COLUMN_WIDTHS)
+        self.filter_text = ""
 
     def compose(self) -> ComposeResult:
         """Summary line and table."""
@@ -97,7 +127,7 @@ class HealthPanel(Vertical):
         """Set up the columns."""
         table = self.table
         for key, label in _COLUMNS:
-            table.add_column(label, key=key, width=COLUMN_WIDTHS[key])
+            table.add_column(label, key=key, width=self._widths[key])
 
     @property
     def table(self) -> DataTable[Text]:
@@ -115,8 +145,8 @@ class HealthPanel(Vertical):
         parts = [
             (Status.FAIL, "fail"),
             (Status.WARN, "warn"),
-            (Status.PASS, "pass"),
             (Status.UNKNOWN, "unknown"),
+            (Status.PASS, "pass"),
             (Status.INFO, "info"),
         ]
         first = True
@@ -141,7 +171,7 @@ class HealthPanel(Vertical):
         self.view = view
         self.now_s = now_s
         self.query_one("#health-summary", Static).update(self.summary_text())
-        order = sorted_checks(view.checks)
+        order = [c for c in sorted_checks(view.checks) if check_matches(c, self.filter_text)]
         keys = row_keys(order)
         table = self.table
         if keys != self._keys:
@@ -164,13 +194,42 @@ class HealthPanel(Vertical):
         return {
             "status": Text(check.status.value, style=style),
             "id": Text(display_id(check.check_id)),
-            "title": Text(check.title[:48]),
-            "observed": Text(check.observed[:40]),
+            "title": Text(check.title),
+            "observed": Text(check.observed),
             "changed": Text(
                 "Δ" if changed else "",
                 style=self.get_component_rich_style("health-panel--changed", partial=True),
             ),
         }
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The text columns take the width there is (from the new size: never one resize behind)."""
+        widths = column_widths(event.size.width)
+        if widths != self._widths:
+            self._widths = widths
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Columns at the current widths, then the rows shown (a resize only; ticks update cells in place)."""
+        table = self.table
+        row = table.cursor_row
+        table.clear(columns=True)
+        self._cache.clear()
+        for key, label in _COLUMNS:
+            table.add_column(label, key=key, width=self._widths[key])
+        for key, check in zip(self._keys, self._order, strict=True):
+            cells = self._cells(check)
+            table.add_row(*cells.values(), key=key)
+            for col, text in cells.items():
+                self._cache.remember(key, col, text)
+        if 0 <= row < table.row_count:
+            table.move_cursor(row=row, scroll=False)
+
+    def set_filter(self, text: str) -> None:
+        """Show only the checks matching `text` (the counts stay those of every check)."""
+        if text != self.filter_text:
+            self.filter_text = text
+            self.show(self.view, self.now_s)
 
     @property
     def selected(self) -> CheckResult | None:
