@@ -338,7 +338,8 @@ def format_budget(run: PlanRun) -> str:
 
     b = run.budget
     tp = f" (TP: {b.tp_source})" if b.tp_source else ""
-    lines = [f"Budget: {b.model}, {b.deployment}{tp} — ms per decode step on the busiest GPU"]
+    where = "CPU rank" if b.device_kind == "cpu" else "GPU"
+    lines = [f"Budget: {b.model}, {b.deployment}{tp} — ms per decode step on the busiest {where}"]
     lines.extend(format_budget_table(b))
     lines.append(f"composed {format_number(b.total_ms)} ms/step ({b.kernels} kernels, launch {b.launch_mode})")
     if run.measured.layers:
