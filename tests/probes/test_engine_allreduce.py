@@ -168,3 +168,10 @@ def test_a_failing_size_stops_that_implementation_and_names_why(monkeypatch: pyt
     ]
     assert all(m.status is MeasurementStatus.FAILED for m in out)
     assert "must be contiguous" in out[0].note and out[2].note.startswith("not run: an earlier size failed")
+
+
+def test_a_group_across_hosts_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from decodetop.probes.worker import symm_allreduce as sa
+
+    monkeypatch.setattr(sa, "_gather", lambda ctx, value: [("node-a", 0), ("node-b", 0)])
+    assert "spans 2 hosts" in sa._p2p_reason(_gpu_ctx(2))

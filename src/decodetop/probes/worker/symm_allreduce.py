@@ -19,8 +19,9 @@ One buffer of the largest size is allocated and rendezvoused once; each size use
 size is checked once (inputs rank+1, expected n(n+1)/2) before it is timed; timed buffers hold zeros, so two-shot's
 in-place scratch never overflows.
 
-Where it cannot run — CPU/gloo ranks, one rank, torch without symmetric memory or without the op, GPUs without
-P2P between a pair, `NCCL_P2P_DISABLE` set (the host declares P2P off), a failed rendezvous — every rank agrees
+Where it cannot run — CPU/gloo ranks, one rank, torch without symmetric memory or without the op, a group spanning
+hosts, GPUs without P2P between a pair, `NCCL_P2P_DISABLE` set (the host declares P2P off), a failed rendezvous —
+every rank agrees
 first (no rank enters the collective rendezvous alone) and each requested implementation is one `unsupported`
 measurement with the reason.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import socket
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
@@ -107,13 +109,21 @@ def local_reason(ctx: ProbeContext, impls: Sequence[str], *, multimem: bool, env
 
 
 def _p2p_reason(ctx: ProbeContext) -> str:
-    """'' when this rank's GPU can reach every other rank's GPU over P2P (torch.cuda.can_device_access_peer)."""
-    devices = _gather(ctx, ctx.device.index if ctx.device.index is not None else 0)
+    """'' when every rank is on this host and this rank's GPU reaches every other rank's GPU over P2P
+    (torch.cuda.can_device_access_peer), else why not."""
     mine = ctx.device.index or 0
-    for rank, peer in enumerate(devices):
+    placed = _gather(ctx, (socket.gethostname(), mine))
+    hosts = sorted({host for host, _ in placed})
+    if len(hosts) > 1:
+        return f"the group spans {len(hosts)} hosts: P2P all-reduce kernels run within one node (as the engines')"
+    for rank, (_host, peer) in enumerate(placed):
         if rank == ctx.rank or peer == mine:
             continue
-        if not torch.cuda.can_device_access_peer(mine, int(peer)):
+        try:
+            ok = torch.cuda.can_device_access_peer(mine, int(peer))
+        except RuntimeError as exc:
+            return f"P2P access from GPU {mine} to GPU {peer} could not be checked: {first_line(exc)[:120]}"
+        if not ok:
             return f"no P2P access from GPU {mine} to GPU {peer}"
     return ""
 
