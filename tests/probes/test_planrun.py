@@ -289,7 +289,7 @@ def test_missing_probe_marks_its_components_and_the_total(tmp_path: Path) -> Non
     inv = tiny_inventory(tmp_path)
     results = _results_for_every_key(inv, 2.0, skip=("attention", "allreduce"))
     failed = ProbeResult("attention", ProbeStatus.FAILED, {}, (), world_size=2, message="boom", error="boom")
-    budget, _ = compose_from_results(inv, [*results, failed])
+    budget, _ = compose_from_results(inv, [*results, failed], group_kind="cpu")  # CPU ranks: no GPU estimates
     assert not budget.complete
     assert set(budget.missing) == {Component.ATTENTION.value, Component.COMMUNICATION.value}
     comm = budget.segment(Component.COMMUNICATION)
@@ -306,7 +306,8 @@ def test_json_reads_back_as_results_and_text_shows_bars(tmp_path: Path) -> None:
     inv = tiny_inventory(tmp_path)
     results = _results_for_every_key(inv, 2.0, skip=("attention",))
     plan = build_plan(inv)
-    budget, measured = compose_from_results(inv, results, PlanRunOptions(observed_ms=0.2), plan=plan)
+    opts = PlanRunOptions(observed_ms=0.2)
+    budget, measured = compose_from_results(inv, results, opts, plan=plan, group_kind="cpu")
     run = PlanRun(plan, (), tuple(results), measured, budget, ("a note",))
     doc = plan_run_to_dict(run)
     text = json.dumps(doc, allow_nan=False)

@@ -212,9 +212,11 @@ def compose_from_results(
     *,
     plan: ProbePlan | None = None,
     gpu: GpuHint | None = None,
+    group_kind: str | None = None,
 ) -> tuple[Budget, MeasuredSet]:
     """The budget of `inventory` from probe results (fresh, or read back with `results.load_results`), through the
-    one composition (`decodetop.probes.budgeting.compose_inventory`); the measured inputs beside it."""
+    one composition (`decodetop.probes.budgeting.compose_inventory`); the measured inputs beside it. `group_kind`
+    (cuda or cpu) says what ran when no result carries its environment: CPU ranks get no GPU roofline."""
     from decodetop.probes.budgeting import compose_inventory
 
     opts = options or PlanRunOptions()
@@ -226,6 +228,7 @@ def compose_from_results(
         observed=opts.observed_step,
         target_tps=opts.target_tps,
         gpu=gpu,
+        group_kind=group_kind,
         plan=plan,
         launch_mode=mode,
         scenario_id=opts.scenario_id,
@@ -279,7 +282,7 @@ def run_plan(
             if i < n:
                 notes = (*notes, f"cancelled during {req.probe} (probe {i}/{n}); later probes not run")
             break
-    budget, measured = compose_from_results(inventory, results, opts, plan=plan)
+    budget, measured = compose_from_results(inventory, results, opts, plan=plan, group_kind=layout.kind)
     all_notes = list(notes) + list(measured.notes)
     for r in results:
         if r.status is not ProbeStatus.OK:
