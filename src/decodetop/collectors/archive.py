@@ -203,26 +203,36 @@ class RecordingRoot(HostRoot):
             if path and path not in members:
                 members[path] = ("dir", "")
         for path, kind in rec.placeholders.items():
-            if not path or path in members or path + ".hex" in members:
-                continue
-            members[path] = ("dir", "") if kind == "dir" else ("file", b"")
-        if rec.rdev:
-            lines = [f"{name} {n.kind} {n.major} {n.minor}" for name, n in sorted(rec.rdev.items())]
-            members[RDEV_SIDE_FILE] = ("file", ("\n".join(lines) + "\n").encode())
-        if rec.opens:
-            lines = [f"{name} {'ok' if o.ok else o.errno_name}" for name, o in sorted(rec.opens.items())]
-            members[OPEN_SIDE_FILE] = ("file", ("\n".join(lines) + "\n").encode())
-        if rec.kmsg is not None:
-            members[KMSG_FILE] = ("file", ("\n".join(rec.kmsg) + "\n").encode())
+            if path and path not in members and path + ".hex" not in members:
+                members[path] = ("dir", "") if kind == "dir" else ("file", b"")
+        members.update(self._side_files())
         for path, data in rec.later.items():
             members[f"{LATER_DIR}/{path}"] = ("file", data)
-        # A directory that is also a parent of a recorded link target must stay a directory, not a placeholder file.
-        parents = {"/".join(p.split("/")[:i]) for p in members for i in range(1, p.count("/") + 1)}
-        for parent in parents:
-            entry = members.get(parent)
-            if entry is not None and entry[0] == "file" and not entry[1]:
-                members[parent] = ("dir", "")
+        _parents_stay_dirs(members)
         return members
+
+    def _side_files(self) -> dict[str, tuple[str, bytes | str]]:
+        """dev/.rdev, dev/.open and dev/kmsg: what plain files cannot carry (see hostroot)."""
+        rec = self.recording
+        out: dict[str, tuple[str, bytes | str]] = {}
+        if rec.rdev:
+            lines = [f"{name} {n.kind} {n.major} {n.minor}" for name, n in sorted(rec.rdev.items())]
+            out[RDEV_SIDE_FILE] = ("file", ("\n".join(lines) + "\n").encode())
+        if rec.opens:
+            lines = [f"{name} {'ok' if o.ok else o.errno_name}" for name, o in sorted(rec.opens.items())]
+            out[OPEN_SIDE_FILE] = ("file", ("\n".join(lines) + "\n").encode())
+        if rec.kmsg is not None:
+            out[KMSG_FILE] = ("file", ("\n".join(rec.kmsg) + "\n").encode())
+        return out
+
+
+def _parents_stay_dirs(members: dict[str, tuple[str, bytes | str]]) -> None:
+    """A directory that is also a parent of a recorded link target must stay a directory, not a placeholder file."""
+    parents = {"/".join(p.split("/")[:i]) for p in members for i in range(1, p.count("/") + 1)}
+    for parent in parents:
+        entry = members.get(parent)
+        if entry is not None and entry[0] == "file" and not entry[1]:
+            members[parent] = ("dir", "")
 
 
 def _hexdump(data: bytes) -> bytes:
@@ -231,10 +241,56 @@ def _hexdump(data: bytes) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
+class _TarWriter:
+    """Adds members under `decodetop-collect/root/`, each parent directory once, all dated `mtime`."""
+
+    def __init__(self, tar: tarfile.TarFile, mtime: int) -> None:
+        self.tar = tar
+        self.mtime = mtime
+        self.dirs_added: set[str] = set()
+
+    def add_dir(self, path: str) -> None:
+        """Directory `path` (relative to the tree's root, '' for the root) and every parent not added yet."""
+        parts = path.split("/") if path else []
+        for i in range(len(parts) + 1):
+            sub = "/".join(parts[:i])
+            if sub in self.dirs_added:
+                continue
+            self.dirs_added.add(sub)
+            info = tarfile.TarInfo(f"{ROOT_IN_ARCHIVE}/{sub}" if sub else ROOT_IN_ARCHIVE)
+            info.type = tarfile.DIRTYPE
+            info.mode = 0o755
+            info.mtime = self.mtime
+            self.tar.addfile(info)
+
+    def add(self, path: str, kind: str, payload: bytes | str) -> None:
+        """One member of `RecordingRoot.tree_members`."""
+        if "/" in path:
+            self.add_dir(path.rsplit("/", 1)[0])
+        if kind == "dir":
+            self.add_dir(path)
+            return
+        info = tarfile.TarInfo(f"{ROOT_IN_ARCHIVE}/{path}")
+        info.mtime = self.mtime
+        if kind == "link":
+            info.type = tarfile.SYMTYPE
+            info.linkname = str(payload)
+            self.tar.addfile(info)
+            return
+        self.add_bytes(info, payload if isinstance(payload, bytes) else str(payload).encode())
+
+    def add_bytes(self, info: tarfile.TarInfo, data: bytes) -> None:
+        """A regular file member holding `data`."""
+        info.size = len(data)
+        info.mode = 0o644
+        info.mtime = self.mtime
+        self.tar.addfile(info, io.BytesIO(data))
+
+
 def write_collect_tarball(root: RecordingRoot, out_path: Path, findings: object) -> int:
-    """Pack what `root` recorded plus the findings into `out_path` (tar.gz); returns the member count."""
+    """Pack what `root` recorded plus the findings into `out_path` (tar.gz, written atomically); returns the
+    member count."""
     members = root.tree_members()
-    now = int(time.time())
     out_path = Path(out_path)
     if out_path.is_dir():
         raise UserInputError(f"--collect {out_path}: is a directory, give a file name ending in .tar.gz")
@@ -242,47 +298,13 @@ def write_collect_tarball(root: RecordingRoot, out_path: Path, findings: object)
     fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
     os.close(fd)
     try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            dirs_added: set[str] = set()
-
-            def add_dir(path: str) -> None:
-                parts = path.split("/")
-                for i in range(1, len(parts) + 1):
-                    sub = "/".join(parts[:i])
-                    if sub in dirs_added:
-                        continue
-                    dirs_added.add(sub)
-                    info = tarfile.TarInfo(f"{ROOT_IN_ARCHIVE}/{sub}" if sub else ROOT_IN_ARCHIVE)
-                    info.type = tarfile.DIRTYPE
-                    info.mode = 0o755
-                    info.mtime = now
-                    tar.addfile(info)
-
-            add_dir("")
+        with _sigterm_raises(), tarfile.open(tmp, "w:gz") as tar:
+            writer = _TarWriter(tar, int(time.time()))
+            writer.add_dir("")
             for path in sorted(members):
-                kind, payload = members[path]
-                if "/" in path:
-                    add_dir(path.rsplit("/", 1)[0])
-                if kind == "dir":
-                    add_dir(path)
-                    continue
-                info = tarfile.TarInfo(f"{ROOT_IN_ARCHIVE}/{path}")
-                info.mtime = now
-                if kind == "link":
-                    info.type = tarfile.SYMTYPE
-                    info.linkname = str(payload)
-                    tar.addfile(info)
-                else:
-                    data = payload if isinstance(payload, bytes) else str(payload).encode()
-                    info.size = len(data)
-                    info.mode = 0o644
-                    tar.addfile(info, io.BytesIO(data))
+                writer.add(path, *members[path])
             blob = (json.dumps(findings, indent=1, ensure_ascii=False) + "\n").encode()
-            info = tarfile.TarInfo(f"{ARCHIVE_TOP}/findings.json")
-            info.size = len(blob)
-            info.mtime = now
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(blob))
+            writer.add_bytes(tarfile.TarInfo(f"{ARCHIVE_TOP}/findings.json"), blob)
         os.replace(tmp, out_path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -408,6 +430,18 @@ def _short(text: str) -> str:
     return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS] + "…"
 
 
+@dataclass
+class _Tally:
+    """Running totals of one pass over an archive."""
+
+    count: int = 0
+    total_bytes: int = 0
+    seen: dict[tuple[str, ...], str] = field(default_factory=dict)
+    parents: set[tuple[str, ...]] = field(default_factory=set)
+    links: list[tuple[tuple[str, ...], str, str]] = field(default_factory=list)
+    """(path parts, member name, target to create) of every symlink, made after everything else."""
+
+
 class _Unpacker:
     """Checks every member of a --collect archive and, on the second pass, writes it under a destination fd."""
 
@@ -480,45 +514,43 @@ class _Unpacker:
             raise self.refuse(member.name, f"is a symlink to {_short(target)!r}, outside the host tree")
         return "/".join(tparts) or "."
 
+    def admit(self, member: tarfile.TarInfo, tally: _Tally) -> tuple[tuple[str, ...], str]:
+        """Check one member against the rules and the running totals; its path parts and kind."""
+        tally.count += 1
+        if tally.count > MAX_MEMBERS:
+            raise self.refuse(member.name, f"is past the limit of {MAX_MEMBERS:,} members")
+        parts = self.parts(member)
+        kind = self.kind(member)
+        if parts in tally.seen and (kind != "dir" or tally.seen[parts] != "dir"):
+            raise self.refuse(member.name, "appears twice")
+        tally.seen[parts] = kind
+        tally.parents.add(parts[:-1])
+        if kind == "link":
+            tally.links.append((parts, member.name, self.link_target(parts, member)))
+        elif kind == "file":
+            if member.size > MAX_MEMBER_BYTES:
+                raise self.refuse(member.name, f"is {member.size:,} bytes, over the {MAX_MEMBER_BYTES:,}-byte limit")
+            tally.total_bytes += member.size
+            if tally.total_bytes > MAX_TOTAL_BYTES:
+                raise self.refuse(member.name, f"takes the files past {MAX_TOTAL_BYTES:,} bytes in all")
+        return parts, kind
+
     def run(self, tar: tarfile.TarFile, dest_fd: int | None) -> None:
         """One pass over the archive: check every member; write it too when `dest_fd` is given."""
-        count = 0
-        total = 0
-        seen: dict[tuple[str, ...], str] = {}
-        parents: set[tuple[str, ...]] = set()
-        links: list[tuple[tuple[str, ...], str, str]] = []
+        tally = _Tally()
         dirs = _DirFds(dest_fd) if dest_fd is not None else None
         try:
             for member in tar:
-                count += 1
-                if count > MAX_MEMBERS:
-                    raise self.refuse(member.name, f"is past the limit of {MAX_MEMBERS:,} members")
-                parts = self.parts(member)
-                kind = self.kind(member)
-                if parts in seen and (kind != "dir" or seen[parts] != "dir"):
-                    raise self.refuse(member.name, "appears twice")
-                seen[parts] = kind
-                if kind == "file":
-                    if member.size > MAX_MEMBER_BYTES:
-                        raise self.refuse(
-                            member.name, f"is {member.size:,} bytes, over the {MAX_MEMBER_BYTES:,}-byte limit"
-                        )
-                    total += member.size
-                    if total > MAX_TOTAL_BYTES:
-                        raise self.refuse(member.name, f"takes the files past {MAX_TOTAL_BYTES:,} bytes in all")
-                    if dirs is not None:
-                        self._write_file(tar, member, parts, dirs)
-                elif kind == "dir":
-                    if dirs is not None:
-                        with self._guard(member.name):
-                            dirs.open(parts)
-                else:
-                    links.append((parts, member.name, self.link_target(parts, member)))
-                parents.add(parts[:-1])
-            self.check_links_are_leaves(links, parents)
+                parts, kind = self.admit(member, tally)
+                if dirs is not None and kind == "file":
+                    self._write_file(tar, member, parts, dirs)
+                elif dirs is not None and kind == "dir":
+                    with self._guard(member.name):
+                        dirs.open(parts)
+            self.check_links_are_leaves(tally.links, tally.parents)
             if dirs is not None:
                 # Symlinks last: nothing is ever written through one.
-                for at, name, target in links:
+                for at, name, target in tally.links:
                     with self._guard(name):
                         os.symlink(target, at[-1], dir_fd=dirs.open(at[:-1]))
         finally:
