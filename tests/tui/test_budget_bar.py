@@ -139,3 +139,12 @@ async def test_moved_components_show_their_signed_change_in_the_theme_colours() 
                 start = text.plain.index("Δ")
                 styles = [span.style for span in text.spans if span.start <= start < span.end]
                 assert any(Color.parse(colour).rich_color == getattr(s, "color", None) for s in styles), styles
+
+
+async def test_shares_of_thousands_of_percent_keep_the_legend_columns() -> None:
+    """CPU ranks' parts can be thousands of times an assumed 95 ms step: the share column keeps its width."""
+    view = _view({Component.ATTENTION: 20570.0, Component.NORMS: 0.5})
+    for compact, width in ((False, 100), (True, 78)):
+        lines = await _lines(view, width, compact=compact)
+        entry = next(line for line in lines if "attention" in line and ">999%" in line)
+        assert "20570" in entry and "norms" in "\n".join(lines)

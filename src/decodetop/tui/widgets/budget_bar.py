@@ -59,6 +59,9 @@ SHORT_LABELS = {
 }
 """Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
 UNEXPLAINED_GLYPH = "░"
+MAX_SHARE_PCT = 999.5
+"""Shares of the observed step above this print as ">999%" (CPU ranks' parts can be thousands of times the step;
+the column keeps its width)."""
 ESTIMATE_GAP = "·"
 """Every other cell of a roofline estimate: the hatching that tells an estimate from a measurement without colour."""
 _ESTIMATE = "|estimate"
@@ -386,7 +389,7 @@ class BudgetBar(Widget):
         move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
         if self.compact:
             short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
-            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
+            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">999%"
             text = Text()
             text.append(glyph, style=self._style(cls))
             if move is not None:  # the change since the baseline says more than the share (and the status mark)
@@ -411,7 +414,8 @@ class BudgetBar(Widget):
             text.append(f"{format_delta_ms(move.delta_ms):<10}", style=move_style)
             text.append("  ")
             return text
-        text.append(f"{share:>5.1f}%" if share < 100 else f"{share:>5.0f}%", style=value_style)
+        pct = f"{share:>5.1f}%" if share < 100 else f"{share:>5.0f}%" if share < MAX_SHARE_PCT else " >999%"
+        text.append(pct, style=value_style)
         text.append(f" {age:<4}  ", style=self._style("budget-bar--muted"))
         return text
 
