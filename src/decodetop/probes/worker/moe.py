@@ -7,7 +7,7 @@ weighted combine — two ways, both reported:
 - `grouped`: one grouped GEMM per projection (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`; FP8 through
   `torch._scaled_grouped_mm`), as fused-MoE kernels do (probes.md §7.7);
 - `loop`: a per-expert loop of plain GEMMs (`_scaled_mm` for FP8), what a naive implementation launches;
-- `fused`: decodetop's Triton grouped GEMV over the routed experts (two kernels, expert ids read on the device), the
+- `fused`: decodetop's Triton grouped GEMV over the routed experts (three kernels, expert ids read on the device), the
   class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only).
 
 Only the active experts' weights are allocated (× rotation copies above 2× L2); metrics include the bytes of the
@@ -18,6 +18,7 @@ the step inventory and are measured by the `gemm` probe at their own shapes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -39,28 +40,43 @@ def _grouped_mm_fn() -> Callable[..., torch.Tensor] | None:
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) -> OpRunner:
-    """One MoE layer's routed experts: sort tokens by expert, gate_up GEMM, SiLU-and-mul, down GEMM, weighted combine.
+@dataclass(frozen=True)
+class _Experts:
+    """One MoE layer's routed experts at a key's shape, the fixed routing, and the shared dispatch and combine."""
 
-    Routing is fixed so that the `tokens` × `top_k` assignments touch exactly `experts_active` experts (the
-    inventory's expected count); only those experts' weights are allocated (× rotation copies).
-    """
-    if key.dtype in ("nvfp4", "mxfp4"):
-        where = sm_tag(ctx)
-        raise UnsupportedError(f"{key.dtype} expert GEMMs have no torch kernel on {where} (grouped GEMM: probes.md §4)")
+    key: MoeKey
+    fp8: bool
+    active: int
+    """Experts the `tokens` × `top_k` assignments touch."""
+    weights: Rotation[tuple[torch.Tensor, torch.Tensor]]
+    """(gate_up [E, 2I, H], down [E, H, I]) per rotation copy, as nn.Linear stores them."""
+    bounds: list[int]
+    """Row offsets of each expert's tokens after the sort (host side, for the loop)."""
+    dispatch: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+    """Sort: (order, token index, tokens in expert order, cumulative counts)."""
+    combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    """Weighted scatter-add of the experts' outputs back to the tokens."""
+    w_bytes: float
+    moved_bytes: float
+    flops: float
+
+    def act(self, hcat: torch.Tensor) -> torch.Tensor:
+        """SiLU-and-mul of the gate_up output."""
+        inter = self.key.intermediate
+        return F.silu(hcat[:, :inter]) * hcat[:, inter:]
+
+
+def _experts(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> _Experts:
+    """Allocate the active experts' weights (× rotation copies) and fix the routing: token i goes to experts
+    (i·top_k + j) mod active, so the assignments touch exactly `experts_active` experts (the inventory's count)."""
     fp8 = key.dtype == "fp8"
-    if fp8 and not ctx.is_cuda:
-        raise UnsupportedError("fp8 expert GEMMs (_scaled_mm / _scaled_grouped_mm) need a GPU")
     device = ctx.device
     t, k_top, h, inter = key.tokens, key.top_k, key.hidden, key.intermediate
     active = max(1, min(key.experts_active, key.experts_local, t * k_top))
     wdtype = torch.float8_e4m3fn if fp8 else DTYPES.get(key.dtype, torch.bfloat16)
-    wsize = wdtype.itemsize
-    per_expert = (2 * inter * h + h * inter) * wsize
-    w_bytes = active * per_expert
+    w_bytes = active * (2 * inter * h + h * inter) * wdtype.itemsize
     copies = copies_for(ctx, w_bytes, rotate)
     require_free(ctx, copies * w_bytes * 1.05, f"MoE expert weights {key.key_id}")  # +5 %: activations, offsets
-    # [E, N, K] like nn.Linear weights; the GEMMs take the transposed (column-major) view.
     experts = Rotation(
         [
             (randn((active, 2 * inter, h), wdtype, device), randn((active, h, inter), wdtype, device))
@@ -69,7 +85,7 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
     )
     x = randn((t, h), torch.bfloat16, device, std=1.0)
     ids = torch.tensor([[(i * k_top + j) % active for j in range(k_top)] for i in range(t)], device=device)
-    weights = torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1
+    gates = torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1
     flat = ids.flatten()
     counts_host = [0] * active
     for e in flat.tolist():
@@ -78,8 +94,6 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
     for c in counts_host:
         bounds.append(bounds[-1] + c)
     rows = t * k_top
-    moved = w_bytes + t * h * 2 * 2 + rows * (2 * inter + h) * 2
-    flops = 2.0 * rows * 3 * h * inter
     ones = torch.ones(rows, device=device, dtype=torch.int32)
 
     def dispatch() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,57 +105,76 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
         return order, token_idx, xs, offs
 
     def combine(y: torch.Tensor, order: torch.Tensor, token_idx: torch.Tensor) -> torch.Tensor:
-        scale = weights.flatten().index_select(0, order).unsqueeze(1)
+        scale = gates.flatten().index_select(0, order).unsqueeze(1)
         out = torch.zeros(t, h, device=device, dtype=torch.float32)
         return out.index_add_(0, token_idx, y.float() * scale).to(torch.bfloat16)
 
-    def act(hcat: torch.Tensor) -> torch.Tensor:
-        return F.silu(hcat[:, :inter]) * hcat[:, inter:]
+    moved = w_bytes + t * h * 2 * 2 + rows * (2 * inter + h) * 2
+    return _Experts(key, fp8, active, experts, bounds, dispatch, combine, w_bytes, moved, 2.0 * rows * 3 * h * inter)
 
-    if variant == "grouped":
-        gmm = _grouped_mm_fn()
-        if fp8:
-            sgmm = getattr(torch, "_scaled_grouped_mm", None)
-            if sgmm is None:
-                raise UnsupportedError(f"torch {torch.__version__} has no _scaled_grouped_mm for fp8 experts")
-            sa_rows = torch.ones(rows, device=device)
-            sb13: torch.Tensor | None = torch.ones(active, 2 * inter, device=device)
-            sb2: torch.Tensor | None = torch.ones(active, h, device=device)
 
-            def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
-                a8 = a.to(torch.float8_e4m3fn)  # dynamic activation quantization (scales fixed at 1 here)
-                return sgmm(a8, w.transpose(-2, -1), sa_rows, sb, offs=offs, out_dtype=torch.bfloat16)  # type: ignore[no-any-return]
-
-        else:
-            if gmm is None:
-                raise UnsupportedError(f"torch {torch.__version__} has no grouped_mm / _grouped_mm")
-
-            def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
-                return gmm(a, w.transpose(-2, -1), offs=offs)
-
-            sb13 = sb2 = None
-
-        def grouped() -> torch.Tensor:
-            w13, w2 = experts.next()
-            order, token_idx, xs, offs = dispatch()
-            hcat = gm(xs, w13, offs, sb13)
-            y = gm(act(hcat), w2, offs, sb2)
-            return combine(y, order, token_idx)
-
-        try:
-            grouped()
-        except Exception as exc:
-            raise UnsupportedError(
-                f"grouped GEMM failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
-            ) from None
-        return OpRunner(grouped, moved, flops, copies, weight_bytes=w_bytes)
-
-    if variant != "loop":
+def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) -> OpRunner:
+    """One MoE layer's routed experts: sort tokens by expert, gate_up GEMM, SiLU-and-mul, down GEMM, weighted combine,
+    as a grouped GEMM per projection (`grouped`) or a per-expert loop of GEMMs (`loop`)."""
+    if key.dtype in ("nvfp4", "mxfp4"):
+        where = sm_tag(ctx)
+        raise UnsupportedError(f"{key.dtype} expert GEMMs have no torch kernel on {where} (grouped GEMM: probes.md §4)")
+    if key.dtype == "fp8" and not ctx.is_cuda:
+        raise UnsupportedError("fp8 expert GEMMs (_scaled_mm / _scaled_grouped_mm) need a GPU")
+    builders = {"grouped": (_grouped, "grouped GEMM"), "loop": (_loop, "per-expert loop")}
+    if variant not in builders:
         raise ValueError(f"unknown MoE variant {variant!r} (known: {', '.join(MOE_VARIANTS)})")
-    one = torch.tensor(1.0, device=device)
+    build, what = builders[variant]
+    experts = _experts(key, ctx, rotate=rotate)
+    fn = build(experts, ctx)
+    try:
+        fn()
+    except Exception as exc:
+        raise UnsupportedError(f"{what} failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}") from None
+    return OpRunner(fn, experts.moved_bytes, experts.flops, len(experts.weights), weight_bytes=experts.w_bytes)
+
+
+def _grouped(experts: _Experts, ctx: ProbeContext) -> Callable[[], torch.Tensor]:
+    """One grouped GEMM per projection (FP8: `_scaled_grouped_mm` with unit scales)."""
+    device, key, active = ctx.device, experts.key, experts.active
+    if experts.fp8:
+        sgmm = getattr(torch, "_scaled_grouped_mm", None)
+        if sgmm is None:
+            raise UnsupportedError(f"torch {torch.__version__} has no _scaled_grouped_mm for fp8 experts")
+        sa_rows = torch.ones(key.tokens * key.top_k, device=device)
+        sb13: torch.Tensor | None = torch.ones(active, 2 * key.intermediate, device=device)
+        sb2: torch.Tensor | None = torch.ones(active, key.hidden, device=device)
+
+        def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
+            a8 = a.to(torch.float8_e4m3fn)  # dynamic activation quantization (scales fixed at 1 here)
+            return sgmm(a8, w.transpose(-2, -1), sa_rows, sb, offs=offs, out_dtype=torch.bfloat16)  # type: ignore[no-any-return]
+
+    else:
+        gmm = _grouped_mm_fn()
+        if gmm is None:
+            raise UnsupportedError(f"torch {torch.__version__} has no grouped_mm / _grouped_mm")
+
+        def gm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor, sb: torch.Tensor | None) -> torch.Tensor:
+            return gmm(a, w.transpose(-2, -1), offs=offs)
+
+        sb13 = sb2 = None
+
+    def grouped() -> torch.Tensor:
+        w13, w2 = experts.weights.next()
+        order, token_idx, xs, offs = experts.dispatch()
+        hcat = gm(xs, w13, offs, sb13)
+        y = gm(experts.act(hcat), w2, offs, sb2)
+        return experts.combine(y, order, token_idx)
+
+    return grouped
+
+
+def _loop(experts: _Experts, ctx: ProbeContext) -> Callable[[], torch.Tensor]:
+    """A per-expert loop of plain GEMMs (FP8: `_scaled_mm`, rows padded to 16), what a naive implementation runs."""
+    one = torch.tensor(1.0, device=ctx.device)
 
     def expert_mm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if fp8:
+        if experts.fp8:
             a8 = a.to(torch.float8_e4m3fn)
             pad = (-a8.shape[0]) % 16
             if pad:
@@ -150,22 +183,16 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
         return F.linear(a, w)
 
     def loop() -> torch.Tensor:
-        w13, w2 = experts.next()
-        order, token_idx, xs, _offs = dispatch()
+        w13, w2 = experts.weights.next()
+        order, token_idx, xs, _offs = experts.dispatch()
         outs = []
-        for e in range(active):
-            lo, hi = bounds[e], bounds[e + 1]
+        for e in range(experts.active):
+            lo, hi = experts.bounds[e], experts.bounds[e + 1]
             if hi > lo:
-                outs.append(expert_mm(act(expert_mm(xs[lo:hi], w13[e])), w2[e]))
-        return combine(torch.cat(outs), order, token_idx)
+                outs.append(expert_mm(experts.act(expert_mm(xs[lo:hi], w13[e])), w2[e]))
+        return experts.combine(torch.cat(outs), order, token_idx)
 
-    try:
-        loop()
-    except Exception as exc:
-        raise UnsupportedError(
-            f"per-expert loop failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
-        ) from None
-    return OpRunner(loop, moved, flops, copies, weight_bytes=w_bytes)
+    return loop
 
 
 def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
