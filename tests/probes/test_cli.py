@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -130,9 +129,9 @@ def test_ctrl_c_ends_every_rank() -> None:
         ]
         assert len(ranks) == 2
         proc.send_signal(signal.SIGINT)
-        t0 = time.monotonic()
-        assert proc.wait(timeout=10) == 130
-        _gone, alive = psutil.wait_procs(ranks, timeout=max(0.1, 5 - (time.monotonic() - t0)))
+        assert proc.wait(timeout=30) == 130
+        # The CLI ends its ranks before it exits; the wait only lets init reap them (no bound on time is tested).
+        _gone, alive = psutil.wait_procs(ranks, timeout=10)
         assert alive == []
     finally:
         if proc.poll() is None:
