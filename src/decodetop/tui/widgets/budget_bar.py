@@ -60,8 +60,8 @@ SHORT_LABELS = {
 """Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
 UNEXPLAINED_GLYPH = "░"
 MAX_SHARE_PCT = 999.5
-"""Shares of the observed step above this print as ">999%" (CPU ranks' parts can be thousands of times the step;
-the column keeps its width)."""
+"""Shares of the observed step above this print as ">999%" (">1k%" in the compact legend): CPU ranks' parts can
+be thousands of times the step, and the column keeps its width."""
 ESTIMATE_GAP = "·"
 """Every other cell of a roofline estimate: the hatching that tells an estimate from a measurement without colour."""
 _ESTIMATE = "|estimate"
@@ -389,7 +389,7 @@ class BudgetBar(Widget):
         move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
         if self.compact:
             short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
-            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">999%"
+            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">1k%"
             text = Text()
             text.append(glyph, style=self._style(cls))
             if move is not None:  # the change since the baseline says more than the share (and the status mark)
