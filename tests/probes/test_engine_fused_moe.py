@@ -80,21 +80,21 @@ def test_routed_ids_give_distinct_experts_per_token() -> None:
 
 
 def test_grid_covers_every_output_row() -> None:
-    # Qwen3-MoE at TP 2 on an H200 (132 SMs): 8 slots × 768 rows; one token × 4096 rows.
+    # Qwen3-MoE at TP 2 on an H200 (132 SMs): 8 slots × 768 intermediate rows, 8 slots × 4096 hidden rows.
     grid = grid_for(tokens=1, top_k=8, hidden=4096, inter=768, sms=132)
-    assert (grid.gate_up_block_n, grid.down_block_n) == (8, 8)
-    assert grid.gate_up == (8, 96) and grid.down == (1, 512)
+    assert (grid.gate_up_block_n, grid.down_block_n) == (8, 32)
+    assert grid.gate_up == (8, 96) and grid.down == (8, 128) and grid.combine == (1, 4)
     # Mixtral at TP 2: 2 slots × 7168 rows leave room for larger blocks.
     mixtral = grid_for(tokens=1, top_k=2, hidden=4096, inter=7168, sms=132)
     assert mixtral.gate_up_block_n == 16 and mixtral.gate_up == (2, 448)
     tail = grid_for(2, 2, 100, 17)  # one SM: the largest block, tails masked
-    assert tail.gate_up == (4, 1) and tail.down == (2, 2)
+    assert tail.gate_up == (4, 1) and tail.down == (4, 4) and tail.combine == (2, 1)
     with pytest.raises(ValueError):
         grid_for(0, 8, 4096, 768)
 
 
 def test_block_rows_shrink_until_every_sm_has_work() -> None:
-    assert pick_block_n(rows=65536, outer=8, sms=132) == 64
+    assert pick_block_n(rows=65536, outer=8, sms=132) == 32
     assert pick_block_n(rows=4096, outer=1, sms=132) == 8  # never below the smallest block
     with pytest.raises(ValueError):
         pick_block_n(rows=0, outer=1, sms=1)
@@ -129,7 +129,7 @@ INTERPRETED = textwrap.dedent(
     from decodetop.probes.worker import fused_moe as fm
     torch.manual_seed(0)
     for tokens, hidden, inter, n_exp, top_k, dtype, sms in [
-        (1, 300, 80, 6, 2, torch.bfloat16, 1),  # tails: 300 % 256 and 80 % 64
+        (1, 300, 80, 6, 2, torch.bfloat16, 1),  # tails: 300 % 256 and 80 % 32
         (2, 512, 256, 8, 4, torch.float32, 1),
         (1, 300, 84, 6, 2, torch.bfloat16, 1000),  # many SMs: 8-row blocks, 84 % 8 and 300 % 8 masked
     ]:
@@ -142,6 +142,14 @@ INTERPRETED = textwrap.dedent(
         want = fm.reference_moe(x, w13, w2, ids, wts).float()
         err = (got - want).abs().max().item()
         assert err <= 0.02 * want.abs().max().item(), (dtype, err)
+    # The probe's runner end to end (its own check against the reference included), on CPU tensors.
+    from decodetop.budget.keys import MoeKey
+    from decodetop.probes.worker.context import ProbeContext
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    key = MoeKey(tokens=1, top_k=4, experts_local=16, experts_active=4, hidden=256, intermediate=96, dtype="bf16",
+                 bias=0)
+    runner = fm.fused_moe_runner(key, ctx, rotate=False)
+    assert runner.fn().shape == (1, 256) and runner.weight_bytes == 4 * 3 * 96 * 256 * 2
     print("ok")
     """
 )

@@ -5,16 +5,16 @@ Serving engines run decode MoE layers as one fused Triton kernel per projection 
 with the router's ids on the device (vLLM `fused_moe` / SGLang `fused_moe_triton`); the torch path of the `moe`
 probe (sort, grouped GEMM, SiLU-and-mul, grouped GEMM, combine) launches a dozen kernels around two grouped GEMMs
 built for large M. At batch 1 the layer is a weight stream, so what matters is reading each routed expert once at
-full bandwidth. Two kernels do the whole routed-expert op:
+full bandwidth. Three kernels do the whole routed-expert op:
 
 1. `gate_up`: one program per (token, routed slot) × block of the intermediate width: reads the expert id from the
    device, streams that expert's gate and up rows against the token's activation (fp32 accumulation) and writes
    SiLU(gate) · up;
-2. `down`: one program per token × block of the hidden width: for each of the token's top-k slots, streams that
-   expert's down-projection rows against the slot's activation and adds it with the router weight; writes the
-   token's output once (no atomics, deterministic).
+2. `down`: one program per routed slot × block of the hidden width: streams that expert's down-projection rows
+   against the slot's activation and writes the product, scaled by the router weight, as an fp32 row;
+3. `combine`: each token's top-k rows summed into its output (no atomics, deterministic; a few KB per token).
 
-Expert ids and weights are tensors on the device, so the pair is CUDA-graph replayable with any routing. Weights
+Expert ids and weights are tensors on the device, so the three are CUDA-graph replayable with any routing. Weights
 are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` stores them and as the torch path
 allocates them. `reference_moe` is the same computation in plain torch (CPU-testable); the runner checks the kernel
 against it once per key before timing.
@@ -53,7 +53,9 @@ BLOCK_K = 256
 #: Output rows per program, from the largest down: the largest that still gives every SM `PROGRAMS_PER_SM` programs
 #: (a batch-1 layer is a weight stream: enough programs in flight keep HBM busy; fewer, larger blocks cost less
 #: per program where there is plenty of work, as Mixtral's 7168-wide gate_up).
-BLOCK_N_CHOICES = (64, 32, 16, 8)
+BLOCK_N_CHOICES = (32, 16, 8)
+#: Elements per program of the combine kernel (sums each token's top-k fp32 rows; a few KB per token).
+COMBINE_BLOCK = 1024
 #: Programs per SM wanted in flight (H200: 132 SMs → 528 programs).
 PROGRAMS_PER_SM = 4
 #: Relative tolerance of the one-time check against `reference_moe` (bf16 output: 8 significant bits ≈ 0.4 %;
@@ -106,34 +108,39 @@ if HAVE_TRITON:
         w2_ptr,
         ids_ptr,
         wts_ptr,
-        out_ptr,
+        ys_ptr,
         hidden,
         inter,
         stride_we,
         stride_wn,
-        top_k: tl.constexpr,
         block_n: tl.constexpr,
         block_k: tl.constexpr,
     ):
-        token = tl.program_id(0)
+        slot = tl.program_id(0)
         nb = tl.program_id(1)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < hidden
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        weight = tl.load(wts_ptr + slot).to(tl.float32)
+        w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
         acc = tl.zeros([block_n], dtype=tl.float32)
+        for k0 in range(0, inter, block_k):
+            offs_k = k0 + tl.arange(0, block_k)
+            mask_k = offs_k < inter
+            av = tl.load(act_ptr + slot * inter + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
+        tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _combine_kernel(ys_ptr, out_ptr, hidden, top_k: tl.constexpr, block: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        token = tl.program_id(0)
+        offs = tl.program_id(1) * block + tl.arange(0, block)
+        mask = offs < hidden
+        acc = tl.zeros([block], dtype=tl.float32)
         for j in tl.static_range(top_k):
-            slot = token * top_k + j
-            expert = tl.load(ids_ptr + slot).to(tl.int64)
-            weight = tl.load(wts_ptr + slot).to(tl.float32)
-            w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-            part = tl.zeros([block_n], dtype=tl.float32)
-            for k0 in range(0, inter, block_k):
-                offs_k = k0 + tl.arange(0, block_k)
-                mask_k = offs_k < inter
-                av = tl.load(act_ptr + slot * inter + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-                w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-                part += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
-            acc += weight * part
-        tl.store(out_ptr + token * hidden + offs_n, acc.to(out_ptr.dtype.element_ty), mask=mask_n)
+            acc += tl.load(ys_ptr + (token * top_k + j) * hidden + offs, mask=mask, other=0.0)
+        tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def triton_unavailable(device: torch.device) -> str:
@@ -158,21 +165,30 @@ def pick_block_n(rows: int, outer: int, sms: int) -> int:
 
 @dataclass(frozen=True)
 class Grid:
-    """Launch shape of the two kernels for one call: programs per axis and rows per program."""
+    """Launch shape of the three kernels for one call: programs per axis and rows per program."""
 
     gate_up: tuple[int, int]
     down: tuple[int, int]
+    combine: tuple[int, int]
     gate_up_block_n: int
     down_block_n: int
 
 
 def grid_for(tokens: int, top_k: int, hidden: int, inter: int, sms: int = 1) -> Grid:
-    """gate_up: (tokens·top_k, ⌈inter/bn⌉); down: (tokens, ⌈hidden/bn⌉); bn per kernel from `pick_block_n`."""
+    """gate_up: (tokens·top_k, ⌈inter/bn⌉); down: (tokens·top_k, ⌈hidden/bn⌉); combine: (tokens,
+    ⌈hidden/COMBINE_BLOCK⌉); bn per kernel from `pick_block_n`."""
     if min(tokens, top_k, hidden, inter, sms) < 1:
         raise ValueError(f"fused MoE shapes must be positive: {tokens=}, {top_k=}, {hidden=}, {inter=}, {sms=}")
-    bn_up = pick_block_n(inter, tokens * top_k, sms)
-    bn_down = pick_block_n(hidden, tokens, sms)
-    return Grid((tokens * top_k, -(-inter // bn_up)), (tokens, -(-hidden // bn_down)), bn_up, bn_down)
+    slots = tokens * top_k
+    bn_up = pick_block_n(inter, slots, sms)
+    bn_down = pick_block_n(hidden, slots, sms)
+    return Grid(
+        (slots, -(-inter // bn_up)),
+        (slots, -(-hidden // bn_down)),
+        (tokens, -(-hidden // COMBINE_BLOCK)),
+        bn_up,
+        bn_down,
+    )
 
 
 def fused_moe(
@@ -183,14 +199,16 @@ def fused_moe(
     weights: torch.Tensor,
     *,
     act: torch.Tensor | None = None,
+    ys: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sms: int | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
     w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `act`
-    [T·K, I] and `out` [T, H] may be passed preallocated so a captured graph allocates nothing. `sms`: the SM count
-    the launch shape is sized for (default: the device's; 1 on CPU tensors under Triton's interpreter)."""
+    [T·K, I], `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a captured graph allocates
+    nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1 on CPU tensors under
+    Triton's interpreter)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -206,6 +224,8 @@ def fused_moe(
         raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
     if act is None:
         act = torch.empty(tokens * top_k, inter, device=x.device, dtype=x.dtype)
+    if ys is None:
+        ys = torch.empty(tokens * top_k, hidden, device=x.device, dtype=torch.float32)
     if out is None:
         out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
     if sms is None:
@@ -229,15 +249,15 @@ def fused_moe(
         w2,
         ids,
         weights,
-        out,
+        ys,
         hidden,
         inter,
         w2.stride(0),
         w2.stride(1),
-        top_k=top_k,
         block_n=grid.down_block_n,
         block_k=BLOCK_K,
     )
+    _combine_kernel[grid.combine](ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
     return out
 
 
@@ -294,15 +314,16 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
     ids = routed_ids(t, k_top, active, device)
     wts = torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1
     act = torch.empty(t * k_top, inter, device=device, dtype=adtype)
+    ys = torch.empty(t * k_top, h, device=device, dtype=torch.float32)
     out = torch.empty(t, h, device=device, dtype=adtype)
 
     def fused() -> torch.Tensor:
         w13, w2 = experts.next()
-        return fused_moe(x, w13, w2, ids, wts, act=act, out=out)
+        return fused_moe(x, w13, w2, ids, wts, act=act, ys=ys, out=out)
 
     w13_0, w2_0 = experts.items[0]
     try:
-        got = fused_moe(x, w13_0, w2_0, ids, wts, act=act, out=out).float()
+        got = fused_moe(x, w13_0, w2_0, ids, wts, act=act, ys=ys, out=out).float()
     except Exception as exc:
         raise UnsupportedError(
             f"Triton fused-MoE kernel failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
