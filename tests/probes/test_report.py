@@ -76,3 +76,20 @@ def test_rank_warnings_and_the_log_are_named_after_the_table() -> None:
     assert "ranks-1.log" not in format_result(quiet)
     failed = dataclasses.replace(quiet, status=ProbeStatus.FAILED, error="boom", error_rank=1)
     assert format_result(failed).splitlines()[-1] == "rank output: /state/logs/ranks-1.log"
+
+
+def test_the_ui_details_name_the_rank_log_and_a_dead_rank_once() -> None:
+    from decodetop.tui.adapters import probe_view
+
+    warned = dataclasses.replace(_result(), rank_warnings=1, rank_log="/state/logs/ranks-1.log")
+    assert ("rank output", "1 warning in /state/logs/ranks-1.log") in probe_view(warned).details
+    died = dataclasses.replace(
+        _result(),
+        status=ProbeStatus.FAILED,
+        error="rank 1 died: killed by SIGKILL",
+        error_rank=1,
+        rank_log="/state/logs/ranks-1.log",
+    )
+    view = probe_view(died)
+    assert view.error == "rank 1 died: killed by SIGKILL"
+    assert ("rank output", "/state/logs/ranks-1.log") in view.details

@@ -356,8 +356,12 @@ def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
             if "telemetry" in key or "clock" in key or "pcie" in key:
                 telemetry.append(f"{key}: {value}")
     details.append(("duration", f"{result.duration_s:.1f} s"))
+    if result.rank_log and (result.rank_warnings or state is ProbeState.FAILED):
+        plural = "s" if result.rank_warnings != 1 else ""
+        warned = f"{result.rank_warnings} warning{plural} in " if result.rank_warnings else ""
+        details.append(("rank output", f"{warned}{result.rank_log}"))
     error = result.error or ("" if state is ProbeState.DONE else result.message)
-    if result.error_rank is not None and error:
+    if result.error_rank is not None and error and not error.startswith(f"rank {result.error_rank} "):
         error = f"rank {result.error_rank}: {error}"
     return ProbeView(
         probe_id=result.probe,
