@@ -9,7 +9,9 @@
 # Model: Llama-3.1-70B with 4 layers (benchmarks/fidelity's reduced config), TP = the GPUs seen, probes
 # "$NAMES". Every run: `decodetop probe $NAMES --config DIR --tp N --budget --json RUN.json --force`
 # (--force: a neighbour holds memory on a GPU). Clean runs: clean1, clean2 (noise control: clean2 vs clean1 should
-# name nothing), clean_eager (the launch-blocking baseline).
+# name nothing), clean_eager (the launch-blocking baseline). The verdicts: benchmarks/engine/judge_plants.py (where the
+# budget's all-reduce takes the custom P2P path, NCCL_PROTO=Simple leaves the engine's step alone by construction and
+# is named by the probe's own NCCL points instead).
 #
 #   OUT=/tmp/out bash benchmarks/engine/plants.sh                    # all plants, twice: ~13 runs
 #   PLANTS="gemm_neighbour nccl_p2p_disable" REPEATS=2 OUT=/tmp/out bash benchmarks/engine/plants.sh
