@@ -61,8 +61,8 @@ from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
-from decodetop.tui.widgets.status_line import StatusLine
 from decodetop.tui.widgets.process_table import ProcessTable
+from decodetop.tui.widgets.status_line import StatusLine
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 if TYPE_CHECKING:
@@ -86,12 +86,12 @@ HELP_TEXT = {
     "show_tab('gpus')": "GPUs tab",
     "show_tab('health')": "health tab",
     "show_tab('charts')": "charts tab",
-}
-"""What `?` says for each binding (the footer keeps the short descriptions)."""
-
     "pick_tp": "choose the tensor-parallel degree: the probe plan and the budget follow",
     "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
     "filter": "filter the GPU, process and health tables (enter keeps it, escape clears it)",
+}
+"""What `?` says for each binding (the footer keeps the short descriptions)."""
+
 EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("enter", "details of the selected probe, GPU or check"),
     ("↑ ↓ / pgup pgdn", "move in a table"),
@@ -165,18 +165,18 @@ class DecodetopApp(App[int]):
         Binding("x", "cancel_probe", "cancel"),
         Binding("s", "save_baseline", "baseline"),
         Binding("m", "pick_model", "model"),
+        Binding("p", "pick_tp", "TP"),
         Binding("t", "cycle_theme", "theme"),
         Binding("1", "show_tab('probes')", "probes", show=False),
         Binding("2", "show_tab('gpus')", "GPUs", show=False),
-        Binding("p", "pick_tp", "TP"),
         Binding("3", "show_tab('health')", "health", show=False),
         Binding("4", "show_tab('charts')", "charts", show=False),
+        Binding("o", "cycle_sort", "sort", show=False),
+        Binding("slash", "filter", "filter", key_display="/", show=False),
     ]
 
     def __init__(
         self,
-        Binding("o", "cycle_sort", "sort", show=False),
-        Binding("slash", "filter", "filter", key_display="/", show=False),
         sources: Sources,
         settings: Settings,
         settings_path: Path | None = None,
@@ -243,6 +243,7 @@ class DecodetopApp(App[int]):
                 with TabPane("GPUs 2", id="gpus"):
                     yield Static("", id="gpu-note", classes="gpu-note")
                     yield GpuTable(id="gpu-table")
+                    yield ProcessTable(id="process-table")
                 with TabPane("Health 3", id="health"):
                     yield HealthPanel(id="health-panel")
                 with TabPane("Charts 4", id="charts"):
@@ -250,9 +251,9 @@ class DecodetopApp(App[int]):
                     yield Static("charts load when this tab opens", id="charts-placeholder")
             with Vertical(id="side"):
                 yield Static("", id="side-gpu-note", classes="gpu-note")
-                    yield ProcessTable(id="process-table")
                 yield GpuTable(id="side-gpu-table")
                 yield HealthPanel(id="side-health-panel")
+        yield Input(placeholder="filter: GPU, bus id, process, check… (enter keeps, escape clears)", id="filter")
         yield Static("", id="too-small")
         yield StatusLine(id="status")
         yield Footer()
@@ -260,7 +261,6 @@ class DecodetopApp(App[int]):
     def on_mount(self) -> None:
         """Draw the empty frame at once, then start everything in the background."""
         self.query_one("#budget-box").border_title = "per-token budget"
-        yield Input(placeholder="filter: GPU, bus id, process, check… (enter keeps, escape clears)", id="filter")
         self._fit_layout(self.size)
         self._recompose_budget()
         self._set_status()
@@ -281,6 +281,9 @@ class DecodetopApp(App[int]):
     WIDE_FROM = (150, 40)
     """From this size (columns, rows) the GPU table and health panel also show beside the tabs."""
 
+    WIDE_FOOTER_FROM = 120
+    """Narrower terminals get Textual's compact footer (one space between keys), so every key fits at 80."""
+
     MIN_SIZE = (MIN_COLUMNS, MIN_ROWS)
     """Below this (columns, rows) the screen says "too small" instead of drawing a cut layout: the compact budget
     (border, title, bar, two legend rows, note: 6 rows), the tab strip (2), three table rows with the header (4),
@@ -290,9 +293,6 @@ class DecodetopApp(App[int]):
         (0, "-cols-tiny"),
         (MIN_SIZE[0], "-cols-ok"),
         (WIDE_FROM[0], "-cols-wide"),
-    WIDE_FOOTER_FROM = 120
-    """Narrower terminals get Textual's compact footer (one space between keys), so every key fits at 80."""
-
     ]
     """Screen classes from the width Textual passes with each resize (the new size, never the old one)."""
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]] | None] = [
@@ -308,6 +308,12 @@ class DecodetopApp(App[int]):
 
     def _fit_layout(self, size: Size) -> None:
         self.query_one(BudgetBar).compact = size.height < self.COMPACT_BELOW_ROWS
+        footer = self.query_one(Footer)
+        footer.compact = size.width < self.WIDE_FOOTER_FROM
+        palette = size.width >= self.WIDE_FOOTER_FROM  # narrower: ctrl+p still works, `?` lists it
+        if footer.show_command_palette != palette:
+            footer.show_command_palette = palette
+            footer.refresh(recompose=True)
         too_small = size.width < self.MIN_SIZE[0] or size.height < self.MIN_SIZE[1]
         self.query_one("#too-small", Static).update(
             f"terminal too small: {size.width}×{size.height}, decodetop needs {self.MIN_SIZE[0]}×{self.MIN_SIZE[1]}"
@@ -317,12 +323,6 @@ class DecodetopApp(App[int]):
         )
 
     def now(self) -> float:
-        footer = self.query_one(Footer)
-        footer.compact = size.width < self.WIDE_FOOTER_FROM
-        palette = size.width >= self.WIDE_FOOTER_FROM  # narrower: ctrl+p still works, `?` lists it
-        if footer.show_command_palette != palette:
-            footer.show_command_palette = palette
-            footer.refresh(recompose=True)
         """The app's clock (fixed in snapshot tests)."""
         return self.sources.clock()
 
@@ -340,6 +340,7 @@ class DecodetopApp(App[int]):
         self.last_frame = frame
         if first_gpus:
             self._recompose_budget()  # the roofline can use the GPU's own figures now
+        self.query_one(ProcessTable).show(frame)
         for table in self.query(GpuTable):
             table.show(frame)
         self.telemetry.add(frame)
@@ -349,8 +350,8 @@ class DecodetopApp(App[int]):
         if note != self._gpu_note:
             self._gpu_note = note
             for static in self.query(".gpu-note").results(Static):
-        self.query_one(ProcessTable).show(frame)
                 static.update(note)
+                static.set_class(bool(frame.gpus), "-source")  # only where the data comes from: can give way
         if self.charts is not None and self.query_one(TabbedContent).active == "charts":
             self.charts.show_history(self.telemetry, frame.taken_at_s)
         self._set_status()
@@ -360,7 +361,6 @@ class DecodetopApp(App[int]):
         if self.sources.taps is not None:
             self.sources.taps.on_observed(answer)
         step = getattr(answer, "step_ms", None)
-                static.set_class(bool(frame.gpus), "-source")  # only where the data comes from: can give way
         self.post_message(ObservedUpdate(float(step) if step is not None else None, str(answer.summary)))
 
     @on(ObservedUpdate)
@@ -783,29 +783,16 @@ class DecodetopApp(App[int]):
             key = event.row_key.value
             if key is not None and key in self.probe_views:
                 self.push_screen(ProbeDetailScreen(self.probe_views[key], self.now()))
+        elif isinstance(event.data_table, GpuTable):
+            gpu = event.data_table.selected_gpu
+            if gpu is not None:
+                self.push_screen(GpuDetailScreen(gpu, list(event.data_table.history.get(gpu.index, ()))))
         elif event.data_table.id == "health-table" and isinstance(event.data_table.parent, HealthPanel):
             check = event.data_table.parent.selected
             if check is not None:
                 changed = check.check_id in changed_since(self.checks, self.baseline)
                 self.push_screen(CheckDetailScreen(check, changed))
 
-    def action_pick_model(self) -> None:
-        """`m`: choose a model preset; the probe plan and the budget follow."""
-        try:
-            models = list(self.sources.budget.models())
-        except Exception as exc:  # the budget package may be missing presets
-            self.notify(f"no model list: {exc}", severity="error")
-            return
-        elif isinstance(event.data_table, GpuTable):
-            gpu = event.data_table.selected_gpu
-            if gpu is not None:
-                self.push_screen(GpuDetailScreen(gpu, list(event.data_table.history.get(gpu.index, ()))))
-        self.push_screen(ModelPickerScreen(models, self.settings.model), self._model_picked)
-
-    def _model_picked(self, model: str | None) -> None:
-        if model is None or model == self.settings.model:
-            return
-        self.settings = dataclasses.replace(self.settings, model=model)
     def action_pick_tp(self) -> None:
         """`p`: choose the tensor-parallel degree; the probe plan and the budget follow."""
         gpus = len(self.last_frame.gpus) if self.last_frame is not None else 0
@@ -861,6 +848,19 @@ class DecodetopApp(App[int]):
             box.remove_class("-shown")
             self.action_show_tab(self.query_one(TabbedContent).active)
 
+    def action_pick_model(self) -> None:
+        """`m`: choose a model preset; the probe plan and the budget follow."""
+        try:
+            models = list(self.sources.budget.models())
+        except Exception as exc:  # the budget package may be missing presets
+            self.notify(f"no model list: {exc}", severity="error")
+            return
+        self.push_screen(ModelPickerScreen(models, self.settings.model), self._model_picked)
+
+    def _model_picked(self, model: str | None) -> None:
+        if model is None or model == self.settings.model:
+            return
+        self.settings = dataclasses.replace(self.settings, model=model)
         self.results = {}
         self._recompose_budget()
         self._plan_probes(run_now=self.sources.run_probes_at_start)
@@ -880,10 +880,6 @@ class DecodetopApp(App[int]):
         """Store what the user changed in the UI, and only that: one-off flags never reach the file."""
         if not self.save_theme:
             return
-
-        self._set_status()
-
-
         try:
             save_changes(self.settings_path, changed)
         except (OSError, UserInputError) as exc:
