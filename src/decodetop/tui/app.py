@@ -56,6 +56,7 @@ from decodetop.tui.screens.gpu_details import GpuDetailScreen
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
 from decodetop.tui.screens.tp_picker import TpChoice, TpPickerScreen, tp_options
+from decodetop.tui.screens.trace_kernels import TraceKernelsScreen
 from decodetop.tui.sources import ProbeOutcome, Sources
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
@@ -64,6 +65,7 @@ from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.process_table import ProcessTable
 from decodetop.tui.widgets.status_line import StatusLine
 from decodetop.tui.widgets.telemetry_history import TelemetryHistory
+from decodetop.tui.widgets.traced_bar import OpenTraceKernels, TracedBar, TraceStatus
 
 if TYPE_CHECKING:
     from decodetop.tui.widgets.charts import Charts
@@ -82,6 +84,7 @@ HELP_TEXT = {
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model: the probe plan and the budget follow",
     "cycle_theme": "next theme: dark, light, high-contrast (remembered in settings.toml)",
+    "capture_trace": "capture a profiler trace of a few decode steps from --server: the traced bar (enter: kernels)",
     "show_tab('probes')": "probes tab",
     "show_tab('gpus')": "GPUs tab",
     "show_tab('health')": "health tab",
@@ -167,6 +170,7 @@ class DecodetopApp(App[int]):
         Binding("m", "pick_model", "model"),
         Binding("p", "pick_tp", "TP"),
         Binding("t", "cycle_theme", "theme"),
+        Binding("c", "capture_trace", "trace", show=False),
         Binding("1", "show_tab('probes')", "probes", show=False),
         Binding("2", "show_tab('gpus')", "GPUs", show=False),
         Binding("3", "show_tab('health')", "health", show=False),
@@ -213,6 +217,8 @@ class DecodetopApp(App[int]):
         self._budget_seq = 0
         self._sources_closed = False
         self.server_note = ""
+        self.trace_note = ""
+        """The traced bar's last progress or outcome, one line."""
         """The live server's last answer, one line (--server)."""
         self._budget_shown = -1
         self._budget_view: BudgetView | None = None
@@ -236,6 +242,7 @@ class DecodetopApp(App[int]):
         """Budget on top, the tables and charts in tabs below, a status line and the footer."""
         with Container(id="budget-box"):
             yield BudgetBar(id="budget")
+            yield TracedBar(self.sources.trace, id="traced")
         with Horizontal(id="main"):
             with TabbedContent(initial="probes", id="tabs"):
                 with TabPane("Probes 1", id="probes"):
@@ -273,6 +280,8 @@ class DecodetopApp(App[int]):
             self.sources.server.start(self._on_server_answer)
         if self.age_refresh_s > 0:
             self.set_interval(self.age_refresh_s, self._refresh_ages)
+        self.query_one(TracedBar).now_s = self.now()
+        self.query_one(TracedBar).start(self.settings.model)
         self.query_one(ProbeTable).focus()
 
     COMPACT_BELOW_ROWS = 40
@@ -669,6 +678,7 @@ class DecodetopApp(App[int]):
         view = self._budget_view
         if view is not None:
             self.query_one(BudgetBar).budget = dataclasses.replace(view, moved=budget_moves(view, self.baseline))
+            self.query_one(TracedBar).budget = view
 
     @property
     def budget_settled(self) -> bool:
@@ -678,6 +688,7 @@ class DecodetopApp(App[int]):
     def _refresh_ages(self) -> None:
         now = self.now()
         self.query_one(BudgetBar).tick(now)
+        self.query_one(TracedBar).now_s = now
         self.query_one(ProbeTable).refresh_ages(now)
 
     # -- status line -----------------------------------------------------------------------------------------------
@@ -698,6 +709,8 @@ class DecodetopApp(App[int]):
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
         if self.server_note:
             parts.append(self.server_note)
+        if self.trace_note:
+            parts.append(self.trace_note)
         parts.extend(self._status_notes[-2:])
         text = " · ".join(parts)
         if text != self._status_text:
@@ -866,6 +879,19 @@ class DecodetopApp(App[int]):
         self._plan_probes(run_now=self.sources.run_probes_at_start)
         self._save_settings({"model": model})
         self._set_status()
+
+    def action_capture_trace(self) -> None:
+        """`c`: capture a few decode steps from --server in the background; the traced bar shows them."""
+        self.query_one(TracedBar).capture({"model": self.settings.model, "tp": self.settings.tp})
+
+    @on(TraceStatus)
+    def _trace_status(self, message: TraceStatus) -> None:
+        self.trace_note = message.text
+        self._set_status()
+
+    @on(OpenTraceKernels)
+    def _open_trace_kernels(self, message: OpenTraceKernels) -> None:
+        self.push_screen(TraceKernelsScreen(message.segment, message.trace_path))
 
     def action_cycle_theme(self) -> None:
         """`t`: next theme, remembered in the settings file."""

@@ -17,6 +17,7 @@ from decodetop.history import Fingerprint, History
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.taps import ServerPoller, Taps
+from decodetop.tui.trace_source import TraceOptions
 
 ProgressCallback = Callable[[float | None, str], None]
 """(fraction done 0..1 or None, one-line note); called from the probe worker thread."""
@@ -112,3 +113,5 @@ class Sources:
     """--record / --prometheus outputs, fed from worker threads."""
     server: ServerPoller | None = None
     """--server: the serving engine's observed step."""
+    trace: TraceOptions | None = None
+    """--trace and the capture key's server: the traced bar's sources."""
