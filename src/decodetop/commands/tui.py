@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
     group.add_argument("--server", metavar="URL", help="serving engine /metrics URL for the observed step time")
     group.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a profiler trace, or a directory of per-rank traces, for the traced bar (with --server and vLLM: "
+        "its VLLM_TORCH_PROFILER_DIR, where c captures land)",
+    )
+    group.add_argument(
         "--demo", action="store_true", help="fake NVML replaying an H200 recording on 8 GPUs; no probes unless asked"
     )
     group.add_argument("--force", action="store_true", help="probe GPUs even when other processes use them")
@@ -108,6 +114,14 @@ def run(args: argparse.Namespace) -> int:
     )
     require_terminal(sys.stdin, sys.stdout, os.environ)  # before anything starts: no escape codes into a file
     sources = build_sources(settings, options)
+    from decodetop.paths import state_dir
+    from decodetop.tui.trace_source import TraceOptions
+
+    if args.trace == "":
+        raise UserInputError("--trace: empty path")
+    sources.trace = TraceOptions(
+        path=Path(args.trace) if args.trace else None, server=args.server, state_dir=state_dir()
+    )
 
     from decodetop.tui.app import DecodetopApp
 
