@@ -268,7 +268,7 @@ class TracedBar(Widget, can_focus=True):
         if view is not None and view.gap_key is not None:
             keys = [s.key for s in view.segments]
             self.selected = keys.index(view.gap_key) if view.gap_key in keys else 0
-        self.post_message(TraceStatus(f"trace: {message.load.path} ({message.load.origin})"))
+        self.post_message(TraceStatus(f"trace: {message.load.path.name} ({message.load.origin})"))
 
     # -- keys ------------------------------------------------------------------------------------------------------
 
