@@ -163,7 +163,9 @@ def test_missing_custom_points_keep_nccl_with_a_note() -> None:
     got = dict(curve.points)
     assert got[16384.0] == partial[16384.0]
     assert got[1048576.0] == NCCL[1048576.0]  # beyond the measured custom range: never extrapolated
-    assert any("1 MiB" in n and "not measured" in n for n in curve.notes)
+    assert curve.notes == ("custom one-shot not measured at 128 KiB–1 MiB (2 sizes): NCCL times kept there",)
+    wide = engine_allreduce_curve("custom", _topo(2, **H200_NVLINK), NCCL, {"one_shot": partial})
+    assert wide.notes == ("custom one-shot not measured at 8 B–16 MiB (4 sizes): NCCL times kept there",)
 
 
 def test_custom_points_between_measured_sizes_are_interpolated() -> None:

@@ -283,7 +283,7 @@ def engine_allreduce_curve(
                 fallback = nccl_ms.get(size)
                 if fallback is None:
                     continue
-                notes.append(f"{_size_text(int(size))}: {path.label} not measured, NCCL time kept")
+                notes.append(f"{path.label}|{int(size)}")
                 path = _nccl(f"{path.label} not measured at {_size_text(int(size))}", path.source)
                 ms = fallback
         else:
@@ -293,7 +293,21 @@ def engine_allreduce_curve(
             ms = found
         points.append((float(size), ms))
         paths.append((int(size), path))
-    return EngineCurve(tuple(points), tuple(paths), summarize(paths), tuple(notes))
+    return EngineCurve(tuple(points), tuple(paths), summarize(paths), _unmeasured_notes(notes))
+
+
+def _unmeasured_notes(items: list[str]) -> tuple[str, ...]:
+    """'label|bytes' items → one note per label: 'custom one-shot not measured at 32 MiB–256 MiB (3 sizes): …'."""
+    by_label: dict[str, list[int]] = {}
+    for item in items:
+        label, _, size = item.partition("|")
+        by_label.setdefault(label, []).append(int(size))
+    out = []
+    for label, sizes in by_label.items():
+        lo, hi = _size_text(min(sizes)), _size_text(max(sizes))
+        where = lo if lo == hi else f"{lo}–{hi} ({len(sizes)} sizes)"
+        out.append(f"{label} not measured at {where}: NCCL times kept there")
+    return tuple(out)
 
 
 def summarize(paths: list[tuple[int, AllreducePath]] | tuple[tuple[int, AllreducePath], ...]) -> str:
