@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from decodetop.collectors.checks.gpu import gpu_checks, parse_cpulist
+from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, Recording, err, load_recording, ok
 from decodetop.collectors.hostroot import HostRoot
@@ -256,7 +256,18 @@ def test_nvml_without_gpus_is_info() -> None:
     assert only.status is Status.INFO and "no GPU" in only.observed
 
 
-def test_parse_cpulist() -> None:
-    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert parse_cpulist("") == set()
-    assert parse_cpulist("garbage,2") == {2}
+def test_garbage_local_cpulist_is_unread_not_half_read(tmp_path: Path) -> None:
+    """P6 reads sysfs local_cpulist with the host checks' parser: garbage means unreadable, never a partial set."""
+    from decodetop.collectors.checks.gpu import _sysfs_affinity
+    from decodetop.collectors.fake_nvml import fake_nvml
+    from decodetop.collectors.telemetry import TelemetrySampler
+
+    snap = TelemetrySampler(fake_nvml("h200x1-idle", clock=None)).sample(processes=False).gpus[0]
+    device = tmp_path / "sys/bus/pci/devices" / str(snap.pci_bus_id)
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("1\n")
+    (device / "local_cpulist").write_text("0-3,8,10-11\n")
+    assert _sysfs_affinity(snap, HostRoot(tmp_path)) == ({0, 1, 2, 3, 8, 10, 11}, 1)
+    (device / "local_cpulist").write_text("garbage,2\n")
+    (device / "numa_node").write_text("x\n")
+    assert _sysfs_affinity(snap, HostRoot(tmp_path)) == (None, None)

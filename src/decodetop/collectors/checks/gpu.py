@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.nvml import NVML_ERROR_LIB_RM_VERSION_MISMATCH, Nvml
 from decodetop.collectors.telemetry import (
@@ -47,41 +49,18 @@ def _subject(g: GpuSnapshot) -> str:
     return f"GPU{g.index} {g.pci_bus_id}" if g.pci_bus_id else f"GPU{g.index}"
 
 
-def _cid(check: str, g: GpuSnapshot) -> str:
-    return f"{check}:{g.pci_bus_id or f'gpu{g.index}'}"
+def _gpu_key(g: GpuSnapshot) -> str:
+    """The id suffix of a per-GPU finding: its bus id, else 'gpu<index>'."""
+    return g.pci_bus_id or f"gpu{g.index}"
 
 
 def _na(g: GpuSnapshot, field: str) -> str:
     return g.unavailable.get(field, "not reported")
 
 
-def _fmt_cpus(cpus: Iterable[int]) -> str:
-    """(0,1,2,3,8,9) → "0-3,8-9" (the kernel's cpulist format)."""
-    ordered = sorted(set(cpus))
-    if not ordered:
-        return "none"
-    ranges: list[str] = []
-    start = prev = ordered[0]
-    for cpu in [*ordered[1:], -2]:
-        if cpu == prev + 1:
-            prev = cpu
-            continue
-        ranges.append(f"{start}-{prev}" if prev != start else str(start))
-        start = prev = cpu
-    return ",".join(ranges)
-
-
-def parse_cpulist(text: str) -> set[int]:
-    """The kernel's cpulist ("0-15,64-79") → CPU ids; garbage parts are ignored."""
-    cpus: set[int] = set()
-    for raw in text.strip().split(","):
-        part = raw.strip()
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if lo.isdigit() and (not sep or hi.isdigit()):
-            cpus.update(range(int(lo), int(hi if sep else lo) + 1))
-    return cpus
+def _fmt_cpus(cpus: set[int]) -> str:
+    """{0,1,2,3,8,9} → "0-3,8-9" (the kernel's cpulist format); "none" for no CPU."""
+    return format_cpulist(cpus) or "none"
 
 
 def _driver_from_proc(text: str | None) -> str | None:
@@ -89,6 +68,191 @@ def _driver_from_proc(text: str | None) -> str | None:
         return None
     match = _PROC_VERSION_RE.search(text)
     return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """What one GPU check always says, written once: id, title, what is expected, why it matters, how to fix it.
+
+    The host checks get theirs from the `guarded` decorator; a GPU check builds every finding through `result`.
+    """
+
+    check_id: str
+    title: str
+    expected: str
+    why: str = ""
+    fix: str = ""
+
+    def result(
+        self,
+        status: Status,
+        observed: str,
+        *,
+        subject: str,
+        on: str = "",
+        facts: dict[str, str] | None = None,
+        fix: str | None = None,
+    ) -> CheckResult:
+        """A finding; `on` suffixes the id (':<bus id>', ':GPU0-GPU1'); `fix` replaces the usual one."""
+        return CheckResult(
+            check_id=f"{self.check_id}:{on}" if on else self.check_id,
+            title=self.title,
+            status=status,
+            observed=observed,
+            expected=self.expected,
+            why=self.why,
+            fix=self.fix if fix is None else fix,
+            subject=subject,
+            facts=facts or {},
+        )
+
+    def for_gpu(
+        self,
+        g: GpuSnapshot,
+        status: Status,
+        observed: str,
+        *,
+        facts: dict[str, str] | None = None,
+        fix: str | None = None,
+    ) -> CheckResult:
+        """A finding about GPU `g` (id `<check>:<bus id>`)."""
+        return self.result(status, observed, subject=_subject(g), on=_gpu_key(g), facts=facts, fix=fix)
+
+
+N1_MISMATCH = GpuCheck(
+    "N1",
+    "NVIDIA driver / NVML consistency",
+    "the NVML library (libnvidia-ml) and the loaded kernel module are the same driver version",
+    "The user-space driver was upgraded but the old kernel module is still loaded: NVML and CUDA refuse to work "
+    "until they match.",
+    "Reboot, or unload and reload the nvidia kernel modules (stop every GPU process first).",
+)
+N1_NO_NVML = GpuCheck(
+    "N1",
+    "NVIDIA driver / NVML",
+    "NVML (libnvidia-ml.so.1 from the NVIDIA driver, and nvidia-ml-py) answers",
+    "Without NVML decodetop cannot read GPU clocks, links, power or errors; host checks still run.",
+    "On a GPU host: install the NVIDIA driver (it ships libnvidia-ml.so.1) and nvidia-ml-py, and load the nvidia "
+    "kernel module. Without a GPU there is nothing to fix.",
+)
+N1_NO_GPU = GpuCheck(
+    "N1",
+    "NVIDIA GPUs",
+    "at least one GPU",
+    "Nothing to check on the GPU side.",
+    "Check that the GPUs are passed through to this VM/container (NVIDIA_VISIBLE_DEVICES, device cgroup, "
+    "/dev/nvidia*).",
+)
+N1_DRIVER = GpuCheck(
+    "N1",
+    "NVIDIA driver / CUDA / library consistency",
+    "NVML, /sys/module/nvidia/version and /proc/driver/nvidia/version agree; driver CUDA ≥ runtime CUDA",
+    "A driver upgraded without a reboot leaves the old kernel module loaded; CUDA then fails to start, and a "
+    "runtime newer than the driver's CUDA fails with 'driver too old'.",
+    "Reboot (or reload the nvidia modules) after a driver upgrade; install a driver whose CUDA version is at least "
+    "the one torch / the serving engine was built with.",
+)
+N2 = GpuCheck(
+    "N2",
+    "Persistence mode",
+    "enabled (NVIDIA recommends the nvidia-persistenced daemon)",
+    "Without persistence the driver tears the GPU state down when the last client exits; the next start pays "
+    "seconds of initialisation and clocks/ECC settings are reloaded.",
+    "Run nvidia-persistenced (systemctl enable --now nvidia-persistenced); decodetop never changes it.",
+)
+N3 = GpuCheck(
+    "N3",
+    "Clock-event (throttle) reasons",
+    "no HwSlowdown / HwThermalSlowdown / HwPowerBrakeSlowdown; no SwThermalSlowdown; no sustained SwPowerCap "
+    "under load",
+    "Hardware slowdown cuts clocks by 2× or more; thermal or power capping slows every decode step by the clock ratio.",
+    "Check cooling and airflow, PSU and power-brake cabling, and the power limit (nvidia-smi -q -d PERFORMANCE).",
+)
+N4 = GpuCheck(
+    "N4",
+    "Application clocks and power limit",
+    "application clocks at default or max; enforced power limit = default",
+    "A lowered application clock or power limit caps clocks under load (reasons 0x2 / 0x4).",
+    "Reset with `nvidia-smi -rac` / `nvidia-smi -pl <default>` if the change was not intended (decodetop never "
+    "changes them).",
+)
+N5 = GpuCheck(
+    "N5",
+    "ECC",
+    "ECC on, current = pending; 0 uncorrected errors (volatile and aggregate)",
+    "Uncorrected ECC errors since boot mean corrupted results and a GPU that needs a reset; an aggregate count "
+    "means it happened before. A pending mode change waits for a GPU reset.",
+    "Volatile uncorrected errors: drain the GPU, reset it (nvidia-smi -r) and watch Xid 48/63/64; repeated "
+    "errors: RMA. A pending ECC mode: reset the GPU.",
+)
+N6 = GpuCheck(
+    "N6",
+    "Retired pages",
+    "no page retirement pending",
+    "A pending retirement takes effect only after the driver reloads; until then the bad page is in use.",
+    "Reload the driver or reboot when the GPU is idle (Xid 63/64 in the kernel log).",
+)
+N7 = GpuCheck(
+    "N7",
+    "Row remapping",
+    "pending = no (else a reset activates the remap); failure = no (else RMA criteria are met)",
+    "A pending remap is not active until the GPU resets; a remapping failure means the memory ran out of spare rows.",
+    "Pending: reset the GPU when idle. Failure: the GPU meets NVIDIA's RMA criteria; replace it.",
+)
+P2 = GpuCheck(
+    "P2",
+    "PCIe link (NVML)",
+    "width = max; gen = max under load; the GPU's own max gen = the system's max",
+    "A narrower link cuts host↔GPU bandwidth (weights loading, KV offload, PCIe P2P) in proportion; a slot below "
+    "the GPU's generation halves it per generation.",
+    "Reseat the GPU or riser, check the slot's wiring (x16 electrical) and the BIOS PCIe speed setting.",
+)
+P6 = GpuCheck(
+    "P6",
+    "GPU ↔ CPU NUMA affinity",
+    "a NUMA node ≥ 0 on multi-socket hosts; NVML's and sysfs's local CPUs agree; serving processes pinned inside them",
+    "A rank running on the far socket pays the inter-socket hop on every host↔GPU copy and kernel launch.",
+    "Pin each rank to its GPU's local CPUs (numactl --cpunodebind, taskset, or the launcher's binding); enable "
+    "ACPI SRAT/NUMA in the BIOS if the node is -1.",
+)
+N11 = GpuCheck(
+    "N11",
+    "PCIe replays",
+    "about 0 growth",
+    "Replays are link-level retransmissions: a growing count means a marginal link (riser, slot, cable) that "
+    "costs bandwidth and may down-train.",
+    "Reseat the GPU/riser; check the slot; compare with the link width and speed (P1/P2).",
+)
+N10_NONE = GpuCheck(
+    "N10",
+    "NVLink links",
+    "every GPU has as many active links as its peers",
+    "GPUs without NVLink talk over PCIe.",
+)
+N10 = GpuCheck(
+    "N10",
+    "NVLink links",
+    "every GPU has the same active-link count as its peers, and every present link is active",
+    "A GPU with an inactive NVLink has less bandwidth to its peers: every all-reduce waits for the slowest.",
+    "Check `nvidia-smi nvlink -s` and the Fabric Manager (on NVSwitch systems); a persistently down link needs a "
+    "reset or service.",
+)
+P7 = GpuCheck(
+    "P7",
+    "GPU-pair topology",
+    "report only; pairs at SYS get poor PCIe P2P",
+    "PCIe P2P between GPUs under different CPU sockets crosses the socket interconnect (slow, sometimes "
+    "disabled). NVLink pairs are not affected.",
+    "Place tensor-parallel groups on GPUs that share a switch or NVLink.",
+)
+N9 = GpuCheck(
+    "N9",
+    "GPU P2P capability",
+    "read and write OK for every tensor-parallel pair (and NVLink OK for > 2 GPUs in vLLM)",
+    "Without P2P, vLLM turns its custom all-reduce off ('lacks GPU P2P capability') and NCCL copies through host "
+    "memory.",
+    "Check ACS on the PCIe bridges (P4), the IOMMU mode (P5) and that the GPUs are not in different VMs.",
+)
 
 
 # --- no NVML ------------------------------------------------------------------------------------------------
@@ -103,15 +267,9 @@ def _no_nvml(root: HostRoot | None, nvml: Nvml) -> list[CheckResult]:
     facts = {"nvml": status.reason, "module_version": module_v or "", "proc_version": proc_v or ""}
     if status.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH:
         return [
-            CheckResult(
-                check_id="N1",
-                title="NVIDIA driver / NVML consistency",
-                status=Status.FAIL,
-                observed=f"nvmlInit: {status.reason}; loaded kernel module {module_v or proc_v or 'unknown'}",
-                expected="the NVML library (libnvidia-ml) and the loaded kernel module are the same driver version",
-                why="The user-space driver was upgraded but the old kernel module is still loaded: NVML and CUDA "
-                "refuse to work until they match.",
-                fix="Reboot, or unload and reload the nvidia kernel modules (stop every GPU process first).",
+            N1_MISMATCH.result(
+                Status.FAIL,
+                f"nvmlInit: {status.reason}; loaded kernel module {module_v or proc_v or 'unknown'}",
                 subject="driver",
                 facts=facts,
             )
@@ -119,20 +277,7 @@ def _no_nvml(root: HostRoot | None, nvml: Nvml) -> list[CheckResult]:
     observed = f"NVML unavailable: {status.reason}"
     if module_v or proc_v:
         observed += f" (kernel module {module_v or proc_v} is loaded)"
-    return [
-        CheckResult(
-            check_id="N1",
-            title="NVIDIA driver / NVML",
-            status=Status.INFO,
-            observed=observed,
-            expected="NVML (libnvidia-ml.so.1 from the NVIDIA driver, and nvidia-ml-py) answers",
-            why="Without NVML decodetop cannot read GPU clocks, links, power or errors; host checks still run.",
-            fix="On a GPU host: install the NVIDIA driver (it ships libnvidia-ml.so.1) and nvidia-ml-py, and load "
-            "the nvidia kernel module. Without a GPU there is nothing to fix.",
-            subject="driver",
-            facts=facts,
-        )
-    ]
+    return [N1_NO_NVML.result(Status.INFO, observed, subject="driver", facts=facts)]
 
 
 # --- N1 -----------------------------------------------------------------------------------------------------
@@ -166,19 +311,7 @@ def _check_driver(root: HostRoot | None, snap: TelemetrySnapshot, runtime_cuda: 
         problems.append("kernel-module version not read (no host root)")
     if problems:
         observed += " (" + "; ".join(problems) + ")"
-    return CheckResult(
-        check_id="N1",
-        title="NVIDIA driver / CUDA / library consistency",
-        status=status,
-        observed=observed,
-        expected="NVML, /sys/module/nvidia/version and /proc/driver/nvidia/version agree; driver CUDA ≥ runtime CUDA",
-        why="A driver upgraded without a reboot leaves the old kernel module loaded; CUDA then fails to start, "
-        "and a runtime newer than the driver's CUDA fails with 'driver too old'.",
-        fix="Reboot (or reload the nvidia modules) after a driver upgrade; install a driver whose CUDA version is at "
-        "least the one torch / the serving engine was built with.",
-        subject="driver",
-        facts=facts,
-    )
+    return N1_DRIVER.result(status, observed, subject="driver", facts=facts)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -198,18 +331,7 @@ def _check_persistence(g: GpuSnapshot, daemon: bool | None) -> CheckResult:
         status, observed = Status.WARN, "disabled"
     if daemon_text:
         observed += f"; {daemon_text}"
-    return CheckResult(
-        check_id=_cid("N2", g),
-        title="Persistence mode",
-        status=status,
-        observed=observed,
-        expected="enabled (NVIDIA recommends the nvidia-persistenced daemon)",
-        why="Without persistence the driver tears the GPU state down when the last client exits; the next start "
-        "pays seconds of initialisation and clocks/ECC settings are reloaded.",
-        fix="Run nvidia-persistenced (systemctl enable --now nvidia-persistenced); decodetop never changes it.",
-        subject=_subject(g),
-        facts={"persistence": str(g.persistence_mode)},
-    )
+    return N2.for_gpu(g, status, observed, facts={"persistence": str(g.persistence_mode)})
 
 
 def _counter_delta(a: GpuSnapshot, b: GpuSnapshot, name: str) -> int | None:
@@ -219,20 +341,23 @@ def _counter_delta(a: GpuSnapshot, b: GpuSnapshot, name: str) -> int | None:
     return after - before
 
 
+def _clock_event_verdict(union: int, both: int, *, hw_grown: bool, under_load: bool) -> tuple[Status, list[str]]:
+    """N3: hardware slowdown fails; software thermal slowdown warns; a power cap held across the window warns
+    under load. `union`/`both` are the reason masks seen in either or both samples."""
+    if union & _HW_SLOWDOWN_MASK or hw_grown:
+        return Status.FAIL, ["hardware slowdown active"]
+    if union & _SW_THERMAL_MASK:
+        return Status.WARN, ["software thermal slowdown"]
+    if both & _SW_POWER_CAP_MASK and under_load:
+        return Status.WARN, ["power cap held across the window under load"]
+    return Status.PASS, []
+
+
 def _check_clock_events(a: GpuSnapshot, b: GpuSnapshot, *, under_load: bool, window_s: float) -> CheckResult:
     masks = [m for m in (a.clock_event_mask, b.clock_event_mask) if m is not None]
     supported = b.clock_event_supported_mask
     if not masks:
-        return CheckResult(
-            check_id=_cid("N3", b),
-            title="Clock-event (throttle) reasons",
-            status=Status.UNKNOWN,
-            observed=f"not readable ({_na(b, 'clock_event_mask')})",
-            expected="no hardware slowdown; no thermal slowdown; no sustained power cap under load",
-            why="Clock-event reasons say why clocks are below max.",
-            fix="",
-            subject=_subject(b),
-        )
+        return N3.for_gpu(b, Status.UNKNOWN, f"not readable ({_na(b, 'clock_event_mask')})")
     union = 0
     for m in masks:
         union |= m
@@ -241,19 +366,9 @@ def _check_clock_events(a: GpuSnapshot, b: GpuSnapshot, *, under_load: bool, win
         union = union_masked if union_masked or not union else union
     both = masks[0] & masks[-1]
     reasons = decode_clock_event_reasons(union)
-    hw_grown = {n: d for n in _HW_COUNTERS if (d := _counter_delta(a, b, n))}
+    hw_grown = any(_counter_delta(a, b, n) for n in _HW_COUNTERS)
     hw_total = {n: b.clock_event_time_ns[n] for n in _HW_COUNTERS if b.clock_event_time_ns.get(n)}
-    status = Status.PASS
-    notes: list[str] = []
-    if union & _HW_SLOWDOWN_MASK or hw_grown:
-        status = Status.FAIL
-        notes.append("hardware slowdown active")
-    elif union & _SW_THERMAL_MASK:
-        status = Status.WARN
-        notes.append("software thermal slowdown")
-    elif both & _SW_POWER_CAP_MASK and under_load:
-        status = Status.WARN
-        notes.append("power cap held across the window under load")
+    status, notes = _clock_event_verdict(union, both, hw_grown=hw_grown, under_load=under_load)
     observed = f"0x{union:x} " + (", ".join(reasons) if reasons else "none")
     if b.clock_event_share:
         shares = ", ".join(
@@ -270,19 +385,12 @@ def _check_clock_events(a: GpuSnapshot, b: GpuSnapshot, *, under_load: bool, win
     facts = {"clock_event_mask": f"0x{union:x}"}
     facts.update({f"{k}_ns": str(v) for k, v in b.clock_event_time_ns.items()})
     fixes = [CLOCK_EVENT_BY_NAME[n].meaning for n in reasons if n in CLOCK_EVENT_BY_NAME and n != "GpuIdle"]
-    return CheckResult(
-        check_id=_cid("N3", b),
-        title="Clock-event (throttle) reasons",
-        status=status,
-        observed=observed,
-        expected="no HwSlowdown / HwThermalSlowdown / HwPowerBrakeSlowdown; no SwThermalSlowdown; "
-        "no sustained SwPowerCap under load",
-        why="Hardware slowdown cuts clocks by 2× or more; thermal or power capping slows every decode step "
-        "by the clock ratio.",
-        fix=("; ".join(fixes) + ". " if fixes else "")
-        + "Check cooling and airflow, PSU and power-brake cabling, and the power limit (nvidia-smi -q -d PERFORMANCE).",
-        subject=_subject(b),
+    return N3.for_gpu(
+        b,
+        status,
+        observed,
         facts=facts,
+        fix=("; ".join(fixes) + ". " if fixes else "") + N3.fix,
     )
 
 
@@ -313,16 +421,10 @@ def _check_app_clocks_power(g: GpuSnapshot, *, under_load: bool) -> CheckResult:
     if g.app_sm_clock_mhz is None and g.power_limit_enforced_w is None:
         status = Status.UNKNOWN
     observed = "; ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")
-    return CheckResult(
-        check_id=_cid("N4", g),
-        title="Application clocks and power limit",
-        status=status,
-        observed=observed,
-        expected="application clocks at default or max; enforced power limit = default",
-        why="A lowered application clock or power limit caps clocks under load (reasons 0x2 / 0x4).",
-        fix="Reset with `nvidia-smi -rac` / `nvidia-smi -pl <default>` if the change was not intended "
-        "(decodetop never changes them).",
-        subject=_subject(g),
+    return N4.for_gpu(
+        g,
+        status,
+        observed,
         facts={
             "app_sm_clock_mhz": str(g.app_sm_clock_mhz),
             "power_limit_enforced_w": str(g.power_limit_enforced_w),
@@ -347,19 +449,7 @@ def _check_ecc(g: GpuSnapshot) -> CheckResult:
             status = Status.WARN
         else:
             status = Status.PASS
-    return CheckResult(
-        check_id=_cid("N5", g),
-        title="ECC",
-        status=status,
-        observed=observed,
-        expected="ECC on, current = pending; 0 uncorrected errors (volatile and aggregate)",
-        why="Uncorrected ECC errors since boot mean corrupted results and a GPU that needs a reset; an aggregate "
-        "count means it happened before. A pending mode change waits for a GPU reset.",
-        fix="Volatile uncorrected errors: drain the GPU, reset it (nvidia-smi -r) and watch Xid 48/63/64; "
-        "repeated errors: RMA. A pending ECC mode: reset the GPU.",
-        subject=_subject(g),
-        facts={"ecc": str(g.ecc_enabled), "ecc_uncorrected_aggregate": str(agg)},
-    )
+    return N5.for_gpu(g, status, observed, facts={"ecc": str(g.ecc_enabled), "ecc_uncorrected_aggregate": str(agg)})
 
 
 def _check_retired_pages(g: GpuSnapshot) -> CheckResult:
@@ -370,16 +460,7 @@ def _check_retired_pages(g: GpuSnapshot) -> CheckResult:
         status, observed = Status.WARN, "page retirement pending"
     else:
         status, observed = Status.PASS, "no retirement pending"
-    return CheckResult(
-        check_id=_cid("N6", g),
-        title="Retired pages",
-        status=status,
-        observed=observed,
-        expected="no page retirement pending",
-        why="A pending retirement takes effect only after the driver reloads; until then the bad page is in use.",
-        fix="Reload the driver or reboot when the GPU is idle (Xid 63/64 in the kernel log).",
-        subject=_subject(g),
-    )
+    return N6.for_gpu(g, status, observed)
 
 
 def _check_row_remap(g: GpuSnapshot) -> CheckResult:
@@ -398,16 +479,10 @@ def _check_row_remap(g: GpuSnapshot) -> CheckResult:
             status = Status.WARN
         else:
             status = Status.PASS
-    return CheckResult(
-        check_id=_cid("N7", g),
-        title="Row remapping",
-        status=status,
-        observed=observed,
-        expected="pending = no (else a reset activates the remap); failure = no (else RMA criteria are met)",
-        why="A pending remap is not active until the GPU resets; a remapping failure means the memory ran out of "
-        "spare rows.",
-        fix="Pending: reset the GPU when idle. Failure: the GPU meets NVIDIA's RMA criteria; replace it.",
-        subject=_subject(g),
+    return N7.for_gpu(
+        g,
+        status,
+        observed,
         facts={
             "remapped_rows_uncorrectable": str(g.remapped_rows_uncorrectable),
             "remapped_rows_pending": str(g.remapped_rows_pending),
@@ -417,14 +492,7 @@ def _check_row_remap(g: GpuSnapshot) -> CheckResult:
 
 def _check_pcie_link(g: GpuSnapshot, *, under_load: bool) -> CheckResult:
     if g.pcie_gen is None or g.pcie_width is None:
-        return CheckResult(
-            check_id=_cid("P2", g),
-            title="PCIe link (NVML)",
-            status=Status.UNKNOWN,
-            observed=f"link not readable ({_na(g, 'pcie_gen')})",
-            expected="current gen and width = max",
-            subject=_subject(g),
-        )
+        return P2.for_gpu(g, Status.UNKNOWN, f"link not readable ({_na(g, 'pcie_gen')})")
     observed = (
         f"Gen{g.pcie_gen} x{g.pcie_width} (max Gen{g.pcie_gen_max or '?'} x{g.pcie_width_max or '?'}, "
         f"GPU's own max Gen{g.pcie_gen_gpu_max or '?'})"
@@ -446,16 +514,10 @@ def _check_pcie_link(g: GpuSnapshot, *, under_load: bool) -> CheckResult:
         notes.append(f"the slot or riser limits the link to Gen{g.pcie_gen_max}")
     if notes:
         observed += " (" + "; ".join(notes) + ")"
-    return CheckResult(
-        check_id=_cid("P2", g),
-        title="PCIe link (NVML)",
-        status=status,
-        observed=observed,
-        expected="width = max; gen = max under load; the GPU's own max gen = the system's max",
-        why="A narrower link cuts host↔GPU bandwidth (weights loading, KV offload, PCIe P2P) in proportion; a slot "
-        "below the GPU's generation halves it per generation.",
-        fix="Reseat the GPU or riser, check the slot's wiring (x16 electrical) and the BIOS PCIe speed setting.",
-        subject=_subject(g),
+    return P2.for_gpu(
+        g,
+        status,
+        observed,
         facts={
             "pcie_gen": str(g.pcie_gen),
             "pcie_width": str(g.pcie_width),
@@ -465,70 +527,63 @@ def _check_pcie_link(g: GpuSnapshot, *, under_load: bool) -> CheckResult:
     )
 
 
-def _check_numa(g: GpuSnapshot, root: HostRoot | None, nodes: int | None) -> CheckResult:
-    nvml_cpus = set(g.cpu_affinity) if g.cpu_affinity is not None else None
-    sys_cpus: set[int] | None = None
-    numa: int | None = None
-    facts: dict[str, str] = {}
-    if root is not None and g.pci_bus_id:
-        text = root.try_read_text(f"/sys/bus/pci/devices/{g.pci_bus_id}/local_cpulist")
-        sys_cpus = parse_cpulist(text) if text else None
-        node_text = root.try_read_text(f"/sys/bus/pci/devices/{g.pci_bus_id}/numa_node")
-        if node_text and node_text.strip().lstrip("-").isdigit():
-            numa = int(node_text.strip())
-    if numa is None and g.numa_node_id is not None:
-        numa = g.numa_node_id
-    parts = [f"NUMA node {numa if numa is not None else 'unknown'}"]
-    if nvml_cpus is not None:
-        parts.append(f"NVML CPUs {_fmt_cpus(nvml_cpus)}")
-        facts["nvml_cpus"] = _fmt_cpus(nvml_cpus)
-    if sys_cpus is not None:
-        parts.append(f"sysfs local_cpulist {_fmt_cpus(sys_cpus)}")
-        facts["local_cpulist"] = _fmt_cpus(sys_cpus)
-    facts["numa_node"] = str(numa)
-    status = Status.PASS
+def _sysfs_affinity(g: GpuSnapshot, root: HostRoot | None) -> tuple[set[int] | None, int | None]:
+    """The GPU's local CPUs and NUMA node as sysfs gives them (None where unreadable or malformed)."""
+    if root is None or not g.pci_bus_id:
+        return None, None
+    text = root.try_read_text(f"/sys/bus/pci/devices/{g.pci_bus_id}/local_cpulist")
+    try:
+        cpus: set[int] | None = set(parse_cpulist(text)) if text else None
+    except ValueError:
+        cpus = None
+    node_text = (root.try_read_text(f"/sys/bus/pci/devices/{g.pci_bus_id}/numa_node") or "").strip()
+    return cpus, int(node_text) if node_text.lstrip("-").isdigit() else None
+
+
+def _numa_verdict(
+    numa: int | None, nodes: int | None, cpus: tuple[set[int] | None, set[int] | None], *, have_root: bool
+) -> tuple[Status, list[str]]:
+    """P6's status and notes from the NUMA node and the (NVML, sysfs) local CPUs."""
+    nvml_cpus, sys_cpus = cpus
+    status = Status.UNKNOWN if nvml_cpus is None and sys_cpus is None else Status.PASS
     notes: list[str] = []
-    if nvml_cpus is None and sys_cpus is None:
-        status = Status.UNKNOWN
-    if numa == -1:
-        if nodes is not None and nodes > 1:
-            status = Status.WARN
-            notes.append(f"firmware gives no NUMA node on a {nodes}-node host")
-        else:
-            status = Status.INFO
-            notes.append("no NUMA proximity from firmware (single node: harmless)")
+    if numa == -1 and nodes is not None and nodes > 1:
+        status = Status.WARN
+        notes.append(f"firmware gives no NUMA node on a {nodes}-node host")
+    elif numa == -1:
+        status = Status.INFO
+        notes.append("no NUMA proximity from firmware (single node: harmless)")
     if nvml_cpus is not None and sys_cpus is not None and nvml_cpus != sys_cpus:
         status = max(status, Status.WARN, key=lambda s: s.severity)
         notes.append("NVML and sysfs disagree on the local CPUs")
-    if root is None and status is Status.PASS:
+    if not have_root and status is Status.PASS:
         status = Status.INFO
         notes.append("sysfs not read (no host root)")
+    return status, notes
+
+
+def _check_numa(g: GpuSnapshot, root: HostRoot | None, nodes: int | None) -> CheckResult:
+    nvml_cpus = set(g.cpu_affinity) if g.cpu_affinity is not None else None
+    sys_cpus, numa = _sysfs_affinity(g, root)
+    if numa is None:
+        numa = g.numa_node_id
+    facts: dict[str, str] = {}
+    parts = [f"NUMA node {numa if numa is not None else 'unknown'}"]
+    if nvml_cpus is not None:
+        facts["nvml_cpus"] = _fmt_cpus(nvml_cpus)
+        parts.append(f"NVML CPUs {facts['nvml_cpus']}")
+    if sys_cpus is not None:
+        facts["local_cpulist"] = _fmt_cpus(sys_cpus)
+        parts.append(f"sysfs local_cpulist {facts['local_cpulist']}")
+    facts["numa_node"] = str(numa)
+    status, notes = _numa_verdict(numa, nodes, (nvml_cpus, sys_cpus), have_root=root is not None)
     observed = "; ".join(parts) + (f" ({'; '.join(notes)})" if notes else "")
-    return CheckResult(
-        check_id=_cid("P6", g),
-        title="GPU ↔ CPU NUMA affinity",
-        status=status,
-        observed=observed,
-        expected="a NUMA node ≥ 0 on multi-socket hosts; NVML's and sysfs's local CPUs agree; serving processes "
-        "pinned inside them",
-        why="A rank running on the far socket pays the inter-socket hop on every host↔GPU copy and kernel launch.",
-        fix="Pin each rank to its GPU's local CPUs (numactl --cpunodebind, taskset, or the launcher's binding); "
-        "enable ACPI SRAT/NUMA in the BIOS if the node is -1.",
-        subject=_subject(g),
-        facts=facts,
-    )
+    return P6.for_gpu(g, status, observed, facts=facts)
 
 
 def _check_replays(a: GpuSnapshot, b: GpuSnapshot, window_s: float) -> CheckResult:
     if b.pcie_replay_count is None:
-        return CheckResult(
-            check_id=_cid("N11", b),
-            title="PCIe replays",
-            status=Status.UNKNOWN,
-            observed=f"replay counter not readable ({_na(b, 'pcie_replay_count')})",
-            expected="no growth",
-            subject=_subject(b),
-        )
+        return N11.for_gpu(b, Status.UNKNOWN, f"replay counter not readable ({_na(b, 'pcie_replay_count')})")
     growth = b.pcie_replay_count - a.pcie_replay_count if a.pcie_replay_count is not None else None
     if window_s <= 0 or growth is None:
         status = Status.INFO
@@ -536,18 +591,7 @@ def _check_replays(a: GpuSnapshot, b: GpuSnapshot, window_s: float) -> CheckResu
     else:
         status = Status.WARN if growth > 0 else Status.PASS
         observed = f"{b.pcie_replay_count} replays since driver load; +{growth} in {window_s:.1f} s"
-    return CheckResult(
-        check_id=_cid("N11", b),
-        title="PCIe replays",
-        status=status,
-        observed=observed,
-        expected="about 0 growth",
-        why="Replays are link-level retransmissions: a growing count means a marginal link (riser, slot, cable) "
-        "that costs bandwidth and may down-train.",
-        fix="Reseat the GPU/riser; check the slot; compare with the link width and speed (P1/P2).",
-        subject=_subject(b),
-        facts={"pcie_replays": str(b.pcie_replay_count)},
-    )
+    return N11.for_gpu(b, status, observed, facts={"pcie_replays": str(b.pcie_replay_count)})
 
 
 # --- system-wide and pairs ----------------------------------------------------------------------------------
@@ -560,29 +604,15 @@ def _check_nvlink(gpus: tuple[GpuSnapshot, ...]) -> CheckResult:
     observed = ", ".join(f"GPU{i} {c}/{present[i] if present[i] is not None else '?'}" for i, c in known.items())
     if not known or max(known.values()) == 0:
         reason = next((g.unavailable.get("nvlink_active_links") for g in gpus), None) or "no NVLink"
-        return CheckResult(
-            check_id="N10",
-            title="NVLink links",
-            status=Status.INFO,
-            observed=f"no active NVLink ({reason})",
-            expected="every GPU has as many active links as its peers",
-            why="GPUs without NVLink talk over PCIe.",
-            subject="all GPUs",
-        )
+        return N10_NONE.result(Status.INFO, f"no active NVLink ({reason})", subject="all GPUs")
     best = max(known.values())
     short = [i for i, c in known.items() if c < best or (present[i] is not None and c < (present[i] or 0))]
     status = Status.FAIL if short else Status.PASS
     if short:
         observed += f" (short: {', '.join(f'GPU{i}' for i in short)})"
-    return CheckResult(
-        check_id="N10",
-        title="NVLink links",
-        status=status,
-        observed=f"active/present links: {observed}",
-        expected="every GPU has the same active-link count as its peers, and every present link is active",
-        why="A GPU with an inactive NVLink has less bandwidth to its peers: every all-reduce waits for the slowest.",
-        fix="Check `nvidia-smi nvlink -s` and the Fabric Manager (on NVSwitch systems); a persistently down link "
-        "needs a reset or service.",
+    return N10.result(
+        status,
+        f"active/present links: {observed}",
         subject="all GPUs",
         facts={f"gpu{i}_nvlink_active": str(c) for i, c in known.items()},
     )
@@ -590,18 +620,13 @@ def _check_nvlink(gpus: tuple[GpuSnapshot, ...]) -> CheckResult:
 
 def _check_topology(p: GpuPairSnapshot) -> CheckResult:
     name = p.topology_name or "unknown"
-    return CheckResult(
-        check_id=f"P7:GPU{p.gpu_a}-GPU{p.gpu_b}",
-        title="GPU-pair topology",
-        status=Status.INFO if p.topology_level is not None else Status.UNKNOWN,
-        observed=f"common ancestor {name}"
+    return P7.result(
+        Status.INFO if p.topology_level is not None else Status.UNKNOWN,
+        f"common ancestor {name}"
         + (f" ({p.topology_level})" if p.topology_level is not None else f" ({p.unavailable.get('topology_level')})")
         + (" — PCIe P2P crosses the CPU interconnect" if p.topology_level == 50 else ""),
-        expected="report only; pairs at SYS get poor PCIe P2P",
-        why="PCIe P2P between GPUs under different CPU sockets crosses the socket interconnect (slow, sometimes "
-        "disabled). NVLink pairs are not affected.",
-        fix="Place tensor-parallel groups on GPUs that share a switch or NVLink.",
         subject=f"GPU{p.gpu_a}-GPU{p.gpu_b}",
+        on=f"GPU{p.gpu_a}-GPU{p.gpu_b}",
         facts={"topology": name},
     )
 
@@ -615,16 +640,11 @@ def _check_p2p(p: GpuPairSnapshot) -> CheckResult:
         status = Status.PASS
     else:
         status = Status.WARN
-    return CheckResult(
-        check_id=f"N9:GPU{p.gpu_a}-GPU{p.gpu_b}",
-        title="GPU P2P capability",
-        status=status,
-        observed=statuses,
-        expected="read and write OK for every tensor-parallel pair (and NVLink OK for > 2 GPUs in vLLM)",
-        why="Without P2P, vLLM turns its custom all-reduce off ('lacks GPU P2P capability') and NCCL copies through "
-        "host memory.",
-        fix="Check ACS on the PCIe bridges (P4), the IOMMU mode (P5) and that the GPUs are not in different VMs.",
+    return N9.result(
+        status,
+        statuses,
         subject=f"GPU{p.gpu_a}-GPU{p.gpu_b}",
+        on=f"GPU{p.gpu_a}-GPU{p.gpu_b}",
         facts={cap: p.p2p_name(cap) for cap in p.p2p_status},
     )
 
@@ -677,15 +697,9 @@ def gpu_checks(
     results: list[CheckResult] = []
     if not second.gpus:
         results.append(
-            CheckResult(
-                check_id="N1",
-                title="NVIDIA GPUs",
-                status=Status.INFO,
-                observed=f"NVML works (driver {second.system.driver_version or 'unknown'}) but sees no GPU",
-                expected="at least one GPU",
-                why="Nothing to check on the GPU side.",
-                fix="Check that the GPUs are passed through to this VM/container (NVIDIA_VISIBLE_DEVICES, device "
-                "cgroup, /dev/nvidia*).",
+            N1_NO_GPU.result(
+                Status.INFO,
+                f"NVML works (driver {second.system.driver_version or 'unknown'}) but sees no GPU",
                 subject="driver",
             )
         )
@@ -710,4 +724,4 @@ def gpu_checks(
     return results
 
 
-__all__ = ["CLOCK_EVENT_REASONS", "DEFAULT_WINDOW_S", "gpu_checks", "parse_cpulist"]
+__all__ = ["CLOCK_EVENT_REASONS", "DEFAULT_WINDOW_S", "GpuCheck", "gpu_checks"]
