@@ -14,13 +14,14 @@ Stdlib only.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
 import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from decodetop.errors import UserInputError
 
@@ -194,6 +195,43 @@ def read_bounded(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> byt
         raise refuse(exc.strerror or "error") from None
     finally:
         os.close(fd)
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """Open a regular file for reading in binary mode, for readers that stream (traces, recordings). A FIFO, a
+    device or a directory is refused from its `fstat` (the open does not block): `UserInputError`
+    ``"<path>: cannot read: <reason>"``."""
+    target = Path(path)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UserInputError(f"{target}: cannot read: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UserInputError(f"{target}: cannot read: {os.strerror(errno.EISDIR)}")
+        if not stat.S_ISREG(mode):
+            raise UserInputError(f"{target}: cannot read: {file_kind(mode)}, not a regular file")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def bounded_lines(handle: BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
+    """The lines of a binary stream, each read with at most `max_line_bytes` in memory; a longer line is skipped to
+    its end and given as None (the caller counts it as a bad line)."""
+    while True:
+        line = handle.readline(max_line_bytes + 1)
+        if not line:
+            return
+        if len(line) <= max_line_bytes or line.endswith(b"\n"):
+            yield line
+            continue
+        while line and not line.endswith(b"\n"):  # drop the rest of the over-long line, a chunk at a time
+            line = handle.readline(max_line_bytes + 1)
+        yield None
 
 
 def file_kind(mode: int) -> str:

@@ -473,6 +473,8 @@ def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
 def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:
     """(line number, event or None, why) for every non-empty line, read as a stream (for large recordings)."""
     p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block, a device never end
+        raise UserInputError(f"--replay {p}: not a regular file")
     try:
         handle = p.open("rb")
     except FileNotFoundError:

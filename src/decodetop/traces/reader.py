@@ -121,9 +121,9 @@ def read_trace(path: str | Path) -> Trace:
     path = Path(path)
     trace = Trace(path=path)
     try:
-        raw = path.open("rb")
-    except OSError as exc:
-        raise UserInputError(f"{path}: cannot open trace: {exc.strerror or exc}") from None
+        raw = jsonio.open_regular(path)  # a FIFO or device is refused without blocking
+    except UserInputError as exc:
+        raise UserInputError(str(exc).replace(": cannot read: ", ": cannot open trace: ", 1)) from None
     with raw:
         try:
             head = raw.read(2)
