@@ -320,3 +320,34 @@ def _budget_roofline_ms(model: str, tp: int) -> float:
     with contextlib.redirect_stdout(out):
         assert main(["budget", "--model", model, "--tp", str(tp), "--gpu", "h200", "--json"]) == 0
     return float(json.loads(out.getvalue())["roofline"]["step_ms"])
+
+
+def test_a_live_server_step_says_where_and_when_it_was_observed() -> None:
+    from decodetop.collectors.serving import ObservedStep as ServerStep
+
+    budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: DEMO, server_url=_Unreachable.url)
+    step = ServerStep(
+        step_ms=21.5,
+        itl_ms=21.5,
+        source="sglang",
+        metric="sglang:inter_token_latency_seconds",
+        samples=400,
+        window_s=30.0,
+        accept_length=1.0,
+        accept_length_from="none",
+        url=_Unreachable.url,
+        taken_unix_s=NOW_S - 4,
+    )
+    budget.note_server(step)
+    observed, header = budget.observed(Settings(model="glm-5-nvfp4", observed_ms=21.5), NOW_S)
+    assert (observed.source, observed.assumed, header) == ("server", False, "")
+    assert observed.text == f"21.5 ms observed by the server {_Unreachable.url}, 30 s window, 4s ago"
+    # the server goes away: its last figure stays, said as such, and the header says the step is not live
+    budget.note_server(ServerStatus(ServerState.UNREACHABLE, "connection refused", _Unreachable.url, last_step=step))
+    observed, header = budget.observed(Settings(model="glm-5-nvfp4", observed_ms=21.5), NOW_S + 60)
+    assert observed.source == "server" and "now: connection refused" in observed.text
+    assert header == f"server {_Unreachable.url}: connection refused — the observed step is not live"
+    # nothing observed and no flag: the default, assumed
+    fresh = PresetBudget(lambda: None, server_url=_Unreachable.url)
+    observed, _ = fresh.observed(Settings(model="glm-5-nvfp4"), NOW_S)
+    assert observed.assumed and "waiting for the server's first window" in observed.text
