@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
-    from decodetop.budget.scenario import model_source
+    from decodetop.budget.scenario import build_scenario, choose_tp, model_source, source_from_setting
     from decodetop.errors import UserInputError
     from decodetop.settings import DEFAULT_OBSERVED_MS, default_settings_path, load_settings, with_overrides
     from decodetop.themes import THEME_NAMES
@@ -92,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if settings.theme not in THEME_NAMES:
         raise UserInputError(f"--theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
+    if settings.tp is not None:  # a model this TP cannot serve (heads, KV heads) is refused before anything starts
+        build_scenario(source_from_setting(settings.model), choose_tp(settings.tp, tp_from="--tp or the settings file"))
     if args.record and args.replay:
         raise UserInputError("--record and --replay cannot be combined")
     if args.observed_ms is not None:
