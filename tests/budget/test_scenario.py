@@ -141,3 +141,16 @@ def test_the_scenario_string_names_every_deployment_choice() -> None:
     )
     assert other.fingerprint_id == scenario.fingerprint_id  # where TP came from is not part of what was measured
     assert other.describe().startswith("Llama-3.1-70B, TP 2 (default: the 2 ranks of the probe group), EP 1")
+
+
+def test_the_live_ui_refuses_a_tp_the_model_cannot_serve_before_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DECODETOP_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))
+    assert main(["--model", "llama-3.1-70b", "--tp", "3", "--no-probes"]) == 2
+    assert capsys.readouterr().err == (
+        "decodetop: error: --tp: 3 does not split the 64 attention heads of Llama-3.1-70B\n"
+    )
+    assert main(["--config", "/dev/zero", "--no-probes"]) == 2
+    assert "not a regular file or a directory" in capsys.readouterr().err
