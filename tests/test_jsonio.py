@@ -11,10 +11,12 @@ import pytest
 from decodetop.errors import UserInputError
 from decodetop.jsonio import (
     JsonInputError,
+    bounded_lines,
     iter_json_lines,
     load_json,
     load_json_object,
     loads,
+    open_regular,
     parse_json,
     read_bounded,
 )
@@ -100,3 +102,14 @@ def test_size_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match=r"big\.json: cannot read: larger than 100 bytes"):
         load_json(path, expect=list, max_bytes=100)
     assert len(load_json(path, expect=list, max_bytes=1000)) == 101
+
+
+def test_open_regular_and_bounded_lines(tmp_path: Path) -> None:
+    fifo = tmp_path / "f"
+    os.mkfifo(fifo)
+    with pytest.raises(UserInputError, match="cannot read: a FIFO, not a regular file"):
+        open_regular(fifo)
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"short\n" + b"x" * 50 + b"\nlast")
+    with open_regular(path) as handle:
+        assert list(bounded_lines(handle, max_line_bytes=20)) == [b"short\n", None, b"last"]
