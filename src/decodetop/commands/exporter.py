@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from decodetop.argtypes import non_empty, positive_int
+from decodetop.argtypes import check_cpu_ranks, non_empty, positive_int
 from decodetop.commands._scenario_args import add_gpus_argument, add_scenario_arguments
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
     observed = observed_from_args(args)
     target_tps = target_from_args(args)
     gpus = gpus_from_args(args)
+    check_cpu_ranks(args.cpu_ranks, force=args.force)
     server_source = None
     if args.server is not None:
         server_source = ServerStepSource(args.server, accept_length=args.accept_length, window_s=server_window_s)
