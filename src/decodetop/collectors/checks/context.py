@@ -116,35 +116,27 @@ def parse_cpuinfo(text: str) -> CpuInfo:
     )
 
 
-def detect_virt(root: HostRoot, cpu: CpuInfo | None) -> VirtContext:
-    """C16 signals, all read through the root so a copied tree gives the same answer as its host.
+def _detect_container(root: HostRoot) -> tuple[str, str]:
+    """(container kind, evidence) from `container=` in /proc/1/environ, /run/systemd/container, /.dockerenv or
+    /run/.containerenv; ('', '') outside a container."""
+    for item in (root.try_read_text("/proc/1/environ") or "").split("\0"):
+        if item.startswith("container="):
+            return item.split("=", 1)[1] or "container", f"/proc/1/environ {item}"
+    marker = (root.try_read_text("/run/systemd/container") or "").strip()
+    if marker:
+        return marker, f"/run/systemd/container {marker}"
+    if root.exists("/.dockerenv"):
+        return "docker", "/.dockerenv exists"
+    if root.exists("/run/.containerenv"):
+        return "podman", "/run/.containerenv exists"
+    return "", ""
 
-    Container: `container=` in /proc/1/environ, /run/systemd/container, /.dockerenv, /run/.containerenv.
-    VM: the `hypervisor` cpuinfo flag, /sys/hypervisor/type, DMI sys_vendor.
-    """
+
+def _detect_vm(root: HostRoot, cpu: CpuInfo | None) -> tuple[str, list[str]]:
+    """(hypervisor, evidence) from /sys/hypervisor/type, DMI sys_vendor and the `hypervisor` cpuinfo flag."""
     evidence: list[str] = []
-    container = ""
-    environ = root.try_read_text("/proc/1/environ")
-    if environ:
-        for item in environ.split("\0"):
-            if item.startswith("container="):
-                container = item.split("=", 1)[1] or "container"
-                evidence.append(f"/proc/1/environ {item}")
-    if not container:
-        marker = root.try_read_text("/run/systemd/container")
-        if marker and marker.strip():
-            container = marker.strip()
-            evidence.append(f"/run/systemd/container {container}")
-    if not container and root.exists("/.dockerenv"):
-        container = "docker"
-        evidence.append("/.dockerenv exists")
-    if not container and root.exists("/run/.containerenv"):
-        container = "podman"
-        evidence.append("/run/.containerenv exists")
-    vm = ""
-    hv_type = root.try_read_text("/sys/hypervisor/type")
-    if hv_type and hv_type.strip():
-        vm = hv_type.strip()
+    vm = (root.try_read_text("/sys/hypervisor/type") or "").strip()
+    if vm:
         evidence.append(f"/sys/hypervisor/type {vm}")
     sys_vendor = (root.try_read_text("/sys/class/dmi/id/sys_vendor") or "").strip()
     if sys_vendor in DMI_VM_VENDORS and not vm:
@@ -153,8 +145,19 @@ def detect_virt(root: HostRoot, cpu: CpuInfo | None) -> VirtContext:
     if cpu is not None and "hypervisor" in cpu.flags:
         evidence.append("cpuinfo flag 'hypervisor'")
         if not vm:
-            cmdline = root.try_read_text("/proc/cmdline") or ""
-            vm = "firecracker" if "firecracker" in cmdline else "vm"
+            vm = "firecracker" if "firecracker" in (root.try_read_text("/proc/cmdline") or "") else "vm"
+    return vm, evidence
+
+
+def detect_virt(root: HostRoot, cpu: CpuInfo | None) -> VirtContext:
+    """C16 signals, all read through the root so a copied tree gives the same answer as its host.
+
+    Container: `container=` in /proc/1/environ, /run/systemd/container, /.dockerenv, /run/.containerenv.
+    VM: the `hypervisor` cpuinfo flag, /sys/hypervisor/type, DMI sys_vendor.
+    """
+    container, container_evidence = _detect_container(root)
+    vm, vm_evidence = _detect_vm(root, cpu)
+    evidence = ([container_evidence] if container_evidence else []) + vm_evidence
     return VirtContext(vm=vm, container=container, evidence=tuple(evidence))
 
 

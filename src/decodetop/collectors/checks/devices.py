@@ -3,6 +3,7 @@ events in the kernel log)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from dataclasses import dataclass
@@ -217,57 +218,65 @@ def check_device_majors(ctx: HostContext) -> list[CheckResult]:
     return [result, *_host_side(ctx, devices)]
 
 
-def _host_side(ctx: HostContext, devices: ProcDevices) -> list[CheckResult]:
-    """§3.4: on an LXC/Proxmox host, container allow rules vs the live nvidia majors."""
-    live = {m: n for m, n in devices.char if n.startswith("nvidia")}
-    results: list[CheckResult] = []
+def _lxc_configs(ctx: HostContext) -> list[str]:
+    """Container config files under the configured folders (Proxmox `<id>.conf`, plain LXC `<name>/config`)."""
+    configs: list[str] = []
     for directory in ctx.lxc_config_paths:
         if directory.endswith("/lxc") and directory.startswith("/etc/pve"):
-            configs = [f"{directory}/{n}" for n in ctx.root.try_listdir(directory) if n.endswith(".conf")]
+            configs += [f"{directory}/{n}" for n in ctx.root.try_listdir(directory) if n.endswith(".conf")]
         else:
-            configs = [f"{directory}/{n}/config" for n in ctx.root.try_listdir(directory)]
-        for path in configs:
-            text = ctx.root.try_read_text(path)
-            if text is None:
-                continue
-            rules: list[DeviceRule] = []
-            for line in text.splitlines():
-                match = _LXC_ALLOW_RE.match(line)
-                if match is None:
-                    continue
-                try:
-                    rules.append(parse_device_rule(match.group(1)))
-                except ValueError:
-                    continue
-            if not rules:
-                continue
-            unallowed = [
-                f"{n} {m}" for m, n in sorted(live.items()) if not any(r.covers("c", m, 0, "rw") for r in rules)
-            ]
-            nvidia_rule_majors = {r.major for r in rules if r.major is not None and r.kind in ("c", "a")}
-            dead = sorted(
-                m for m in nvidia_rule_majors if m not in {mm for mm, _ in devices.char} and m != NVIDIA_FIXED_MAJOR
+            configs += [f"{directory}/{n}/config" for n in ctx.root.try_listdir(directory)]
+    return configs
+
+
+def _allow_rules(text: str) -> list[DeviceRule]:
+    """The device allow rules of one container config (lines that do not parse are skipped)."""
+    rules: list[DeviceRule] = []
+    for line in text.splitlines():
+        match = _LXC_ALLOW_RE.match(line)
+        if match is not None:
+            with contextlib.suppress(ValueError):
+                rules.append(parse_device_rule(match.group(1)))
+    return rules
+
+
+def _rule_problems(rules: list[DeviceRule], devices: ProcDevices) -> list[str]:
+    """Live nvidia majors the rules do not allow, and rules for majors no driver holds."""
+    live = {m: n for m, n in devices.char if n.startswith("nvidia")}
+    unallowed = [f"{n} {m}" for m, n in sorted(live.items()) if not any(r.covers("c", m, 0, "rw") for r in rules)]
+    registered = {m for m, _ in devices.char}
+    rule_majors = {r.major for r in rules if r.major is not None and r.kind in ("c", "a")}
+    dead = sorted(m for m in rule_majors if m not in registered and m != NVIDIA_FIXED_MAJOR)
+    problems = []
+    if unallowed:
+        problems.append("live majors not allowed: " + ", ".join(unallowed))
+    if dead:
+        problems.append("rules for unregistered majors: " + ", ".join(map(str, dead)))
+    return problems
+
+
+def _host_side(ctx: HostContext, devices: ProcDevices) -> list[CheckResult]:
+    """§3.4: on an LXC/Proxmox host, container allow rules vs the live nvidia majors."""
+    results: list[CheckResult] = []
+    for path in _lxc_configs(ctx):
+        rules = _allow_rules(ctx.root.try_read_text(path) or "")
+        if not rules:
+            continue
+        problems = _rule_problems(rules, devices)
+        results.append(
+            CheckResult(
+                f"N12:{path}",
+                "Container config allows live NVIDIA majors",
+                Status.FAIL if problems else Status.PASS,
+                "; ".join(problems) or f"{len(rules)} allow rule(s) cover every live nvidia major",
+                "every live nvidia* major allowed; no rule for a major no driver holds",
+                SYMPTOM,
+                "Update the container's lxc.cgroup2.devices.allow rules to the majors in /proc/devices. " + DCGM_NOTE
+                if problems
+                else "",
+                subject=path,
             )
-            problems = []
-            if unallowed:
-                problems.append("live majors not allowed: " + ", ".join(unallowed))
-            if dead:
-                problems.append("rules for unregistered majors: " + ", ".join(map(str, dead)))
-            results.append(
-                CheckResult(
-                    f"N12:{path}",
-                    "Container config allows live NVIDIA majors",
-                    Status.FAIL if problems else Status.PASS,
-                    "; ".join(problems) or f"{len(rules)} allow rule(s) cover every live nvidia major",
-                    "every live nvidia* major allowed; no rule for a major no driver holds",
-                    SYMPTOM,
-                    "Update the container's lxc.cgroup2.devices.allow rules to the majors in /proc/devices. "
-                    + DCGM_NOTE
-                    if problems
-                    else "",
-                    subject=path,
-                )
-            )
+        )
     return results
 
 

@@ -134,6 +134,32 @@ def _link_verdict(
     )
 
 
+def _path_mps(ctx: HostContext, gpu: PciDevice, own_cap: int | None) -> tuple[int | None, list[str]]:
+    """The largest MaxPayload every device on the GPU's path supports, and the bridges whose config was unreadable."""
+    caps = [own_cap]
+    unread: list[str] = []
+    for bridge in upstream_bdfs(gpu):
+        config, _ = _config_or_reason(ctx.root, bridge)
+        if config is None or config.pcie is None:
+            unread.append(bridge)
+        else:
+            caps.append(config.pcie.devcap_mps_bytes)
+    known = [c for c in caps if c is not None]
+    return (min(known) if known else None), unread
+
+
+def _payload_problems(mrrs: int | None, mps: int | None, path_mps: int | None) -> list[str]:
+    """P3's problems: MaxReadReq below the recommendation, MaxPayload unlike the path's (when every bridge read)."""
+    problems = []
+    if mrrs is None or mrrs < P3_MRRS_TOO_LOW_BYTES:
+        problems.append("MaxReadReq below 256 B (fwts: too low)")
+    elif mrrs < P3_MRRS_RECOMMENDED_BYTES:
+        problems.append(f"MaxReadReq {mrrs} B < {P3_MRRS_RECOMMENDED_BYTES} B")
+    if path_mps is not None and mps is not None and mps != path_mps:
+        problems.append(f"MaxPayload {mps} B != path {path_mps} B")
+    return problems
+
+
 @guarded("P3", "MaxPayload / MaxReadReq")
 def check_payload(ctx: HostContext) -> list[CheckResult]:
     """P3: MRRS 4096 (warn below); MPS equal to the smallest supported MPS along the path."""
@@ -165,32 +191,14 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
                 )
                 continue
             pcie = config.pcie
-            path_caps = [pcie.devcap_mps_bytes]
-            unread: list[str] = []
-            for bridge in upstream_bdfs(gpu):
-                bconfig, _ = _config_or_reason(ctx.root, bridge)
-                if bconfig is None or bconfig.pcie is None:
-                    unread.append(bridge)
-                    continue
-                path_caps.append(bconfig.pcie.devcap_mps_bytes)
-            known_caps = [c for c in path_caps if c is not None]
-            path_mps = min(known_caps) if known_caps else None
+            path_mps, unread = _path_mps(ctx, gpu, pcie.devcap_mps_bytes)
             observed = f"MaxPayload {pcie.mps_bytes} B, MaxReadReq {pcie.mrrs_bytes} B"
             if path_mps is not None:
                 observed += f" (path supports MPS {path_mps} B" + (
                     f", {len(unread)} bridge(s) unreadable)" if unread else ")"
                 )
-            problems = []
-            status = Status.PASS
-            if pcie.mrrs_bytes is None or pcie.mrrs_bytes < P3_MRRS_TOO_LOW_BYTES:
-                problems.append("MaxReadReq below 256 B (fwts: too low)")
-                status = Status.WARN
-            elif pcie.mrrs_bytes < P3_MRRS_RECOMMENDED_BYTES:
-                problems.append(f"MaxReadReq {pcie.mrrs_bytes} B < {P3_MRRS_RECOMMENDED_BYTES} B")
-                status = Status.WARN
-            if path_mps is not None and pcie.mps_bytes is not None and pcie.mps_bytes != path_mps and not unread:
-                problems.append(f"MaxPayload {pcie.mps_bytes} B != path {path_mps} B")
-                status = Status.WARN
+            problems = _payload_problems(pcie.mrrs_bytes, pcie.mps_bytes, None if unread else path_mps)
+            status = Status.WARN if problems else Status.PASS
             if problems:
                 observed += ": " + "; ".join(problems)
             results.append(
