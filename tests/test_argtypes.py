@@ -89,6 +89,10 @@ def test_output_path_is_checked_up_front(tmp_path: Path) -> None:
         output_path(str(blocker / "out.json"))
     with pytest.raises(argparse.ArgumentTypeError, match="must not be empty"):
         output_path("")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(argparse.ArgumentTypeError, match="a FIFO, not a file to write"):
+        output_path(str(tmp_path / "missing" / ".." / "fifo"))
     with pytest.raises(argparse.ArgumentTypeError, match="needs a file"):
         output_file("-")  # no standard output for a file written while the screen is in use
 
