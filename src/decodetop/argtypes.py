@@ -105,7 +105,7 @@ def output_file(text: str) -> str:
 def _check_output(text: str, hint: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError(f"must not be empty{hint}")
-    path = Path(os.path.abspath(Path(text).expanduser()))  # "missing/../x" names x, as the writer will reach it
+    path = Path(text).expanduser().resolve()  # "missing/../x" names x, as the writer will reach it
     try:
         info = path.stat()
     except FileNotFoundError:
