@@ -195,3 +195,23 @@ def test_empty_directory_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["trace", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no trace files" in err and "\n" not in err
+
+
+def test_a_huge_integer_is_one_line_with_or_without_pythons_digit_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 5,000-digit number in an event: one line naming the file, whether the interpreter caps integer digits (the
+    fast decoder) or not (the strict one)."""
+    import sys
+
+    path = tmp_path / "huge.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": ' + "9" * 5000 + ', "dur": 1}]}')
+    before = sys.get_int_max_str_digits()
+    try:
+        for cap in (before or 4300, 0):
+            sys.set_int_max_str_digits(cap)
+            assert main(["trace", str(path)]) == 2
+            err = capsys.readouterr().err.strip()
+            assert str(path) in err and "digits" in err and "\n" not in err, err
+    finally:
+        sys.set_int_max_str_digits(before)
