@@ -192,5 +192,20 @@ def test_settings_must_be_a_regular_file(tmp_path: Path, kind: str) -> None:
         path.mkdir()
     else:
         path = Path("/dev/zero")
-    with pytest.raises(UserInputError, match="cannot read: (Is a directory|a FIFO|a character device)"):
+    with pytest.raises(UserInputError, match=r"cannot read: (Is a directory|a FIFO|a character device)"):
         load_settings(path)
+
+
+def test_atomic_write_never_replaces_a_device_or_fifo(tmp_path: Path) -> None:
+    from decodetop.atomic import write_text_atomic
+
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        write_text_atomic(fifo, "{}")
+    link = tmp_path / "null.json"
+    link.symlink_to("/dev/null")
+    with pytest.raises(OSError, match="not a regular file"):
+        write_text_atomic(link, "{}")
+    assert Path("/dev/null").is_char_device() and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null.json", "out.json"]  # no temp file left behind

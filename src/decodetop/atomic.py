@@ -8,6 +8,7 @@ linked into the config dir stays linked).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
@@ -25,13 +26,18 @@ def _final_target(path: Path) -> Path:
 def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE) -> None:
     """Replace `path` with `data` in one rename; readers see the old or the new file, never a mix.
 
-    `mode` applies to a new file only: an existing file keeps its permission bits."""
+    `mode` applies to a new file only: an existing file keeps its permission bits. Anything but a regular file in
+    the way (a device, a FIFO, a directory) raises OSError and is left as it is."""
     target = _final_target(Path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
-        keep_mode = stat.S_IMODE(target.stat().st_mode)
+        info = target.stat()
     except FileNotFoundError:
         keep_mode = mode
+    else:
+        if not stat.S_ISREG(info.st_mode):  # never replace a device, a FIFO or a socket (/dev/null through a link)
+            raise OSError(errno.EEXIST, f"{target} exists and is not a regular file; not replaced")
+        keep_mode = stat.S_IMODE(info.st_mode)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
