@@ -27,6 +27,7 @@ from typing import Any
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey
+from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
 from decodetop.errors import UserInputError
 
@@ -38,6 +39,20 @@ DEFAULT_TARGET_TPS = 309.0
 LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
 """Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
 measured on an H200), an eager PyTorch op ~5 µs (the same section: 6.6–7.1 µs host time per empty-kernel launch)."""
+
+STEP_PERCENTILE_Z = {"p50": 0.0, "p90": 1.2815515655446004, "p99": 2.3263478740408408}
+"""Standard-normal quantiles (statistics.NormalDist().inv_cdf(0.5 / 0.9 / 0.99)) for the step's spread."""
+FIGURE_STATISTICS = {
+    "ms": "median per op instance × count (robust: noise bands and diffs use it)",
+    "p10_ms/p90_ms": "Σ of the ops' p10 / p90 (the component's noise band)",
+    "mean_ms": "mean per op instance × count (the median where no samples gave a mean)",
+    "total_ms": "Σ segment medians",
+    "mean_total_ms": "Σ segment means: the step throughput pays",
+    "mean_tokens_per_s": "tokens per step / mean step",
+    "step_percentiles_ms": "mean + z·σ of the step, σ² = Σ count × each op's sample variance (instances independent)",
+    "ranks": "each rank's Σ of its own medians; step bound = slowest rank per all-reduce interval",
+}
+"""Which statistic each budget figure is (docs/architecture.md, "Budget statistics"); written into the JSON."""
 
 STATUSES = ("measured", "interpolated", "estimated", "missing")
 _RANK = {s: i for i, s in enumerate(STATUSES)}
@@ -102,18 +117,30 @@ def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
 
 @dataclass(frozen=True)
 class MeasuredTime:
-    """A probe's result for one key: median and spread of one instance, in ms, and where it came from."""
+    """A probe's result for one key: median and spread of one instance, in ms, and where it came from; the mean
+    (what throughput pays) and the standard deviation of one instance where the samples gave them."""
 
     median_ms: float
     p10_ms: float
     p90_ms: float
     source: str = "probe"
+    mean_ms: float | None = None
+    """Mean of one instance (None: not known, e.g. an older results file or a fit; the median stands in)."""
+    std_ms: float | None = None
+    """Standard deviation of one instance's samples (None: no samples; a point figure)."""
 
     def __post_init__(self) -> None:
-        for name in ("median_ms", "p10_ms", "p90_ms"):
+        for name in ("median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms"):
             value = getattr(self, name)
+            if value is None and name in ("mean_ms", "std_ms"):
+                continue
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise UserInputError(f"measured time {name}={value!r} must be a finite number ≥ 0")
+
+    @property
+    def mean(self) -> float:
+        """`mean_ms`, or the median where the mean is not known."""
+        return self.median_ms if self.mean_ms is None else self.mean_ms
 
     @classmethod
     def point(cls, ms: float, source: str = "probe") -> MeasuredTime:
@@ -174,6 +201,15 @@ class Segment:
     provenance: str = ""
     """Where the figure came from, in words ("measured in this run", "roofline estimate for NVIDIA H200 (detected
     by NVML)", "measured 3h ago on gpu-host-1 (2 × NVIDIA H200)")."""
+    mean_ms: float | None = None
+    """Σ count × each op's mean (the median where an op's mean is not known); None with `ms`."""
+    std_ms: float = 0.0
+    """Standard deviation of the component's step time, the ops' instances taken as independent (0: no samples)."""
+
+    @property
+    def mean(self) -> float | None:
+        """`mean_ms`, or `ms` where the mean was not composed."""
+        return self.ms if self.mean_ms is None else self.mean_ms
 
     @property
     def estimated(self) -> bool:
@@ -226,6 +262,34 @@ class Budget:
     """What the composition could not do and why (one line each)."""
     tp_source: str = ""
     """Where the deployment's TP came from, in words (`Scenario.tp_source`)."""
+    ranks: RankSpread | None = None
+    """Every rank's own composed total, the spread, the step bound and the straggler (None: one rank, or the results
+    carry no per-rank series); set by `decodetop.probes.budgeting.compose_inventory`."""
+
+    @property
+    def mean_total_ms(self) -> float:
+        """Σ segment means (known parts only): the step time throughput pays (tok/s = tokens / mean step)."""
+        return sum(m for s in self.segments if (m := s.mean) is not None)
+
+    @property
+    def mean_tokens_per_s(self) -> float | None:
+        """tokens per step × 1000 / `mean_total_ms` (None when nothing is known)."""
+        mean = self.mean_total_ms
+        return self.tokens_per_step * 1000.0 / mean if mean > 0 else None
+
+    @property
+    def step_std_ms(self) -> float:
+        """Standard deviation of the composed step: √Σ segment variances (ops' instances independent)."""
+        return math.sqrt(math.fsum(s.std_ms**2 for s in self.segments))
+
+    def step_percentiles(self) -> dict[str, float] | None:
+        """p50/p90/p99 of the composed step from the samples' means and variances (the normal approximation of a
+        sum of many independent instances: p = mean + z·σ); None when no segment had samples."""
+        sigma = self.step_std_ms
+        if sigma <= 0:
+            return None
+        mean = self.mean_total_ms
+        return {name: mean + z * sigma for name, z in STEP_PERCENTILE_Z.items()}
 
     @property
     def observed_step(self) -> ObservedStep:
@@ -300,6 +364,8 @@ class Budget:
                     "probes": list(s.probes),
                     "provenance_kind": s.provenance_kind,
                     "provenance": s.provenance,
+                    "mean_ms": s.mean,
+                    "std_ms": s.std_ms,
                 }
                 for s in self.segments
             ],
@@ -323,6 +389,11 @@ class Budget:
             "verdict": self.verdict,
             "summary": self.summary(),
             "notes": list(self.notes),
+            "mean_total_ms": self.mean_total_ms,
+            "mean_tokens_per_s": self.mean_tokens_per_s,
+            "step_percentiles_ms": self.step_percentiles(),
+            "statistics": dict(FIGURE_STATISTICS),
+            "ranks": self.ranks.to_dict() if self.ranks is not None else None,
         }
 
 
@@ -334,6 +405,8 @@ class _OpTime:
     status: str
     source: str
     probe: str = ""
+    mean: float | None = None
+    std: float = 0.0
 
 
 def _estimate(op: Op, hw: Hardware, tp: int) -> float:
@@ -356,7 +429,16 @@ def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
 ) -> _OpTime | None:
     found = measured.get(op.key.key_id)
     if found is not None:
-        return _OpTime(found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source, op.key.probe)
+        return _OpTime(
+            found.median_ms,
+            found.p10_ms,
+            found.p90_ms,
+            "measured",
+            found.source,
+            op.key.probe,
+            found.mean,
+            found.std_ms or 0.0,
+        )
     curve: Curve | None = None
     x = 0.0
     if isinstance(op.key, AllreduceKey):
@@ -385,6 +467,8 @@ def _launch_time(
     comp = Component.LAUNCH.value
     if found is not None:
         ms = kernels * found.median_ms
+        mean = kernels * found.mean
+        std = math.sqrt(kernels) * (found.std_ms or 0.0)
         reason = f"{kernels} kernels × {found.median_ms * 1e3:.3g} µs per kernel ({mode}, measured)"
         seg = Segment(
             comp,
@@ -399,6 +483,8 @@ def _launch_time(
             ("launch",),
             "measured",
             "measured",
+            mean,
+            std,
         )
         return seg, ms
     if estimate is not None:
@@ -464,7 +550,7 @@ def compose_budget(
     segments: list[Segment] = []
     missing_components: list[str] = []
     for comp, ops in inventory.by_component().items():
-        ms = p10 = p90 = 0.0
+        ms = p10 = p90 = mean = var = 0.0
         known = 0
         worst = "measured"
         missing_keys: list[str] = []
@@ -482,6 +568,8 @@ def compose_budget(
             known += 1
             counts[t.status] += 1
             ms += op.count * t.ms
+            mean += op.count * (t.ms if t.mean is None else t.mean)
+            var += op.count * t.std**2
             p10 += op.count * t.p10
             p90 += op.count * t.p90
             if t.source not in sources:
@@ -524,6 +612,8 @@ def compose_budget(
                 tuple(probes),
                 kind,
                 prov,
+                mean if known else None,
+                math.sqrt(var),
             )
         )
     launch_seg, _ = _launch_time(mode, inventory.kernels, measured, estimate)

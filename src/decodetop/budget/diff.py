@@ -92,6 +92,10 @@ class BudgetDiff:
     complete_after: bool
     notes: tuple[str, ...] = ()
     """Mismatched models or deployments, incomplete budgets."""
+    straggler: str = ""
+    """The current budget's straggler line ('straggler: GPU 1 (…)'; '' when it names none: budget.ranks)."""
+    straggler_before: str = ""
+    """The baseline's straggler label ('GPU 1'; '' when it named none)."""
 
     @property
     def total_delta_ms(self) -> float:
@@ -149,6 +153,8 @@ class BudgetDiff:
             ],
             "rule": {"noise_floor_ms": NOISE_FLOOR_MS, "relative_floor": RELATIVE_FLOOR},
             "notes": list(self.notes),
+            "straggler": self.straggler or None,
+            "straggler_before": self.straggler_before or None,
         }
 
 
@@ -359,8 +365,12 @@ def diff_budgets(
 
     Different models or deployments still compare, with a note saying so. Malformed input raises a one-line
     UserInputError naming `baseline_name` or `current_name` (file paths, in the CLI) and the problem."""
+    from decodetop.budget.ranks import straggler_in
+
     old = _side(baseline, baseline_name)
     new = _side(current, current_name)
+    now_straggler = straggler_in(find_budget(current, current_name))
+    was_straggler = straggler_in(find_budget(baseline, baseline_name))
     before = {s.component: s for s in old.segments}
     after = {s.component: s for s in new.segments}
     order = [s.component for s in new.segments] + [s.component for s in old.segments if s.component not in after]
@@ -389,6 +399,8 @@ def diff_budgets(
         complete_before=old.complete,
         complete_after=new.complete,
         notes=tuple(notes),
+        straggler=now_straggler[1] if now_straggler is not None else "",
+        straggler_before=was_straggler[0] if was_straggler is not None else "",
     )
 
 
@@ -475,4 +487,10 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
     lines.append(table(["component", "before ms", "after ms", "Δ ms", "×", "noise ms", "note"], rows, "lrrrrrl"))
     lines.extend(f"note: {n}" for n in diff.notes)
     lines.append(moved_most_line(diff))
+    if diff.straggler:
+        lines.append(
+            diff.straggler + (f" (the baseline's too: {diff.straggler_before})" if diff.straggler_before else "")
+        )
+    elif diff.straggler_before:
+        lines.append(f"no straggler now (the baseline's was {diff.straggler_before})")
     return "\n".join(lines) + "\n"

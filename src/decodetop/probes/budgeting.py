@@ -214,6 +214,7 @@ def compose_inventory(
 ) -> Composition:
     """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation."""
     from decodetop.probes.planrun import measured_from_results
+    from decodetop.probes.rankbudget import compose_ranks
 
     stored = dict(stored_at_s or {})
     now = time.time() if now_s is None else now_s
@@ -256,7 +257,8 @@ def compose_inventory(
     )
     origin = {r.probe: r for r in used}
     segments = tuple(_provenance(s, origin, stored, now) for s in budget.segments)
-    budget = dataclasses.replace(budget, segments=segments)
+    ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind)
+    budget = dataclasses.replace(budget, segments=segments, ranks=ranks)
     if tp_source:
         budget = dataclasses.replace(budget, tp_source=tp_source)
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used))
@@ -301,6 +303,7 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     """The budget as text lines, the same in `decodetop budget` and `decodetop probe --budget`: a header (CPU ranks),
     one row per component with ms, share of observed, status, bar (measured █, estimated ▒) and where the figure came
     from; total and unexplained; the observed/target/roofline line; the roofline verdict; the summary."""
+    from decodetop.budget.ranks import mean_line, rank_lines
     from decodetop.textfmt import format_number, table
 
     b = budget
@@ -342,6 +345,7 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     if b.verdict:
         lines.append(b.verdict)
     lines.append(b.summary() + (f"; estimates for {b.hardware_text}" if any(s.estimated for s in b.segments) else ""))
+    lines.extend(line for line in (mean_line(b), *rank_lines(b)) if line)
     return lines
 
 

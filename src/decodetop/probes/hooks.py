@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,16 +175,18 @@ def ok_measurements(result: ProbeResult) -> list[Measurement]:
 
 
 def busiest(m: Measurement) -> MeasuredTime | None:
-    """The slowest rank's median/p10/p90 of one measurement, in ms (the budget is the busiest GPU's)."""
+    """The slowest rank's median/p10/p90 of one measurement, in ms (the budget is the busiest GPU's), with its mean
+    and the standard deviation of its samples (the step's mean and spread)."""
     series = [r for r in m.per_rank if r.stats is not None]
     if series:
         worst = max(series, key=lambda r: r.stats.median if r.stats else 0.0)
         st = worst.stats
         assert st is not None
         if st.median > 0:
-            return MeasuredTime(st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3)
+            std = statistics.pstdev(worst.samples) / 1e3 if len(worst.samples) > 1 else None
+            return MeasuredTime(st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3, mean_ms=st.mean / 1e3, std_ms=std)
     if m.stats is not None and m.stats.median > 0:
-        return MeasuredTime(m.stats.median / 1e3, m.stats.p10 / 1e3, m.stats.p90 / 1e3)
+        return MeasuredTime(m.stats.median / 1e3, m.stats.p10 / 1e3, m.stats.p90 / 1e3, mean_ms=m.stats.mean / 1e3)
     t = m.metrics.get("time_us")
     if t is not None and t > 0 and math.isfinite(t):
         return MeasuredTime.point(t / 1e3)
