@@ -347,3 +347,14 @@ def test_read_error_leaves_the_file_alone(
         history.record(KIND_PROBE, "x", {})
     monkeypatch.setattr(jsonio.os, "read", real_read)
     assert path.read_bytes() == original
+
+
+def test_a_line_that_is_not_utf8_costs_only_that_line(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    good = HistoryEntry(KIND_PROBE, "gemm", 5.0, {"note": "a\u2028b"}).to_json()  # U+2028 is one line in JSON
+    original = (good + "\n").encode() + b"\xff\xfe\n" + (good + "\n").encode()
+    path.write_bytes(original)
+    loaded = History(path, clock=_clock).load()
+    assert loaded.problem is not None and "1 bad line, first at line 2: not UTF-8 text" in loaded.problem
+    assert len(loaded.entries) == 2 and loaded.entries[0].payload == {"note": "a\u2028b"}
+    assert loaded.set_aside_path is not None and loaded.set_aside_path.read_bytes() == original

@@ -69,7 +69,7 @@ def test_hostile_trace_events_name_the_file(tmp_path: Path) -> None:
         read_trace(deep)
     huge = tmp_path / "huge.json"
     huge.write_text('{"traceEvents": [{"ph": "X", "ts": ' + "9" * 5000 + "}]}")
-    with pytest.raises(UserInputError, match=r"huge\.json: .*a number with 5000 digits"):
+    with pytest.raises(UserInputError, match=r"huge\.json: .*a number with (5000|more than 4300) digits"):
         read_trace(huge)
 
 

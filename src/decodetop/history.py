@@ -346,11 +346,15 @@ class History:
                 return _Disk(lines=[], entries=[], bad_lines=1, first_error=message)
             return _Disk(lines=[], entries=[], unreadable=message)
         disk = _Disk(lines=[], entries=[])
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            disk.bad_lines, disk.first_error = 1, f"not UTF-8 text (bad byte at offset {exc.start})"
-            return disk
+        problems: list[tuple[int, str]] = []
+        text_lines: list[str] = []
+        for number, chunk in enumerate(raw.split(b"\n"), start=1):
+            try:
+                text_lines.append(chunk.decode("utf-8"))
+            except UnicodeDecodeError as exc:  # that line alone is bad; the others still count
+                text_lines.append("")
+                problems.append((number, f"not UTF-8 text (bad byte at offset {exc.start})"))
+        text = "\n".join(text_lines)
         for number, parsed in iter_json_lines(text, source=str(self.path), expect=None, max_line_bytes=MAX_LINE_BYTES):
             problem: str
             if isinstance(parsed, JsonInputError):
@@ -364,9 +368,10 @@ class History:
                     disk.entries.append(entry)
                     disk.lines.append(entry.to_json())
                     continue
-            disk.bad_lines += 1
-            if disk.first_error is None:
-                disk.first_error = f"line {number}: {problem}"
+            problems.append((number, problem))
+        if problems:
+            number, problem = min(problems)
+            disk.bad_lines, disk.first_error = len(problems), f"line {number}: {problem}"
         return disk
 
     def load(self) -> HistoryLoad:

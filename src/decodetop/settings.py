@@ -37,7 +37,7 @@ from typing import Any
 from decodetop import paths
 from decodetop.atomic import write_text_atomic
 from decodetop.errors import UserInputError
-from decodetop.jsonio import read_bounded
+from decodetop.jsonio import problem_of, read_bounded
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -146,8 +146,8 @@ def _read_table(target: Path) -> dict[str, Any]:
         raise UserInputError(f"{target}: not valid TOML ({exc})") from None
     except RecursionError:
         raise UserInputError(f"{target}: not valid TOML (nested too deeply)") from None
-    except ValueError as exc:  # e.g. an integer beyond the int/str conversion limit
-        raise UserInputError(f"{target}: not valid TOML ({str(exc).splitlines()[0][:80]})") from None
+    except ValueError as exc:  # an integer beyond the int/str conversion limit
+        raise UserInputError(f"{target}: not valid TOML ({problem_of(exc)})") from None
     return table
 
 
