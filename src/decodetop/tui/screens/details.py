@@ -13,8 +13,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from decodetop.collectors.checks.model import CheckResult
-from decodetop.history import format_age
 from decodetop.tui.model import ProbeView
+from decodetop.tui.widgets.cells import ago
 from decodetop.tui.widgets.probe_table import state_text
 
 _CSS = """
@@ -37,7 +37,7 @@ def probe_detail_text(view: ProbeView, now_s: float) -> Text:
         text.append(f"value: {view.value_text}\n")
     if view.measured_at_s is not None:
         origin = " (from an earlier session)" if view.from_history else ""
-        text.append(f"measured: {format_age(now_s - view.measured_at_s)} ago{origin}\n")
+        text.append(f"measured: {ago(now_s - view.measured_at_s)}{origin}\n")
     if view.spread_text:
         text.append(f"spread: {view.spread_text}\n")
     if view.ranks:

@@ -1,10 +1,18 @@
-"""Provides `CellCache`: update a DataTable cell only when its text changed, and re-measure the column only when it
-grew, so a steady telemetry tick repaints nothing and never re-lays out the screen."""
+"""Provides `ago` (an age in words) and `CellCache`: update a DataTable cell only when its text changed, and re-measure
+the column only when it grew, so a steady telemetry tick repaints nothing and never re-lays out the screen."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import DataTable
+
+from decodetop.history import format_age
+
+
+def ago(age_s: float) -> str:
+    """ "5m ago", or "just now" (never "now ago")."""
+    text = format_age(age_s)
+    return "just now" if text == "now" else f"{text} ago"
 
 
 class CellCache:

@@ -12,9 +12,8 @@ from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from decodetop.collectors.checks.model import CheckResult, Status
-from decodetop.history import format_age
 from decodetop.tui.model import HealthView
-from decodetop.tui.widgets.cells import CellCache
+from decodetop.tui.widgets.cells import CellCache, ago
 
 _STATUS_CLASS = {
     Status.PASS: "health-panel--ok",
@@ -159,7 +158,7 @@ class HealthPanel(Vertical):
         if view.baseline_at_s is None:
             text.append(" · no baseline (s saves one)")
         else:
-            text.append(f" · baseline {format_age(self.now_s - view.baseline_at_s)} ago, ")
+            text.append(f" · baseline {ago(self.now_s - view.baseline_at_s)}, ")
             text.append(
                 f"{len(view.changed_ids)} changed",
                 style=self.get_component_rich_style("health-panel--changed", partial=True) if view.changed_ids else "",
