@@ -156,12 +156,13 @@ def run(args: argparse.Namespace) -> int:
 def _diff(old: str, new: str, *, as_json: bool) -> int:
     """`decodetop budget --diff OLD NEW`: the per-component table (or JSON) and the component that moved most."""
     from decodetop.budget.diff import diff_budget_files, format_budget_diff
+    from decodetop.textfmt import fit_text
 
     diff = diff_budget_files(old, new)
     if as_json:
         print(json.dumps({"baseline_path": old, "current_path": new, **diff.to_dict()}, indent=1, allow_nan=False))
     else:
-        sys.stdout.write(format_budget_diff(diff, old))
+        sys.stdout.write(fit_text(format_budget_diff(diff, old)))  # long notes wrap to the terminal
     return 0
 
 
