@@ -184,7 +184,7 @@ async def test_health_lists_failing_first_enter_explains_and_s_saves_a_baseline(
         await pilot.press("s")
         await wait_until(pilot, lambda: bool(log.of(BaselineSaved)), "baseline saved")
         summary = str(app.query_one("#health-summary", Static).content)
-        assert "baseline now ago, 0 changed" in summary
+        assert "baseline just now, 0 changed" in summary
     saved = History(tmp_path / "history.jsonl").latest(KIND_BASELINE)["default"]
     assert saved.payload["checks"]["P1"]["status"] == "fail"
 
