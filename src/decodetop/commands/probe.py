@@ -255,6 +255,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     from decodetop.probes.registry import ProbeRegistry
     from decodetop.probes.report import format_result
     from decodetop.probes.results import ProbeResult, ProbeStatus
+    from decodetop.textfmt import fit_text
 
     observed = observed_from_args(args)
     target_tps = target_from_args(args)
@@ -309,7 +310,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     with ProbeController(layout=layout, registry=registry) as controller:
         run = run_plan(controller, inventory, options=opts, plan=plan, on_progress=progress, on_result=show)
     if args.budget and not quiet:
-        sys.stdout.write(format_budget(run))
+        sys.stdout.write(fit_text(format_budget(run)))  # tables fit already; long notes wrap to the terminal
     elif not quiet:
         b = run.budget
         print(
@@ -322,7 +323,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
         diff_doc = {"baseline_path": baseline_path, **diff.to_dict()}
         if not quiet:
             print()
-            sys.stdout.write(format_budget_diff(diff, baseline_path))
+            sys.stdout.write(fit_text(format_budget_diff(diff, baseline_path)))
     if args.json:
         text = plan_run_to_json(run, diff_doc)
         if args.json == "-":
