@@ -298,13 +298,13 @@ class DecodetopApp(App[int]):
     (border, title, bar, two legend rows, note: 6 rows), the tab strip (2), three table rows with the header (4),
     the status line and the footer (2) need 14 rows; 60 columns hold the six headline GPU columns."""
 
-    HORIZONTAL_BREAKPOINTS = [
+    HORIZONTAL_BREAKPOINTS = [  # noqa: RUF012 (Textual declares it on App as a list)
         (0, "-cols-tiny"),
         (MIN_SIZE[0], "-cols-ok"),
         (WIDE_FROM[0], "-cols-wide"),
     ]
     """Screen classes from the width Textual passes with each resize (the new size, never the old one)."""
-    VERTICAL_BREAKPOINTS = [
+    VERTICAL_BREAKPOINTS = [  # noqa: RUF012 (Textual declares it on App as a list)
         (0, "-rows-tiny"),
         (MIN_SIZE[1], "-rows-ok"),
         (WIDE_FROM[1], "-rows-tall"),
