@@ -52,8 +52,10 @@ def test_unknown_theme_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(err) == 1 and "theme 'pink'" in err[0]
 
 
-def test_record_and_replay_together_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--record", "a", "--replay", "b"]) == 2
+def test_record_and_replay_together_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    replay = tmp_path / "b.jsonl"
+    replay.write_text("")
+    assert main(["--record", str(tmp_path / "a.jsonl"), "--replay", str(replay)]) == 2
     assert "--record and --replay" in capsys.readouterr().err
 
 

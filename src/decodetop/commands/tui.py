@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from decodetop.argtypes import check_cpu_ranks, non_empty, output_file, regular_file
 from decodetop.commands._scenario_args import TP_HELP, add_gpus_argument, add_model_arguments, gpus_from_args
 
 
@@ -53,10 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpus_argument(group)
     group.add_argument("--no-probes", action="store_true", help="run no probes (telemetry, checks, history only)")
     group.add_argument("--tick", type=_positive_float, metavar="S", help="telemetry period in seconds (default 1)")
-    group.add_argument("--record", metavar="FILE", help="record telemetry and probe results to FILE")
-    group.add_argument("--replay", metavar="FILE", help="replay a recording instead of reading NVML")
+    group.add_argument("--record", type=output_file, metavar="FILE", help="record telemetry and probe results to FILE")
+    group.add_argument("--replay", type=regular_file, metavar="FILE", help="replay a recording instead of reading NVML")
     group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
-    group.add_argument("--server", metavar="URL", help="serving engine /metrics URL for the observed step time")
+    group.add_argument(
+        "--server", type=non_empty, metavar="URL", help="serving engine /metrics URL for the observed step time"
+    )
     group.add_argument(
         "--trace",
         metavar="FILE",
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         build_scenario(source_from_setting(settings.model), choose_tp(settings.tp, tp_from="--tp or the settings file"))
     if args.record and args.replay:
         raise UserInputError("--record and --replay cannot be combined")
+    check_cpu_ranks(args.cpu_ranks, force=args.force)
     if args.observed_ms is not None:
         observed_from = "flag"
     elif base_observed != DEFAULT_OBSERVED_MS:
