@@ -34,7 +34,12 @@ _install_torch() {
     else
         _say "no NVIDIA driver here: installing the CPU build torch==$TORCH_VERSION+cpu into $venv"
         "${pip[@]}" "torch==$TORCH_VERSION+cpu" >/dev/null 2>&1 \
-            || "${pip[@]}" --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION+cpu" >&2
+            || "${pip[@]}" --extra-index-url "$TORCH_CPU_INDEX" "torch==$TORCH_VERSION+cpu" >&2 \
+            || {
+                _say "could not install torch==$TORCH_VERSION+cpu (not in pip's sources, $TORCH_CPU_INDEX not"
+                _say "reachable): set DECODETOP_TORCH=<pip requirement> or DECODETOP_PYTHON=<a python with torch>"
+                return 1
+            }
     fi
 }
 
