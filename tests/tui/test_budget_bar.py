@@ -149,3 +149,17 @@ async def test_shares_of_thousands_of_percent_keep_the_legend_columns() -> None:
         shown = "20570 >1k%" if compact else "20570 ms >999%"
         assert any("attention" in line and shown in line for line in lines), lines
         assert "norms" in "\n".join(lines)
+
+
+async def test_rank_spread_and_straggler_read_under_the_title() -> None:
+    view = dataclasses.replace(
+        _view({Component.ATTENTION: 1.2}),
+        ranks_text="per rank (ms, medians): GPU 0 1.23 · GPU 1 3.41; spread 2.18 ms (177 %); step bound 3.41 ms",
+        straggler="straggler: GPU 1 (+2.18 ms, +177% over the other ranks' median; likely: another process on GPU 1)",
+    )
+    lines = await _lines(view, 78)
+    assert lines[2].startswith("per rank (ms, medians): GPU 0 1.23") and lines[2].endswith("…")
+    assert lines[3].startswith("straggler: GPU 1 (+2.18 ms")
+    assert "another process on GPU 1" in " ".join(lines[3:5])
+    plain = await _lines(_view({Component.ATTENTION: 1.2}), 78)
+    assert not any("per rank" in line or "straggler" in line for line in plain)

@@ -191,6 +191,15 @@ class RankSpread:
             f"step bound {self.step_bound_ms:.3g} ms ({sync})"
         )
 
+    def short_line(self) -> str:
+        """The line for narrow surfaces (the live budget bar): 'ranks GPU 0 1.23 · GPU 1 1.45 ms · spread 0.22 ms
+        (18 %) · step bound 1.45 ms'."""
+        parts = " · ".join(f"{r.label} {r.total_ms:.3g}" for r in self.ranks)
+        return (
+            f"ranks {parts} ms · spread {self.spread_ms:.2g} ms ({self.spread_pct:.0f} %) · step bound "
+            f"{self.step_bound_ms:.3g} ms"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the `ranks` section of a budget)."""
         return {

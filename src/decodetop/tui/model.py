@@ -121,6 +121,10 @@ class BudgetView:
     """The roofline verdict, worded as the CLI's (`decodetop.budget.compose.roofline_verdict`)."""
     hardware_text: str = ""
     """What the roofline and the estimates are for ('NVIDIA H200 141GB (detected by NVML)', 'n/a on CPU')."""
+    ranks_text: str = ""
+    """Every rank's composed total and the spread ('' for one rank): `decodetop.budget.ranks.RankSpread.short_line`."""
+    straggler: str = ""
+    """The straggler line, when one rank stands out beyond the noise ('straggler: GPU 1 (+2.4 ms …; likely: …)')."""
 
     @property
     def components(self) -> tuple[BudgetSegment, ...]:

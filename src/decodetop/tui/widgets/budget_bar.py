@@ -207,6 +207,14 @@ class BudgetBar(Widget):
             Text(line[:width], style=self._style("budget-bar--header")) for line in budget.header.splitlines() if line
         ]
         lines += self._title_lines(budget, width)
+        if budget.ranks_text:
+            cut = budget.ranks_text if len(budget.ranks_text) <= width else budget.ranks_text[: width - 1] + "…"
+            lines.append(Text(cut, style=self._style("budget-bar--muted")))
+        if budget.straggler:
+            lines += [
+                Text(line, style=self._style("budget-bar--header"))
+                for line in textwrap.wrap(budget.straggler, max(20, width))
+            ]
         if budget.verdict:
             lines += [
                 Text(line, style=self._style("budget-bar--mark-roofline"))
