@@ -215,13 +215,14 @@ def test_bad_fingerprint_is_a_bad_line(fp: str) -> None:
 
 _WRITER = """
 import sys
+import time
 from pathlib import Path
 from decodetop.history import KIND_BASELINE, KIND_PROBE, History
 name, path, start = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 history = History(path)
 history.load()
-while not start.exists():
-    pass
+while not start.exists():  # both writers start together, so their appends interleave
+    time.sleep(0.001)
 for i in range(200):
     history.record(KIND_PROBE, f"{name}-{i}", {"i": i})
 history.record(KIND_BASELINE, name, {"checks": {}})
