@@ -111,6 +111,7 @@ def profiler(on_cuda: bool, steps: int, out_json: Path) -> profile:
     return profile(
         activities=activities,
         record_shapes=True,
+        with_stack=True,  # the nn.Module frames (python_function events); SGLang's profiler has it on by default
         with_modules=True,
         schedule=schedule(wait=1, warmup=1, active=steps, repeat=1),
         on_trace_ready=lambda p: p.export_chrome_trace(str(out_json)),
@@ -131,9 +132,11 @@ def run_eager(model: Any, steps: int, out_json: Path, on_cuda: bool) -> dict[str
         if on_cuda:
             torch.cuda.synchronize()
         with profiler(on_cuda, steps, out_json) as prof:
-            for _ in range(steps + 2):
+            for i in range(steps + 2):
                 out = model(tok, past_key_values=past, use_cache=True)
                 past, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+                if on_cuda and i == steps + 1:  # the last step stops the profiler: let its kernels finish first
+                    torch.cuda.synchronize()
                 prof.step()
         if on_cuda:
             torch.cuda.synchronize()
@@ -172,6 +175,8 @@ def run_graph(model: Any, steps: int, out_json: Path) -> dict[str, Any]:
             for i in range(steps + 2):
                 graph.replay()
                 advance(i)
+                if i == steps + 1:  # the last step stops the profiler: let the replays finish first
+                    torch.cuda.synchronize()
                 prof.step()
         torch.cuda.synchronize()
     return {"mode": "cuda graph replay, transformers forward, StaticCache, all-reduces in the graph"}
@@ -195,6 +200,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     model = build_tp_model(rank, world, on_cuda)
     if rank == 0:  # the model's config, so `decodetop trace --config` composes this very model's budget
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         cfg = config(on_cuda)
         cfg.architectures = ["LlamaForCausalLM"]
         cfg.torch_dtype = "bfloat16" if on_cuda else "float32"
