@@ -54,7 +54,8 @@ decodetop_env() {
         fresh=1
         found="$(_torch_in "$py")"
         _say "creating $venv"
-        "$py" -m venv "$venv"
+        # ensurepip drops PIP_* settings; XDG_CACHE_HOME keeps its pip cache in the project too.
+        XDG_CACHE_HOME="$root/.cache" "$py" -m venv "$venv"
         if [ -n "$found" ]; then
             local pth
             pth="$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_decodetop_host_env.pth"
