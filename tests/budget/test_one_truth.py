@@ -180,3 +180,26 @@ def test_cpu_results_are_labelled_cpu_with_no_roofline_and_no_gpu_name(
     assert main(["budget", "--model", MODEL, "--results", str(path)]) == 0
     text = capsys.readouterr().out
     assert "CPU ranks (gloo): timings show the method, not a GPU" in text and "Roofline: n/a on CPU" in text
+
+
+def test_stored_records_feed_only_a_matching_setup(results: tuple[ProbeResult, ...]) -> None:
+    """Origin unknown never feeds; before the ranks ran, the known fields must match; after, all of them."""
+    import dataclasses
+
+    from decodetop.probes.budgeting import expected_fingerprint, fingerprint_accepts, fingerprint_of
+
+    scenario = build_scenario(model_source(MODEL, None), choose_tp(2))
+    env = results[0].environment
+    assert env is not None
+    stored = fingerprint_of(env, scenario)
+    assert (stored.device_kind, stored.gpu_name, stored.gpu_count) == ("cuda", "NVIDIA H200", 2)
+    expected = dataclasses.replace(expected_fingerprint(scenario, device_kind="cuda", gpu_count=2), host_id="vm")
+    assert fingerprint_accepts(stored, expected, exact=False)  # GPU name and versions not known yet
+    assert fingerprint_accepts(stored, dataclasses.replace(expected, gpu_name="NVIDIA H200"), exact=False)
+    assert not fingerprint_accepts(None, expected, exact=False)
+    for change in ({"gpu_name": "NVIDIA H100"}, {"gpu_count": 8}, {"device_kind": "cpu"}, {"host_id": "other"}):
+        assert not fingerprint_accepts(stored, dataclasses.replace(expected, **change), exact=False), change
+    other = build_scenario(model_source(MODEL, None), choose_tp(2), batch=2)
+    assert not fingerprint_accepts(stored, dataclasses.replace(expected, scenario=other.fingerprint_id), exact=False)
+    assert fingerprint_accepts(stored, stored, exact=True)
+    assert not fingerprint_accepts(stored, dataclasses.replace(stored, torch_version="2.12.0"), exact=True)

@@ -402,15 +402,16 @@ def expected_fingerprint(
 def fingerprint_accepts(stored: Fingerprint | None, current: Fingerprint, *, exact: bool) -> bool:
     """Whether a stored record may feed the current budget: never one of unknown origin; with `exact` (the current
     fingerprint came from a fresh result), only an equal one; otherwise one equal on every field the current
-    fingerprint knows (the versions the ranks report are not known before they ran)."""
+    fingerprint knows (the versions the ranks report are not known before they ran, a GPU's name not before the
+    first NVML tick)."""
     if stored is None:
         return False
     if exact:
         return stored == current
     for f in dataclasses.fields(Fingerprint):
         want = getattr(current, f.name)
-        if f.name in _VERSION_FIELDS and want is None:
-            continue
+        if want is None and (f.name in _VERSION_FIELDS or (f.name == "gpu_name" and current.device_kind == "cuda")):
+            continue  # not known before the ranks (or the first NVML tick) said it
         if getattr(stored, f.name) != want:
             return False
     return True
