@@ -533,12 +533,33 @@ def _render_budget(budget: Budget, out: _Out) -> None:
     lines.add([model, "observed", observed.source], observed.ms * _MS_TO_S)
     lines.add([model, "target", "target"], budget.target_ms * _MS_TO_S)
     lines.add([model, "roofline", "roofline"], _scaled(budget.roofline_ms, _MS_TO_S))
+    lines.add([model, "mean", "probes"], budget.mean_total_ms * _MS_TO_S)
+    if budget.ranks is not None:
+        _render_ranks(budget, lines, out)
     out.gauge("budget_target_tokens_per_second", "Target decode throughput per stream.", ["model"]).add(
         [model], budget.target_tps
     )
     out.gauge(
         "budget_tokens_per_step", "Tokens one decode step yields per sequence (MTP accept length).", ["model"]
     ).add([model], budget.tokens_per_step)
+
+
+def _render_ranks(budget: Budget, lines: _Family, out: _Out) -> None:
+    """One gauge per rank's own composed step (straggler="1" on the rank the straggler rule names) and the step
+    bound (the slowest rank at every all-reduce) as a step line."""
+    spread = budget.ranks
+    if spread is None:
+        return
+    named = spread.straggler.rank if spread.straggler is not None else None
+    lines.add([budget.model, "rank_bound", "probes"], spread.step_bound_ms * _MS_TO_S)
+    fam = out.gauge(
+        "budget_rank_step_seconds",
+        "Per-step decode time composed from each rank's own measurements (medians); straggler=1 on the rank that "
+        "stands out beyond the other ranks' noise (decodetop.budget.ranks).",
+        ["model", "rank", "device", "straggler"],
+    )
+    for r in spread.ranks:
+        fam.add([budget.model, str(r.rank), r.label, "1" if r.rank == named else "0"], r.total_ms * _MS_TO_S)
 
 
 # --- checks --------------------------------------------------------------------------------------------------
