@@ -95,7 +95,16 @@ def env_with(snapshots: list[dict[str, object]], topology: str | None = None) ->
 def test_likely_causes_from_the_recorded_environment() -> None:
     assert topology_numa(TOPO) == {0: 0, 1: 1}
     snaps: list[dict[str, object]] = [
-        {"cuda_index": 0, "sm_clock_mhz": 1980, "clock_event_reasons": 0x1, "processes": [{"pid": 10, "name": "p"}]},
+        {
+            "cuda_index": 0,
+            "sm_clock_mhz": 1980,
+            "clock_event_reasons": 0x1,
+            "processes": [{"pid": 10, "name": "p"}],
+            "pcie_gen": 5,
+            "pcie_gen_max": 5,
+            "pcie_width": 16,
+            "pcie_width_max": 16,
+        },
         {
             "cuda_index": 1,
             "sm_clock_mhz": 1400,
@@ -118,6 +127,8 @@ def test_likely_causes_from_the_recorded_environment() -> None:
     assert "PCIe link of GPU 1 at Gen3 x16, below its maximum Gen5 x16" in text
     assert "GPU 1 is on NUMA node 1, the other GPUs on node 0" in text
     assert rank_causes([env_with(snaps)], [0, 1], "cpu") == {}
+    idle = [{"cuda_index": i, "pcie_gen": 1, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16} for i in (0, 1)]
+    assert rank_causes([env_with(list(idle))], [0, 1], "cuda") == {}  # every idle link downshifts: no cause
 
 
 def test_diff_names_a_straggler_that_appears_in_the_new_budget(tmp_path: Path) -> None:

@@ -102,7 +102,19 @@ def test_clock_snapshot_reads_nvml() -> None:
         {"nvmlDeviceGetPowerUsage(gpu0)": err(NVML_ERROR_NOT_SUPPORTED)}
     )
     snap = gpuinfo.clock_snapshot(_gpus(1), nvml=fake_nvml(recording))
+    procs = snap[0].pop("processes")  # every compute process on the GPU, for a straggler's likely cause
+    assert [(p["pid"], p["used_memory_bytes"]) for p in procs] == [(428, 1721761792)]
     assert snap == [
-        {"cuda_index": 0, "sm_clock_mhz": 1560, "mem_clock_mhz": 3201, "clock_event_reasons": 4, "temperature_c": 57}
+        {
+            "cuda_index": 0,
+            "sm_clock_mhz": 1560,
+            "mem_clock_mhz": 3201,
+            "clock_event_reasons": 4,
+            "temperature_c": 57,
+            "pcie_gen": 5,
+            "pcie_gen_max": 5,
+            "pcie_width": 16,
+            "pcie_width_max": 16,
+        }
     ]
     assert gpuinfo.clock_snapshot([]) == []

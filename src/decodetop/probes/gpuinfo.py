@@ -155,7 +155,8 @@ def compute_processes(
 
 
 def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[dict[str, Any]]:
-    """Clocks, clock-event reasons, temperature and power of `gpus` now (read-only; empty without NVML).
+    """Clocks, clock-event reasons, temperature, power, PCIe link, NUMA node and compute processes of `gpus` now
+    (read-only; empty without NVML).
 
     Taken before and after each probe so a result says whether the GPU ran at full clocks (architecture.md:
     "every result records ... the clock-event reasons and clocks NVML saw during the run").
@@ -177,9 +178,26 @@ def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[di
             "temperature_c": source.query("nvmlDeviceGetTemperature", ref, _TEMPERATURE_GPU),
             "power_w": power_mw / 1000.0 if _ok_int(power_mw) is not None else power_mw,
         }
+        # What names a straggler's likely cause (decodetop.probes.rankbudget): PCIe link now and at most, NUMA node.
+        values.update(
+            {
+                "pcie_gen": source.query("nvmlDeviceGetCurrPcieLinkGeneration", ref),
+                "pcie_gen_max": source.query("nvmlDeviceGetMaxPcieLinkGeneration", ref),
+                "pcie_width": source.query("nvmlDeviceGetCurrPcieLinkWidth", ref),
+                "pcie_width_max": source.query("nvmlDeviceGetMaxPcieLinkWidth", ref),
+                "numa_node_id": source.query("nvmlDeviceGetNumaNodeId", ref),
+            }
+        )
         row: dict[str, Any] = {"cuda_index": gpu.cuda_index}
         # A value NVML could not give (not supported on this GPU/driver) is left out.
         row.update({key: value for key, value in values.items() if not isinstance(value, NA)})
+        procs = source.query("nvmlDeviceGetComputeRunningProcesses", ref)
+        if isinstance(procs, list):  # every process on the GPU, the probe's own ranks included
+            row["processes"] = [
+                {"pid": pid, "name": _process_name(pid), "used_memory_bytes": _ok_int(p.get("usedGpuMemory"))}
+                for p in procs
+                if isinstance(p, dict) and (pid := _ok_int(p.get("pid"))) is not None
+            ]
         out.append(row)
     return out
 

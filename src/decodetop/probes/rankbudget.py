@@ -199,6 +199,22 @@ def _clock_cause(rank: int, mine: _GpuSeen, others: list[_GpuSeen], label: str) 
     return None
 
 
+def _link_cause(mine: _GpuSeen, others: list[_GpuSeen], label: str) -> str | None:
+    """A PCIe link below its maximum where the other GPUs' links are faster (an idle GPU lowers its link speed to
+    save power, so a link below its maximum alone is no cause: it must be below the others' too)."""
+    theirs = [min((g, w) for g, _, w, _ in o.pcie) for o in others if o.pcie]
+    if not mine.pcie or not theirs:
+        return None
+    gen, gen_max, width, width_max = min(mine.pcie)
+    best_gen, best_width = max(g for g, _ in theirs), max(w for _, w in theirs)
+    if (gen < gen_max and gen < best_gen) or (width < width_max and width < best_width):
+        return (
+            f"PCIe link of {label} at Gen{gen} x{width}, below its maximum Gen{gen_max} x{width_max} "
+            f"(the other GPUs at Gen{best_gen} x{best_width} or better)"
+        )
+    return None
+
+
 def _causes_of(rank: int, seen: Mapping[int, _GpuSeen], label: str) -> list[str]:
     mine = seen.get(rank)
     if mine is None:
@@ -218,10 +234,9 @@ def _causes_of(rank: int, seen: Mapping[int, _GpuSeen], label: str) -> list[str]
     extra = sorted(mine.reasons - set().union(*(o.reasons for o in others)) if others else mine.reasons)
     if extra:
         causes.append(f"clock-event reasons on {label}: {', '.join(extra)}")
-    for gen, gen_max, width, width_max in sorted(mine.pcie):
-        if gen < gen_max or width < width_max:
-            causes.append(f"PCIe link of {label} at Gen{gen} x{width}, below its maximum Gen{gen_max} x{width_max}")
-            break
+    link = _link_cause(mine, others, label)
+    if link:
+        causes.append(link)
     their_nodes = [n for o in others for n in o.numa]
     if mine.numa and their_nodes:
         common = statistics.mode(their_nodes)
