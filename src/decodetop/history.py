@@ -366,7 +366,7 @@ class History:
                     problem = str(exc)
                 else:
                     disk.entries.append(entry)
-                    disk.lines.append(entry.to_json())
+                    disk.lines.append(text_lines[number - 1].strip())  # kept as written: no re-serialising
                     continue
             problems.append((number, problem))
         if problems:
