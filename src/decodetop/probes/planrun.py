@@ -304,7 +304,14 @@ def plan_run_to_dict(run: PlanRun, baseline_diff: Mapping[str, Any] | None = Non
         "plan": run.plan.to_dict(),
         "budget": run.budget.to_dict(),
         "measured": {
-            k: {"median_ms": t.median_ms, "p10_ms": t.p10_ms, "p90_ms": t.p90_ms, "source": t.source}
+            k: {
+                "median_ms": t.median_ms,
+                "p10_ms": t.p10_ms,
+                "p90_ms": t.p90_ms,
+                "mean_ms": t.mean,
+                "std_ms": t.std_ms,
+                "source": t.source,
+            }
             for k, t in sorted(m.times.items())
         },
         "gemm_curves": {c: [list(p) for p in cv.points] for c, cv in sorted(m.gemm_curves.items())},
