@@ -10,6 +10,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decodetop.tui.trace_source import TraceOptions
 
 from decodetop.argtypes import check_cpu_ranks, non_empty, output_file, regular_file
 from decodetop.commands._scenario_args import TP_HELP, add_gpus_argument, add_model_arguments, gpus_from_args
@@ -117,17 +121,10 @@ def run(args: argparse.Namespace) -> int:
         replay=Path(args.replay) if args.replay else None,
         prometheus=args.prometheus,
         server=args.server,
+        trace=_trace_options(args),
     )
     require_terminal(sys.stdin, sys.stdout, os.environ)  # before anything starts: no escape codes into a file
     sources = build_sources(settings, options)
-    from decodetop.paths import state_dir
-    from decodetop.tui.trace_source import TraceOptions
-
-    if args.trace == "":
-        raise UserInputError("--trace: empty path")
-    sources.trace = TraceOptions(
-        path=Path(args.trace) if args.trace else None, server=args.server, state_dir=state_dir()
-    )
 
     from decodetop.tui.app import DecodetopApp
 
@@ -142,3 +139,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         app.shutdown_sources()
     return 0 if result is None else int(result)
+
+
+def _trace_options(args: argparse.Namespace) -> TraceOptions:
+    """--trace and the capture key's sources (the traced bar)."""
+    from decodetop.errors import UserInputError
+    from decodetop.paths import state_dir
+    from decodetop.tui.trace_source import TraceOptions
+
+    if args.trace == "":
+        raise UserInputError("--trace: empty path")
+    return TraceOptions(path=Path(args.trace) if args.trace else None, server=args.server, state_dir=state_dir())

@@ -15,6 +15,7 @@ from decodetop.history import History
 from decodetop.settings import Settings
 from decodetop.tui.sources import Sources
 from decodetop.tui.taps import ServerPoller, Taps
+from decodetop.tui.trace_source import TraceOptions
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
@@ -42,6 +43,8 @@ class LaunchOptions:
     replay: Path | None = None
     prometheus: str | None = None
     server: str | None = None
+    trace: TraceOptions | None = None
+    """--trace and the capture key's server and state directory (the traced bar)."""
     history_path: Path | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     observed_from: str = "default"
@@ -206,6 +209,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         notes=tuple(notes),
         taps=taps,
         server=_build_server(options, budget),
+        trace=options.trace,
     )
 
 
@@ -271,4 +275,5 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
         run_probes_at_start=bool(results),
         notes=tuple(notes),
         taps=taps,
+        trace=options.trace,
     )
