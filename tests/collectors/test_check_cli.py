@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,10 +87,27 @@ def test_unreadable_baseline_keeps_the_findings_exit_code_and_the_file(
     assert "no such baseline" in capsys.readouterr().err
 
 
-def test_bad_root_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["check", "--root", str(tmp_path / "nope")]) == 2
+def _exits_2_with_one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "not a directory" in err
+    assert stopped.value.code == 2 and err.count("\n") == 0, err
+    return err
+
+
+def test_bad_root_and_collect_paths_fail_before_any_work(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A missing root, a FIFO or a device as --root, and a --collect path that cannot be written: one line, exit 2."""
+    assert "no such file or directory" in _exits_2_with_one_line(capsys, ["check", "--root", str(tmp_path / "nope")])
+    os.mkfifo(tmp_path / "fifo")
+    assert "a FIFO, not a file or directory" in _exits_2_with_one_line(
+        capsys, ["check", "--root", str(tmp_path / "fifo")]
+    )
+    assert "not a file or directory" in _exits_2_with_one_line(capsys, ["check", "--root", "/dev/zero"])
+    err = _exits_2_with_one_line(capsys, ["check", "--collect", str(tmp_path)])
+    assert "a directory, not a file to write" in err
+    (tmp_path / "file").write_text("")
+    err = _exits_2_with_one_line(capsys, ["check", "--collect", str(tmp_path / "file" / "host.tar.gz")])
+    assert "cannot write" in err
 
 
 def test_collect_then_root_reproduces_findings(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from decodetop.argtypes import file_or_directory, output_file
+
 if TYPE_CHECKING:
     from decodetop.collectors.baseline import Baseline, Change
     from decodetop.collectors.checks.model import CheckResult
@@ -26,6 +28,11 @@ followed the terminal (observed cells wrapped at 60, expected at 40)."""
 _TEXT_WIDTH = 100
 
 
+def _root_argument(text: str) -> str:
+    """`--root`: an existing directory or regular file (a FIFO or a device is refused before it is opened)."""
+    return str(file_or_directory(text))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register this command's flags."""
     parser.add_argument("--json", action="store_true", help="print results, context and changes as JSON")
@@ -33,11 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--root",
         metavar="DIR",
+        type=_root_argument,
         help="check a copied host tree (a directory, or a --collect tarball) instead of this host",
     )
     parser.add_argument(
         "--collect",
         metavar="FILE",
+        type=output_file,
         help="also write the files the checks read to FILE (.tar.gz) for review; --root on it gives the same findings",
     )
     parser.add_argument(
