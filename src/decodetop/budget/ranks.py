@@ -127,7 +127,7 @@ class Straggler:
     def text(self) -> str:
         """'straggler: GPU 1 (+2.4 ms, +35 % over the other ranks' median; likely: another process on GPU 1 …)'."""
         pct = f", {self.excess_ms / self.others_median_ms:+.0%}" if self.others_median_ms > 0 else ""
-        why = "; likely: " + "; ".join(self.causes) if self.causes else "; no recorded cause (clocks, processes, link)"
+        why = "; likely: " + "; ".join(self.causes) if self.causes else "; no likely cause in the recorded telemetry"
         return f"straggler: {self.label} (+{self.excess_ms:.3g} ms{pct} over the other ranks' median{why})"
 
     def to_dict(self) -> dict[str, Any]:
