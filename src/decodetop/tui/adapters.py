@@ -819,6 +819,8 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         observed_text=obs.text,
         verdict=budget.verdict,
         hardware_text=budget.hardware_text,
+        ranks_text=budget.ranks.short_line() if budget.ranks is not None else "",
+        straggler=budget.ranks.straggler.text if budget.ranks is not None and budget.ranks.straggler else "",
     )
 
 
