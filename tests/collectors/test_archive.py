@@ -292,6 +292,14 @@ def test_bomb_and_duplicate_and_foreign_names(sandbox: Path, monkeypatch: pytest
     assert not any((sandbox / d).exists() and any((sandbox / d).rglob("f*")) for d in ("o2", "o3"))
 
 
+def test_a_fifo_or_device_as_the_archive_is_refused_without_blocking(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.tar.gz")
+    for path in (tmp_path / "fifo.tar.gz", Path("/dev/zero")):
+        with pytest.raises(UserInputError, match="not a regular file"):
+            unpack_collected(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_sigterm_removes_the_temporary_tree(sandbox: Path) -> None:
     archive = _tarball(sandbox / "ok.tar.gz", [_info(f"{R}/proc/cmdline", data=b"quiet\n")])
     seen: list[Path] = []

@@ -611,9 +611,11 @@ def unpack_collected(archive: Path, dest: Path) -> Path:
     archive = Path(archive)
     unpacker = _Unpacker(archive)
     try:
-        with open(archive, "rb") as handle:
+        # O_NONBLOCK: a FIFO given as the archive is refused below instead of blocking this open.
+        fd = os.open(archive, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        with os.fdopen(fd, "rb") as handle:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise UserInputError(f"{archive}: not a regular file")
+                raise UserInputError(f"{archive}: not a regular file; a --collect archive is a .tar.gz file")
             with _open_tar(handle, archive) as tar:
                 unpacker.run(tar, None)
             dest.mkdir(parents=True, exist_ok=True)
