@@ -310,3 +310,38 @@ def test_sigterm_removes_the_temporary_tree(sandbox: Path) -> None:
     assert stopped.value.code == 128 + signal.SIGTERM
     assert seen and not seen[0].exists() and list((sandbox / "tmp").iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+
+
+def test_sigterm_during_check_root_removes_the_unpacked_tree(tmp_path: Path) -> None:
+    """End to end: `decodetop check --root FILE` killed with SIGTERM while it checks leaves no temporary tree."""
+    import subprocess
+    import sys
+    import time
+
+    archive = _tarball(tmp_path / "ok.tar.gz", [_info(f"{R}/proc/cmdline", data=b"quiet\n")])
+    (tmp_path / "tmp").mkdir()
+    ready = tmp_path / "ready"
+    code = (
+        "import sys, time, pathlib\n"
+        "import decodetop.collectors.checks.host as host\n"
+        "def hang(root, **_kw):\n"
+        "    pathlib.Path(sys.argv[1]).write_text(str(root.base))\n"
+        "    time.sleep(120)\n"
+        "host.run_all_checks = hang\n"
+        "from decodetop.cli import main\n"
+        "sys.exit(main(['check', '--root', sys.argv[2]]))\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "DECODETOP_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(ready), str(archive)], env=env)
+    try:
+        for _ in range(600):  # wait (up to a minute) until the checks run over the unpacked tree
+            if ready.exists() and ready.read_text():
+                break
+            time.sleep(0.1)
+        tree = Path(ready.read_text())
+        assert tree.is_dir() and str(tree).startswith(str(tmp_path / "tmp"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert not tree.exists() and list((tmp_path / "tmp").iterdir()) == []
