@@ -39,7 +39,7 @@ from typing import Any
 from decodetop import paths
 from decodetop.atomic import write_bytes_atomic
 from decodetop.errors import UserInputError
-from decodetop.jsonio import MAX_LINE_BYTES, JsonInputError, iter_json_lines, parse_json, read_bounded
+from decodetop.jsonio import MAX_LINE_BYTES, JsonInputError, parse_json, read_bounded
 
 HISTORY_FILE_NAME = "history.jsonl"
 LOCK_SUFFIX = ".lock"
@@ -281,6 +281,13 @@ class _Disk:
     missing: bool = False
 
 
+def _parse_line(line: str) -> HistoryEntry:
+    """One history line as an entry; ValueError saying what is wrong (too long, not JSON, not an entry)."""
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(f"line longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB")
+    return HistoryEntry.from_json(line)
+
+
 class History:
     """The history file: load once, append from any thread or process (a thread lock and an advisory file lock
     serialise writers; each write re-reads the file so nothing another writer added is lost)."""
@@ -354,21 +361,20 @@ class History:
             except UnicodeDecodeError as exc:  # that line alone is bad; the others still count
                 text_lines.append("")
                 problems.append((number, f"not UTF-8 text (bad byte at offset {exc.start})"))
-        text = "\n".join(text_lines)
-        for number, parsed in iter_json_lines(text, source=str(self.path), expect=None, max_line_bytes=MAX_LINE_BYTES):
-            problem: str
-            if isinstance(parsed, JsonInputError):
-                problem = parsed.problem
-            else:
+        known = dict(zip(self._lines, self._entries, strict=True))  # lines parsed before are not parsed again
+        for number, line in enumerate(text_lines, start=1):
+            stripped = line.strip()
+            if not stripped:
+                continue
+            entry = known.get(stripped)
+            if entry is None:
                 try:
-                    entry = HistoryEntry.from_object(parsed)
+                    entry = _parse_line(stripped)
                 except ValueError as exc:
-                    problem = str(exc)
-                else:
-                    disk.entries.append(entry)
-                    disk.lines.append(text_lines[number - 1].strip())  # kept as written: no re-serialising
+                    problems.append((number, str(exc)))
                     continue
-            problems.append((number, problem))
+            disk.entries.append(entry)
+            disk.lines.append(stripped)  # kept as written: no re-serialising
         if problems:
             number, problem = min(problems)
             disk.bad_lines, disk.first_error = len(problems), f"line {number}: {problem}"
