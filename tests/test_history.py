@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -307,6 +309,64 @@ def test_unreadable_file_is_left_alone_and_writes_refused(tmp_path: Path) -> Non
         path.chmod(0o644)
     assert path.read_bytes() == original
     assert sorted(p.name for p in tmp_path.iterdir()) == ["h.jsonl", "h.jsonl.lock"]
+
+
+_UNPRIVILEGED = """
+import sys
+from pathlib import Path
+from decodetop.history import KIND_PROBE, History
+history = History(Path(sys.argv[1]))
+print(history.load().problem)
+try:
+    history.record(KIND_PROBE, "launch", {})
+except OSError as exc:
+    print("refused:", exc)
+"""
+
+
+def _python_for_nobody(env: dict[str, str]) -> str | None:
+    """An interpreter that uid 65534 can run with this source tree (the venv's may live under /root)."""
+    for python in (sys.executable, "/usr/bin/python3"):
+        try:
+            subprocess.run(
+                [python, "-c", "import decodetop.history"], user=65534, group=65534, env=env, check=True, timeout=60
+            )
+        except (OSError, subprocess.CalledProcessError):
+            continue
+        return python
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the reader as another user")
+def test_unreadable_file_as_an_unprivileged_user() -> None:
+    """The permission case for real, when the suite runs as root: the reader runs as nobody (uid 65534)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    python = _python_for_nobody(env)
+    if python is None:
+        pytest.skip("no interpreter that an unprivileged user can run with this source tree")
+    state = Path(tempfile.mkdtemp(prefix="decodetop-history-"))  # /tmp itself: pytest's tmp_path is root-only
+    try:
+        state.chmod(0o777)
+        path = state / "h.jsonl"
+        original = (HistoryEntry(KIND_PROBE, "gemm", 5.0, {}).to_json() + "\n").encode()
+        path.write_bytes(original)
+        path.chmod(0o600)  # root's, unreadable for nobody
+        run = subprocess.run(
+            [python, "-c", _UNPRIVILEGED, str(path)],
+            user=65534,
+            group=65534,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        assert "cannot read history (Permission denied); left as it is, nothing is saved" in run.stdout
+        assert "refused:" in run.stdout
+        assert path.read_bytes() == original
+        assert sorted(p.name for p in state.iterdir()) == ["h.jsonl", "h.jsonl.lock"]
+    finally:
+        shutil.rmtree(state)
 
 
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
