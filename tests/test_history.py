@@ -419,3 +419,17 @@ def test_a_line_that_is_not_utf8_costs_only_that_line(tmp_path: Path) -> None:
     assert loaded.problem is not None and "1 bad line, first at line 2: not UTF-8 text" in loaded.problem
     assert len(loaded.entries) == 2 and loaded.entries[0].payload == {"note": "a\u2028b"}
     assert loaded.set_aside_path is not None and loaded.set_aside_path.read_bytes() == original
+
+
+def test_a_file_beyond_the_read_cap_is_set_aside_unread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import decodetop.history as history_module
+
+    monkeypatch.setattr(history_module, "MAX_READ_BYTES", 1000)
+    path = tmp_path / "h.jsonl"
+    original = ((HistoryEntry(KIND_PROBE, "gemm", 5.0, {}).to_json() + "\n") * 40).encode()
+    path.write_bytes(original)
+    loaded = History(path, clock=_clock).load()
+    assert loaded.problem is not None
+    assert "corrupt history (the file is larger than 1000 bytes, not read); moved to" in loaded.problem
+    assert loaded.set_aside_path is not None and loaded.set_aside_path.read_bytes() == original
+    assert path.read_bytes() == b""

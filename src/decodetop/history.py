@@ -349,8 +349,8 @@ class History:
             raw = read_bounded(self.path, max_bytes=MAX_READ_BYTES)
         except UserInputError as exc:
             message = str(exc).removeprefix(f"{self.path}: cannot read: ")
-            if "larger than" in message:
-                return _Disk(lines=[], entries=[], bad_lines=1, first_error=message)
+            if "larger than" in message:  # not written by decodetop (its rewrite is capped): set aside unread
+                return _Disk(lines=[], entries=[], bad_lines=1, first_error=f"the file is {message}, not read")
             return _Disk(lines=[], entries=[], unreadable=message)
         disk = _Disk(lines=[], entries=[])
         problems: list[tuple[int, str]] = []
@@ -412,9 +412,13 @@ class History:
             return HistoryLoad(entries=tuple(disk.entries))
         aside = self._set_aside()
         self._rewrite_locked()
+        what = (
+            disk.first_error
+            if disk.first_error.startswith("the file")
+            else f"{disk.bad_lines} bad line{'s' if disk.bad_lines != 1 else ''}, first at {disk.first_error}"
+        )
         problem = (
-            f"{self.path}: corrupt history ({disk.bad_lines} bad line{'s' if disk.bad_lines != 1 else ''}, first at "
-            f"{disk.first_error}); moved to {aside.name}, kept {len(disk.entries)} good entr"
+            f"{self.path}: corrupt history ({what}); moved to {aside.name}, kept {len(disk.entries)} good entr"
             f"{'y' if len(disk.entries) == 1 else 'ies'}"
         )
         return HistoryLoad(entries=tuple(self._entries), problem=problem, set_aside_path=aside)
