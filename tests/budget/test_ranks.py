@@ -104,9 +104,11 @@ def test_likely_causes_from_the_recorded_environment() -> None:
             "pcie_gen_max": 5,
             "pcie_width": 16,
             "pcie_width_max": 16,
+            "gpu_util_pct": 3,
         },
         {
             "cuda_index": 1,
+            "gpu_util_pct": 97,
             "sm_clock_mhz": 1400,
             "clock_event_reasons": 0x4,
             "processes": [{"pid": 11, "name": "p"}, {"pid": 99, "name": "gemm_loop"}],
@@ -122,6 +124,7 @@ def test_likely_causes_from_the_recorded_environment() -> None:
     assert (
         "another process on GPU 1: 2 compute processes there, 1 on the other GPUs (pids 11 (p), 99 (gemm_loop))" in text
     )
+    assert "GPU 1 97 % busy before the probes while their ranks were idle (the other GPUs 3 %)" in text
     assert "SM clock on GPU 1 down to 1400 MHz" in text
     assert "clock-event reasons on GPU 1: SwPowerCap" in text
     assert "PCIe link of GPU 1 at Gen3 x16, below its maximum Gen5 x16" in text

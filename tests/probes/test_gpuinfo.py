@@ -115,6 +115,7 @@ def test_clock_snapshot_reads_nvml() -> None:
             "pcie_gen_max": 5,
             "pcie_width": 16,
             "pcie_width_max": 16,
+            "gpu_util_pct": 99,
         }
     ]
     assert gpuinfo.clock_snapshot([]) == []

@@ -155,8 +155,8 @@ def compute_processes(
 
 
 def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[dict[str, Any]]:
-    """Clocks, clock-event reasons, temperature, power, PCIe link, NUMA node and compute processes of `gpus` now
-    (read-only; empty without NVML).
+    """Clocks, clock-event reasons, temperature, power, PCIe link, NUMA node, utilisation and compute processes of
+    `gpus` now (read-only; empty without NVML).
 
     Taken before and after each probe so a result says whether the GPU ran at full clocks (architecture.md:
     "every result records ... the clock-event reasons and clocks NVML saw during the run").
@@ -191,6 +191,9 @@ def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[di
         row: dict[str, Any] = {"cuda_index": gpu.cuda_index}
         # A value NVML could not give (not supported on this GPU/driver) is left out.
         row.update({key: value for key, value in values.items() if not isinstance(value, NA)})
+        util = source.query("nvmlDeviceGetUtilizationRates", ref)
+        if isinstance(util, dict) and _ok_int(util.get("gpu")) is not None:
+            row["gpu_util_pct"] = _ok_int(util.get("gpu"))  # before a probe the ranks are idle: busy is foreign work
         procs = source.query("nvmlDeviceGetComputeRunningProcesses", ref)
         if isinstance(procs, list):  # every process on the GPU, the probe's own ranks included
             row["processes"] = [

@@ -33,6 +33,10 @@ from decodetop.collectors.telemetry import CLOCK_EVENT_BY_NAME, decode_clock_eve
 from decodetop.probes.results import Environment, Measurement, ProbeResult
 
 _SNAPSHOT_KEYS = ("nvml_before", "nvml_after")
+IDLE_BUSY_PCT = 50
+"""A GPU busy this share of NVML's utilisation sample period (1/6 s to 1 s: https://docs.nvidia.com/deploy/nvml-api/
+structnvmlUtilization__t.html) before a probe, while the probe's ranks wait idle, runs someone else's kernels; a
+previous probe's tail shows on every GPU of the group alike, so the others' figure is subtracted."""
 
 
 def result_ranks(results: Iterable[ProbeResult]) -> tuple[int, ...]:
@@ -68,6 +72,7 @@ def compose_ranks(
     plan: ProbePlan | None,
     estimate: Hardware | None,
     device_kind: str,
+    allreduce: str = "auto",
 ) -> RankSpread | None:
     """Every rank's own budget total, their spread, step bound and straggler (with likely causes); None for fewer
     than two ranks with series."""
@@ -79,7 +84,9 @@ def compose_ranks(
     collective = Component.COMMUNICATION.value
     totals: list[RankTotal] = []
     for rank in ranks:
-        measured = measured_from_results(rank_view(results, rank), launch_mode=launch_mode, plan=plan)
+        measured = measured_from_results(
+            rank_view(results, rank), launch_mode=launch_mode, plan=plan, allreduce=allreduce
+        )
         b = compose_budget(
             inventory,
             measured.times,
@@ -119,6 +126,8 @@ class _GpuSeen:
     pcie: set[tuple[int, int, int, int]] = field(default_factory=set)
     """(gen, gen max, width, width max) seen."""
     numa: set[int] = field(default_factory=set)
+    idle_util_pct: list[int] = field(default_factory=list)
+    """Utilisation before each probe (the probe's ranks idle)."""
 
 
 def _int(value: Any) -> int | None:
@@ -137,6 +146,9 @@ def _seen_on_gpus(envs: Iterable[Environment]) -> dict[int, _GpuSeen]:
                     continue
                 gpu = seen.setdefault(int(row["cuda_index"]), _GpuSeen())
                 _add_row(gpu, row)
+                util = _int(row.get("gpu_util_pct"))
+                if key == "nvml_before" and util is not None:
+                    gpu.idle_util_pct.append(util)
         for index, node in topology_numa(env.topology).items():
             seen.setdefault(index, _GpuSeen()).numa.add(node)
     return seen
@@ -199,6 +211,17 @@ def _clock_cause(rank: int, mine: _GpuSeen, others: list[_GpuSeen], label: str) 
     return None
 
 
+def _idle_busy_cause(mine: _GpuSeen, others: list[_GpuSeen], label: str) -> str | None:
+    """The GPU was busy before the probes while the probe's ranks were idle (someone else's kernels)."""
+    theirs = [statistics.median(o.idle_util_pct) for o in others if o.idle_util_pct]
+    if not mine.idle_util_pct or not theirs:
+        return None
+    own, ref = statistics.median(mine.idle_util_pct), statistics.median(theirs)
+    if own - ref >= IDLE_BUSY_PCT:
+        return f"{label} {own:.0f} % busy before the probes while their ranks were idle (the other GPUs {ref:.0f} %)"
+    return None
+
+
 def _link_cause(mine: _GpuSeen, others: list[_GpuSeen], label: str) -> str | None:
     """A PCIe link below its maximum where the other GPUs' links are faster (an idle GPU lowers its link speed to
     save power, so a link below its maximum alone is no cause: it must be below the others' too)."""
@@ -228,6 +251,9 @@ def _causes_of(rank: int, seen: Mapping[int, _GpuSeen], label: str) -> list[str]
             f"another process on {label}: {len(mine.processes)} compute processes there, {usual:g} on the other GPUs "
             f"(pids {pids})"
         )
+    busy = _idle_busy_cause(mine, others, label)
+    if busy:
+        causes.append(busy)
     clock = _clock_cause(rank, mine, others, label)
     if clock:
         causes.append(clock)
