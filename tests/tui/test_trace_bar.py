@@ -285,3 +285,19 @@ async def test_quitting_does_not_wait_for_a_capture_in_flight(server: Any, tmp_p
         await pilot.press("q")
         await wait_until(pilot, lambda: not app.is_running, "the app to end")
     assert not answered.is_set()  # the app ended while the server still held the request
+
+
+async def test_the_idle_segment_opens_with_no_kernels_and_says_why() -> None:
+    app = trace_app(TraceOptions(path=PLANTED))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, loaded(app), "the traced bar")
+        bar = traced(app)
+        view = bar.view
+        assert view is not None
+        bar.focus()
+        bar.selected = [s.key for s in view.segments].index("launch")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, TraceKernelsScreen), "the idle segment")
+        assert app.screen.segment.key == "launch"  # type: ignore[attr-defined]
+        assert not app.screen.query(DataTable)
+        assert "the GPU waited for the host" in str(app.screen.query_one("Vertical Static:last-of-type").render())
