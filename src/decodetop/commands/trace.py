@@ -126,7 +126,9 @@ def run(args: argparse.Namespace) -> int:
             out["captured"] = {"path": str(captured.path), "engine": captured.engine}
         print(json.dumps(finite(out), indent=1, allow_nan=False))
     else:
-        sys.stdout.write(render_text(report, comparison, budget_note, view))
+        from decodetop.textfmt import fit_text
+
+        sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
     return 0
 
 
