@@ -106,3 +106,13 @@ def test_budget_output_fits_80_columns(
     monkeypatch.delenv("COLUMNS")
     assert main(["budget", "--tp", "8", "--gpu", "h200", *argv]) == 0
     assert _widest(capsys.readouterr().out) > 80  # not a terminal and no COLUMNS: whole lines for grep
+
+
+def test_trace_report_fits_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    trace = Path(__file__).parent / "fixtures" / "traces" / "h200_mixtral_eager.trace.json.gz"
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["trace", str(trace), "--model", "mixtral-8x7b", "--gpu", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert _widest(out) <= 80 and "routed experts" in out
