@@ -106,6 +106,11 @@ def _exporter_segments(results: Sequence[ProbeResult]) -> dict[str, tuple[float,
     return out
 
 
+NCCL_AS_MEASURED = "; all-reduce: NCCL as measured (these results hold no custom all-reduce points)"
+"""What the all-reduce row adds to its provenance for results holding NCCL points only (a recording from before the
+probe timed the engines' P2P kernels)."""
+
+
 def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfaces(
     results: tuple[ProbeResult, ...],
     recorded_group: None,
@@ -125,12 +130,16 @@ def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfa
     assert list(probe) == components  # a dense Llama: no experts, no routing
     for key in components:
         ms, status, kind, text = probe[key]
-        assert status == "measured" and kind == "measured_now" and text == "measured in this run"
+        path = NCCL_AS_MEASURED if key == "communication" else ""  # the engine's all-reduce path, said on the row
+        assert status == "measured" and kind == "measured_now" and text == "measured in this run" + path
         assert tui_now[key] == (ms, status, text)
         assert exporter[key][0] == pytest.approx(ms, rel=1e-12) and exporter[key][1:] == (status, kind)
         assert stored[key][:2] == (ms, status)
         assert stored[key][2] == "measured_earlier"
-        assert re.fullmatch(r"measured earlier: \d+[smhd] ago on vm \(2 × NVIDIA H200\)", stored[key][3])
+        assert re.fullmatch(
+            r"measured earlier: \d+[smhd] ago on vm \(2 × NVIDIA H200\)", stored[key][3].removesuffix(path)
+        )
+        assert stored[key][3].endswith(path)
         assert tui_earlier[key] == (ms, status, stored[key][3])
     assert set(tui_now) == set(exporter) == set(stored) == set(components)
     assert budget_doc["deployment"]["tp_source"] == "default: the 2 GPUs the results ran on"

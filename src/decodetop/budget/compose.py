@@ -205,6 +205,11 @@ class Segment:
     """Σ count × each op's mean (the median where an op's mean is not known); None with `ms`."""
     std_ms: float = 0.0
     """Standard deviation of the component's step time, the ops' instances taken as independent (0: no samples)."""
+    path: str = ""
+    """The kernel path the figure assumes, short enough for a label ('custom one-shot', 'NCCL'; '' where there is
+    no choice): for the all-reduce, the path of the step's own message sizes (`decodetop.budget.engine_paths`)."""
+    path_text: str = ""
+    """That path in words with why ('custom one-shot ≤ 4 MiB, NCCL above (vLLM at TP 2 over NVLink: …)')."""
 
     @property
     def mean(self) -> float | None:
@@ -366,6 +371,8 @@ class Budget:
                     "provenance": s.provenance,
                     "mean_ms": s.mean,
                     "std_ms": s.std_ms,
+                    "path": s.path,
+                    "path_text": s.path_text,
                 }
                 for s in self.segments
             ],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.spec import ModelSpec
 from decodetop.errors import UserInputError
 
@@ -39,6 +40,9 @@ class Deployment:
     """Draft tokens verified per step (default: enough for the accept length, at least 1)."""
     launch_mode: str = "graph"
     """How kernels are launched: graph (CUDA-graph replay, as SGLang/vLLM decode by default) or eager."""
+    allreduce: str = "auto"
+    """Which all-reduce the engine runs (`--allreduce`): auto (what vLLM would run at this TP, size and topology),
+    nccl, or custom (the P2P one-shot / two-shot class); `decodetop.budget.engine_paths` holds the rule."""
 
     def validate(self, spec: ModelSpec) -> None:
         """Raise UserInputError naming the flag when this deployment cannot serve `spec`."""
@@ -56,6 +60,8 @@ class Deployment:
             raise UserInputError(f"--kv-dtype: {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
         if self.launch_mode not in LAUNCH_MODES:
             raise UserInputError(f"--launch-mode: {self.launch_mode!r} is not one of {', '.join(LAUNCH_MODES)}")
+        if self.allreduce not in ALLREDUCE_CHOICES:
+            raise UserInputError(f"--allreduce: {self.allreduce!r} is not one of {', '.join(ALLREDUCE_CHOICES)}")
         if spec.n_heads % self.tp and self.tp % spec.n_heads:
             raise UserInputError(f"--tp: {self.tp} does not split the {spec.n_heads} attention heads of {spec.name}")
         if spec.n_heads < self.tp:
@@ -118,7 +124,8 @@ class Deployment:
         spec_text = (
             f", speculative: accept {self.accept_length:g} of {self.n_draft} draft(s)" if self.speculative else ""
         )
+        allreduce = f", all-reduce {self.allreduce}" if self.allreduce != "auto" else ""
         return (
             f"TP {self.tp}, EP {self.ep}, batch {self.batch}, context {self.context_len}, "
-            f"KV {self.resolved_kv_dtype(spec)}, launch {self.launch_mode}{spec_text}"
+            f"KV {self.resolved_kv_dtype(spec)}, launch {self.launch_mode}{spec_text}{allreduce}"
         )

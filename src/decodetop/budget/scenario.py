@@ -6,6 +6,7 @@ exporter (stdlib only).
     scenario = build_scenario(source, tp, batch=1, context_len=4096)
     scenario.tp_text          # "TP 2 (default: the 2 CPU ranks of the probe group)"
     scenario.fingerprint_id   # "model=preset:llama-3.1-70b;tp=2;ep=1;batch=1;context=4096;kv=bf16;…"
+    scenario.allreduce        # "auto": which all-reduce the engine runs (--allreduce auto|nccl|custom)
     parse_gpu_list("0-3,5")   # (0, 1, 2, 3, 5): the one GPU-list grammar of every --gpus flag
 
 The rules, said once here and repeated on every surface:
@@ -17,6 +18,8 @@ The rules, said once here and repeated on every surface:
   or its CPU ranks), else 1 where there is no probe group. The choice is said with the number.
 - a TP that neither splits the KV heads evenly nor replicates them (TP a multiple of the KV heads, as vLLM does)
   is refused with the reason (`Deployment.validate`).
+- the all-reduce is `--allreduce auto` (what vLLM runs at this TP, message size and topology), `nccl` or `custom`
+  (`decodetop.budget.engine_paths`); a choice other than auto is part of the scenario's fingerprint.
 """
 
 from __future__ import annotations
@@ -216,13 +219,20 @@ class Scenario:
     @property
     def fingerprint_id(self) -> str:
         """The canonical scenario string stored with each result: model, TP, EP, batch, context, KV dtype, launch
-        mode and speculative decoding, in a fixed order."""
+        mode and speculative decoding, in a fixed order; then the all-reduce choice where it is not `auto` (so the
+        records stored before the choice existed, all composed under auto, keep matching)."""
         dep = self.deployment
         spec_text = "off" if dep.accept_length is None else f"accept={dep.accept_length:g},draft={dep.n_draft}"
+        allreduce = f";allreduce={dep.allreduce}" if dep.allreduce != "auto" else ""
         return (
             f"model={self.source.ref};tp={dep.tp};ep={dep.ep};batch={dep.batch};context={dep.context_len};"
-            f"kv={self.kv_dtype};launch={dep.launch_mode};spec={spec_text}"
+            f"kv={self.kv_dtype};launch={dep.launch_mode};spec={spec_text}{allreduce}"
         )
+
+    @property
+    def allreduce(self) -> str:
+        """The all-reduce choice (`--allreduce`: auto, nccl or custom)."""
+        return self.deployment.allreduce
 
     @property
     def title(self) -> str:
@@ -255,6 +265,7 @@ def build_scenario(
     accept_length: float | None = None,
     draft_tokens: int | None = None,
     launch_mode: str = "graph",
+    allreduce: str = "auto",
 ) -> Scenario:
     """The scenario for a model source and deployment flags; the deployment is checked against the model (one-line
     `UserInputError` naming the flag: a TP that does not split the heads, an EP that does not divide the experts)."""
@@ -268,6 +279,7 @@ def build_scenario(
         accept_length=accept_length,
         draft_tokens=draft_tokens,
         launch_mode=launch_mode,
+        allreduce=allreduce,
     )
     dep.validate(spec)
     return Scenario(source=source, spec=spec, deployment=dep, tp_source=tp.source)

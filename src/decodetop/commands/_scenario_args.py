@@ -1,7 +1,7 @@
 """Provides the scenario flags every command shares (`--model NAME | --config PATH`, `--tp`, `--ep`, `--batch`,
-`--context`, `--kv-dtype`, `--accept-length`, `--draft-tokens`, `--launch-mode`, `--observed-ms`, `--target-tps`,
-`--gpus`) and their one reading (`decodetop.budget.scenario`), so `decodetop`, `decodetop budget`, `decodetop probe`
-and `decodetop exporter` name and default them the same way.
+`--context`, `--kv-dtype`, `--accept-length`, `--draft-tokens`, `--launch-mode`, `--allreduce`, `--observed-ms`,
+`--target-tps`, `--gpus`) and their one reading (`decodetop.budget.scenario`), so `decodetop`, `decodetop budget`,
+`decodetop probe` and `decodetop exporter` name and default them the same way.
 
     add_scenario_arguments(parser)                 # in a command's add_arguments
     scenario = scenario_from_args(args, group_size=2, group_label="CPU ranks")
@@ -15,6 +15,7 @@ import math
 
 from decodetop.budget.compose import DEFAULT_TARGET_TPS, ObservedStep, default_observed
 from decodetop.budget.deployment import DEFAULT_CONTEXT
+from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.scenario import (
     GPU_LIST_HELP,
     Scenario,
@@ -25,6 +26,11 @@ from decodetop.budget.scenario import (
 )
 from decodetop.errors import UserInputError
 
+ALLREDUCE_HELP = (
+    "which all-reduce the engine runs: auto (default: what vLLM runs at this TP, message size and topology — its "
+    "custom P2P all-reduce below 8 MiB where every GPU pair has P2P, NCCL otherwise), nccl, or custom (P2P "
+    "one-shot / two-shot); the budget's all-reduce row says which it assumed and why"
+)
 TP_HELP = "tensor-parallel degree (default: the number of ranks in the probe group — its GPUs or CPU ranks —, else 1)"
 
 
@@ -40,6 +46,11 @@ def add_model_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGrou
         metavar="PATH",
         help="a local checkpoint directory holding config.json, or the config.json file (weights are never read)",
     )
+
+
+def add_allreduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--allreduce {auto,nccl,custom}`, spelt out in full (a command with `--allreduce-us` keeps both apart)."""
+    parser.add_argument("--allreduce", choices=ALLREDUCE_CHOICES, help=ALLREDUCE_HELP)
 
 
 def add_scenario_arguments(
@@ -68,6 +79,7 @@ def add_scenario_arguments(
         )
         parser.add_argument("--draft-tokens", type=int, metavar="N", help="draft tokens per step (default: from X)")
         parser.add_argument("--launch-mode", choices=("graph", "eager"), help="kernel launches (default graph)")
+        add_allreduce_argument(parser)
     if observed:
         parser.add_argument(
             "--observed-ms",
@@ -108,11 +120,12 @@ def scenario_from_args(
     source = model_source(_opt(args, "model"), _opt(args, "config"), default_model=default_model)  # type: ignore[arg-type]
     tp = choose_tp(_opt(args, "tp"), group_size=group_size, group_label=group_label, group_where=group_where)  # type: ignore[arg-type]
     ep, batch, context = _opt(args, "ep"), _opt(args, "batch"), _opt(args, "context")
-    kv, accept, draft, launch = (
+    kv, accept, draft, launch, allreduce = (
         _opt(args, "kv_dtype"),
         _opt(args, "accept_length"),
         _opt(args, "draft_tokens"),
         _opt(args, "launch_mode"),
+        _opt(args, "allreduce"),
     )
     return build_scenario(
         source,
@@ -124,6 +137,7 @@ def scenario_from_args(
         accept_length=float(accept) if isinstance(accept, (int, float)) else None,
         draft_tokens=int(draft) if isinstance(draft, int) else None,
         launch_mode=str(launch) if isinstance(launch, str) else "graph",
+        allreduce=str(allreduce) if isinstance(allreduce, str) else "auto",
     )
 
 

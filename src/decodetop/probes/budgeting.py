@@ -35,13 +35,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from decodetop.budget.compose import DEFAULT_TARGET_TPS, Budget, ObservedStep, Segment, compose_budget
+from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.gpus import GPUS, find_gpu
 from decodetop.budget.inventory import StepInventory
+from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
 from decodetop.budget.scenario import Scenario
 from decodetop.history import Fingerprint, format_age, local_host_id
+from decodetop.probes.hooks import MeasuredSet
 from decodetop.probes.results import Environment, ProbeResult
+from decodetop.textfmt import format_bytes
 
 CPU_HEADER = "CPU ranks (gloo): timings show the method, not a GPU"
 CPU_HARDWARE = "n/a on CPU"
@@ -91,8 +95,10 @@ def compose(
     group_kind: str | None = None,
     stored_at_s: Mapping[str, float] | None = None,
     now_s: float | None = None,
+    allreduce: str | None = None,
 ) -> Budget:
-    """The budget of `scenario` from `results` (see the module docstring for the rules)."""
+    """The budget of `scenario` from `results` (see the module docstring for the rules). `allreduce`: auto, nccl or
+    custom (None: the scenario's `--allreduce`)."""
     return compose_full(
         scenario,
         results,
@@ -102,6 +108,7 @@ def compose(
         group_kind=group_kind,
         stored_at_s=stored_at_s,
         now_s=now_s,
+        allreduce=allreduce,
     ).budget
 
 
@@ -116,6 +123,7 @@ def compose_full(
     stored_at_s: Mapping[str, float] | None = None,
     now_s: float | None = None,
     plan: ProbePlan | None = None,
+    allreduce: str | None = None,
 ) -> Composition:
     """`compose`, returning the roofline and hardware too (what `decodetop budget` prints beside the budget)."""
     return compose_inventory(
@@ -130,6 +138,7 @@ def compose_full(
         plan=plan,
         scenario_id=scenario.fingerprint_id,
         tp_source=scenario.tp_source,
+        allreduce=allreduce,
     )
 
 
@@ -211,8 +220,11 @@ def compose_inventory(
     launch_mode: str | None = None,
     scenario_id: str = "",
     tp_source: str = "",
+    allreduce: str | None = None,
 ) -> Composition:
-    """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation."""
+    """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation.
+    `allreduce` (auto, nccl or custom; None: the inventory deployment's) picks the engine's all-reduce path, and the
+    rows holding all-reduces say which path they assumed and why (`allreduce_path`)."""
     from decodetop.probes.planrun import measured_from_results
     from decodetop.probes.rankbudget import compose_ranks
 
@@ -228,7 +240,8 @@ def compose_inventory(
         notes.append(f"left out results from another device kind than {kind}: {', '.join(left)}")
     plan = plan or build_plan(inventory)
     mode = launch_mode or inventory.deployment.launch_mode
-    measured = measured_from_results(used, launch_mode=mode, plan=plan)
+    choice = allreduce or inventory.deployment.allreduce
+    measured = measured_from_results(used, launch_mode=mode, plan=plan, allreduce=choice)
     notes.extend(measured.notes)
     roof: Roofline | None = None
     hw: Hardware | None = None
@@ -256,12 +269,76 @@ def compose_inventory(
         notes=tuple(notes),
     )
     origin = {r.probe: r for r in used}
-    segments = tuple(_provenance(s, origin, stored, now) for s in budget.segments)
-    ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind)
+    sizes = allreduce_sizes(inventory)
+    segments = tuple(
+        allreduce_path(_provenance(s, origin, stored, now), measured, sizes.get(s.component, ()), choice, kind)
+        for s in budget.segments
+    )
+    ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice)
     budget = dataclasses.replace(budget, segments=segments, ranks=ranks)
     if tp_source:
         budget = dataclasses.replace(budget, tp_source=tp_source)
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used))
+
+
+# --- the engine's all-reduce path -------------------------------------------------------------------------------
+
+
+def allreduce_sizes(inventory: StepInventory) -> dict[str, tuple[int, ...]]:
+    """Component → the message sizes (bytes) of the step's all-reduces in it, ascending."""
+    out: dict[str, tuple[int, ...]] = {}
+    for comp, ops in inventory.by_component().items():
+        sizes = {op.key.bytes for op in ops if isinstance(op.key, AllreduceKey) and op.key.collective == "all_reduce"}
+        if sizes:
+            out[comp.value] = tuple(sorted(sizes))
+    return out
+
+
+def _dist_label(label: str, device_kind: str) -> str:
+    """torch.distributed's own all-reduce is gloo on CPU ranks (the engine rule calls it NCCL)."""
+    return "gloo" if label == "NCCL" and device_kind == "cpu" else label
+
+
+def curve_path_text(curve: EngineCurve, device_kind: str = "cuda") -> str:
+    """'custom one-shot ≤ 4 MiB, NCCL above (vLLM at TP 2 over NVLink: custom all-reduce below 8 MiB)', or 'NCCL
+    assumed: custom all-reduce cannot run here (NCCL_P2P_DISABLE=1 is set: …)' where one path covers every size."""
+    runs: list[tuple[str, int, str]] = []  # (label, largest size, reason of the run's first size)
+    for size, path in curve.paths:
+        label = _dist_label(path.label, device_kind)
+        if runs and runs[-1][0] == label:
+            runs[-1] = (label, size, runs[-1][2])
+        else:
+            runs.append((label, size, path.reason))
+    if not runs:
+        return ""
+    reason = next((r for label, _s, r in runs if label.startswith("custom")), runs[0][2])
+    if len(runs) == 1:
+        label = runs[0][0]
+        return f"{label} ({reason})" if label.startswith("custom") else f"{label} assumed: {reason}"
+    parts = [f"{label} ≤ {format_bytes(size)}" for label, size, _r in runs[:-1]] + [f"{runs[-1][0]} above"]
+    return f"{', '.join(parts)} ({reason})"
+
+
+def allreduce_path(seg: Segment, measured: MeasuredSet, sizes: Sequence[int], choice: str, device_kind: str) -> Segment:
+    """`seg` with the all-reduce path its figure assumes (`Segment.path`, `Segment.path_text`) and that text after
+    its provenance, where the segment holds all-reduces (`sizes`, bytes) and has a figure."""
+    if not sizes or seg.ms is None:
+        return seg
+    dist = _dist_label("NCCL", device_kind)
+    engine = measured.allreduce_paths.get("all_reduce")
+    if engine is not None:
+        at = [engine.path_at(size) for size in sizes]
+        labels = list(dict.fromkeys(_dist_label(p.label, device_kind) for p in at if p is not None))
+        path, text = "+".join(labels), curve_path_text(engine, device_kind)
+    elif "all_reduce" in measured.allreduce_curves:
+        why = "--allreduce nccl" if choice == "nccl" else "these results hold no custom all-reduce points"
+        path, text = dist, f"{dist} as measured ({why})"
+    elif seg.estimated:
+        path = dist
+        text = f"{dist} assumed: not measured on this group; the roofline takes NCCL's small-message latency"
+    else:
+        return seg
+    return dataclasses.replace(seg, path=path, path_text=text, provenance=f"{seg.provenance}; all-reduce: {text}")
 
 
 # --- text ------------------------------------------------------------------------------------------------------

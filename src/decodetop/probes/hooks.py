@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodetop.budget.compose import Curve, MeasuredTime
+from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import LaunchKey
 from decodetop.budget.plan import ProbePlan
@@ -107,6 +108,8 @@ class MeasuredSet:
     copy_gbps: float | None = None
     peak_tflops: float | None = None
     notes: tuple[str, ...] = ()
+    allreduce_paths: Mapping[str, EngineCurve] = field(default_factory=dict)
+    """Per all-reduce curve, the path the engine rule took at each size and why (absent: NCCL as measured)."""
 
 
 @dataclass
@@ -122,6 +125,8 @@ class MeasuredSetBuilder:
     allreduce_points: dict[str, dict[float, float]] = field(default_factory=dict)
     allreduce_sources: dict[str, str] = field(default_factory=dict)
     """Source text per all-reduce curve (the path the engine rule chose and why); 'allreduce probe' otherwise."""
+    allreduce_paths: dict[str, EngineCurve] = field(default_factory=dict)
+    """Per all-reduce curve, the engine rule's path at each size (set where the result holds custom points)."""
     layers: list[LayerComposition] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     copy_gbps: float = math.inf
@@ -166,6 +171,7 @@ class MeasuredSetBuilder:
             copy_gbps=self.copy_gbps if self.copy_gbps != math.inf else None,
             peak_tflops=self.peak_tflops if self.peak_tflops != math.inf else None,
             notes=tuple(self.notes),
+            allreduce_paths=dict(self.allreduce_paths),
         )
 
 

@@ -234,7 +234,7 @@ def compose_from_results(
         scenario_id=opts.scenario_id,
         tp_source=opts.tp_source,
     )
-    measured = measured_from_results(comp.used, launch_mode=mode, plan=plan)
+    measured = measured_from_results(comp.used, launch_mode=mode, plan=plan, allreduce=inventory.deployment.allreduce)
     return comp.budget, measured
 
 

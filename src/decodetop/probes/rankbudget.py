@@ -105,6 +105,7 @@ def compose_ranks(
                 p10_ms=sum(s.p10_ms if s.p10_ms is not None else s.ms or 0.0 for s in known),
                 p90_ms=sum(s.p90_ms if s.p90_ms is not None else s.ms or 0.0 for s in known),
                 collective_ms=sum(s.ms or 0.0 for s in known if s.component == collective),
+                components={s.component: s.ms or 0.0 for s in known},
             )
         )
     intervals = sum(op.count for op in inventory.ops if op.kind == "all_reduce")

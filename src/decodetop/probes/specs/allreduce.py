@@ -117,6 +117,7 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
         into.allreduce_points[f"all_reduce:{impl}"] = points
     into.allreduce_points["all_reduce"] = dict(curve.points)
     into.allreduce_sources["all_reduce"] = f"allreduce probe: {curve.summary}"
+    into.allreduce_paths["all_reduce"] = curve
     into.notes.extend(curve.notes)
 
 
