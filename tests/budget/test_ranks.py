@@ -61,7 +61,8 @@ def test_an_old_result_without_a_mean_composes_its_median(tmp_path: Path) -> Non
 
 
 def total(rank: int, ms: float, band: float = 0.0, collective: float = 0.0) -> RankTotal:
-    return RankTotal(rank, f"GPU {rank}", ms, ms, ms - band / 2, ms + band / 2, collective)
+    parts = {"communication": collective, "dense_mlp": ms - collective}
+    return RankTotal(rank, f"GPU {rank}", ms, ms, ms - band / 2, ms + band / 2, collective, parts)
 
 
 def test_straggler_rule_band_floors_and_the_step_bound() -> None:
@@ -71,6 +72,8 @@ def test_straggler_rule_band_floors_and_the_step_bound() -> None:
     assert found is not None and found.label == "GPU 2"
     assert found.others_median_ms == pytest.approx(1.01)
     assert found.threshold_ms == pytest.approx(0.05)  # the others' band, not the straggler's own
+    assert found.slowest_component == "dense MLP"
+    assert "most in dense MLP (+1.39 ms)" in found.text
     ranks = [total(0, 1.0, collective=0.3), total(1, 1.4, collective=0.2)]
     assert step_bound_ms(ranks) == pytest.approx(1.2 + 0.3)
     spread = rank_spread(ranks, intervals=8)

@@ -51,6 +51,7 @@ def test_slowed_rank_is_named_with_its_totals(slowed: list[ProbeResult], tmp_pat
     assert slow.total_ms > fast.total_ms + DELAY_MS / 1e3  # at least one delayed op instance more
     assert spread.straggler is not None
     assert spread.straggler.label == "CPU rank 1"
+    assert spread.straggler.slowest_component == "norms & elementwise"  # the only component measured here
     assert spread.step_bound_ms >= slow.total_ms
     doc = budget.to_dict()
     assert doc["ranks"]["straggler"]["rank"] == SLOW_RANK

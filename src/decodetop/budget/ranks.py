@@ -32,12 +32,14 @@ what the results recorded (`decodetop.probes.rankbudget`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from decodetop.budget.components import Component
 from decodetop.budget.diff import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.errors import UserInputError
 
@@ -75,6 +77,8 @@ class RankTotal:
     """Σ of the ops' p10 / p90: this rank's noise band."""
     collective_ms: float = 0.0
     """The all-reduce / all-gather part of `total_ms` (0 when none was measured)."""
+    components: Mapping[str, float] = field(default_factory=dict)
+    """This rank's ms per component (`Component` value → ms; components without a figure left out)."""
 
     def __post_init__(self) -> None:
         for name in ("total_ms", "mean_ms", "p10_ms", "p90_ms", "collective_ms"):
@@ -102,6 +106,7 @@ class RankTotal:
             "p10_ms": self.p10_ms,
             "p90_ms": self.p90_ms,
             "collective_ms": self.collective_ms,
+            "components": dict(self.components),
         }
 
 
@@ -117,6 +122,9 @@ class Straggler:
     """What the excess had to exceed (the rule in the module docstring)."""
     causes: tuple[str, ...] = ()
     """Likely causes from what the results recorded ('another process on GPU 1: pid 4242 (python)')."""
+    slowest_component: str = ""
+    """The component this rank is slowest in against the other ranks' median ('' when not known)."""
+    slowest_component_excess_ms: float = 0.0
 
     @property
     def excess_ms(self) -> float:
@@ -128,7 +136,12 @@ class Straggler:
         """'straggler: GPU 1 (+2.4 ms, +35 % over the other ranks' median; likely: another process on GPU 1 …)'."""
         pct = f", {self.excess_ms / self.others_median_ms:+.0%}" if self.others_median_ms > 0 else ""
         why = "; likely: " + "; ".join(self.causes) if self.causes else "; no likely cause in the recorded telemetry"
-        return f"straggler: {self.label} (+{self.excess_ms:.3g} ms{pct} over the other ranks' median{why})"
+        most = (
+            f"; most in {self.slowest_component} (+{self.slowest_component_excess_ms:.3g} ms)"
+            if self.slowest_component
+            else ""
+        )
+        return f"straggler: {self.label} (+{self.excess_ms:.3g} ms{pct} over the other ranks' median{most}{why})"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -140,6 +153,8 @@ class Straggler:
             "excess_ms": self.excess_ms,
             "threshold_ms": self.threshold_ms,
             "causes": list(self.causes),
+            "slowest_component": self.slowest_component or None,
+            "slowest_component_excess_ms": self.slowest_component_excess_ms,
             "text": self.text,
         }
 
@@ -244,7 +259,24 @@ def find_straggler(ranks: Sequence[RankTotal]) -> Straggler | None:
     threshold = max(band, STRAGGLER_FLOOR_MS, STRAGGLER_RELATIVE_FLOOR * median)
     if worst.total_ms - median <= threshold:
         return None
-    return Straggler(worst.rank, worst.label, worst.total_ms, median, threshold)
+    excess = {c: ms - statistics.median(o.components.get(c, 0.0) for o in others) for c, ms in worst.components.items()}
+    comp = max(excess, key=lambda c: excess[c], default="")
+    return Straggler(
+        worst.rank,
+        worst.label,
+        worst.total_ms,
+        median,
+        threshold,
+        slowest_component=_component_label(comp) if comp and excess[comp] > 0 else "",
+        slowest_component_excess_ms=excess[comp] if comp and excess[comp] > 0 else 0.0,
+    )
+
+
+def _component_label(key: str) -> str:
+    try:
+        return Component(key).label
+    except ValueError:
+        return key
 
 
 def rank_spread(
@@ -261,14 +293,7 @@ def rank_spread(
     ordered = tuple(sorted(ranks, key=lambda r: r.rank))
     straggler = find_straggler(ordered)
     if straggler is not None and causes:
-        straggler = Straggler(
-            straggler.rank,
-            straggler.label,
-            straggler.total_ms,
-            straggler.others_median_ms,
-            straggler.threshold_ms,
-            tuple(causes.get(straggler.rank, ())),
-        )
+        straggler = dataclasses.replace(straggler, causes=tuple(causes.get(straggler.rank, ())))
     return RankSpread(
         ranks=ordered,
         step_bound_ms=step_bound_ms(ordered),
