@@ -12,7 +12,9 @@ from tests.probes.test_planrun import tiny_inventory
 
 from decodetop.budget.compose import MeasuredTime, compose_budget
 from decodetop.budget.diff import diff_budgets, format_budget_diff
-from decodetop.budget.ranks import RankTotal, find_straggler, rank_spread, step_bound_ms, straggler_in
+from decodetop.budget.gpus import GPUS
+from decodetop.budget.ranks import RankTotal, find_straggler, mean_line, rank_spread, step_bound_ms, straggler_in
+from decodetop.budget.roofline import hardware_for
 from decodetop.probes.hooks import busiest
 from decodetop.probes.rankbudget import rank_causes, topology_numa
 from decodetop.probes.results import Environment, Measurement, RankSeries, Stats
@@ -50,6 +52,10 @@ def test_heavy_tail_costs_its_mean_not_its_median(tmp_path: Path) -> None:
     assert doc["mean_total_ms"] == pytest.approx(b.mean_total_ms)
     assert doc["statistics"]["ms"].startswith("median")
     assert doc["step_percentiles_ms"]["p99"] == pytest.approx(spread["p99"])
+    # the launch line was not measured: the mean is a lower bound and tok/s an upper one
+    assert mean_line(b).startswith(f"mean step ≥ {b.mean_total_ms:.3g} ms = ≤ ")
+    estimates = compose_budget(inv, {}, launch_mode="eager", estimate=hardware_for(GPUS["h200"]))
+    assert mean_line(estimates) == ""  # no samples: no mean to tell from the median
 
 
 def test_an_old_result_without_a_mean_composes_its_median(tmp_path: Path) -> None:

@@ -321,10 +321,10 @@ def straggler_in(budget: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def mean_line(budget: Budget) -> str:
     """'mean step 1.31 ms = 763 tok/s (means: what throughput pays; the rows are medians); step p50 / p90 / p99
-    1.30 / 1.42 / 1.51 ms' ('' when nothing is known)."""
+    1.30 / 1.42 / 1.51 ms' ('' when nothing was measured)."""
     tps = budget.mean_tokens_per_s
-    if tps is None:
-        return ""
+    if tps is None or not any(s.status in ("measured", "interpolated") for s in budget.segments):
+        return ""  # estimates only: no samples, so no mean to tell from the median
     ge, le = ("", "") if budget.complete else ("≥ ", "≤ ")
     line = (
         f"mean step {ge}{budget.mean_total_ms:.3g} ms = {le}{tps:.4g} tok/s (means: what throughput pays; the rows "
