@@ -54,17 +54,31 @@ def _numeric_column(rows: Sequence[Sequence[object]], i: int) -> bool:
     return bool(rows) and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
 
 
-def _fit_widths(natural: list[int], shrinkable: list[bool], room: int) -> list[int]:
-    """Narrow the widest shrinkable columns, one character at a time, until the row fits in `room` (or none can
-    narrow further: then the table is as narrow as it goes)."""
+def _fit_widths(natural: list[int], shrinkable: list[bool], room: int, cells: list[list[str]]) -> list[int]:
+    """Narrow the shrinkable columns, one character at a time, until the row fits in `room` (or none can narrow
+    further: then the table is as narrow as it goes). Each character comes from the column where losing it adds
+    the fewest wrapped lines (estimated as ceil(length / width) a cell, a row as tall as its tallest cell), the
+    widest on a tie, so long text takes the wrap and short labels stay on one line."""
     widths = list(natural)
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - room
+    lengths = [[len(row[i]) for row in cells] for i in range(len(natural))]
+
+    def cost_with(column: int, width: int) -> int:
+        total = 0
+        for r in range(len(cells)):
+            heights = [
+                -(-lengths[j][r] // (width if j == column else widths[j])) if shrinkable[j] else 1
+                for j in range(len(widths))
+            ]
+            total += max(heights)
+        return total
+
     while excess > 0:
         candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > min(natural[i], MIN_TEXT_COLUMN)]
         if not candidates:
             break
-        widest = max(candidates, key=lambda i: widths[i])
-        widths[widest] -= 1
+        best = min(candidates, key=lambda i: (cost_with(i, widths[i] - 1), -widths[i]))
+        widths[best] -= 1
         excess -= 1
     return widths
 
@@ -105,7 +119,7 @@ def table(
     room = terminal_width() if width == -1 else width
     widths = natural
     if room is not None:
-        widths = _fit_widths(natural, [a == "l" for a in align], room - indent - _RESERVED.get())
+        widths = _fit_widths(natural, [a == "l" for a in align], room - indent - _RESERVED.get(), cells)
     pad = " " * indent
 
     def fmt(row: Sequence[str]) -> list[str]:
