@@ -116,3 +116,12 @@ def test_trace_report_fits_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert main(["trace", str(trace), "--model", "mixtral-8x7b", "--gpu", "h200"]) == 0
     out = capsys.readouterr().out
     assert _widest(out) <= 80 and "routed experts" in out
+
+
+def test_narrowing_spends_the_wrap_where_it_costs_least() -> None:
+    rows = [["C1", "CPU scaling driver", LONG + " " + LONG], ["P7:0000:03:00.0-0000:04:00.0", "ACS", "ok"]]
+    text = table(["ID", "TITLE", "OBSERVED"], rows, width=70)
+    assert _widest(text) <= 70
+    assert "CPU scaling driver" in text  # the short title stays whole; the long text takes the wrap
+    huge = table(["k", "v"], [[f"row{i}", LONG] for i in range(2000)], width=60)  # past the estimate's bound
+    assert _widest(huge) <= 60 and len(huge.splitlines()) > 4000

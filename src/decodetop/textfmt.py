@@ -54,6 +54,11 @@ def _numeric_column(rows: Sequence[Sequence[object]], i: int) -> bool:
     return bool(rows) and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
 
 
+ESTIMATE_WORK = 20_000
+"""Rows × characters to remove up to which the narrowing estimates wrapped lines (a few tens of milliseconds);
+beyond it, the widest column narrows first."""
+
+
 def _fit_widths(natural: list[int], shrinkable: list[bool], room: int, cells: list[list[str]]) -> list[int]:
     """Narrow the shrinkable columns, one character at a time, until the row fits in `room` (or none can narrow
     further: then the table is as narrow as it goes). Each character comes from the column where losing it adds
@@ -73,11 +78,15 @@ def _fit_widths(natural: list[int], shrinkable: list[bool], room: int, cells: li
             total += max(heights)
         return total
 
+    estimate = len(cells) * max(excess, 0) <= ESTIMATE_WORK
     while excess > 0:
         candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > min(natural[i], MIN_TEXT_COLUMN)]
         if not candidates:
             break
-        best = min(candidates, key=lambda i: (cost_with(i, widths[i] - 1), -widths[i]))
+        if estimate:
+            best = min(candidates, key=lambda i: (cost_with(i, widths[i] - 1), -widths[i]))
+        else:  # a huge table: narrow the widest column, in linear time
+            best = max(candidates, key=lambda i: widths[i])
         widths[best] -= 1
         excess -= 1
     return widths
