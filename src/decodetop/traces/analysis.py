@@ -19,6 +19,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
@@ -522,25 +523,42 @@ def _shape_component(dims_json: str, gemm_shapes: Mapping[tuple[int, int], Compo
     return None
 
 
-def _attribute(
-    trace: Trace,
-    rules: RuleSet,
-    *,
-    units: _Units,
-    stacks: list[_Stack],
-    steps: list[list[int]],
-    segmentation: str,
-    marker_durs: Sequence[float | None],
-    source: str,
-    device_label: str,
-    vocab_size: int | None,
-    gemm_shapes: Mapping[tuple[int, int], Component] | None,
-    top_n: int,
-    notes: list[str],
-) -> TraceReport:
-    names = trace.names
-    # Per distinct stack: the context rule, the frame that matched, and a 'via' text.
-    stack_ctx: list[tuple[str | None, str | None]] = []
+@dataclass
+class _Tally:
+    """Counts and time (µs) summed over the steps, per kernel row and per way of attribution."""
+
+    stats: dict[tuple[int, str, str | None], list[float]] = field(default_factory=dict)
+    family_rule: dict[tuple[int, str, str | None], tuple[str | None, str | None]] = field(default_factory=dict)
+    how: dict[str, list[float]] = field(default_factory=dict)
+    inferred: int = 0
+    unattributed_gemm: int = 0
+
+    def add(
+        self, key: tuple[int, str, str | None], how: str, family_rule: tuple[str | None, str | None], us: float
+    ) -> None:
+        """Count one unit of `us` microseconds under its kernel row and its way of attribution."""
+        for acc in (self.stats.setdefault(key, [0.0, 0.0]), self.how.setdefault(how, [0.0, 0.0])):
+            acc[0] += 1
+            acc[1] += us
+        self.family_rule[key] = family_rule
+
+    @property
+    def total_us(self) -> float:
+        """All attributed time."""
+        return sum(v[1] for v in self.stats.values())
+
+
+@dataclass(frozen=True)
+class _Hints:
+    """What decides a GEMM without a telling context: the model's weight shapes, then its vocabulary."""
+
+    vocab_size: int | None
+    gemm_shapes: Mapping[tuple[int, int], Component] | None
+
+
+def _stack_contexts(stacks: list[_Stack], names: list[str], rules: RuleSet) -> list[tuple[str | None, str | None]]:
+    """Per distinct stack: the context rule's id (None: no telling frame) and a 'via' text (op chain in frame)."""
+    out: list[tuple[str | None, str | None]] = []
     for st in stacks:
         frames = [names[f] for f in st.frames_inner_first]
         rule, frame = rules.context_of(frames)
@@ -554,76 +572,96 @@ def _attribute(
         chain = ">".join(reversed(ops[-3:])) if ops else ""
         where = _strip(frame) if frame and ctx else ""
         via = f"{chain} in {where}" if chain and where else (chain or (f"in {where}" if where else None))
-        stack_ctx.append((ctx, via))
+        out.append((ctx, via))
+    return out
 
-    in_step = array("b", bytes(len(units.name)))
+
+def _tally(
+    trace: Trace, rules: RuleSet, units: _Units, stacks: list[_Stack], steps: list[list[int]], *, hints: _Hints
+) -> _Tally:
+    """Classify every unit of every step and sum it under its kernel row and its way of attribution."""
+    names = trace.names
+    stack_ctx = _stack_contexts(stacks, names, rules)
+    tally = _Tally()
     for members in steps:
-        for u in members:
-            in_step[u] = 1
-    n_steps = len(steps)
-    stats: dict[tuple[int, str, str | None], list[float]] = {}
-    fam_of: dict[tuple[int, str, str | None], tuple[str | None, str | None]] = {}
-    inferred = 0
-    unattributed_gemm = 0
-    how_stats: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for members in steps:
-        families: list[str | None] = []
-        rule_ids: list[str | None] = []
-        for u in members:
-            krule = rules.classify(names[units.name[u]])
-            families.append(krule.family if krule else None)
-            rule_ids.append(krule.id if krule else None)
+        krules = [rules.classify(names[units.name[u]]) for u in members]
+        families = [k.family if k else None for k in krules]
         kinds = _block_kinds(families)
         guess = _sequence_guess(families, kinds)
         for pos, u in enumerate(members):
-            family = families[pos]
-            ctx, via = stack_ctx[units.stack[u]] if units.stack[u] != NO_ID else (None, None)
-            component: Component | None = None
-            how = HOW_UNCLASSIFIED
-            if family is not None:
-                component = rules.component(family, ctx)
-                how = HOW_CONTEXT if ctx is not None and ctx in rules.families[family].by_context else HOW_NAME
-                if family == "activation" and ctx is None and guess[pos] is Component.ROUTED_EXPERTS:
-                    component, via, how = Component.ROUTED_EXPERTS, "inferred: in an MoE block", HOW_ORDER
-                if component is None and family == "gemm":
-                    shape = stacks[units.stack[u]].shape if units.stack[u] != NO_ID else NO_ID
-                    by_shape = _shape_component(names[shape], gemm_shapes) if gemm_shapes and shape != NO_ID else None
-                    if by_shape is not None:
-                        component, via = by_shape, f"weight shape matches the model's {by_shape.value}"
-                        how = HOW_SHAPE
-                    elif vocab_size and shape != NO_ID and _shape_has(names[shape], vocab_size):
-                        component, via = Component.LM_HEAD, f"shape has the vocabulary ({vocab_size})"
-                        how = HOW_SHAPE
-                    elif ctx is None and (guessed := guess[pos]) is not None:
-                        component, via = guessed, f"inferred: {guessed.value} by its neighbours"
-                        how = HOW_ORDER
-                        inferred += 1
-                    else:
-                        unattributed_gemm += 1
-                if component is None and ctx is None and units.graph[u] and kinds[pos]:
-                    # inside a replay the block a copy sits in is all there is: the rules' context of that block
-                    component = rules.component(family, _KIND_CONTEXT[kinds[pos]])
-                    if component is not None:
-                        how, via = HOW_ORDER, f"graph replay, {kinds[pos]} block"
-                if component is None:
-                    how = HOW_NONE
+            stack = units.stack[u]
+            ctx, via = stack_ctx[stack] if stack != NO_ID else (None, None)
+            shape = stacks[stack].shape if stack != NO_ID else NO_ID
+            unit = _Unit(families[pos], ctx, via, guess[pos], kinds[pos], bool(units.graph[u]))
+            component, via, how = _decide(rules, unit, names[shape] if shape != NO_ID else None, hints, tally)
             if via is None and units.graph[u]:  # no host operator inside a replay: say where in the step it ran
                 via = f"graph replay, {kinds[pos]} block" if kinds[pos] else "graph replay"
-            acc_how = how_stats[how]
-            acc_how[0] += 1
-            acc_how[1] += units.dur[u]
-            key = (units.name[u], bucket_key(component, family), via)
-            acc = stats.setdefault(key, [0.0, 0.0])
-            acc[0] += 1
-            acc[1] += units.dur[u]
-            fam_of[key] = (family, rule_ids[pos])
+            key = (units.name[u], bucket_key(component, families[pos]), via)
+            krule = krules[pos]
+            tally.add(key, how, (families[pos], krule.id if krule else None), units.dur[u])
+    return tally
 
-    total_us = sum(v[1] for v in stats.values())
-    per_step = max(n_steps, 1)
+
+class _Unit(NamedTuple):
+    """What is known of one kernel when its component is decided (a tuple: one is made per kernel)."""
+
+    family: str | None
+    ctx: str | None
+    via: str | None
+    guess: Component | None
+    """The component its norm-delimited block suggests (GEMMs and activations only)."""
+    kind: str
+    """The kind of that block ('' when none)."""
+    graph: bool
+
+
+def _decide(
+    rules: RuleSet, unit: _Unit, shape: str | None, hints: _Hints, tally: _Tally
+) -> tuple[Component | None, str | None, str]:
+    """(component or None, via, how): the context's component, else the rules' default for the family, else (for
+    GEMMs) the model's shapes or the block, else (inside a graph replay) the block's context."""
+    family, ctx, via = unit.family, unit.ctx, unit.via
+    if family is None:
+        return None, via, HOW_UNCLASSIFIED
+    component = rules.component(family, ctx)
+    how = HOW_CONTEXT if ctx is not None and ctx in rules.families[family].by_context else HOW_NAME
+    if family == "activation" and ctx is None and unit.guess is Component.ROUTED_EXPERTS:
+        return Component.ROUTED_EXPERTS, "inferred: in an MoE block", HOW_ORDER
+    if component is None and family == "gemm":
+        component, via, how = _decide_gemm(unit, shape, hints, tally)
+    if component is None and ctx is None and unit.graph and unit.kind:
+        # inside a replay the block a copy sits in is all there is: the rules' context of that block
+        component = rules.component(family, _KIND_CONTEXT[unit.kind])
+        if component is not None:
+            how, via = HOW_ORDER, f"graph replay, {unit.kind} block"
+    return component, via, how if component is not None else HOW_NONE
+
+
+def _decide_gemm(
+    unit: _Unit, shape: str | None, hints: _Hints, tally: _Tally
+) -> tuple[Component | None, str | None, str]:
+    """A GEMM without a telling context: its weight's shape, a vocabulary-sized dimension, or its block."""
+    by_shape = _shape_component(shape, hints.gemm_shapes) if hints.gemm_shapes and shape else None
+    if by_shape is not None:
+        return by_shape, f"weight shape matches the model's {by_shape.value}", HOW_SHAPE
+    if hints.vocab_size and shape and _shape_has(shape, hints.vocab_size):
+        return Component.LM_HEAD, f"shape has the vocabulary ({hints.vocab_size})", HOW_SHAPE
+    if unit.ctx is None and unit.guess is not None:
+        tally.inferred += 1
+        return unit.guess, f"inferred: {unit.guess.value} by its neighbours", HOW_ORDER
+    tally.unattributed_gemm += 1
+    return None, unit.via, HOW_NONE
+
+
+def _buckets(
+    tally: _Tally, names: list[str], rules: RuleSet, per_step: int, top_n: int
+) -> tuple[list[BucketTime], list[KernelStat]]:
+    """Per-bucket times with their largest kernels, largest first, and the top kernels overall."""
+    stats, total_us = tally.stats, tally.total_us
 
     def kstat(key: tuple[int, str, str | None]) -> KernelStat:
         count, time_us = stats[key]
-        family, rule_id = fam_of[key]
+        family, rule_id = tally.family_rule[key]
         return KernelStat(
             name=names[key[0]],
             bucket=key[1],
@@ -654,16 +692,27 @@ def _attribute(
             )
         )
     buckets.sort(key=lambda b: -b.time_us_per_step)
-    top = [kstat(k) for k in heapq.nlargest(top_n, stats, key=lambda k: stats[k][1])]
+    return buckets, [kstat(k) for k in heapq.nlargest(top_n, stats, key=lambda k: stats[k][1])]
 
-    summaries = []
-    for k, members in enumerate(steps):
-        summaries.append(_step_summary(k, units, members, marker_durs[k]))
-    outside = [u for u in range(len(units.name)) if not in_step[u]]
-    mean = (lambda xs: sum(xs) / len(xs)) if summaries else (lambda xs: 0.0)
-    idle = mean([s.gpu_idle_us for s in summaries])
-    busy = mean([s.gpu_busy_us for s in summaries])
-    kernel_us = total_us / per_step
+
+def _attribution(tally: _Tally, per_step: int) -> tuple[AttributionCount, ...]:
+    """Kernels and time per way of attribution, largest time first."""
+    total_us = tally.total_us
+    return tuple(
+        AttributionCount(
+            rule=how,
+            kernels_per_step=count / per_step,
+            time_us_per_step=time_us / per_step,
+            share=time_us / total_us if total_us else 0.0,
+        )
+        for how, (count, time_us) in sorted(tally.how.items(), key=lambda kv: -kv[1][1])
+    )
+
+
+def _notes(tally: _Tally, *, source: str, busy: float, idle: float, per_step: int, outside: int, bad: int) -> list[str]:
+    """What the reader of the report should know: host-bound steps, overlapping streams, guessed GEMMs, leftovers."""
+    notes = []
+    kernel_us = tally.total_us / per_step
     if source == "gpu" and busy and idle / (idle + busy) > 0.2:
         notes.append(
             f"GPU idle {idle / (idle + busy):.0%} of the time inside a step: host-bound (launch/Python overhead); "
@@ -671,31 +720,60 @@ def _attribute(
         )
     if busy and kernel_us > busy * OVERLAP_NOTE:
         notes.append("kernels overlap on several streams: component times add up to more than the busy time")
-    if unattributed_gemm:
+    if tally.unattributed_gemm:
         notes.append(
-            f"{unattributed_gemm / per_step:.0f} GEMMs per step have no telling context (no enclosing module or "
-            "annotation names, no vocabulary-sized shape): 'GEMM (unattributed)'"
+            f"{tally.unattributed_gemm / per_step:.0f} GEMMs per step have no telling context (no enclosing module "
+            "or annotation names, no vocabulary-sized shape): 'GEMM (unattributed)'"
         )
-    if inferred:
-        notes.append(f"{inferred / per_step:.0f} GEMMs per step attributed by their neighbours (norm-delimited blocks)")
+    if tally.inferred:
+        notes.append(
+            f"{tally.inferred / per_step:.0f} GEMMs per step attributed by their neighbours (norm-delimited blocks)"
+        )
     if outside:
-        notes.append(f"{len(outside)} kernels outside the decode steps were left out")
-    odd_us: dict[str, float] = defaultdict(float)
-    for key, (_count, time_us) in stats.items():
-        if key[1] == UNCLASSIFIED:
-            odd_us[names[key[0]]] += time_us
-    unclassified = sorted(odd_us, key=lambda name: -odd_us[name])
-    attribution = tuple(
-        AttributionCount(
-            rule=how,
-            kernels_per_step=count / per_step,
-            time_us_per_step=time_us / per_step,
-            share=time_us / total_us if total_us else 0.0,
-        )
-        for how, (count, time_us) in sorted(how_stats.items(), key=lambda kv: -kv[1][1])
+        notes.append(f"{outside} kernels outside the decode steps were left out")
+    if bad:
+        notes.append(f"{bad} events with a NaN, infinite or negative timestamp or duration were skipped")
+    return notes
+
+
+def _attribute(
+    trace: Trace,
+    rules: RuleSet,
+    *,
+    units: _Units,
+    stacks: list[_Stack],
+    steps: list[list[int]],
+    segmentation: str,
+    marker_durs: Sequence[float | None],
+    source: str,
+    device_label: str,
+    vocab_size: int | None,
+    gemm_shapes: Mapping[tuple[int, int], Component] | None,
+    top_n: int,
+    notes: list[str],
+) -> TraceReport:
+    tally = _tally(trace, rules, units, stacks, steps, hints=_Hints(vocab_size, gemm_shapes))
+    per_step = max(len(steps), 1)
+    buckets, top = _buckets(tally, trace.names, rules, per_step, top_n)
+    summaries = [_step_summary(k, units, members, marker_durs[k]) for k, members in enumerate(steps)]
+    in_step = array("b", bytes(len(units.name)))
+    for members in steps:
+        for u in members:
+            in_step[u] = 1
+    outside = [u for u in range(len(units.name)) if not in_step[u]]
+
+    def mean(xs: list[float]) -> float:
+        return sum(xs) / len(xs) if xs else 0.0
+
+    idle = mean([s.gpu_idle_us for s in summaries])
+    busy = mean([s.gpu_busy_us for s in summaries])
+    notes.extend(
+        _notes(tally, source=source, busy=busy, idle=idle, per_step=per_step, outside=len(outside), bad=trace.bad_times)
     )
-    if trace.bad_times:
-        notes.append(f"{trace.bad_times} events with a NaN, infinite or negative timestamp or duration were skipped")
+    odd_us: dict[str, float] = defaultdict(float)
+    for key, (_count, time_us) in tally.stats.items():
+        if key[1] == UNCLASSIFIED:
+            odd_us[trace.names[key[0]]] += time_us
     return TraceReport(
         path=str(trace.path),
         source=source,
@@ -708,14 +786,14 @@ def _attribute(
         gpu_busy_us_mean=busy,
         gpu_idle_us_mean=idle,
         kernels_per_step_mean=mean([float(s.kernel_count) for s in summaries]),
-        kernel_time_us_per_step=kernel_us,
+        kernel_time_us_per_step=tally.total_us / per_step,
         outside_steps_kernels=len(outside),
         outside_steps_us=sum(units.dur[u] for u in outside),
-        unclassified_names=tuple(unclassified[:20]),
+        unclassified_names=tuple(sorted(odd_us, key=lambda name: -odd_us[name])[:20]),
         notes=tuple(notes),
         events_total=trace.events_total,
         gpu_name=_gpu_name(trace, device_label) if source == "gpu" else None,
-        attribution=attribution,
+        attribution=_attribution(tally, per_step),
         graph_kernels_per_step=sum(units.graph[u] for members in steps for u in members) / per_step,
         events_skipped=trace.bad_times,
     )
