@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 
 from decodetop.cli import main
@@ -118,10 +120,12 @@ def test_trace_report_fits_80_columns(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert _widest(out) <= 80 and "routed experts" in out
 
 
-def test_narrowing_spends_the_wrap_where_it_costs_least() -> None:
-    rows = [["C1", "CPU scaling driver", LONG + " " + LONG], ["P7:0000:03:00.0-0000:04:00.0", "ACS", "ok"]]
+def test_narrowing_keeps_words_whole_and_wraps_the_long_text() -> None:
+    rows = [["C1", "CPU scaling driver", LONG + " " + LONG], ["attention projections", "all-reduce", "ok"]]
     text = table(["ID", "TITLE", "OBSERVED"], rows, width=70)
     assert _widest(text) <= 70
-    assert "CPU scaling driver" in text  # the short title stays whole; the long text takes the wrap
+    words = {w for line in text.splitlines()[2:] for w in line.split()}
+    assert {"scaling", "projections", "all-reduce", "Blackwell"} <= words  # no word broken while there is room
+    assert len(text.splitlines()) == 2 + len(textwrap.wrap(LONG + " " + LONG, 70 - 21 - 10 - 4)) + 1
     huge = table(["k", "v"], [[f"row{i}", LONG] for i in range(2000)], width=60)  # past the estimate's bound
     assert _widest(huge) <= 60 and len(huge.splitlines()) > 4000

@@ -54,6 +54,8 @@ def _numeric_column(rows: Sequence[Sequence[object]], i: int) -> bool:
     return bool(rows) and all(isinstance(r[i], (int, float)) or r[i] is None for r in rows)
 
 
+MAX_WORD = 20
+"""A word longer than this (a path, a kernel name) may break; shorter ones keep their column at least as wide."""
 ESTIMATE_WORK = 20_000
 """Rows × characters to remove up to which the narrowing estimates wrapped lines (a few tens of milliseconds);
 beyond it, the widest column narrows first."""
@@ -67,6 +69,10 @@ def _fit_widths(natural: list[int], shrinkable: list[bool], room: int, cells: li
     widths = list(natural)
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - room
     lengths = [[len(row[i]) for row in cells] for i in range(len(natural))]
+    floors = [  # never narrower than a column's longest word (up to MAX_WORD), so words do not break
+        min(natural[i], max([MIN_TEXT_COLUMN] + [min(len(w), MAX_WORD) for row in cells for w in row[i].split()]))
+        for i in range(len(natural))
+    ]
 
     def cost_with(column: int, width: int) -> int:
         total = 0
@@ -80,7 +86,9 @@ def _fit_widths(natural: list[int], shrinkable: list[bool], room: int, cells: li
 
     estimate = len(cells) * max(excess, 0) <= ESTIMATE_WORK
     while excess > 0:
-        candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > min(natural[i], MIN_TEXT_COLUMN)]
+        candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > floors[i]]
+        if not candidates:  # no room for whole words: break them, down to MIN_TEXT_COLUMN
+            candidates = [i for i, ok in enumerate(shrinkable) if ok and widths[i] > min(natural[i], MIN_TEXT_COLUMN)]
         if not candidates:
             break
         if estimate:
