@@ -210,6 +210,9 @@ class Segment:
     no choice): for the all-reduce, the path of the step's own message sizes (`decodetop.budget.engine_paths`)."""
     path_text: str = ""
     """That path in words with why ('custom one-shot ≤ 4 MiB, NCCL above (vLLM at TP 2 over NVLink: …)')."""
+    path_rule: str = ""
+    """What chose the path: the engine rule's source (a public URL) or the flag ('--allreduce nccl'); '' where the
+    figure is simply what was measured."""
 
     @property
     def mean(self) -> float | None:
@@ -373,6 +376,7 @@ class Budget:
                     "std_ms": s.std_ms,
                     "path": s.path,
                     "path_text": s.path_text,
+                    "path_rule": s.path_rule,
                 }
                 for s in self.segments
             ],

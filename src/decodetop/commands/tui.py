@@ -16,7 +16,13 @@ if TYPE_CHECKING:
     from decodetop.tui.trace_source import TraceOptions
 
 from decodetop.argtypes import check_cpu_ranks, non_empty, output_file, regular_file
-from decodetop.commands._scenario_args import TP_HELP, add_gpus_argument, add_model_arguments, gpus_from_args
+from decodetop.commands._scenario_args import (
+    TP_HELP,
+    add_allreduce_argument,
+    add_gpus_argument,
+    add_model_arguments,
+    gpus_from_args,
+)
 
 
 def _positive_float(text: str) -> float:
@@ -47,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--settings", metavar="FILE", help="settings TOML (default: settings.toml in the user config directory)"
     )
     group.add_argument("--tp", type=_positive_int, help=TP_HELP)
+    add_allreduce_argument(group)
     group.add_argument(
         "--observed-ms",
         type=_positive_float,
@@ -114,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
         cpu_ranks=args.cpu_ranks,
         gpus=gpus_from_args(args),
         observed_from=observed_from,
+        allreduce=args.allreduce or "auto",
         no_probes=args.no_probes,
         demo=args.demo,
         force=args.force,

@@ -514,6 +514,17 @@ def _render_budget(budget: Budget, out: _Out) -> None:
     )
     for seg in budget.segments:
         fam.add([model, seg.component, seg.status, seg.provenance_kind], _scaled(seg.ms, _MS_TO_S), nan_ok=True)
+    paths = [seg for seg in budget.segments if seg.path]
+    if paths:
+        info = out.gauge(
+            "budget_segment_path",
+            "The kernel path a component's figure assumes (value 1), e.g. the engine's all-reduce: 'custom one-shot' "
+            "(a P2P kernel, as vLLM and SGLang run below their size limit), 'NCCL', or both joined by '+' where the "
+            "step's message sizes take both; the reason is in `decodetop budget` and the budget JSON.",
+            ["model", "component", "path"],
+        )
+        for seg in paths:
+            info.add([model, seg.component, seg.path], 1)
     rest = budget.unexplained
     observed = budget.observed_step
     fam.add(

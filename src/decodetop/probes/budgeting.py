@@ -320,25 +320,32 @@ def curve_path_text(curve: EngineCurve, device_kind: str = "cuda") -> str:
 
 
 def allreduce_path(seg: Segment, measured: MeasuredSet, sizes: Sequence[int], choice: str, device_kind: str) -> Segment:
-    """`seg` with the all-reduce path its figure assumes (`Segment.path`, `Segment.path_text`) and that text after
+    """`seg` with the all-reduce path its figure assumes (`Segment.path`, `path_text`, `path_rule`) and that text after
     its provenance, where the segment holds all-reduces (`sizes`, bytes) and has a figure."""
     if not sizes or seg.ms is None:
         return seg
     dist = _dist_label("NCCL", device_kind)
     engine = measured.allreduce_paths.get("all_reduce")
+    rule = f"--allreduce {choice}" if choice != "auto" else ""
     if engine is not None:
-        at = [engine.path_at(size) for size in sizes]
-        labels = list(dict.fromkeys(_dist_label(p.label, device_kind) for p in at if p is not None))
+        at = [p for p in (engine.path_at(size) for size in sizes) if p is not None]
+        labels = list(dict.fromkeys(_dist_label(p.label, device_kind) for p in at))
         path, text = "+".join(labels), curve_path_text(engine, device_kind)
+        chosen = [p for _s, p in engine.paths]
+        first = next((p for p in chosen if p.path == "custom"), chosen[0] if chosen else None)
+        rule = (first.source if first is not None else "") or rule or "--allreduce auto"
     elif "all_reduce" in measured.allreduce_curves:
         why = "--allreduce nccl" if choice == "nccl" else "these results hold no custom all-reduce points"
         path, text = dist, f"{dist} as measured ({why})"
     elif seg.estimated:
         path = dist
-        text = f"{dist} assumed: not measured on this group; the roofline takes NCCL's small-message latency"
+        text = "NCCL assumed: no all-reduce measured here; the roofline's latency is NCCL's (or --allreduce-us)"
+        if choice == "custom":
+            text += "; --allreduce custom needs the allreduce probe's custom points"
     else:
         return seg
-    return dataclasses.replace(seg, path=path, path_text=text, provenance=f"{seg.provenance}; all-reduce: {text}")
+    provenance = f"{seg.provenance}; all-reduce: {text}"
+    return dataclasses.replace(seg, path=path, path_text=text, path_rule=rule, provenance=provenance)
 
 
 # --- text ------------------------------------------------------------------------------------------------------

@@ -467,9 +467,9 @@ def group_of(layout: Any) -> GroupInfo:
     return GroupInfo(int(layout.world_size), kind, "GPUs" if kind == "cuda" else "CPU ranks")
 
 
-def scenario_for(settings: Settings, group: GroupInfo | None) -> Scenario:
+def scenario_for(settings: Settings, group: GroupInfo | None, allreduce: str = "auto") -> Scenario:
     """The scenario of the UI's settings on its probe group, by the one rule (`decodetop.budget.scenario`): TP is
-    the settings' (from --tp or the settings file), else the group's size, else 1."""
+    the settings' (from --tp or the settings file), else the group's size, else 1; `allreduce` is --allreduce."""
     from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
 
     tp = choose_tp(
@@ -479,7 +479,7 @@ def scenario_for(settings: Settings, group: GroupInfo | None) -> Scenario:
         group_where=group.where if group is not None else "of the probe group",
         tp_from="--tp or the settings file",
     )
-    return build_scenario(source_from_setting(settings.model), tp)
+    return build_scenario(source_from_setting(settings.model), tp, allreduce=allreduce)
 
 
 class ControllerProbes:
@@ -725,20 +725,28 @@ class _AllreducePoint:
     time_us: float
 
 
+_DIST_IMPLS = ("nccl", "gloo")
+"""`impl` values of torch.distributed's own all-reduce (the group's backend): their series are named by mode alone."""
+
+
 def allreduce_curves(result: ProbeResult) -> tuple[Series, ...]:
-    """Latency vs size, one series per mode, from an all-reduce result."""
-    by_mode: dict[str, list[tuple[float, float]]] = {}
+    """Latency vs size, one series per (mode, implementation) from an all-reduce result: 'graph' (NCCL, or gloo on
+    CPU ranks), 'graph one-shot', 'graph two-shot' (the engines' P2P kernel class), so the paths never mix."""
+    by_series: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
     for m in _ok_measurements(result):
         size = m.params.get("size_bytes", m.params.get("size"))
         mode = m.params.get("mode", m.name)
+        impl = str(m.params.get("impl", "nccl"))
         value = m.metrics.get("time_us")
         if value is None and m.stats is not None and m.unit == "us":
             value = m.stats.median
         if isinstance(size, int) and value is not None:
-            by_mode.setdefault(str(mode), []).append((float(size), float(value)))
+            dist = impl in _DIST_IMPLS
+            label = str(mode) if dist else f"{mode} {impl.replace('_', '-')}"
+            by_series.setdefault((str(mode), 0 if dist else 1, label), []).append((float(size), float(value)))
     return tuple(
-        Series(mode, tuple(x for x, _ in sorted(points)), tuple(y for _, y in sorted(points)))
-        for mode, points in sorted(by_mode.items())
+        Series(label, tuple(x for x, _ in sorted(points)), tuple(y for _, y in sorted(points)))
+        for (_mode, _order, label), points in sorted(by_series.items())
     )
 
 
@@ -805,6 +813,8 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
     lines = [
         f"{tp_text} · {budget.kernels} kernels/step, {budget.launch_mode} launch" if tp_text else "",
         summary,
+        # the engine's all-reduce path where a rule or the flag chose it (as measured otherwise: said in the CLI)
+        *dict.fromkeys(f"all-reduce: {s.path_text}" for s in budget.segments if s.path_rule and s.path_text),
     ]
     obs = budget.observed_step
     return BudgetView(
@@ -849,6 +859,7 @@ class PresetBudget:
         observed_from: str = "default",
         server_url: str | None = None,
         session_start_s: float | None = None,
+        allreduce: str = "auto",
     ) -> None:
         import time
 
@@ -857,6 +868,8 @@ class PresetBudget:
         self.gpu_how = gpu_how
         self.observed_from = observed_from
         self.server_url = server_url
+        self.allreduce = allreduce
+        """`--allreduce`: which all-reduce the engine runs (auto, nccl or custom)."""
         self.session_start_s = time.time() if session_start_s is None else session_start_s
         self._server_answer: ServerObserved | ServerStatus | None = None
         self._fresh_fingerprint: Fingerprint | None = None
@@ -867,7 +880,7 @@ class PresetBudget:
         from decodetop.probes.budgeting import expected_fingerprint
 
         group = self.group() if self.group is not None else None
-        scenario = scenario_for(settings, group)
+        scenario = scenario_for(settings, group, self.allreduce)
         fresh = self._fresh_fingerprint
         if fresh is not None:
             return dataclasses.replace(fresh, scenario=scenario.fingerprint_id), True
@@ -885,7 +898,7 @@ class PresetBudget:
         if not isinstance(result, ProbeResult) or result.environment is None:
             return None
         group = self.group() if self.group is not None else None
-        fp = fingerprint_of(result.environment, scenario_for(settings, group))
+        fp = fingerprint_of(result.environment, scenario_for(settings, group, self.allreduce))
         self._fresh_fingerprint = fp
         return fp
 
@@ -949,7 +962,7 @@ class PresetBudget:
         from decodetop.probes.results import ProbeResult
 
         group = self.group() if self.group is not None else None
-        scenario = scenario_for(settings, group)
+        scenario = scenario_for(settings, group, self.allreduce)
         good = [r for r in results.values() if isinstance(r, ProbeResult) and r.ok]
         taken = measured_at({r.probe: r for r in good})
         stored = {p: t for p, t in taken.items() if t < self.session_start_s}

@@ -49,6 +49,8 @@ class LaunchOptions:
     notes: tuple[str, ...] = field(default_factory=tuple)
     observed_from: str = "default"
     """Where the settings' observed step came from: "flag", "settings" or "default" (then it is assumed)."""
+    allreduce: str = "auto"
+    """`--allreduce`: which all-reduce the engine runs (auto, nccl or custom), for the budget."""
 
 
 def terminal_problem(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) -> str | None:
@@ -198,6 +200,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         gpu_how="fake NVML of the demo" if options.demo else "detected by NVML",
         observed_from=options.observed_from,
         server_url=options.server,
+        allreduce=options.allreduce,
     )
     return Sources(
         telemetry=telemetry,
@@ -269,7 +272,9 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
     return Sources(
         telemetry=telemetry,
         probes=probes,
-        budget=PresetBudget(gpu_name, gpu_how="from the recording", observed_from=options.observed_from),
+        budget=PresetBudget(
+            gpu_name, gpu_how="from the recording", observed_from=options.observed_from, allreduce=options.allreduce
+        ),
         checks=RecordedChecks(checks),
         history=None,
         run_probes_at_start=bool(results),
