@@ -40,8 +40,11 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser: the live UI's flags at the top level, one subparser per headless command."""
+    # allow_abbrev=False: a flag is spelt out, so one flag never reads as the prefix of another (--allreduce and
+    # --allreduce-us of `decodetop budget`).
     parser = _OneLineErrorParser(
         prog="decodetop",
+        allow_abbrev=False,
         description="Where a multi-GPU LLM decode step's time goes, and whether the host is set up right. "
         "With no subcommand, starts the live terminal UI.",
     )
@@ -49,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command_module("tui").add_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in SUBCOMMANDS:
-        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub = subparsers.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         _command_module(name).add_arguments(sub)
     return parser
 
