@@ -244,3 +244,20 @@ def test_the_exporter_labels_the_path_not_the_reason() -> None:
         assert len(series) == 1  # one series: the component holding the all-reduces
         assert f'path="{path}"' in series[0] and 'component="communication"' in series[0]
         assert "vLLM" not in series[0]  # the reason stays out of the label
+
+
+def test_flags_are_spelt_out_so_allreduce_us_is_never_a_prefix_match(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["budget", "--allreduce-u", "9"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --allreduce-u" in capsys.readouterr().err
+
+
+def test_the_live_ui_flag_reaches_its_budget(tmp_path: Path) -> None:
+    from decodetop.settings import Settings
+    from decodetop.tui.adapters import PresetBudget
+    from decodetop.tui.launch import LaunchOptions, build_sources
+
+    options = LaunchOptions(demo=True, allreduce="nccl", history_path=tmp_path / "history.jsonl")
+    budget = build_sources(Settings(model=MODEL), options).budget
+    assert isinstance(budget, PresetBudget) and budget.allreduce == "nccl"
