@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import non_empty, positive_finite_float, positive_int
 from decodetop.errors import UserInputError
+
+if TYPE_CHECKING:
+    from decodetop.traces.capture import CaptureResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from decodetop.traces.analysis import analyze
-    from decodetop.traces.capture import capture
     from decodetop.traces.classify import load_rules
     from decodetop.traces.compare import budget_ms, compare, load_budget_json
     from decodetop.traces.ranks import load_traces
@@ -78,19 +80,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError("trace: give a trace FILE or --server URL (one of them)")
     if args.top < 1:
         raise UserInputError(f"--top: {args.top} must be at least 1")
-    captured = None
-    path = args.file
-    if args.server:
-        captured = capture(
-            args.server,
-            steps=args.steps,
-            output_dir=args.output_dir,
-            engine=args.engine,
-            timeout_s=args.timeout,
-            duration_s=args.duration,
-        )
-        path = str(captured.path)
-        print(f"captured {path} from {args.server} ({captured.engine}, {captured.waited_s:.1f} s)", file=sys.stderr)
+    captured = _capture(args) if args.server else None
+    path = str(captured.path) if captured is not None else args.file
     budget: Any = None
     budget_note = ""
     if args.budget:
@@ -117,19 +108,37 @@ def run(args: argparse.Namespace) -> int:
     report = traces.report
     comparison = compare(report, budget) if budget is not None else None
     view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers[0])
-    if args.json:
-        out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
-        if comparison is not None:
-            out["comparison"] = comparison.to_json()
-            out["budget_source"] = budget_note
-        if captured is not None:
-            out["captured"] = {"path": str(captured.path), "engine": captured.engine}
-        print(json.dumps(finite(out), indent=1, allow_nan=False))
-    else:
+    if not args.json:
         from decodetop.textfmt import fit_text
 
         sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
+        return 0
+    out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
+    if comparison is not None:
+        out["comparison"] = comparison.to_json()
+        out["budget_source"] = budget_note
+    if captured is not None:
+        out["captured"] = {"path": str(captured.path), "engine": captured.engine}
+    print(json.dumps(finite(out), indent=1, allow_nan=False))
     return 0
+
+
+def _capture(args: argparse.Namespace) -> CaptureResult:
+    """A trace from the live --server (every rank's file), said on stderr."""
+    from decodetop.traces.capture import capture
+
+    captured = capture(
+        args.server,
+        steps=args.steps,
+        output_dir=args.output_dir,
+        engine=args.engine,
+        timeout_s=args.timeout,
+        duration_s=args.duration,
+    )
+    print(
+        f"captured {captured.path} from {args.server} ({captured.engine}, {captured.waited_s:.1f} s)", file=sys.stderr
+    )
+    return captured
 
 
 def finite(value: Any) -> Any:

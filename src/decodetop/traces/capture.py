@@ -101,12 +101,7 @@ def capture(
 ) -> CaptureResult:
     """Start the server's profiler, wait for the trace file (deadline `timeout_s`) and return where it is."""
     base = url.rstrip("/")
-    if not base.startswith(("http://", "https://")):
-        raise UserInputError(f"--server: {url!r} is not an http(s) URL")
-    if steps < 1:
-        raise UserInputError(f"--steps: {steps} must be at least 1")
-    if timeout_s <= 0:
-        raise UserInputError(f"--timeout: {timeout_s} must be positive")
+    _check_arguments(base, url, steps, timeout_s)
     started = time.monotonic()
     deadline = started + timeout_s
     if engine == "auto":
@@ -123,16 +118,44 @@ def capture(
     def remaining() -> float:
         return max(0.1, deadline - time.monotonic())
 
+    start = f"{base}/start_profile"
     if engine == "sglang":
         body = json.dumps({"output_dir": str(directory), "num_steps": steps, "activities": list(activities)})
-        status, text = _request(f"{base}/start_profile", method="POST", body=body.encode(), timeout_s=remaining())
-        _check(status, text, f"{base}/start_profile")
+        _check(*_request(start, method="POST", body=body.encode(), timeout_s=remaining()), start)
     else:
-        status, text = _request(f"{base}/start_profile", method="POST", body=None, timeout_s=remaining())
-        _check(status, text, f"{base}/start_profile")
+        _check(*_request(start, method="POST", body=None, timeout_s=remaining()), start)
         sleep(min(duration_s, remaining()))
-        status, text = _request(f"{base}/stop_profile", method="POST", body=None, timeout_s=remaining())
-        _check(status, text, f"{base}/stop_profile")
+        stop = f"{base}/stop_profile"
+        _check(*_request(stop, method="POST", body=None, timeout_s=remaining()), stop)
+    done = _wait_for_files(directory, before, deadline=deadline, poll_s=poll_s, settle_s=settle_s, sleep=sleep)
+    if not done:
+        raise UserInputError(
+            f"no trace file appeared in {directory} within {timeout_s:.0f} s after {engine} accepted the request "
+            "(is the server idle, so no decode steps ran? is that directory on the server's host?)"
+        )
+    done.sort(key=lambda p: (0 if "TP-0" in p.name else 1, p.name))
+    return CaptureResult(done[0], engine, directory, time.monotonic() - started, tuple(done[1:]))
+
+
+def _check_arguments(base: str, url: str, steps: int, timeout_s: float) -> None:
+    if not base.startswith(("http://", "https://")):
+        raise UserInputError(f"--server: {url!r} is not an http(s) URL")
+    if steps < 1:
+        raise UserInputError(f"--steps: {steps} must be at least 1")
+    if timeout_s <= 0:
+        raise UserInputError(f"--timeout: {timeout_s} must be positive")
+
+
+def _wait_for_files(
+    directory: Path,
+    before: dict[Path, int],
+    *,
+    deadline: float,
+    poll_s: float,
+    settle_s: float,
+    sleep: Callable[[float], None],
+) -> list[Path]:
+    """The new trace files (one per rank) once every one has stopped growing for `settle_s`; [] at the deadline."""
     sizes: dict[Path, tuple[int, float]] = {}
     while True:
         now = _trace_files(directory)
@@ -146,14 +169,10 @@ def capture(
             sizes[path] = (size, since)
             if size > 0 and clock - since >= settle_s:
                 done.append(path)
-        if done and len(done) == len(fresh):  # every new file (one per rank) has stopped growing
-            done.sort(key=lambda p: (0 if "TP-0" in p.name else 1, p.name))
-            return CaptureResult(done[0], engine, directory, time.monotonic() - started, tuple(done[1:]))
+        if done and len(done) == len(fresh):
+            return done
         if time.monotonic() >= deadline:
-            raise UserInputError(
-                f"no trace file appeared in {directory} within {timeout_s:.0f} s after {engine} accepted the request "
-                "(is the server idle, so no decode steps ran? is that directory on the server's host?)"
-            )
+            return []
         sleep(poll_s)
 
 
