@@ -23,6 +23,7 @@ from decodetop.tui.screens.gpu_details import GpuDetailScreen, gpu_detail_text
 from decodetop.tui.screens.tp_picker import TpPickerScreen, tp_options
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable, fit_columns, sparkline
+from decodetop.tui.widgets.probe_table import ProbeTable, column_widths
 from decodetop.tui.widgets.process_table import ProcessTable, process_rows
 
 from .conftest import make_app, wait_until
@@ -75,6 +76,12 @@ def test_columns_follow_the_width_and_keep_memory_and_clock_events_at_80() -> No
     assert {"name", "bus", "util_hist", "memutil", "ecc", "nvlink", "power_hist", "temp_hist"} <= set(wide)
     reasons = next(c for c in fit_columns(200) if c.key == "reasons")
     assert reasons.width >= len("HwThermalSlowdown")
+
+
+def test_probe_values_take_the_room_there_is() -> None:
+    assert column_widths(80, len("allreduce"))["value"] == 38  # 80 - 9 - 17 - 6 - 4 × 2 padding - 2 scrollbar
+    assert column_widths(200, len("GEMM at decode shapes"))["value"] > 100
+    assert column_widths(60, 22)["value"] == 12  # never narrower: the age column stays in view
 
 
 def test_sparkline_scales_to_its_top() -> None:
@@ -160,9 +167,11 @@ async def test_sort_by_utilisation_then_filter_then_clear() -> None:
         await pilot.pause()
         assert [str(k.value) for k in table.rows] == ["gpu-2"]
         assert [str(k.value) for k in app.query_one(ProcessTable).rows] == ["pid-2-5150", "pid-2-5151"]
+        assert app.query_one(ProbeTable).row_count == 0  # no probe mentions alice
         await pilot.press("escape")
         await pilot.pause()
         assert table.row_count == 8
+        assert app.query_one(ProbeTable).row_count == 3
         assert not app.query_one("#filter").display
 
 

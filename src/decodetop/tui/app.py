@@ -91,7 +91,7 @@ HELP_TEXT = {
     "show_tab('charts')": "charts tab",
     "pick_tp": "choose the tensor-parallel degree: the probe plan and the budget follow",
     "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
-    "filter": "filter the GPU, process and health tables (enter keeps it, escape clears it)",
+    "filter": "filter the probe, GPU, process and health tables (enter keeps it, escape clears it)",
 }
 """What `?` says for each binding (the footer keeps the short descriptions)."""
 
@@ -829,7 +829,7 @@ class DecodetopApp(App[int]):
         self.notify(f"GPUs sorted by {order}", timeout=2)
 
     def action_filter(self) -> None:
-        """`/`: type a filter for the GPU, process and health tables."""
+        """`/`: type a filter for the probe, GPU, process and health tables."""
         box = self.query_one("#filter", Input)
         box.add_class("-shown")
         box.focus()
@@ -848,6 +848,7 @@ class DecodetopApp(App[int]):
         for table in self.query(GpuTable):
             table.set_filter(text)
         self.query_one(ProcessTable).set_filter(text)
+        self.query_one(ProbeTable).set_filter(text)
         for panel in self.query(HealthPanel):
             panel.set_filter(text)
 

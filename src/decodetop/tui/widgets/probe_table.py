@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
@@ -23,8 +24,34 @@ _STATE_CLASS = {
     ProbeState.IDLE: "probe-table--muted",
 }
 _COLUMNS = (("probe", "probe"), ("state", "state"), ("value", "last value"), ("age", "age"))
-COLUMN_WIDTHS = {"state": 17, "value": 26, "age": 6}
-"""Fixed widths (the gauge, a headline, "59m ↺"), so a tick never re-measures or re-lays out the table."""
+COLUMN_WIDTHS = {"probe": 22, "state": 17, "value": 26, "age": 6}
+"""Widths at 80 columns (a title, the gauge, a headline, "59m ↺"); set, never measured, so a tick never re-measures
+or re-lays out the table. The value column takes the room a table has (less beside the side panels)."""
+CELL_PADDING = 1
+SCROLLBAR_CELLS = 2
+VALUE_MIN = 12
+"""The value column never gets narrower than this (beside the side panels the tab is ~68 columns wide), so the age
+column stays in view."""
+
+
+def probe_matches(view: ProbeView, text: str) -> bool:
+    """True when `text` (any case) is in the probe's title, id, state or value."""
+    needle = text.strip().lower()
+    hay = (view.title, view.probe_id, view.state.value, view.value_text, view.error)
+    return not needle or any(needle in h.lower() for h in hay)
+
+
+def column_widths(table_width: int, probe_width: int = COLUMN_WIDTHS["probe"]) -> dict[str, int]:
+    """The widths for a table `table_width` cells wide whose longest title is `probe_width` (at most the probe
+    column's width): the value column takes what the others leave."""
+    widths = dict(COLUMN_WIDTHS)
+    widths["probe"] = min(COLUMN_WIDTHS["probe"], max(len("probe"), probe_width))
+    others = sum(w for k, w in widths.items() if k != "value")
+    room = table_width - others - 2 * CELL_PADDING * len(COLUMN_WIDTHS) - SCROLLBAR_CELLS
+    widths["value"] = max(VALUE_MIN, room)
+    return widths
+
+
 PROGRESS_CELLS = 4
 """Width of the progress gauge drawn in the state column while a probe runs."""
 
@@ -74,11 +101,32 @@ class ProbeTable(DataTable[Text]):
         self.now_s = 0.0
         """Ages are measured against this (set by the app)."""
         self._cache = CellCache()
+        self._widths = dict(COLUMN_WIDTHS)
+        self._rows: list[str] = []
+        """Probe ids with a row, in order."""
+        self._table_width = 80
+        self.filter_text = ""
 
     def on_mount(self) -> None:
         """Set up the columns."""
         for key, label in _COLUMNS:
-            self.add_column(label, key=key, width=COLUMN_WIDTHS.get(key))
+            self.add_column(label, key=key, width=self._widths[key])
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The value column takes the width there is (from the new size: never one resize behind)."""
+        self._table_width = event.size.width
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        longest = max((len(v.title or v.probe_id) for v in self.views.values()), default=COLUMN_WIDTHS["probe"])
+        widths = column_widths(self._table_width, longest)
+        if widths == self._widths:
+            return
+        self._widths = widths
+        self.clear(columns=True)
+        for key, label in _COLUMNS:
+            self.add_column(label, key=key, width=widths[key])
+        self._rebuild_rows()
 
     def _cells(self, view: ProbeView) -> dict[str, Text]:
         state_style = self.get_component_rich_style(_STATE_CLASS[view.state], partial=True)
@@ -95,31 +143,47 @@ class ProbeTable(DataTable[Text]):
         return {
             "probe": Text(view.title or view.probe_id),
             "state": Text(state_text(view), style=state_style),
-            "value": Text(value[:60], style=value_style),
+            "value": Text(value, style=value_style),
             "age": Text(age, style=muted),
         }
 
     def show(self, view: ProbeView) -> None:
         """Add or update one probe's row in place (the cursor stays where it is)."""
-        cells = self._cells(view)
-        if view.probe_id in self.views:
-            for key, text in cells.items():
-                self._cache.set(self, view.probe_id, key, text, fixed_width=key in COLUMN_WIDTHS)
-        else:
-            self.add_row(*(cells[key] for key, _ in _COLUMNS), key=view.probe_id)
-            for key, text in cells.items():
-                self._cache.remember(view.probe_id, key, text)
         self.views[view.probe_id] = view
+        shown = view.probe_id in self._rows
+        if probe_matches(view, self.filter_text) != shown:
+            self._rebuild_rows()
+        elif shown:
+            for key, text in self._cells(view).items():
+                self._cache.set(self, view.probe_id, key, text, fixed_width=True)
+
+    def _rebuild_rows(self) -> None:
+        """Rows for the views that match the filter, in plan order (a filter or a plan change only)."""
+        row = self.cursor_row
+        self.clear()
+        self._cache.clear()
+        self._rows = []
+        for view in self.views.values():
+            if probe_matches(view, self.filter_text):
+                cells = self._cells(view)
+                self.add_row(*(cells[key] for key, _ in _COLUMNS), key=view.probe_id)
+                for key, text in cells.items():
+                    self._cache.remember(view.probe_id, key, text)
+                self._rows.append(view.probe_id)
+        if 0 <= row < self.row_count:
+            self.move_cursor(row=row, scroll=False)
+
+    def set_filter(self, text: str) -> None:
+        """Show only the probes matching `text` (any case, in the title, id, state or value)."""
+        if text != self.filter_text:
+            self.filter_text = text
+            self._rebuild_rows()
 
     def replace_all(self, views: list[ProbeView]) -> None:
-        """Show exactly `views` (after a model change); keeps rows whose id survives."""
-        wanted = {v.probe_id for v in views}
-        for probe_id in [p for p in self.views if p not in wanted]:
-            self.remove_row(probe_id)
-            del self.views[probe_id]
-            self._cache.forget_row(probe_id)
-        for view in views:
-            self.show(view)
+        """Show exactly `views` (after a model change)."""
+        self.views = {v.probe_id: v for v in views}
+        self._fit_columns()
+        self._rebuild_rows()
 
     def refresh_ages(self, now_s: float) -> None:
         """Redraw the age column against `now_s`."""
