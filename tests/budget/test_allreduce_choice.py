@@ -261,3 +261,19 @@ def test_the_live_ui_flag_reaches_its_budget(tmp_path: Path) -> None:
     options = LaunchOptions(demo=True, allreduce="nccl", history_path=tmp_path / "history.jsonl")
     budget = build_sources(Settings(model=MODEL), options).budget
     assert isinstance(budget, PresetBudget) and budget.allreduce == "nccl"
+
+
+def test_one_gpu_says_nccl_was_assumed_because_one_gpu_measures_no_all_reduce() -> None:
+    env = Environment(
+        host="vm",
+        time_utc="2026-12-01T10:00:00Z",
+        python="3.12",
+        backend="nccl",
+        device_kind="cuda",
+        world_size=1,
+        gpu_names=("NVIDIA H200",),
+    )
+    launch = ProbeResult("launch", ProbeStatus.OK, {}, (), environment=env, world_size=1)
+    row = _row(_budget([launch]))
+    assert row.status == "estimated" and row.path == "NCCL"
+    assert row.path_text.startswith("NCCL assumed: one GPU in the probe group measures no all-reduce")

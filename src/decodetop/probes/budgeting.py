@@ -271,7 +271,14 @@ def compose_inventory(
     origin = {r.probe: r for r in used}
     sizes = allreduce_sizes(inventory)
     segments = tuple(
-        allreduce_path(_provenance(s, origin, stored, now), measured, sizes.get(s.component, ()), choice, kind)
+        allreduce_path(
+            _provenance(s, origin, stored, now),
+            measured,
+            sizes.get(s.component, ()),
+            choice,
+            kind,
+            group=env.world_size if env is not None else None,
+        )
         for s in budget.segments
     )
     ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice)
@@ -319,9 +326,18 @@ def curve_path_text(curve: EngineCurve, device_kind: str = "cuda") -> str:
     return f"{', '.join(parts)} ({reason})"
 
 
-def allreduce_path(seg: Segment, measured: MeasuredSet, sizes: Sequence[int], choice: str, device_kind: str) -> Segment:
+def allreduce_path(
+    seg: Segment,
+    measured: MeasuredSet,
+    sizes: Sequence[int],
+    choice: str,
+    device_kind: str,
+    *,
+    group: int | None = None,
+) -> Segment:
     """`seg` with the all-reduce path its figure assumes (`Segment.path`, `path_text`, `path_rule`) and that text after
-    its provenance, where the segment holds all-reduces (`sizes`, bytes) and has a figure."""
+    its provenance, where the segment holds all-reduces (`sizes`, bytes) and has a figure. `group`: the ranks the
+    results ran on (a group of one GPU measures no all-reduce)."""
     if not sizes or seg.ms is None:
         return seg
     dist = _dist_label("NCCL", device_kind)
@@ -339,7 +355,10 @@ def allreduce_path(seg: Segment, measured: MeasuredSet, sizes: Sequence[int], ch
         path, text = dist, f"{dist} as measured ({why})"
     elif seg.estimated:
         path = dist
-        text = "NCCL assumed: no all-reduce measured here; the roofline's latency is NCCL's (or --allreduce-us)"
+        why = "no all-reduce measured here"
+        if group == 1:
+            why = "one GPU in the probe group measures no all-reduce (a P2P all-reduce needs two or more)"
+        text = f"NCCL assumed: {why}; the roofline's latency is NCCL's (or --allreduce-us)"
         if choice == "custom":
             text += "; --allreduce custom needs the allreduce probe's custom points"
     else:
