@@ -250,28 +250,38 @@ def _parse(stream: _Stream, trace: Trace) -> None:
             break
         if not nxt:
             raise UserInputError(f"{stream.path}: truncated: the file ends inside the top-level object")
-        key = stream.value("a top-level key")
-        if not isinstance(key, str):
-            raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: object key is not a string")
-        stream.take(":", f"the top-level key {key!r}")
-        if key == "traceEvents":
-            if stream.peek() != "[":
-                raise UserInputError(f"{stream.path}: 'traceEvents' is not an array: not a Chrome trace")
-            _parse_events(stream, trace)
-            seen_events = True
-        else:
-            value = stream.value(f"the top-level value {key!r}")
-            if key in _KEPT_META:
-                trace.meta[key] = value
-        sep = stream.peek()
-        if sep == ",":
-            stream.pos += 1
-        elif sep != "}":
-            if not sep:
-                raise UserInputError(f"{stream.path}: truncated: the file ends inside the top-level object")
-            raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: expected ',' or '}}'")
+        seen_events = _parse_member(stream, trace) or seen_events
+        _after_member(stream)
     if not seen_events:
         raise UserInputError(f"{stream.path}: JSON without a 'traceEvents' array: not a PyTorch/Chrome profiler trace")
+
+
+def _parse_member(stream: _Stream, trace: Trace) -> bool:
+    """One `"key": value` of the top-level object; True when it was the traceEvents array."""
+    key = stream.value("a top-level key")
+    if not isinstance(key, str):
+        raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: object key is not a string")
+    stream.take(":", f"the top-level key {key!r}")
+    if key == "traceEvents":
+        if stream.peek() != "[":
+            raise UserInputError(f"{stream.path}: 'traceEvents' is not an array: not a Chrome trace")
+        _parse_events(stream, trace)
+        return True
+    value = stream.value(f"the top-level value {key!r}")
+    if key in _KEPT_META:
+        trace.meta[key] = value
+    return False
+
+
+def _after_member(stream: _Stream) -> None:
+    """Consume the ',' after a top-level member, or leave the closing '}' for the loop."""
+    sep = stream.peek()
+    if sep == ",":
+        stream.pos += 1
+    elif sep != "}":
+        if not sep:
+            raise UserInputError(f"{stream.path}: truncated: the file ends inside the top-level object")
+        raise UserInputError(f"{stream.path}: malformed JSON at {stream.where()}: expected ',' or '}}'")
 
 
 def _parse_events(stream: _Stream, trace: Trace) -> None:
@@ -325,6 +335,10 @@ def _int(value: object, default: int = NO_ID) -> int:
     return default
 
 
+_GPU, _HOST, _RUNTIME, _ANNOTATION = range(4)
+"""Which columns of `Trace` an event goes to."""
+
+
 def _keep(event: dict[str, Any], trace: Trace) -> None:
     """Keep the fields of one event that the analysis uses; ignore the rest (decided before parsing fields)."""
     cat_raw = event.get("cat")
@@ -332,48 +346,31 @@ def _keep(event: dict[str, Any], trace: Trace) -> None:
     trace.categories[cat] += 1
     if event.get("ph") != "X":
         return
-    gpu_kind = _GPU_CATS.get(cat)
-    host_kind = _HOST_CATS.get(cat)
     name = event.get("name")
     if not isinstance(name, str):
         name = str(name)
-    if cat == "python_function":
-        if not name.startswith("nn.Module:"):
-            return
-        host_kind = HOST_MODULE
-    elif gpu_kind is None and host_kind is None and cat not in _RUNTIME_CATS and cat != "gpu_user_annotation":
+    where = _where(cat, name)
+    if where is None:
         return
-    ts = _num(event.get("ts"))
-    if ts is None:
-        return
-    dur = _num(event.get("dur"))
-    if dur is None:
-        dur = 0.0
-    if not (math.isfinite(ts) and math.isfinite(dur)) or ts < 0 or dur < 0:
-        trace.bad_times += 1  # a NaN, infinite or negative time would poison every sum and sort after it
+    times = _times(event, trace)
+    if times is None:
         return
     args = event.get("args")
     if not isinstance(args, dict):
         args = {}
-    if gpu_kind is not None:
-        trace.gpu_kind.append(gpu_kind)
+    table, kind = where
+    ts, dur = times
+    if table == _GPU:
+        trace.gpu_kind.append(kind)
         trace.gpu_name.append(trace.intern(name))
         trace.gpu_ts_us.append(ts)
         trace.gpu_dur_us.append(dur)
         trace.gpu_device.append(_int(args.get("device", event.get("pid"))))
         trace.gpu_stream.append(_int(args.get("stream", event.get("tid"))))
         trace.gpu_corr.append(_int(args.get("correlation")))
-    elif host_kind is not None:
-        trace.host_kind.append(host_kind)
-        trace.host_name.append(trace.intern(name))
-        trace.host_ts_us.append(ts)
-        trace.host_dur_us.append(dur)
-        trace.host_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
-        shape = NO_ID
-        if host_kind == HOST_OP and "Input Dims" in args and any(part in name for part in _SHAPED_OPS):
-            shape = trace.intern(json.dumps(args["Input Dims"], separators=(",", ":")))
-        trace.host_shape.append(shape)
-    elif cat in _RUNTIME_CATS:
+    elif table == _HOST:
+        _keep_host(event, trace, name, kind, args, times)
+    elif table == _RUNTIME:
         trace.rt_name.append(trace.intern(name))
         trace.rt_ts_us.append(ts)
         trace.rt_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
@@ -383,3 +380,48 @@ def _keep(event: dict[str, Any], trace: Trace) -> None:
         trace.ga_ts_us.append(ts)
         trace.ga_dur_us.append(dur)
         trace.ga_device.append(_int(args.get("device", event.get("pid"))))
+
+
+def _where(cat: str, name: str) -> tuple[int, int] | None:
+    """(columns, kind) of an event of category `cat`, or None for events the analysis does not use."""
+    gpu_kind = _GPU_CATS.get(cat)
+    if gpu_kind is not None:
+        return _GPU, gpu_kind
+    if cat == "python_function":  # only the nn.Module frames: plain Python frames say nothing about components
+        return (_HOST, HOST_MODULE) if name.startswith("nn.Module:") else None
+    host_kind = _HOST_CATS.get(cat)
+    if host_kind is not None:
+        return _HOST, host_kind
+    if cat in _RUNTIME_CATS:
+        return _RUNTIME, 0
+    if cat == "gpu_user_annotation":
+        return _ANNOTATION, 0
+    return None
+
+
+def _times(event: dict[str, Any], trace: Trace) -> tuple[float, float] | None:
+    """(ts, dur) in µs; None without a timestamp, or (counted) for a NaN, infinite or negative time."""
+    ts = _num(event.get("ts"))
+    if ts is None:
+        return None
+    dur = _num(event.get("dur"))
+    if dur is None:
+        dur = 0.0
+    if not (math.isfinite(ts) and math.isfinite(dur)) or ts < 0 or dur < 0:
+        trace.bad_times += 1  # a NaN, infinite or negative time would poison every sum and sort after it
+        return None
+    return ts, dur
+
+
+def _keep_host(  # noqa: PLR0917 - the event's parts, decoded once by the caller
+    event: dict[str, Any], trace: Trace, name: str, kind: int, args: dict[str, Any], times: tuple[float, float]
+) -> None:
+    trace.host_kind.append(kind)
+    trace.host_name.append(trace.intern(name))
+    trace.host_ts_us.append(times[0])
+    trace.host_dur_us.append(times[1])
+    trace.host_thread.append(trace.thread_id(event.get("pid"), event.get("tid")))
+    shape = NO_ID
+    if kind == HOST_OP and "Input Dims" in args and any(part in name for part in _SHAPED_OPS):
+        shape = trace.intern(json.dumps(args["Input Dims"], separators=(",", ":")))
+    trace.host_shape.append(shape)
