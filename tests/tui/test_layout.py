@@ -12,9 +12,11 @@ from collections.abc import Callable
 import pytest
 from textual.pilot import Pilot
 
+from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
+from decodetop.tui.widgets.health_panel import column_widths, sorted_checks
 
 from .conftest import make_app, wait_until
 from .fakes import FakeTelemetry, eight_gpu_frame, make_sources
@@ -133,3 +135,35 @@ def test_snapshot_after_passing_through_a_tiny_terminal(
 def test_snapshot_too_small(snap_compare: Callable[..., bool]) -> None:
     app = _app()
     assert snap_compare(app, terminal_size=(80, 24), run_before=_runner(app, [(40, 12)]))
+
+
+async def test_80x24_shows_all_8_gpus_with_memory_and_every_footer_key() -> None:
+    app = _app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _settle(pilot, app)
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one("#gpu-table", GpuTable)
+        assert "mem" in [str(k.value) for k in table.columns]
+        assert table.region.height >= 1 + 8  # the header and 8 rows, no scrollbar eating one
+        text = _screen_text(app)
+        assert all(f"\n {i}    " in text for i in range(8))
+        footer = text.splitlines()[-1]
+        assert "t theme" in footer and "p TP" in footer
+
+
+def test_health_text_columns_take_the_width() -> None:
+    narrow, wide = column_widths(80), column_widths(200)
+    assert narrow["title"] >= 22 and narrow["observed"] >= 26
+    assert sum(narrow.values()) + 2 * len(narrow) <= 80
+    assert wide["title"] > 40 and wide["observed"] > 50
+    assert sum(wide.values()) + 2 * len(wide) <= 200
+
+
+def test_health_rows_put_info_after_pass() -> None:
+    checks = tuple(
+        CheckResult(cid, cid, status, "", "")
+        for cid, status in (("I1", Status.INFO), ("P1", Status.PASS), ("F1", Status.FAIL), ("U1", Status.UNKNOWN))
+    )
+    checks += (CheckResult("W1", "W1", Status.WARN, "", ""),)
+    assert [c.check_id for c in sorted_checks(checks)] == ["F1", "W1", "U1", "P1", "I1"]
