@@ -41,7 +41,7 @@ from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 TOLERANCE = 0.10
 #: All-reduce sizes compared (bytes): latency-bound to bandwidth-bound.
 AR_SIZES = (8, 64 * 1024, 1024 * 1024, 16 * 1024 * 1024)
-#: Back-to-back ops per timed sample (nccl-tests' default -n 20; probes.md §1).
+#: Back-to-back ops per timed sample (nccl-tests' default -n 20; docs/reference/probes.md §1).
 AR_OPS = 20
 AR_REPS = 15
 #: GEMM shapes (n, k) at M = 1: Llama-3.1-70B at TP 1 (qkv, o, gate_up, down) and two small ones under 2× L2
@@ -149,7 +149,8 @@ def _ar_rank(rank: int, world: int, port: int, sizes: Sequence[int], q: Any) -> 
     q.join_thread()  # the queue's feeder thread must flush before os._exit
     for g in graphs:
         g.reset()
-    # destroy_process_group can hang after graph-captured collectives (h200-machine.md): leave without it.
+    # destroy_process_group can hang after graph-captured collectives (docs/reference/h200-machine.md): leave without
+    # it.
     sys.stdout.flush()
     os._exit(0)
 

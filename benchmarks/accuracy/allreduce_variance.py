@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from accuracy import free_port, gather_ranks
 
-#: Back-to-back ops per timed sample (nccl-tests' -n 20; probes.md §1), as the probe and accuracy.py.
+#: Back-to-back ops per timed sample (nccl-tests' -n 20; docs/reference/probes.md §1), as the probe and accuracy.py.
 OPS = 20
 REPS = 15
 #: Ops per graph in the layer probe's all-reduce part (shapes.time_runner: 200 µs / ~40 µs eager estimate).
@@ -153,7 +153,7 @@ def _rank(rank: int, cfg: Mapping[str, Any], q: Any) -> None:
     for g in graphs:
         g.reset()
     sys.stdout.flush()
-    os._exit(0)  # destroy_process_group can hang after graph-captured collectives (h200-machine.md)
+    os._exit(0)  # destroy_process_group can hang after graph-captured collectives (docs/reference/h200-machine.md)
 
 
 def run_plain(

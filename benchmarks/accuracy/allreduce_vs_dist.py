@@ -5,7 +5,8 @@ Two code paths time the same thing, pipelined all-reduce per op at 4 sizes:
 1. the probe: `ProbeController.run("allreduce", modes=["pipelined"])` (FileStore rendezvous, eager NCCL init,
    `timing.time_host_and_events`, per-size planned counts, median over samples and ranks);
 2. this file: its own spawned processes, a TCP rendezvous (no device_id), a barrier before every repetition, and
-   its own host-timed loop (perf_counter around N back-to-back ops + one synchronize, divided by N: probes.md §1),
+   its own host-timed loop (perf_counter around N back-to-back ops + one synchronize, divided by N:
+   docs/reference/probes.md §1),
    median over repetitions, averaged over ranks. On GPUs both paths also report CUDA-event spans of the same loops.
 
 It prints the ratio probe / independent per size and writes JSON. Acceptance: every ratio within 10 %.

@@ -342,7 +342,7 @@ def tp2_worker(rank: int, out_dir: str, steps: int) -> None:
             torch.cuda.synchronize()
             prof.step()
     dist.barrier()
-    # No destroy_process_group: h200-machine.md saw it hang; the parent joins with a deadline.
+    # No destroy_process_group: docs/reference/h200-machine.md saw it hang; the parent joins with a deadline.
     os._exit(0)
 
 

@@ -49,16 +49,17 @@ MAX_SETTINGS_BYTES = 1024 * 1024
 """A settings file is a handful of lines; anything larger than this is not one."""
 
 DEFAULT_OBSERVED_MS = 95.0
-"""probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
+"""docs/reference/probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
 DEFAULT_TARGET_TPS = 309.0
-"""The issue's target throughput (309 tok/s = 3.24 ms per token)."""
+"""The target throughput of the seed deployment (docs/architecture.md: 309 tok/s = 3.24 ms per token)."""
 DEFAULT_MODEL = "glm-5-nvfp4"
-"""probes.md §0: the seed computation is GLM-5-NVFP4 at TP8 (a `decodetop.budget` preset)."""
+"""docs/reference/probes.md §0: the seed computation is GLM-5-NVFP4 at TP8 (a `decodetop.budget` preset)."""
 DEFAULT_THEME = "decodetop-dark"
 DEFAULT_TICK_S = 1.0
-"""peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor tick."""
+"""docs/reference/peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor
+tick."""
 MIN_TICK_S = 0.25
-"""The shortest telemetry tick accepted, as nvitop's (peers.md §2)."""
+"""The shortest telemetry tick accepted, as nvitop's (docs/reference/peers.md §2)."""
 
 
 @dataclass(frozen=True)

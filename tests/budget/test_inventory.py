@@ -25,14 +25,15 @@ def test_glm5_tp8_all_reduces() -> None:
 
 
 def test_glm5_nvfp4_resident_weights_match_reference() -> None:
-    """models.md §5: 58.8 GB per GPU at TP8 once replicated tensors are counted."""
+    """docs/reference/models.md §5: 58.8 GB per GPU at TP8 once replicated tensors are counted."""
     inv = build_inventory(load_preset("glm-5-nvfp4"), Deployment(tp=8))
     assert inv.resident_weight_bytes / 1e9 == pytest.approx(58.8, abs=0.1)
 
 
 @pytest.mark.parametrize("name", preset_names())
 def test_tp1_batch1_reads_exactly_the_active_weights(name: str) -> None:
-    """At TP 1 and batch 1 the inventory's weight bytes are the model's per-token active bytes (models.md §5)."""
+    """At TP 1 and batch 1 the inventory's weight bytes are the model's per-token active bytes (docs/reference/models.md
+    §5)."""
     spec = load_preset(name)
     inv = build_inventory(spec, Deployment(tp=1, context_len=0))
     assert inv.weight_bytes == pytest.approx(spec.active_weight_bytes(), rel=1e-9)

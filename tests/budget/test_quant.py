@@ -1,4 +1,4 @@
-"""Quantization: formats, bits per weight, and each producer's exclusion-list style (models.md §5)."""
+"""Quantization: formats, bits per weight, and each producer's exclusion-list style (docs/reference/models.md §5)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def test_bits_per_weight_table() -> None:
 
 
 def test_glm5_nvfp4_follows_its_exclusions_not_a_flat_rate() -> None:
-    """Acceptance: attention and lm_head stay BF16; only MLPs are NVFP4 (models.md §0.4: ~44 GB per token)."""
+    """Acceptance: attention and lm_head stay BF16; only MLPs are NVFP4 (docs/reference/models.md §0.4: ~44 GB per
+    token)."""
     spec = load_preset("glm-5-nvfp4")
     for m in spec.modules:
         if m.component is Component.ATTENTION_PROJ or m.kind == "lm_head" or m.kind in ("router", "embedding"):
@@ -42,7 +43,7 @@ def test_glm5_nvfp4_follows_its_exclusions_not_a_flat_rate() -> None:
 
 @pytest.mark.parametrize(
     ("name", "gb"),
-    [  # models.md §5, per-token active weight bytes at native precision
+    [  # docs/reference/models.md §5, per-token active weight bytes at native precision
         ("glm-5", 81.7),
         ("glm-5-fp8", 41.9),
         ("deepseek-v3", 37.7),

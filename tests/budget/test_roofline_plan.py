@@ -29,7 +29,7 @@ def test_gpu_table_rows_have_sources() -> None:
     assert {"rtx-pro-6000", "h100", "h200", "b200", "a100", "l40s", "rtx-4090", "rtx-5090"} <= set(GPUS)
     for gpu in GPUS.values():
         assert gpu.source and gpu.mem_bandwidth_gbps > 0 and gpu.interconnect in INTERCONNECTS
-    assert GPUS["rtx-pro-6000"].mem_bandwidth_gbps == 1792  # models.md §1
+    assert GPUS["rtx-pro-6000"].mem_bandwidth_gbps == 1792  # docs/reference/models.md §1
     assert find_gpu("NVIDIA RTX PRO 6000 Blackwell Server Edition") is GPUS["rtx-pro-6000"]
     assert find_gpu("NVIDIA H200") is GPUS["h200"]
     assert find_gpu("rtx6000") is GPUS["rtx-pro-6000"]
@@ -37,7 +37,8 @@ def test_gpu_table_rows_have_sources() -> None:
 
 
 def test_nvml_bandwidth_formula() -> None:
-    assert nvml_bandwidth_gbps(6016, 3201) == pytest.approx(4814.3, rel=1e-4)  # h200-machine.md: 4.8 TB/s
+    # docs/reference/h200-machine.md: 4.8 TB/s
+    assert nvml_bandwidth_gbps(6016, 3201) == pytest.approx(4814.3, rel=1e-4)
 
 
 def _hw(bw: float = 1000.0, lat: float = 10.0, busbw: float = 100.0) -> Hardware:

@@ -10,8 +10,8 @@ import pytest
 from decodetop.budget.quant import ConfigError, WeightFormat
 from decodetop.budget.spec import PRESET_DIR, load_config, load_preset, preset_names, spec_from_config
 
-# models.md §2, "published" row. Publishers count "active" differently; each row names the convention the
-# publisher's figure matches (models.md §2-§3):
+# docs/reference/models.md §2, "published" row. Publishers count "active" differently; each row names the convention the
+# publisher's figure matches (docs/reference/models.md §2-§3):
 #   "no_embedding": active = everything a token reads except the input embedding (lm_head included)
 #   "no_embedding_no_head": also without lm_head (Z.ai's GLM figures: 40B for GLM-5, 32B for GLM-4.5)
 #   "all": embedding and lm_head included (Qwen3's 22B, Mixtral's 12.9B, dense Llama)
@@ -34,7 +34,8 @@ PUBLISHED = {
     "mixtral-8x7b": (46.7, 12.9, "all"),
 }
 TOLERANCE = 0.015
-# Kimi-K2's "1T" is a one-significant-figure headline; its config gives 1026.4B (models.md §2 lists 1026.4B as the
+# Kimi-K2's "1T" is a one-significant-figure headline; its config gives 1026.4B (docs/reference/models.md §2 lists
+# 1026.4B as the
 # computed figure). 1.5% of a rounded "1T" cannot hold; the headline's own rounding (±5%) is used for that one.
 TOTAL_TOLERANCE = {"kimi-k2": 0.05}
 
@@ -72,7 +73,7 @@ def test_preset_params_match_published(name: str) -> None:
 
 
 def test_glm5_fields_avoid_the_traps() -> None:
-    """models.md §0.2: head_dim 64 is the rope slice; MLA caches 576 values, not 64 KV heads."""
+    """docs/reference/models.md §0.2: head_dim 64 is the rope slice; MLA caches 576 values, not 64 KV heads."""
     spec = load_preset("glm-5")
     assert spec.attention_kind == "mla"
     assert spec.head_dim == 256
@@ -86,11 +87,11 @@ def test_glm5_fields_avoid_the_traps() -> None:
     by_kind = {m.kind: m for m in spec.modules if m.layer == 5}
     assert by_kind["q_b_proj"].params == 2048 * 64 * 256
     attention = sum(m.params for m in spec.modules if m.component.value == "attention_proj")
-    assert attention / 1e9 == pytest.approx(13.603, rel=1e-3)  # models.md §3
+    assert attention / 1e9 == pytest.approx(13.603, rel=1e-3)  # docs/reference/models.md §3
 
 
 def test_family_field_names() -> None:
-    """Expert width and count come from different keys per family (models.md §4)."""
+    """Expert width and count come from different keys per family (docs/reference/models.md §4)."""
     mixtral = load_preset("mixtral-8x7b")
     assert (mixtral.n_experts, mixtral.top_k, mixtral.ffn_expert, mixtral.ffn_dense) == (8, 2, 14336, 0)
     qwen = load_preset("qwen3-235b-a22b")

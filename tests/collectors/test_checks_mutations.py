@@ -1,4 +1,5 @@
-"""One change to the well-tuned host's tree, one finding: each rule of healthchecks.md fires on its own input."""
+"""One change to the well-tuned host's tree, one finding: each rule of docs/reference/healthchecks.md fires on its own
+input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""PCI config-space decoding: worked examples from healthchecks.md §2, the fixture images, and garbage."""
+"""PCI config-space decoding: worked examples from docs/reference/healthchecks.md §2, the fixture images, and
+garbage."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _endpoint(devctl: int, *, size: int = 4096, lnksta_speed: int = 5) -> bytes:
 
 
 def test_worked_example_devctl_0x2930() -> None:
-    """healthchecks.md §2.3: DevCtl 0x2930 → MRRS 512 B, MPS 256 B, RlxdOrd+, ExtTag+, NoSnoop+."""
+    """docs/reference/healthchecks.md §2.3: DevCtl 0x2930 → MRRS 512 B, MPS 256 B, RlxdOrd+, ExtTag+, NoSnoop+."""
     cfg = decode_config(_endpoint(0x2930))
     assert cfg.pcie is not None
     assert cfg.pcie.mrrs_bytes == 512 and cfg.pcie.mps_bytes == 256

@@ -9,7 +9,7 @@ from decodetop.probes.worker.timing import Rotation, fit_line, plan_counts, rota
 
 def test_rotation_count_exceeds_twice_the_cache() -> None:
     mib = 1024 * 1024
-    # 60 MiB L2 (H200: h200-machine.md/KINDS.md), 16 MiB weights: need > 120 MiB -> 8 copies (128 MiB)
+    # 60 MiB L2 (H200: docs/reference/h200-machine.md/KINDS.md), 16 MiB weights: need > 120 MiB -> 8 copies (128 MiB)
     assert rotation_count(16 * mib, 60 * mib) == 8
     assert 8 * 16 * mib > 2 * 60 * mib >= 7 * 16 * mib
     # a buffer bigger than twice the cache needs no rotation
@@ -54,7 +54,7 @@ def test_plan_counts_unknown_estimate() -> None:
 
 def test_fit_line_recovers_a_and_b() -> None:
     xs = [1.0, 8.0, 32.0, 128.0]
-    a, b = fit_line(xs, [15.0 + 0.58 * x for x in xs])  # probes.md §3: ~15 µs + 0.58 µs/node
+    a, b = fit_line(xs, [15.0 + 0.58 * x for x in xs])  # docs/reference/probes.md §3: ~15 µs + 0.58 µs/node
     assert a == pytest.approx(15.0) and b == pytest.approx(0.58)
     with pytest.raises(ValueError):
         fit_line([1.0, 1.0], [2.0, 3.0])

@@ -1,8 +1,7 @@
 """Fixed data sources for Pilot and snapshot tests: no threads of their own, no probes, no NVML, a fixed clock.
 
-The 8-GPU frame is the shape of the H200 recording (h200-machine.md: SM max 1980 MHz, mem 3201 MHz, PCIe Gen5 x16,
-700 W limit, GpuIdle at rest) replicated to 8 GPUs, as `--demo` does; stated in `source_note`.
-"""
+The 8-GPU frame is the shape of the H200 recording (docs/reference/h200-machine.md: SM max 1980 MHz, mem 3201 MHz, PCIe
+Gen5 x16, 700 W limit, GpuIdle at rest) replicated to 8 GPUs, as `--demo` does; stated in `source_note`."""
 
 from __future__ import annotations
 
@@ -272,7 +271,7 @@ class FakeBudget:
 
     def fingerprint(self, settings: Settings, result: object) -> None:
         """The fixed budget has no scenario: stored results carry no fingerprint."""
-        return None
+        return
 
     def accepts(self, fingerprint: object, settings: Settings) -> bool:
         """Every stored record feeds the fixed budget (the real source's rules are tested on PresetBudget)."""

@@ -2,9 +2,8 @@
 
 Every row names its source. Memory bandwidth and dense BF16 matrix peak are datasheet figures (per GPU); "dense"
 means without 2:4 sparsity, and where a datasheet only quotes the sparse figure the row says it was halved.
-Collective latencies are small-message all-reduce figures reported for that interconnect (probes.md §1, §7;
-h200-machine.md): the roofline uses them only when no all-reduce was measured, and says so.
-"""
+Collective latencies are small-message all-reduce figures reported for that interconnect (docs/reference/probes.md §1,
+§7; docs/reference/h200-machine.md): the roofline uses them only when no all-reduce was measured, and says so."""
 
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
         "PCIe Gen5 x16 (no NVLink)",
         24.0,
         41.1,
-        "probes.md §1: 8x RTX PRO 6000 behind PCIe switches, NCCL ~24 us at 256 B-64 KB, busbw 41.1 GB/s "
+        "docs/reference/probes.md §1: 8x RTX PRO 6000 behind PCIe switches, NCCL ~24 us at 256 B-64 KB, busbw 41.1 "
+        "GB/s "
         "(rtx6kpro hardware/pcie-bandwidth.md); untuned dual-socket boxes see 42-48 us",
     ),
     "pcie4": Interconnect(
@@ -38,7 +38,8 @@ INTERCONNECTS: dict[str, Interconnect] = {
         "PCIe Gen4 x16 (no NVLink)",
         42.0,
         20.0,
-        "probes.md §1: 8x RTX 4090 PCIe ~42 us at 8 B (NVIDIA/nccl#1530); busbw taken as half of Gen5's 41 GB/s "
+        "docs/reference/probes.md §1: 8x RTX 4090 PCIe ~42 us at 8 B (NVIDIA/nccl#1530); busbw taken as half of Gen5's "
+        "41 GB/s "
         "(Gen4 has half the link rate)",
     ),
     "nvlink4": Interconnect(
@@ -46,15 +47,17 @@ INTERCONNECTS: dict[str, Interconnect] = {
         "NVLink 4 / NVSwitch",
         14.0,
         300.0,
-        "h200-machine.md: nccl-tests all_reduce_perf on 2x H200 NVLink, 12-14 us pipelined at 8 B-32 KB, "
-        "~300 GB/s busbw at 128 MiB; probes.md §7.4 expects <= ~20 us NCCL on 8x H100/H200",
+        "docs/reference/h200-machine.md: nccl-tests all_reduce_perf on 2x H200 NVLink, 12-14 us pipelined at 8 B-32 "
+        "KB, "
+        "~300 GB/s busbw at 128 MiB; docs/reference/probes.md §7.4 expects <= ~20 us NCCL on 8x H100/H200",
     ),
     "nvlink3": Interconnect(
         "nvlink3",
         "NVLink 3 / NVSwitch",
         34.0,
         230.0,
-        "probes.md §1: DGX-A100 ring, 8 GPUs, 1 channel: 33.7 us (NVIDIA/nccl-tests#123); busbw ~230 GB/s is "
+        "docs/reference/probes.md §1: DGX-A100 ring, 8 GPUs, 1 channel: 33.7 us (NVIDIA/nccl-tests#123); busbw ~230 "
+        "GB/s is "
         "nccl-tests' commonly reported A100 figure (UNCONFIRMED here)",
     ),
     "nvlink5": Interconnect(
@@ -62,8 +65,9 @@ INTERCONNECTS: dict[str, Interconnect] = {
         "NVLink 5 / NVSwitch",
         14.0,
         480.0,
-        "no B200 small-message figure in the references: H200's 14 us (h200-machine.md) used; busbw from "
-        "probes.md §1's 8x H100 NVLS peak ~480 GB/s as a lower bound",
+        "no B200 small-message figure in the references: H200's 14 us (docs/reference/h200-machine.md) used; busbw "
+        "from "
+        "docs/reference/probes.md §1's 8x H100 NVLS peak ~480 GB/s as a lower bound",
     ),
 }
 
@@ -95,8 +99,9 @@ GPUS: dict[str, GpuModel] = {
         96.0,
         "pcie5",
         ("RTX PRO 6000",),
-        "models.md §1: 512-bit GDDR7, 1,792 GB/s (hardware-corner.net, gpu.name); BF16 = NVIDIA's 4,000 AI TOPS "
-        "(FP4, sparse) / 8, consistent with the 350-417 TFLOPS measured at 8192^3 (probes.md §4)",
+        "docs/reference/models.md §1: 512-bit GDDR7, 1,792 GB/s (hardware-corner.net, gpu.name); BF16 = NVIDIA's 4,000 "
+        "AI TOPS "
+        "(FP4, sparse) / 8, consistent with the 350-417 TFLOPS measured at 8192^3 (docs/reference/probes.md §4)",
     ),
     "h100": GpuModel(
         "h100",
@@ -126,7 +131,8 @@ GPUS: dict[str, GpuModel] = {
         141.0,
         "nvlink4",
         ("H200",),
-        "NVIDIA H200 datasheet: 4.8 TB/s HBM3e (h200-machine.md: NVML 6016-bit bus x 3201 MHz x 2 = 4.8 TB/s), "
+        "NVIDIA H200 datasheet: 4.8 TB/s HBM3e (docs/reference/h200-machine.md: NVML 6016-bit bus x 3201 MHz x 2 = 4.8 "
+        "TB/s), "
         "BF16 1,979 TFLOPS with sparsity (989 dense)",
     ),
     "b200": GpuModel(
@@ -212,6 +218,6 @@ def find_gpu(name: str) -> GpuModel | None:
 def nvml_bandwidth_gbps(bus_width_bits: int, max_mem_clock_mhz: int) -> float:
     """Theoretical DRAM bandwidth from NVML: bus width / 8 × memory clock × 2 (double data rate).
 
-    h200-machine.md: 6016 bits / 8 × 3201 MHz × 2 = 4.8 TB/s, the datasheet figure.
+    docs/reference/h200-machine.md: 6016 bits / 8 × 3201 MHz × 2 = 4.8 TB/s, the datasheet figure.
     """
     return bus_width_bits / 8 * max_mem_clock_mhz * 2 / 1000

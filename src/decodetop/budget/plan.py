@@ -2,9 +2,8 @@
 
 The plan lists every key the inventory's ops use (each once, however many ops share it), plus sweeps for charts
 and interpolation: GEMM time vs M (1…256) at each weight shape, and the all-reduce sweep 8 B–128 MiB ×2 with the
-model's exact message sizes for 1–64 tokens (probes.md §7.2). Launch cost is planned in both modes (eager and
-graph) because the gap between them is itself a finding (docs/architecture.md, "Measurement rules").
-"""
+model's exact message sizes for 1–64 tokens (docs/reference/probes.md §7.2). Launch cost is planned in both modes (eager
+and graph) because the gap between them is itself a finding (docs/architecture.md, "Measurement rules")."""
 
 from __future__ import annotations
 
@@ -17,8 +16,9 @@ from decodetop.budget.keys import PROBES, AllreduceKey, GemmKey, LaunchKey, Prob
 
 DEFAULT_SWEEP_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ALLREDUCE_SWEEP_MIN_BYTES = 8
-ALLREDUCE_SWEEP_MAX_BYTES = 128 * 1024 * 1024  # probes.md §7.2: default sweep 8 B–128 MB ×2
-EXACT_TOKEN_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # probes.md §7.2: hidden·2·tokens for tokens 1..64
+ALLREDUCE_SWEEP_MAX_BYTES = 128 * 1024 * 1024  # docs/reference/probes.md §7.2: default sweep 8 B–128 MB ×2
+# docs/reference/probes.md §7.2: hidden·2·tokens for tokens 1..64
+EXACT_TOKEN_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)

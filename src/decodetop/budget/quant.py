@@ -1,5 +1,5 @@
 """Provides weight formats and the quantization reader: bytes per weight per module, from `config.json`'s
-`quantization_config` and/or a ModelOpt `hf_quant_config.json` (models.md §5).
+`quantization_config` and/or a ModelOpt `hf_quant_config.json` (docs/reference/models.md §5).
 
 A checkpoint's quantization covers some modules and not others (nvidia/GLM-5-NVFP4 keeps every attention
 projection and lm_head in BF16), so the answer is per module name: `QuantScheme.format_for(name, role)`.
@@ -72,13 +72,14 @@ _FORMAT_LABELS = {
     WeightFormat.MXFP4: "MXFP4",
 }
 
-# Effective bits per weight, models.md §5 (scales included; per-tensor FP32 scalars are negligible).
+# Effective bits per weight, docs/reference/models.md §5 (scales included; per-tensor FP32 scalars are negligible).
 FP8_BLOCK_SCALE_BITS = 32
-"""One FP32 `weight_scale_inv` per block (DeepSeek FP8, models.md §5)."""
+"""One FP32 `weight_scale_inv` per block (DeepSeek FP8, docs/reference/models.md §5)."""
 NVFP4_GROUP_SIZE = 16
-"""ModelOpt / compressed-tensors NVFP4: one FP8-E4M3 scale per 16 E2M1 values (models.md §5)."""
+"""ModelOpt / compressed-tensors NVFP4: one FP8-E4M3 scale per 16 E2M1 values (docs/reference/models.md §5)."""
 MXFP4_BLOCK_SIZE = 32
-"""MXFP4: one E8M0 scale byte per 32 E2M1 values (models.md §5: 16 B per 32-value block + 1 scale byte)."""
+"""MXFP4: one E8M0 scale byte per 32 E2M1 values (docs/reference/models.md §5: 16 B per 32-value block + 1 scale
+byte)."""
 
 _FIXED_BITS = {
     WeightFormat.FP32: 32.0,
@@ -172,9 +173,8 @@ class QuantScheme:
     """Which format each weight of a checkpoint is stored in.
 
     Quantized formats apply to Linear modules (attention projections, MLPs, experts) that the exclusion list
-    does not name. Routers, norms, embeddings and lm_head keep the base dtype (models.md §5), except lm_head when
-    a compressed-tensors config targets it explicitly.
-    """
+    does not name. Routers, norms, embeddings and lm_head keep the base dtype (docs/reference/models.md §5), except
+    lm_head when a compressed-tensors config targets it explicitly."""
 
     method: str
     """"none", "fp8", "modelopt", "compressed-tensors" or "mxfp4"."""

@@ -2,7 +2,7 @@
 
 A root is either the live host (`/`) or a directory holding a copied host tree (a fixture, or a tree unpacked from
 `decodetop check --collect`). Under a copied tree three things cannot be plain files, so they come from side files
-(healthchecks.md §4):
+(docs/reference/healthchecks.md §4):
 
 - PCI config space: `config` may be stored as `config.hex` (hex text, whitespace ignored), because text archives
   and review tarballs carry text better than binary.
@@ -74,7 +74,8 @@ class DeviceNumber:
 
 @dataclass(frozen=True)
 class OpenProbe:
-    """Outcome of opening a device node read-write and closing it at once (healthchecks.md §3, cgroup v2)."""
+    """Outcome of opening a device node read-write and closing it at once (docs/reference/healthchecks.md §3, cgroup
+    v2)."""
 
     ok: bool
     errno_name: str

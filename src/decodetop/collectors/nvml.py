@@ -27,7 +27,8 @@ from typing import Any, Protocol, Union
 
 log = logging.getLogger(__name__)
 
-# NVML return codes, as numbered in nvml.h and in nvidia-ml-py 13.615.71 `pynvml.py` (healthchecks.md [PYNVML]).
+# NVML return codes, as numbered in nvml.h and in nvidia-ml-py 13.615.71 `pynvml.py` (docs/reference/healthchecks.md
+# [PYNVML]).
 # Kept here so that the fake and the no-NVML backend need no pynvml import.
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1

@@ -1,8 +1,7 @@
 """Provides PCI config-space decoding (PCIe capability, MaxPayload/MaxReadReq, link, ACS) and sysfs PCI discovery.
 
-Offsets and masks come from the kernel's include/uapi/linux/pci_regs.h (healthchecks.md §2 [PCIREGS]). Everything
-is little-endian. Reads go through `HostRoot`; nothing here ever writes config space.
-"""
+Offsets and masks come from the kernel's include/uapi/linux/pci_regs.h (docs/reference/healthchecks.md §2 [PCIREGS]).
+Everything is little-endian. Reads go through `HostRoot`; nothing here ever writes config space."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ _PCI_CAP_ID_EXP = 0x10
 _PCI_EXT_CAP_START = 0x100
 _PCI_EXT_CAP_ID_ACS = 0x000D
 _MAX_CAP_STEPS = 48
-"""healthchecks.md §2.2: cap the walk (broken devices loop); 48 is the kernel's PCI_FIND_CAP_TTL."""
+"""docs/reference/healthchecks.md §2.2: cap the walk (broken devices loop); 48 is the kernel's PCI_FIND_CAP_TTL."""
 _MAX_EXT_CAP_STEPS = (EXTENDED_CONFIG_BYTES - _PCI_EXT_CAP_START) // 8
 """pci_find_next_ext_capability(): at most (4096-256)/8 headers fit."""
 
@@ -60,7 +59,8 @@ ACS_BITS = (
 )
 """pci_regs.h PCI_ACS_SV..PCI_ACS_DT, named as lspci prints them."""
 ACS_P2P_REDIRECT_MASK = 0x04 | 0x08 | 0x20
-"""RR, CR and EC redirect peer traffic to the root complex (healthchecks.md §2.4, [NCCL-TS], [OGKM-1135])."""
+"""RR, CR and EC redirect peer traffic to the root complex (docs/reference/healthchecks.md §2.4, [NCCL-TS],
+[OGKM-1135])."""
 
 
 class PciConfigError(ValueError):
@@ -68,7 +68,7 @@ class PciConfigError(ValueError):
 
 
 def _payload_bytes(code: int) -> int | None:
-    """Size = 128 << code for codes 0-5; 6 and 7 are reserved (healthchecks.md §2.3)."""
+    """Size = 128 << code for codes 0-5; 6 and 7 are reserved (docs/reference/healthchecks.md §2.3)."""
     return 128 << code if 0 <= code <= 5 else None
 
 
@@ -313,7 +313,7 @@ def find_gpus(root: HostRoot) -> list[PciDevice]:
 
 
 def upstream_bdfs(device: PciDevice) -> list[str]:
-    """The bridges above `device`, nearest the root complex first (healthchecks.md §2.6)."""
+    """The bridges above `device`, nearest the root complex first (docs/reference/healthchecks.md §2.6)."""
     parts = device.sysfs_path.split("/")
     return [p for p in parts if is_bdf(p) and p != device.bdf]
 

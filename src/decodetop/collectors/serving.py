@@ -1,16 +1,16 @@
 """Provides the observed decode step from a live serving engine's Prometheus `/metrics` (SGLang or vLLM).
 
-The step time is the mean inter-token latency over a window, taken the way probes.md §6 says: Δsum/Δcount of the
-engine's ITL histogram between two scrapes (the buckets are too coarse for 10-20 ms steps). Everything a server can
-answer (nothing, a 404, an HTML page, garbage, an idle engine, a restart) becomes a `ServerStatus` with one line to
+The step time is the mean inter-token latency over a window, taken the way docs/reference/probes.md §6 says: Δsum/Δcount
+of the engine's ITL histogram between two scrapes (the buckets are too coarse for 10-20 ms steps). Everything a server
+can answer (nothing, a 404, an HTML page, garbage, an idle engine, a restart) becomes a `ServerStatus` with one line to
 show; nothing here raises on what the server sends.
 
 Engines differ in what one ITL sample is:
 
 - SGLang observes `interval / num_new_tokens` per output token (the histogram's count advances by the number of new
   tokens; sglang `srt/metrics/collector.py`, `observe_inter_token_latency`), so with speculative decoding its mean
-  ITL is per *token* and the step is ITL x accept length (probes.md §6). The accept length is the one given, or else
-  the server's own `sglang:spec_accept_length` gauge when it reports one ≥ 1.
+  ITL is per *token* and the step is ITL x accept length (docs/reference/probes.md §6). The accept length is the one
+  given, or else the server's own `sglang:spec_accept_length` gauge when it reports one ≥ 1.
 - vLLM (v1) appends one ITL sample per request per engine step, however many tokens the step accepted
   (vllm `v1/metrics/stats.py`, `update_from_output`), so its mean ITL already is the step and no factor applies.
 """
@@ -32,12 +32,14 @@ DEFAULT_TIMEOUT_S = 2.0
 """Overall deadline of one scrape (connect to last byte): a /metrics page answers in milliseconds; a hung or
 trickling server must not stall the UI or the exporter."""
 DEFAULT_WINDOW_S = 10.0
-"""Δ window: long enough for a few hundred tokens at ~50 tok/s (probes.md §7.10 GLM-5 reference ~19 ms/step)."""
+"""Δ window: long enough for a few hundred tokens at ~50 tok/s (docs/reference/probes.md §7.10 GLM-5 reference ~19
+ms/step)."""
 MAX_BODY_BYTES = 32 * 1024 * 1024
 """A real engine's /metrics is tens to hundreds of KiB; past this it is not a metrics page we want to parse."""
 
 # (engine, histogram family) in order of preference: the current ITL histograms first, then the older names
-# (probes.md §6: vllm:time_per_output_token_seconds is "DEPRECATED: Use vllm:inter_token_latency_seconds"; older
+# (docs/reference/probes.md §6: vllm:time_per_output_token_seconds is "DEPRECATED: Use
+# vllm:inter_token_latency_seconds"; older
 # SGLang versions serve sglang:time_per_output_token_seconds).
 LATENCY_FAMILIES: tuple[tuple[str, str], ...] = (
     ("sglang", "sglang:inter_token_latency_seconds"),
@@ -87,7 +89,8 @@ class ObservedStep:
     """Where the factor came from: "given", "server" (sglang:spec_accept_length), or "none"."""
     url: str
     running_requests: float | None = None
-    """Concurrency the server reported at the end of the window (probes.md §6: at concurrency 1, ITL = step)."""
+    """Concurrency the server reported at the end of the window (docs/reference/probes.md §6: at concurrency 1, ITL =
+    step)."""
     model_names: tuple[str, ...] = ()
     """The model_name label values aggregated."""
     note: str = ""

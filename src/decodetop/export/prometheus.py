@@ -58,7 +58,7 @@ _MHZ_TO_HZ = 1e6
 _PCT_TO_RATIO = 0.01
 _NS_TO_S = 1e-9
 _GB_TO_BYTES = 1e9
-"""probes.md §1: algbw/busbw in GB/s as nccl-tests prints them, decimal (1e9 bytes)."""
+"""docs/reference/probes.md §1: algbw/busbw in GB/s as nccl-tests prints them, decimal (1e9 bytes)."""
 
 
 # --- state ---------------------------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def _render_clock_events(gpu: GpuSnapshot, label: str, out: _Out) -> None:
         for reason in [*_KNOWN_CLOCK_REASONS, *sorted(active - set(_KNOWN_CLOCK_REASONS))]:
             out.gauge(
                 "gpu_clock_event_reason_active",
-                "1 while this clock-event (throttle) reason holds the clocks (healthchecks.md N3).",
+                "1 while this clock-event (throttle) reason holds the clocks (docs/reference/healthchecks.md N3).",
                 [g, "reason"],
             ).add([label, reason], 1 if reason in active else 0)
     for reason, ns in gpu.clock_event_time_ns.items():

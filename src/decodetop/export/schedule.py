@@ -42,7 +42,7 @@ from decodetop.probes.planrun import PlanRunOptions, plan_requests
 from decodetop.probes.results import ProbeResult, ProbeStatus
 
 LATENCY_PROBES = frozenset({"allreduce", "launch"})
-"""Probes whose timings costly NVML calls (process lists) would disturb (peers.md §3.8)."""
+"""Probes whose timings costly NVML calls (process lists) would disturb (docs/reference/peers.md §3.8)."""
 DEFAULT_PROBE_EVERY_S = 600.0
 """The plan every 10 minutes: a full model plan takes 15-20 s on 2 × H200 (docs/benchmarks.md, cost)."""
 DEFAULT_CHECK_EVERY_S = 300.0

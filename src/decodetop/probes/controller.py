@@ -15,8 +15,8 @@ controller; the controller waits on those pipes, the ranks' process sentinels an
 - The ranks' stdout and stderr (Python and C-level) go to one log file per controller under the state dir
   (`rank_log`), never to the terminal; each result carries the file's path and the count of Python warnings.
 - `close()` asks idle ranks to leave (they free CUDA graphs, give `destroy_process_group` a deadline — it can
-  hang after graph-captured collectives, h200-machine.md — and exit), then terminates and kills whatever is left,
-  all within `close_timeout_s` (5 s).
+  hang after graph-captured collectives, docs/reference/h200-machine.md — and exit), then terminates and kills whatever
+  is left, all within `close_timeout_s` (5 s).
 
 Usage::
 

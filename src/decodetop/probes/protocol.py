@@ -15,7 +15,7 @@ from typing import Any
 from decodetop.probes.results import Environment, RankOutput
 
 #: Variables every rank gets unless the user set them: NVLink multicast off. On shared multi-GPU hosts a program
-#: that uses multicast can put the host's GPUs out of service (h200-machine.md, device KINDS.md).
+#: that uses multicast can put the host's GPUs out of service (docs/reference/h200-machine.md, device KINDS.md).
 RANK_ENV_DEFAULTS: Mapping[str, str] = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

@@ -7,7 +7,7 @@ Shape of a result:
 - `Measurement`: one measured point (e.g. all-reduce of 4 KiB in pipelined mode): its parameters, the unit of its
   samples, one `RankSeries` per rank (samples + `Stats` + that rank's derived metrics), the `Stats` of all ranks'
   samples pooled, and derived metrics (unit-suffixed keys: `time_us`, `algbw_gbps`, `busbw_gbps`) averaged over
-  the ranks that reported them (nccl-tests also averages its time across ranks: probes.md §1).
+  the ranks that reported them (nccl-tests also averages its time across ranks: docs/reference/probes.md §1).
 - A point that cannot run here (a CUDA graph on a CPU rank) is a `Measurement` with status `unsupported` and a reason.
 
 `load_results(path)` reads a `decodetop probe --json` file back; a malformed file gives one `UserInputError` line.

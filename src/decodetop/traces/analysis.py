@@ -37,7 +37,7 @@ GAP_FACTOR = 10.0
 """A gap between kernels this many times the median gap (and at least GAP_MIN_US) splits steps when nothing else
 does: decode steps are separated by the scheduler's host work, kernels inside a step by launch latency."""
 GAP_MIN_US = 20.0
-"""Floor of that threshold: a couple of eager launches (probes.md §3: 4-6 µs per launch + sync)."""
+"""Floor of that threshold: a couple of eager launches (docs/reference/probes.md §3: 4-6 µs per launch + sync)."""
 REPEAT_MATCH = 0.9
 """Fraction of kernels that must equal the kernel one period later for a period to count as the step length."""
 TOP_PER_BUCKET = 10
@@ -857,9 +857,9 @@ _SEQ_COMPONENT = {
 
 def _block_kinds(families: Sequence[str | None]) -> list[str]:
     """The kind of norm-delimited block each position sits in ('attention', 'experts', 'mlp', 'lm_head' or ''):
-    blocks between norms that hold attention are attention blocks, blocks with routing or grouped GEMMs are
-    experts, blocks with an activation are the MLP, and a block with sampling (or the last block after the final
-    norm) is the lm_head."""
+    blocks between norms that hold attention are attention blocks, blocks with routing or grouped GEMMs are experts,
+    blocks with an activation are the MLP, and a block with sampling (or the last block after the final norm) is the
+    lm_head."""
     out = [""] * len(families)
     norms = [i for i, f in enumerate(families) if f == "norm"]
     if not norms:

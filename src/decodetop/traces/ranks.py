@@ -26,7 +26,8 @@ STANDS_OUT = 0.10
 on the same shapes, so their steps agree to a few per cent (tests/fixtures/traces: 8 steps of one H200 vary by
 under 3 %); 10 % is well clear of that noise."""
 MIN_WAIT_MS = 0.02
-"""A collective wait below this (20 µs: a few small all-reduce launches, probes.md §3) is never called standing out."""
+"""A collective wait below this (20 µs: a few small all-reduce launches, docs/reference/probes.md §3) is never called
+standing out."""
 _RANK_PATTERNS = (
     re.compile(r"TP[-_]?(\d+)", re.IGNORECASE),
     re.compile(r"rank[-_]?(\d+)", re.IGNORECASE),

@@ -612,7 +612,7 @@ class ControllerProbes:
 
     def is_latency_probe(self, probe_id: str) -> bool:
         """Every probe times microseconds; NVML's process-list call holds the driver lock for milliseconds
-        (peers.md §3.8), so telemetry skips it while any probe but the bandwidth one runs."""
+        (docs/reference/peers.md §3.8), so telemetry skips it while any probe but the bandwidth one runs."""
         return probe_id not in BANDWIDTH_PROBES
 
     def cancel(self) -> None:
@@ -790,8 +790,8 @@ def measured_at(results: Mapping[str, object]) -> dict[str, float]:
 
 def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_text: str = "") -> BudgetView:
     """A composed `Budget` as the bar's view: every figure with its provenance, the header, the observed step's
-    origin and the roofline verdict, as the CLI prints them. `measured_s`: probe → when its result was taken (the
-    age shown beside a measured figure)."""
+    origin and the roofline verdict, as the CLI prints them. `measured_s`: probe → when its result was taken (the age
+    shown beside a measured figure)."""
     segments = []
     for seg in budget.segments:
         ages = [measured_s[p] for p in seg.probes if p in measured_s]

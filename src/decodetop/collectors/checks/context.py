@@ -174,7 +174,8 @@ class HostContext:
     gpu_busy: Mapping[str, bool] | None = None
     """bdf → whether the GPU was busy while sampled; None when nobody knows (then link speed is not judged)."""
     lxc_config_paths: tuple[str, ...] = ("/etc/pve/lxc", "/var/lib/lxc")
-    """Where N12's host side looks for container configs (healthchecks.md §3.4); host paths under the root."""
+    """Where N12's host side looks for container configs (docs/reference/healthchecks.md §3.4); host paths under the
+    root."""
     sleep: Callable[[float], None] = field(default=lambda _s: None)
 
     def guest_status(self, status: Status) -> Status:

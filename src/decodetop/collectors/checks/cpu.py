@@ -1,5 +1,6 @@
-"""Provides the CPU power-management checks C1-C9 of healthchecks.md (scaling driver, amd_pstate, intel_pstate,
-governor, EPP, boost, cpuidle, deep C-states, kernel cmdline). Inside a VM or container they report info."""
+"""Provides the CPU power-management checks C1-C9 of docs/reference/healthchecks.md (scaling driver, amd_pstate,
+intel_pstate, governor, EPP, boost, cpuidle, deep C-states, kernel cmdline). Inside a VM or container they report
+info."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ CPU = "/sys/devices/system/cpu"
 FAMILY_ZEN5 = 0x1A
 """amd-pstate.c amd_pstate_init(): on a server PM profile the driver loads by itself only from family 0x1A."""
 C8_LATENCY_LIMIT_US = 1
-"""healthchecks.md C8: warn when a state with exit latency above 1 µs is enabled and its usage grows."""
+"""docs/reference/healthchecks.md C8: warn when a state with exit latency above 1 µs is enabled and its usage grows."""
 
 
 def _policies(ctx: HostContext) -> list[str]:
-    """cpufreq policy directories, falling back to per-CPU cpufreq dirs (healthchecks.md C1)."""
+    """cpufreq policy directories, falling back to per-CPU cpufreq dirs (docs/reference/healthchecks.md C1)."""
     policies = ctx.root.glob(f"{CPU}/cpufreq/policy[0-9]*")
     if policies:
         return sorted(policies, key=lambda p: int(p.rsplit("policy", 1)[1]))
@@ -515,7 +516,7 @@ _CMDLINE_KEYS = (
     "isolcpus",
     "nohz_full",
 )
-"""healthchecks.md C9: the parameters worth reporting ([KPARAMS], [GRACE], [NCCL-TS])."""
+"""docs/reference/healthchecks.md C9: the parameters worth reporting ([KPARAMS], [GRACE], [NCCL-TS])."""
 
 
 @guarded("C9", "Kernel cmdline")

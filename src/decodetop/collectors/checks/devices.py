@@ -1,5 +1,5 @@
-"""Provides N12 (NVIDIA device majors vs /proc/devices vs the device cgroup, healthchecks.md §3) and N8 (Xid
-events in the kernel log)."""
+"""Provides N12 (NVIDIA device majors vs /proc/devices vs the device cgroup, docs/reference/healthchecks.md §3) and N8
+(Xid events in the kernel log)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ SYMPTOM = (
     "NVML works but CUDA init fails: nvidia-smi and NVML need only major 195 and keep working, while cuInit() "
     "fails with 999 (CUDA_ERROR_UNKNOWN) because /dev/nvidia-uvm is stale or blocked by the device cgroup."
 )
-"""healthchecks.md §3: the symptom worth stating verbatim in the UI ([NCT-1934])."""
+"""docs/reference/healthchecks.md §3: the symptom worth stating verbatim in the UI ([NCT-1934])."""
 
 _LXC_ALLOW_RE = re.compile(r"^\s*lxc\.cgroup2?\.devices\.allow\s*[:=]\s*(.+?)\s*$")
-"""Proxmox writes `key: value`, plain LXC `key = value` (healthchecks.md §3.4)."""
+"""Proxmox writes `key: value`, plain LXC `key = value` (docs/reference/healthchecks.md §3.4)."""
 
 DCGM_NOTE = "DCGM's 'Permissions and OS-related blocks' deployment check covers the same failure class."
 
@@ -281,7 +281,7 @@ def _host_side(ctx: HostContext, devices: ProcDevices) -> list[CheckResult]:
 
 
 XID_FAIL = frozenset({48, 63, 64, 79})
-"""healthchecks.md N8: 48 DBE, 63/64 page retirement / row remap, 79 fell off the bus ([XID], [DPR])."""
+"""docs/reference/healthchecks.md N8: 48 DBE, 63/64 page retirement / row remap, 79 fell off the bus ([XID], [DPR])."""
 
 
 @guarded("N8", "Xid events in the kernel log")

@@ -1,4 +1,4 @@
-"""Provides the GPU health checks (healthchecks.md P2, P6, P7, N1–N7, N9–N11) over the NVML choke point.
+"""Provides the GPU health checks (docs/reference/healthchecks.md P2, P6, P7, N1–N7, N9–N11) over the NVML choke point.
 
 `gpu_checks(root, nvml)` takes two telemetry samples `window_s` apart (counters such as PCIe replays and the
 clock-event reason times need a window), reads the few host files it needs through `HostRoot`, and returns one

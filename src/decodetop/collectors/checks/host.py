@@ -21,7 +21,7 @@ HOST_CHECKS = (*KERNEL_CHECKS[-1:], *CPU_CHECKS, *KERNEL_CHECKS[:-1], *PCIE_CHEC
 
 BUSY_UTIL_PCT = 10
 """A GPU counts as busy (link speed judged) at this NVML utilisation or more. Idle GPUs show 0 % and retrain their
-link down to 2.5 GT/s (healthchecks.md §2.7); any steady work keeps the link at its trained speed."""
+link down to 2.5 GT/s (docs/reference/healthchecks.md §2.7); any steady work keeps the link at its trained speed."""
 
 
 def nvml_gpu_busy(nvml: Nvml) -> dict[str, bool] | None:

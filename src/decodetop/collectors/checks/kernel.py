@@ -1,4 +1,4 @@
-"""Provides the kernel and OS checks C10-C16 of healthchecks.md: NUMA balancing, THP, swappiness,
+"""Provides the kernel and OS checks C10-C16 of docs/reference/healthchecks.md: NUMA balancing, THP, swappiness,
 perf_event_paranoid, kernel vs NVIDIA module, IRQ placement and the virtualization context."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def check_numa_balancing(ctx: HostContext) -> list[CheckResult]:
     elif value == 1:
         status = Status.WARN
     else:
-        status = Status.INFO  # 2 and 3 are memory-tiering modes (healthchecks.md C10, unconfirmed)
+        status = Status.INFO  # 2 and 3 are memory-tiering modes (docs/reference/healthchecks.md C10, unconfirmed)
     return [
         CheckResult(
             "C10",

@@ -29,7 +29,8 @@ class CheckResult:
     """One finding: what was read, what was expected, why it matters and how to fix it."""
 
     check_id: str
-    """Stable id from healthchecks.md, e.g. "C1", "P3", "N12"; suffixed per subject ("P1:0000:3b:00.0")."""
+    """Stable id from docs/reference/healthchecks.md, e.g. "C1", "P3", "N12"; suffixed per subject
+    ("P1:0000:3b:00.0")."""
     title: str
     status: Status
     observed: str

@@ -219,7 +219,7 @@ def kmsg_text(record: str) -> str:
 
 
 _XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),")
-"""healthchecks.md §1 N8: the driver's Xid line."""
+"""docs/reference/healthchecks.md §1 N8: the driver's Xid line."""
 
 
 @dataclass(frozen=True)

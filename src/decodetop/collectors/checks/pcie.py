@@ -1,5 +1,5 @@
-"""Provides the PCIe checks read from sysfs: P1 link, P3 MaxPayload/MaxReadReq, P4 ACS on bridges, P5 IOMMU,
-P6 GPU-CPU NUMA affinity and P7 GPU-pair topology (healthchecks.md §1-§2). One result per GPU (or pair)."""
+"""Provides the PCIe checks read from sysfs: P1 link, P3 MaxPayload/MaxReadReq, P4 ACS on bridges, P5 IOMMU, P6 GPU-CPU
+NUMA affinity and P7 GPU-pair topology (docs/reference/healthchecks.md §1-§2). One result per GPU (or pair)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from decodetop.collectors.pci import (
 )
 
 P3_MRRS_RECOMMENDED_BYTES = 4096
-"""healthchecks.md P3: MRRS 4096 for DMA-heavy devices ([MLNX-PCIE]; the GPU optimum is unconfirmed)."""
+"""docs/reference/healthchecks.md P3: MRRS 4096 for DMA-heavy devices ([MLNX-PCIE]; the GPU optimum is unconfirmed)."""
 P3_MRRS_TOO_LOW_BYTES = 256
 """fwts maxreadreq: below 256 is too low ([FWTS-MRRS])."""
 

@@ -27,7 +27,7 @@ CPU_PLAN_SYNCED_OPS = 50
 
 
 def default_allreduce_sizes() -> list[int]:
-    """8 B ... 128 MiB in ×4 steps, then 256 MiB (probes.md §7.2 wants a wide sweep)."""
+    """8 B ... 128 MiB in ×4 steps, then 256 MiB (docs/reference/probes.md §7.2 wants a wide sweep)."""
     sizes = []
     size = 8
     while size <= 128 * MiB:
@@ -64,8 +64,8 @@ def plan(ctx: PlanContext) -> Planned:
 
 def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
     """The all-reduce curve in the launch mode's collective mode; with custom (P2P) points in the result, the curve
-    the engine rule picks per size under `into.allreduce_choice` (decodetop.budget.engine_paths), its source
-    naming the path and why."""
+    the engine rule picks per size under `into.allreduce_choice` (decodetop.budget.engine_paths), its source naming the
+    path and why."""
     by_mode: dict[str, dict[float, float]] = {}
     custom: dict[str, dict[str, dict[float, float]]] = {}
     custom_tried = False
@@ -138,11 +138,12 @@ SPEC = ProbeSpec(
         "multimem": False,  # NVLink multicast stays off on shared machines; true opts in to the multimem kernel
         "extra_sizes": [],  # sizes the caller adds (e.g. a model's exact message sizes), bytes
         "modes": ["pipelined", "graph", "synced"],
-        "ops_per_sample": 20,  # N back-to-back ops per timed sample (nccl-tests default -n 20: probes.md §1)
+        # N back-to-back ops per timed sample (nccl-tests default -n 20: docs/reference/probes.md §1)
+        "ops_per_sample": 20,
         "samples": 25,  # timed samples per size and mode (upper bound; large sizes take fewer)
         "min_samples": 5,
         "synced_ops": 200,  # synced mode: individually synchronized ops, for p50/p99
-        "warmup_ops": 5,  # nccl-tests -w 5 on the H200 machine (h200-machine.md)
+        "warmup_ops": 5,  # nccl-tests -w 5 on the H200 machine (docs/reference/h200-machine.md)
         "budget_ms": 250.0,  # target time per size and mode; large sizes scale the counts down to fit
     },
     plan=plan,

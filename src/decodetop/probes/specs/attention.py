@@ -9,7 +9,7 @@ from decodetop.probes.hooks import PlanContext, Planned, ProbeRequest
 from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING, SMALL_GQA
 
-#: Attention context sweep on GPUs (probes.md §7.8: KV GB/s at 0, 16k, 32k, 64k, 128k).
+#: Attention context sweep on GPUs (docs/reference/probes.md §7.8: KV GB/s at 0, 16k, 32k, 64k, 128k).
 ATTENTION_CONTEXTS_GPU = (0, 16384, 32768, 65536, 131072)
 
 

@@ -20,7 +20,7 @@ from decodetop.probes.results import ProbeResult
 from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
-#: GEMM sweep over M (probes.md §4: decode M = 1–64; 128, 256 for batched decode and MTP verification).
+#: GEMM sweep over M (docs/reference/probes.md §4: decode M = 1–64; 128, 256 for batched decode and MTP verification).
 SWEEP_M = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 

@@ -16,7 +16,8 @@ SPEC = ProbeSpec(
     default_timeout_s=180.0,
     collective=True,
     default_params={
-        "copy_bytes": 256 * MiB,  # h200-machine.md: 256 MiB copies gave 4.1 TB/s D2D and 55 GB/s pinned H2D
+        # docs/reference/h200-machine.md: 256 MiB copies gave 4.1 TB/s D2D and 55 GB/s pinned H2D
+        "copy_bytes": 256 * MiB,
         "samples": 20,
         "warmup": 3,
         "latency_ops": 100,

@@ -122,7 +122,7 @@ def run_probe_module(ctx: ProbeContext, module_name: str, params: Mapping[str, A
 
 def leave_group(ctx: ProbeContext | None, timeout_s: float) -> None:
     """Free graphs, then destroy the process group with a deadline: it can hang after graph-captured collectives
-    (h200-machine.md), in which case the caller exits the process anyway."""
+    (docs/reference/h200-machine.md), in which case the caller exits the process anyway."""
     if ctx is not None:
         ctx.release_graphs()
 

@@ -1,17 +1,17 @@
 """Provides the `allreduce` probe: latency and bandwidth of torch.distributed all-reduce per message size.
 
-Three modes per size (probes.md §7.1, h200-machine.md):
+Three modes per size (docs/reference/probes.md §7.1, docs/reference/h200-machine.md):
 
 - `pipelined`: N back-to-back ops per sample then one synchronize, host clock / N, exactly as nccl-tests times
-  (probes.md §1). On GPUs CUDA events around the same N ops give `event_time_us` too (the device span).
+  (docs/reference/probes.md §1). On GPUs CUDA events around the same N ops give `event_time_us` too (the device span).
 - `graph`: the N ops captured into one CUDA graph, replayed; time / N. CUDA only: strips the host's launch cost.
 - `synced`: every op followed by a device synchronize, host-timed; p50 and p99.
 
 bf16 on GPUs (the TP activation dtype), fp32 on gloo (gloo has no bf16 sum on every build). Metrics per point:
 `time_us` (median; p50 for synced), `algbw_gbps` = bytes / time, `busbw_gbps` = algbw · 2(n−1)/n
-(nccl-tests' all-reduce bus bandwidth: probes.md §1), and `p99_us` for synced. The sum is checked once per size,
-outside the timing (inputs rank+1 everywhere; expected n(n+1)/2). Timed buffers hold zeros, so repeated in-place
-sums never overflow.
+(nccl-tests' all-reduce bus bandwidth: docs/reference/probes.md §1), and `p99_us` for synced. The sum is checked once
+per size, outside the timing (inputs rank+1 everywhere; expected n(n+1)/2). Timed buffers hold zeros, so repeated
+in-place sums never overflow.
 
 Implementations (`impls`): `nccl` — torch.distributed's own all-reduce, all three modes, each point's `impl` naming
 the group's backend (`nccl` on GPUs, `gloo` on CPU ranks) — and the engines'
@@ -41,7 +41,7 @@ _ESTIMATE_OPS = 3
 
 
 def bus_factor(world_size: int) -> float:
-    """busbw / algbw for all-reduce: 2(n−1)/n (nccl-tests doc/PERFORMANCE.md, probes.md §1)."""
+    """busbw / algbw for all-reduce: 2(n−1)/n (nccl-tests doc/PERFORMANCE.md, docs/reference/probes.md §1)."""
     return 2.0 * (world_size - 1) / world_size
 
 

@@ -4,11 +4,10 @@ Per key (`attention:kind=gqa|mla|mla+dsa,batch=…,q_len=…,context=…,…`): 
 absorbed form over the latent cache, and for DSA models (GLM-5, DeepSeek-V3.2) the indexer's scoring over the whole
 context and top-k selection before sparse MLA over the selected latents (see `attention_runner` below). Caches
 are random, rotated above 2× L2 so each call reads DRAM as a new layer would. Metrics: time, KV bytes read and
-KV GB/s (probes.md §7.8).
+KV GB/s (docs/reference/probes.md §7.8).
 
-Diagnostics: the same key at each context of `context_sweep` (GB/s of KV read vs context, probes.md §7.8: 0, 16k,
-32k, 64k, 128k), skipped on CPU ranks.
-"""
+Diagnostics: the same key at each context of `context_sweep` (GB/s of KV read vs context, docs/reference/probes.md §7.8:
+0, 16k, 32k, 64k, 128k), skipped on CPU ranks."""
 
 from __future__ import annotations
 

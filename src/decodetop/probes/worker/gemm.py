@@ -2,8 +2,8 @@
 
 For every key (`gemm:m=…,n=…,k=…,batch=…,dtype=…`) and every M of the sweep (1…256 by default, the key's own M
 included) the probe times one GEMM [M×k]·[k×n] with weights as the model's shard holds them (random values, [n×k]
-like nn.Linear), rotating weight copies so the working set exceeds 2× L2 (probes.md §4), by CUDA-graph replay on
-GPUs. FP8 keys run `torch._scaled_mm` with per-tensor (cuBLASLt) and row-wise (CUTLASS) scales, each reported;
+like nn.Linear), rotating weight copies so the working set exceeds 2× L2 (docs/reference/probes.md §4), by CUDA-graph
+replay on GPUs. FP8 keys run `torch._scaled_mm` with per-tensor (cuBLASLt) and row-wise (CUTLASS) scales, each reported;
 NVFP4 runs only on sm_100/sm_120 (elsewhere "unsupported on sm_XY"); MXFP4 has no torch GEMM.
 
 Each point reports time, achieved GB/s (weights + activations) and TFLOP/s, against two references measured first
@@ -43,7 +43,7 @@ from decodetop.probes.worker.tensors import (
 from decodetop.probes.worker.timing import Rotation, rotation_count, time_events, time_host
 
 FP8_VARIANTS = ("tensor", "row")
-"""FP8 `_scaled_mm` scalings: per-tensor (cuBLASLt) and row-wise (CUTLASS) (probes.md §4)."""
+"""FP8 `_scaled_mm` scalings: per-tensor (cuBLASLt) and row-wise (CUTLASS) (docs/reference/probes.md §4)."""
 
 
 def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str = "") -> OpRunner:
@@ -124,7 +124,7 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
 
 
 def _nvfp4_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
-    """NVFP4 via `_scaled_mm` with float4_e2m1fn_x2 operands and e4m3 block-16 scales (probes.md §4)."""
+    """NVFP4 via `_scaled_mm` with float4_e2m1fn_x2 operands and e4m3 block-16 scales (docs/reference/probes.md §4)."""
     tag = sm_tag(ctx)
     if not ctx.is_cuda:
         raise UnsupportedError("NVFP4 GEMM needs an sm_100/sm_120 GPU; CPU ranks time bf16/fp32 only")
@@ -172,10 +172,12 @@ def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
     return gemm_runner(key, ctx, rotate=rotate)
 
 
-#: Reference copy size: 256 MiB on GPUs (h200-machine.md: 4.1 TB/s D2D at this size), 32 MiB on CPU ranks.
+#: Reference copy size: 256 MiB on GPUs (docs/reference/h200-machine.md: 4.1 TB/s D2D at this size), 32 MiB on CPU
+# ranks.
 COPY_BYTES_GPU = 256 * 1024**2
 COPY_BYTES_CPU = 32 * 1024**2
-#: Square BF16 GEMM for the matrix peak: 8192³ on GPUs (probes.md §4 quotes peaks at 8192³), 512³ on CPU ranks.
+#: Square BF16 GEMM for the matrix peak: 8192³ on GPUs (docs/reference/probes.md §4 quotes peaks at 8192³), 512³ on CPU
+# ranks.
 PEAK_N_GPU = 8192
 PEAK_N_CPU = 512
 
@@ -243,7 +245,8 @@ def references(ctx: ProbeContext, samples: int) -> tuple[list[RankMeasurement], 
     return out, copy_gbps, peak_tflops
 
 
-#: probes.md §7.6: GEMMs on weights of 32 MB or more should reach a set share of the measured copy bandwidth
+#: docs/reference/probes.md §7.6: GEMMs on weights of 32 MB or more should reach a set share of the measured copy
+# bandwidth
 #: (80 % there, 75 % in issue 4); below it, the note names the kernels torch ran, so the reader can see why.
 BAR_WEIGHT_BYTES = 32 * 1000**2
 BAR_COPY_PCT = 75.0

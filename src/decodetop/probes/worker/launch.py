@@ -1,4 +1,4 @@
-"""Provides the `launch` probe: what launching work costs, the four figures of probes.md §3.
+"""Provides the `launch` probe: what launching work costs, the four figures of docs/reference/probes.md §3.
 
 1. `enqueue`: host time per launch of an empty kernel (`torch.cuda._sleep(0)`: a spin kernel told to spin zero
    cycles), N launches without a sync.

@@ -4,8 +4,8 @@ Device copies and host copies run one rank at a time (each figure is one device'
 
 - `device_copy`: `dst.copy_(src)` on this rank's device, `copy_bytes` each, over a rotation of buffer pairs whose
   total exceeds 2× the last-level cache; `bandwidth_gbps` counts bytes read + written (2 × size), the usual
-  device-copy convention (h200-machine.md: 4.1 TB/s read + write on an H200). On CPU ranks this is a real host
-  memory copy.
+  device-copy convention (docs/reference/h200-machine.md: 4.1 TB/s read + write on an H200). On CPU ranks this is a real
+  host memory copy.
 - `h2d` / `d2h`: pinned host buffer ↔ device, `copy_bytes` one way; CUDA only.
 - `p2p`: for every ordered GPU pair (i → j), rank i copies `copy_bytes` from its GPU into a buffer on GPU j
   (copy engine, `cudaMemcpyPeer` through torch), and times back-to-back 4-byte copies for the latency. The ranks

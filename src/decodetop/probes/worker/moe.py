@@ -5,7 +5,7 @@ whole routed-expert op the budget's key means — sort tokens by expert, gate_up
 weighted combine — two ways, both reported:
 
 - `grouped`: one grouped GEMM per projection (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`; FP8 through
-  `torch._scaled_grouped_mm`), as fused-MoE kernels do (probes.md §7.7);
+  `torch._scaled_grouped_mm`), as fused-MoE kernels do (docs/reference/probes.md §7.7);
 - `loop`: a per-expert loop of plain GEMMs (`_scaled_mm` for FP8), what a naive implementation launches;
 - `fused`: decodetop's Triton grouped GEMV over the routed experts (three kernels, expert ids read on the device), the
   class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only).
@@ -118,7 +118,9 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
     as a grouped GEMM per projection (`grouped`) or a per-expert loop of GEMMs (`loop`)."""
     if key.dtype in ("nvfp4", "mxfp4"):
         where = sm_tag(ctx)
-        raise UnsupportedError(f"{key.dtype} expert GEMMs have no torch kernel on {where} (grouped GEMM: probes.md §4)")
+        raise UnsupportedError(
+            f"{key.dtype} expert GEMMs have no torch kernel on {where} (grouped GEMM: docs/reference/probes.md §4)"
+        )
     if key.dtype == "fp8" and not ctx.is_cuda:
         raise UnsupportedError("fp8 expert GEMMs (_scaled_mm / _scaled_grouped_mm) need a GPU")
     builders = {"grouped": (_grouped, "grouped GEMM"), "loop": (_loop, "per-expert loop")}

@@ -2,9 +2,8 @@
 the weight cache of a GEMM sweep, rotated copies above the last-level cache, dtypes by name, FP8 `_scaled_mm`.
 
 Values are random (never zeros): a kernel's time can depend on them (sparsity shortcuts, denormals). Rotation keeps
-the working set above 2× the last-level cache so weight-streaming work reads DRAM, not L2 (probes.md §4); CPU ranks
-skip it (one copy) to stay fast.
-"""
+the working set above 2× the last-level cache so weight-streaming work reads DRAM, not L2 (docs/reference/probes.md §4);
+CPU ranks skip it (one copy) to stay fast."""
 
 from __future__ import annotations
 
@@ -40,8 +39,8 @@ def sm_tag(ctx: ProbeContext) -> str:
 
 def randn(shape: Sequence[int], dtype: torch.dtype, device: torch.device, std: float = INIT_STD) -> torch.Tensor:
     """Random values (never zeros) of `dtype`; FP8 tensors are drawn in fp32 and cast. Large CPU tensors tile a
-    random block (drawing 200M normal values takes seconds on a CPU; a dense kernel's time does not depend on
-    the values)."""
+    random block (drawing 200M normal values takes seconds on a CPU; a dense kernel's time does not depend on the
+    values)."""
     numel = math.prod(shape)
     if device.type == "cpu" and numel > CPU_RANDOM_BLOCK:
         block = randn((CPU_RANDOM_BLOCK,), dtype, device, std)

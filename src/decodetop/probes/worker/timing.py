@@ -1,18 +1,18 @@
 """Provides the timing harness: CUDA events, CUDA-graph replay, host timers, input rotation and sample counts.
 
 Every timer returns per-op times in microseconds, one sample per repetition, after a warm-up (lazy module loading
-and JIT make first launches orders of magnitude slower: probes.md §3). Summaries are `results.Stats`.
+and JIT make first launches orders of magnitude slower: docs/reference/probes.md §3). Summaries are `results.Stats`.
 
 - `time_events(fn, ops, samples, warmup)`: CUDA events around `ops` back-to-back calls → device time per op,
-  including the gaps between kernels (what nccl-tests reports as pipelined time: probes.md §1).
+  including the gaps between kernels (what nccl-tests reports as pipelined time: docs/reference/probes.md §1).
 - `time_graph(fn, ops, samples, warmup)`: captures `ops` calls into one CUDA graph (warm-up on a side stream
   first), replays it `samples` times with events → per-op time with the host's launch cost removed.
 - `time_host(fn, ops, samples, warmup, sync)`: perf_counter around `ops` calls followed by `sync()` → host-visible
   time per op (CPU ranks, launch costs, synced latency).
 - `Rotation`: cycles through enough copies of an input that the working set exceeds the cache, so
-  bandwidth-bound work reads memory rather than L2 (probes.md §4: rotate > 2× L2).
+  bandwidth-bound work reads memory rather than L2 (docs/reference/probes.md §4: rotate > 2× L2).
 - `plan_counts`: scales ops/samples down for slow points so each point fits a time budget (as do_bench does
-  with its time budgets: probes.md §4).
+  with its time budgets: docs/reference/probes.md §4).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 T = TypeVar("T")
 """What a `Rotation` holds (a tensor, a tuple of tensors)."""
 
-#: Rotate over at least this multiple of the cache size (probes.md §4: "total size > 2x L2").
+#: Rotate over at least this multiple of the cache size (docs/reference/probes.md §4: "total size > 2x L2").
 ROTATION_CACHE_FACTOR = 2.0
 
 
@@ -128,7 +128,8 @@ def time_host_and_events(
     fn: Callable[[], Any], ops: int, samples: int, warmup: int = 1
 ) -> tuple[list[float], list[float]]:
     """Per-op µs two ways over the same loops: host clock around `ops` calls + synchronize (nccl-tests' method,
-    probes.md §1), and CUDA events around the same calls (device span, without the final sync's wake-up)."""
+    docs/reference/probes.md §1), and CUDA events around the same calls (device span, without the final sync's
+    wake-up)."""
     _check(ops, samples, warmup)
     for _ in range(warmup):
         fn()
@@ -207,9 +208,9 @@ def hold_gpu_for_host(samples: int) -> None:
 def time_graph_replay(graph: torch.cuda.CUDAGraph, ops: int, samples: int, warmup: int = 2) -> list[float]:
     """Device time per op (µs): CUDA events around each replay of a graph holding `ops` ops, replayed back to back.
 
-    The GPU is held by a sleep kernel while the host enqueues the loop (`hold_gpu_for_host`): otherwise a graph
-    shorter than the host's per-replay cost is timed at the host's pace — and for a collective, at the slower
-    rank's host pace on every rank."""
+    The GPU is held by a sleep kernel while the host enqueues the loop (`hold_gpu_for_host`): otherwise a graph shorter
+    than the host's per-replay cost is timed at the host's pace — and for a collective, at the slower rank's host pace
+    on every rank."""
     _check(ops, samples, warmup)
     for _ in range(warmup):
         graph.replay()

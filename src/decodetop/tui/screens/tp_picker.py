@@ -14,7 +14,7 @@ from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 TP_DEGREES = (1, 2, 4, 8)
-"""Degrees offered: the powers of two up to a full 8-GPU host (models.md: the seed deployment is TP8)."""
+"""Degrees offered: the powers of two up to a full 8-GPU host (docs/reference/models.md: the seed deployment is TP8)."""
 AUTO = "auto"
 
 

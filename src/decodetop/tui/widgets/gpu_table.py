@@ -16,7 +16,8 @@ from textual.widgets import DataTable
 from decodetop.tui.model import GpuView, TelemetryFrame
 from decodetop.tui.widgets.cells import CellCache
 
-# healthchecks.md N3: HwSlowdown 0x8, HwThermal 0x40, HwPowerBrake 0x80 -> fail; SwThermal 0x20, SwPowerCap 0x4 -> warn;
+# docs/reference/healthchecks.md N3: HwSlowdown 0x8, HwThermal 0x40, HwPowerBrake 0x80 -> fail; SwThermal 0x20,
+# SwPowerCap 0x4 -> warn;
 # GpuIdle, ApplicationsClocksSetting, SyncBoost, DisplayClockSetting -> info.
 # Names as `decodetop.collectors.telemetry.CLOCK_EVENT_REASONS` decodes them.
 BAD_REASONS = frozenset({"HwSlowdown", "HwThermalSlowdown", "HwPowerBrakeSlowdown"})
