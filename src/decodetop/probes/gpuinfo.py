@@ -246,8 +246,8 @@ def nccl_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """NCCL_* variables, the multicast switches and the CUDA settings that swing latency figures."""
     env = os.environ if environ is None else environ
     keys = [k for k in env if k.startswith(("NCCL_", "TORCH_NCCL_", "NVSHMEM_"))]
-    # CUDA_LAUNCH_BLOCKING doubles the eager op cost and slows graph-timed probes (docs/benchmarks.md, issue 8):
-    # a result taken with it must say so.
+    # CUDA_LAUNCH_BLOCKING doubles the eager op cost and slows graph-timed probes (docs/benchmarks.md, "Proven on
+    # H200"): a result taken with it must say so.
     keys += [
         k
         for k in (

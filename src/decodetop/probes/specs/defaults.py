@@ -7,9 +7,8 @@ copies above 2× L2 on GPUs; always off on CPU ranks).
 
 from __future__ import annotations
 
-#: Per point on GPUs: ~20 ms of graph replays, up to 50 samples of ≥ 2 ops each (docs/reference/probes.md §7.6: median
-# of ≥ 100
-#: repetitions); CPU ranks: 3 repetitions (a 70B shard's GEMM takes ~0.3 s on a CPU).
+#: Per point on GPUs: ~20 ms of graph replays, up to 50 samples of ≥ 2 ops each (docs/reference/probes.md §7.6:
+#: median of ≥ 100 repetitions); CPU ranks: 3 repetitions (a 70B shard's GEMM takes ~0.3 s on a CPU).
 COMPONENT_TIMING: dict[str, float | int | bool] = {"budget_ms": 20.0, "samples": 50, "cpu_samples": 3, "rotate": True}
 
 #: A small GQA attention key and a small MoE key: the defaults of `decodetop probe attention|moe|layer` alone.

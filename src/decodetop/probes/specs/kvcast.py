@@ -11,10 +11,10 @@ from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
 #: kvcast read-mode contexts: 1k…64k tokens, enough to show a linear and a flat trend (docs/reference/probes.md §7.8
-# sweeps to 128k).
+#: sweeps to 128k).
 READ_CONTEXTS = [1024, 4096, 16384, 65536]
 #: Tokens a DSA step attends to (GLM-5 / DeepSeek-V3.2 `index_topk` 2048, docs/reference/models.md §2): what
-# gather-then-cast reads.
+#: gather-then-cast reads.
 DSA_TOPK = 2048
 #: Read-mode contexts inside a plan: GPUs 1k…128k; CPU ranks 1k…16k (FP8 casts run at ~0.1 GB/s on a CPU).
 KVCAST_CONTEXTS_GPU = (1024, 4096, 16384, 65536, 131072)

@@ -173,11 +173,11 @@ def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
 
 
 #: Reference copy size: 256 MiB on GPUs (docs/reference/h200-machine.md: 4.1 TB/s D2D at this size), 32 MiB on CPU
-# ranks.
+#: ranks.
 COPY_BYTES_GPU = 256 * 1024**2
 COPY_BYTES_CPU = 32 * 1024**2
 #: Square BF16 GEMM for the matrix peak: 8192³ on GPUs (docs/reference/probes.md §4 quotes peaks at 8192³), 512³ on CPU
-# ranks.
+#: ranks.
 PEAK_N_GPU = 8192
 PEAK_N_CPU = 512
 
@@ -246,8 +246,8 @@ def references(ctx: ProbeContext, samples: int) -> tuple[list[RankMeasurement], 
 
 
 #: docs/reference/probes.md §7.6: GEMMs on weights of 32 MB or more should reach a set share of the measured copy
-# bandwidth
-#: (80 % there, 75 % in issue 4); below it, the note names the kernels torch ran, so the reader can see why.
+#: bandwidth (80 % there; decodetop bars at 75 %); below it, the note names the kernels torch ran, so the reader can
+#: see why.
 BAR_WEIGHT_BYTES = 32 * 1000**2
 BAR_COPY_PCT = 75.0
 

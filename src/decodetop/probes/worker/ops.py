@@ -29,9 +29,8 @@ from decodetop.probes.worker.tensors import first_line
 from decodetop.probes.worker.testslow import slowed_for_test
 from decodetop.probes.worker.timing import capture_graph, time_events, time_graph_replay, time_host
 
-#: Ops per captured graph at least this long in total, so one replay's fixed cost (~15 µs: docs/reference/probes.md §3)
-# and the
-#: event resolution stay small against it.
+#: Ops per captured graph at least this long in total, so one replay's fixed cost (~15 µs:
+#: docs/reference/probes.md §3) and the event resolution stay small against it.
 MIN_GRAPH_US = 200.0
 #: Most ops captured into one graph (capture time and graph memory grow with it).
 MAX_GRAPH_OPS = 256

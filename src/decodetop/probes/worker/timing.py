@@ -186,7 +186,7 @@ def capture_graph(fn: Callable[[], Any], ops: int, warmup: int = 2) -> torch.cud
 
 #: Host time allowed per timed replay when the GPU is held back so the host can enqueue the whole loop first (µs).
 #: On the 2 × H200 VM one replay's enqueue (two event records and a graph launch) took up to ~100 µs in a slow
-#: process (docs/benchmarks.md, "Issue 8 on 2 GPUs"); without the lead a small graph ran at the host's pace.
+#: process (docs/benchmarks.md, "The proof on 2 GPUs"); without the lead a small graph ran at the host's pace.
 HOST_LEAD_US_PER_SAMPLE = 150.0
 #: Clock the sleep kernel's cycle count is converted with (GHz). Below the boost clocks of H100/H200 (1.98 GHz) and
 #: RTX PRO 6000 (~2.6 GHz): a slower-clocked GPU only sleeps longer, which is harmless.
