@@ -160,7 +160,7 @@ def test_real_h200_plan_files_one_gpu_vs_two() -> None:
 
 DIAGNOSIS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "diagnosis" / "plans_h200x2"
 """The latest recorded diagnosis plans (any run must point at the planted component)."""
-"""Issue 8's plants on 2 × H200 (Llama-3.1-70B, 4 layers, TP 2): a clean plan and one plan per plant."""
+"""The diagnosis plants on 2 × H200 (Llama-3.1-70B, 4 layers, TP 2): a clean plan and one plan per plant."""
 
 
 @pytest.mark.parametrize(
