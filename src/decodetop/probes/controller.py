@@ -70,14 +70,14 @@ from decodetop.probes.results import (
 ProgressCallback = Callable[[Progress], None]
 
 
-#: Default number of CPU ranks where there is no GPU (the issue's default: 2, enough for a real collective).
+#: Default number of CPU ranks where there is no GPU: 2, the fewest that make a real collective.
 DEFAULT_CPU_RANKS = 2
 #: Time the ranks get to import torch and join the group (torch import alone takes seconds on a cold disk).
 DEFAULT_START_TIMEOUT_S = 180.0
 #: After one rank fails, how long the others get to report before the group is restarted (they may be stuck in a
 #: collective the failed rank never joined).
 DEFAULT_ERROR_GRACE_S = 3.0
-#: The issue's bound: closing ends every rank within 5 s.
+#: The bound on quitting (docs/architecture.md, Processes): closing ends every rank within 5 s.
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
 #: Longest single wait between checks of the deadline and the cancel flag.
 _POLL_S = 0.25
