@@ -56,7 +56,8 @@ _KERNELS = {
 }
 
 DSA_INDEX_SCALE_GROUP = 128
-"""DeepSeek-V3.2's indexer caches FP8 keys with one FP32 scale per 128 values (assumed for GLM-5; models.md §7)."""
+"""DeepSeek-V3.2's indexer caches FP8 keys with one FP32 scale per 128 values (assumed for GLM-5;
+docs/reference/models.md §7)."""
 
 
 @dataclass(frozen=True)
@@ -457,10 +458,46 @@ def _mlp(
 
 
 def _mla(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> None:
-    spec, dep = b.spec, b.dep
-    proj, attn = Component.ATTENTION_PROJ, Component.ATTENTION
-    h = b.h_rank
-    tp = dep.tp
+    """Absorbed MLA decode: the latent projections, q·W_kc, the latent attention (with DSA's indexer) and o·W_vc."""
+    spec, tp = b.spec, b.dep.tp
+    proj = Component.ATTENTION_PROJ
+    _mla_projections(b, i, m, count, prefix)
+    # Absorbed MLA decode: kv_b's K half (W_kc) folds into q, its V half (W_vc) into the output (DeepSeek-V2 §2.1).
+    kv_b = b.mod(i, "kv_b_proj")
+    nope, v, lora = spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    k_frac = nope / (nope + v)
+    b.gemm(
+        prefix + "q·W_kc (absorb)",
+        proj,
+        i,
+        m,
+        lora,
+        nope,
+        kv_b.fmt,
+        kv_b.bytes_for(1, k_frac / tp),
+        batch=b.h_rank,
+        count=count,
+    )
+    _mla_attention(b, i, m, q_len, count, prefix)
+    b.gemm(
+        prefix + "o·W_vc (absorb)",
+        proj,
+        i,
+        m,
+        v,
+        lora,
+        kv_b.fmt,
+        kv_b.bytes_for(1, (1 - k_frac) / tp),
+        batch=b.h_rank,
+        count=count,
+    )
+    b.row_linear(prefix + "o_proj", proj, i, m, b.mod(i, "o_proj"), count)
+
+
+def _mla_projections(b: _Builder, i: int, m: int, count: int, prefix: str) -> None:
+    """The query and latent-KV projections up to rotary: q_a/kv_a (fused where one format), q_b or q, the norms."""
+    spec, tp = b.spec, b.dep.tp
+    proj = Component.ATTENTION_PROJ
     kv_a = b.mod(i, "kv_a_proj")
     if spec.q_lora_rank:
         q_a = b.mod(i, "q_a_proj")
@@ -475,23 +512,31 @@ def _mla(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> No
         b.linear(prefix + "kv_a_proj (replicated)", proj, i, m, [kv_a], 1.0, count=count)
         b.linear(prefix + "q_proj", proj, i, m, [b.mod(i, "q_proj")], 1 / tp, count=count)
     b.norm(prefix + "kv_a_layernorm", "rmsnorm", Component.NORMS, i, m, spec.kv_lora_rank, count)
-    b.norm(prefix + "rotary", "rotary", Component.NORMS, i, m, (h + 1) * spec.qk_rope_head_dim, count)
-    # Absorbed MLA decode: kv_b's K half (W_kc) folds into q, its V half (W_vc) into the output (DeepSeek-V2 §2.1).
-    kv_b = b.mod(i, "kv_b_proj")
-    nope, v, lora = spec.qk_nope_head_dim, spec.v_head_dim, spec.kv_lora_rank
-    k_frac = nope / (nope + v)
-    b.gemm(
-        prefix + "q·W_kc (absorb)",
-        proj,
-        i,
-        m,
-        lora,
-        nope,
-        kv_b.fmt,
-        kv_b.bytes_for(1, k_frac / tp),
-        batch=h,
-        count=count,
-    )
+    b.norm(prefix + "rotary", "rotary", Component.NORMS, i, m, (b.h_rank + 1) * spec.qk_rope_head_dim, count)
+
+
+def _dsa_indexer(b: _Builder, i: int, m: int, ctx: int, count: int, prefix: str) -> tuple[float, float]:
+    """DSA's lightning indexer ops (its projections, k_norm, index-key cache write); returns its (bytes, flops)."""
+    spec = b.spec
+    for kind_name, label in (
+        ("indexer_wq_b", "indexer wq_b"),
+        ("indexer_wk", "indexer wk"),
+        ("indexer_weights_proj", "indexer weights_proj"),
+    ):
+        md = b.mod(i, kind_name)
+        b.linear(f"{prefix}{label} (replicated)", Component.ATTENTION_PROJ, i, m, [md], 1.0, count=count)
+    b.norm(prefix + "indexer k_norm", "layernorm", Component.NORMS, i, m, spec.index_head_dim, count)
+    index_per_token = spec.index_head_dim + 4 * math.ceil(spec.index_head_dim / DSA_INDEX_SCALE_GROUP)
+    b.kv_write(prefix + "indexer key cache write", i, "dsa_index", m, spec.index_head_dim, 1.0, "fp8", count)
+    index_bytes = b.dep.batch * ctx * index_per_token
+    index_flops = 2.0 * m * spec.index_n_heads * ctx * spec.index_head_dim
+    return index_bytes, index_flops
+
+
+def _mla_attention(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> None:
+    """The latent KV-cache write and the latent attention over the context (top-k of it under DSA)."""
+    spec, dep = b.spec, b.dep
+    h, lora = b.h_rank, spec.kv_lora_rank
     latent = lora + spec.qk_rope_head_dim
     b.kv_write(prefix + "kv cache write", i, "mla", m, latent, b.kvb, b.kv_dtype, count)
     ctx = dep.context_len + q_len
@@ -502,18 +547,7 @@ def _mla(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> No
     if spec.index_topk:
         kind = "mla+dsa"
         attended = min(ctx, spec.index_topk)
-        for kind_name, label in (
-            ("indexer_wq_b", "indexer wq_b"),
-            ("indexer_wk", "indexer wk"),
-            ("indexer_weights_proj", "indexer weights_proj"),
-        ):
-            md = b.mod(i, kind_name)
-            b.linear(f"{prefix}{label} (replicated)", proj, i, m, [md], 1.0, count=count)
-        b.norm(prefix + "indexer k_norm", "layernorm", Component.NORMS, i, m, spec.index_head_dim, count)
-        index_per_token = spec.index_head_dim + 4 * math.ceil(spec.index_head_dim / DSA_INDEX_SCALE_GROUP)
-        b.kv_write(prefix + "indexer key cache write", i, "dsa_index", m, spec.index_head_dim, 1.0, "fp8", count)
-        index_bytes = dep.batch * ctx * index_per_token
-        index_flops = 2.0 * m * spec.index_n_heads * ctx * spec.index_head_dim
+        index_bytes, index_flops = _dsa_indexer(b, i, m, ctx, count, prefix)
     kv = dep.batch * attended * latent * b.kvb
     reads = kv + index_bytes + m * h * latent * ACTIVATION_BYTES
     flops = 2.0 * m * h * attended * (latent + lora) + index_flops
@@ -539,7 +573,7 @@ def _mla(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> No
     b.add(
         Op(
             prefix + f"attention ({kind})",
-            attn,
+            Component.ATTENTION,
             "attention",
             shape,
             b.kv_dtype,
@@ -555,19 +589,6 @@ def _mla(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> No
         ),
         i,
     )
-    b.gemm(
-        prefix + "o·W_vc (absorb)",
-        proj,
-        i,
-        m,
-        v,
-        lora,
-        kv_b.fmt,
-        kv_b.bytes_for(1, (1 - k_frac) / tp),
-        batch=h,
-        count=count,
-    )
-    b.row_linear(prefix + "o_proj", proj, i, m, b.mod(i, "o_proj"), count)
 
 
 def _gqa(b: _Builder, i: int, m: int, q_len: int, count: int, prefix: str) -> None:
@@ -792,7 +813,7 @@ def _assumptions(spec: ModelSpec, dep: Deployment, b: _Builder) -> tuple[str, ..
     if spec.index_topk:
         out.append(
             f"DSA: attention reads min(context, {spec.index_topk}) latents; the indexer reads every cached "
-            "FP8 index key (+FP32 scale per 128) — layout assumed from DeepSeek-V3.2 (models.md §7)."
+            "FP8 index key (+FP32 scale per 128) — layout assumed from DeepSeek-V3.2 (docs/reference/models.md §7)."
         )
     if dep.speculative:
         out.append(

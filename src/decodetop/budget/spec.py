@@ -1,15 +1,14 @@
 """Provides `ModelSpec`: a model's architecture in canonical fields, read from an HF `config.json` (+ quantization
 config) or a built-in preset, and the list of its weight modules with their storage format.
 
-Field names differ by family (models.md §4): the reader dispatches on `model_type` (also inside `text_config` of
-multimodal wrappers), treats MLA as "`kv_lora_rank` present" and DSA as "`index_topk` present", and never uses
-`head_dim` when `qk_nope_head_dim` is present. Every value is checked: a missing key, a wrong type, a negative or
-absurd size or an unknown family raises `ConfigError` naming the file and the key (exit code 2 in the CLI).
+Field names differ by family (docs/reference/models.md §4): the reader dispatches on `model_type` (also inside
+`text_config` of multimodal wrappers), treats MLA as "`kv_lora_rank` present" and DSA as "`index_topk` present", and
+never uses `head_dim` when `qk_nope_head_dim` is present. Every value is checked: a missing key, a wrong type, a
+negative or absurd size or an unknown family raises `ConfigError` naming the file and the key (exit code 2 in the CLI).
 
-Parameter counts follow models.md §3: weights only, norms ignored, biases counted where the family has them.
-`params_total` excludes the MTP layer(s) (as the published totals do); `params_active` is what one decode token
-reads: attention, dense MLPs, top_k + shared experts, routers and lm_head, but not the input embedding (a row
-lookup).
+Parameter counts follow docs/reference/models.md §3: weights only, norms ignored, biases counted where the family has
+them. `params_total` excludes the MTP layer(s) (as the published totals do); `params_active` is what one decode token
+reads: attention, dense MLPs, top_k + shared experts, routers and lm_head, but not the input embedding (a row lookup).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from decodetop import jsonio
 from decodetop.budget.components import Component
@@ -60,9 +59,9 @@ class WeightModule:
     """Module name as in the checkpoint (experts: expert 0 stands for the stack), e.g. `model.layers.3.mlp.gate`."""
     kind: str
     """What it is, stable across families: q_a_proj, q_b_proj, kv_a_proj, kv_b_proj, q_proj, k_proj, v_proj,
-    o_proj, indexer_wq_b, indexer_wk, indexer_weights_proj, gate_proj, up_proj, down_proj, router,
-    expert_gate_proj, expert_up_proj, expert_down_proj, shared_gate_proj, shared_up_proj, shared_down_proj,
-    eh_proj, embedding, lm_head."""
+    o_proj, indexer_wq_b, indexer_wk, indexer_weights_proj, gate_proj, up_proj, down_proj, router, expert_gate_proj,
+    expert_up_proj, expert_down_proj, shared_gate_proj, shared_up_proj, shared_down_proj, eh_proj, embedding,
+    lm_head."""
     component: Component
     role: str
     """"linear", "router", "embedding" or "lm_head" (decides whether a quantized format applies)."""
@@ -94,7 +93,7 @@ class WeightModule:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only LLM's architecture in canonical fields (models.md §4), plus its quantization."""
+    """A decoder-only LLM's architecture in canonical fields (docs/reference/models.md §4), plus its quantization."""
 
     name: str
     model_type: str
@@ -210,7 +209,8 @@ class ModelSpec:
         return out
 
     def active_weight_bytes(self) -> float:
-        """Bytes of weights one token reads at batch 1 on a single GPU (models.md §5's per-token table)."""
+        """Bytes of weights one token reads at batch 1 on a single GPU (docs/reference/models.md §5's per-token
+        table)."""
         total = 0.0
         for m in self.modules:
             if m.kind == "embedding":
@@ -306,7 +306,7 @@ def _base_format(r: _Reader) -> WeightFormat:
         if not isinstance(value, str) or value not in DTYPE_NAMES:
             raise r.error(key, f"unknown dtype {_short(value)} (known: {', '.join(DTYPE_NAMES)})")
         return DTYPE_NAMES[value]
-    return WeightFormat.BF16  # models.md §4: gpt-oss has no dtype key; its non-expert weights are BF16
+    return WeightFormat.BF16  # docs/reference/models.md §4: gpt-oss has no dtype key; its non-expert weights are BF16
 
 
 def _text_config(config: Mapping[str, Any], file: str) -> tuple[Mapping[str, Any], str]:
@@ -334,13 +334,7 @@ def spec_from_config(
         raise ConfigError(file, "", f"expected a JSON object at the top level, got {type(config).__name__}")
     cfg, prefix = _text_config(config, file)
     r = _Reader(cfg, file, prefix)
-    model_type = cfg.get("model_type")
-    if model_type is None:
-        raise r.error("model_type", "missing")
-    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
-        raise r.error(
-            "model_type", f"{_short(model_type)} is not a family decodetop knows ({', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
+    model_type = _model_type(r)
     base = _base_format(r)
     quant = _read_quant(config, cfg=cfg, file=file, hf_quant=hf_quant_config, hf_quant_file=hf_quant_file, base=base)
 
@@ -351,114 +345,13 @@ def spec_from_config(
     n_kv = r.int_("num_key_value_heads", default=n_heads, hi=_MAX_HEADS)
     tie = r.bool_("tie_word_embeddings", False)
     n_mtp = r.int_("num_nextn_predict_layers", default=0, lo=0, hi=16)
-    deepseek = model_type in DEEPSEEK_FAMILIES
-
-    # attention
-    q_lora = kv_lora = nope = rope = index_topk = index_heads = index_dim = 0
-    if deepseek or r.has("kv_lora_rank"):
-        kind = "mla"
-        kv_lora = r.int_("kv_lora_rank", hi=65536)
-        q_lora = r.int_("q_lora_rank", default=0, lo=0, hi=65536)
-        nope = r.int_("qk_nope_head_dim", hi=8192)
-        rope = r.int_("qk_rope_head_dim", hi=8192)
-        head_dim = nope + rope  # models.md §4 rule 4: never `head_dim` when qk_nope_head_dim is present
-        v_dim = r.int_("v_head_dim", hi=8192)
-        kv_heads_cache = 1
-        rotary = rope
-        if r.has("index_topk"):
-            index_topk = r.int_("index_topk", hi=1 << 24)
-            index_heads = r.int_("index_n_heads", hi=_MAX_HEADS)
-            index_dim = r.int_("index_head_dim", hi=8192)
-    else:
-        kind = "gqa"
-        if n_kv > n_heads or n_heads % n_kv:
-            raise r.error("num_key_value_heads", f"{n_kv} does not divide num_attention_heads {n_heads}")
-        if r.has("head_dim"):
-            head_dim = r.int_("head_dim", hi=8192)
-        else:
-            if d_model % n_heads:
-                raise r.error("num_attention_heads", f"{n_heads} does not divide hidden_size {d_model}")
-            head_dim = d_model // n_heads
-        v_dim = head_dim
-        kv_heads_cache = n_kv
-        rotary = max(2, int(head_dim * r.float_("partial_rotary_factor", 1.0, 0.0, 1.0)))
+    attn = _read_attention(r, model_type, d_model, n_heads, n_kv)
     default_bias = model_type in ("qwen2", "gpt_oss")  # Qwen2 always has q/k/v biases; gpt-oss has every bias
     attention_bias = r.bool_("attention_bias", default_bias) or model_type == "qwen2"
     o_bias = attention_bias and model_type in ("llama", "gpt_oss", "mistral", "granite", "olmo2")
     qk_norm = model_type in ("qwen3", "qwen3_moe") or r.bool_("use_qk_norm", False)
-
-    # sliding window
-    window = 0
-    sliding: tuple[int, ...] = ()
-    if model_type == "gpt_oss":
-        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
-        types = cfg.get("layer_types")
-        if types is not None:
-            if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
-                raise r.error("layer_types", f"expected {n_layers} layer type strings")
-            sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-        elif window:
-            sliding = tuple(range(0, n_layers, 2))  # gpt-oss alternates sliding and full attention (models.md §2)
-    elif model_type == "mistral" or (model_type in ("qwen2", "qwen3") and r.bool_("use_sliding_window", False)):
-        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
-        sliding = tuple(range(n_layers)) if window else ()
-
-    # MLP / MoE
-    ffn_dense = ffn_expert = n_experts = top_k = n_shared = 0
-    expert_bias = False
-    scoring = "softmax"
-    n_group = topk_group = 1
-    moe_layers: tuple[int, ...] = ()
-    if model_type in GQA_FAMILIES:
-        ffn_dense = r.int_("intermediate_size")
-    elif model_type in ("mixtral", "gpt_oss"):
-        ffn_expert = r.int_("intermediate_size")  # models.md §0.3: the *expert* FFN width in these two families
-        n_experts = r.int_("num_local_experts", hi=_MAX_EXPERTS)
-        top_k = r.int_("num_experts_per_tok", default=r.int_("experts_per_token", default=0, lo=0), lo=1)
-        moe_layers = tuple(range(n_layers))
-        expert_bias = model_type == "gpt_oss"
-    elif model_type == "qwen3_moe":
-        ffn_expert = r.int_("moe_intermediate_size")
-        n_experts = r.int_("num_experts", default=0, lo=0, hi=_MAX_EXPERTS)
-        mlp_only = set(r.int_list("mlp_only_layers", n_layers))
-        step = r.int_("decoder_sparse_step", default=1, hi=_MAX_LAYERS)
-        if n_experts:
-            top_k = r.int_("num_experts_per_tok")
-            moe_layers = tuple(i for i in range(n_layers) if i not in mlp_only and (i + 1) % step == 0)
-        if len(moe_layers) < n_layers:
-            ffn_dense = r.int_("intermediate_size")
-    else:  # deepseek families and glm4_moe
-        n_experts = r.int_(
-            "n_routed_experts",
-            default=r.int_("num_local_experts", default=r.int_("num_experts", default=0, lo=0), lo=0),
-            lo=0,
-            hi=_MAX_EXPERTS,
-        )
-        if n_experts:
-            top_k = r.int_("num_experts_per_tok")
-            ffn_expert = r.int_("moe_intermediate_size")
-            n_shared = r.int_("n_shared_experts", default=0, lo=0, hi=64)
-            first_dense = r.int_("first_k_dense_replace", default=0, lo=0, hi=n_layers)
-            freq = r.int_("moe_layer_freq", default=1, hi=_MAX_LAYERS)
-            moe_layers = tuple(i for i in range(first_dense, n_layers) if i % freq == 0)
-            types = cfg.get("mlp_layer_types")
-            if types is not None:  # transformers >= 5 may write the list instead (models.md §4)
-                if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
-                    raise r.error("mlp_layer_types", f"expected {n_layers} layer type strings")
-                moe_layers = tuple(i for i, t in enumerate(types) if t != "dense")
-            scoring = r.str_(
-                "scoring_func", "sigmoid" if model_type != "deepseek_v2" else "softmax", ("softmax", "sigmoid")
-            )
-            n_group = r.int_("n_group", default=1, hi=_MAX_EXPERTS)
-            topk_group = r.int_("topk_group", default=1, hi=n_group)
-            if n_experts % n_group:
-                raise r.error("n_group", f"{n_group} does not divide the {n_experts} routed experts")
-        if len(moe_layers) < n_layers:
-            ffn_dense = r.int_("intermediate_size")
-    if n_experts and top_k > n_experts:
-        raise r.error("num_experts_per_tok", f"{top_k} is more than the {n_experts} experts")
-    if n_experts and top_k < 1:
-        raise r.error("num_experts_per_tok", "missing or zero for a model with routed experts")
+    window, sliding = _read_sliding_window(r, model_type, n_layers)
+    ffn = _read_ffn(r, model_type, n_layers)
 
     spec = ModelSpec(
         name=name or str(cfg.get("_name_or_path") or model_type),
@@ -470,38 +363,226 @@ def spec_from_config(
         vocab_size=vocab,
         tie_word_embeddings=tie,
         n_heads=n_heads,
-        n_kv_heads=kv_heads_cache,
-        head_dim=head_dim,
-        v_head_dim=v_dim,
-        attention_kind=kind,
-        q_lora_rank=q_lora,
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope,
-        rotary_dim=rotary,
-        index_topk=index_topk,
-        index_n_heads=index_heads,
-        index_head_dim=index_dim,
+        n_kv_heads=attn.n_kv_heads,
+        head_dim=attn.head_dim,
+        v_head_dim=attn.v_head_dim,
+        attention_kind=attn.kind,
+        q_lora_rank=attn.q_lora_rank,
+        kv_lora_rank=attn.kv_lora_rank,
+        qk_nope_head_dim=attn.qk_nope_head_dim,
+        qk_rope_head_dim=attn.qk_rope_head_dim,
+        rotary_dim=attn.rotary_dim,
+        index_topk=attn.index_topk,
+        index_n_heads=attn.index_n_heads,
+        index_head_dim=attn.index_head_dim,
         sliding_window=window,
         sliding_layers=sliding,
         attention_bias=attention_bias,
         o_bias=o_bias,
         qk_norm=qk_norm,
-        ffn_dense=ffn_dense,
-        ffn_expert=ffn_expert,
-        n_experts=n_experts,
-        top_k=top_k,
-        n_shared_experts=n_shared,
-        moe_layers=moe_layers,
-        expert_bias=expert_bias,
-        scoring_func=scoring,
-        n_group=n_group,
-        topk_group=topk_group,
+        ffn_dense=ffn.ffn_dense,
+        ffn_expert=ffn.ffn_expert,
+        n_experts=ffn.n_experts,
+        top_k=ffn.top_k,
+        n_shared_experts=ffn.n_shared_experts,
+        moe_layers=ffn.moe_layers,
+        expert_bias=ffn.expert_bias,
+        scoring_func=ffn.scoring_func,
+        n_group=ffn.n_group,
+        topk_group=ffn.topk_group,
         quant=quant,
     )
     if spec.params_total > 10**15:
         raise ConfigError(file, prefix + "hidden_size", "the sizes add up to more than 10^15 parameters")
     return spec
+
+
+def _model_type(r: _Reader) -> str:
+    """The config's `model_type`, one of the families decodetop knows."""
+    model_type = r.cfg.get("model_type")
+    if model_type is None:
+        raise r.error("model_type", "missing")
+    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
+        raise r.error(
+            "model_type", f"{_short(model_type)} is not a family decodetop knows ({', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    return model_type
+
+
+@dataclass(frozen=True)
+class _AttentionShape:
+    """The attention fields of a ModelSpec, as one family's keys give them (zeros where the kind has none)."""
+
+    kind: str
+    head_dim: int
+    v_head_dim: int
+    n_kv_heads: int
+    """KV heads in the cache: 1 latent head under MLA."""
+    rotary_dim: int
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    index_topk: int = 0
+    index_n_heads: int = 0
+    index_head_dim: int = 0
+
+
+def _read_attention(r: _Reader, model_type: str, d_model: int, n_heads: int, n_kv: int) -> _AttentionShape:
+    """MLA where the family is DeepSeek's or `kv_lora_rank` is present, else grouped-query attention."""
+    if model_type in DEEPSEEK_FAMILIES or r.has("kv_lora_rank"):
+        return _read_mla(r)
+    if n_kv > n_heads or n_heads % n_kv:
+        raise r.error("num_key_value_heads", f"{n_kv} does not divide num_attention_heads {n_heads}")
+    if r.has("head_dim"):
+        head_dim = r.int_("head_dim", hi=8192)
+    else:
+        if d_model % n_heads:
+            raise r.error("num_attention_heads", f"{n_heads} does not divide hidden_size {d_model}")
+        head_dim = d_model // n_heads
+    rotary = max(2, int(head_dim * r.float_("partial_rotary_factor", 1.0, 0.0, 1.0)))
+    return _AttentionShape("gqa", head_dim, head_dim, n_kv, rotary)
+
+
+def _read_mla(r: _Reader) -> _AttentionShape:
+    """Multi-head latent attention's ranks and head widths, and DSA's indexer where `index_topk` is present."""
+    kv_lora = r.int_("kv_lora_rank", hi=65536)
+    q_lora = r.int_("q_lora_rank", default=0, lo=0, hi=65536)
+    nope = r.int_("qk_nope_head_dim", hi=8192)
+    rope = r.int_("qk_rope_head_dim", hi=8192)
+    v_dim = r.int_("v_head_dim", hi=8192)
+    index_topk = index_heads = index_dim = 0
+    if r.has("index_topk"):
+        index_topk = r.int_("index_topk", hi=1 << 24)
+        index_heads = r.int_("index_n_heads", hi=_MAX_HEADS)
+        index_dim = r.int_("index_head_dim", hi=8192)
+    return _AttentionShape(
+        kind="mla",
+        head_dim=nope + rope,  # docs/reference/models.md §4 rule 4: never `head_dim` when qk_nope_head_dim is present
+        v_head_dim=v_dim,
+        n_kv_heads=1,
+        rotary_dim=rope,
+        q_lora_rank=q_lora,
+        kv_lora_rank=kv_lora,
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        index_topk=index_topk,
+        index_n_heads=index_heads,
+        index_head_dim=index_dim,
+    )
+
+
+def _read_sliding_window(r: _Reader, model_type: str, n_layers: int) -> tuple[int, tuple[int, ...]]:
+    """The sliding window in tokens (0: none) and the layers that use it."""
+    if model_type == "gpt_oss":
+        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
+        types = r.cfg.get("layer_types")
+        if types is not None:
+            if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
+                raise r.error("layer_types", f"expected {n_layers} layer type strings")
+            return window, tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+        # gpt-oss alternates sliding and full attention (docs/reference/models.md §2)
+        return window, (tuple(range(0, n_layers, 2)) if window else ())
+    if model_type == "mistral" or (model_type in ("qwen2", "qwen3") and r.bool_("use_sliding_window", False)):
+        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
+        return window, (tuple(range(n_layers)) if window else ())
+    return 0, ()
+
+
+@dataclass(frozen=True)
+class _FfnShape:
+    """The MLP and MoE fields of a ModelSpec (zeros and defaults where the family has no experts)."""
+
+    ffn_dense: int = 0
+    ffn_expert: int = 0
+    n_experts: int = 0
+    top_k: int = 0
+    n_shared_experts: int = 0
+    moe_layers: tuple[int, ...] = ()
+    expert_bias: bool = False
+    scoring_func: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+
+
+def _read_ffn(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
+    """The dense MLP width and the experts, by family; top_k checked against the expert count."""
+    if model_type in GQA_FAMILIES:
+        ffn = _FfnShape(ffn_dense=r.int_("intermediate_size"))
+    elif model_type in ("mixtral", "gpt_oss"):
+        ffn = _read_every_layer_moe(r, model_type, n_layers)
+    elif model_type == "qwen3_moe":
+        ffn = _read_qwen3_moe(r, n_layers)
+    else:  # deepseek families and glm4_moe
+        ffn = _read_deepseek_moe(r, model_type, n_layers)
+    if ffn.n_experts and ffn.top_k > ffn.n_experts:
+        raise r.error("num_experts_per_tok", f"{ffn.top_k} is more than the {ffn.n_experts} experts")
+    if ffn.n_experts and ffn.top_k < 1:
+        raise r.error("num_experts_per_tok", "missing or zero for a model with routed experts")
+    return ffn
+
+
+def _read_every_layer_moe(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
+    """Mixtral and gpt-oss: experts in every layer, no dense MLP, no shared expert."""
+    return _FfnShape(
+        # docs/reference/models.md §0.3: the *expert* FFN width in these two families
+        ffn_expert=r.int_("intermediate_size"),
+        n_experts=r.int_("num_local_experts", hi=_MAX_EXPERTS),
+        top_k=r.int_("num_experts_per_tok", default=r.int_("experts_per_token", default=0, lo=0), lo=1),
+        moe_layers=tuple(range(n_layers)),
+        expert_bias=model_type == "gpt_oss",
+    )
+
+
+def _read_qwen3_moe(r: _Reader, n_layers: int) -> _FfnShape:
+    """Qwen3-MoE: experts every `decoder_sparse_step` layers except `mlp_only_layers`, which are dense."""
+    ffn_expert = r.int_("moe_intermediate_size")
+    n_experts = r.int_("num_experts", default=0, lo=0, hi=_MAX_EXPERTS)
+    mlp_only = set(r.int_list("mlp_only_layers", n_layers))
+    step = r.int_("decoder_sparse_step", default=1, hi=_MAX_LAYERS)
+    top_k = 0
+    moe_layers: tuple[int, ...] = ()
+    if n_experts:
+        top_k = r.int_("num_experts_per_tok")
+        moe_layers = tuple(i for i in range(n_layers) if i not in mlp_only and (i + 1) % step == 0)
+    ffn_dense = r.int_("intermediate_size") if len(moe_layers) < n_layers else 0
+    return _FfnShape(ffn_dense, ffn_expert, n_experts, top_k, moe_layers=moe_layers)
+
+
+def _read_deepseek_moe(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
+    """DeepSeek families and GLM-4.5 MoE: dense first layers, then routed + shared experts with group routing."""
+    n_experts = r.int_(
+        "n_routed_experts",
+        default=r.int_("num_local_experts", default=r.int_("num_experts", default=0, lo=0), lo=0),
+        lo=0,
+        hi=_MAX_EXPERTS,
+    )
+    if not n_experts:  # a dense model of this family: every layer is a dense MLP
+        return _FfnShape(ffn_dense=r.int_("intermediate_size"))
+    top_k = r.int_("num_experts_per_tok")
+    ffn_expert = r.int_("moe_intermediate_size")
+    n_shared = r.int_("n_shared_experts", default=0, lo=0, hi=64)
+    moe_layers = _deepseek_moe_layers(r, n_layers)
+    scoring = r.str_("scoring_func", "sigmoid" if model_type != "deepseek_v2" else "softmax", ("softmax", "sigmoid"))
+    n_group = r.int_("n_group", default=1, hi=_MAX_EXPERTS)
+    topk_group = r.int_("topk_group", default=1, hi=n_group)
+    if n_experts % n_group:
+        raise r.error("n_group", f"{n_group} does not divide the {n_experts} routed experts")
+    ffn_dense = r.int_("intermediate_size") if len(moe_layers) < n_layers else 0
+    return _FfnShape(ffn_dense, ffn_expert, n_experts, top_k, n_shared, moe_layers, False, scoring, n_group, topk_group)
+
+
+def _deepseek_moe_layers(r: _Reader, n_layers: int) -> tuple[int, ...]:
+    """The MoE layers: every `moe_layer_freq`-th after `first_k_dense_replace`, or as `mlp_layer_types` lists them."""
+    first_dense = r.int_("first_k_dense_replace", default=0, lo=0, hi=n_layers)
+    freq = r.int_("moe_layer_freq", default=1, hi=_MAX_LAYERS)
+    moe_layers = tuple(i for i in range(first_dense, n_layers) if i % freq == 0)
+    types = r.cfg.get("mlp_layer_types")
+    if types is not None:  # transformers >= 5 may write the list instead (docs/reference/models.md §4)
+        if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
+            raise r.error("mlp_layer_types", f"expected {n_layers} layer type strings")
+        moe_layers = tuple(i for i, t in enumerate(types) if t != "dense")
+    return moe_layers
 
 
 def _read_quant(
@@ -513,7 +594,8 @@ def _read_quant(
     hf_quant_file: str,
     base: WeightFormat,
 ) -> QuantScheme:
-    """config.json's quantization_config wins; else hf_quant_config.json; else none (models.md §5: look in both)."""
+    """config.json's quantization_config wins; else hf_quant_config.json; else none (docs/reference/models.md §5: look
+    in both)."""
     qc = top.get("quantization_config", cfg.get("quantization_config"))
     if qc is not None:
         scheme = read_quantization_config(qc, file, base)
@@ -538,6 +620,23 @@ def _read_quant(
 # --- module list ---------------------------------------------------------------------------------------------
 
 
+class _AddModule(Protocol):
+    """Appends one row to the module table being built (its format and bits from the checkpoint's quantization)."""
+
+    def __call__(  # noqa: PLR0917 - one row of the module table
+        self,
+        name: str,
+        kind: str,
+        comp: Component,
+        role: str,
+        layer: int,
+        n_in: int,
+        n_out: int,
+        copies: int = 1,
+        bias: bool = False,
+    ) -> None: ...
+
+
 def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tuple[WeightModule, ...]:
     """The modules of `layers` (MTP layers follow the main ones), plus embedding and lm_head if `model_level`."""
     out: list[WeightModule] = []
@@ -558,56 +657,17 @@ def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tup
         out.append(WeightModule(name, kind, comp, role, layer, n_in, n_out, copies, bias, fmt, quant.bits_for(fmt)))
 
     d = spec.d_model
-    mt = spec.model_type
     if model_level and not spec.tie_word_embeddings:
         add("model.embed_tokens", "embedding", Component.LM_HEAD, "embedding", -1, spec.vocab_size, d)
     moe = set(spec.moe_layers)
     for i in layers:
         mtp = i >= spec.n_layers
-        a = f"model.layers.{i}.self_attn."
-        attn = Component.ATTENTION_PROJ
         if mtp:
-            add(f"model.layers.{i}.eh_proj", "eh_proj", attn, "linear", i, 2 * d, d)
+            add(f"model.layers.{i}.eh_proj", "eh_proj", Component.ATTENTION_PROJ, "linear", i, 2 * d, d)
         if spec.attention_kind == "mla":
-            h = spec.n_heads
-            if spec.q_lora_rank:
-                add(a + "q_a_proj", "q_a_proj", attn, "linear", i, d, spec.q_lora_rank)
-                add(a + "q_b_proj", "q_b_proj", attn, "linear", i, spec.q_lora_rank, h * spec.head_dim)
-            else:
-                add(a + "q_proj", "q_proj", attn, "linear", i, d, h * spec.head_dim)
-            add(a + "kv_a_proj_with_mqa", "kv_a_proj", attn, "linear", i, d, spec.kv_lora_rank + spec.qk_rope_head_dim)
-            add(
-                a + "kv_b_proj",
-                "kv_b_proj",
-                attn,
-                "linear",
-                i,
-                spec.kv_lora_rank,
-                h * (spec.qk_nope_head_dim + spec.v_head_dim),
-            )
-            add(a + "o_proj", "o_proj", attn, "linear", i, h * spec.v_head_dim, d)
-            if spec.index_topk:
-                # DeepSeek-V3.2 indexer layout, assumed for GLM-5 (models.md §3, UNCONFIRMED there); GLM-5 names
-                # the weights projection `indexers_proj` (its FP8 modules_to_not_convert, model_configs.json).
-                q_in = spec.q_lora_rank or d
-                add(
-                    a + "indexer.wq_b",
-                    "indexer_wq_b",
-                    attn,
-                    "linear",
-                    i,
-                    q_in,
-                    spec.index_n_heads * spec.index_head_dim,
-                )
-                add(a + "indexer.wk", "indexer_wk", attn, "linear", i, d, spec.index_head_dim)
-                wname = a + ("indexers_proj" if mt == "glm_moe_dsa" else "indexer.weights_proj")
-                add(wname, "indexer_weights_proj", attn, "linear", i, d, spec.index_n_heads)
+            _add_mla(spec, add, i)
         else:
-            hd, b = spec.head_dim, spec.attention_bias
-            add(a + "q_proj", "q_proj", attn, "linear", i, d, spec.n_heads * hd, bias=b)
-            add(a + "k_proj", "k_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
-            add(a + "v_proj", "v_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
-            add(a + "o_proj", "o_proj", attn, "linear", i, spec.n_heads * hd, d, bias=spec.o_bias)
+            _add_gqa(spec, add, i)
         if i in moe or (mtp and spec.is_moe):
             _add_moe(spec, add, i)
         else:
@@ -621,7 +681,50 @@ def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tup
     return tuple(out)
 
 
-def _add_moe(spec: ModelSpec, add: Any, i: int) -> None:
+def _add_mla(spec: ModelSpec, add: _AddModule, i: int) -> None:
+    """Layer `i`'s MLA projections (q through a LoRA rank where the model has one), and DSA's indexer."""
+    a = f"model.layers.{i}.self_attn."
+    attn = Component.ATTENTION_PROJ
+    d, h = spec.d_model, spec.n_heads
+    if spec.q_lora_rank:
+        add(a + "q_a_proj", "q_a_proj", attn, "linear", i, d, spec.q_lora_rank)
+        add(a + "q_b_proj", "q_b_proj", attn, "linear", i, spec.q_lora_rank, h * spec.head_dim)
+    else:
+        add(a + "q_proj", "q_proj", attn, "linear", i, d, h * spec.head_dim)
+    add(a + "kv_a_proj_with_mqa", "kv_a_proj", attn, "linear", i, d, spec.kv_lora_rank + spec.qk_rope_head_dim)
+    add(
+        a + "kv_b_proj",
+        "kv_b_proj",
+        attn,
+        "linear",
+        i,
+        spec.kv_lora_rank,
+        h * (spec.qk_nope_head_dim + spec.v_head_dim),
+    )
+    add(a + "o_proj", "o_proj", attn, "linear", i, h * spec.v_head_dim, d)
+    if spec.index_topk:
+        # DeepSeek-V3.2 indexer layout, assumed for GLM-5 (docs/reference/models.md §3, UNCONFIRMED there); GLM-5
+        # names the weights projection `indexers_proj` (its FP8 modules_to_not_convert,
+        # docs/reference/model_configs.json).
+        q_in = spec.q_lora_rank or d
+        add(a + "indexer.wq_b", "indexer_wq_b", attn, "linear", i, q_in, spec.index_n_heads * spec.index_head_dim)
+        add(a + "indexer.wk", "indexer_wk", attn, "linear", i, d, spec.index_head_dim)
+        wname = a + ("indexers_proj" if spec.model_type == "glm_moe_dsa" else "indexer.weights_proj")
+        add(wname, "indexer_weights_proj", attn, "linear", i, d, spec.index_n_heads)
+
+
+def _add_gqa(spec: ModelSpec, add: _AddModule, i: int) -> None:
+    """Layer `i`'s grouped-query attention projections, with the family's biases."""
+    a = f"model.layers.{i}.self_attn."
+    attn = Component.ATTENTION_PROJ
+    d, hd, b = spec.d_model, spec.head_dim, spec.attention_bias
+    add(a + "q_proj", "q_proj", attn, "linear", i, d, spec.n_heads * hd, bias=b)
+    add(a + "k_proj", "k_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
+    add(a + "v_proj", "v_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
+    add(a + "o_proj", "o_proj", attn, "linear", i, spec.n_heads * hd, d, bias=spec.o_bias)
+
+
+def _add_moe(spec: ModelSpec, add: _AddModule, i: int) -> None:
     d, ff, e = spec.d_model, spec.ffn_expert, spec.n_experts
     routed, shared, routing = Component.ROUTED_EXPERTS, Component.SHARED_EXPERTS, Component.ROUTING
     mt = spec.model_type
