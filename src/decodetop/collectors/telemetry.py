@@ -9,9 +9,8 @@ the snapshot, in total and per GPU. Settings only an admin changes (`SLOW_FIELDS
 
 `TelemetryCollector` runs the sampler on a thread (1 s default tick) and hands each snapshot to a callback; the TUI
 and the exporter both use it. Process lists are costly (MangoHud PR #2104: ~4.5 ms per call holding the driver's
-lock, peers.md §3.8), so they are skipped while `collector.costly_paused` is set, which a latency probe sets for
-its duration (`with collector.latency_probe(): ...`).
-"""
+lock, docs/reference/peers.md §3.8), so they are skipped while `collector.costly_paused` is set, which a latency probe
+sets for its duration (`with collector.latency_probe(): ...`)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,8 @@ from decodetop.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
-# --- NVML enums used here (nvidia-ml-py 13.615.71 pynvml.py, healthchecks.md [PYNVML]) -----------------------
+# --- NVML enums used here (nvidia-ml-py 13.615.71 pynvml.py, docs/reference/healthchecks.md [PYNVML])
+# -----------------------
 NVML_CLOCK_SM = 1
 NVML_CLOCK_MEM = 2
 NVML_TEMPERATURE_GPU = 0
@@ -64,7 +64,7 @@ P2P_STATUS_NAMES = {
     5: "NOT_SUPPORTED",
     6: "UNKNOWN",
 }
-"""nvmlGpuP2PStatus_t (healthchecks.md N9)."""
+"""nvmlGpuP2PStatus_t (docs/reference/healthchecks.md N9)."""
 
 TOPOLOGY_NAMES = {0: "INTERNAL", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
 """nvmlGpuTopologyLevel_t with nvidia-smi topo's names: SINGLE=PIX, MULTIPLE=PXB, HOSTBRIDGE=PHB (healthchecks P7)."""
@@ -72,7 +72,7 @@ TOPOLOGY_NAMES = {0: "INTERNAL", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50
 
 @dataclass(frozen=True)
 class ClockEventReason:
-    """One bit of the clock-event (throttle) reason mask and how serious it is (healthchecks.md N3)."""
+    """One bit of the clock-event (throttle) reason mask and how serious it is (docs/reference/healthchecks.md N3)."""
 
     bit: int
     name: str
@@ -84,7 +84,7 @@ class ClockEventReason:
 
 
 CLOCK_EVENT_REASONS: tuple[ClockEventReason, ...] = (
-    # Bits and names: NVML nvmlClocksEventReasons (healthchecks.md N3, [NVML-CER]); counters: pynvml
+    # Bits and names: NVML nvmlClocksEventReasons (docs/reference/healthchecks.md N3, [NVML-CER]); counters: pynvml
     # NVML_FI_DEV_CLOCKS_EVENT_REASON_* / NVML_FI_DEV_PERF_POLICY_* (nanoseconds).
     ClockEventReason(0x1, "GpuIdle", "info", "nothing is running; clocks drop at idle"),
     ClockEventReason(0x2, "ApplicationsClocksSetting", "info", "application clocks hold the clocks down"),
@@ -95,7 +95,8 @@ CLOCK_EVENT_REASONS: tuple[ClockEventReason, ...] = (
     ClockEventReason(0x40, "HwThermalSlowdown", "fail", "hardware thermal slowdown: temperature over the limit", 270),
     ClockEventReason(0x80, "HwPowerBrakeSlowdown", "fail", "external power brake asserted (PSU or board)", 271),
     ClockEventReason(0x100, "DisplayClockSetting", "info", "clocks follow the display clock"),
-    # pynvml 13.x nvmlClocksThrottleReasonBoardLimit / Reliability (values "not checked" in healthchecks.md N3).
+    # pynvml 13.x nvmlClocksThrottleReasonBoardLimit / Reliability (values "not checked" in
+    # docs/reference/healthchecks.md N3).
     ClockEventReason(0x200, "BoardLimit", "info", "board-level limit", 77),
     ClockEventReason(0x400, "Reliability", "info", "reliability limit", 79),
 )
@@ -129,7 +130,8 @@ def decode_clock_event_reasons(mask: int) -> tuple[str, ...]:
 
 
 def normalize_bus_id(nvml_bus_id: str) -> str:
-    """NVML's "00000000:3B:00.0" → sysfs's "0000:3b:00.0" (healthchecks.md §1 notes); already-sysfs ids pass."""
+    """NVML's "00000000:3B:00.0" → sysfs's "0000:3b:00.0" (docs/reference/healthchecks.md §1 notes); already-sysfs ids
+    pass."""
     text = nvml_bus_id.strip().lower()
     parts = text.split(":")
     if len(parts) == 3:
@@ -473,6 +475,61 @@ tick (docs/benchmarks.md, "NVML telemetry cost")."""
 DEFAULT_SLOW_EVERY_TICKS = 10
 
 
+def _read_clocks_power_memory(r: _Reads, g: GpuRef, v: dict[str, Any]) -> None:
+    """The fields read every tick: clocks, P-state, clock-event reasons, PCIe link, power, temperature,
+    utilisation and memory use."""
+    v["sm_clock_mhz"] = r.int_("sm_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_SM)
+    v["mem_clock_mhz"] = r.int_("mem_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_MEM)
+    v["performance_state"] = r.int_("performance_state", "nvmlDeviceGetPerformanceState", g)
+    mask = r.first_int(
+        "clock_event_mask",
+        ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
+        g,
+    )
+    v["clock_event_mask"] = mask
+    v["clock_event_reasons"] = decode_clock_event_reasons(mask) if mask is not None else ()
+    v["pcie_gen"] = r.int_("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", g)
+    v["pcie_width"] = r.int_("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", g)
+    v["pcie_replay_count"] = r.int_("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", g)
+    v["power_w"] = _mw_to_w(r.int_("power_w", "nvmlDeviceGetPowerUsage", g))
+    v["power_limit_enforced_w"] = _mw_to_w(r.int_("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", g))
+    v["temperature_c"] = r.int_("temperature_c", "nvmlDeviceGetTemperature", g, NVML_TEMPERATURE_GPU)
+    util = r.raw("gpu_util_pct", "nvmlDeviceGetUtilizationRates", g)
+    v["gpu_util_pct"] = _int_or_none(_as_dict(util).get("gpu"))
+    v["mem_util_pct"] = _int_or_none(_as_dict(util).get("memory"))
+    if util is None:
+        r.unavailable["mem_util_pct"] = r.unavailable.get("gpu_util_pct", "")
+    mem = r.raw("mem_used_bytes", "nvmlDeviceGetMemoryInfo", g)
+    v["mem_total_bytes"] = _int_or_none(_as_dict(mem).get("total"))
+    v["mem_used_bytes"] = _int_or_none(_as_dict(mem).get("used"))
+    v["mem_free_bytes"] = _int_or_none(_as_dict(mem).get("free"))
+    if mem is None:
+        r.unavailable["mem_total_bytes"] = r.unavailable["mem_free_bytes"] = r.unavailable["mem_used_bytes"]
+
+
+def _read_memory_health(r: _Reads, g: GpuRef, v: dict[str, Any]) -> None:
+    """ECC error counts (N5) and row remapping (N7); retired pages (N6) are read with the slow fields."""
+    for name, etype, ctype in (
+        ("ecc_uncorrected_volatile", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
+        ("ecc_uncorrected_aggregate", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
+        ("ecc_corrected_volatile", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
+        ("ecc_corrected_aggregate", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
+    ):
+        v[name] = r.int_(name, "nvmlDeviceGetTotalEccErrors", g, etype, ctype)
+    rows = r.raw("remapped_rows", "nvmlDeviceGetRemappedRows", g)
+    ok_rows = isinstance(rows, list) and len(rows) == 4
+    v["remapped_rows_correctable"] = int(rows[0]) if ok_rows else None
+    v["remapped_rows_uncorrectable"] = int(rows[1]) if ok_rows else None
+    v["remapped_rows_pending"] = bool(rows[2]) if ok_rows else None
+    v["remapped_rows_failure"] = bool(rows[3]) if ok_rows else None
+    if not ok_rows:
+        reason = r.unavailable.pop("remapped_rows", "unexpected answer from nvmlDeviceGetRemappedRows")
+        for name in ("correctable", "uncorrectable", "pending", "failure"):
+            r.unavailable[f"remapped_rows_{name}"] = reason
+    else:
+        r.unavailable.pop("remapped_rows", None)
+
+
 class TelemetrySampler:
     """Reads snapshots through an `Nvml`; keeps the one-time reads and the previous tick (for rates).
 
@@ -671,58 +728,15 @@ class TelemetrySampler:
     # per-tick reads ------------------------------------------------------------------------------------------
 
     def _read_gpu(self, index: int, *, processes: bool, processes_note: str, now: float) -> tuple[GpuSnapshot, int]:
+        """One GPU's snapshot for this tick (fast fields every tick, admin settings every `slow_every_ticks`), and
+        the number of NVML calls it took."""
         start = time.perf_counter()
         static = self._static[index]
         r = _Reads(self.nvml)
         g = GpuRef(index)
         v: dict[str, Any] = dict(static.values)
-        v["sm_clock_mhz"] = r.int_("sm_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_SM)
-        v["mem_clock_mhz"] = r.int_("mem_clock_mhz", "nvmlDeviceGetClockInfo", g, NVML_CLOCK_MEM)
-        v["performance_state"] = r.int_("performance_state", "nvmlDeviceGetPerformanceState", g)
-        mask = r.first_int(
-            "clock_event_mask",
-            ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"),
-            g,
-        )
-        v["clock_event_mask"] = mask
-        v["clock_event_reasons"] = decode_clock_event_reasons(mask) if mask is not None else ()
-        v["pcie_gen"] = r.int_("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", g)
-        v["pcie_width"] = r.int_("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", g)
-        v["pcie_replay_count"] = r.int_("pcie_replay_count", "nvmlDeviceGetPcieReplayCounter", g)
-        v["power_w"] = _mw_to_w(r.int_("power_w", "nvmlDeviceGetPowerUsage", g))
-        v["power_limit_enforced_w"] = _mw_to_w(r.int_("power_limit_enforced_w", "nvmlDeviceGetEnforcedPowerLimit", g))
-        v["temperature_c"] = r.int_("temperature_c", "nvmlDeviceGetTemperature", g, NVML_TEMPERATURE_GPU)
-        util = r.raw("gpu_util_pct", "nvmlDeviceGetUtilizationRates", g)
-        v["gpu_util_pct"] = _int_or_none(_as_dict(util).get("gpu"))
-        v["mem_util_pct"] = _int_or_none(_as_dict(util).get("memory"))
-        if util is None:
-            r.unavailable["mem_util_pct"] = r.unavailable.get("gpu_util_pct", "")
-        mem = r.raw("mem_used_bytes", "nvmlDeviceGetMemoryInfo", g)
-        v["mem_total_bytes"] = _int_or_none(_as_dict(mem).get("total"))
-        v["mem_used_bytes"] = _int_or_none(_as_dict(mem).get("used"))
-        v["mem_free_bytes"] = _int_or_none(_as_dict(mem).get("free"))
-        if mem is None:
-            r.unavailable["mem_total_bytes"] = r.unavailable["mem_free_bytes"] = r.unavailable["mem_used_bytes"]
-        # ECC (N5), retired pages (N6), row remapping (N7)
-        for name, etype, ctype in (
-            ("ecc_uncorrected_volatile", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC),
-            ("ecc_uncorrected_aggregate", NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_AGGREGATE_ECC),
-            ("ecc_corrected_volatile", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC),
-            ("ecc_corrected_aggregate", NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_AGGREGATE_ECC),
-        ):
-            v[name] = r.int_(name, "nvmlDeviceGetTotalEccErrors", g, etype, ctype)
-        rows = r.raw("remapped_rows", "nvmlDeviceGetRemappedRows", g)
-        ok_rows = isinstance(rows, list) and len(rows) == 4
-        v["remapped_rows_correctable"] = int(rows[0]) if ok_rows else None
-        v["remapped_rows_uncorrectable"] = int(rows[1]) if ok_rows else None
-        v["remapped_rows_pending"] = bool(rows[2]) if ok_rows else None
-        v["remapped_rows_failure"] = bool(rows[3]) if ok_rows else None
-        if not ok_rows:
-            reason = r.unavailable.pop("remapped_rows", "unexpected answer from nvmlDeviceGetRemappedRows")
-            for name in ("correctable", "uncorrectable", "pending", "failure"):
-                r.unavailable[f"remapped_rows_{name}"] = reason
-        else:
-            r.unavailable.pop("remapped_rows", None)
+        _read_clocks_power_memory(r, g, v)
+        _read_memory_health(r, g, v)
         prev = self._previous.gpu(index) if self._previous is not None else None
         if prev is None or self.slow_every_ticks <= 1 or (self._tick - 1) % self.slow_every_ticks == 0:
             self._read_slow(r, g, v)
@@ -731,52 +745,12 @@ class TelemetrySampler:
                 v[name] = getattr(prev, name)
                 if name in prev.unavailable:
                     r.unavailable[name] = prev.unavailable[name]
-        # NVLink (N10)
-        if static.nvlink_indices:
-            active = 0
-            for link in static.nvlink_indices:
-                r.calls += 1
-                state = self.nvml.query("nvmlDeviceGetNvLinkState", g, link)
-                active += int(isinstance(state, int) and state == 1)
-            v["nvlink_active_links"] = active
-        else:
-            v["nvlink_active_links"] = 0 if static.values.get("nvlink_links") == 0 else None
-            if v["nvlink_active_links"] is None:
-                r.unavailable["nvlink_active_links"] = static.unavailable.get("nvlink_links", "no NVLink")
+        self._read_nvlink(r, g, v, static)
         # Counters in one batched call: PCIe bytes and the clock-event reason times.
         self._read_counters(r, g, v, now)
-        # Processes (costly: MangoHud PR #2104, peers.md §3.8)
+        # Processes (costly: MangoHud PR #2104, docs/reference/peers.md §3.8)
         if processes:
-            procs: list[GpuProcess] = []
-            notes: list[str] = []
-            for kind, fn in (
-                ("compute", "nvmlDeviceGetComputeRunningProcesses"),
-                ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
-            ):
-                r.calls += 1
-                listed = self.nvml.query(fn, g)
-                if isinstance(listed, NA):
-                    notes.append(f"{kind}: {listed.reason}")
-                    continue
-                for p in listed if isinstance(listed, list) else []:
-                    d = _as_dict(p)
-                    pid = _int_or_none(d.get("pid"))
-                    if pid is not None:
-                        procs.append(GpuProcess(pid, _int_or_none(d.get("usedGpuMemory")), kind))
-            if procs:
-                # lastSeenTimeStamp 0: every sample in the driver's buffer; the newest per pid is kept
-                r.calls += 1
-                samples = self.nvml.query("nvmlDeviceGetProcessUtilization", g, 0)
-                sm_by_pid: dict[int, int] = {}
-                newest: dict[int, int] = {}
-                for sample in samples if isinstance(samples, list) else []:
-                    d = _as_dict(sample)
-                    pid, stamp, sm = (_int_or_none(d.get(k)) for k in ("pid", "timeStamp", "smUtil"))
-                    if pid is not None and sm is not None and (stamp or 0) >= newest.get(pid, -1):
-                        newest[pid], sm_by_pid[pid] = stamp or 0, sm
-                procs = [dataclasses.replace(p, sm_util_pct=sm_by_pid.get(p.pid)) for p in procs]
-            v["processes"] = tuple(procs)
-            v["processes_note"] = "; ".join(notes)
+            v["processes"], v["processes_note"] = self._read_processes(r, g)
         else:
             v["processes"] = None
             v["processes_note"] = processes_note
@@ -792,6 +766,58 @@ class TelemetrySampler:
             **v,
         )
         return snap, r.calls
+
+    def _read_nvlink(self, r: _Reads, g: GpuRef, v: dict[str, Any], static: _GpuStatic) -> None:
+        """Active NVLink links (N10): each link's state; no link is 0 only where the GPU said it has none."""
+        if static.nvlink_indices:
+            active = 0
+            for link in static.nvlink_indices:
+                r.calls += 1
+                state = self.nvml.query("nvmlDeviceGetNvLinkState", g, link)
+                active += int(isinstance(state, int) and state == 1)
+            v["nvlink_active_links"] = active
+        else:
+            v["nvlink_active_links"] = 0 if static.values.get("nvlink_links") == 0 else None
+            if v["nvlink_active_links"] is None:
+                r.unavailable["nvlink_active_links"] = static.unavailable.get("nvlink_links", "no NVLink")
+
+    def _read_processes(self, r: _Reads, g: GpuRef) -> tuple[tuple[GpuProcess, ...], str]:
+        """The compute and graphics processes on the GPU with their memory and SM share, and why a list is
+        missing."""
+        procs: list[GpuProcess] = []
+        notes: list[str] = []
+        for kind, fn in (
+            ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+            ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+        ):
+            r.calls += 1
+            listed = self.nvml.query(fn, g)
+            if isinstance(listed, NA):
+                notes.append(f"{kind}: {listed.reason}")
+                continue
+            for p in listed if isinstance(listed, list) else []:
+                d = _as_dict(p)
+                pid = _int_or_none(d.get("pid"))
+                if pid is not None:
+                    procs.append(GpuProcess(pid, _int_or_none(d.get("usedGpuMemory")), kind))
+        if procs:
+            sm_by_pid = self._sm_util_by_pid(r, g)
+            procs = [dataclasses.replace(p, sm_util_pct=sm_by_pid.get(p.pid)) for p in procs]
+        return tuple(procs), "; ".join(notes)
+
+    def _sm_util_by_pid(self, r: _Reads, g: GpuRef) -> dict[int, int]:
+        """Each process's newest SM utilisation sample."""
+        # lastSeenTimeStamp 0: every sample in the driver's buffer; the newest per pid is kept
+        r.calls += 1
+        samples = self.nvml.query("nvmlDeviceGetProcessUtilization", g, 0)
+        sm_by_pid: dict[int, int] = {}
+        newest: dict[int, int] = {}
+        for sample in samples if isinstance(samples, list) else []:
+            d = _as_dict(sample)
+            pid, stamp, sm = (_int_or_none(d.get(k)) for k in ("pid", "timeStamp", "smUtil"))
+            if pid is not None and sm is not None and (stamp or 0) >= newest.get(pid, -1):
+                newest[pid], sm_by_pid[pid] = stamp or 0, sm
+        return sm_by_pid
 
     def _read_slow(self, r: _Reads, g: GpuRef, v: dict[str, Any]) -> None:
         """The SLOW_FIELDS: application clocks, power-management limit, ECC mode, retired-page pending, persistence."""
