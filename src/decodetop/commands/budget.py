@@ -20,6 +20,8 @@ from decodetop.commands._scenario_args import (
 from decodetop.errors import UserInputError
 
 if TYPE_CHECKING:
+    from decodetop.budget.inventory import StepInventory
+    from decodetop.budget.plan import ProbePlan
     from decodetop.budget.scenario import Scenario
     from decodetop.probes.budgeting import Composition
 
@@ -192,7 +194,7 @@ def _roofline_json(comp: Composition) -> dict[str, Any] | None:
     }
 
 
-def _as_json(scenario: Scenario, comp: Composition, *, plan: Any) -> dict[str, Any]:
+def _as_json(scenario: Scenario, comp: Composition, *, plan: ProbePlan | None) -> dict[str, Any]:
     spec, inv = scenario.spec, scenario.inventory()
     dep = inv.deployment
     budget = comp.budget
@@ -256,12 +258,33 @@ def _as_json(scenario: Scenario, comp: Composition, *, plan: Any) -> dict[str, A
     }
 
 
-def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib: float | None = None) -> str:
-    from decodetop.probes.budgeting import format_budget_table
-    from decodetop.textfmt import format_bytes, format_number, reserved_columns, table
+def _as_text(
+    scenario: Scenario, comp: Composition, *, plan: ProbePlan | None, gpu_memory_gib: float | None = None
+) -> str:
+    """The human report: the model and deployment, the roofline, the budget, the assumptions, the inventory by
+    component and (with --plan) the probe plan."""
+    inv = scenario.inventory()
+    lines = _model_lines(scenario, comp, gpu_memory_gib)
+    lines.append("")
+    lines += _roofline_lines(comp)
+    lines.append("")
+    lines += _budget_lines(comp)
+    lines.append("")
+    lines.append("Assumptions")
+    lines += [f"  - {a}" for a in inv.assumptions]
+    lines.append("")
+    lines += _inventory_lines(inv)
+    if plan is not None:
+        lines.append("")
+        lines += _plan_lines(plan)
+    return "\n".join(lines) + "\n"
 
-    spec, inv = scenario.spec, scenario.inventory()
-    roof, budget = comp.roofline, comp.budget
+
+def _model_lines(scenario: Scenario, comp: Composition, gpu_memory_gib: float | None) -> list[str]:
+    """The model, its weights, the deployment and what the busiest GPU holds and reads per step."""
+    from decodetop.textfmt import format_bytes
+
+    spec, inv, roof = scenario.spec, scenario.inventory(), comp.roofline
     lines: list[str] = []
     add = lines.append
     add(f"{spec.name}  ({spec.model_type}; {spec.source})")
@@ -290,45 +313,63 @@ def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib
         f"{' + 1 after the embedding' if ar else ''})"
         + (f"; all-gathers {', '.join(f'{n} × {format_bytes(s)}' for s, n in sorted(ag.items()))}" if ag else "")
     )
-    add("")
+    return lines
+
+
+def _roofline_lines(comp: Composition) -> list[str]:
+    """The budget's header and the roofline's terms with where its bandwidth and latency come from."""
+    from decodetop.textfmt import format_number, table
+
+    roof, budget = comp.roofline, comp.budget
+    lines: list[str] = []
+    add = lines.append
     if budget.header:
         add(budget.header)
     if roof is None:
         add(f"Roofline: {budget.hardware_text}")
-    else:
-        hw = roof.hardware
-        add(
-            f"Roofline on {budget.hardware_text}, {hw.mem_bandwidth_gbps:g} GB/s, all-reduce "
-            f"{hw.allreduce_latency_us:g} µs"
-        )
-        add(f"  bandwidth: {hw.bandwidth_source}")
-        add(f"  latency:   {hw.latency_source}")
-        rows = [[t.name, round(t.ms, 3), t.detail] for t in roof.terms]
-        add(table(["term", "ms", "detail"], rows, indent=2))
-        add(
-            f"  = {format_number(roof.step_ms)} ms per step, {format_number(roof.ms_per_token)} ms per token, "
-            f"{format_number(roof.tokens_per_s)} tok/s per sequence "
-            f"({format_number(roof.tokens_per_s_total)} tok/s total)"
-        )
-    add("")
+        return lines
+    hw = roof.hardware
+    add(
+        f"Roofline on {budget.hardware_text}, {hw.mem_bandwidth_gbps:g} GB/s, all-reduce {hw.allreduce_latency_us:g} µs"
+    )
+    add(f"  bandwidth: {hw.bandwidth_source}")
+    add(f"  latency:   {hw.latency_source}")
+    rows = [[t.name, round(t.ms, 3), t.detail] for t in roof.terms]
+    add(table(["term", "ms", "detail"], rows, indent=2))
+    add(
+        f"  = {format_number(roof.step_ms)} ms per step, {format_number(roof.ms_per_token)} ms per token, "
+        f"{format_number(roof.tokens_per_s)} tok/s per sequence "
+        f"({format_number(roof.tokens_per_s_total)} tok/s total)"
+    )
+    return lines
+
+
+def _budget_lines(comp: Composition) -> list[str]:
+    """The budget table (titled as estimates where nothing was measured) and its notes."""
+    from decodetop.probes.budgeting import format_budget_table
+    from decodetop.textfmt import reserved_columns
+
+    budget = comp.budget
     measured_any = any(seg.provenance_kind.startswith("measured") for seg in budget.segments)
     title = "Budget" if measured_any else "Budget (roofline estimates: no probe results)"
-    add(f"{title}, ms per step")
     with reserved_columns(2):  # the budget table is indented below
         budget_lines = format_budget_table(budget, bars=False)
-    add(_indent("\n".join(line for line in budget_lines if line != budget.header)))
-    for note in budget.notes:
-        add(f"  note: {note}")
-    add("")
-    add("Assumptions")
-    for a in inv.assumptions:
-        add(f"  - {a}")
-    add("")
-    add("Inventory by component (busiest GPU, one decode step)")
+    return [
+        f"{title}, ms per step",
+        _indent("\n".join(line for line in budget_lines if line != budget.header)),
+        *(f"  note: {note}" for note in budget.notes),
+    ]
+
+
+def _inventory_lines(inv: StepInventory) -> list[str]:
+    """The step's ops by component: per component its totals, then one table row per op."""
+    from decodetop.textfmt import table
+
+    lines = ["Inventory by component (busiest GPU, one decode step)"]
     for component, ops in inv.by_component().items():
         wsum = sum(op.total_weight_bytes for op in ops)
         ksum = sum(op.total_kernels for op in ops)
-        add(f"  {component.label}: {len(ops)} ops, {_gb(wsum)} weights, {ksum} kernels")
+        lines.append(f"  {component.label}: {len(ops)} ops, {_gb(wsum)} weights, {ksum} kernels")
         orows = [
             [
                 op.name,
@@ -342,18 +383,20 @@ def _as_text(scenario: Scenario, comp: Composition, *, plan: Any, gpu_memory_gib
             ]
             for op in ops
         ]
-        add(table(["op", "layers", "×", "shape", "dtype", "weights MB", "KV MB", "kernels"], orows, indent=4))
-    if plan is not None:
-        add("")
-        add(
-            f"Probe plan: {len(plan.key_ids())} distinct measurements, {len(plan.gemm_sweeps)} GEMM sweeps, "
-            f"{len(plan.allreduce_sweep_bytes)} all-reduce sizes"
-        )
-        for probe, keys in plan.groups:
-            add(f"  {probe} ({len(keys)})")
-            for key in keys:
-                add(f"    {key.key_id}   ← {', '.join(plan.ops_using(key.key_id))}")
-    return "\n".join(lines) + "\n"
+        lines.append(table(["op", "layers", "×", "shape", "dtype", "weights MB", "KV MB", "kernels"], orows, indent=4))
+    return lines
+
+
+def _plan_lines(plan: ProbePlan) -> list[str]:
+    """The probe plan: each probe's distinct measurements and the ops that use each."""
+    lines = [
+        f"Probe plan: {len(plan.key_ids())} distinct measurements, {len(plan.gemm_sweeps)} GEMM sweeps, "
+        f"{len(plan.allreduce_sweep_bytes)} all-reduce sizes"
+    ]
+    for probe, keys in plan.groups:
+        lines.append(f"  {probe} ({len(keys)})")
+        lines += [f"    {key.key_id}   ← {', '.join(plan.ops_using(key.key_id))}" for key in keys]
+    return lines
 
 
 def _indent(text: str, n: int = 2) -> str:
