@@ -215,3 +215,24 @@ def test_a_huge_integer_is_one_line_with_or_without_pythons_digit_cap(
             assert str(path) in err and "digits" in err and "\n" not in err, err
     finally:
         sys.set_int_max_str_digits(before)
+
+
+def test_a_directory_of_several_captures_reads_the_newest(tmp_path: Path) -> None:
+    """A vLLM trace directory keeps every capture: the newest file per rank is read, older ones are left alone."""
+    import os
+    import shutil
+
+    directory = two_ranks(tmp_path / "ranks")
+    for rank in (0, 1):
+        old = directory / f"1700-TP-{rank}.trace.json.gz"
+        shutil.copy(fixture("h200_graph"), old)
+        os.utime(old, (1_700_000_000, 1_700_000_000))
+    traces = analyze_path(directory)
+    assert [Path(r.path).name for r in traces.ranks] == ["1764-TP-0.trace.json.gz", "1764-TP-1.trace.json.gz"]
+    unranked = tmp_path / "vllm"
+    unranked.mkdir()
+    for name, when in (("a.1700.pt.trace.json.gz", 1_700_000_000), ("b.1764.pt.trace.json.gz", None)):
+        shutil.copy(fixture("h200_graph"), unranked / name)
+        if when:
+            os.utime(unranked / name, (when, when))
+    assert [Path(r.path).name for r in analyze_path(unranked).ranks] == ["b.1764.pt.trace.json.gz"]

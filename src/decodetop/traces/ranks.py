@@ -28,6 +28,10 @@ under 3 %); 10 % is well clear of that noise."""
 MIN_WAIT_MS = 0.02
 """A collective wait below this (20 µs: a few small all-reduce launches, docs/reference/probes.md §3) is never called
 standing out."""
+CAPTURE_WINDOW_S = 120.0
+"""Files without a rank in their name written this close to the newest one belong to its capture: the ranks of one
+capture flush together (benchmarks/trace_load.py: a 1 GB trace is read in ~75 s, written faster), while captures
+are started by hand, minutes apart."""
 _RANK_PATTERNS = (
     re.compile(r"TP[-_]?(\d+)", re.IGNORECASE),
     re.compile(r"rank[-_]?(\d+)", re.IGNORECASE),
@@ -90,11 +94,34 @@ def trace_files(path: Path) -> list[tuple[int, Path]]:
         files = named or files
         if not files:
             raise UserInputError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
-        ranked = [(rank_of(p, i), p) for i, p in enumerate(files)]
-        if len({r for r, _ in ranked}) != len(ranked):  # names without distinct ranks: their order is the rank
-            ranked = list(enumerate(files))
-        return sorted(ranked)
+        return sorted(_latest_capture(files))
     return [(rank_of(path, 0), path)]  # a missing or unreadable file is the reader's one-line error
+
+
+def _latest_capture(files: list[Path]) -> list[tuple[int, Path]]:
+    """(rank, file) of the newest capture in a directory that may hold several (a vLLM trace directory keeps every
+    capture): the newest file of each rank its name carries; for names without ranks, the files written within
+    CAPTURE_WINDOW_S of the newest one, in name order."""
+    stamped = [(_mtime(p), p) for p in files]
+    by_rank: dict[int, tuple[float, Path]] = {}
+    for mtime, p in stamped:
+        rank = rank_of(p, -1)
+        if rank < 0:
+            break
+        if rank not in by_rank or mtime > by_rank[rank][0]:
+            by_rank[rank] = (mtime, p)
+    else:
+        return [(rank, p) for rank, (_m, p) in by_rank.items()]
+    newest = max(m for m, _ in stamped)
+    recent = sorted(p for m, p in stamped if m >= newest - CAPTURE_WINDOW_S)
+    return list(enumerate(recent))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def summarize(rank: int, report: TraceReport) -> RankSummary:
