@@ -10,8 +10,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
 from decodetop.commands._scenario_args import (
@@ -23,6 +23,14 @@ from decodetop.commands._scenario_args import (
     target_from_args,
 )
 from decodetop.errors import UserInputError
+
+if TYPE_CHECKING:
+    from decodetop.budget.compose import ObservedStep
+    from decodetop.budget.scenario import Scenario
+    from decodetop.probes.controller import GroupLayout
+    from decodetop.probes.planrun import PlanRun, PlanRunOptions
+    from decodetop.probes.registry import ProbeRegistry
+    from decodetop.probes.results import ProbeResult
 
 MiB = 1024 * 1024
 
@@ -237,25 +245,12 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
     against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
     'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
-    from pathlib import Path
-
-    from decodetop.atomic import write_text_atomic
-    from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
+    from decodetop.budget.diff import load_budget_document
     from decodetop.budget.plan import build_plan
     from decodetop.probes.controller import ProbeController, resolve_layout
-    from decodetop.probes.gpuinfo import compute_processes
-    from decodetop.probes.planrun import (
-        PlanProgress,
-        PlanRunOptions,
-        format_budget,
-        plan_requests,
-        plan_run_to_json,
-        run_plan,
-    )
+    from decodetop.probes.planrun import PlanProgress, plan_requests, run_plan
     from decodetop.probes.registry import ProbeRegistry
-    from decodetop.probes.report import format_result
-    from decodetop.probes.results import ProbeResult, ProbeStatus
-    from decodetop.textfmt import fit_text
+    from decodetop.probes.results import ProbeStatus
 
     observed = observed_from_args(args)
     target_tps = target_from_args(args)
@@ -269,23 +264,11 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     label = "GPUs" if layout.kind == "cuda" else "CPU ranks"
     scenario = scenario_from_args(args, layout.world_size, group_label=label)
     inventory = scenario.inventory()
-    opts = PlanRunOptions(
-        launch_mode=scenario.deployment.launch_mode,
-        observed_ms=observed.ms,
-        target_tps=target_tps,
-        only=tuple(args.names or ()),
-        timeout_s=args.timeout,
-        observed=observed,
-        scenario_id=scenario.fingerprint_id,
-        tp_source=scenario.tp_source,
-    )
+    opts = _plan_options(args, scenario, observed, target_tps)
     plan = build_plan(inventory)
     plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, options=opts)  # checks
     if layout.kind == "cuda":
-        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
-        if busy and not args.force:
-            who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
-            raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
+        _refuse_busy_gpus(layout, force=args.force)
     where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
     quiet = args.json == "-"
     print(
@@ -298,6 +281,51 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     def progress(p: PlanProgress) -> None:
         print(f"decodetop probe: {p.line()}", file=sys.stderr, flush=True)
 
+    show = _result_printer(registry, quiet=quiet)
+    with ProbeController(layout=layout, registry=registry) as controller:
+        run = run_plan(controller, inventory, options=opts, plan=plan, on_progress=progress, on_result=show)
+    if not quiet:
+        _print_budget(run, full=bool(args.budget))
+    diff_doc = _baseline_diff(run, baseline, baseline_path, quiet=quiet) if baseline is not None else None
+    if args.json:
+        _write_plan_json(run, diff_doc, args.json)
+    bad = [r for r in run.results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
+    return 1 if bad else 0
+
+
+def _plan_options(
+    args: argparse.Namespace, scenario: Scenario, observed: ObservedStep, target_tps: float
+) -> PlanRunOptions:
+    """How the plan runs and its budget composes: the scenario's launch mode and identity, the observed step and
+    target, the probes --names keeps, the --timeout."""
+    from decodetop.probes.planrun import PlanRunOptions
+
+    return PlanRunOptions(
+        launch_mode=scenario.deployment.launch_mode,
+        observed_ms=observed.ms,
+        target_tps=target_tps,
+        only=tuple(args.names or ()),
+        timeout_s=args.timeout,
+        observed=observed,
+        scenario_id=scenario.fingerprint_id,
+        tp_source=scenario.tp_source,
+    )
+
+
+def _refuse_busy_gpus(layout: GroupLayout, *, force: bool) -> None:
+    """Refuse to probe GPUs whose memory other processes hold (their timings would be shared), unless --force."""
+    from decodetop.probes.gpuinfo import compute_processes
+
+    busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
+    if busy and not force:
+        who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
+        raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
+
+
+def _result_printer(registry: ProbeRegistry, *, quiet: bool) -> Callable[[ProbeResult], None]:
+    """Prints each probe's result as it comes: a failed rank's traceback to stderr, and (unless quiet) its table."""
+    from decodetop.probes.report import format_result
+
     def show(result: ProbeResult) -> None:
         if result.traceback:
             print(f"decodetop probe: {result.probe} traceback (rank {result.error_rank}):", file=sys.stderr)
@@ -307,29 +335,46 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
             print(format_result(result, spec_.table_columns), flush=True)
             print(flush=True)
 
-    with ProbeController(layout=layout, registry=registry) as controller:
-        run = run_plan(controller, inventory, options=opts, plan=plan, on_progress=progress, on_result=show)
-    if args.budget and not quiet:
+    return show
+
+
+def _print_budget(run: PlanRun, *, full: bool) -> None:
+    """The composed budget: all of it with --budget, else one line of its total."""
+    from decodetop.probes.planrun import format_budget
+    from decodetop.textfmt import fit_text
+
+    if full:
         sys.stdout.write(fit_text(format_budget(run)))  # tables fit already; long notes wrap to the terminal
-    elif not quiet:
-        b = run.budget
-        print(
-            f"composed {b.total_ms:.3g} ms/step of observed {b.observed_step.text} "
-            f"({'complete' if b.complete else 'missing: ' + ', '.join(b.missing)}); --budget shows the breakdown"
-        )
-    diff_doc: dict[str, Any] | None = None
-    if baseline is not None:
-        diff = diff_budgets(baseline, run.budget.to_dict(), baseline_name=baseline_path, current_name="this run")
-        diff_doc = {"baseline_path": baseline_path, **diff.to_dict()}
-        if not quiet:
-            print()
-            sys.stdout.write(fit_text(format_budget_diff(diff, baseline_path)))
-    if args.json:
-        text = plan_run_to_json(run, diff_doc)
-        if args.json == "-":
-            sys.stdout.write(text)
-        else:
-            write_text_atomic(Path(args.json), text)
-            print(f"decodetop probe: wrote {args.json}", file=sys.stderr)
-    bad = [r for r in run.results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
-    return 1 if bad else 0
+        return
+    b = run.budget
+    print(
+        f"composed {b.total_ms:.3g} ms/step of observed {b.observed_step.text} "
+        f"({'complete' if b.complete else 'missing: ' + ', '.join(b.missing)}); --budget shows the breakdown"
+    )
+
+
+def _baseline_diff(run: PlanRun, baseline: Mapping[str, Any], baseline_path: str, *, quiet: bool) -> dict[str, Any]:
+    """The per-component diff of this run's budget against --baseline's, printed unless quiet; its JSON document."""
+    from decodetop.budget.diff import diff_budgets, format_budget_diff
+    from decodetop.textfmt import fit_text
+
+    diff = diff_budgets(baseline, run.budget.to_dict(), baseline_name=baseline_path, current_name="this run")
+    if not quiet:
+        print()
+        sys.stdout.write(fit_text(format_budget_diff(diff, baseline_path)))
+    return {"baseline_path": baseline_path, **diff.to_dict()}
+
+
+def _write_plan_json(run: PlanRun, diff_doc: dict[str, Any] | None, destination: str) -> None:
+    """The run as JSON to stdout (`-`) or atomically to a file."""
+    from pathlib import Path
+
+    from decodetop.atomic import write_text_atomic
+    from decodetop.probes.planrun import plan_run_to_json
+
+    text = plan_run_to_json(run, diff_doc)
+    if destination == "-":
+        sys.stdout.write(text)
+    else:
+        write_text_atomic(Path(destination), text)
+        print(f"decodetop probe: wrote {destination}", file=sys.stderr)
