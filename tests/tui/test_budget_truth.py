@@ -342,6 +342,9 @@ def test_a_live_server_step_says_where_and_when_it_was_observed() -> None:
     observed, header = budget.observed(Settings(model="glm-5-nvfp4", observed_ms=21.5), NOW_S)
     assert (observed.source, observed.assumed, header) == ("server", False, "")
     assert observed.text == f"21.5 ms observed by the server {_Unreachable.url}, 30 s window, 4s ago"
+    # a window read this very second reads "just now", never "now ago"
+    fresh, _ = budget.observed(Settings(model="glm-5-nvfp4", observed_ms=21.5), NOW_S - 4)
+    assert fresh.text.endswith("30 s window, just now") and "now ago" not in fresh.text
     # the server goes away: its last figure stays, said as such, and the header says the step is not live
     budget.note_server(ServerStatus(ServerState.UNREACHABLE, "connection refused", _Unreachable.url, last_step=step))
     observed, header = budget.observed(Settings(model="glm-5-nvfp4", observed_ms=21.5), NOW_S + 60)

@@ -931,7 +931,7 @@ class PresetBudget:
         """The observed step with its origin, and a header line when the server could not be read."""
         from decodetop.budget.compose import ObservedStep, default_observed
         from decodetop.collectors.serving import ObservedStep as ServerStep
-        from decodetop.history import format_age
+        from decodetop.tui.widgets.cells import ago
 
         answer = self._server_answer
         header = ""
@@ -944,7 +944,7 @@ class PresetBudget:
                 header = f"server {answer.url}: {answer.message} — the observed step is not live"
         if last is not None and last.step_ms == settings.observed_ms:
             age = last.age_s(now_s)
-            when = f", {format_age(age)} ago" if age is not None else ""
+            when = f", {ago(age)}" if age is not None else ""  # "just now", never "now ago"
             now = "" if answer is last else f"; now: {answer.summary if answer is not None else ''}"
             detail = f"{last.url}, {last.window_s:.0f} s window{when}{now}"
             return ObservedStep(settings.observed_ms, "server", detail), header
