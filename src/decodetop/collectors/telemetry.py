@@ -836,22 +836,8 @@ class TelemetrySampler:
         v["persistence_mode"] = bool(persistence) if persistence is not None else None
 
     def _read_counters(self, r: _Reads, g: GpuRef, v: dict[str, Any], now: float) -> None:
-        values: dict[int, int] = {}
-        moduli: dict[int, int] = {}
-        entries = r.raw("counters", "nvmlDeviceGetFieldValues", g, _FIELD_IDS)
-        reason = r.unavailable.pop("counters", "")
-        stamps: list[int] = []
-        for entry in entries if isinstance(entries, list) else []:
-            d = _as_dict(entry)
-            fid = _int_or_none(d.get("fieldId"))
-            value = d.get("value")
-            if fid is not None and d.get("nvmlReturn") == _NVML_SUCCESS and isinstance(value, (int, float)):
-                values[fid] = int(value)
-                moduli[fid] = _COUNTER_MODULUS.get(_int_or_none(d.get("valueType")) or 0, 0)
-                stamp = _int_or_none(d.get("timestamp"))
-                if stamp:
-                    stamps.append(stamp)
-        v["counters_timestamp_us"] = max(stamps) if stamps else None
+        """The batched counters (PCIe bytes, clock-event reason times) and their rates since the last tick."""
+        values, moduli, v["counters_timestamp_us"], reason = _read_field_counters(r, g)
         times = {name: values[fid] for name, fid in _COUNTER_FIELDS if fid in values}
         v["clock_event_time_ns"] = times
         if not times:
@@ -898,6 +884,27 @@ class TelemetrySampler:
             for fid in (NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
         )
         v["clock_event_share"] = share
+
+
+def _read_field_counters(r: _Reads, g: GpuRef) -> tuple[dict[int, int], dict[int, int], int | None, str]:
+    """One nvmlDeviceGetFieldValues call: the counters that answered by field id, each one's wrap modulus, the newest
+    time stamp among them (µs, NVML's clock) and why the call failed ("" when it answered)."""
+    values: dict[int, int] = {}
+    moduli: dict[int, int] = {}
+    entries = r.raw("counters", "nvmlDeviceGetFieldValues", g, _FIELD_IDS)
+    reason = r.unavailable.pop("counters", "")
+    stamps: list[int] = []
+    for entry in entries if isinstance(entries, list) else []:
+        d = _as_dict(entry)
+        fid = _int_or_none(d.get("fieldId"))
+        value = d.get("value")
+        if fid is not None and d.get("nvmlReturn") == _NVML_SUCCESS and isinstance(value, (int, float)):
+            values[fid] = int(value)
+            moduli[fid] = _COUNTER_MODULUS.get(_int_or_none(d.get("valueType")) or 0, 0)
+            stamp = _int_or_none(d.get("timestamp"))
+            if stamp:
+                stamps.append(stamp)
+    return values, moduli, (max(stamps) if stamps else None), reason
 
 
 def _rate(before: int | None, after: int | None, dt_s: float, modulus: int = 0) -> float | None:
