@@ -152,35 +152,37 @@ def load_baseline(name: str = DEFAULT_BASELINE, *, directory: Path | None = None
     raw_results = document.get("results")
     if not isinstance(raw_results, list):
         raise _corrupt(path, "'results' is not a list")
-    results: list[StoredResult] = []
-    for i, item in enumerate(raw_results):
-        if not isinstance(item, dict):
-            raise _corrupt(path, f"results[{i}] is not an object")
-        try:
-            status = str(item["status"])
-            Status(status)
-            facts = item.get("facts", {})
-            if not isinstance(facts, dict):
-                raise ValueError("facts is not an object")
-            results.append(
-                StoredResult(
-                    check_id=str(item["check_id"]),
-                    title=str(item.get("title", "")),
-                    status=status,
-                    observed=str(item.get("observed", "")),
-                    expected=str(item.get("expected", "")),
-                    subject=str(item.get("subject", "")),
-                    facts={str(k): str(v) for k, v in facts.items()},
-                )
-            )
-        except KeyError as exc:
-            raise _corrupt(path, f"results[{i}]: missing {exc}") from exc
-        except ValueError as exc:
-            raise _corrupt(path, f"results[{i}]: {exc}") from exc
+    results = tuple(_stored_result(path, i, item) for i, item in enumerate(raw_results))
     saved = document.get("saved_at_unix_s", 0.0)
     if not isinstance(saved, (int, float)):
         raise _corrupt(path, "'saved_at_unix_s' is not a number")
-    return Baseline(str(document.get("name", name)), float(saved), str(document.get("root", "/")), tuple(results))
+    return Baseline(str(document.get("name", name)), float(saved), str(document.get("root", "/")), results)
+
+
+def _stored_result(path: Path, i: int, item: object) -> StoredResult:
+    """The baseline file's `results[i]`, checked; a malformed one raises UserInputError naming the file and the
+    index."""
+    if not isinstance(item, dict):
+        raise _corrupt(path, f"results[{i}] is not an object")
+    try:
+        status = str(item["status"])
+        Status(status)
+        facts = item.get("facts", {})
+        if not isinstance(facts, dict):
+            raise ValueError("facts is not an object")
+        return StoredResult(
+            check_id=str(item["check_id"]),
+            title=str(item.get("title", "")),
+            status=status,
+            observed=str(item.get("observed", "")),
+            expected=str(item.get("expected", "")),
+            subject=str(item.get("subject", "")),
+            facts={str(k): str(v) for k, v in facts.items()},
+        )
+    except KeyError as exc:
+        raise _corrupt(path, f"results[{i}]: missing {exc}") from exc
+    except ValueError as exc:
+        raise _corrupt(path, f"results[{i}]: {exc}") from exc
 
 
 def list_baselines(directory: Path | None = None) -> list[str]:
