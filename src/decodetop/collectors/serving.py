@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from decodetop.errors import UserInputError
-from decodetop.httpget import HttpRequestError, http_request
+from decodetop.httpget import HttpAnswer, HttpRequestError, http_request
 
 DEFAULT_TIMEOUT_S = 2.0
 """Overall deadline of one scrape (connect to last byte): a /metrics page answers in milliseconds; a hung or
@@ -185,6 +185,11 @@ def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | 
     if answer.status >= 300:
         hint = " (SGLang serves /metrics only with --enable-metrics)" if answer.status == 404 else ""
         return ServerStatus(ServerState.HTTP_ERROR, f"{url}: HTTP {answer.status} {answer.reason}{hint}", url)
+    return _metrics_body(answer, url)
+
+
+def _metrics_body(answer: HttpAnswer, url: str) -> str | ServerStatus:
+    """A successful answer's body as text, or the status saying it is too large, not UTF-8, HTML or JSON."""
     if answer.truncated:
         return ServerStatus(ServerState.NOT_METRICS, f"{url}: answer larger than {MAX_BODY_BYTES} bytes", url)
     try:
@@ -202,28 +207,8 @@ def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | 
 
 def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> LatencyTotals | ServerStatus:
     """Cumulative ITL totals from one /metrics body, or the status naming what is wrong with it."""
-    from prometheus_client.parser import text_string_to_metric_families  # only where a --server is read
-
-    # {family: {labels-without-le: {"sum": x, "count": y}}}, gauges by name
-    hist: dict[str, dict[tuple[tuple[str, str], ...], dict[str, float]]] = {}
-    gauges: dict[str, list[tuple[dict[str, str], float]]] = {}
-    wanted = {family for _, family in LATENCY_FAMILIES}
-    wanted_gauges = {*_RUNNING_GAUGES.values(), _SGLANG_ACCEPT_GAUGE}
-    n_families = 0
     try:
-        for family in text_string_to_metric_families(text):
-            n_families += 1
-            if family.name in wanted_gauges:
-                gauges[family.name] = [(dict(s.labels), float(s.value)) for s in family.samples]
-            if family.name not in wanted:
-                continue
-            per_labels = hist.setdefault(family.name, {})
-            for sample in family.samples:
-                suffix = sample.name[len(family.name) :]
-                if suffix not in {"_sum", "_count"}:
-                    continue
-                key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
-                per_labels.setdefault(key, {})[suffix[1:]] = float(sample.value)
+        hist, gauges, n_families = _latency_families(text)
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         return ServerStatus(ServerState.UNPARSEABLE, f"{url}: not Prometheus text ({first})", url)
@@ -270,6 +255,39 @@ def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> 
         f"{url}: {n_families} metric families but no SGLang or vLLM inter-token latency histogram{seen}",
         url,
     )
+
+
+_Histograms = dict[str, dict[tuple[tuple[str, str], ...], dict[str, float]]]
+"""{family: {labels without `le`: {"sum": x, "count": y}}}"""
+_Gauges = dict[str, list[tuple[dict[str, str], float]]]
+"""{gauge name: [(labels, value)]}"""
+
+
+def _latency_families(text: str) -> tuple[_Histograms, _Gauges, int]:
+    """The latency histograms' sums and counts and the gauges decodetop reads from a /metrics body, and how many
+    metric families it holds. prometheus_client's parse errors (ValueError, TypeError, IndexError, KeyError) pass
+    through to the caller."""
+    from prometheus_client.parser import text_string_to_metric_families  # only where a --server is read
+
+    hist: _Histograms = {}
+    gauges: _Gauges = {}
+    wanted = {family for _, family in LATENCY_FAMILIES}
+    wanted_gauges = {*_RUNNING_GAUGES.values(), _SGLANG_ACCEPT_GAUGE}
+    n_families = 0
+    for family in text_string_to_metric_families(text):
+        n_families += 1
+        if family.name in wanted_gauges:
+            gauges[family.name] = [(dict(s.labels), float(s.value)) for s in family.samples]
+        if family.name not in wanted:
+            continue
+        per_labels = hist.setdefault(family.name, {})
+        for sample in family.samples:
+            suffix = sample.name[len(family.name) :]
+            if suffix not in {"_sum", "_count"}:
+                continue
+            key = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+            per_labels.setdefault(key, {})[suffix[1:]] = float(sample.value)
+    return hist, gauges, n_families
 
 
 def _select(samples: Iterable[tuple[dict[str, str], float]], model_name: str | None) -> list[float]:
