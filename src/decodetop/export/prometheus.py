@@ -383,6 +383,16 @@ def _render_clock_events(gpu: GpuSnapshot, label: str, out: _Out) -> None:
 # --- probe results -------------------------------------------------------------------------------------------
 
 _TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+_BASE_UNITS: dict[str, tuple[str, float]] = {
+    **{unit: ("seconds", scale) for unit, scale in _TIME_UNITS.items()},
+    "gbps": ("bytes_per_second", _GB_TO_BYTES),
+    "tflops": ("flops_per_second", 1e12),
+    "bytes": ("bytes", 1.0),
+    "pct": ("ratio", _PCT_TO_RATIO),
+    "ratio": ("ratio", 1.0),
+    "count": ("count", 1.0),
+}
+"""A probe key's unit suffix → (the Prometheus base-unit suffix, the scale to it)."""
 _SIZE_KEYS = ("size_bytes", "bytes", "message_bytes", "size", "nbytes")
 _MODE_KEYS = ("mode", "timing", "timing_mode", "method")
 _DETAIL_ROLES = frozenset({"sweep", "diagnostic", "part"})
@@ -397,21 +407,10 @@ def metric_for_key(key: str) -> tuple[str, float] | None:
     """A unit-suffixed metric key from the probes (`time_us`, `busbw_gbps`, `achieved_tflops`, `mem_pct`) as a
     Prometheus name stem in base units and the scale to get there; None for a key with no known unit."""
     stem, _, unit = key.rpartition("_")
-    if not stem:
+    base = _BASE_UNITS.get(unit)
+    if not stem or base is None:
         return None
-    if unit in _TIME_UNITS:
-        return f"{stem}_seconds", _TIME_UNITS[unit]
-    if unit == "gbps":
-        return f"{stem}_bytes_per_second", _GB_TO_BYTES
-    if unit == "tflops":
-        return f"{stem}_flops_per_second", 1e12
-    if unit == "bytes":
-        return f"{stem}_bytes", 1.0
-    if unit == "pct":
-        return f"{stem}_ratio", _PCT_TO_RATIO
-    if unit in {"ratio", "count"}:
-        return f"{stem}_{unit}", 1.0
-    return None
+    return f"{stem}_{base[0]}", base[1]
 
 
 def _param(params: Mapping[str, object], keys: Sequence[str]) -> str:
