@@ -73,14 +73,8 @@ T = TypeVar("T")
 def to_jsonable(obj: Any) -> Any:
     """A JSON-ready value for `obj`: dataclass fields, enums by value, tuples/sets as lists, paths as strings,
     non-finite floats as None. Raises TypeError naming an unknown type."""
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, enum.Enum):
-        return to_jsonable(obj.value)
-    if isinstance(obj, int):
-        return int(obj)
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, str, enum.Enum, int, float)):
+        return _jsonable_scalar(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, Mapping):
@@ -91,6 +85,17 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, PurePath):
         return str(obj)
     raise TypeError(f"cannot record a {type(obj).__qualname__} as JSON")
+
+
+def _jsonable_scalar(obj: bool | str | enum.Enum | int | float | None) -> Any:
+    """A scalar as JSON holds it: an enum by its value, an int subclass as int, a non-finite float as None."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value)
+    if isinstance(obj, int):
+        return int(obj)
+    return obj if math.isfinite(obj) else None
 
 
 def _key(key: Any) -> str:
@@ -140,81 +145,105 @@ _MAPPINGS: tuple[Any, ...] = (dict, collections.abc.Mapping, collections.abc.Mut
 
 
 def _convert(hint: Any, value: Any) -> Any:
+    """`value`, parsed from JSON, as the type `hint` names; ValueError or TypeError saying where it is not one."""
     if hint is Any or hint is object:
         return value
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin is typing.Union or (hasattr(types, "UnionType") and isinstance(hint, types.UnionType)):
-        if value is None:
-            if type(None) in args:
-                return None
-            if float in args:
-                return math.nan
-            raise ValueError("null where a value is required")
-        errors: list[str] = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value)
-            except (ValueError, TypeError) as exc:
-                errors.append(str(exc))
-        raise ValueError("; ".join(errors) or "no type matched")
+        return _convert_union(args, value)
+    if origin is typing.Literal or hint is type(None):
+        return _convert_constant(origin, args, value)
+    if origin in _SEQUENCES or origin in _MAPPINGS or hint in (tuple, list, dict):
+        return _convert_container(hint, origin, args, value)
+    if isinstance(hint, type):
+        return _convert_class(hint, value)
+    return value
+
+
+def _convert_union(args: tuple[Any, ...], value: Any) -> Any:
+    """The first member of the union that takes `value`; null as None where the union allows it, else as NaN for a
+    float."""
+    if value is None:
+        if type(None) in args:
+            return None
+        if float in args:
+            return math.nan
+        raise ValueError("null where a value is required")
+    errors: list[str] = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _convert(arg, value)
+        except (ValueError, TypeError) as exc:
+            errors.append(str(exc))
+    raise ValueError("; ".join(errors) or "no type matched")
+
+
+def _convert_constant(origin: Any, args: tuple[Any, ...], value: Any) -> Any:
+    """`value` where it is one of a Literal's values (`origin` Literal), or null for NoneType."""
     if origin is typing.Literal:
         if value not in args:
             raise ValueError(f"{value!r} is not one of {args!r}")
         return value
-    if hint is type(None):
-        if value is not None:
-            raise ValueError(f"expected null, got {value!r}")
-        return None
-    if origin in _SEQUENCES or hint in (tuple, list):
-        if not isinstance(value, list):
-            raise ValueError(f"expected a list, got {type(value).__name__}")
-        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], v) for v in value)
-        if origin is tuple and args:
-            if len(args) != len(value):
-                raise ValueError(f"expected {len(args)} items, got {len(value)}")
-            return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
-        items = [_convert(args[0] if args else Any, v) for v in value]
-        if origin in (list, collections.abc.MutableSequence) or hint is list:
-            return items
-        if origin in (set, collections.abc.Set, collections.abc.MutableSet):
-            return set(items)
-        if origin is frozenset:
-            return frozenset(items)
-        return tuple(items)
+    if value is not None:
+        raise ValueError(f"expected null, got {value!r}")
+    return None
+
+
+def _convert_container(hint: Any, origin: Any, args: tuple[Any, ...], value: Any) -> Any:
+    """A JSON object as a mapping, or a JSON list as the sequence or set type `hint` names, items converted."""
     if origin in _MAPPINGS or hint is dict:
         if not isinstance(value, dict):
             raise ValueError(f"expected an object, got {type(value).__name__}")
         key_hint, value_hint = args if len(args) == 2 else (Any, Any)
         return {_convert_key(key_hint, k): _convert(value_hint, v) for k, v in value.items()}
-    if isinstance(hint, type):
-        if issubclass(hint, enum.Enum):
-            return hint(value)
-        if dataclasses.is_dataclass(hint):
-            return _dataclass_from(hint, value)
-        if hint is float:
-            if value is None:
-                return math.nan
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"expected a number, got {value!r}")
-            return float(value)
-        if hint is int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"expected an integer, got {value!r}")
-            return value
-        if hint is bool:
-            if not isinstance(value, bool):
-                raise ValueError(f"expected true/false, got {value!r}")
-            return value
-        if hint is str:
-            if not isinstance(value, str):
-                raise ValueError(f"expected a string, got {value!r}")
-            return value
-        if issubclass(hint, PurePath):
-            return hint(value)
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {type(value).__name__}")
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return tuple(_convert(args[0], v) for v in value)
+    if origin is tuple and args:
+        if len(args) != len(value):
+            raise ValueError(f"expected {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v) for a, v in zip(args, value, strict=True))
+    items = [_convert(args[0] if args else Any, v) for v in value]
+    if origin in (list, collections.abc.MutableSequence) or hint is list:
+        return items
+    if origin in (set, collections.abc.Set, collections.abc.MutableSet):
+        return set(items)
+    return frozenset(items) if origin is frozenset else tuple(items)
+
+
+def _convert_class(hint: type[Any], value: Any) -> Any:
+    """`value` as an enum member, a dataclass, a JSON scalar of the exact type, or a path."""
+    if issubclass(hint, enum.Enum):
+        return hint(value)
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_from(hint, value)
+    if hint in (float, int, bool, str):
+        return _convert_scalar(hint, value)
+    if issubclass(hint, PurePath):
+        return hint(value)
+    return value
+
+
+def _convert_scalar(hint: type[Any], value: Any) -> Any:
+    """`value` checked to be the JSON scalar `hint` names (null as NaN for a float; no bool for a number)."""
+    if hint is float:
+        if value is None:
+            return math.nan
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected a number, got {value!r}")
+        return float(value)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {value!r}")
+    elif hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"expected true/false, got {value!r}")
+    elif not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
     return value
 
 
@@ -430,6 +459,17 @@ class Recorder:
 
 def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
     """(event, "") for a good line; (None, why) for a bad one. line_no is filled by the caller."""
+    obj, why = _line_object(raw)
+    if obj is None:
+        return None, why
+    why = _stamp_problem(obj) or _kind_problem(obj)
+    if why:
+        return None, why
+    return RecordedEvent(float(obj["t"]), obj["kind"], obj["data"], obj.get("type"), 0), ""
+
+
+def _line_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """The line as a JSON object, or (None, why it is not one)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -442,32 +482,46 @@ def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
         return None, exc.problem
     if not isinstance(obj, dict):
         return None, "not a JSON object"
+    return obj, ""
+
+
+def _stamp_problem(obj: dict[str, Any]) -> str:
+    """Why the line's format version or time stamp is not readable ("" when both are)."""
     version = obj.get("v")
     if version != FORMAT_VERSION:
-        return None, f"line format version {version!r} (this decodetop reads {FORMAT_VERSION})"
+        return f"line format version {version!r} (this decodetop reads {FORMAT_VERSION})"
     t = obj.get("t")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-        return None, "no time stamp"
+        return "no time stamp"
+    return ""
+
+
+def _kind_problem(obj: dict[str, Any]) -> str:
+    """Why the line's kind, type name or data is not what a recording holds ("" when they are)."""
     kind = obj.get("kind")
     if not isinstance(kind, str):
-        return None, "no kind"
+        return "no kind"
     if kind not in KINDS:
-        return None, f"unknown kind {kind!r}"
+        return f"unknown kind {kind!r}"
     if "data" not in obj:
-        return None, "no data"
-    data = obj["data"]
+        return "no data"
     tname = obj.get("type")
     if tname is not None and not isinstance(tname, str):
-        return None, "type is not a string"
+        return "type is not a string"
+    return _data_problem(kind, obj["data"], tname)
+
+
+def _data_problem(kind: str, data: object, tname: str | None) -> str:
+    """Why `data` is not what a `kind` line of type `tname` holds ("" when it is)."""
     expected = expected_type_name(kind)
     if expected is None:
         if not isinstance(data, dict):
-            return None, f"{kind} data is not an object"
+            return f"{kind} data is not an object"
     elif not (data == [] and tname is None) and (tname is None or tname.rpartition(".")[2] != expected):
-        return None, f"type {json.dumps(tname)} is not what a {kind} line holds ({expected})"
+        return f"type {json.dumps(tname)} is not what a {kind} line holds ({expected})"
     elif not isinstance(data, (dict, list)) or (isinstance(data, list) and kind != "checks"):
-        return None, f"{kind} data is not an object"
-    return RecordedEvent(float(t), kind, data, tname, 0), ""
+        return f"{kind} data is not an object"
+    return ""
 
 
 def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:
