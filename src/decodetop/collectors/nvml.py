@@ -200,12 +200,20 @@ def plain(value: object) -> object:
         return value
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, ctypes.Array)):
         return [plain(v) for v in value]
+    if isinstance(value, ctypes._SimpleCData):  # before the objects: a ctypes scalar has a __dict__ too
+        return plain(value.value)
+    if isinstance(value, (dict, ctypes.Structure)) or hasattr(value, "__dict__"):
+        return _plain_object(value)
+    return str(value)
+
+
+def _plain_object(value: object) -> dict[str, object]:
+    """A dict, a ctypes struct (an nvmlFieldValue_t with its union read by value type) or a pynvml friendly object
+    as a dict of plain values."""
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, ctypes.Array):
-        return [plain(v) for v in value]
     if isinstance(value, ctypes.Structure):
         names = [f[0] for f in value._fields_]
         if {"fieldId", "valueType", "nvmlReturn", "value"} <= set(names):
@@ -220,11 +228,8 @@ def plain(value: object) -> object:
                 "value": plain(getattr(value.value, member)) if member else None,
             }
         return {name: plain(getattr(value, name)) for name in names}
-    if isinstance(value, ctypes._SimpleCData):
-        return plain(value.value)
-    if hasattr(value, "__dict__"):  # pynvml.nvmlFriendlyObject (process lists)
-        return {str(k): plain(v) for k, v in vars(value).items() if not str(k).startswith("_")}
-    return str(value)
+    # pynvml.nvmlFriendlyObject (process lists)
+    return {str(k): plain(v) for k, v in vars(value).items() if not str(k).startswith("_")}
 
 
 # --- backends -----------------------------------------------------------------------------------------------
