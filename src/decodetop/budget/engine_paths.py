@@ -145,21 +145,32 @@ def _gate(topo: AllreduceTopology, engine: str) -> AllreducePath | None:
     """Why the engine's custom all-reduce is off on this group (None: it is on)."""
     src = VLLM_CUSTOM_AR_URL if engine == "vllm" else SGLANG_CUSTOM_AR_URL
     name = "vLLM" if engine == "vllm" else "SGLang"
+    why = _group_shape_off(topo, name) or _links_off(topo, name)
+    return _nccl(why, src) if why else None
+
+
+def _group_shape_off(topo: AllreduceTopology, name: str) -> str:
+    """Why the group's size or span turns the custom all-reduce off ('' where it does not)."""
     n = topo.world_size
     if n < 2:
-        return _nccl("one GPU: no all-reduce", src)
+        return "one GPU: no all-reduce"
     if not topo.same_node:
-        return _nccl(f"{name} turns its custom all-reduce off when the group spans nodes", src)
+        return f"{name} turns its custom all-reduce off when the group spans nodes"
     if n not in CUSTOM_AR_WORLD_SIZES:
-        return _nccl(f"{name} custom all-reduce supports TP {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} only", src)
-    if n > 2 and not topo.nvlink_all_pairs:
+        return f"{name} custom all-reduce supports TP {', '.join(map(str, CUSTOM_AR_WORLD_SIZES))} only"
+    return ""
+
+
+def _links_off(topo: AllreduceTopology, name: str) -> str:
+    """Why the links between the GPUs (NVLink, P2P) or a failed custom run turn it off ('' where they do not)."""
+    if topo.world_size > 2 and not topo.nvlink_all_pairs:
         why = "not known to be" if topo.nvlink_all_pairs is None else "not"
-        return _nccl(f"{name}: custom all-reduce is off on more than two GPUs {why} all NVLink-connected", src)
+        return f"{name}: custom all-reduce is off on more than two GPUs {why} all NVLink-connected"
     if topo.p2p_all_pairs is False:
-        return _nccl(f"{name}: custom all-reduce is off without GPU P2P between every pair", src)
+        return f"{name}: custom all-reduce is off without GPU P2P between every pair"
     if topo.custom_unsupported:
-        return _nccl(f"custom all-reduce cannot run here ({topo.custom_unsupported})", src)
-    return None
+        return f"custom all-reduce cannot run here ({topo.custom_unsupported})"
+    return ""
 
 
 def _vllm_custom_max(topo: AllreduceTopology) -> int:
@@ -189,8 +200,12 @@ def choose_allreduce(
         algo = custom_algorithm(topo.world_size, message_bytes, topo.nvlink_all_pairs)
         return AllreducePath("custom", algo, "--allreduce custom", VLLM_KERNEL_URL)
     blocked = _gate(topo, engine)
-    if blocked is not None:
-        return blocked
+    return blocked if blocked is not None else _engine_path(message_bytes, topo, engine)
+
+
+def _engine_path(message_bytes: int, topo: AllreduceTopology, engine: str) -> AllreducePath:
+    """What the engine runs where its custom all-reduce is on: custom below its size limit (vLLM: then symmetric
+    memory where multicast is on), NCCL above it or for a misaligned message."""
     name = "vLLM" if engine == "vllm" else "SGLang"
     src = VLLM_CUSTOM_AR_URL if engine == "vllm" else SGLANG_CUSTOM_AR_URL
     if message_bytes % CUSTOM_AR_ALIGN_BYTES:
@@ -205,19 +220,25 @@ def choose_allreduce(
             f"{name} at TP {topo.world_size} over {link}: custom all-reduce below {_size_text(limit)}",
             src,
         )
-    if engine == "vllm" and topo.multicast:
-        cc = topo.compute_capability or ""
-        symm = VLLM_SYMM_MEM_MAX_SIZES.get(cc, {}).get(topo.world_size)
-        if symm is not None and message_bytes <= symm and message_bytes % SYMM_MEM_ALIGN_BYTES == 0:
-            multimem = topo.world_size in VLLM_SYMM_MEM_MULTIMEM_WORLD_SIZES.get(cc, ())
-            algo = "multimem" if multimem else "two_shot"
-            return AllreducePath(
-                "custom",
-                algo,
-                f"vLLM: torch symmetric-memory {algo.replace('_', '-')} up to {_size_text(symm)} on sm_{cc}",
-                VLLM_AR_UTILS_URL,
-            )
-    return _nccl(f"{name}: NCCL at {_size_text(limit)} and above", src)
+    symm = _vllm_symm_mem_path(message_bytes, topo) if engine == "vllm" and topo.multicast else None
+    return symm if symm is not None else _nccl(f"{name}: NCCL at {_size_text(limit)} and above", src)
+
+
+def _vllm_symm_mem_path(message_bytes: int, topo: AllreduceTopology) -> AllreducePath | None:
+    """vLLM's torch symmetric-memory all-reduce (multimem or two-shot) where the message fits its per-GPU-generation
+    limit (None where it does not)."""
+    cc = topo.compute_capability or ""
+    symm = VLLM_SYMM_MEM_MAX_SIZES.get(cc, {}).get(topo.world_size)
+    if symm is None or message_bytes > symm or message_bytes % SYMM_MEM_ALIGN_BYTES:
+        return None
+    multimem = topo.world_size in VLLM_SYMM_MEM_MULTIMEM_WORLD_SIZES.get(cc, ())
+    algo = "multimem" if multimem else "two_shot"
+    return AllreducePath(
+        "custom",
+        algo,
+        f"vLLM: torch symmetric-memory {algo.replace('_', '-')} up to {_size_text(symm)} on sm_{cc}",
+        VLLM_AR_UTILS_URL,
+    )
 
 
 # --------------------------------------------------------------------------------------------- curves
