@@ -22,6 +22,7 @@ kernel class, P2P `one_shot` / `two_shot` through torch's symmetric memory (grap
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,64 +108,75 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     dtype = torch.bfloat16 if ctx.is_cuda else torch.float32
     elsize = torch.tensor([], dtype=dtype).element_size()
     ctx.require_free_bytes(max(sizes) + elsize, "all-reduce buffer")
-    n = ctx.world_size
     out: list[RankMeasurement] = []
     for index, size in enumerate(sizes if "nccl" in impls else []):
         ctx.progress(f"{format_bytes(size)}", index, len(sizes))
-        numel = max(1, size // elsize)
-        nbytes = numel * elsize
-        buf = torch.empty(numel, dtype=dtype, device=ctx.device)
-        _check_sum(ctx, buf)
-        buf.zero_()
-
-        def op(buf: torch.Tensor = buf) -> None:
-            dist.all_reduce(buf)
-
-        # Estimate one op (host time, synced), agreed across ranks so every rank runs the same number of ops.
-        est_us = statistics.median(
-            time_host(op, 1, _ESTIMATE_OPS, warmup=int(params["warmup_ops"]), sync=ctx.synchronize)
-        )
-        est_us = ctx.agree_max(est_us)
-        base = {"size_bytes": nbytes, "dtype": str(dtype).replace("torch.", ""), "world_size": n, "impl": ctx.backend}
-        for mode in modes:
-            name = f"allreduce {format_bytes(nbytes)} {mode}"
-            point = {**base, "mode": mode}
-            if mode == "graph" and not ctx.is_cuda:
-                out.append(
-                    RankMeasurement(
-                        name, point, "us", status=MeasurementStatus.UNSUPPORTED, note="CUDA graphs need a GPU"
-                    )
-                )
-                continue
-            counts = mode_counts(params, est_us, mode)
-            ctx.host_barrier()
-            device_samples: list[float] = []
-            if mode == "pipelined":
-                if ctx.is_cuda:
-                    samples, device_samples = time_host_and_events(
-                        op, counts.ops, counts.samples, warmup=int(params["warmup_ops"])
-                    )
-                else:
-                    samples = time_host(op, counts.ops, counts.samples, warmup=1)
-            elif mode == "graph":
-                samples = time_graph(op, counts.ops, counts.samples, warmup=2, keep=ctx.keep_graph)
-                ctx.release_graphs()
-            else:
-                samples = time_host(op, 1, counts.samples, warmup=1, sync=ctx.synchronize)
-            stats = Stats.from_samples(samples, "us")
-            metrics = metrics_for(nbytes, stats.median, n)
-            metrics["ops_per_sample"] = float(counts.ops)
-            if mode == "synced":
-                metrics["p99_us"] = stats.p99
-            if device_samples:
-                metrics["event_time_us"] = Stats.from_samples(device_samples, "us").median
-            note = "one rank: nothing is exchanged, this is the call's own cost" if n == 1 else ""
-            out.append(RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics, note=note))
-        del buf
+        out.extend(_nccl_size(ctx, params, size, dtype, modes))
     custom = [i for i in impls if i != "nccl"]
     out.extend(symm_allreduce.run_custom(ctx, params, sizes=sizes, modes=modes, impls=custom, metrics_for=metrics_for))
     ctx.progress("done", len(sizes), len(sizes))
     return RankOutput(measurements=tuple(out))
+
+
+def _nccl_size(
+    ctx: ProbeContext, params: dict[str, Any], size: int, dtype: torch.dtype, modes: list[str]
+) -> list[RankMeasurement]:
+    """The backend's all-reduce of one size, checked to sum right, then measured in each mode."""
+    elsize = torch.tensor([], dtype=dtype).element_size()
+    numel = max(1, size // elsize)
+    nbytes = numel * elsize
+    buf = torch.empty(numel, dtype=dtype, device=ctx.device)
+    _check_sum(ctx, buf)
+    buf.zero_()
+
+    def op(buf: torch.Tensor = buf) -> None:
+        dist.all_reduce(buf)
+
+    # Estimate one op (host time, synced), agreed across ranks so every rank runs the same number of ops.
+    est_us = statistics.median(time_host(op, 1, _ESTIMATE_OPS, warmup=int(params["warmup_ops"]), sync=ctx.synchronize))
+    est_us = ctx.agree_max(est_us)
+    base = {
+        "size_bytes": nbytes,
+        "dtype": str(dtype).replace("torch.", ""),
+        "world_size": ctx.world_size,
+        "impl": ctx.backend,
+    }
+    return [_measure_mode(ctx, params, op, est_us, {**base, "mode": mode}) for mode in modes]
+
+
+def _measure_mode(
+    ctx: ProbeContext, params: dict[str, Any], op: Callable[[], None], est_us: float, point: dict[str, Any]
+) -> RankMeasurement:
+    """One size in one mode (`point["mode"]`): its samples, bus bandwidth and, where they apply, the tail and the
+    device-event time."""
+    mode, nbytes, n = point["mode"], point["size_bytes"], ctx.world_size
+    name = f"allreduce {format_bytes(nbytes)} {mode}"
+    if mode == "graph" and not ctx.is_cuda:
+        return RankMeasurement(name, point, "us", status=MeasurementStatus.UNSUPPORTED, note="CUDA graphs need a GPU")
+    counts = mode_counts(params, est_us, mode)
+    ctx.host_barrier()
+    device_samples: list[float] = []
+    if mode == "pipelined":
+        if ctx.is_cuda:
+            samples, device_samples = time_host_and_events(
+                op, counts.ops, counts.samples, warmup=int(params["warmup_ops"])
+            )
+        else:
+            samples = time_host(op, counts.ops, counts.samples, warmup=1)
+    elif mode == "graph":
+        samples = time_graph(op, counts.ops, counts.samples, warmup=2, keep=ctx.keep_graph)
+        ctx.release_graphs()
+    else:
+        samples = time_host(op, 1, counts.samples, warmup=1, sync=ctx.synchronize)
+    stats = Stats.from_samples(samples, "us")
+    metrics = metrics_for(nbytes, stats.median, n)
+    metrics["ops_per_sample"] = float(counts.ops)
+    if mode == "synced":
+        metrics["p99_us"] = stats.p99
+    if device_samples:
+        metrics["event_time_us"] = Stats.from_samples(device_samples, "us").median
+    note = "one rank: nothing is exchanged, this is the call's own cost" if n == 1 else ""
+    return RankMeasurement(name, point, "us", samples=tuple(samples), metrics=metrics, note=note)
 
 
 def mode_counts(params: dict[str, Any], est_us: float, mode: str) -> Counts:
