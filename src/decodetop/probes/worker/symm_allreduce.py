@@ -34,7 +34,7 @@ import os
 import socket
 import statistics
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +88,11 @@ def local_reason(ctx: ProbeContext, impls: Sequence[str], *, multimem: bool, env
         return f"torch symmetric memory needs CUDA GPUs; these are {ctx.backend} CPU ranks"
     if ctx.world_size < 2:
         return "a P2P all-reduce needs two or more GPUs"
+    return _torch_reason(impls) or _opt_in_reason(impls, multimem=multimem, environ=environ)
+
+
+def _torch_reason(impls: Sequence[str]) -> str:
+    """Why this torch cannot run the `impls` (no symmetric memory, or no op for one of them); '' when it can."""
     if _torch_version() < MIN_TORCH:
         return f"torch {torch.__version__} has no symmetric memory (needs {MIN_TORCH[0]}.{MIN_TORCH[1]} or newer)"
     try:
@@ -100,6 +105,11 @@ def local_reason(ctx: ProbeContext, impls: Sequence[str], *, multimem: bool, env
         )
         if not all(_op(n) is not None for n in names):
             return f"torch {torch.__version__} has no symm_mem.{names[0]}"
+    return ""
+
+
+def _opt_in_reason(impls: Sequence[str], *, multimem: bool, environ: Mapping[str, str]) -> str:
+    """Why the host or the run's settings keep the `impls` off (multimem not opted in, NCCL_P2P_DISABLE set)."""
     if "multimem" in impls and not multimem:
         return "multimem needs the multimem opt-in (multicast stays off on shared machines)"
     flag = environ.get("NCCL_P2P_DISABLE", "").strip().lower()
