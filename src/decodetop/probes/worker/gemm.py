@@ -88,6 +88,21 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
     if n % 16 or k % 16:
         raise UnsupportedError(f"fp8 _scaled_mm needs n and k divisible by 16 (n={n}, k={k})")
     w8 = weights((n, k), torch.float8_e4m3fn, device, copies)
+    x8, sa, sb, note = _fp8_operands(w8.items[0], m, variant=variant, device=device)
+
+    def mm8() -> torch.Tensor:
+        return scaled_mm(x8, w8.next().t(), sa, sb)
+
+    return OpRunner(mm8, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
+
+
+def _fp8_operands(
+    w8: torch.Tensor, m: int, *, variant: str, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """The FP8 activation [m×k] and the A and B scales of `variant` (tensor: scalars; row: per row and per column)
+    for the weight `w8` [n×k], tried once; where this `_scaled_mm` rejects M, M padded to a multiple of 16, with a
+    note saying so."""
+    n, k = w8.shape
     rows = m
     x8 = randn((rows, k), torch.float8_e4m3fn, device)
     if variant == "tensor":
@@ -99,7 +114,7 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
     else:
         raise ValueError(f"unknown fp8 variant {variant!r} (known: {', '.join(FP8_VARIANTS)})")
     try:
-        scaled_mm(x8, w8.items[0].t(), sa, sb)
+        scaled_mm(x8, w8.t(), sa, sb)
     except Exception as exc:
         if m % 16 == 0:
             raise UnsupportedError(
@@ -110,17 +125,13 @@ def gemm_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool, variant: str =
         if variant == "row":
             sa = torch.rand(rows, 1, device=device) + 0.5
         try:
-            scaled_mm(x8, w8.items[0].t(), sa, sb)
+            scaled_mm(x8, w8.t(), sa, sb)
         except Exception as exc2:
             raise UnsupportedError(
                 f"fp8 {variant}-wise _scaled_mm failed: {type(exc2).__name__}: {first_line(exc2)}"
             ) from None
-        note = f"M padded {m}→{rows} (this _scaled_mm rejected M={m}: {first_line(exc)[:80]})"
-
-    def mm8() -> torch.Tensor:
-        return scaled_mm(x8, w8.next().t(), sa, sb)
-
-    return OpRunner(mm8, w_bytes + act_bytes, flops, copies, note, weight_bytes=w_bytes)
+        return x8, sa, sb, f"M padded {m}→{rows} (this _scaled_mm rejected M={m}: {first_line(exc)[:80]})"
+    return x8, sa, sb, ""
 
 
 def _nvfp4_runner(key: GemmKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
