@@ -518,7 +518,7 @@ def _estimate_text(seg: Segment, hardware: str) -> str:
     return f"estimate for {hardware}: {seg.reason}"
 
 
-def compose_budget(
+def compose_budget(  # noqa: C901, PLR0912, PLR0915 - known debt: split
     inventory: StepInventory,
     measured: Mapping[str, MeasuredTime] | None = None,
     *,

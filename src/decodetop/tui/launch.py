@@ -90,7 +90,7 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return parse_gpu_list(text)
 
 
-def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
+def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noqa: C901, PLR0915 - known debt: split
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
     from decodetop.collectors.nvml import Nvml
