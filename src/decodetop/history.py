@@ -260,6 +260,12 @@ def format_age(age_s: float) -> str:
     return f"{int(age_s // 86400)}d"
 
 
+def format_ago(age_s: float) -> str:
+    """ "5m ago", or "just now" (never "now ago"): the one wording of an age on every surface."""
+    text = format_age(age_s)
+    return "just now" if text == "now" else f"{text} ago"
+
+
 def format_age_coarse(age_s: float) -> str:
     """`format_age` in 10 s steps under a minute ("now", "10s" … "50s"): a live screen showing it changes at most
     every 10 s (each change repaints a table)."""

@@ -931,7 +931,7 @@ class PresetBudget:
         """The observed step with its origin, and a header line when the server could not be read."""
         from decodetop.budget.compose import ObservedStep, default_observed
         from decodetop.collectors.serving import ObservedStep as ServerStep
-        from decodetop.tui.widgets.cells import ago
+        from decodetop.history import format_ago as ago
 
         answer = self._server_answer
         header = ""

@@ -6,13 +6,12 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from decodetop.history import format_age
+from decodetop.history import format_ago
 
 
 def ago(age_s: float) -> str:
     """ "5m ago", or "just now" (never "now ago")."""
-    text = format_age(age_s)
-    return "just now" if text == "now" else f"{text} ago"
+    return format_ago(age_s)
 
 
 class CellCache:
