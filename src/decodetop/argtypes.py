@@ -55,34 +55,32 @@ def non_empty(text: str) -> str:
 def regular_file(text: str) -> Path:
     """An existing regular file (a config, a plan, a results file), checked with `stat`, never opened here: a
     FIFO, a device such as ``/dev/zero`` or a directory is refused before anything reads from it."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty")
-    path = Path(text).expanduser()
-    try:
-        info = path.stat()
-    except FileNotFoundError:
-        raise argparse.ArgumentTypeError(f"{text}: no such file") from None
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"{text}: cannot read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise argparse.ArgumentTypeError(f"{text}: {file_kind(info.st_mode)}, not a regular file")
+    path, mode = _stat(text, missing="no such file")
+    if not stat.S_ISREG(mode):
+        raise argparse.ArgumentTypeError(f"{text}: {file_kind(mode)}, not a regular file")
     return path
 
 
 def file_or_directory(text: str) -> Path:
     """An existing regular file or directory (a checkpoint directory or its config.json); nothing else."""
+    path, mode = _stat(text, missing="no such file or directory")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise argparse.ArgumentTypeError(f"{text}: {file_kind(mode)}, not a file or directory")
+    return path
+
+
+def _stat(text: str, *, missing: str) -> tuple[Path, int]:
+    """The path `text` names (~ expanded) and its file mode, from `stat` alone (nothing is opened); an empty
+    argument, a missing path (`missing` says what was looked for) or one that cannot be read is refused."""
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     path = Path(text).expanduser()
     try:
-        info = path.stat()
+        return path, path.stat().st_mode
     except FileNotFoundError:
-        raise argparse.ArgumentTypeError(f"{text}: no such file or directory") from None
+        raise argparse.ArgumentTypeError(f"{text}: {missing}") from None
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"{text}: cannot read ({exc.strerror or exc})") from None
-    if not (stat.S_ISREG(info.st_mode) or stat.S_ISDIR(info.st_mode)):
-        raise argparse.ArgumentTypeError(f"{text}: {file_kind(info.st_mode)}, not a file or directory")
-    return path
 
 
 def output_path(text: str) -> str:
