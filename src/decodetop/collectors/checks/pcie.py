@@ -4,6 +4,7 @@ NUMA affinity and P7 GPU-pair topology (docs/reference/healthchecks.md §1-§2).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded, per_gpu, unless_root
@@ -34,6 +35,20 @@ def _no_gpu(check_id: str, title: str) -> list[CheckResult]:
     return [CheckResult(check_id, title, Status.INFO, _NO_GPU, "one result per GPU")]
 
 
+def _each_gpu(
+    ctx: HostContext, check_id: str, title: str, one: Callable[[HostContext, PciDevice, str], CheckResult]
+) -> list[CheckResult]:
+    """`one` GPU's result for every GPU (a GPU whose files cannot be read gets an UNKNOWN result of its own), or
+    the one no-GPU result."""
+    if not ctx.gpus:
+        return _no_gpu(check_id, title)
+    results: list[CheckResult] = []
+    for gpu in ctx.gpus:
+        with per_gpu(results, check_id, title, gpu, root=ctx.root):
+            results.append(one(ctx, gpu, title))
+    return results
+
+
 def _config_or_reason(root: HostRoot, bdf: str) -> tuple[PciConfig | None, str]:
     """Decoded config, or None and a reason ('only 64 bytes readable: needs host root')."""
     try:
@@ -53,14 +68,7 @@ def _config_or_reason(root: HostRoot, bdf: str) -> tuple[PciConfig | None, str]:
 @guarded("P1", "GPU PCIe link (sysfs)")
 def check_link(ctx: HostContext) -> list[CheckResult]:
     """P1: width current = max (else fail); speed current = max, judged only under load."""
-    title = "GPU PCIe link (sysfs)"
-    if not ctx.gpus:
-        return _no_gpu("P1", title)
-    results: list[CheckResult] = []
-    for gpu in ctx.gpus:
-        with per_gpu(results, "P1", title, gpu, root=ctx.root):
-            results.append(_link_one(ctx, gpu, title))
-    return results
+    return _each_gpu(ctx, "P1", "GPU PCIe link (sysfs)", _link_one)
 
 
 def _link_one(ctx: HostContext, gpu: PciDevice, title: str) -> CheckResult:
@@ -296,14 +304,7 @@ def _acs_one(ctx: HostContext, gpu: PciDevice, title: str) -> CheckResult:
 @guarded("P4", "ACS on bridges")
 def check_acs(ctx: HostContext) -> list[CheckResult]:
     """P4: RR, CR and EC clear in ACS Control on every bridge above each GPU (bare metal)."""
-    title = "ACS on bridges"
-    if not ctx.gpus:
-        return _no_gpu("P4", title)
-    results: list[CheckResult] = []
-    for gpu in ctx.gpus:
-        with per_gpu(results, "P4", title, gpu, root=ctx.root):
-            results.append(_acs_one(ctx, gpu, title))
-    return results
+    return _each_gpu(ctx, "P4", "ACS on bridges", _acs_one)
 
 
 @guarded("P5", "IOMMU mode")
