@@ -50,6 +50,13 @@ from decodetop.textfmt import format_bytes
 #: P2P implementations (`impl` values besides `nccl`); `multimem` only with the `multimem` opt-in.
 IMPLS = ("one_shot", "two_shot")
 OPT_IN_IMPLS = ("multimem",)
+#: Each implementation's torch.ops.symm_mem ops: the one writing into an output buffer (used where this torch has
+#: it; '' where none exists) and the one taking the input alone (in place, or returning its result), which it needs.
+_OPS: dict[str, tuple[str, str]] = {
+    "one_shot": ("one_shot_all_reduce_out", "one_shot_all_reduce"),
+    "two_shot": ("two_shot_all_reduce_out", "two_shot_all_reduce_"),
+    "multimem": ("", "multimem_all_reduce_"),
+}
 #: Modes the custom implementations are timed in: what the NCCL one reports under the same names.
 MODES = ("graph", "pipelined")
 #: torch.distributed._symmetric_memory and its all-reduce ops appeared in torch 2.5
@@ -100,11 +107,9 @@ def _torch_reason(impls: Sequence[str]) -> str:
     except ImportError as exc:
         return f"torch {torch.__version__} has no torch.distributed._symmetric_memory ({first_line(exc)})"
     for impl in impls:
-        names = {"one_shot": ("one_shot_all_reduce",), "two_shot": ("two_shot_all_reduce_",)}.get(
-            impl, ("multimem_all_reduce_",)
-        )
-        if not all(_op(n) is not None for n in names):
-            return f"torch {torch.__version__} has no symm_mem.{names[0]}"
+        needed = _OPS.get(impl, _OPS["multimem"])[1]
+        if _op(needed) is None:
+            return f"torch {torch.__version__} has no symm_mem.{needed}"
     return ""
 
 
@@ -196,22 +201,14 @@ def op_for(sb: SymmBuffer, impl: str, numel: int) -> Callable[[], torch.Tensor]:
     inp = sb.buf[:numel]
     out = sb.out[:numel]
     name = sb.group_name
-    if impl == "one_shot":
-        one_out = _op("one_shot_all_reduce_out")
-        if one_out is not None:
-            return lambda: one_out(inp, "sum", name, out)
-        one = _op("one_shot_all_reduce")
-        return lambda: one(inp, "sum", name)
-    if impl == "two_shot":
-        two_out = _op("two_shot_all_reduce_out")
-        if two_out is not None:
-            return lambda: two_out(inp, "sum", name, out)
-        two = _op("two_shot_all_reduce_")
-        return lambda: two(inp, "sum", name)
-    if impl == "multimem":
-        mm = _op("multimem_all_reduce_")
-        return lambda: mm(inp, "sum", name)
-    raise ValueError(f"unknown custom all-reduce {impl!r} (known: {', '.join(IMPLS + OPT_IN_IMPLS)})")
+    if impl not in _OPS:
+        raise ValueError(f"unknown custom all-reduce {impl!r} (known: {', '.join(IMPLS + OPT_IN_IMPLS)})")
+    out_name, in_name = _OPS[impl]
+    with_out = _op(out_name) if out_name else None
+    if with_out is not None:
+        return lambda: with_out(inp, "sum", name, out)
+    without_out = _op(in_name)
+    return lambda: without_out(inp, "sum", name)
 
 
 def check_sum(ctx: ProbeContext, sb: SymmBuffer, impl: str, numel: int) -> int:
