@@ -21,7 +21,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import AttentionKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import copies_for, randn, require_free
 from decodetop.probes.worker.timing import Rotation
 
@@ -145,10 +145,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     sweep = sorted({int(c) for c in params["context_sweep"]}) if ctx.is_cuda else []
     out: list[RankMeasurement] = []
     device = ctx.device.type
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, AttentionKey)
-        ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
+    for kid, key in each_key(ctx, keys, AttentionKey):
         pt = {"what": "attention", "key": kid, "context": key.context, "role": "budget", "device": device}
         out.append(measure(ctx, opts, kid, pt, partial(attention_runner, key, ctx, rotate=opts.rotate)))
         for context in sweep:

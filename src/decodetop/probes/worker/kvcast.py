@@ -20,7 +20,7 @@ import torch
 from decodetop.budget.keys import KvcastKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import FP8_E4M3_MAX, randn, require_free
 
 #: Tokens per KV-cache block when gathering blocks (SGLang/vLLM page sizes are 1-64; FlashMLA uses 64).
@@ -115,10 +115,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     out: list[RankMeasurement] = []
     device = ctx.device.type
     widths_done: set[int] = set()
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, KvcastKey)
-        ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
+    for kid, key in each_key(ctx, keys, KvcastKey):
         pt = {"what": "write", "key": kid, "role": "budget", "device": device}
         out.append(measure(ctx, opts, f"{kid} write", pt, partial(kvcast_write_runner, key, ctx), note="write"))
         if not params["read_modes"] or key.width in widths_done:

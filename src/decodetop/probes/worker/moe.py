@@ -29,7 +29,7 @@ from decodetop.budget.keys import MoeKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import fused_moe_runner
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
 from decodetop.probes.worker.timing import Rotation
 
@@ -216,10 +216,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     if bad:
         raise ValueError(f"moe: unknown variant(s) {bad} (known: {', '.join(MOE_VARIANTS)})")
     out: list[RankMeasurement] = []
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, MoeKey)
-        ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
+    for kid, key in each_key(ctx, keys, MoeKey):
         for variant in variants:
             pt = {"what": "moe", "key": kid, "variant": variant, "role": "budget", "device": ctx.device.type}
             build = (

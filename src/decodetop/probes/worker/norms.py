@@ -17,7 +17,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import NormKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, randn
 
 #: Rows of the embedding table the `embedding` norm op looks up from (the key carries no vocab size; lookups
@@ -85,10 +85,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     opts = TimingOptions.from_params(ctx, params)
     keys = key_list(params, "norms")
     out: list[RankMeasurement] = []
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, NormKey)
-        ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
+    for kid, key in each_key(ctx, keys, NormKey):
         pt = {"what": key.op, "key": kid, "role": "budget", "device": ctx.device.type}
         out.append(measure(ctx, opts, kid, pt, partial(norm_runner, key, ctx), note="eager torch (unfused)"))
     ctx.progress("done", len(keys), len(keys))

@@ -16,13 +16,13 @@ from __future__ import annotations
 import importlib
 import math
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol, TypeVar, cast
 
 import torch
 
-from decodetop.budget.keys import parse_key_id
+from decodetop.budget.keys import ProbeKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement
 from decodetop.probes.worker.context import InsufficientMemoryError, ProbeContext, UnsupportedError
 from decodetop.probes.worker.tensors import first_line
@@ -37,6 +37,8 @@ MAX_GRAPH_OPS = 256
 
 #: A point's parameters as the probes write them (JSON scalars).
 PointParams = Mapping[str, object]
+#: A probe's key type (`GemmKey`, `NormKey`, ...).
+KeyT = TypeVar("KeyT", bound=ProbeKey)
 
 
 @dataclass
@@ -258,6 +260,19 @@ def key_list(params: Mapping[str, object], probe: str) -> list[str]:
             raise ValueError(f"{probe}: key {kid!r} belongs to the {key.PROBE} probe")
         out.append(key.key_id)
     return out
+
+
+def each_key(
+    ctx: ProbeContext, keys: Sequence[str], kind: type[KeyT], *, total: int | None = None
+) -> Iterator[tuple[str, KeyT]]:
+    """Each key id with its parsed key (a `kind`), reporting "key i/n ID" progress before each (n: `total` where
+    the probe counts more steps than keys)."""
+    n = len(keys) if total is None else total
+    for index, kid in enumerate(keys):
+        key = parse_key_id(kid)
+        assert isinstance(key, kind)
+        ctx.progress(f"key {index + 1}/{n} {kid}", index, n)
+        yield kid, key
 
 
 def kernels_note(ctx: ProbeContext, build: Callable[[], OpRunner]) -> str:

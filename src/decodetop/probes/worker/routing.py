@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import RoutingKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, copies_for, randn
 from decodetop.probes.worker.timing import Rotation
 
@@ -106,10 +106,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     keys = key_list(params, "routing")
     out: list[RankMeasurement] = []
     device = ctx.device.type
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, RoutingKey)
-        ctx.progress(f"key {index + 1}/{len(keys)} {kid}", index, len(keys))
+    for kid, key in each_key(ctx, keys, RoutingKey):
         pt = {"what": "routing", "key": kid, "role": "budget", "device": device}
         out.append(measure(ctx, opts, kid, pt, partial(routing_runner, key, ctx, rotate=opts.rotate)))
         if params["permute"]:

@@ -22,7 +22,7 @@ from decodetop.budget.keys import AllreduceKey, SamplingKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.allreduce import collective_runner
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.ops import OpRunner, TimingOptions, key_list, measure, not_run, point
+from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure, not_run, point
 from decodetop.probes.worker.tensors import DTYPES, copies_for, randn, require_free
 from decodetop.probes.worker.timing import Rotation
 
@@ -77,10 +77,7 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     out: list[RankMeasurement] = []
     device = ctx.device.type
     total = len(keys) + len(gathers)
-    for index, kid in enumerate(keys):
-        key = parse_key_id(kid)
-        assert isinstance(key, SamplingKey)
-        ctx.progress(f"key {index + 1}/{total} {kid}", index, total)
+    for kid, key in each_key(ctx, keys, SamplingKey, total=total):
         for sampler in ("greedy", "top_p"):
             role = "budget" if sampler == "greedy" else "diagnostic"
             pt: dict[str, Any] = {"what": "sampling", "key": kid, "sampler": sampler, "role": role, "device": device}
