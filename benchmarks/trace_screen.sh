@@ -2,11 +2,12 @@
 # The live UI with a traced directory loaded, in a real tmux pane, captured as text (for docs): the probed bar of
 # the traced model's budget (roofline, no probes) above the traced bar of its per-rank traces.
 # Run here (textual is installed) on the traces benchmarks/trace_gpu_tp2.sh brought back from the GPU machine:
-#     bash benchmarks/trace_screen.sh OUT/traces/graph OUT/traces/config.json [160x48] > screen.txt
+#     bash benchmarks/trace_screen.sh OUT/traces/graph OUT/traces/config.json [160x48] [TP] > screen.txt
 set -eu
 DIR=${1:?trace directory}
 CONFIG=${2:?the traced model\'s config.json}
 SIZE=${3:-160x48}
+TP=${4:-2}
 COLS=${SIZE%x*}
 ROWS=${SIZE#*x}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,7 +16,7 @@ STATE=$(mktemp -d)
 trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true; rm -rf "$STATE"' EXIT
 tmux new-session -d -s "$SESSION" -x "$COLS" -y "$ROWS" \
     "DECODETOP_STATE_DIR=$STATE DECODETOP_CONFIG_DIR=$STATE $ROOT/.venv/bin/decodetop --demo --no-probes \
-     --config $CONFIG --tp 2 --trace $DIR"
+     --config $CONFIG --tp $TP --trace $DIR"
 for _ in $(seq 1 120); do  # up to 60 s for the trace to be read
     if tmux capture-pane -p -t "$SESSION" | grep -q "traced step"; then
         sleep 1
