@@ -3,7 +3,7 @@
 #   surfaces  the one composition on every surface over a real plan run (benchmarks/surfaces/budget_surfaces.py)
 #   record    NVML recordings, idle and under load (benchmarks/recorders/record_nvml.py), for the README screens
 #   traces    real eager and CUDA-graph decode steps of a small Llama, one trace per rank on every GPU here
-#             (benchmarks/trace_gpu_tp2.py under torchrun), then `decodetop trace` on each
+#             (benchmarks/traces/trace_gpu_tp2.py under torchrun), then `decodetop trace` on each
 #   tui       the live UI in tmux over the real GPUs, and with the graph traces loaded (benchmarks/ui/tui_on_gpu.sh;
 #             carry .whl and .debs)
 #
@@ -26,7 +26,7 @@ nvidia-smi --query-gpu=index,name,pci.bus_id,memory.used --format=csv >"$W/env.t
 want surfaces && step surfaces 200 python3 benchmarks/surfaces/budget_surfaces.py --model "$MODEL" --out "$W/surfaces"
 want record && step record 90 python3 benchmarks/recorders/record_nvml.py --out "$W/recordings" --label "$LABEL"
 want traces && step traces 240 python3 -m torch.distributed.run --standalone --nproc-per-node "$NGPU" \
-  benchmarks/trace_gpu_tp2.py --out "$W/traces" --steps 6 --modes eager,graph
+  benchmarks/traces/trace_gpu_tp2.py --out "$W/traces" --steps 6 --modes eager,graph
 if want traces; then
   for mode in eager graph; do
     [ -d "$W/traces/$mode" ] && step "trace_$mode" 60 python3 -m decodetop trace "$W/traces/$mode"

@@ -30,7 +30,7 @@ MIN_WAIT_MS = 0.02
 standing out."""
 CAPTURE_WINDOW_S = 120.0
 """Files without a rank in their name written this close to the newest one belong to its capture: the ranks of one
-capture flush together (benchmarks/trace_load.py: a 1 GB trace is read in ~75 s, written faster), while captures
+capture flush together (benchmarks/traces/trace_load.py: a 1 GB trace is read in ~75 s, written faster), while captures
 are started by hand, minutes apart."""
 _RANK_PATTERNS = (
     re.compile(r"TP[-_]?(\d+)", re.IGNORECASE),

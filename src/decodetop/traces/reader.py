@@ -157,7 +157,8 @@ class _Stream:
         self.eof = False
         # NaN durations are skipped and counted later. Python's own cap on integer digits (4300 by default) refuses
         # the huge integers the strict decoder's parse_int hook guards against, at C speed: where that cap is on,
-        # the plain decoder reads a trace ~30 % faster (benchmarks/trace_load.py); where it is off, the hook does.
+        # the plain decoder reads a trace ~30 % faster (benchmarks/traces/trace_load.py); where it is off, the hook
+        # does.
         limit = sys.get_int_max_str_digits()
         fast = 0 < limit <= jsonio.MAX_INT_DIGITS
         self._decoder = json.JSONDecoder() if fast else jsonio.strict_decoder(allow_nan=True)

@@ -8,8 +8,8 @@ embeddings, norms and lm_head replicated. Eager decode uses the dynamic cache; g
 (transformers forward, StaticCache, the all-reduces inside the graph) and replays it. Neither syncs inside a step,
 so a ProfilerStep host range ends when the launch returns, as in a server.
 
-    torchrun --nproc-per-node 2 benchmarks/trace_gpu_tp2.py --out DIR [--steps 6] [--modes eager,graph]
-    python3 benchmarks/trace_gpu_tp2.py --out DIR --device cpu --modes eager   # 2 gloo ranks on a CPU (smoke)
+    torchrun --nproc-per-node 2 benchmarks/traces/trace_gpu_tp2.py --out DIR [--steps 6] [--modes eager,graph]
+    python3 benchmarks/traces/trace_gpu_tp2.py --out DIR --device cpu --modes eager   # 2 gloo ranks on a CPU (smoke)
 
 Writes DIR/<mode>/decode-TP-<rank>.trace.json.gz and DIR/<mode>/summary.json.
 """
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def log(msg: str) -> None:

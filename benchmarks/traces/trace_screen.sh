@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The live UI with a traced directory loaded, in a real tmux pane, captured as text (for docs): the probed bar of
 # the traced model's budget (roofline, no probes) above the traced bar of its per-rank traces.
-# Run here (textual is installed) on the traces benchmarks/trace_gpu_tp2.sh brought back from the GPU machine:
-#     bash benchmarks/trace_screen.sh OUT/traces/graph OUT/traces/config.json [160x48] [TP] > screen.txt
+# Run here (textual is installed) on the traces benchmarks/traces/trace_gpu_tp2.sh brought back from the GPU machine:
+#     bash benchmarks/traces/trace_screen.sh OUT/traces/graph OUT/traces/config.json [160x48] [TP] > screen.txt
 set -eu
 DIR=${1:?trace directory}
 CONFIG=${2:?the traced model\'s config.json}
@@ -10,7 +10,7 @@ SIZE=${3:-160x48}
 TP=${4:-2}
 COLS=${SIZE%x*}
 ROWS=${SIZE#*x}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 SESSION="decodetop-trace-screen-$$"
 STATE=$(mktemp -d)
 trap 'tmux kill-session -t "$SESSION" 2>/dev/null || true; rm -rf "$STATE"' EXIT

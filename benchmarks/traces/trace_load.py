@@ -13,7 +13,7 @@ For each size a synthetic PyTorch-profiler-shaped trace (decodetop.traces.synth,
 
 Peak memory is the child's ru_maxrss. Results go to stdout as a table and, with --json, to a file.
 
-    PYTHONPATH=src:. python3 benchmarks/trace_load.py [--sizes 10,100,1000] [--ranks 1] [--json OUT.json]
+    PYTHONPATH=src:. python3 benchmarks/traces/trace_load.py [--sizes 10,100,1000] [--ranks 1] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import asyncio, json, os, resource, sys, threading, time

@@ -2,7 +2,7 @@
 # Trace a real eager and a real CUDA-graph decode step of a small transformers Llama on 2 GPUs (TP 2, one trace per
 # rank), then read each directory with `decodetop trace` (the figures the live UI's --trace DIR shows).
 # Run from the repository root on the 2-GPU machine (python3.12, torch 2.11, transformers, no textual):
-#     OUT=/path/to/out bash benchmarks/trace_gpu_tp2.sh
+#     OUT=/path/to/out bash benchmarks/traces/trace_gpu_tp2.sh
 # Writes under $OUT: traces/<mode>/decode-TP-<rank>.trace.json.gz, trace_<mode>.txt and .json, trace_gpu_tp2.log;
 # prints a short table last.
 set -u
@@ -13,7 +13,7 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT/traces"
 LOG="$OUT/trace_gpu_tp2.log"
 nvidia-smi -L >"$LOG" 2>&1 || true
-"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/trace_gpu_tp2.py \
+"$PY" -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/traces/trace_gpu_tp2.py \
     --out "$OUT/traces" --steps 6 --modes eager,graph >>"$LOG" 2>&1
 echo "recording exit code $?" >>"$LOG"
 for mode in eager graph; do

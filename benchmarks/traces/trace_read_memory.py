@@ -5,7 +5,7 @@ fresh interpreter each, (1) imports decodetop.traces only (baseline), (2) reads 
 and prints each one's peak RSS (ru_maxrss) and wall time. The figure for docs/benchmarks.md is (2) and (3) against
 (1) and the file size.
 
-    PYTHONPATH=src python3 benchmarks/trace_read_memory.py [--mb 300] [--gz]
+    PYTHONPATH=src python3 benchmarks/traces/trace_read_memory.py [--mb 300] [--gz]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
 import json, resource, sys, time
