@@ -331,3 +331,32 @@ def test_unreadable_paths(tmp_path: Path) -> None:
         load_budget_document(tmp_path / "nope.json")
     with pytest.raises(UserInputError, match="cannot read: Is a directory"):
         load_budget_document(tmp_path)
+
+
+PLANTS_H200 = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "engine" / "plants_h200x1"
+"""Plan runs on one H200 (Llama-3.1-70B, 4 layers, TP 1): two clean runs and a GEMM loop from another process on
+the same GPU (benchmarks/engine/plants.sh with PLANT_GPU=0)."""
+
+
+@pytest.mark.parametrize("run", ["gemm_neighbour_1", "gemm_neighbour_2"])
+def test_a_time_sliced_gpu_moves_the_tail_while_the_medians_hold(run: str) -> None:
+    diff = diff_budget_files(PLANTS_H200 / "clean1.json", PLANTS_H200 / f"{run}.json")
+    assert diff.moved_most is None  # the medians held
+    assert diff.tail_moved
+    assert diff.mean_after_ms is not None and diff.mean_before_ms is not None
+    assert diff.mean_after_ms > 1.5 * diff.mean_before_ms
+    assert "the tail moved: mean step" in format_budget_diff(diff, "clean1.json")
+    assert diff.to_dict()["tail_moved"] is True
+
+
+def test_two_clean_runs_move_no_tail() -> None:
+    diff = diff_budget_files(PLANTS_H200 / "clean1.json", PLANTS_H200 / "clean2.json")
+    assert not diff.tail_moved
+    assert "tail" not in format_budget_diff(diff, "clean1.json")
+
+
+def test_budgets_without_means_never_claim_a_tail() -> None:
+    doc = json.loads((PLANTS_H200 / "gemm_neighbour_1.json").read_text(encoding="utf-8"))
+    doc["budget"].pop("mean_total_ms")
+    diff = diff_budgets(json.loads((PLANTS_H200 / "clean1.json").read_text(encoding="utf-8")), doc)
+    assert not diff.tail_moved and diff.mean_after_ms is None

@@ -36,8 +36,13 @@ from decodetop.errors import UserInputError
 
 NOISE_FLOOR_MS = 0.01
 """Absolute floor of the noise, ms per step. The two H200 plan runs of Llama-3.1-70B TP 2 (benchmarks/results/
-plan_llama-3.1-70b-tp2-h200x{1,2}.json, nothing changed in between) moved lm_head by +0.0077 ms (just beyond its
+plans/plan_llama-3.1-70b-tp2-h200x{1,2}.json, nothing changed in between) moved lm_head by +0.0077 ms (just beyond its
 0.0073 ms spread) and the zero-spread launch line by +0.0055 ms: both under 0.01 ms."""
+TAIL_FLOOR = 0.10
+"""A step's tail (mean − median, ms) counts as moved when it grew past twice the baseline's and the mean step by at
+least this fraction: on one H200, two clean Llama-3.1-70B (4-layer) runs had a tail under 0.003 ms and means 1 % apart,
+and a GEMM loop from another process on the same GPU left every median in place but lifted the mean step from 2.45
+to 4.67 ms (docs/benchmarks.md, "Plants on one H200")."""
 RELATIVE_FLOOR = 0.03
 """Relative floor of the noise, a fraction of the baseline's ms. The same two runs moved narrow-spread components by
 up to 2.9 % (lm_head +2.9 %, norms −2.5 %, attention projections +0.6 %)."""
@@ -96,6 +101,11 @@ class BudgetDiff:
     """The current budget's straggler line ('straggler: GPU 1 (…)'; '' when it names none: budget.ranks)."""
     straggler_before: str = ""
     """The baseline's straggler label ('GPU 1'; '' when it named none)."""
+    mean_before_ms: float | None = None
+    """The baseline's mean step (what throughput pays), when it has one."""
+    mean_after_ms: float | None = None
+    tail_moved: bool = False
+    """The mean step moved while the medians held: the tail grew (see TAIL_FLOOR)."""
 
     @property
     def total_delta_ms(self) -> float:
@@ -155,6 +165,9 @@ class BudgetDiff:
             "notes": list(self.notes),
             "straggler": self.straggler or None,
             "straggler_before": self.straggler_before or None,
+            "mean_before_ms": self.mean_before_ms,
+            "mean_after_ms": self.mean_after_ms,
+            "tail_moved": self.tail_moved,
         }
 
 
@@ -388,6 +401,7 @@ def diff_budgets(
                 f"the {what} misses data for {', '.join(_label(c) for c in side.missing)}: no Δ there, and its total "
                 "is a lower bound"
             )
+    mean_before, mean_after = _mean_step(baseline, baseline_name), _mean_step(current, current_name)
     return BudgetDiff(
         baseline_model=old.model,
         baseline_deployment=old.deployment,
@@ -401,6 +415,41 @@ def diff_budgets(
         notes=tuple(notes),
         straggler=now_straggler[1] if now_straggler is not None else "",
         straggler_before=was_straggler[0] if was_straggler is not None else "",
+        mean_before_ms=mean_before,
+        mean_after_ms=mean_after,
+        tail_moved=_tail_moved(old.total_ms, mean_before, new.total_ms, mean_after),
+    )
+
+
+def _mean_step(document: object, name: str) -> float | None:
+    """The budget's mean step in ms (`mean_total_ms`), or None where the file has none (older files)."""
+    value = find_budget(document, name).get("mean_total_ms")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return None
+    return float(value)
+
+
+def _tail_moved(median_before: float, mean_before: float | None, median_after: float, mean_after: float | None) -> bool:
+    """True when the mean step rose beyond TAIL_FLOOR and the floors while the tail (mean − median) more than
+    doubled: what a time-sliced GPU or host jitter does to a step whose medians stay put."""
+    if mean_before is None or mean_after is None:
+        return False
+    rise = mean_after - mean_before
+    floor = max(NOISE_FLOOR_MS, TAIL_FLOOR * mean_before)
+    tail_before = max(mean_before - median_before, 0.0)
+    tail_after = mean_after - median_after
+    return rise > floor and tail_after > 2 * tail_before + NOISE_FLOOR_MS
+
+
+def tail_line(diff: BudgetDiff) -> str:
+    """ "the tail moved: mean step 2.45 → 4.67 ms (+2.21 ms, ×1.9) while the medians held (…)", or ""."""
+    if not diff.tail_moved or diff.mean_before_ms is None or diff.mean_after_ms is None:
+        return ""
+    rise = diff.mean_after_ms - diff.mean_before_ms
+    return (
+        f"the tail moved: mean step {diff.mean_before_ms:.3g} → {diff.mean_after_ms:.3g} ms ({_signed(rise)} ms, "
+        f"×{diff.mean_after_ms / diff.mean_before_ms:.1f}) while the medians held — time slicing on a shared GPU or "
+        "host jitter; throughput pays the mean"
     )
 
 
@@ -487,6 +536,8 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
     lines.append(table(["component", "before ms", "after ms", "Δ ms", "×", "noise ms", "note"], rows, "lrrrrrl"))
     lines.extend(f"note: {n}" for n in diff.notes)
     lines.append(moved_most_line(diff))
+    if tail_line(diff):
+        lines.append(tail_line(diff))
     if diff.straggler:
         lines.append(
             diff.straggler + (f" (the baseline's too: {diff.straggler_before})" if diff.straggler_before else "")
