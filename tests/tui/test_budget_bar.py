@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Callable
 
+import pytest
+from textual import events
 from textual.app import App, ComposeResult
 from textual.color import Color
 
 from decodetop.budget.components import Component
 from decodetop.themes import register_themes, theme_variable_defaults
+from decodetop.tui.app import DecodetopApp
 from decodetop.tui.model import BudgetMove, BudgetSegment, BudgetView
 from decodetop.tui.widgets.budget_bar import (
-    COMPACT_ENTRY_WIDTH,
-    LEGEND_ENTRY_WIDTH,
+    SHORT_LABELS,
     BudgetBar,
+    LegendColumn,
+    fit_label_widths,
     format_delta_ms,
     format_ms,
 )
@@ -115,25 +121,24 @@ async def test_moved_components_show_their_signed_change_in_the_theme_colours() 
     ms = {Component.ATTENTION: 1.2, Component.ROUTED_EXPERTS: 2.1, Component.NORMS: 0.3}
     moved = (BudgetMove("attention", 0.6), BudgetMove("routed_experts", -0.5))
     view = dataclasses.replace(_view(ms), moved=moved)
-    for compact, up, down, width in (
-        (False, "Δ+0.600 ms", "Δ-0.500 ms", LEGEND_ENTRY_WIDTH),
-        (True, "Δ+0.60", "Δ-0.50", COMPACT_ENTRY_WIDTH),
-    ):
+    for compact, up, down in ((False, "Δ+0.600 ms", "Δ-0.500 ms"), (True, "Δ+0.60", "Δ-0.50")):
         app = _BarApp(view)
         async with app.run_test(size=(80, 30)) as pilot:
             bar = app.query_one(BudgetBar)
             bar.compact = compact
             await pilot.pause()
-            entries = {
-                key: bar._legend_entry(view, i, seg)
-                for i, seg in enumerate(view.components)
-                for key in (seg.key,)
-                if seg.status != "missing"
-            }
+            parts = {seg.key: bar._legend_parts(view, seg) for seg in view.components if seg.status != "missing"}
+            column = LegendColumn(
+                16,
+                max(p.value.cell_len for p in parts.values()),
+                max(p.tail.cell_len for p in parts.values()),
+                2,
+            )
+            entries = {key: bar._legend_entry(p, column) for key, p in parts.items()}
             variables = app.theme_variables
             assert up in entries["attention"].plain and down in entries["routed_experts"].plain
             assert "Δ" not in entries["norms"].plain and "%" in entries["norms"].plain
-            assert {len(t.plain) for t in entries.values()} == {width}  # the columns stay aligned
+            assert {len(t.plain) for t in entries.values()} == {column.cells}  # the columns stay aligned
             for key, colour in (("attention", variables["state-bad"]), ("routed_experts", variables["state-ok"])):
                 text = entries[key]
                 start = text.plain.index("Δ")
@@ -163,3 +168,103 @@ async def test_rank_spread_and_straggler_read_under_the_title() -> None:
     assert "another process on GPU 1" in " ".join(lines[3:5])
     plain = await _lines(_view({Component.ATTENTION: 1.2}), 78)
     assert not any("per rank" in line or "straggler" in line for line in plain)
+
+
+LEGEND_SIZES = [(80, 24), (120, 40), (200, 50)]
+"""The terminals the legend is checked at: the compact legend (80×24), three columns (120), five (200)."""
+
+
+def _long_labels_view() -> BudgetView:
+    """Every component, the longest labels, figures from 0.5 ms to a CPU rank's 10640 ms (112× the step), and the
+    projections a roofline estimate (≈, hatched)."""
+    ms = {c: 0.5 + 3.1 * i for i, c in enumerate(Component)}
+    ms[Component.ROUTED_EXPERTS] = 10640.0
+    view = _view(ms)
+    segments = tuple(
+        dataclasses.replace(seg, status="estimated", measured_at_s=None) if seg.key == "attention_proj" else seg
+        for seg in view.segments
+    )
+    return dataclasses.replace(view, segments=segments)
+
+
+_ONE_FIGURE = re.compile(r"[~≈]?>?\d+(\.\d+)?(k?%|[smhd])?")
+"""One figure of the legend: "0.500", "13.6%", ">999%", ">1k%", "10m", "~10s"."""
+
+
+def _legend_lines(lines: list[str]) -> list[str]:
+    return [line for line in lines if line[:1] in {"█", "▓", "▒", "▚", "▞", "▀", "▄", "▌", "▙", "▖", "░"}]
+
+
+@pytest.mark.parametrize("size", LEGEND_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_legend_labels_take_the_width_there_is(size: tuple[int, int]) -> None:
+    """Each label is whole, or its short form, never cut with "…"; no line runs past the bar; numbers never touch."""
+    width, rows = size
+    lines = await _lines(_long_labels_view(), width - 2, compact=rows < 40)
+    legend = _legend_lines(lines)
+    text = "\n".join(legend)
+    assert legend and "…" not in text and all(len(line) <= width - 2 for line in lines)
+    for c in Component:
+        assert c.label in text or SHORT_LABELS[c.value] in text, (c, legend)
+    glued = [t for t in text.split() if any(ch.isdigit() for ch in t) and not _ONE_FIGURE.fullmatch(t)]
+    assert not glued, legend  # "ms11200%" of "10640 ms11200%" would be one
+    assert "10640" in text and (">999%" in text or ">1k%" in text)
+    projections = next(line for line in legend for part in ("attention projections", "attn proj") if part in line)
+    assert "≈" in projections and "Δ" not in text
+    if width >= 200:  # five columns of whole labels
+        assert all(c.label in text for c in Component), legend
+
+
+def test_fit_label_widths_keeps_short_labels_whole_then_widens_toward_whole_labels() -> None:
+    assert fit_label_widths([9, 10, 11], [21, 23, 22], 80) == [21, 23, 22]
+    assert fit_label_widths([9, 10, 11], [9, 23, 22], 45) == [9, 14, 22]  # one whole column, not two cut ones
+    assert fit_label_widths([9, 10, 11], [21, 23, 22], 32) == [10, 11, 11]  # short labels whole first
+    assert fit_label_widths([9, 10, 11], [21, 23, 22], 27) == [9, 9, 9]
+    assert fit_label_widths([5], [8], -3) == [0]
+
+
+class _LegendApp(App[None]):
+    """The bar at the top of a screen of the given size, as the live UI lays it out (compact below 40 rows)."""
+
+    def __init__(self, view: BudgetView) -> None:
+        super().__init__()
+        self.view = view
+        register_themes(self)
+        self.theme = "decodetop-dark"
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return theme_variable_defaults()
+
+    def compose(self) -> ComposeResult:
+        yield BudgetBar()
+
+    def on_mount(self) -> None:
+        bar = self.query_one(BudgetBar)
+        bar.now_s = 1000.0
+        bar.budget = self.view
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.query_one(BudgetBar).compact = event.size.height < DecodetopApp.COMPACT_BELOW_ROWS
+
+
+@pytest.mark.parametrize("size", LEGEND_SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_legend_with_long_labels(snap_compare: Callable[..., bool], size: tuple[int, int]) -> None:
+    assert snap_compare(_LegendApp(_long_labels_view()), terminal_size=size)
+
+
+async def _legend_after(sizes: list[tuple[int, int]]) -> list[str]:
+    """The bar's lines after the terminal passes through `sizes` (the legend read from the screen's last size)."""
+    app = _LegendApp(_long_labels_view())
+    async with app.run_test(size=sizes[0]) as pilot:
+        for size in sizes[1:]:
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+        bar = app.query_one(BudgetBar)
+        return [line.plain for line in bar._lines(bar.content_region.width)]
+
+
+async def test_a_resized_legend_equals_a_fresh_one_at_the_final_size() -> None:
+    """Widths come from the size each resize brings: 120 → 80 → 200 lays the legend out as a start at 200 does."""
+    after = await _legend_after([(120, 40), (80, 24), (200, 50)])
+    assert after == await _legend_after([(200, 50)])
+    assert all(c.label in "\n".join(after) for c in Component)
+    assert await _legend_after([(200, 50), (120, 40)]) == await _legend_after([(120, 40)])

@@ -27,14 +27,18 @@ from decodetop.probes.budgeting import fingerprint_of
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
 from decodetop.themes import register_themes, theme_variable_defaults
+from decodetop.themes.palette import SEGMENT_KEYS, segment_pattern
 from decodetop.tui.adapters import BudgetServerPoller, GroupInfo, NoProbes, PresetBudget, compact_payload, probe_view
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.model import BudgetView, ProbeView, TelemetryFrame
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
-from decodetop.tui.widgets.budget_bar import BudgetBar, format_ms
+from decodetop.tui.widgets.budget_bar import SHORT_LABELS, UNEXPLAINED_GLYPH, BudgetBar, format_ms
 
 from .conftest import make_app, wait_until
 from .fakes import NO_GPU_FRAME, NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock
+
+_GLYPHS = {segment_pattern(key) for key in SEGMENT_KEYS} | {UNEXPLAINED_GLYPH}
+"""The legend's glyphs: where one legend entry ends and the next begins."""
 
 PLAN = Path(__file__).resolve().parents[1] / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
 SIZE = (100, 32)
@@ -292,8 +296,10 @@ def test_after_s_then_r_estimates_stay_marked_as_estimates(
     _snapshot(snap_compare, view, theme)
     text = _text(view)
     for seg in estimated:
-        entry = next(line for line in text.splitlines() if seg.label[:10] in line and "ms" in line)
-        part = entry[entry.index(seg.label[:10]) :][:38]
+        label = seg.label if seg.label in text else SHORT_LABELS[seg.key]
+        entry = next(line for line in text.splitlines() if label in line and "ms" in line)
+        rest = entry[entry.index(label) :]
+        part = rest[: next((i for i, ch in enumerate(rest) if ch in _GLYPHS), len(rest))]  # up to the next entry
         assert "≈" in part and "Δ" not in part, entry
     assert "·" in next(line for line in text.splitlines() if line.lstrip().startswith("zoom"))  # hatched
 

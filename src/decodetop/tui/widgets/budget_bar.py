@@ -15,6 +15,7 @@ roofline verdict in the CLI's words.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 from dataclasses import dataclass
@@ -37,10 +38,10 @@ ZOOM_HEADROOM = 1.2
 ZOOM_WORTH_IT = 3.0
 """Draw the zoomed bar only when the full scale is at least this many times the zoomed one."""
 LEGEND_ENTRY_WIDTH = 38
-"""Characters per legend entry: glyph, label, ms, %, age and a gap (two columns fit at 80)."""
-LABEL_WIDTH = 14
+"""The narrowest legend entry (glyph, a 14-character label, ms, %, age and a gap): how many columns the legend has
+(two at 80, three at 120, five at 200). The labels then take all the room the columns leave."""
 COMPACT_ENTRY_WIDTH = 25
-"""Compact legend entry (glyph, short label, ms, %): three columns fit at 80."""
+"""The narrowest compact legend entry (glyph, a 10-character label, ms, %, a gap): three columns fit at 80."""
 COMPACT_LABEL_WIDTH = 11
 STATUS_MARKS = {"interpolated": "~", "estimated": "≈"}
 """Legend marks: "~" interpolated between measured points, "≈" a roofline estimate (not measured)."""
@@ -57,7 +58,8 @@ SHORT_LABELS = {
     "launch": "launch",
     "unexplained": "unexplained",
 }
-"""Labels of at most COMPACT_LABEL_WIDTH characters for the compact legend."""
+"""Labels of at most COMPACT_LABEL_WIDTH characters: what a legend column too narrow for the whole label shows (a word
+the reader knows, not a cut one)."""
 UNEXPLAINED_GLYPH = "░"
 MAX_SHARE_PCT = 999.5
 """Shares of the observed step above this print as ">999%" (">1k%" in the compact legend): CPU ranks' parts can
@@ -118,6 +120,78 @@ def format_delta_ms(delta_ms: float, compact: bool = False) -> str:
     if size >= 100:
         return f"Δ{sign}{size:.0f}"
     return f"Δ{sign}{size:.1f}" if size >= 10 else f"Δ{sign}{size:.2f}"
+
+
+LEGEND_GAP = 2
+"""Cells between two legend columns."""
+COMPACT_GAP = 1
+"""Cells between two compact legend columns (three columns at 80 keep the short labels whole)."""
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    """One legend entry in its parts, drawn each after a space: glyph, label, figure (right-aligned) and tail (the
+    unit, share and age; or the change since the baseline)."""
+
+    segment: BudgetSegment
+    glyph: Text
+    value: Text
+    tail: Text
+
+
+@dataclass(frozen=True)
+class LegendColumn:
+    """The widths, in cells, of one legend column's label, figure and tail, and the gap after it."""
+
+    label_cells: int
+    value_cells: int
+    tail_cells: int
+    gap_cells: int
+
+    @property
+    def cells(self) -> int:
+        """The column's whole width: glyph, label, figure and tail each after a space, then the gap."""
+        return 1 + 1 + self.label_cells + 1 + self.value_cells + 1 + self.tail_cells + self.gap_cells
+
+
+def short_label(segment: BudgetSegment) -> str:
+    """The shorter of the segment's label and its SHORT_LABELS form."""
+    short = SHORT_LABELS.get(segment.key, segment.label)
+    return short if len(short) < len(segment.label) else segment.label
+
+
+def fit_label(segment: BudgetSegment, width: int) -> str:
+    """The segment's label in `width` cells: whole if it fits, else its short label, else cut with "…"."""
+    for label in (segment.label, short_label(segment)):
+        if len(label) <= width:
+            return label
+    return segment.label[: width - 1] + "…" if width > 0 else ""
+
+
+def share_cells(needs: list[int], room: int) -> list[int]:
+    """`room` cells shared between columns needing `needs`: the narrow ones get what they need, the rest share
+    what is left evenly."""
+    widths = [0] * len(needs)
+    left = max(0, room)
+    order = sorted(range(len(needs)), key=lambda i: needs[i])
+    for done, col in enumerate(order):
+        widths[col] = min(max(0, needs[col]), left // (len(needs) - done))
+        left -= widths[col]
+    return widths
+
+
+def fit_label_widths(short_needs: list[int], full_needs: list[int], room: int) -> list[int]:
+    """Label widths of the legend's columns in `room` cells: first every column's short labels whole; then, the
+    cheapest first, every column that the rest of the room makes whole; what is left widens the others evenly."""
+    widths = share_cells(short_needs, room)
+    left = room - sum(widths)
+    for col in sorted(range(len(widths)), key=lambda i: full_needs[i] - widths[i]):
+        more = full_needs[col] - widths[col]
+        if 0 < more <= left:
+            widths[col] += more
+            left -= more
+    more_cells = share_cells([f - w for f, w in zip(full_needs, widths, strict=True)], left)
+    return [w + m for w, m in zip(widths, more_cells, strict=True)]
 
 
 class BudgetBar(Widget):
@@ -357,28 +431,35 @@ class BudgetBar(Widget):
         return None
 
     def _legend(self, budget: BudgetView, width: int) -> list[Text]:
-        entries: list[tuple[int, BudgetSegment]] = []
+        """The legend in columns filled top to bottom over the whole `width`: as many columns as the narrowest
+        entry allows, as few as keep that many rows; each column as wide as its own figures and labels, the labels
+        whole where the room allows (`fit_label_widths`), else short (never two figures run together)."""
+        entries: list[LegendEntry] = []
         missing: list[str] = []
-        for index, segment in enumerate(budget.components):
+        for segment in budget.components:
             if segment.status == "missing":
                 missing.append(segment.label)
             else:
-                entries.append((index, segment))
+                entries.append(self._legend_parts(budget, segment))
         remainder = BudgetSegment(key="unexplained", label="unexplained", ms=budget.unexplained_ms, status="remainder")
-        entries.append((-1, remainder))
-        entry_width = COMPACT_ENTRY_WIDTH if self.compact else LEGEND_ENTRY_WIDTH
-        columns = max(1, width // entry_width)
-        rows = math.ceil(len(entries) / columns)
+        entries.append(self._legend_parts(budget, remainder))
+        narrowest = COMPACT_ENTRY_WIDTH if self.compact else LEGEND_ENTRY_WIDTH
+        gap = COMPACT_GAP if self.compact else LEGEND_GAP
+        most = max(1, min(len(entries), (width + gap) // narrowest))
+        for tried in range(most, 0, -1):
+            rows = math.ceil(len(entries) / tried)
+            groups = [entries[col * rows : (col + 1) * rows] for col in range(math.ceil(len(entries) / rows))]
+            columns = self._legend_columns(groups, width, gap)
+            if sum(c.cells for c in columns) <= width or tried == 1:
+                break
         lines: list[Text] = []
         for row in range(rows):
             line = Text()
-            for col in range(columns):
-                k = col * rows + row
-                if k >= len(entries):
-                    break
-                index, segment = entries[k]
-                line.append_text(self._legend_entry(budget, index, segment))
+            for group, column in zip(groups, columns, strict=True):
+                if row < len(group):
+                    line.append_text(self._legend_entry(group[row], column))
             line.rstrip()
+            line.truncate(width)
             lines.append(line)
         if missing:
             text = Text("no figure yet: " + ", ".join(missing), style=self._style("budget-bar--missing"))
@@ -386,7 +467,29 @@ class BudgetBar(Widget):
             lines.append(text)
         return lines
 
-    def _legend_entry(self, budget: BudgetView, index: int, segment: BudgetSegment) -> Text:
+    @staticmethod
+    def _legend_columns(groups: list[list[LegendEntry]], width: int, gap: int) -> list[LegendColumn]:
+        """Each column's widths: figures and tails as wide as their widest, labels from the room that leaves."""
+        fixed = [
+            LegendColumn(
+                0,
+                max(e.value.cell_len for e in group),
+                max(e.tail.cell_len for e in group),
+                gap if n < len(groups) - 1 else 0,
+            )
+            for n, group in enumerate(groups)
+        ]
+        room = width - sum(c.cells for c in fixed)
+        labels = fit_label_widths(
+            [max(len(short_label(e.segment)) for e in group) for group in groups],
+            [max(len(e.segment.label) for e in group) for group in groups],
+            room,
+        )
+        return [dataclasses.replace(c, label_cells=cells) for c, cells in zip(fixed, labels, strict=True)]
+
+    def _legend_parts(self, budget: BudgetView, segment: BudgetSegment) -> LegendEntry:
+        """One segment's glyph, figure and tail: "0.500" then "ms  0.5% 10m" (compact: "≈0.500" then "0.5%"); a
+        component that moved since the baseline shows its signed change in place of the share and age."""
         cls = _SEGMENT_CLASSES.get(segment.key, _SEGMENT_CLASSES["unexplained"])
         glyph = UNEXPLAINED_GLYPH if segment.status == "remainder" else self._glyph(segment.key)
         share = 100.0 * segment.ms / budget.observed_ms if budget.observed_ms > 0 else 0.0
@@ -395,36 +498,42 @@ class BudgetBar(Widget):
         mark = STATUS_MARKS.get(segment.status, "")
         move = None if segment.estimated else budget.move(segment.key)  # an estimate keeps its ≈, never a Δ
         move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
+        tail = Text()
         if self.compact:
-            short = SHORT_LABELS.get(segment.key, segment.label)[:COMPACT_LABEL_WIDTH]
-            pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">1k%"
-            text = Text()
-            text.append(glyph, style=self._style(cls))
             if move is not None:  # the change since the baseline says more than the share (and the status mark)
-                text.append(" " + short[: COMPACT_LABEL_WIDTH - 1].ljust(COMPACT_LABEL_WIDTH - 1))
-                text.append(f"{format_ms(segment.ms):>5} ", style=value_style)
-                text.append(f"{format_delta_ms(move.delta_ms, compact=True):<6}", style=move_style)
-                text.append(" ")
-                return text
-            text.append(" " + short.ljust(COMPACT_LABEL_WIDTH))
-            text.append(f"{mark + format_ms(segment.ms):>6}", style=value_style)
-            text.append(f"{pct:>5} ", style=value_style)
-            return text
-        label = segment.label if len(segment.label) <= LABEL_WIDTH else segment.label[: LABEL_WIDTH - 1] + "…"
-        age = format_age_coarse(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
-        age = mark + age  # "~" interpolated between measured points, "≈" a roofline estimate
-        text = Text()
-        text.append(glyph, style=self._style(cls))
-        text.append(" " + label.ljust(LABEL_WIDTH))
-        text.append(f"{format_ms(segment.ms):>6} ms", style=value_style)
+                value = Text(format_ms(segment.ms), style=value_style)
+                tail.append(format_delta_ms(move.delta_ms, compact=True), style=move_style)
+            else:
+                value = Text(mark + format_ms(segment.ms), style=value_style)
+                pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">1k%"
+                tail.append(f"{pct:>4}", style=value_style)
+            return LegendEntry(segment, Text(glyph, style=self._style(cls)), value, tail)
+        value = Text(format_ms(segment.ms), style=value_style)
+        tail.append("ms", style=value_style)
         if move is not None:  # "Δ+0.612 ms" over the share and the age: what changed since the baseline
-            text.append(" ")
-            text.append(f"{format_delta_ms(move.delta_ms):<10}", style=move_style)
-            text.append("  ")
-            return text
-        pct = f"{share:>5.1f}%" if share < 100 else f"{share:>5.0f}%" if share < MAX_SHARE_PCT else " >999%"
-        text.append(pct, style=value_style)
-        text.append(f" {age:<4}  ", style=self._style("budget-bar--muted"))
+            tail.append(" ")
+            tail.append(format_delta_ms(move.delta_ms), style=move_style)
+        else:
+            pct = f"{share:.1f}%" if share < 100 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">999%"
+            tail.append(f" {pct:>5}", style=value_style)
+            age = format_age_coarse(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
+            age = mark + age  # "~" interpolated between measured points, "≈" a roofline estimate
+            if age:
+                tail.append(f" {age}", style=self._style("budget-bar--muted"))
+        return LegendEntry(segment, Text(glyph, style=self._style(cls)), value, tail)
+
+    @staticmethod
+    def _legend_entry(entry: LegendEntry, column: LegendColumn) -> Text:
+        """One entry drawn at its column's widths (`column.cells` wide): each part after a space, so two figures
+        never run together however large they get."""
+        text = Text()
+        text.append_text(entry.glyph)
+        text.append(" " + fit_label(entry.segment, column.label_cells).ljust(column.label_cells) + " ")
+        text.append(" " * (column.value_cells - entry.value.cell_len))
+        text.append_text(entry.value)
+        text.append(" ")
+        text.append_text(entry.tail)
+        text.append(" " * (column.tail_cells - entry.tail.cell_len + column.gap_cells))
         return text
 
     def watch_compact(self) -> None:
