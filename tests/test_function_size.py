@@ -15,7 +15,6 @@ MAX_LINES = 80
 
 KNOWN_DEBT: frozenset[str] = frozenset(
     {
-        "decodetop.budget.compose:compose_budget",
         "decodetop.tui.launch:build_sources",
     }
 )

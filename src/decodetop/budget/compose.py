@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -518,7 +518,101 @@ def _estimate_text(seg: Segment, hardware: str) -> str:
     return f"estimate for {hardware}: {seg.reason}"
 
 
-def compose_budget(  # noqa: C901, PLR0912, PLR0915 - known debt: split
+def _segment_reason(worst: str, counts: Mapping[str, int], missing_keys: Sequence[str], n_ops: int) -> str:
+    """Why a segment has the status it has, in words ("all 12 ops measured", "roofline estimate (3 ops)", …)."""
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    if worst == "missing":
+        reason = f"{len(missing_keys)} measurement(s) missing ({summary} ops): " + "; ".join(missing_keys[:3])
+        return reason + (f"; … {len(missing_keys) - 3} more" if len(missing_keys) > 3 else "")
+    if worst == "estimated" and counts["estimated"] == n_ops:
+        return f"roofline estimate ({n_ops} ops)"
+    if worst == "estimated":
+        return f"roofline estimate for {counts['estimated']} of {n_ops} ops ({summary})"
+    if worst == "interpolated":
+        return f"{counts['interpolated']} of {n_ops} ops interpolated on a measured curve ({summary})"
+    return f"all {n_ops} ops measured"
+
+
+def _component_segment(  # noqa: PLR0917 - private; the composition's lookup context
+    component: str,
+    ops: Sequence[Op],
+    measured: Mapping[str, MeasuredTime],
+    allreduce_curves: Mapping[str, Curve],
+    gemm_curves: Mapping[str, Curve],
+    estimate: Hardware | None,
+    tp: int,
+) -> Segment:
+    """One component's segment: Σ count × each op's time (median, spread, mean, variance), the worst status among
+    its ops, and where the times came from."""
+    ms = p10 = p90 = mean = var = 0.0
+    known = 0
+    worst = "measured"
+    missing_keys: list[str] = []
+    sources: list[str] = []
+    probes: list[str] = []
+    counts = dict.fromkeys(STATUSES, 0)
+    for op in ops:
+        t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
+        if t is None:
+            if op.key.key_id not in missing_keys:
+                missing_keys.append(op.key.key_id)
+            counts["missing"] += 1
+            worst = "missing"
+            continue
+        known += 1
+        counts[t.status] += 1
+        ms += op.count * t.ms
+        mean += op.count * (t.ms if t.mean is None else t.mean)
+        var += op.count * t.std**2
+        p10 += op.count * t.p10
+        p90 += op.count * t.p90
+        if t.source not in sources:
+            sources.append(t.source)
+        if t.probe and t.probe not in probes:
+            probes.append(t.probe)
+        if _RANK[t.status] > _RANK[worst]:
+            worst = t.status
+    reason = _segment_reason(worst, counts, missing_keys, len(ops))
+    if worst == "missing":
+        kind, prov = "missing", "no figure: " + reason
+    elif worst == "estimated":
+        kind, prov = "estimate", reason
+    else:
+        kind, prov = "measured", "measured"
+    return Segment(
+        component,
+        ms if known else None,
+        worst,
+        reason,
+        len(ops),
+        p10 if known else None,
+        p90 if known else None,
+        tuple(missing_keys),
+        tuple(sources),
+        tuple(probes),
+        kind,
+        prov,
+        mean if known else None,
+        math.sqrt(var),
+    )
+
+
+def _checked_inputs(mode: str, observed_ms: float, target_tps: float) -> str:
+    """The launch mode, after checking it and the observed step and target (one-line UserInputError)."""
+    if mode not in LAUNCH_ESTIMATE_US:
+        raise UserInputError(f"launch mode {mode!r} is not graph or eager")
+    for name, value in (("observed_ms", observed_ms), ("target_tps", target_tps)):
+        if not math.isfinite(value) or value <= 0:
+            raise UserInputError(f"{name}: {value} must be a positive number")
+    return mode
+
+
+def _hardware_name(hw: Hardware | None) -> str:
+    """The GPU the estimates and the roofline are for, or '' when there is none."""
+    return hw.gpu_name if hw is not None else ""
+
+
+def compose_budget(
     inventory: StepInventory,
     measured: Mapping[str, MeasuredTime] | None = None,
     *,
@@ -551,88 +645,18 @@ def compose_budget(  # noqa: C901, PLR0912, PLR0915 - known debt: split
     measured = measured or {}
     allreduce_curves = allreduce_curves or {}
     gemm_curves = gemm_curves or {}
-    mode = launch_mode or inventory.deployment.launch_mode
-    if mode not in LAUNCH_ESTIMATE_US:
-        raise UserInputError(f"launch mode {mode!r} is not graph or eager")
-    for name, value in (("observed_ms", observed_ms), ("target_tps", target_tps)):
-        if not math.isfinite(value) or value <= 0:
-            raise UserInputError(f"{name}: {value} must be a positive number")
+    mode = _checked_inputs(launch_mode or inventory.deployment.launch_mode, observed_ms, target_tps)
     tp = inventory.deployment.tp
-    segments: list[Segment] = []
-    missing_components: list[str] = []
-    for comp, ops in inventory.by_component().items():
-        ms = p10 = p90 = mean = var = 0.0
-        known = 0
-        worst = "measured"
-        missing_keys: list[str] = []
-        sources: list[str] = []
-        probes: list[str] = []
-        counts = dict.fromkeys(STATUSES, 0)
-        for op in ops:
-            t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
-            if t is None:
-                if op.key.key_id not in missing_keys:
-                    missing_keys.append(op.key.key_id)
-                counts["missing"] += 1
-                worst = "missing"
-                continue
-            known += 1
-            counts[t.status] += 1
-            ms += op.count * t.ms
-            mean += op.count * (t.ms if t.mean is None else t.mean)
-            var += op.count * t.std**2
-            p10 += op.count * t.p10
-            p90 += op.count * t.p90
-            if t.source not in sources:
-                sources.append(t.source)
-            if t.probe and t.probe not in probes:
-                probes.append(t.probe)
-            if _RANK[t.status] > _RANK[worst]:
-                worst = t.status
-        summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-        if worst == "missing":
-            missing_components.append(comp.value)
-            reason = f"{len(missing_keys)} measurement(s) missing ({summary} ops): " + "; ".join(missing_keys[:3])
-            if len(missing_keys) > 3:
-                reason += f"; … {len(missing_keys) - 3} more"
-        elif worst == "estimated" and counts["estimated"] == len(ops):
-            reason = f"roofline estimate ({len(ops)} ops)"
-        elif worst == "estimated":
-            reason = f"roofline estimate for {counts['estimated']} of {len(ops)} ops ({summary})"
-        elif worst == "interpolated":
-            reason = f"{counts['interpolated']} of {len(ops)} ops interpolated on a measured curve ({summary})"
-        else:
-            reason = f"all {len(ops)} ops measured"
-        if worst == "missing":
-            kind, prov = "missing", "no figure: " + reason
-        elif worst == "estimated":
-            kind, prov = "estimate", reason
-        else:
-            kind, prov = "measured", "measured"
-        segments.append(
-            Segment(
-                comp.value,
-                ms if known else None,
-                worst,
-                reason,
-                len(ops),
-                p10 if known else None,
-                p90 if known else None,
-                tuple(missing_keys),
-                tuple(sources),
-                tuple(probes),
-                kind,
-                prov,
-                mean if known else None,
-                math.sqrt(var),
-            )
-        )
+    segments = [
+        _component_segment(comp.value, ops, measured, allreduce_curves, gemm_curves, estimate, tp)
+        for comp, ops in inventory.by_component().items()
+    ]
+    missing_components = [seg.component for seg in segments if seg.status == "missing"]
     launch_seg, _ = _launch_time(mode, inventory.kernels, measured, estimate)
     segments.append(launch_seg)
     hw_text = hardware_text
     if hw_text is None:
-        hw = estimate or (roofline.hardware if roofline is not None else None)
-        hw_text = hw.gpu_name if hw is not None else ""
+        hw_text = _hardware_name(estimate or (roofline.hardware if roofline is not None else None))
     segments = [
         replace(seg, provenance=_estimate_text(seg, hw_text or "the assumed GPU"))
         if seg.provenance_kind == "estimate"
