@@ -9,10 +9,14 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
    default `grouped_mm` experts for MoE), a `StaticCache` is prefilled with `context` tokens, and one decode step
    (forward of one token + greedy argmax, fed back as the next input) is timed eagerly (N steps back to back, host
    clock around them, one synchronize) and as a CUDA graph (one captured step, N replays, CUDA events).
-   The model is timed three ways in one process: stock; with the attention a serving engine runs for decode
-   (`ServingAttention`: SDPA with GQA in the kernel, absorbed MLA over the latent cache); and with, in addition,
-   every Llama-form RMSNorm as one `F.rms_norm` call. Each swap computes what the stock model computes
-   (tests/benchmarks/test_benchmark_scripts.py checks the logits on CPU);
+   The model is timed four ways in one process: stock; with the attention a serving engine runs for decode
+   (`ServingAttention`: SDPA with GQA in the kernel, absorbed MLA over the latent cache); with, in addition,
+   every Llama-form RMSNorm as one `F.rms_norm` call; and, for MoE models, with in addition every MoE block's routed
+   experts through the independent grouped Triton kernel of benchmarks/engine/moe_routed.py (`serving_moe.ServingMoE`:
+   reads only the routed experts, expert ids on the device; router, top-k and shared experts stay the model's).
+   Each swap computes what the stock model computes (tests/benchmarks/test_benchmark_scripts.py checks the logits on
+   CPU, tests/benchmarks/test_fidelity_serving_moe.py the MoE blocks; on the GPU the serving-MoE form records its
+   logits against the form before it, `check`);
 3. a torch.profiler trace of a few eager steps goes through `decodetop.traces.analyze_trace` and is compared with
    the eager budget per component (`decodetop.traces.compare.compare`): which component explains each gap.
 
@@ -54,6 +58,17 @@ DEFAULT_MODELS: dict[str, dict[str, Any]] = {
     "llama-3.1-70b": {},
     "deepseek-v3": {"first_k_dense_replace": 1},
 }
+#: Overrides of models beyond the default pair. GLM-4.5 keeps one dense layer of its 3 (first_k_dense_replace=3 in its
+#: config.json, 3 of 92 layers dense), so that 3 of the 4 reduced layers are MoE as DeepSeek-V3's are.
+OTHER_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
+    "glm-4.5": {"first_k_dense_replace": 1},
+}
+#: The reference forms after the stock one: JSON key under "measured", and the label of the summary table.
+SERVING_FORMS: tuple[tuple[str, str], ...] = (
+    ("serving_attention", "model with serving-style attention"),
+    ("serving_attention_norms", "… and fused RMSNorm"),
+    ("serving_moe", "… and serving MoE (grouped routed-experts kernel)"),
+)
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
 #: figure, and it doubles the plan's time).
 FIDELITY_PROBES = ("launch", "gemm", "moe", "routing", "attention", "kvcast", "norms", "sampling", "allreduce")
@@ -157,7 +172,7 @@ def generic_tiny_overrides(preset: str) -> dict[str, Any]:
 
 def model_overrides(preset: str, tiny: bool) -> dict[str, Any]:
     """DEFAULT_MODELS overrides plus the tiny shapes when asked."""
-    out = dict(DEFAULT_MODELS.get(preset, {}))
+    out = dict(DEFAULT_MODELS.get(preset, OTHER_MODEL_OVERRIDES.get(preset, {})))
     if tiny:
         out.update(generic_tiny_overrides(preset))
     return out
@@ -442,9 +457,14 @@ def time_model(
     trace_path: Path | None = None,
     prefill_chunk: int = 1024,
     serving_attention: bool = True,
+    serving_moe: bool = True,
 ) -> dict[str, Any]:
     """Build the model from `cfg` with random BF16 weights, prefill `context` tokens into a StaticCache and time one
-    decode step eager and under a CUDA graph. Returns ms per step and how each figure was taken."""
+    decode step eager and under a CUDA graph. Returns ms per step and how each figure was taken.
+
+    `serving_moe` (with `serving_attention`) adds the serving-MoE form: serving attention, fused RMSNorm and the
+    routed experts through moe_routed.py's grouped kernel (`serving_moe.ServingMoE`; on CPU without Triton its torch
+    reference path, said so in `what`). A model without experts of that layout records why under `skipped`."""
     import torch
     from transformers import AutoModelForCausalLM, StaticCache
 
@@ -582,6 +602,42 @@ def time_model(
             torch.cuda.synchronize()
         return res
 
+    def last_logits() -> Any:
+        """The logits of one decode step from the reset cache (the same token and position every call)."""
+        reset()
+        logits = model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        return logits[:, -1].float()
+
+    def measure_serving_moe() -> dict[str, Any]:
+        """The serving-MoE form: its logits against the form before it (`check`), then both timing modes."""
+        from serving_moe import ServingMoE
+
+        try:
+            moe = ServingMoE(model)
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        if not moe.experts:
+            kept = f" (left alone: {', '.join(moe.kept)})" if moe.kept else ""
+            return {"skipped": f"no experts module of the gate_up/down layout{kept}"}
+        attention = ServingAttention(model, norms=True)
+        try:
+            with attention:
+                before = last_logits()
+                with moe:
+                    after = last_logits()
+                    res = measure_modes()
+            res["what"] = f"{attention.describe()}; {moe.describe()}"
+            res["backend"] = moe.backend
+            res["check"] = {
+                "logits_max_abs_diff_rel": float((after - before).abs().max() / before.abs().max().clamp_min(1e-12)),
+                "same_argmax": bool(torch.equal(after.argmax(-1), before.argmax(-1))),
+                "against": "serving attention + fused RMSNorm with the model's own experts, same cache and token",
+            }
+            return res
+        except Exception as exc:
+            traceback.print_exc()
+            return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
     with torch.no_grad():
         out.update(measure_modes())
         if serving_attention:
@@ -593,6 +649,8 @@ def time_model(
                     out[key]["what"] = serving.describe()
                 except Exception as exc:
                     out[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            if serving_moe:
+                out["serving_moe"] = measure_serving_moe()
 
         # profiler traces of a few eager steps, one ProfilerStep each (default attention, then serving-style)
         def take_trace(path: Path) -> None:
@@ -677,11 +735,14 @@ def summary_table(doc: Mapping[str, Any]) -> str:
                 + (f"{err * 100:+.1f} %" if err is not None else "-")
                 + f" | {target} |"
             )
-        for key, label in (
-            ("serving_attention", "model with serving-style attention"),
-            ("serving_attention_norms", "… and fused RMSNorm"),
-        ):
+        for key, label in SERVING_FORMS:
             sv = t.get(key) or {}
+            why = sv.get("error") or (sv.get("graph_error") if "no CUDA" not in str(sv.get("graph_error")) else None)
+            if why:  # a form (or its graph) that could not run says why in the table
+                where = "" if sv.get("error") else "graph, "
+                lines.append(
+                    f"| {name} | {where}{label} | {_fmt(b.get('graph_ms'))} | - | unavailable: {str(why)[:80]} | |"
+                )
             for mode in ("graph", "eager"):
                 if sv.get(f"{mode}_ms") is None:
                     continue
@@ -834,7 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if b:
                 entry["error_graph"] = _err(b["graph_ms"], with_graph)
                 entry["error_eager"] = _err(b["eager_ms"], t.get("eager_ms"))
-                for key in ("serving_attention", "serving_attention_norms"):
+                for key, _ in SERVING_FORMS:
                     sv = t.get(key) or {}
                     entry[f"error_graph_{key}"] = _err(b["graph_ms"], sv.get("graph_ms"))
                     entry[f"error_eager_{key}"] = _err(b["eager_ms"], sv.get("eager_ms"))
