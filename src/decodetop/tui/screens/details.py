@@ -1,8 +1,10 @@
 """Provides the detail modals: ProbeDetailScreen (per-rank values, spread, telemetry during the run, error and
-traceback) and CheckDetailScreen (observed, expected, why and how to fix)."""
+traceback), CheckDetailScreen (observed, expected, why and how to fix) and CheckGroupDetailScreen (a collapsed row of
+the health table: every subject of one check and status, then why and how to fix once)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 from rich.text import Text
@@ -86,6 +88,29 @@ def check_detail_text(check: CheckResult, changed: bool) -> Text:
     return text
 
 
+def check_group_detail_text(checks: Sequence[CheckResult], changed_ids: frozenset[str]) -> Text:
+    """The body of the details of a collapsed row (pure, for tests): one line per subject with what it observed, then
+    the expectation, why and fix the rows share."""
+    first = checks[0]
+    text = Text()
+    text.append(f"{first.check_id.partition(':')[0]}  {first.title}\n", style="bold")
+    text.append(f"status: {first.status.value} ×{len(checks)}\n")
+    expected = list(dict.fromkeys(c.expected for c in checks))
+    if len(expected) == 1:
+        text.append(f"expected: {expected[0]}\n")
+    text.append(f"\n{len(checks)} rows:\n", style="bold")
+    for check in checks:
+        changed = "  (changed since the baseline)" if check.check_id in changed_ids else ""
+        own = f" (expected: {check.expected})" if len(expected) > 1 else ""
+        text.append(f"  {check.subject or check.check_id}: {check.observed}{own}{changed}\n")
+    if first.why:
+        text.append(f"\nwhy it matters:\n  {first.why}\n")
+    if first.fix:
+        text.append(f"\nhow to fix:\n  {first.fix}\n")
+    text.rstrip()
+    return text
+
+
 class ProbeDetailScreen(ModalScreen[None]):
     """Details of one probe."""
 
@@ -120,3 +145,22 @@ class CheckDetailScreen(ModalScreen[None]):
         with VerticalScroll() as scroll:
             scroll.border_title = f"check {self.check.check_id}"
             yield Static(check_detail_text(self.check, self.changed), id="check-detail-body")
+
+
+class CheckGroupDetailScreen(ModalScreen[None]):
+    """Every check of a collapsed row of the health table (one check id and status, many subjects)."""
+
+    DEFAULT_CSS = _CSS.format(name="CheckGroupDetailScreen")
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,enter", "dismiss", "close", show=False)]
+
+    def __init__(self, checks: Sequence[CheckResult], changed_ids: frozenset[str]) -> None:
+        super().__init__()
+        self.checks = tuple(checks)
+        self.changed_ids = changed_ids
+
+    def compose(self) -> ComposeResult:
+        """The detail text in a scroll box."""
+        with VerticalScroll() as scroll:
+            first = self.checks[0]
+            scroll.border_title = f"check {first.check_id.partition(':')[0]} · {first.status.value} ×{len(self.checks)}"
+            yield Static(check_group_detail_text(self.checks, self.changed_ids), id="check-group-detail-body")

@@ -1,4 +1,7 @@
-"""Provides HealthPanel: pass/warn/fail counts, then every check with failing ones first and baseline changes marked."""
+"""Provides HealthPanel: pass/warn/fail counts, then every check with failing ones first and baseline changes marked.
+
+A check that reads one row per subject (P7 per GPU pair: 56 rows on 8 GPUs) shows as one row per status with a count
+("P7 ×56"); enter on it lists every subject in the details screen."""
 
 from __future__ import annotations
 
@@ -6,13 +9,14 @@ from collections import Counter
 from typing import ClassVar
 
 from rich.text import Text
-from textual import events
+from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.tui.model import HealthView
+from decodetop.tui.screens.details import CheckGroupDetailScreen
 from decodetop.tui.widgets.cells import CellCache, ago
 
 _STATUS_CLASS = {
@@ -68,6 +72,31 @@ def check_matches(check: CheckResult, text: str) -> bool:
     return not needle or any(needle in h.lower() for h in hay)
 
 
+def base_id(check_id: str) -> str:
+    """The check's id without its subject ("P7:GPU0-GPU1" → "P7")."""
+    return check_id.partition(":")[0]
+
+
+def group_checks(checks: list[CheckResult]) -> list[tuple[CheckResult, ...]]:
+    """`checks` (in row order) with the rows of one check id and status collapsed into one group, placed where its
+    first row was: the order of statuses stays fail, warn, unknown, pass, info."""
+    groups: dict[tuple[str, Status], list[CheckResult]] = {}
+    for check in checks:
+        groups.setdefault((base_id(check.check_id), check.status), []).append(check)
+    return [tuple(group) for group in groups.values()]
+
+
+def group_key(group: tuple[CheckResult, ...]) -> str:
+    """A collapsed group's row key (a single check keeps its own id as the key)."""
+    return f"{base_id(group[0].check_id)} {group[0].status.value} ×"
+
+
+def group_observed(group: tuple[CheckResult, ...]) -> str:
+    """What a collapsed row shows as observed: the one value all its rows share, else each distinct value once."""
+    seen = list(dict.fromkeys(c.observed for c in group))
+    return seen[0] if len(seen) == 1 else f"{len(seen)} values: " + " · ".join(seen)
+
+
 def row_keys(checks: list[CheckResult]) -> list[str]:
     """Unique, stable row keys (check_id, suffixed if two checks share one)."""
     seen: Counter[str] = Counter()
@@ -110,7 +139,9 @@ class HealthPanel(Vertical):
         self.view = HealthView()
         """What is shown."""
         self.now_s = 0.0
+        self._groups: list[tuple[CheckResult, ...]] = []
         self._order: list[CheckResult] = []
+        """The first check of each row."""
         self._keys: list[str] = []
         self._cache = CellCache()
         self._widths = dict(COLUMN_WIDTHS)
@@ -170,31 +201,36 @@ class HealthPanel(Vertical):
         self.view = view
         self.now_s = now_s
         self.query_one("#health-summary", Static).update(self.summary_text())
-        order = [c for c in sorted_checks(view.checks) if check_matches(c, self.filter_text)]
-        keys = row_keys(order)
+        groups = group_checks([c for c in sorted_checks(view.checks) if check_matches(c, self.filter_text)])
+        singles = row_keys([g[0] for g in groups])
+        keys = [single if len(g) == 1 else group_key(g) for single, g in zip(singles, groups, strict=True)]
         table = self.table
         if keys != self._keys:
             table.clear()
             self._cache.clear()
-            for key, check in zip(keys, order, strict=True):
-                cells = self._cells(check)
+            for key, group in zip(keys, groups, strict=True):
+                cells = self._cells(group)
                 table.add_row(*cells.values(), key=key)
                 for col, text in cells.items():
                     self._cache.remember(key, col, text)
         else:
-            for key, check in zip(keys, order, strict=True):
-                for col, text in self._cells(check).items():
+            for key, group in zip(keys, groups, strict=True):
+                for col, text in self._cells(group).items():
                     self._cache.set(table, key, col, text, fixed_width=True)
-        self._order, self._keys = order, keys
+        self._groups, self._keys = groups, keys
+        self._order = [g[0] for g in groups]
 
-    def _cells(self, check: CheckResult) -> dict[str, Text]:
+    def _cells(self, group: tuple[CheckResult, ...]) -> dict[str, Text]:
+        """One row's cells: a single check as it reads; a group as its id with the count ("P7 ×56")."""
+        check = group[0]
         style = self.get_component_rich_style(_STATUS_CLASS[check.status], partial=True)
-        changed = check.check_id in self.view.changed_ids
+        changed = any(c.check_id in self.view.changed_ids for c in group)
+        single = len(group) == 1
         return {
             "status": Text(check.status.value, style=style),
-            "id": Text(display_id(check.check_id)),
+            "id": Text(display_id(check.check_id) if single else f"{base_id(check.check_id)} ×{len(group)}"),
             "title": Text(check.title),
-            "observed": Text(check.observed),
+            "observed": Text(check.observed if single else group_observed(group)),
             "changed": Text(
                 "Δ" if changed else "",
                 style=self.get_component_rich_style("health-panel--changed", partial=True),
@@ -216,8 +252,8 @@ class HealthPanel(Vertical):
         self._cache.clear()
         for key, label in _COLUMNS:
             table.add_column(label, key=key, width=self._widths[key])
-        for key, check in zip(self._keys, self._order, strict=True):
-            cells = self._cells(check)
+        for key, group in zip(self._keys, self._groups, strict=True):
+            cells = self._cells(group)
             table.add_row(*cells.values(), key=key)
             for col, text in cells.items():
                 self._cache.remember(key, col, text)
@@ -232,8 +268,23 @@ class HealthPanel(Vertical):
 
     @property
     def selected(self) -> CheckResult | None:
-        """The check under the cursor."""
+        """The check under the cursor (the first of a collapsed row)."""
+        group = self.selected_group
+        return group[0] if group else None
+
+    @property
+    def selected_group(self) -> tuple[CheckResult, ...]:
+        """Every check of the row under the cursor (one, or a collapsed row's all)."""
         row = self.table.cursor_row
-        if 0 <= row < len(self._order):
-            return self._order[row]
-        return None
+        if 0 <= row < len(self._groups):
+            return self._groups[row]
+        return ()
+
+    @on(DataTable.RowSelected, "#health-table")
+    def _open_group(self, event: DataTable.RowSelected) -> None:
+        """`enter` on a collapsed row: every check of it in the details screen (a single check goes on to the app,
+        which shows its details)."""
+        group = self.selected_group
+        if len(group) > 1:
+            event.stop()
+            self.app.push_screen(CheckGroupDetailScreen(group, self.view.changed_ids))
