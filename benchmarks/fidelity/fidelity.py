@@ -674,6 +674,13 @@ def time_model(
                     with ServingAttention(model):
                         take_trace(serving_path)
                     out["trace_serving"] = str(serving_path)
+                if serving_moe and out.get("serving_moe", {}).get("eager_ms") is not None:
+                    from serving_moe import ServingMoE
+
+                    moe_path = trace_path.with_name(trace_path.stem + ".serving_moe.json")
+                    with ServingAttention(model, norms=True), ServingMoE(model):
+                        take_trace(moe_path)
+                    out["trace_serving_moe"] = str(moe_path)
             except Exception as exc:
                 out["trace_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return out
@@ -776,17 +783,26 @@ def component_table(doc: Mapping[str, Any]) -> str:
             continue
         ts = m.get("trace_comparison_serving") or {}
         served = {r["key"]: r["traced_ms"] for r in ts.get("rows", [])}
+        tm = m.get("trace_comparison_serving_moe") or {}
+        moe = {r["key"]: r["traced_ms"] for r in tm.get("rows", [])}
+        labels = {r["key"]: r["label"] for r in (*tc["rows"], *tm.get("rows", []))}
+        probed = {r["key"]: r["probed_ms"] for r in (*tc["rows"], *tm.get("rows", []))}
+        stock = {r["key"]: r["traced_ms"] for r in tc["rows"]}
         out.append(
             f"{name}: traced {tc['kernels_per_step']:.0f} kernels/step (serving-style attention: "
-            f"{ts.get('kernels_per_step', float('nan')):.0f})"
+            f"{ts.get('kernels_per_step', float('nan')):.0f}"
+            + (f"; serving MoE: {tm['kernels_per_step']:.0f}" if tm else "")
+            + ")"
         )
         out.append(
             "| component | budget ms (kernels) | traced ms/step, HF sdpa | traced ms/step, serving-style attention |"
+            + (" traced ms/step, serving MoE |" if tm else "")
         )
-        out.append("|---|---|---|---|")
-        for r in tc["rows"]:
+        out.append("|---|---|---|---|" + ("---|" if tm else ""))
+        for key, label in labels.items():  # the serving-MoE trace's Triton kernels may add an unclassified row
             out.append(
-                f"| {r['label']} | {_fmt(r['probed_ms'])} | {_fmt(r['traced_ms'])} | {_fmt(served.get(r['key']))} |"
+                f"| {label} | {_fmt(probed.get(key))} | {_fmt(stock.get(key))} | {_fmt(served.get(key))} |"
+                + (f" {_fmt(moe.get(key))} |" if tm else "")
             )
     return "\n".join(out)
 
@@ -891,6 +907,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
                 except Exception as exc:
                     entry["trace_comparison_serving_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if b and t.get("trace_serving_moe"):
+                try:
+                    entry["trace_comparison_serving_moe"] = trace_comparison(
+                        t["trace_serving_moe"], entry["budget_eager"], int(configs[n]["vocab_size"])
+                    )
+                except Exception as exc:
+                    entry["trace_comparison_serving_moe_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             with_graph = t.get("graph_ms")
             if b:
                 entry["error_graph"] = _err(b["graph_ms"], with_graph)
