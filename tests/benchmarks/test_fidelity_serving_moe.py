@@ -125,6 +125,10 @@ def test_the_fidelity_run_records_the_serving_moe_form_on_cpu() -> None:
     """time_model adds the form for an MoE model (torch path on CPU, said so), with its logits check against the
     form before it; a dense model records why it has none; the summary table shows the form."""
     pytest.importorskip("transformers")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("time_model runs on the GPU here (the GPU run is the campaign's, not a test's)")
     cfg = fidelity.reduced_config("qwen3-235b-a22b", 2, fidelity.model_overrides("qwen3-235b-a22b", tiny=True))
     got = fidelity.time_model(cfg, context=16, steps=1, samples=1, trace_steps=0)
     form = got["serving_moe"]
@@ -152,12 +156,18 @@ def test_the_fidelity_run_records_the_serving_moe_form_on_cpu() -> None:
     )
 
 
-def test_the_backend_rule() -> None:
-    """CPU without Triton falls back to the torch path; a CUDA device without Triton says the form is unavailable."""
-    if serving_moe.routed_kernels() is not None:
-        pytest.skip("Triton is installed here")
+def test_the_backend_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU without Triton falls back to the torch path; a CUDA device without Triton says the form is unavailable;
+    with Triton, CUDA runs the kernels, and CPU only under Triton's interpreter."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(serving_moe, "routed_kernels", lambda: None)
     assert serving_moe.choose_backend("cpu") == "torch"
     with pytest.raises(RuntimeError, match="Triton is not installed"):
         serving_moe.choose_backend("cuda")
     with pytest.raises(ValueError, match="backend"):
         serving_moe.choose_backend("cpu", "cutlass")
+    monkeypatch.setattr(serving_moe, "routed_kernels", lambda: serving_moe)  # any module: "Triton is installed"
+    assert serving_moe.choose_backend("cuda") == "triton"
+    assert serving_moe.choose_backend("cpu") == "torch"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert serving_moe.choose_backend("cpu") == "triton"
