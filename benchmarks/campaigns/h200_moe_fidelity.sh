@@ -6,6 +6,7 @@
 # the same GPU. The acceptance: the graph-mode budget within 15 % of the serving-MoE step.
 #
 #   OUT=/tmp/out bash benchmarks/campaigns/h200_moe_fidelity.sh
+#   FIDELITY_ARGS="--tiny --device cpu --context 64 --steps 2 --samples 1" ...   # CPU smoke of the same path
 #
 # Files under $OUT: moe_fidelity.json (everything, written as each model finishes), moe_fidelity.log (progress and
 # tracebacks), moe_fidelity_env.txt; the summary table and the serving-MoE rows print last. One deadline for the
@@ -26,7 +27,7 @@ torch.__version__, "triton", triton.__version__, "transformers", transformers.__
 } >"$OUT/moe_fidelity_env.txt" 2>&1
 t0=$SECONDS
 timeout -k 10 "${T_FIDELITY:-450}" python3 benchmarks/fidelity/fidelity.py --models "$MODELS" --samples 3 \
-  --json "$OUT/moe_fidelity.json" >"$OUT/moe_fidelity.log" 2>&1
+  --json "$OUT/moe_fidelity.json" ${FIDELITY_ARGS:-} >"$OUT/moe_fidelity.log" 2>&1
 echo "fidelity rc=$? in $((SECONDS - t0)) s" | tee -a "$OUT/moe_fidelity.log"
 cat "$OUT/moe_fidelity_env.txt"
 python3 - "$OUT/moe_fidelity.json" <<'EOF'
