@@ -80,7 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--demo", action="store_true", help="fake NVML replaying an H200 recording on 8 GPUs; no probes unless asked"
     )
-    group.add_argument("--force", action="store_true", help="probe GPUs even when other processes use them")
+    group.add_argument(
+        "--force",
+        action="store_true",
+        help="probe GPUs at start even when other processes (a serving engine) use them; without it the UI shows "
+        "the stored budget and asks before probing (R)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

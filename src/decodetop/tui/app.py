@@ -25,14 +25,16 @@ from textual.worker import get_current_worker
 from decodetop.budget.diff import diff_budgets
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.errors import UserInputError
-from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry
+from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry, format_ago
 from decodetop.settings import Settings, save_changes
 from decodetop.themes import THEME_NAMES, drop_other_themes, next_theme, register_themes, theme_variable_defaults
+from decodetop.tui.gpu_guard import HeldGpus
 from decodetop.tui.launch import HEADLESS_HINT, MIN_COLUMNS, MIN_ROWS
 from decodetop.tui.messages import (
     BaselineSaved,
     BudgetReady,
     ChecksReady,
+    GpusLooked,
     HistoryLoaded,
     ObservedUpdate,
     ProbeFinished,
@@ -50,7 +52,10 @@ from decodetop.tui.model import (
     ProbeView,
     TelemetryFrame,
 )
+from decodetop.tui.other_scenarios import OtherScenario, origin_text, other_scenarios, others_summary
 from decodetop.tui.probe_queue import ProbeQueue
+from decodetop.tui.screens.budget_details import BudgetDetails, BudgetDetailsScreen, stored_line
+from decodetop.tui.screens.confirm_probes import ConfirmProbesScreen
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.gpu_details import GpuDetailScreen
 from decodetop.tui.screens.help import HelpScreen
@@ -78,8 +83,9 @@ TABS = ("probes", "gpus", "health", "charts")
 HELP_TEXT = {
     "quit": "quit: cancels the running probe, ends every probe rank and the telemetry thread",
     "help": "this list",
-    "rerun": "re-run the selected probe",
-    "rerun_all": "re-run every probe of the plan",
+    "rerun": "re-run the selected probe (asks first where other processes hold the GPUs: a serving engine)",
+    "rerun_all": "re-run every probe of the plan (asks first where other processes hold the GPUs)",
+    "budget_details": "budget details: where each figure came from, other scenarios stored (never mixed in)",
     "cancel_probe": "cancel the running probe and empty the queue",
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model: the probe plan and the budget follow",
@@ -171,6 +177,7 @@ class DecodetopApp(App[int]):
         Binding("p", "pick_tp", "TP"),
         Binding("t", "cycle_theme", "theme"),
         Binding("c", "capture_trace", "trace", show=False),
+        Binding("b", "budget_details", "budget", show=False),
         Binding("1", "show_tab('probes')", "probes", show=False),
         Binding("2", "show_tab('gpus')", "GPUs", show=False),
         Binding("3", "show_tab('health')", "health", show=False),
@@ -228,6 +235,11 @@ class DecodetopApp(App[int]):
         self.charts: Charts | None = None
         """The charts, once their tab was first shown."""
         self._gpu_note: str | None = None
+        self.held: HeldGpus | None = None
+        """Other processes hold the probe group's GPUs and the user has not consented: probes wait for a key."""
+        self._held_text = ""
+        self.other_scenarios: tuple[OtherScenario, ...] = ()
+        """Stored probe records the budget does not take (another scenario, host or device; unknown origin)."""
         register_themes(self)
         self.theme = settings.theme if settings.theme in self.available_themes else THEME_NAMES[0]
         drop_other_themes(self)
@@ -241,6 +253,7 @@ class DecodetopApp(App[int]):
     def compose(self) -> ComposeResult:
         """Budget on top, the tables and charts in tabs below, a status line and the footer."""
         with Container(id="budget-box"):
+            yield Static("", id="held-note", markup=False)
             yield BudgetBar(id="budget")
             yield TracedBar(self.sources.trace, id="traced")
         with Horizontal(id="main"):
@@ -415,6 +428,7 @@ class DecodetopApp(App[int]):
             self._restore_from_history(probe_id)
         self._recompose_budget()
         self._show_health()
+        self._show_held()
         self._set_status()
 
     def _matching_history(self, probe_id: str) -> HistoryEntry | None:
@@ -456,7 +470,8 @@ class DecodetopApp(App[int]):
             self.call_from_thread(self.notify, f"probe plan: {exc}", severity="error", timeout=15)
             views = []
         notes = tuple(getattr(self.sources.probes, "plan_notes", ()))
-        self.post_message(ProbePlanned(probes=views, run_now=run_now, notes=notes))
+        held = self._held_now() if run_now and views else None
+        self.post_message(ProbePlanned(probes=views, run_now=run_now and held is None, notes=notes, held=held))
 
     @on(ProbePlanned)
     def _apply_plan(self, message: ProbePlanned) -> None:
@@ -464,6 +479,7 @@ class DecodetopApp(App[int]):
             return
         for note in message.notes[:1]:
             self._status_notes.append(f"plan: {note}")
+        self.held = message.held
         table = self.query_one(ProbeTable)
         kept = {v.probe_id: self.probe_views[v.probe_id] for v in message.probes if v.probe_id in self.probe_views}
         self.probe_views = {v.probe_id: kept.get(v.probe_id, v) for v in message.probes}
@@ -474,6 +490,8 @@ class DecodetopApp(App[int]):
             for probe_id in self.probe_views:
                 self._enqueue(probe_id)
         self._recompose_budget()
+        self._show_held()
+        self._set_status()
 
     def _enqueue(self, probe_id: str) -> None:
         if probe_id == self.running_probe or self.closing:
@@ -642,6 +660,7 @@ class DecodetopApp(App[int]):
 
     def _recompose_budget(self) -> None:
         """Compose the budget off the event loop (the first composition imports and builds the inventory)."""
+        self._split_history()
         self._budget_seq += 1
         self._compose_budget(self._budget_seq, self.settings, dict(self.results))
 
@@ -687,6 +706,8 @@ class DecodetopApp(App[int]):
 
     def _refresh_ages(self) -> None:
         now = self.now()
+        if self.held is not None:
+            self._show_held()
         self.query_one(BudgetBar).tick(now)
         self.query_one(TracedBar).now_s = now
         self.query_one(ProbeTable).refresh_ages(now)
@@ -707,6 +728,10 @@ class DecodetopApp(App[int]):
             parts.append("no GPU telemetry")
         elif frame is not None and frame.sample_ms is not None:
             parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
+        if self.held is not None:
+            parts.append("GPUs in use: probes wait for R")
+        if self.other_scenarios:
+            parts.append(f"{others_summary(self.other_scenarios)} (b)")
         if self.server_note:
             parts.append(self.server_note)
         if self.trace_note:
@@ -761,19 +786,137 @@ class DecodetopApp(App[int]):
         return self.query_one(ProbeTable).selected_id
 
     def action_rerun(self) -> None:
-        """`r`: re-run the selected probe."""
+        """`r`: re-run the selected probe (asking first where other processes hold the GPUs)."""
         probe_id = self._selected_probe()
         if probe_id is None:
             self.notify("no probe selected", severity="warning", timeout=3)
             return
-        self._enqueue(probe_id)
-        self._set_status()
+        self._run_with_consent((probe_id,))
 
     def action_rerun_all(self) -> None:
-        """`R`: re-run every probe."""
-        for probe_id in self.probe_views:
-            self._enqueue(probe_id)
+        """`R`: re-run every probe (asking first where other processes hold the GPUs)."""
+        self._run_with_consent(tuple(self.probe_views))
+
+    def _run_with_consent(self, probe_ids: tuple[str, ...]) -> None:
+        """Queue `probe_ids` at once where nothing else holds the GPUs (or the user consented already); otherwise
+        look at the GPUs in a worker, and where they are held ask first (`ConfirmProbesScreen`)."""
+        if not probe_ids:
+            return
+        guard = self.sources.gpu_guard
+        if self.held is not None:
+            self._ask_consent(probe_ids, self.held)
+        elif guard is None or guard.forced:
+            self._enqueue_all(probe_ids)
+        else:
+            self._look_at_gpus(probe_ids)
+
+    def _enqueue_all(self, probe_ids: tuple[str, ...]) -> None:
+        for probe_id in probe_ids:
+            if probe_id in self.probe_views:
+                self._enqueue(probe_id)
         self._set_status()
+
+    def _held_now(self) -> HeldGpus | None:
+        """(worker thread) The GPUs other processes hold now, unless the user consented; None when free."""
+        guard = self.sources.gpu_guard
+        if guard is None or guard.forced:
+            return None
+        try:
+            return guard.held()
+        except Exception:  # NVML trouble must not stop the plan: each run's own preflight still looks
+            return None
+
+    @work(thread=True, exit_on_error=False, group="gpus")
+    def _look_at_gpus(self, probe_ids: tuple[str, ...]) -> None:
+        self.post_message(GpusLooked(probe_ids, self._held_now()))
+
+    @on(GpusLooked)
+    def _gpus_looked(self, message: GpusLooked) -> None:
+        if self.closing:
+            return
+        if message.held is None:
+            self._enqueue_all(message.probe_ids)
+            return
+        self.held = message.held
+        self._show_held()
+        self._set_status()
+        self._ask_consent(message.probe_ids, message.held)
+
+    def _ask_consent(self, probe_ids: tuple[str, ...], held: HeldGpus) -> None:
+        """The warning modal; on yes the guard takes the consent (for the session, as --force) and the probes run."""
+
+        def answered(run: bool | None) -> None:
+            if not run:
+                self.notify("nothing run: the GPUs stay with the engine", timeout=3)
+                return
+            if self.sources.gpu_guard is not None:
+                self.sources.gpu_guard.allow()
+            self.held = None
+            self._status_notes.append("probing beside other processes on the GPUs (confirmed)")
+            self._show_held()
+            self._enqueue_all(probe_ids)
+
+        self.push_screen(ConfirmProbesScreen(held, len(probe_ids)), answered)
+
+    # -- the serving-time view -------------------------------------------------------------------------------------
+
+    def _accepting(self) -> dict[object, bool] | None:
+        """Whether each distinct fingerprint in the history feeds the budget now (asked once per fingerprint); None
+        when the budget cannot say (a model it cannot handle: the composition says why)."""
+        verdicts: dict[object, bool] = {}
+        try:
+            for entry in self._history_probes:
+                if entry.fingerprint not in verdicts:
+                    verdicts[entry.fingerprint] = self.sources.budget.accepts(entry.fingerprint, self.settings)
+        except Exception:  # the composition's worker reports the same failure in the status line
+            return None
+        return verdicts
+
+    def _split_history(self) -> None:
+        """The stored records of other scenarios (listed by `b`, counted in the status line), never composed."""
+        verdicts = self._accepting()
+        self.other_scenarios = (
+            () if verdicts is None else other_scenarios(self._history_probes, lambda fp: verdicts.get(fp, False))
+        )
+
+    def _stored_line(self) -> str:
+        verdicts = self._accepting() or {}
+        feeding = [e for e in self._history_probes if e.key in self.probe_views and verdicts.get(e.fingerprint)]
+        newest = max((e.recorded_at_s for e in feeding), default=None)
+        return stored_line(len({e.key for e in feeding}), newest, self.now())
+
+    def _show_held(self) -> None:
+        """The serving-time view's header: why probes did not start, and what the budget shows instead."""
+        note = self.query_one("#held-note", Static)
+        held = self.held
+        text = ""
+        if held is not None:
+            verdicts = self._accepting() or {}
+            feeding = [e for e in self._history_probes if e.key in self.probe_views and verdicts.get(e.fingerprint)]
+            newest = max(feeding, key=lambda e: e.recorded_at_s, default=None)
+            shows = (
+                "the budget shows this scenario's stored results, measured "
+                f"{format_ago(max(0.0, self.now() - newest.recorded_at_s))} {origin_text(newest.fingerprint)}"
+                " · b: details"
+                if newest is not None
+                else "no stored result of this scenario: the budget shows estimates only"
+            )
+            text = f"{held.line()}\n{shows}"
+        if text != self._held_text:
+            self._held_text = text
+            note.update(text)
+            note.display = bool(text)
+
+    def action_budget_details(self) -> None:
+        """`b`: where each figure came from, and the other scenarios stored (never mixed in)."""
+        self._split_history()
+        details = BudgetDetails(
+            view=self._budget_view,
+            held_line=self.held.line() if self.held is not None else "",
+            stored_line=self._stored_line(),
+            others=self.other_scenarios,
+        )
+        self.push_screen(BudgetDetailsScreen(details, self.now()))
 
     def action_cancel_probe(self) -> None:
         """`x`: cancel the running probe and everything queued."""

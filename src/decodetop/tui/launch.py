@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -13,6 +13,7 @@ from typing import Any, TextIO
 from decodetop.errors import UserInputError
 from decodetop.history import History
 from decodetop.settings import Settings
+from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.sources import Sources
 from decodetop.tui.taps import ServerPoller, Taps
 from decodetop.tui.trace_source import TraceOptions
@@ -90,7 +91,7 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return parse_gpu_list(text)
 
 
-def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noqa: C901, PLR0915 - known debt: split
+def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noqa: PLR0915 - known debt: split
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
     from decodetop.collectors.nvml import Nvml
@@ -105,6 +106,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
     )
 
     notes: list[str] = list(options.notes)
+    guard: GpuGuard | None = None
     taps = _build_taps(options)
     if options.replay is not None:
         return _replay_sources(settings, options, taps, notes)
@@ -156,22 +158,18 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
 
             return resolve_layout(gpus, cpu_ranks, device)
 
-        def preflight(own_pids: Sequence[int]) -> str | None:
-            """GPU probes wait while another process holds one of our GPUs, unless --force (gpuinfo)."""
+        def group_gpus() -> tuple[Any, ...]:
+            """The CUDA GPUs the probe group would use (none for CPU ranks)."""
             group = layout()
-            if group.kind != "cuda" or options.force:
-                return None
-            from decodetop.probes.gpuinfo import compute_processes
+            return tuple(group.gpus) if group.kind == "cuda" else ()
 
-            busy = compute_processes(group.gpus, exclude_pids=(os.getpid(), *own_pids))
-            if not busy:
-                return None
-            who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
-            return f"other processes hold GPU memory ({who}); start with --force to probe anyway"
-
+        # GPU probes wait while another process (a serving engine) holds one of the group's GPUs: the UI shows the
+        # serving-time view, and a key asks before probing; --force consents for the session (gpu_guard).
+        guard = GpuGuard(group_gpus, forced=options.force)
         probes = ControllerProbes(
-            make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout, preflight=preflight
+            make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout, preflight=guard.refusal
         )
+        guard.own_pids = probes.rank_pids
         if options.demo:
             run_probes = True
 
@@ -213,6 +211,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
         taps=taps,
         server=_build_server(options, budget),
         trace=options.trace,
+        gpu_guard=guard,
     )
 
 

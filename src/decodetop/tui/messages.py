@@ -8,6 +8,7 @@ from textual.message import Message
 
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import HistoryEntry
+from decodetop.tui.gpu_guard import HeldGpus
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources import ProbeOutcome
 
@@ -31,6 +32,16 @@ class ProbePlanned(Message):
     run_now: bool
     notes: tuple[str, ...] = ()
     """What the plan cannot measure on this group, one line each."""
+    held: HeldGpus | None = None
+    """Other processes hold the group's GPUs: the plan was not started (the serving-time view)."""
+
+
+@dataclass
+class GpusLooked(Message):
+    """Before running probes on a key: whether other processes hold the group's GPUs (None: free)."""
+
+    probe_ids: tuple[str, ...]
+    held: HeldGpus | None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import Fingerprint, History
 from decodetop.settings import Settings
+from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.taps import ServerPoller, Taps
 from decodetop.tui.trace_source import TraceOptions
@@ -115,3 +116,6 @@ class Sources:
     """--server: the serving engine's observed step."""
     trace: TraceOptions | None = None
     """--trace and the capture key's server: the traced bar's sources."""
+    gpu_guard: GpuGuard | None = None
+    """Whether other processes (a serving engine) hold the probe group's GPUs, and the user's consent to probe
+    them anyway; None where nothing runs on a GPU (CPU ranks, --no-probes, a replay)."""
