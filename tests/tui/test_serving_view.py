@@ -387,3 +387,30 @@ def test_snapshot_serving_time_view(snap_compare: Callable[..., bool], tmp_path:
     finally:
         if s.app.sources.server is not None:
             s.app.sources.server.close()
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["default", "force"])
+def test_the_command_line_wires_the_guard(monkeypatch: pytest.MonkeyPatch, force: bool) -> None:
+    """`decodetop`'s sources on a host whose two GPUs the engine holds: the plan is asked to run at start, the
+    guard holds it back (and each run's preflight refuses) unless `--force` consented."""
+    from decodetop.tui.launch import LaunchOptions, build_sources
+
+    nvml = fake_nvml("h200x2-load")
+    gpus = gpuinfo.visible_gpus(nvml)
+    monkeypatch.setattr("decodetop.probes.controller.visible_gpus", lambda: gpus)
+    monkeypatch.setattr(gpuinfo, "_shared_nvml", nvml)
+    sources = build_sources(SETTINGS, LaunchOptions(force=force))
+    try:
+        guard = sources.gpu_guard
+        assert guard is not None and guard.forced is force and sources.run_probes_at_start
+        assert isinstance(sources.probes, ControllerProbes) and sources.probes.preflight is not None
+        refusal = sources.probes.preflight([])
+        if force:
+            assert refusal is None
+        else:
+            held = guard.held()
+            assert held is not None and held.line() == HELD_LINE
+            assert refusal is not None and refusal.startswith("GPU 0, 1 are in use by other processes")
+    finally:
+        sources.probes.close()
+        sources.telemetry.close()
