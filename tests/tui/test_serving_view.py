@@ -254,6 +254,16 @@ async def test_busy_gpus_start_no_probe_and_show_the_stored_budget_with_its_age(
         assert measured and all(seg.provenance.startswith(f"measured earlier: 2h ago on {HOST}") for seg in measured)
 
 
+async def test_a_short_terminal_gets_the_header_in_one_line(tmp_path: Path) -> None:
+    s = _setup(tmp_path)
+    async with s.app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: _shown(s.app)() and s.app.held is not None, "the serving-time view")
+        assert _held_note(s.app) == "GPU 0, 1 in use by other processes: probes not started (R runs them)"
+        assert s.app.query_one("#held-note").size.height == 1
+        await pilot.resize_terminal(120, 40)
+        await wait_until(pilot, lambda: _held_note(s.app).startswith(HELD_LINE), "the full header once there is room")
+
+
 async def test_r_asks_first_and_runs_only_after_yes(tmp_path: Path) -> None:
     s = _setup(tmp_path)
     async with s.app.run_test(size=SIZE) as pilot:

@@ -330,6 +330,8 @@ class DecodetopApp(App[int]):
 
     def _fit_layout(self, size: Size) -> None:
         self.query_one(BudgetBar).compact = size.height < self.COMPACT_BELOW_ROWS
+        if self.held is not None:
+            self._show_held()
         footer = self.query_one(Footer)
         footer.compact = size.width < self.WIDE_FOOTER_FROM
         palette = size.width >= self.WIDE_FOOTER_FROM  # narrower: ctrl+p still works, `?` lists it
@@ -902,6 +904,10 @@ class DecodetopApp(App[int]):
                 else "no stored result of this scenario: the budget shows estimates only"
             )
             text = f"{held.line()}\n{shows}"
+            if self.query_one(BudgetBar).compact:  # every row counts: one line, cut to the width
+                width = max(10, self.size.width - 2)
+                fits = [t for t in (f"{held.short_line()} · b: details", held.short_line()) if len(t) <= width]
+                text = fits[0] if fits else held.short_line()[: width - 1] + "…"
         if text != self._held_text:
             self._held_text = text
             note.update(text)

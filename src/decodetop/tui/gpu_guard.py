@@ -53,6 +53,10 @@ class HeldGpus:
         """The header line of the serving-time view: why probes did not start and how to run them anyway."""
         return f"{self.who}: probes not started; press R to run them anyway — {COMPETE}"
 
+    def short_line(self) -> str:
+        """The header in one short line, for terminals under 40 rows (the details, `b`, say the rest)."""
+        return f"GPU {', '.join(map(str, self.gpus))} in use by other processes: probes not started (R runs them)"
+
     def refusal(self) -> str:
         """Why one probe run was refused (the probe's row): the GPUs became busy after the UI started."""
         return f"{self.who}: not probed; press r (R for all) to confirm and run anyway, or start with --force"
