@@ -69,3 +69,11 @@ def copy_host(hosts: Path, tmp_path: Path) -> Callable[[str], Path]:
         return dest
 
     return copy
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLI tables fit ``COLUMNS`` when it is set, and pytest-xdist sets it (to 80) in its workers: every test starts
+    without it, as CI's pipe does, and the tests about widths set it themselves."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)

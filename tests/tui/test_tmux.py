@@ -67,7 +67,8 @@ def test_decodetop_in_tmux(tmp_path: Path, width: int, height: int, flags: list[
     _tmux(tmux, sock, "new-session", "-d", "-s", "dt", "-x", str(width), "-y", str(height), shell)
     try:
         pane_pid = int(_tmux(tmux, sock, "display-message", "-p", "-t", "dt", "#{pane_pid}").strip())
-        screen = _wait_for(tmux, sock, "observed", START_TIMEOUT_S)
+        # The observed marker is drawn with the bar and the other markers: wait for it, not for the header's text.
+        screen = _wait_for(tmux, sock, "▲", START_TIMEOUT_S)
         assert "target 3.24" in screen
         assert "░" in screen  # the bar (unexplained part at least)
         assert "◆" in screen and "▲" in screen  # target and observed markers
