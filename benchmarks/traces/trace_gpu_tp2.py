@@ -38,31 +38,6 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] rank {os.environ.get('RANK', '?')}: {msg}", file=sys.stderr, flush=True)
 
 
-def config(on_cuda: bool) -> Any:
-    """A 4-layer Llama at 2048 hidden on a GPU (real GEMM kernels), tiny on a CPU."""
-    from transformers import LlamaConfig
-
-    if on_cuda:
-        return LlamaConfig(
-            vocab_size=32000,
-            hidden_size=2048,
-            intermediate_size=5632,
-            num_hidden_layers=4,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            max_position_embeddings=4096,
-        )
-    return LlamaConfig(
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-
-
 def _rows(weight: torch.Tensor, rank: int, world: int) -> torch.Tensor:
     """Output features `rank` owns (a column-parallel Linear's weight is [out, in])."""
     return weight.chunk(world, dim=0)[rank].contiguous()
@@ -78,7 +53,7 @@ def build_tp_model(rank: int, world: int, on_cuda: bool) -> Any:
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = config(on_cuda)
+    cfg = _recorder().model_config(on_cuda)  # the same few-layer Llama the trace fixtures were recorded with
     cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg).eval()
     device = torch.device("cuda", rank) if on_cuda else torch.device("cpu")
@@ -201,7 +176,7 @@ def worker(rank: int, world: int, args: argparse.Namespace) -> None:
     model = build_tp_model(rank, world, on_cuda)
     if rank == 0:  # the model's config, so `decodetop trace --config` composes this very model's budget
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        cfg = config(on_cuda)
+        cfg = _recorder().model_config(on_cuda)
         cfg.architectures = ["LlamaForCausalLM"]
         cfg.torch_dtype = "bfloat16" if on_cuda else "float32"
         cfg.to_json_file(str(Path(args.out) / "config.json"))
