@@ -184,7 +184,8 @@ def choose_tp(
             raise UserInputError(f"{tp_from}: {tp} is out of range (1..1024)")
         return TpChoice(tp, tp_from)
     if group_size is not None and group_size >= 1:
-        return TpChoice(group_size, f"default: the {group_size} {group_label} {group_where}")
+        label = group_label[:-1] if group_size == 1 and group_label.endswith("s") else group_label  # "1 GPU"
+        return TpChoice(group_size, f"default: the {group_size} {label} {group_where}")
     return TpChoice(1, "default: no probe group; pass --tp")
 
 
