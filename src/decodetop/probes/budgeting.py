@@ -33,19 +33,23 @@ import dataclasses
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
+from decodetop import __version__
 from decodetop.budget.compose import DEFAULT_TARGET_TPS, Budget, ObservedStep, Segment, compose_budget
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.gpus import GPUS, find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.plan import ProbePlan, build_plan
+from decodetop.budget.ranks import mean_line, rank_lines
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
 from decodetop.budget.scenario import Scenario
 from decodetop.history import Fingerprint, format_age, local_host_id
 from decodetop.probes.hooks import MeasuredSet
+from decodetop.probes.rankbudget import compose_ranks
 from decodetop.probes.results import Environment, ProbeResult
-from decodetop.textfmt import format_bytes
+from decodetop.textfmt import format_bytes, format_number, table
 
 CPU_HEADER = "CPU ranks (gloo): timings show the method, not a GPU"
 CPU_HARDWARE = "n/a on CPU"
@@ -144,8 +148,6 @@ def compose_full(
 
 def taken_at_s(result: ProbeResult) -> float | None:
     """When a result was taken (Unix seconds, from its start time), or None where it does not say."""
-    from datetime import datetime
-
     if not result.started_utc:
         return None
     try:
@@ -225,8 +227,8 @@ def compose_inventory(
     """`compose` over a bare inventory (the scenario's, or one a caller built): the single implementation.
     `allreduce` (auto, nccl or custom; None: the inventory deployment's) picks the engine's all-reduce path, and the
     rows holding all-reduces say which path they assumed and why (`allreduce_path`)."""
+    # planrun imports this module, and pulls in the probe controller (multiprocessing) that budgets never need
     from decodetop.probes.planrun import measured_from_results
-    from decodetop.probes.rankbudget import compose_ranks
 
     stored = dict(stored_at_s or {})
     now = time.time() if now_s is None else now_s
@@ -388,8 +390,6 @@ def _bar(ms: float | None, scale: float, char: str) -> str:
 
 def observed_line(budget: Budget) -> str:
     """'observed 95 ms assumed, not observed (…) | target 309 tok/s = 3.24 ms/step | roofline 4.17 ms/step …'."""
-    from decodetop.textfmt import format_number
-
     obs = budget.observed_step
     roof = (
         f"roofline {format_number(budget.roofline_ms)} ms/step for {budget.hardware_text}"
@@ -406,9 +406,6 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     """The budget as text lines, the same in `decodetop budget` and `decodetop probe --budget`: a header (CPU ranks),
     one row per component with ms, share of observed, status, bar (measured █, estimated ▒) and where the figure came
     from; total and unexplained; the observed/target/roofline line; the roofline verdict; the summary."""
-    from decodetop.budget.ranks import mean_line, rank_lines
-    from decodetop.textfmt import format_number, table
-
     b = budget
     scale = max(b.observed_ms, b.total_ms, 1e-9)
     rows: list[list[object]] = []
@@ -459,8 +456,6 @@ _VERSION_FIELDS = ("driver_version", "cuda_version", "torch_version", "nccl_vers
 
 def fingerprint_of(env: Environment, scenario: Scenario | str) -> Fingerprint:
     """The history fingerprint of a result taken in `env` for `scenario` (its `fingerprint_id`)."""
-    from decodetop import __version__
-
     scenario_id = scenario if isinstance(scenario, str) else scenario.fingerprint_id
     cuda = env.device_kind == "cuda"
     return Fingerprint(
@@ -484,8 +479,6 @@ def expected_fingerprint(
     host, device kind, GPU name and count, decodetop version and scenario; the versions the ranks report (driver,
     CUDA, torch, NCCL) are None until a fresh result gives them (`fingerprint_accepts` treats them as not yet
     known)."""
-    from decodetop import __version__
-
     scenario_id = scenario if isinstance(scenario, str) else scenario.fingerprint_id
     cuda = device_kind == "cuda"
     return Fingerprint(

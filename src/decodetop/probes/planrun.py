@@ -40,7 +40,7 @@ from decodetop.budget.compose import (
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.errors import UserInputError
-from decodetop.probes.budgeting import GpuHint
+from decodetop.probes.budgeting import GpuHint, compose_inventory, format_budget_table
 from decodetop.probes.controller import GroupLayout
 from decodetop.probes.hooks import (
     MeasuredSet,
@@ -57,6 +57,7 @@ from decodetop.probes.results import (
     ProbeStatus,
 )
 from decodetop.probes.spec import ProbeSpec
+from decodetop.textfmt import format_number
 
 
 @dataclass(frozen=True)
@@ -217,8 +218,6 @@ def compose_from_results(
     """The budget of `inventory` from probe results (fresh, or read back with `results.load_results`), through the
     one composition (`decodetop.probes.budgeting.compose_inventory`); the measured inputs beside it. `group_kind`
     (cuda or cpu) says what ran when no result carries its environment: CPU ranks get no GPU roofline."""
-    from decodetop.probes.budgeting import compose_inventory
-
     opts = options or PlanRunOptions()
     plan = plan or build_plan(inventory)
     mode = opts.launch_mode or inventory.deployment.launch_mode
@@ -343,8 +342,6 @@ def plan_run_to_json(run: PlanRun, baseline_diff: Mapping[str, Any] | None = Non
 def format_budget(run: PlanRun) -> str:
     """The budget as text (`decodetop.probes.budgeting.format_budget_table`, as `decodetop budget` prints it); then
     the layer composition errors and the notes."""
-    from decodetop.probes.budgeting import format_budget_table
-    from decodetop.textfmt import format_number
 
     b = run.budget
     tp = f" (TP: {b.tp_source})" if b.tp_source else ""

@@ -1,8 +1,8 @@
 """Provides the real sources behind the UI: the telemetry collector, the probe controller, the budget, host checks.
 
 Each adapter turns a layer's own types (`TelemetrySnapshot`, `ProbeResult`, `CheckResult`, the budget) into the
-UI's view types (`decodetop.tui.model`). The packages beneath are imported inside functions, so importing this
-module stays cheap and never imports torch (the controller spawns ranks; the UI process never touches CUDA).
+UI's view types (`decodetop.tui.model`). Of the packages beneath only the probe controller (multiprocessing,
+spawned ranks) is imported where it is used; nothing here imports torch (the UI process never touches CUDA).
 """
 
 from __future__ import annotations
@@ -12,11 +12,38 @@ import dataclasses
 import logging
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from decodetop.budget.compose import Budget, ObservedStep, default_observed
+from decodetop.budget.plan import build_plan
+from decodetop.budget.scenario import Scenario, build_scenario, choose_tp, source_from_setting
+from decodetop.budget.spec import preset_info, preset_names
+from decodetop.collectors.checks.host import run_all_checks
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.nvml import Nvml
+from decodetop.collectors.serving import ObservedStep as ServerObserved
+from decodetop.collectors.serving import ServerStatus
+from decodetop.collectors.telemetry import GpuSnapshot, TelemetryCollector, TelemetrySnapshot
+from decodetop.errors import DecodetopError
+from decodetop.history import Fingerprint
+from decodetop.history import format_ago as ago
+from decodetop.probes.budgeting import (
+    GpuHint,
+    compose,
+    expected_fingerprint,
+    fingerprint_accepts,
+    fingerprint_of,
+)
+from decodetop.probes.hooks import ProbeRequest
+from decodetop.probes.protocol import Progress
+from decodetop.probes.registry import ProbeRegistry
+from decodetop.probes.results import Measurement, ProbeResult
+from decodetop.settings import Settings
 from decodetop.textfmt import format_bytes, format_duration_us, format_number
 from decodetop.tui.model import (
     BudgetSegment,
@@ -31,20 +58,11 @@ from decodetop.tui.model import (
     TelemetryFrame,
 )
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback
-from decodetop.tui.taps import SERVER_POLL_S, ServerPoller
+from decodetop.tui.taps import SERVER_POLL_S, ServerPoller, StepSource
 
 if TYPE_CHECKING:
-    from decodetop.budget.compose import Budget, ObservedStep
-    from decodetop.budget.scenario import Scenario
-    from decodetop.collectors.checks.model import CheckResult
-    from decodetop.collectors.nvml import Nvml
-    from decodetop.collectors.serving import ObservedStep as ServerObserved
-    from decodetop.collectors.serving import ServerStatus
-    from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
-    from decodetop.history import Fingerprint
-    from decodetop.probes.controller import ProbeController
-    from decodetop.probes.results import Measurement, ProbeResult
-    from decodetop.settings import Settings
+    # types only: the controller module pulls in multiprocessing (a --replay or --no-probes session never loads it)
+    from decodetop.probes.controller import GroupLayout, ProbeController
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +98,7 @@ def describe_local_process(pid: int) -> tuple[str, str]:
     return user, command[:COMMAND_CHARS]
 
 
-def _process_views(snapshot: Any, describe: ProcessDescriber | None) -> tuple[GpuProcessView, ...] | None:
+def _process_views(snapshot: GpuSnapshot, describe: ProcessDescriber | None) -> tuple[GpuProcessView, ...] | None:
     if snapshot.processes is None:
         return None
     out = []
@@ -99,7 +117,7 @@ def _process_views(snapshot: Any, describe: ProcessDescriber | None) -> tuple[Gp
     return tuple(out)
 
 
-def gpu_view(snapshot: Any, describe: ProcessDescriber | None = None) -> GpuView:
+def gpu_view(snapshot: GpuSnapshot, describe: ProcessDescriber | None = None) -> GpuView:
     """One `GpuSnapshot` as a table row; `describe` names its processes (None: they ran on another host)."""
 
     def gbps(value: float | None) -> float | None:
@@ -160,9 +178,9 @@ def telemetry_frame(snapshot: TelemetrySnapshot, describe: ProcessDescriber | No
 class CollectorTelemetry:
     """`TelemetrySource` over `decodetop.collectors.telemetry.TelemetryCollector` (its own daemon thread)."""
 
-    def __init__(self, nvml: Nvml, interval_s: float, on_snapshot: Callable[[Any], None] | None = None) -> None:
-        from decodetop.collectors.telemetry import TelemetryCollector
-
+    def __init__(
+        self, nvml: Nvml, interval_s: float, on_snapshot: Callable[[TelemetrySnapshot], None] | None = None
+    ) -> None:
         self.nvml = nvml
         self.extra_listener = on_snapshot
         """Also called with every raw snapshot (the recorder, the Prometheus exporter)."""
@@ -199,7 +217,7 @@ class CollectorTelemetry:
 class ReplayTelemetry:
     """`TelemetrySource` replaying recorded snapshots (``--replay``) on a thread, one per tick."""
 
-    def __init__(self, snapshots: Sequence[Any], interval_s: float, loop: bool = True) -> None:
+    def __init__(self, snapshots: Sequence[TelemetrySnapshot], interval_s: float, loop: bool = True) -> None:
         self.snapshots = list(snapshots)
         self.interval_s = interval_s
         self.loop = loop
@@ -461,7 +479,7 @@ class GroupInfo:
     """What they are: "of the probe group", "of the demo"."""
 
 
-def group_of(layout: Any) -> GroupInfo:
+def group_of(layout: GroupLayout) -> GroupInfo:
     """A `probes.controller.GroupLayout` as a `GroupInfo`."""
     kind = str(layout.kind)
     return GroupInfo(int(layout.world_size), kind, "GPUs" if kind == "cuda" else "CPU ranks")
@@ -470,8 +488,6 @@ def group_of(layout: Any) -> GroupInfo:
 def scenario_for(settings: Settings, group: GroupInfo | None, allreduce: str = "auto") -> Scenario:
     """The scenario of the UI's settings on its probe group, by the one rule (`decodetop.budget.scenario`): TP is
     the settings' (from --tp or the settings file), else the group's size, else 1; `allreduce` is --allreduce."""
-    from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
-
     tp = choose_tp(
         settings.tp,
         group_size=group.size if group is not None else None,
@@ -491,7 +507,7 @@ class ControllerProbes:
         telemetry_line: Callable[[], str] | None = None,
         *,
         cpu_rank_nice: int | None = None,
-        layout: Callable[[], Any] | None = None,
+        layout: Callable[[], GroupLayout] | None = None,
         preflight: Callable[[Sequence[int]], str | None] | None = None,
     ):
         self._make = make_controller
@@ -499,7 +515,7 @@ class ControllerProbes:
         """Given our ranks' pids, says why probing must not start now (another process holds a GPU), or None."""
         self.layout = layout
         """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
-        self._requests: dict[str, Any] = {}
+        self._requests: dict[str, ProbeRequest] = {}
         self.plan_notes: tuple[str, ...] = ()
         """What the plan cannot measure on this group (collectives on fewer ranks than the TP degree)."""
         self.cpu_rank_nice = cpu_rank_nice
@@ -514,8 +530,6 @@ class ControllerProbes:
     def _get(self) -> ProbeController:
         with self._lock:
             if self._closed:
-                from decodetop.errors import DecodetopError
-
                 raise DecodetopError("probe group is closed")
             if self._controller is None:
                 with real_stderr():
@@ -524,8 +538,7 @@ class ControllerProbes:
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The model's probe plan on this group: one row per probe run, with the keys it measures."""
-        from decodetop.budget.plan import build_plan
-        from decodetop.probes.planrun import plan_requests
+        from decodetop.probes.planrun import plan_requests  # pulls in the probe controller (multiprocessing)
 
         layout = self.layout() if self.layout is not None else None
         group = group_of(layout) if layout is not None else None
@@ -557,9 +570,9 @@ class ControllerProbes:
         try:
             controller = self._get()
 
-            def progress(p: Any) -> None:
-                fraction = p.done / p.total if getattr(p, "total", 0) else None
-                on_progress(fraction, p.line() if hasattr(p, "line") else str(p))
+            def progress(p: Progress) -> None:
+                fraction = p.done / p.total if p.total else None
+                on_progress(fraction, p.line())
 
             self._renice(controller)
             request = self._requests.get(probe_id)
@@ -580,8 +593,6 @@ class ControllerProbes:
             line for line in (f"at start: {before}" if before else "", f"at end: {after}" if after else "") if line
         )
         if lines:
-            from dataclasses import replace
-
             view = replace(view, telemetry_text=lines + view.telemetry_text)
         payload = compact_payload(result.to_dict()) if result.ok else {}
         return ProbeOutcome(view=view, payload=payload, result=result if result.ok else None)
@@ -590,7 +601,7 @@ class ControllerProbes:
         """Lower the priority of CPU ranks (our own children; nothing about the host changes)."""
         if self.cpu_rank_nice is None or controller.backend != "gloo":
             return
-        import psutil
+        import psutil  # third-party, needed only for CPU ranks
 
         for pid in controller.rank_pids():
             if pid in self._reniced:
@@ -602,8 +613,6 @@ class ControllerProbes:
 
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
         """A stored `ProbeResult.to_dict()` back as an outcome."""
-        from decodetop.probes.results import ProbeResult
-
         try:
             result = ProbeResult.from_dict(payload)
         except (KeyError, TypeError, ValueError):
@@ -643,8 +652,6 @@ class NoProbes:
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The registry's probes, shown idle."""
-        from decodetop.probes.registry import ProbeRegistry
-
         return [ProbeView(probe_id=spec.name, title=spec.name) for spec in ProbeRegistry().specs()]
 
     def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
@@ -669,7 +676,7 @@ class NoProbes:
 class ReplayProbes:
     """`ProbeSource` for ``--replay``: "running" a probe shows the recorded result (the newest of each probe)."""
 
-    def __init__(self, results: Sequence[Any]) -> None:
+    def __init__(self, results: Sequence[ProbeResult]) -> None:
         self.results = {r.probe: r for r in results}
 
     def plan(self, settings: Settings) -> list[ProbeView]:
@@ -685,8 +692,6 @@ class ReplayProbes:
             )
         view = probe_view(result, title=probe_id)
         at = _utc_to_unix(result.started_utc) if result.started_utc else None
-        from dataclasses import replace
-
         return ProbeOutcome(view=replace(view, measured_at_s=at), result=result if result.ok else None)
 
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
@@ -768,20 +773,18 @@ def gemm_curves(result: ProbeResult, max_series: int = 6) -> tuple[Series, ...]:
 
 
 def _utc_to_unix(text: str) -> float | None:
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
 
 
-def measured_at(results: Mapping[str, object]) -> dict[str, float]:
+def measured_at(results: Mapping[str, ProbeResult]) -> dict[str, float]:
     """Probe id → Unix time the result was taken."""
     times: dict[str, float] = {}
     for probe_id, result in results.items():
-        started = getattr(result, "started_utc", "")
-        if isinstance(started, str) and started:
+        started = result.started_utc
+        if started:
             at = _utc_to_unix(started)
             if at is not None:
                 times[probe_id] = at
@@ -861,8 +864,6 @@ class PresetBudget:
         session_start_s: float | None = None,
         allreduce: str = "auto",
     ) -> None:
-        import time
-
         self.gpu_name = gpu_name
         self.group = group
         self.gpu_how = gpu_how
@@ -877,8 +878,6 @@ class PresetBudget:
     def _current_fingerprint(self, settings: Settings) -> tuple[Fingerprint, bool]:
         """This session's fingerprint for `settings` and whether it is exact (taken from a fresh result's
         environment) or expected (before the probe group has run: the versions it reports are not known yet)."""
-        from decodetop.probes.budgeting import expected_fingerprint
-
         group = self.group() if self.group is not None else None
         scenario = scenario_for(settings, group, self.allreduce)
         fresh = self._fresh_fingerprint
@@ -892,9 +891,6 @@ class PresetBudget:
     def fingerprint(self, settings: Settings, result: object) -> Fingerprint | None:
         """The fingerprint to store with a fresh result of this session (None without an environment); from then on
         only stored records equal to it feed the budget."""
-        from decodetop.probes.budgeting import fingerprint_of
-        from decodetop.probes.results import ProbeResult
-
         if not isinstance(result, ProbeResult) or result.environment is None:
             return None
         group = self.group() if self.group is not None else None
@@ -905,8 +901,6 @@ class PresetBudget:
     def accepts(self, fingerprint: Fingerprint | None, settings: Settings) -> bool:
         """Whether a stored record may feed the budget for `settings`: its fingerprint matches this host, device,
         versions and scenario (records of unknown origin never do)."""
-        from decodetop.probes.budgeting import fingerprint_accepts
-
         current, exact = self._current_fingerprint(settings)
         return fingerprint_accepts(fingerprint, current, exact=exact)
 
@@ -916,8 +910,6 @@ class PresetBudget:
 
     def models(self) -> Sequence[tuple[str, str]]:
         """Preset names with their display names."""
-        from decodetop.budget.spec import preset_info, preset_names
-
         out = []
         for name in preset_names():
             try:
@@ -929,14 +921,10 @@ class PresetBudget:
 
     def observed(self, settings: Settings, now_s: float) -> tuple[ObservedStep, str]:
         """The observed step with its origin, and a header line when the server could not be read."""
-        from decodetop.budget.compose import ObservedStep, default_observed
-        from decodetop.collectors.serving import ObservedStep as ServerStep
-        from decodetop.history import format_ago as ago
-
         answer = self._server_answer
         header = ""
-        last: ServerStep | None = None
-        if isinstance(answer, ServerStep):
+        last: ServerObserved | None = None
+        if isinstance(answer, ServerObserved):
             last = answer
         elif answer is not None:
             last = answer.last_step
@@ -958,9 +946,6 @@ class PresetBudget:
 
     def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
         """The budget for `settings` from the probe results so far (this session's and the history's)."""
-        from decodetop.probes.budgeting import GpuHint, compose
-        from decodetop.probes.results import ProbeResult
-
         group = self.group() if self.group is not None else None
         scenario = scenario_for(settings, group, self.allreduce)
         good = [r for r in results.values() if isinstance(r, ProbeResult) and r.ok]
@@ -968,8 +953,6 @@ class PresetBudget:
         stored = {p: t for p, t in taken.items() if t < self.session_start_s}
         fresh = self._fresh_fingerprint
         if fresh is not None:  # once this session's ranks said what they run, stored results must match it exactly
-            from decodetop.probes.budgeting import fingerprint_of
-
             want = dataclasses.replace(fresh, scenario=scenario.fingerprint_id)
             good = [
                 r
@@ -991,8 +974,6 @@ class PresetBudget:
         )
         view = budget_view(budget, scenario.title, taken, scenario.tp_text)
         if header:
-            from dataclasses import replace
-
             view = replace(view, header="\n".join(h for h in (view.header, header) if h))
         return view
 
@@ -1017,8 +998,6 @@ class HostChecks:
 
     def run(self) -> list[CheckResult]:
         """Every host and GPU check (blocking; called in a worker)."""
-        from decodetop.collectors.checks.host import run_all_checks
-
         return run_all_checks(nvml=self.nvml)
 
 
@@ -1026,14 +1005,14 @@ class BudgetServerPoller(ServerPoller):
     """`ServerPoller` that hands each answer to the budget first, so its next composition says where the observed
     step came from (or that the server could not be read)."""
 
-    def __init__(self, source: Any, budget: PresetBudget, period_s: float = SERVER_POLL_S) -> None:
+    def __init__(self, source: StepSource, budget: PresetBudget, period_s: float = SERVER_POLL_S) -> None:
         super().__init__(source, period_s)
         self.budget = budget
 
-    def start(self, on_answer: Callable[[Any], None]) -> None:
+    def start(self, on_answer: Callable[[ServerObserved | ServerStatus], None]) -> None:
         """Start polling; each answer goes to the budget, then to `on_answer`."""
 
-        def both(answer: Any) -> None:
+        def both(answer: ServerObserved | ServerStatus) -> None:
             self.budget.note_server(answer)
             on_answer(answer)
 

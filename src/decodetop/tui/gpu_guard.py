@@ -14,13 +14,11 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from decodetop.collectors.nvml import Nvml
 from decodetop.errors import UserInputError
-
-if TYPE_CHECKING:
-    from decodetop.collectors.nvml import Nvml
-    from decodetop.probes.gpuinfo import GpuInfo, GpuProcess
+from decodetop.probes import gpuinfo
+from decodetop.probes.gpuinfo import GpuInfo, GpuProcess
 
 PROCESSES_NAMED = 3
 """At most this many processes are named in the one line (the rest are counted)."""
@@ -97,15 +95,13 @@ class GpuGuard:
         """The held GPUs and their processes now, or None when every GPU is free (blocking: NVML process lists;
         call it from a worker). A group that cannot be resolved (a --gpus index not on this host) holds nothing
         here: the probe run says why it cannot start."""
-        from decodetop.probes.gpuinfo import compute_processes
-
         try:
             gpus = list(self.gpus())
         except UserInputError:
             return None
         if not gpus:
             return None
-        busy = compute_processes(gpus, exclude_pids=(os.getpid(), *self.own_pids(), *own_pids), nvml=self.nvml)
+        busy = gpuinfo.compute_processes(gpus, exclude_pids=(os.getpid(), *self.own_pids(), *own_pids), nvml=self.nvml)
         if not busy:
             return None
         return HeldGpus(gpus=tuple(sorted({p.cuda_index for p in busy})), processes=tuple(busy))

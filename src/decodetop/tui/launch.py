@@ -8,15 +8,40 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from decodetop.budget.scenario import parse_gpu_list
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
+from decodetop.collectors.nvml import Nvml
+from decodetop.collectors.serving import ServerStepSource
 from decodetop.errors import UserInputError
+from decodetop.export.recording import Recorder, decode_replay, read_recording
 from decodetop.history import History
+from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
+from decodetop.tui.adapters import (
+    BudgetServerPoller,
+    CollectorTelemetry,
+    ControllerProbes,
+    GroupInfo,
+    HostChecks,
+    NoProbes,
+    PresetBudget,
+    RecordedChecks,
+    ReplayProbes,
+    ReplayTelemetry,
+    group_of,
+    start_resource_tracker,
+)
 from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.sources import Sources
 from decodetop.tui.taps import ServerPoller, Taps
 from decodetop.tui.trace_source import TraceOptions
+
+if TYPE_CHECKING:
+    # types only: the controller module pulls in multiprocessing (--replay and --no-probes never load it)
+    from decodetop.probes.controller import GroupLayout
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
@@ -86,33 +111,18 @@ def require_terminal(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) 
 
 def parse_gpus(text: str) -> tuple[int, ...]:
     """ "0,1,2,3" or "0-3" → (0, 1, 2, 3): the one GPU-list grammar (`decodetop.budget.scenario.parse_gpu_list`)."""
-    from decodetop.budget.scenario import parse_gpu_list
-
     return parse_gpu_list(text)
 
 
 def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noqa: PLR0915 - known debt: split
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
-    from decodetop.collectors.nvml import Nvml
-    from decodetop.tui.adapters import (
-        CollectorTelemetry,
-        ControllerProbes,
-        GroupInfo,
-        HostChecks,
-        NoProbes,
-        PresetBudget,
-        group_of,
-    )
-
     notes: list[str] = list(options.notes)
     guard: GpuGuard | None = None
     taps = _build_taps(options)
     if options.replay is not None:
         return _replay_sources(settings, options, taps, notes)
     if options.demo:
-        from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
-
         recording = load_recording(os.environ.get("DECODETOP_DEMO_RECORDING", DEFAULT_RECORDING))
         nvml = Nvml(FakeNvmlBackend(recording, replicate_to=DEMO_GPUS))
         notes.append(f"demo: fake NVML replaying {recording.label} replicated to {DEMO_GPUS} GPUs")
@@ -126,7 +136,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
             "probes are off (--no-probes)" if options.no_probes else "demo: no probes unless --cpu-ranks is given"
         )
     else:
-        from decodetop.probes.controller import ProbeController
+        from decodetop.probes.controller import ProbeController  # multiprocessing: only where probes run
 
         cpu_ranks = options.cpu_ranks
         gpus = list(options.gpus) if options.gpus is not None else None
@@ -149,16 +159,14 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
                 f"PCIe {'/'.join(links) or '?'}"
             )
 
-        from decodetop.tui.adapters import start_resource_tracker
-
         start_resource_tracker()
 
-        def layout() -> Any:
+        def layout() -> GroupLayout:
             from decodetop.probes.controller import resolve_layout
 
             return resolve_layout(gpus, cpu_ranks, device)
 
-        def group_gpus() -> tuple[Any, ...]:
+        def group_gpus() -> tuple[GpuInfo, ...]:
             """The CUDA GPUs the probe group would use (none for CPU ranks)."""
             group = layout()
             return tuple(group.gpus) if group.kind == "cuda" else ()
@@ -184,7 +192,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
             return group_of(probes.layout())
         if options.demo:
             return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs", "of the demo")
-        from decodetop.probes.controller import resolve_layout
+        from decodetop.probes.controller import resolve_layout  # multiprocessing: only once a group is asked for
 
         try:
             gpus = list(options.gpus) if options.gpus is not None else None
@@ -220,11 +228,9 @@ def _build_taps(options: LaunchOptions) -> Taps | None:
         return None
     taps = Taps()
     if options.record is not None:
-        from decodetop.export.recording import Recorder
-
         taps.recorder = Recorder(options.record, meta={"source": "decodetop tui"})
     if options.prometheus is not None:
-        from decodetop.export.prometheus import StateBox, start_metrics_server
+        from decodetop.export.prometheus import StateBox, start_metrics_server  # prometheus_client: only if asked
 
         taps.state_box = StateBox()
         try:
@@ -235,25 +241,20 @@ def _build_taps(options: LaunchOptions) -> Taps | None:
     return taps
 
 
-def _build_server(options: LaunchOptions, budget: Any) -> ServerPoller | None:
+def _build_server(options: LaunchOptions, budget: PresetBudget) -> ServerPoller | None:
     if options.server is None:
         return None
-    from decodetop.collectors.serving import ServerStepSource
-    from decodetop.tui.adapters import BudgetServerPoller
 
     return BudgetServerPoller(ServerStepSource(options.server), budget)
 
 
 def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | None, notes: list[str]) -> Sources:
     """--replay: telemetry, probe results and checks from a recording; no NVML, no probes."""
-    from decodetop.export.recording import decode_replay, read_recording
-    from decodetop.tui.adapters import NoProbes, PresetBudget, RecordedChecks, ReplayProbes, ReplayTelemetry
-
     assert options.replay is not None
     decoded = decode_replay(read_recording(options.replay))
     snapshots = [i.value for i in decoded.items if i.event.kind == "telemetry"]
     results = [i.value for i in decoded.items if i.event.kind == "probe_result"]
-    checks: list[Any] = []
+    checks: list[CheckResult] = []
     for item in decoded.items:
         if item.event.kind == "checks":
             checks = list(item.value) if isinstance(item.value, (list, tuple)) else [item.value]
