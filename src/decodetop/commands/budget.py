@@ -11,6 +11,12 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from decodetop.budget.diff import diff_budget_files, format_budget_diff
+from decodetop.budget.gpus import GPUS, find_gpu
+from decodetop.budget.inventory import StepInventory
+from decodetop.budget.plan import ProbePlan, build_plan
+from decodetop.budget.scenario import Scenario
+from decodetop.budget.spec import preset_names
 from decodetop.commands._scenario_args import (
     add_scenario_arguments,
     observed_from_args,
@@ -18,11 +24,9 @@ from decodetop.commands._scenario_args import (
     target_from_args,
 )
 from decodetop.errors import UserInputError
+from decodetop.textfmt import fit_text, format_bytes, format_number, reserved_columns, table
 
 if TYPE_CHECKING:
-    from decodetop.budget.inventory import StepInventory
-    from decodetop.budget.plan import ProbePlan
-    from decodetop.budget.scenario import Scenario
     from decodetop.probes.budgeting import Composition
 
 DEFAULT_MODEL = "glm-5-nvfp4"
@@ -94,12 +98,8 @@ def _positive(value: float | None, flag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from decodetop.budget.gpus import GPUS, find_gpu
-    from decodetop.budget.plan import build_plan
-    from decodetop.budget.spec import preset_names
     from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full, taken_at_s
     from decodetop.probes.results import load_results
-    from decodetop.textfmt import fit_text
 
     if args.list_models:
         for name in preset_names():
@@ -157,9 +157,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _diff(old: str, new: str, *, as_json: bool) -> int:
     """`decodetop budget --diff OLD NEW`: the per-component table (or JSON) and the component that moved most."""
-    from decodetop.budget.diff import diff_budget_files, format_budget_diff
-    from decodetop.textfmt import fit_text
-
     diff = diff_budget_files(old, new)
     if as_json:
         print(json.dumps({"baseline_path": old, "current_path": new, **diff.to_dict()}, indent=1, allow_nan=False))
@@ -282,8 +279,6 @@ def _as_text(
 
 def _model_lines(scenario: Scenario, comp: Composition, gpu_memory_gib: float | None) -> list[str]:
     """The model, its weights, the deployment and what the busiest GPU holds and reads per step."""
-    from decodetop.textfmt import format_bytes
-
     spec, inv, roof = scenario.spec, scenario.inventory(), comp.roofline
     lines: list[str] = []
     add = lines.append
@@ -318,8 +313,6 @@ def _model_lines(scenario: Scenario, comp: Composition, gpu_memory_gib: float | 
 
 def _roofline_lines(comp: Composition) -> list[str]:
     """The budget's header and the roofline's terms with where its bandwidth and latency come from."""
-    from decodetop.textfmt import format_number, table
-
     roof, budget = comp.roofline, comp.budget
     lines: list[str] = []
     add = lines.append
@@ -347,7 +340,6 @@ def _roofline_lines(comp: Composition) -> list[str]:
 def _budget_lines(comp: Composition) -> list[str]:
     """The budget table (titled as estimates where nothing was measured) and its notes."""
     from decodetop.probes.budgeting import format_budget_table
-    from decodetop.textfmt import reserved_columns
 
     budget = comp.budget
     measured_any = any(seg.provenance_kind.startswith("measured") for seg in budget.segments)
@@ -363,8 +355,6 @@ def _budget_lines(comp: Composition) -> list[str]:
 
 def _inventory_lines(inv: StepInventory) -> list[str]:
     """The step's ops by component: per component its totals, then one table row per op."""
-    from decodetop.textfmt import table
-
     lines = ["Inventory by component (busiest GPU, one decode step)"]
     for component, ops in inv.by_component().items():
         wsum = sum(op.total_weight_bytes for op in ops)

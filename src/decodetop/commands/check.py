@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import file_or_directory, output_file
+from decodetop.errors import DecodetopError, UserInputError
+from decodetop.textfmt import table, terminal_width
 
 if TYPE_CHECKING:
     from decodetop.collectors.baseline import Baseline, Change
@@ -96,8 +98,6 @@ def run(args: argparse.Namespace) -> int:
 
     Bad input (a flag, a crafted --root archive) exits 2 with one line; anything unexpected exits 3 (UNKNOWN).
     """
-    from decodetop.errors import DecodetopError
-
     try:
         return _run(args)
     except (DecodetopError, BrokenPipeError):
@@ -124,7 +124,6 @@ def _baselines(args: argparse.Namespace) -> _Baselines:
     it is and not overwritten.
     """
     from decodetop.collectors import baseline as bl
-    from decodetop.errors import UserInputError
 
     explicit = args.baseline is not None
     name = args.baseline if explicit else bl.DEFAULT_BASELINE
@@ -157,8 +156,6 @@ def _baselines(args: argparse.Namespace) -> _Baselines:
 
 def _root_path(args: argparse.Namespace) -> Path:
     """The directory `--root` names (the unpacked decodetop-collect/ folder counts), refusing one that is `/`."""
-    from decodetop.errors import UserInputError
-
     root_path = Path(args.root)
     if (root_path / "findings.json").is_file() and (root_path / "root").is_dir():
         root_path = root_path / "root"  # the unpacked decodetop-collect/ folder itself
@@ -179,7 +176,6 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     """Check every flag before any work, so a bad one fails at once (exit 2)."""
     from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S
-    from decodetop.errors import UserInputError
 
     interval = DEFAULT_SAMPLE_INTERVAL_S if args.sample_interval is None else args.sample_interval
     if not 0 <= interval <= 60:
@@ -200,7 +196,6 @@ def _open_root(args: argparse.Namespace, stack: contextlib.ExitStack) -> HostRoo
     """The root the checks read: a copied tree (a directory or an unpacked archive), a recording root, or this host."""
     from decodetop.collectors.archive import RecordingRoot, unpacked
     from decodetop.collectors.hostroot import HostReadError, HostRoot
-    from decodetop.errors import UserInputError
 
     if not args.root:
         return RecordingRoot() if args.collect else HostRoot()
@@ -308,8 +303,6 @@ def _print(
 def render_table(results: list[CheckResult], *, verbose: bool = False) -> str:
     """id, status, title, observed, expected, fitted to the terminal (`decodetop.textfmt.table`: long cells wrap
     onto continuation lines; the full text is in --json); --verbose adds why/fix under each row."""
-    from decodetop.textfmt import table, terminal_width
-
     headers = ("ID", "STATUS", "TITLE", "OBSERVED", "EXPECTED")
     width = terminal_width() or _PIPE_WIDTH
     rows = [(r.check_id, r.status.value.upper(), r.title, r.observed, r.expected) for r in results]

@@ -14,7 +14,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from decodetop.argtypes import check_cpu_ranks, non_empty, positive_int
-from decodetop.commands._scenario_args import add_gpus_argument, add_scenario_arguments
+from decodetop.commands._scenario_args import (
+    add_gpus_argument,
+    add_scenario_arguments,
+    gpus_from_args,
+    observed_from_args,
+    scenario_from_args,
+    target_from_args,
+)
 
 if TYPE_CHECKING:
     from decodetop.export.schedule import Exporter, ProbeRunner
@@ -83,12 +90,6 @@ def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
     from decodetop.collectors.fake_nvml import fake_nvml
     from decodetop.collectors.nvml import Nvml
     from decodetop.collectors.serving import ServerStepSource
-    from decodetop.commands._scenario_args import (
-        gpus_from_args,
-        observed_from_args,
-        scenario_from_args,
-        target_from_args,
-    )
     from decodetop.export.schedule import BudgetComposer, Exporter, PlannedRun, parse_duration, probe_plan_runs
     from decodetop.probes.controller import resolve_layout
     from decodetop.probes.registry import ProbeRegistry

@@ -14,6 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
+from decodetop.atomic import write_text_atomic
+from decodetop.budget.compose import ObservedStep
+from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
+from decodetop.budget.plan import build_plan
+from decodetop.budget.scenario import Scenario
 from decodetop.commands._scenario_args import (
     add_gpus_argument,
     add_scenario_arguments,
@@ -23,10 +28,9 @@ from decodetop.commands._scenario_args import (
     target_from_args,
 )
 from decodetop.errors import UserInputError
+from decodetop.textfmt import fit_text, format_bytes, parse_size
 
 if TYPE_CHECKING:
-    from decodetop.budget.compose import ObservedStep
-    from decodetop.budget.scenario import Scenario
     from decodetop.probes.controller import GroupLayout
     from decodetop.probes.planrun import PlanRun, PlanRunOptions
     from decodetop.probes.registry import ProbeRegistry
@@ -80,8 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_size_list(text: str, flag: str) -> list[int]:
     """'8,4K,1M' → [8, 4096, 1048576]; one-line UserInputError naming the flag otherwise."""
-    from decodetop.textfmt import parse_size
-
     items = [p.strip() for p in text.split(",") if p.strip()]
     if not items:
         raise UserInputError(f"{flag}: no sizes given")
@@ -184,8 +186,6 @@ def _run_spawned(
     if layout.kind == "cuda":
         busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
         if busy and not args.force:
-            from decodetop.textfmt import format_bytes
-
             who = "; ".join(
                 f"GPU {p.cuda_index}: pid {p.pid} ({p.name}"
                 + (f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else "")
@@ -221,7 +221,6 @@ def _print_one(result: Any, registry: Any) -> None:
 def _report(results: Sequence[Any], args: argparse.Namespace, printed: bool = False) -> int:
     from pathlib import Path
 
-    from decodetop.atomic import write_text_atomic
     from decodetop.probes.registry import ProbeRegistry
     from decodetop.probes.results import ProbeStatus, results_to_json
 
@@ -245,8 +244,6 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
     against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
     'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
-    from decodetop.budget.diff import load_budget_document
-    from decodetop.budget.plan import build_plan
     from decodetop.probes.controller import ProbeController, resolve_layout
     from decodetop.probes.planrun import PlanProgress, plan_requests, run_plan
     from decodetop.probes.registry import ProbeRegistry
@@ -341,7 +338,6 @@ def _result_printer(registry: ProbeRegistry, *, quiet: bool) -> Callable[[ProbeR
 def _print_budget(run: PlanRun, *, full: bool) -> None:
     """The composed budget: all of it with --budget, else one line of its total."""
     from decodetop.probes.planrun import format_budget
-    from decodetop.textfmt import fit_text
 
     if full:
         sys.stdout.write(fit_text(format_budget(run)))  # tables fit already; long notes wrap to the terminal
@@ -355,9 +351,6 @@ def _print_budget(run: PlanRun, *, full: bool) -> None:
 
 def _baseline_diff(run: PlanRun, baseline: Mapping[str, Any], baseline_path: str, *, quiet: bool) -> dict[str, Any]:
     """The per-component diff of this run's budget against --baseline's, printed unless quiet; its JSON document."""
-    from decodetop.budget.diff import diff_budgets, format_budget_diff
-    from decodetop.textfmt import fit_text
-
     diff = diff_budgets(baseline, run.budget.to_dict(), baseline_name=baseline_path, current_name="this run")
     if not quiet:
         print()
@@ -369,7 +362,6 @@ def _write_plan_json(run: PlanRun, diff_doc: dict[str, Any] | None, destination:
     """The run as JSON to stdout (`-`) or atomically to a file."""
     from pathlib import Path
 
-    from decodetop.atomic import write_text_atomic
     from decodetop.probes.planrun import plan_run_to_json
 
     text = plan_run_to_json(run, diff_doc)

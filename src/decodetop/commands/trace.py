@@ -13,7 +13,14 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import non_empty, positive_finite_float, positive_int
+from decodetop.budget.compose import compose_budget
+from decodetop.budget.deployment import Deployment
+from decodetop.budget.gpus import GPUS, find_gpu
+from decodetop.budget.inventory import build_inventory
+from decodetop.budget.roofline import hardware_for, roofline
+from decodetop.budget.spec import load_config, load_preset
 from decodetop.errors import UserInputError
+from decodetop.textfmt import fit_text, format_duration_us, table
 
 if TYPE_CHECKING:
     from decodetop.traces.capture import CaptureResult
@@ -109,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
     comparison = compare(report, budget) if budget is not None else None
     view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers[0])
     if not args.json:
-        from decodetop.textfmt import fit_text
-
         sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
         return 0
     out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
@@ -177,12 +182,6 @@ def _ranks_json(traces: Any) -> dict[str, Any]:
 def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, dict[Any, Any], str, int | None]:
     """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size, the
     GEMM weight shapes of its inventory, a note and the number of decoder layers."""
-    from decodetop.budget.compose import compose_budget
-    from decodetop.budget.deployment import Deployment
-    from decodetop.budget.gpus import GPUS, find_gpu
-    from decodetop.budget.inventory import build_inventory
-    from decodetop.budget.roofline import hardware_for, roofline
-    from decodetop.budget.spec import load_config, load_preset
     from decodetop.traces.analysis import gemm_shapes_from_inventory
 
     spec = load_config(args.config) if args.config else load_preset(args.model)
@@ -216,7 +215,6 @@ def _observed(report: Any) -> float:
 def render_text(report: Any, comparison: Any = None, budget_note: str = "", view: Any = None) -> str:
     """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
     traced bar as the live UI shows it (the same `traced_view`)."""
-    from decodetop.textfmt import format_duration_us, table
     from decodetop.traces.compare import short_name
     from decodetop.traces.model import LAUNCH_KEY
 
@@ -281,8 +279,6 @@ def render_text(report: Any, comparison: Any = None, budget_note: str = "", view
 
 def render_traced(view: Any) -> list[str]:
     """The traced bar in text: header, per segment probed (should cost) / traced (does cost), the largest gap."""
-    from decodetop.textfmt import table
-
     lines = [f"traced bar: {view.header()}"]
     rows = [
         (

@@ -12,6 +12,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from decodetop.budget.scenario import build_scenario, choose_tp, model_source, source_from_setting
+from decodetop.errors import UserInputError
+from decodetop.paths import state_dir
+
 if TYPE_CHECKING:
     from decodetop.tui.trace_source import TraceOptions
 
@@ -90,8 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
-    from decodetop.budget.scenario import build_scenario, choose_tp, model_source, source_from_setting
-    from decodetop.errors import UserInputError
     from decodetop.settings import DEFAULT_OBSERVED_MS, default_settings_path, load_settings, with_overrides
     from decodetop.themes import THEME_NAMES
     from decodetop.tui.launch import LaunchOptions, build_sources, require_terminal
@@ -156,8 +158,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _trace_options(args: argparse.Namespace) -> TraceOptions:
     """--trace and the capture key's sources (the traced bar)."""
-    from decodetop.errors import UserInputError
-    from decodetop.paths import state_dir
     from decodetop.tui.trace_source import TraceOptions
 
     if args.trace == "":
