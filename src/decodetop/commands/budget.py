@@ -27,6 +27,7 @@ from decodetop.errors import UserInputError
 from decodetop.textfmt import fit_text, format_bytes, format_number, reserved_columns, table
 
 if TYPE_CHECKING:
+    from decodetop.collectors.nvml import Nvml
     from decodetop.probes.budgeting import Composition
 
 DEFAULT_MODEL = "glm-5-nvfp4"
@@ -61,10 +62,10 @@ class _GpuFacts:
     """What NVML says about this host, asked lazily and at most once."""
 
     def __init__(self) -> None:
-        self._nvml: Any = None
+        self._nvml: Nvml | None = None
         self._ready = False
 
-    def _get(self) -> Any:
+    def _get(self) -> Nvml | None:
         if not self._ready:
             self._ready = True
             try:

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
 from decodetop.atomic import write_text_atomic
@@ -33,6 +33,7 @@ from decodetop.textfmt import fit_text, format_bytes, parse_size
 if TYPE_CHECKING:
     from decodetop.probes.controller import GroupLayout
     from decodetop.probes.planrun import PlanRun, PlanRunOptions
+    from decodetop.probes.protocol import Progress
     from decodetop.probes.registry import ProbeRegistry
     from decodetop.probes.results import ProbeResult
 
@@ -126,8 +127,8 @@ def collect_params(args: argparse.Namespace, names: Sequence[str]) -> dict[str, 
     return params
 
 
-def _progress_printer(stream: Any) -> Callable[[Any], None]:
-    def show(progress: Any) -> None:
+def _progress_printer(stream: TextIO) -> Callable[[Progress], None]:
+    def show(progress: Progress) -> None:
         print(f"decodetop probe: {progress.line()}", file=stream, flush=True)
 
     return show
@@ -177,7 +178,7 @@ def _run_spawned(
     names: Sequence[str],
     params: dict[str, dict[str, Any]],
     gpus: list[int] | None,
-    registry: Any,
+    registry: ProbeRegistry,
 ) -> int:
     from decodetop.probes.controller import ProbeController, resolve_layout
     from decodetop.probes.gpuinfo import compute_processes
@@ -207,7 +208,7 @@ def _run_spawned(
     return _report(results, args, printed=args.json != "-")
 
 
-def _print_one(result: Any, registry: Any) -> None:
+def _print_one(result: ProbeResult, registry: ProbeRegistry) -> None:
     from decodetop.probes.report import format_result
 
     spec = registry.get(result.probe)
@@ -218,7 +219,7 @@ def _print_one(result: Any, registry: Any) -> None:
         print(result.traceback.rstrip(), file=sys.stderr, flush=True)
 
 
-def _report(results: Sequence[Any], args: argparse.Namespace, printed: bool = False) -> int:
+def _report(results: Sequence[ProbeResult], args: argparse.Namespace, printed: bool = False) -> int:
     from pathlib import Path
 
     from decodetop.probes.registry import ProbeRegistry

@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import non_empty, positive_finite_float, positive_int
-from decodetop.budget.compose import compose_budget
+from decodetop.budget.components import Component
+from decodetop.budget.compose import Budget, compose_budget
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.gpus import GPUS, find_gpu
 from decodetop.budget.inventory import build_inventory
@@ -23,7 +25,11 @@ from decodetop.errors import UserInputError
 from decodetop.textfmt import fit_text, format_duration_us, table
 
 if TYPE_CHECKING:
+    # types only: the trace readers and analysis load at run time, so decodetop --help stays light
     from decodetop.traces.capture import CaptureResult
+    from decodetop.traces.model import BucketTime, Comparison, TraceReport
+    from decodetop.traces.ranks import TraceSet
+    from decodetop.traces.traced import TracedView
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserInputError(f"--top: {args.top} must be at least 1")
     captured = _capture(args) if args.server else None
     path = str(captured.path) if captured is not None else args.file
-    budget: Any = None
+    budget: Budget | dict[str, float | None] | None = None
     budget_note = ""
     if args.budget:
         budget = load_budget_json(args.budget)
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     options = {"rules": rules, "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
     layers: list[int | None] = [None]
 
-    def analyze_file(file: Path) -> Any:
+    def analyze_file(file: Path) -> TraceReport:
         nonlocal budget, budget_note
         trace = read_trace(file)
         report = analyze(trace, vocab_size=args.vocab_size, **options)
@@ -159,7 +165,7 @@ def finite(value: Any) -> Any:
     return value
 
 
-def _view_json(view: Any) -> dict[str, Any]:
+def _view_json(view: TracedView) -> dict[str, Any]:
     from dataclasses import asdict
 
     data = asdict(view)
@@ -169,7 +175,7 @@ def _view_json(view: Any) -> dict[str, Any]:
     return data
 
 
-def _ranks_json(traces: Any) -> dict[str, Any]:
+def _ranks_json(traces: TraceSet) -> dict[str, Any]:
     from dataclasses import asdict
 
     return {
@@ -179,7 +185,9 @@ def _ranks_json(traces: Any) -> dict[str, Any]:
     }
 
 
-def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None, dict[Any, Any], str, int | None]:
+def _budget_for(
+    args: argparse.Namespace, report: TraceReport
+) -> tuple[Budget, int | None, dict[tuple[int, int], Component], str, int | None]:
     """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size, the
     GEMM weight shapes of its inventory, a note and the number of decoder layers."""
     from decodetop.traces.analysis import gemm_shapes_from_inventory
@@ -200,19 +208,19 @@ def _budget_for(args: argparse.Namespace, report: Any) -> tuple[Any, int | None,
         )
     hw = hardware_for(gpu)
     budget = compose_budget(inv, {}, roofline=roofline(inv, hw), estimate=hw, observed_ms=_observed(report))
-    vocab = getattr(spec, "vocab_size", None)
     note = f"roofline-estimated budget of {spec.name} ({dep.describe(spec)}) on {hw.gpu_name}; run probes for measured"
     shapes = gemm_shapes_from_inventory(inv.ops)
-    layers = getattr(spec, "n_layers", None)
-    return budget, vocab if isinstance(vocab, int) else None, shapes, note, layers if isinstance(layers, int) else None
+    return budget, spec.vocab_size, shapes, note, spec.n_layers
 
 
-def _observed(report: Any) -> float:
+def _observed(report: TraceReport) -> float:
     ms = float(report.step_wall_us_mean) / 1000
     return ms if ms > 0 else 1.0
 
 
-def render_text(report: Any, comparison: Any = None, budget_note: str = "", view: Any = None) -> str:
+def render_text(
+    report: TraceReport, comparison: Comparison | None = None, budget_note: str = "", view: TracedView | None = None
+) -> str:
     """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
     traced bar as the live UI shows it (the same `traced_view`)."""
     from decodetop.traces.compare import short_name
@@ -231,7 +239,7 @@ def render_text(report: Any, comparison: Any = None, budget_note: str = "", view
     )
     add("")
     add("per component, per step")
-    rows = [
+    rows: list[tuple[object, ...]] = [
         (b.label, b.time_us_per_step / 1000, f"{b.share:.0%}", round(b.kernels_per_step, 1), _top(b, short_name))
         for b in report.buckets
     ]
@@ -277,7 +285,7 @@ def render_text(report: Any, comparison: Any = None, budget_note: str = "", view
     return "\n".join(lines) + "\n"
 
 
-def render_traced(view: Any) -> list[str]:
+def render_traced(view: TracedView) -> list[str]:
     """The traced bar in text: header, per segment probed (should cost) / traced (does cost), the largest gap."""
     lines = [f"traced bar: {view.header()}"]
     rows = [
@@ -299,7 +307,7 @@ def render_traced(view: Any) -> list[str]:
     return lines
 
 
-def _top(bucket: Any, short_name: Any) -> str:
+def _top(bucket: BucketTime, short_name: Callable[[str, int], str]) -> str:
     if not bucket.top:
         return ""
     k = bucket.top[0]
