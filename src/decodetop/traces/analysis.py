@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from decodetop.budget.components import Component
+from decodetop.budget.inventory import Op
+from decodetop.budget.keys import GemmKey, SamplingKey
 from decodetop.errors import UserInputError
 from decodetop.traces.classify import (
     UNCLASSIFIED,
@@ -818,18 +820,17 @@ def _attribute(
     )
 
 
-def gemm_shapes_from_inventory(ops: Iterable[object]) -> dict[tuple[int, int], Component]:
+def gemm_shapes_from_inventory(ops: Iterable[Op]) -> dict[tuple[int, int], Component]:
     """(k, n) → component for the budget inventory's GEMMs and its lm_head (`StepInventory.ops` of
     `decodetop.budget.inventory`). Shapes two components share are left out: they decide nothing."""
     seen: dict[tuple[int, int], set[Component]] = defaultdict(set)
     for op in ops:
-        key = getattr(op, "key", None)
-        comp = getattr(op, "component", None)
-        k, n = getattr(key, "k", None), getattr(key, "n", None)
-        if getattr(op, "kind", None) == "sampling":  # the lm_head GEMM lives in the sampling op: hidden × vocab shard
-            k, n = getattr(key, "hidden", None), getattr(key, "vocab_shard", None)
-        if isinstance(k, int) and isinstance(n, int) and isinstance(comp, Component):
-            seen[(k, n)].add(comp)
+        key = op.key
+        if op.kind == "sampling":  # the lm_head GEMM lives in the sampling op: hidden × vocab shard
+            if isinstance(key, SamplingKey):
+                seen[(key.hidden, key.vocab_shard)].add(op.component)
+        elif isinstance(key, GemmKey):
+            seen[(key.k, key.n)].add(op.component)
     return {shape: next(iter(comps)) for shape, comps in seen.items() if len(comps) == 1}
 
 

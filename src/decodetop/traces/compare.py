@@ -14,6 +14,7 @@ from pathlib import Path
 
 from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.compose import Budget
 from decodetop.errors import UserInputError
 from decodetop.traces.model import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
 
@@ -60,9 +61,8 @@ def short_name(name: str, width: int = 60) -> str:
 
 def budget_ms(budget: object) -> dict[str, float | None]:
     """Per-component ms of a budget in any of the accepted forms (see module docstring)."""
-    segments = getattr(budget, "segments", None)
-    if segments is not None and not isinstance(budget, Mapping):
-        return {str(getattr(s, "component", "")): _ms(getattr(s, "ms", None)) for s in segments}
+    if isinstance(budget, Budget):
+        return {s.component: _ms(s.ms) for s in budget.segments}
     if isinstance(budget, Mapping):
         if isinstance(budget.get("budget"), Mapping):
             return budget_ms(budget["budget"])

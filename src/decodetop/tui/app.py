@@ -24,10 +24,13 @@ from textual.worker import get_current_worker
 
 from decodetop.budget.diff import diff_budgets
 from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.serving import ObservedStep as ServerObserved
+from decodetop.collectors.serving import ServerStatus
 from decodetop.errors import UserInputError
 from decodetop.history import KIND_BASELINE, KIND_PROBE, HistoryEntry, format_ago
 from decodetop.settings import Settings, save_changes
 from decodetop.themes import THEME_NAMES, drop_other_themes, next_theme, register_themes, theme_variable_defaults
+from decodetop.tui.adapters import ControllerProbes
 from decodetop.tui.gpu_guard import HeldGpus
 from decodetop.tui.launch import HEADLESS_HINT, MIN_COLUMNS, MIN_ROWS
 from decodetop.tui.messages import (
@@ -380,12 +383,12 @@ class DecodetopApp(App[int]):
             self.charts.show_history(self.telemetry, frame.taken_at_s)
         self._set_status()
 
-    def _on_server_answer(self, answer: Any) -> None:
+    def _on_server_answer(self, answer: ServerObserved | ServerStatus) -> None:
         """Poller thread: pass the answer on to the taps and the screen."""
         if self.sources.taps is not None:
             self.sources.taps.on_observed(answer)
-        step = getattr(answer, "step_ms", None)
-        self.post_message(ObservedUpdate(float(step) if step is not None else None, str(answer.summary)))
+        step = answer.step_ms if isinstance(answer, ServerObserved) else None
+        self.post_message(ObservedUpdate(step, answer.summary))
 
     @on(ObservedUpdate)
     def _observed_update(self, message: ObservedUpdate) -> None:
@@ -471,7 +474,8 @@ class DecodetopApp(App[int]):
         except Exception as exc:  # a bad model config must not close the UI
             self.call_from_thread(self.notify, f"probe plan: {exc}", severity="error", timeout=15)
             views = []
-        notes = tuple(getattr(self.sources.probes, "plan_notes", ()))
+        probes = self.sources.probes
+        notes = probes.plan_notes if isinstance(probes, ControllerProbes) else ()
         held = self._held_now() if run_now and views else None
         self.post_message(ProbePlanned(probes=views, run_now=run_now and held is None, notes=notes, held=held))
 

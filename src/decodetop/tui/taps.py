@@ -11,9 +11,16 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from decodetop.collectors.checks.model import CheckResult
 from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.telemetry import TelemetrySnapshot
+
+if TYPE_CHECKING:
+    # types only: the exporter loads prometheus_client, and a session that neither records nor exports never does
+    from decodetop.export.prometheus import MetricsServer, StateBox
+    from decodetop.export.recording import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +41,12 @@ class StepSource(Protocol):
 class Taps:
     """Where raw results go besides the screen: a `Recorder` and/or a Prometheus state box (with its server)."""
 
-    recorder: Any | None = None
-    """`decodetop.export.recording.Recorder`."""
-    state_box: Any | None = None
-    """`decodetop.export.prometheus.StateBox`."""
-    metrics_server: Any | None = None
-    """`decodetop.export.prometheus.MetricsServer` (closed with the taps)."""
+    recorder: Recorder | None = None
+    state_box: StateBox | None = None
+    metrics_server: MetricsServer | None = None
+    """Closed with the taps."""
 
-    def on_snapshot(self, snapshot: Any) -> None:
+    def on_snapshot(self, snapshot: TelemetrySnapshot) -> None:
         """A telemetry snapshot (collector thread)."""
         if self.recorder is not None:
             self.recorder.record("telemetry", snapshot)
@@ -49,22 +54,23 @@ class Taps:
             self.state_box.update(telemetry=snapshot)
 
     def on_probe_result(self, result: Any) -> None:
-        """A finished probe's `ProbeResult` (probe worker thread)."""
+        """A finished probe's `ProbeResult` (probe worker thread; `ProbeOutcome.result`, which test sources fill
+        with stand-ins)."""
         if self.recorder is not None:
             self.recorder.record("probe_result", result)
         if self.state_box is not None:
             self.state_box.add_probe_result(result)
 
-    def on_checks(self, checks: list[Any], at_s: float) -> None:
+    def on_checks(self, checks: list[CheckResult], at_s: float) -> None:
         """Health check results (checks worker thread)."""
         if self.recorder is not None:
             self.recorder.record("checks", checks)
         if self.state_box is not None:
             self.state_box.update(checks=tuple(checks), checks_unix_s=at_s)
 
-    def on_observed(self, observed: Any) -> None:
+    def on_observed(self, observed: ObservedStep | ServerStatus) -> None:
         """The live server's step or status (poller thread)."""
-        if self.recorder is not None and hasattr(observed, "step_ms"):
+        if self.recorder is not None and isinstance(observed, ObservedStep):
             self.recorder.record("observed_step", observed)
         if self.state_box is not None:
             self.state_box.update(observed=observed)
