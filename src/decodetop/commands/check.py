@@ -184,7 +184,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise UserInputError("--collect records this host; it cannot be combined with --root")
     if args.collect and Path(args.collect).is_dir():
         raise UserInputError(f"--collect {args.collect}: is a directory, give a file name ending in .tar.gz")
-    textfile = getattr(args, "prometheus_textfile", None)
+    textfile = args.prometheus_textfile
     if textfile:
         from decodetop.export.prometheus import textfile_path
 

@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.model is not None or args.config is not None:
         return run_plan_from_args(args)
-    if getattr(args, "baseline", None):
+    if args.baseline:
         raise UserInputError(
             "--baseline needs --model or --config (a model's plan run composes the budget it compares)"
         )
@@ -255,7 +255,7 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UserInputError(f"--timeout must be positive, got {args.timeout:g}")
     check_cpu_ranks(args.cpu_ranks, force=args.force)
-    baseline_path = str(getattr(args, "baseline", None) or "")
+    baseline_path = str(args.baseline or "")
     baseline = load_budget_document(baseline_path) if baseline_path else None  # a bad file fails before any probe
     gpus = gpus_from_args(args)
     layout = resolve_layout(list(gpus) if gpus is not None else None, args.cpu_ranks, args.device)

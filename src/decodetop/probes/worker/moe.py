@@ -37,6 +37,7 @@ MOE_VARIANTS = ("grouped", "loop", "fused")
 
 
 def _grouped_mm_fn() -> Callable[..., torch.Tensor] | None:
+    # the public name where this torch has it, else the private one of earlier releases; None on neither
     return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 

@@ -191,7 +191,7 @@ def rendezvous(ctx: ProbeContext, numel: int, dtype: torch.dtype, *, multimem: b
     buf = symm_mem.empty(numel, dtype=dtype, device=ctx.device)
     buf.zero_()
     handle = symm_mem.rendezvous(buf, name)
-    multicast = bool(getattr(handle, "multicast_ptr", 0))
+    multicast = bool(getattr(handle, "multicast_ptr", 0))  # a torch build without multicast has no such field
     return SymmBuffer(buf, torch.zeros(numel, dtype=dtype, device=ctx.device), name, handle, multicast)
 
 
