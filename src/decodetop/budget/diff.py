@@ -33,6 +33,7 @@ from typing import Any
 from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.errors import UserInputError
+from decodetop.textfmt import format_number, table
 
 NOISE_FLOOR_MS = 0.01
 """Absolute floor of the noise, ms per step. The two H200 plan runs of Llama-3.1-70B TP 2 (benchmarks/results/
@@ -378,7 +379,7 @@ def diff_budgets(
 
     Different models or deployments still compare, with a note saying so. Malformed input raises a one-line
     UserInputError naming `baseline_name` or `current_name` (file paths, in the CLI) and the problem."""
-    from decodetop.budget.ranks import straggler_in
+    from decodetop.budget.ranks import straggler_in  # ranks imports this module (its noise floors)
 
     old = _side(baseline, baseline_name)
     new = _side(current, current_name)
@@ -489,7 +490,6 @@ def moved_most_line(diff: BudgetDiff) -> str:
 def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
     """The diff as text: a title naming the baseline, one row per component (before, after, Δ, ×, the noise it had
     to exceed, and what happened), the totals, the notes and the "moved most" line."""
-    from decodetop.textfmt import format_number, table
 
     def ms(value: float | None, status: str) -> str:
         if value is not None:

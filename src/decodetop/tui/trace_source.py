@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from decodetop.budget.spec import load_config, load_preset
 from decodetop.errors import UserInputError
 from decodetop.traces.capture import capture, detect_engine
 from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
@@ -84,8 +85,6 @@ def layers_of(model: str | None) -> int | None:
     """The model's decoder layers (for 'N per layer'), or None when the setting names no known model."""
     if not model:
         return None
-    from decodetop.budget.spec import load_config, load_preset
-
     try:
         spec = load_config(model) if model.endswith(".json") or "/" in model else load_preset(model)
     except (UserInputError, OSError, ValueError):

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from decodetop.history import format_ago
 from decodetop.tui.model import BudgetView
 from decodetop.tui.other_scenarios import OtherScenario, others_summary
 
@@ -85,8 +86,6 @@ class BudgetDetailsScreen(ModalScreen[None]):
 
 def stored_line(probes: int, newest_at_s: float | None, now_s: float) -> str:
     """ "the stored results of 8 probes of this scenario feed the budget, newest 2h ago", or that none does."""
-    from decodetop.history import format_ago
-
     if probes == 0 or newest_at_s is None:
         return "no stored result of this scenario feeds the budget"
     what = "1 probe" if probes == 1 else f"{probes} probes"
