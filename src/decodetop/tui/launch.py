@@ -162,7 +162,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noq
         start_resource_tracker()
 
         def layout() -> GroupLayout:
-            from decodetop.probes.controller import resolve_layout
+            from decodetop.probes.controller import resolve_layout  # read at call time: tests stand in a fake group
 
             return resolve_layout(gpus, cpu_ranks, device)
 
