@@ -41,7 +41,7 @@ from decodetop.tui.trace_source import TraceOptions
 
 if TYPE_CHECKING:
     # types only: the controller module pulls in multiprocessing (--replay and --no-probes never load it)
-    from decodetop.probes.controller import GroupLayout
+    from decodetop.probes.controller import GroupLayout, ProbeController
 
 DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
@@ -114,113 +114,137 @@ def parse_gpus(text: str) -> tuple[int, ...]:
     return parse_gpu_list(text)
 
 
-def build_sources(settings: Settings, options: LaunchOptions) -> Sources:  # noqa: PLR0915 - known debt: split
+def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
     notes: list[str] = list(options.notes)
-    guard: GpuGuard | None = None
     taps = _build_taps(options)
     if options.replay is not None:
         return _replay_sources(settings, options, taps, notes)
-    if options.demo:
-        recording = load_recording(os.environ.get("DECODETOP_DEMO_RECORDING", DEFAULT_RECORDING))
-        nvml = Nvml(FakeNvmlBackend(recording, replicate_to=DEMO_GPUS))
-        notes.append(f"demo: fake NVML replaying {recording.label} replicated to {DEMO_GPUS} GPUs")
-    else:
-        nvml = Nvml()
+    nvml = _live_nvml(options, notes)
     telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s, on_snapshot=taps.on_snapshot if taps else None)
-
-    run_probes = not options.no_probes and not options.demo
-    if options.no_probes or (options.demo and options.cpu_ranks is None):
-        probes: NoProbes | ControllerProbes = NoProbes(
-            "probes are off (--no-probes)" if options.no_probes else "demo: no probes unless --cpu-ranks is given"
-        )
-    else:
-        from decodetop.probes.controller import ProbeController  # multiprocessing: only where probes run
-
-        cpu_ranks = options.cpu_ranks
-        gpus = list(options.gpus) if options.gpus is not None else None
-        device = "cpu" if options.demo or cpu_ranks is not None else "auto"
-
-        def make_controller() -> ProbeController:
-            controller = ProbeController(gpus=gpus, cpu_ranks=cpu_ranks, device=device)
-            controller.start()
-            return controller
-
-        def telemetry_line() -> str:
-            snap = telemetry.collector.latest
-            if snap is None or not snap.gpus:
-                return ""
-            clocks = sorted({g.sm_clock_mhz for g in snap.gpus if g.sm_clock_mhz is not None})
-            reasons = sorted({r for g in snap.gpus for r in g.clock_event_reasons})
-            links = sorted({f"{g.pcie_gen}x{g.pcie_width}" for g in snap.gpus if g.pcie_gen is not None})
-            return (
-                f"SM {'/'.join(str(c) for c in clocks) or '?'} MHz · clock events {','.join(reasons) or 'none'} · "
-                f"PCIe {'/'.join(links) or '?'}"
-            )
-
-        start_resource_tracker()
-
-        def layout() -> GroupLayout:
-            from decodetop.probes.controller import resolve_layout  # read at call time: tests stand in a fake group
-
-            return resolve_layout(gpus, cpu_ranks, device)
-
-        def group_gpus() -> tuple[GpuInfo, ...]:
-            """The CUDA GPUs the probe group would use (none for CPU ranks)."""
-            group = layout()
-            return tuple(group.gpus) if group.kind == "cuda" else ()
-
-        # GPU probes wait while another process (a serving engine) holds one of the group's GPUs: the UI shows the
-        # serving-time view, and a key asks before probing; --force consents for the session (gpu_guard).
-        guard = GpuGuard(group_gpus, forced=options.force)
-        probes = ControllerProbes(
-            make_controller, telemetry_line, cpu_rank_nice=CPU_RANK_NICE, layout=layout, preflight=guard.refusal
-        )
-        guard.own_pids = probes.rank_pids
-        if options.demo:
-            run_probes = True
-
-    def gpu_name() -> str | None:
-        snap = telemetry.collector.latest
-        return snap.gpus[0].name if snap is not None and snap.gpus else None
-
-    @functools.cache
-    def group() -> GroupInfo | None:
-        """The probe group (its size is the default TP); with --no-probes, the group a run would use."""
-        if isinstance(probes, ControllerProbes) and probes.layout is not None:
-            return group_of(probes.layout())
-        if options.demo:
-            return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs", "of the demo")
-        from decodetop.probes.controller import resolve_layout  # multiprocessing: only once a group is asked for
-
-        try:
-            gpus = list(options.gpus) if options.gpus is not None else None
-            return group_of(resolve_layout(gpus, options.cpu_ranks, "auto"))
-        except UserInputError:
-            return None
-
-    budget = PresetBudget(
-        gpu_name,
-        group=group,
-        gpu_how="fake NVML of the demo" if options.demo else "detected by NVML",
-        observed_from=options.observed_from,
-        server_url=options.server,
-        allreduce=options.allreduce,
-    )
+    probes, guard = _live_probes(options, telemetry)
+    budget = _live_budget(options, telemetry, probes)
     return Sources(
         telemetry=telemetry,
         probes=probes,
         budget=budget,
         checks=HostChecks(nvml),
         history=History(options.history_path),
-        run_probes_at_start=run_probes,
+        run_probes_at_start=isinstance(probes, ControllerProbes),  # a probe group runs: probe at start (demo too)
         notes=tuple(notes),
         taps=taps,
         server=_build_server(options, budget),
         trace=options.trace,
         gpu_guard=guard,
     )
+
+
+def _live_nvml(options: LaunchOptions, notes: list[str]) -> Nvml:
+    """NVML of this host, or with --demo a fake one replaying a recording over DEMO_GPUS GPUs (said in `notes`)."""
+    if not options.demo:
+        return Nvml()
+    recording = load_recording(os.environ.get("DECODETOP_DEMO_RECORDING", DEFAULT_RECORDING))
+    notes.append(f"demo: fake NVML replaying {recording.label} replicated to {DEMO_GPUS} GPUs")
+    return Nvml(FakeNvmlBackend(recording, replicate_to=DEMO_GPUS))
+
+
+def _live_probes(
+    options: LaunchOptions, telemetry: CollectorTelemetry
+) -> tuple[NoProbes | ControllerProbes, GpuGuard | None]:
+    """The probes (off with --no-probes, and in the demo unless --cpu-ranks is given) and their GPU guard."""
+    if options.no_probes:
+        return NoProbes("probes are off (--no-probes)"), None
+    if options.demo and options.cpu_ranks is None:
+        return NoProbes("demo: no probes unless --cpu-ranks is given"), None
+    return _controller_probes(options, telemetry)
+
+
+def _controller_probes(options: LaunchOptions, telemetry: CollectorTelemetry) -> tuple[ControllerProbes, GpuGuard]:
+    """A probe group on the chosen GPUs or CPU ranks, spawned on the first probe, behind the GPU guard."""
+    from decodetop.probes.controller import ProbeController  # multiprocessing: only where probes run
+
+    cpu_ranks = options.cpu_ranks
+    gpus = list(options.gpus) if options.gpus is not None else None
+    device = "cpu" if options.demo or cpu_ranks is not None else "auto"
+
+    def make_controller() -> ProbeController:
+        controller = ProbeController(gpus=gpus, cpu_ranks=cpu_ranks, device=device)
+        controller.start()
+        return controller
+
+    start_resource_tracker()
+
+    def layout() -> GroupLayout:
+        from decodetop.probes.controller import resolve_layout  # read at call time: tests stand in a fake group
+
+        return resolve_layout(gpus, cpu_ranks, device)
+
+    def group_gpus() -> tuple[GpuInfo, ...]:
+        """The CUDA GPUs the probe group would use (none for CPU ranks)."""
+        group = layout()
+        return tuple(group.gpus) if group.kind == "cuda" else ()
+
+    # GPU probes wait while another process (a serving engine) holds one of the group's GPUs: the UI shows the
+    # serving-time view, and a key asks before probing; --force consents for the session (gpu_guard).
+    guard = GpuGuard(group_gpus, forced=options.force)
+    probes = ControllerProbes(
+        make_controller,
+        functools.partial(_telemetry_line, telemetry),
+        cpu_rank_nice=CPU_RANK_NICE,
+        layout=layout,
+        preflight=guard.refusal,
+    )
+    guard.own_pids = probes.rank_pids
+    return probes, guard
+
+
+def _telemetry_line(telemetry: CollectorTelemetry) -> str:
+    """The clocks, clock-event reasons and PCIe links of the latest snapshot, stored beside each probe result."""
+    snap = telemetry.collector.latest
+    if snap is None or not snap.gpus:
+        return ""
+    clocks = sorted({g.sm_clock_mhz for g in snap.gpus if g.sm_clock_mhz is not None})
+    reasons = sorted({r for g in snap.gpus for r in g.clock_event_reasons})
+    links = sorted({f"{g.pcie_gen}x{g.pcie_width}" for g in snap.gpus if g.pcie_gen is not None})
+    return (
+        f"SM {'/'.join(str(c) for c in clocks) or '?'} MHz · clock events {','.join(reasons) or 'none'} · "
+        f"PCIe {'/'.join(links) or '?'}"
+    )
+
+
+def _live_budget(
+    options: LaunchOptions, telemetry: CollectorTelemetry, probes: NoProbes | ControllerProbes
+) -> PresetBudget:
+    """The budget for the GPU NVML sees, at the probe group's size."""
+
+    def gpu_name() -> str | None:
+        snap = telemetry.collector.latest
+        return snap.gpus[0].name if snap is not None and snap.gpus else None
+
+    return PresetBudget(
+        gpu_name,
+        group=functools.cache(functools.partial(_probe_group, options, probes)),
+        gpu_how="fake NVML of the demo" if options.demo else "detected by NVML",
+        observed_from=options.observed_from,
+        server_url=options.server,
+        allreduce=options.allreduce,
+    )
+
+
+def _probe_group(options: LaunchOptions, probes: NoProbes | ControllerProbes) -> GroupInfo | None:
+    """The probe group (its size is the default TP); with --no-probes, the group a run would use."""
+    if isinstance(probes, ControllerProbes) and probes.layout is not None:
+        return group_of(probes.layout())
+    if options.demo:
+        return GroupInfo(DEMO_GPUS, "cuda", "fake GPUs", "of the demo")
+    from decodetop.probes.controller import resolve_layout  # multiprocessing: only once a group is asked for
+
+    try:
+        gpus = list(options.gpus) if options.gpus is not None else None
+        return group_of(resolve_layout(gpus, options.cpu_ranks, "auto"))
+    except UserInputError:
+        return None
 
 
 def _build_taps(options: LaunchOptions) -> Taps | None:
