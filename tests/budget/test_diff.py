@@ -360,3 +360,42 @@ def test_budgets_without_means_never_claim_a_tail() -> None:
     doc["budget"].pop("mean_total_ms")
     diff = diff_budgets(json.loads((PLANTS_H200 / "clean1.json").read_text(encoding="utf-8")), doc)
     assert not diff.tail_moved and diff.mean_after_ms is None
+
+
+# --------------------------------------------------------------------------------------------- all-reduce path
+
+
+def _with_path(ms: float, path: str, path_text: str) -> dict[str, Any]:
+    return _budget(_seg("attention", 1.0), {**_seg("communication", ms), "path": path, "path_text": path_text})
+
+
+NCCL_TEXT = "NCCL assumed: custom all-reduce cannot run here (NCCL_P2P_DISABLE=1 is set)"
+CUSTOM_TEXT = "custom one-shot ≤ 1 MiB, NCCL above (vLLM at TP 2 over NVLink: custom all-reduce below 8 MiB)"
+
+
+def test_a_changed_all_reduce_path_is_said_under_the_moved_most_line() -> None:
+    diff = diff_budgets(_with_path(0.5, "NCCL", NCCL_TEXT), _with_path(0.2, "custom one-shot", CUSTOM_TEXT))
+    lines = format_budget_diff(diff, "old.json").splitlines()
+    most = next(i for i, line in enumerate(lines) if line == moved_most_line(diff))
+    assert lines[most + 1] == "all-reduce path: NCCL assumed → custom one-shot ≤ 1 MiB, NCCL above"
+    data = diff.to_dict()
+    assert data["allreduce_path_before"] == "NCCL assumed"
+    assert data["allreduce_path_after"] == "custom one-shot ≤ 1 MiB, NCCL above"
+    assert data["allreduce_path_changed"] is True
+
+
+def test_the_same_path_or_an_older_file_says_nothing_of_the_path() -> None:
+    same = diff_budgets(_with_path(0.5, "NCCL", NCCL_TEXT), _with_path(0.6, "NCCL", NCCL_TEXT))
+    assert "all-reduce path" not in format_budget_diff(same, "old.json")
+    assert same.to_dict()["allreduce_path_before"] == "NCCL assumed"
+    assert same.to_dict()["allreduce_path_changed"] is False
+    older = _budget(_seg("attention", 1.0), _seg("communication", 0.5))  # written before segments named a path
+    diff = diff_budgets(older, _with_path(0.2, "custom one-shot", CUSTOM_TEXT))
+    assert "all-reduce path" not in format_budget_diff(diff, "old.json")
+    assert diff.to_dict()["allreduce_path_before"] is None and diff.to_dict()["allreduce_path_changed"] is False
+
+
+def test_a_path_that_is_not_a_string_is_a_one_line_error() -> None:
+    bad = _budget({**_seg("communication", 0.5), "path": 3})
+    with pytest.raises(UserInputError, match="'communication': 'path' is 3, not a string"):
+        diff_budgets(bad, _with_path(0.2, "custom one-shot", CUSTOM_TEXT))

@@ -15,6 +15,10 @@ Significance (the rule, and why): a component moved only when |Δ| exceeds
 - an absolute and a relative floor: point figures carry no spread (the launch line is a fit, estimates and
   interpolations are single values), so without a floor any change of a zero-spread segment would count.
 
+The all-reduce's kernel path (a segment's `path` / `path_text`, compose.Segment: NCCL, custom one-shot, …) is
+compared too: when it changed between the two budgets the diff says so in one line, since a new path moves the
+all-reduce with nothing changed on the host. Older files without those fields say nothing.
+
 A component present on one side only counts as added (Δ = its ms) or removed (Δ = −its ms). A segment whose data
 is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts. A roofline
 estimate against a measurement (status "estimated" on one side only) has a Δ but never counts either: it says how
@@ -107,6 +111,16 @@ class BudgetDiff:
     mean_after_ms: float | None = None
     tail_moved: bool = False
     """The mean step moved while the medians held: the tail grew (see TAIL_FLOOR)."""
+    allreduce_path_before: str = ""
+    """The baseline's all-reduce path in short words ('NCCL', 'custom one-shot ≤ 1 MiB, NCCL above'); '' when the
+    file names none (older files, or no all-reduce)."""
+    allreduce_path_after: str = ""
+
+    @property
+    def allreduce_path_changed(self) -> bool:
+        """Both budgets name an all-reduce path, and they differ."""
+        before, after = self.allreduce_path_before, self.allreduce_path_after
+        return bool(before) and bool(after) and before != after
 
     @property
     def total_delta_ms(self) -> float:
@@ -169,6 +183,9 @@ class BudgetDiff:
             "mean_before_ms": self.mean_before_ms,
             "mean_after_ms": self.mean_after_ms,
             "tail_moved": self.tail_moved,
+            "allreduce_path_before": self.allreduce_path_before or None,
+            "allreduce_path_after": self.allreduce_path_after or None,
+            "allreduce_path_changed": self.allreduce_path_changed,
         }
 
 
@@ -183,6 +200,10 @@ class _Seg:
     p10_ms: float | None
     p90_ms: float | None
     status: str
+    path: str = ""
+    """The kernel path the figure assumes ('NCCL', 'custom one-shot+NCCL'; '' where none or an older file)."""
+    path_text: str = ""
+    """That path in words with why ('custom one-shot ≤ 1 MiB, NCCL above (…)')."""
 
     @property
     def known_ms(self) -> float | None:
@@ -284,6 +305,8 @@ def _side(document: object, name: str) -> _Side:
                 _number(item.get("p10_ms"), f"{where}: 'p10_ms'"),
                 _number(item.get("p90_ms"), f"{where}: 'p90_ms'"),
                 status,
+                _string(item.get("path"), f"{where}: 'path'"),
+                _string(item.get("path_text"), f"{where}: 'path_text'"),
             )
         )
     if not segments:
@@ -403,6 +426,9 @@ def diff_budgets(
                 "is a lower bound"
             )
     mean_before, mean_after = _mean_step(baseline, baseline_name), _mean_step(current, current_name)
+    path_before, path_after = _allreduce_path(old), _allreduce_path(new)
+    if path_before == path_after and _allreduce_path(old, short=False) != _allreduce_path(new, short=False):
+        path_before, path_after = _allreduce_path(old, short=False), _allreduce_path(new, short=False)
     return BudgetDiff(
         baseline_model=old.model,
         baseline_deployment=old.deployment,
@@ -419,7 +445,23 @@ def diff_budgets(
         mean_before_ms=mean_before,
         mean_after_ms=mean_after,
         tail_moved=_tail_moved(old.total_ms, mean_before, new.total_ms, mean_after),
+        allreduce_path_before=path_before,
+        allreduce_path_after=path_after,
     )
+
+
+def _allreduce_path(side: _Side, *, short: bool = True) -> str:
+    """The all-reduce path a budget assumed, '' where it names none: the communication segment's (else the first
+    segment's that names one). `short`: its words without the why ('custom one-shot ≤ 1 MiB, NCCL above', 'NCCL
+    assumed'), else the whole text, so two paths that read alike short still tell apart."""
+    named = [s for s in side.segments if s.path or s.path_text]
+    seg = next((s for s in named if s.component == Component.COMMUNICATION.value), named[0] if named else None)
+    if seg is None:
+        return ""
+    if not short:
+        return f"{seg.path}: {seg.path_text}" if seg.path and seg.path_text else seg.path or seg.path_text
+    text = seg.path_text.split(" (", 1)[0].split(":", 1)[0].strip()
+    return text or seg.path
 
 
 def _mean_step(document: object, name: str) -> float | None:
@@ -487,6 +529,14 @@ def moved_most_line(diff: BudgetDiff) -> str:
     return f"moved most: {most.label} ({_signed(most.delta_ms or 0.0)} ms, {ratio})"
 
 
+def allreduce_path_line(diff: BudgetDiff) -> str:
+    """ "all-reduce path: NCCL assumed → custom one-shot ≤ 1 MiB, NCCL above", or "" where it did not change (or a
+    file names no path)."""
+    if not diff.allreduce_path_changed:
+        return ""
+    return f"all-reduce path: {diff.allreduce_path_before} → {diff.allreduce_path_after}"
+
+
 def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
     """The diff as text: a title naming the baseline, one row per component (before, after, Δ, ×, the noise it had
     to exceed, and what happened), the totals, the notes and the "moved most" line."""
@@ -536,6 +586,8 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
     lines.append(table(["component", "before ms", "after ms", "Δ ms", "×", "noise ms", "note"], rows, "lrrrrrl"))
     lines.extend(f"note: {n}" for n in diff.notes)
     lines.append(moved_most_line(diff))
+    if allreduce_path_line(diff):
+        lines.append(allreduce_path_line(diff))
     if tail_line(diff):
         lines.append(tail_line(diff))
     if diff.straggler:
