@@ -66,7 +66,7 @@ def test_snapshot_charts_with_fake_nvml_history(snap_compare: Callable[..., bool
         await wait_until(pilot, lambda: app.last_frame is not None, "first frame")
         for frame in frames[1:]:  # one tick at a time: a newer frame replaces a queued one, as it should live
             app.post_message(TelemetryReady(frame))
-            await pilot.pause()
+            await wait_until(pilot, lambda frame=frame: app.last_frame is frame, "the tick shown")
         await pilot.press("4")
         await wait_until(pilot, lambda: _charts_drawn(app), "charts with twelve ticks on every GPU")
         await pilot.pause()

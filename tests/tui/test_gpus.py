@@ -60,7 +60,7 @@ async def _settle(pilot: Pilot[object], app: DecodetopApp) -> None:
     await wait_until(pilot, lambda: app.last_frame is not None, "first frame")
     for frame in _history_frames()[1:]:
         app.post_message(TelemetryReady(frame))  # type: ignore[arg-type]
-        await pilot.pause()
+        await wait_until(pilot, lambda frame=frame: app.last_frame is frame, "the tick shown")
     await wait_until(pilot, lambda: _ready(app), "GPU data")
     await pilot.pause()
 
