@@ -44,8 +44,15 @@ class Deployment:
     """Which all-reduce the engine runs (`--allreduce`): auto (what vLLM would run at this TP, size and topology),
     nccl, or custom (the P2P one-shot / two-shot class); `decodetop.budget.engine_paths` holds the rule."""
 
-    def validate(self, spec: ModelSpec) -> None:  # noqa: C901, PLR0912 - known debt: split
+    def validate(self, spec: ModelSpec) -> None:
         """Raise UserInputError naming the flag when this deployment cannot serve `spec`."""
+        self._check_ranges(spec)
+        self._check_choices()
+        self._check_heads(spec)
+        self._check_speculation()
+
+    def _check_ranges(self, spec: ModelSpec) -> None:
+        """TP, EP, batch and context within their ranges; EP divides TP and the experts."""
         if not 1 <= self.tp <= 1024:
             raise UserInputError(f"--tp: {self.tp} is out of range (1..1024)")
         if not 1 <= self.ep <= self.tp or self.tp % self.ep:
@@ -56,12 +63,18 @@ class Deployment:
             raise UserInputError(f"--batch: {self.batch} is out of range (1..65536)")
         if not 0 <= self.context_len <= 1 << 24:
             raise UserInputError(f"--context: {self.context_len} is out of range (0..16777216)")
+
+    def _check_choices(self) -> None:
+        """KV dtype, launch mode and all-reduce path are among the known choices."""
         if self.kv_dtype not in KV_DTYPES:
             raise UserInputError(f"--kv-dtype: {self.kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
         if self.launch_mode not in LAUNCH_MODES:
             raise UserInputError(f"--launch-mode: {self.launch_mode!r} is not one of {', '.join(LAUNCH_MODES)}")
         if self.allreduce not in ALLREDUCE_CHOICES:
             raise UserInputError(f"--allreduce: {self.allreduce!r} is not one of {', '.join(ALLREDUCE_CHOICES)}")
+
+    def _check_heads(self, spec: ModelSpec) -> None:
+        """TP splits the attention heads, and splits or replicates the KV heads."""
         if spec.n_heads % self.tp and self.tp % spec.n_heads:
             raise UserInputError(f"--tp: {self.tp} does not split the {spec.n_heads} attention heads of {spec.name}")
         if spec.n_heads < self.tp:
@@ -74,6 +87,9 @@ class Deployment:
                 f"--tp: {self.tp} neither splits the {kv} KV heads of {spec.name} evenly nor replicates them "
                 f"(TP must divide {kv} or be a multiple of it)"
             )
+
+    def _check_speculation(self) -> None:
+        """Accept length and draft tokens of speculative decoding within their ranges."""
         if self.accept_length is not None:
             if not math.isfinite(self.accept_length) or not 1.0 <= self.accept_length <= 64:
                 raise UserInputError(f"--accept-length: {self.accept_length} is out of range (1..64)")
