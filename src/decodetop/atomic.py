@@ -55,12 +55,3 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE) -> Non
 def write_text_atomic(path: Path, text: str, mode: int = DEFAULT_MODE) -> None:
     """Text flavour of `write_bytes_atomic` (UTF-8)."""
     write_bytes_atomic(path, text.encode("utf-8"), mode)
-
-
-def append_line_atomic(path: Path, line: str) -> None:
-    """Append one line by rewriting the file atomically: an interrupted append never truncates what was there."""
-    path = Path(path)
-    old = path.read_bytes() if path.exists() else b""
-    if old and not old.endswith(b"\n"):
-        old += b"\n"
-    write_bytes_atomic(path, old + line.rstrip("\n").encode("utf-8") + b"\n")

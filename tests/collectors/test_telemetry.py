@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -17,10 +16,7 @@ from decodetop.collectors.telemetry import (
     cpus_from_affinity,
     decode_clock_event_reasons,
     normalize_bus_id,
-    snapshot_from_dict,
-    snapshot_to_dict,
 )
-from decodetop.errors import UserInputError
 
 
 def _sampler(name: str, **kwargs: object) -> tuple[TelemetrySampler, FakeNvmlBackend]:
@@ -230,24 +226,6 @@ def test_collector_survives_a_failing_callback() -> None:
 def test_bad_interval_is_refused() -> None:
     with pytest.raises(ValueError, match="interval"):
         TelemetryCollector(fake_nvml("h200x1-idle", clock=None), interval_s=0)
-
-
-def test_snapshot_json_round_trip() -> None:
-    sampler, backend = _sampler("h200x1-load")
-    sampler.sample()
-    backend.advance()
-    snap = sampler.sample()
-    data = snapshot_to_dict(snap)
-    again = snapshot_from_dict(json.loads(json.dumps(data)))
-    assert again == snap
-    assert again.gpus[0].processes == snap.gpus[0].processes
-
-
-def test_snapshot_from_dict_rejects_garbage() -> None:
-    with pytest.raises(UserInputError, match="must be an object"):
-        snapshot_from_dict([])
-    with pytest.raises(UserInputError, match=r"gpus\[0\]"):
-        snapshot_from_dict({"tick": 1, "source": "nvml", "gpus": ["x"]})
 
 
 def test_older_driver_function_names_are_the_fallback() -> None:

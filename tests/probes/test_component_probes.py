@@ -186,17 +186,17 @@ def test_kvcast_write_and_read_trend(controller: ProbeController) -> None:
     for m in writes:
         _ok(m)
 
-    def t(mode: str, context: int, width: int = 64) -> float:
+    def moved(mode: str, context: int, width: int = 64) -> float:
         m = _by(res, mode=mode, context=context, width=width)[0]
         _ok(m)
-        got = busiest(m)
-        assert got is not None
-        return got.median_ms
+        assert busiest(m) is not None  # a time was measured on every rank
+        return m.metrics["moved_bytes"]
 
-    # 64× the context: the whole-cache cast grows with it, gather-then-cast reads the same 1024 tokens.
-    assert t("whole_cast", 65536) > 8 * t("whole_cast", 1024)
-    assert t("gather_cast", 65536) < 4 * t("gather_cast", 1024)
-    assert t("whole_cast", 65536) > 4 * t("gather_cast", 65536)
+    # 64× the context: the whole-cache cast reads (and writes) 64× the bytes, gather-then-cast the same 1024 tokens.
+    # The bytes, not the times, are what a unit test can hold (timings: benchmarks/, docs/benchmarks.md "kvcast").
+    assert moved("whole_cast", 65536) == 64 * moved("whole_cast", 1024)
+    assert moved("gather_cast", 65536) == moved("gather_cast", 1024)
+    assert moved("whole_cast", 65536) == 64 * moved("gather_cast", 65536)
 
 
 def test_layer_parts_whole_and_composition(controller: ProbeController) -> None:

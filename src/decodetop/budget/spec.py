@@ -201,13 +201,6 @@ class ModelSpec:
                 total += m.params
         return total
 
-    def params_by_component(self) -> dict[Component, int]:
-        """Total parameters per budget component (embedding under lm_head & sampling)."""
-        out: dict[Component, int] = {}
-        for m in self.modules:
-            out[m.component] = out.get(m.component, 0) + m.params
-        return out
-
     def active_weight_bytes(self) -> float:
         """Bytes of weights one token reads at batch 1 on a single GPU (docs/reference/models.md §5's per-token
         table)."""

@@ -15,7 +15,6 @@ sets for its duration (`with collector.latency_probe(): ...`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import threading
@@ -26,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodetop.collectors.nvml import NA, GpuRef, Nvml
-from decodetop.errors import UserInputError
 
 log = logging.getLogger(__name__)
 
@@ -332,53 +330,6 @@ class TelemetrySnapshot:
             if g.index == index:
                 return g
         return None
-
-
-# --- JSON ---------------------------------------------------------------------------------------------------
-
-
-def snapshot_to_dict(snapshot: TelemetrySnapshot) -> dict[str, Any]:
-    """A snapshot as plain JSON-able data (tuples become lists), for history files and replay."""
-    data = dataclasses.asdict(snapshot)
-    return json.loads(json.dumps(data))  # type: ignore[no-any-return]
-
-
-def _build(cls: type[Any], data: object, where: str) -> Any:
-    """One dataclass from a dict: missing fields take their default (or None); lists become tuples."""
-    if not isinstance(data, dict):
-        raise UserInputError(f"telemetry snapshot: {where} must be an object, got {type(data).__name__}")
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            value = data[f.name]
-            kwargs[f.name] = tuple(value) if isinstance(value, list) else value
-        elif f.default is not dataclasses.MISSING:
-            kwargs[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            kwargs[f.name] = f.default_factory()
-        else:
-            kwargs[f.name] = None
-    return cls(**kwargs)
-
-
-def snapshot_from_dict(data: object) -> TelemetrySnapshot:
-    """The inverse of `snapshot_to_dict`; a malformed document gives one UserInputError line."""
-    snap: TelemetrySnapshot = _build(TelemetrySnapshot, data, "the snapshot")
-    assert isinstance(data, dict)
-    gpus: list[GpuSnapshot] = []
-    for i, raw in enumerate(data.get("gpus") or []):
-        gpu = _build(GpuSnapshot, raw, f"gpus[{i}]")
-        procs = raw.get("processes")
-        if procs is not None:
-            gpu = dataclasses.replace(
-                gpu, processes=tuple(_build(GpuProcess, p, f"gpus[{i}].processes") for p in procs)
-            )
-        gpus.append(gpu)
-    pairs = tuple(_build(GpuPairSnapshot, p, f"pairs[{i}]") for i, p in enumerate(data.get("pairs") or []))
-    system = _build(NvmlSystemInfo, data.get("system") or {}, "system")
-    if snap.tick is None or not isinstance(snap.source, str):
-        raise UserInputError("telemetry snapshot: 'tick' and 'source' are required")
-    return dataclasses.replace(snap, gpus=tuple(gpus), pairs=pairs, system=system)
 
 
 # --- reading ------------------------------------------------------------------------------------------------

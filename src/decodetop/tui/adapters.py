@@ -723,13 +723,6 @@ class RecordedChecks:
 # --- budget ---------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _AllreducePoint:
-    size_bytes: int
-    mode: str
-    time_us: float
-
-
 _DIST_IMPLS = ("nccl", "gloo")
 """`impl` values of torch.distributed's own all-reduce (the group's backend): their series are named by mode alone."""
 
