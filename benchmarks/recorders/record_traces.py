@@ -83,6 +83,24 @@ def model_config(on_cuda: bool) -> Any:
     )
 
 
+def capture_step_graph(step: Callable[[], Any]) -> Any:
+    """A CUDA graph of one decode step: warmed up on a side stream (as torch's graph docs ask), captured, replayed
+    once and synchronised. Call inside `torch.inference_mode()`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def build_model(on_cuda: bool) -> Any:
     """Random weights from the config (no download): bf16 on a GPU, float32 on a CPU."""
     from transformers import LlamaForCausalLM
@@ -261,18 +279,7 @@ def run_graph(model: Any, steps: int, out_json: Path) -> dict[str, Any]:
         try:
             with torch.inference_mode():
                 step, advance = make(model, max_len)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        step()
-                torch.cuda.current_stream().wait_stream(side)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    step()
-                graph.replay()
-                torch.cuda.synchronize()
+                graph = capture_step_graph(step)
             info["mode"] = f"cuda graph replay, {name}"
             break
         except Exception as exc:

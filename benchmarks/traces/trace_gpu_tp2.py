@@ -134,18 +134,7 @@ def run_graph(model: Any, steps: int, out_json: Path) -> dict[str, Any]:
     torch.manual_seed(1)  # the same prompt on both ranks
     with torch.inference_mode():
         step, advance = rec._static_transformers_step(model, 1024, device=str(model.device))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        graph.replay()
-        torch.cuda.synchronize()
+        graph = rec.capture_step_graph(step)
         with profiler(True, steps, out_json) as prof:
             for i in range(steps + 2):
                 graph.replay()
