@@ -1,5 +1,5 @@
 """One truth on a GPU machine: runs a model's probe plan once (`decodetop probe --model M --budget --json`), then
-composes the budget of those same results as the live UI's budget source (`tui.adapters.PresetBudget`, no textual
+composes the budget of those same results as the live UI's budget source (`tui.sources.budget.PresetBudget`, no textual
 needed), `decodetop budget --results` and the exporter's composer do, and checks every surface has the same
 figure and status for every component (and the same roofline). Writes everything under $OUT; prints a short
 table last; exit 1 on any difference.
@@ -87,7 +87,8 @@ def main() -> int:
     sys.path.insert(0, "src")
     from decodetop.probes.results import load_results
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import GroupInfo, PresetBudget
+    from decodetop.tui.probe_group import GroupInfo
+    from decodetop.tui.sources.budget import PresetBudget
 
     results = list(load_results(plan_json))
     env = next(r.environment for r in results if r.environment is not None)

@@ -6,7 +6,7 @@ What `q` in the live UI does during start-up: the probe thread is inside `start(
 UI thread calls `close()`. For each delay after the start began, the script times `close()` (the UI's wait) and the
 time until the starting thread returned, then checks that no rank survives (psutil, zombies and multiprocessing's
 resource tracker aside). It does so twice: on the bare controller, and through the live UI's probe source
-(`tui.adapters.ControllerProbes`: a probe thread in `run("launch")`, then `cancel()` and `close()` as the app's
+(`tui.sources.probes.ControllerProbes`: a probe thread in `run("launch")`, then `cancel()` and `close()` as the app's
 `shutdown_sources` does). A full start-up is timed first for scale.
 
 Target of the live UI: quit within 1 s whatever the ranks are doing.
@@ -65,7 +65,7 @@ def quit_once(ranks: int, delay_s: float, through_ui: bool) -> dict[str, float |
     before = {c.pid for c in psutil.Process().children(recursive=True)}
     outcome: list[str] = []
     if through_ui:
-        from decodetop.tui.adapters import ControllerProbes
+        from decodetop.tui.sources.probes import ControllerProbes
 
         source = ControllerProbes(lambda: ProbeController(device="cpu", cpu_ranks=ranks))
 

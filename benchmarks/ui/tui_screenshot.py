@@ -39,9 +39,12 @@ async def shoot(size: tuple[int, int], out: Path, text: bool = False) -> None:
     from decodetop.collectors.telemetry import TelemetrySampler
     from decodetop.probes.results import load_results
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import PresetBudget, RecordedChecks, ReplayProbes, ReplayTelemetry
     from decodetop.tui.app import DecodetopApp
     from decodetop.tui.sources import Sources
+    from decodetop.tui.sources.budget import PresetBudget
+    from decodetop.tui.sources.checks import RecordedChecks
+    from decodetop.tui.sources.probes import ReplayProbes
+    from decodetop.tui.sources.telemetry import ReplayTelemetry
 
     backend = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=GPUS, clock=None)
     sampler = TelemetrySampler(Nvml(backend))

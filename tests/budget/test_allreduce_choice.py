@@ -217,7 +217,8 @@ def test_the_table_and_the_json_say_the_path(tmp_path: Path, capsys: pytest.Capt
 
 def test_the_live_ui_budget_says_the_path_under_the_bar() -> None:
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import GroupInfo, PresetBudget
+    from decodetop.tui.probe_group import GroupInfo
+    from decodetop.tui.sources.budget import PresetBudget
 
     results = {"allreduce": with_custom()}
     group = GroupInfo(2, "cuda", "GPUs")
@@ -255,8 +256,8 @@ def test_flags_are_spelt_out_so_allreduce_us_is_never_a_prefix_match(capsys: pyt
 
 def test_the_live_ui_flag_reaches_its_budget(tmp_path: Path) -> None:
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import PresetBudget
     from decodetop.tui.launch import LaunchOptions, build_sources
+    from decodetop.tui.sources.budget import PresetBudget
 
     options = LaunchOptions(demo=True, allreduce="nccl", history_path=tmp_path / "history.jsonl")
     budget = build_sources(Settings(model=MODEL), options).budget

@@ -81,7 +81,8 @@ def _budget_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, A
 
 def _tui_segments(results: Sequence[ProbeResult], *, session_start_s: float) -> dict[str, tuple[float, str, str]]:
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import GroupInfo, PresetBudget
+    from decodetop.tui.probe_group import GroupInfo
+    from decodetop.tui.sources.budget import PresetBudget
 
     source = PresetBudget(
         lambda: "NVIDIA H200", group=lambda: GroupInfo(2, "cuda", "GPUs"), session_start_s=session_start_s
@@ -151,7 +152,7 @@ def test_the_ui_roofline_and_verdict_are_the_budget_commands_for_the_same_scenar
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from decodetop.settings import Settings
-    from decodetop.tui.adapters import PresetBudget
+    from decodetop.tui.sources.budget import PresetBudget
 
     doc = _budget_json(capsys, "--tp", "2", "--gpu", "h200")
     view = PresetBudget(lambda: "NVIDIA H200").compose(Settings(model=MODEL, tp=2), {}, time.time())

@@ -79,7 +79,7 @@ def test_rank_warnings_and_the_log_are_named_after_the_table() -> None:
 
 
 def test_the_ui_details_name_the_rank_log_and_a_dead_rank_once() -> None:
-    from decodetop.tui.adapters import probe_view
+    from decodetop.tui.sources.probe_views import probe_view
 
     warned = dataclasses.replace(_result(), rank_warnings=1, rank_log="/state/logs/ranks-1.log")
     assert ("rank output", "1 warning in /state/logs/ranks-1.log") in probe_view(warned).details

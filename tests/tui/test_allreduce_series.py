@@ -4,7 +4,7 @@ engines' P2P kernel class (one-shot, two-shot) beside it, never mixed into one l
 from __future__ import annotations
 
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus, Stats
-from decodetop.tui.adapters import allreduce_curves
+from decodetop.tui.sources.probe_curves import allreduce_curves
 
 NCCL_US = {8: 11.1, 16384: 12.2, 1048576: 19.1}
 ONE_SHOT_US = {8: 6.2, 16384: 6.6, 1048576: 13.1}

@@ -28,10 +28,14 @@ from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
 from decodetop.themes import register_themes, theme_variable_defaults
 from decodetop.themes.palette import SEGMENT_KEYS, segment_pattern
-from decodetop.tui.adapters import BudgetServerPoller, GroupInfo, NoProbes, PresetBudget, compact_payload, probe_view
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.model import BudgetView, ProbeView, TelemetryFrame
+from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
+from decodetop.tui.sources.budget import PresetBudget
+from decodetop.tui.sources.probe_views import compact_payload, probe_view
+from decodetop.tui.sources.probes import NoProbes
+from decodetop.tui.sources.server import BudgetServerPoller
 from decodetop.tui.widgets.budget_bar import SHORT_LABELS, UNEXPLAINED_GLYPH, BudgetBar, format_ms
 
 from .conftest import make_app, wait_until

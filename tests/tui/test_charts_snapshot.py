@@ -11,10 +11,10 @@ from textual.pilot import Pilot
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.telemetry import TelemetrySampler
-from decodetop.tui.adapters import telemetry_frame
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.messages import TelemetryReady
 from decodetop.tui.model import TelemetryFrame
+from decodetop.tui.sources.telemetry_views import telemetry_frame
 from decodetop.tui.widgets.budget_bar import BudgetBar
 
 from .conftest import make_app, wait_until

@@ -16,11 +16,11 @@ from textual.pilot import Pilot
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.telemetry import TelemetrySampler
-from decodetop.tui.adapters import telemetry_frame
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.messages import TelemetryReady
 from decodetop.tui.screens.gpu_details import GpuDetailScreen, gpu_detail_text
 from decodetop.tui.screens.tp_picker import TpPickerScreen, tp_options
+from decodetop.tui.sources.telemetry_views import telemetry_frame
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable, fit_columns, sparkline
 from decodetop.tui.widgets.probe_table import ProbeTable, column_widths

@@ -13,8 +13,8 @@ import pytest
 
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus, Stats, load_results
-from decodetop.tui.adapters import headline, probe_view
 from decodetop.tui.model import HealthView, ProbeState
+from decodetop.tui.sources.probe_views import headline, probe_view
 from decodetop.tui.widgets.cells import ago
 from decodetop.tui.widgets.health_panel import HealthPanel
 

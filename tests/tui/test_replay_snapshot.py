@@ -21,8 +21,8 @@ from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.recording import Recorder
 from decodetop.probes.results import load_results
 from decodetop.settings import Settings
-from decodetop.tui.adapters import ReplayTelemetry
 from decodetop.tui.launch import LaunchOptions, build_sources
+from decodetop.tui.sources.telemetry import ReplayTelemetry
 from decodetop.tui.widgets.gpu_table import GpuTable
 
 from .conftest import make_app, wait_until

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from decodetop.collectors.serving import ServerStepSource
-from decodetop.tui.taps import ServerPoller
+from decodetop.tui.sources.server import ServerPoller
 from trickle_server import TricklingServer
 
 from .conftest import make_app, wait_until

@@ -31,13 +31,17 @@ from decodetop.probes.budgeting import fingerprint_of
 from decodetop.probes.controller import GroupLayout
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
-from decodetop.tui.adapters import BudgetServerPoller, ControllerProbes, GroupInfo, PresetBudget, compact_payload
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.gpu_guard import GpuGuard, HeldGpus
 from decodetop.tui.model import GpuProcessView, TelemetryFrame
+from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen
 from decodetop.tui.screens.confirm_probes import ConfirmProbesScreen
 from decodetop.tui.sources import Sources
+from decodetop.tui.sources.budget import PresetBudget
+from decodetop.tui.sources.probe_views import compact_payload
+from decodetop.tui.sources.probes import ControllerProbes
+from decodetop.tui.sources.server import BudgetServerPoller
 from decodetop.tui.trace_source import TraceOptions
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.traced_bar import TracedBar

@@ -16,7 +16,8 @@ from decodetop.probes.results import load_results
 from decodetop.settings import Settings
 from decodetop.tui.launch import LaunchOptions, build_sources
 from decodetop.tui.model import ProbeState
-from decodetop.tui.taps import ServerPoller, Taps
+from decodetop.tui.sources.server import ServerPoller
+from decodetop.tui.taps import Taps
 from decodetop.tui.widgets.gpu_table import GpuTable
 
 from .conftest import make_app, wait_until

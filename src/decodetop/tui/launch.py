@@ -20,23 +20,15 @@ from decodetop.export.recording import Recorder, decode_replay, read_recording
 from decodetop.history import History
 from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
-from decodetop.tui.adapters import (
-    BudgetServerPoller,
-    CollectorTelemetry,
-    ControllerProbes,
-    GroupInfo,
-    HostChecks,
-    NoProbes,
-    PresetBudget,
-    RecordedChecks,
-    ReplayProbes,
-    ReplayTelemetry,
-    group_of,
-    start_resource_tracker,
-)
 from decodetop.tui.gpu_guard import GpuGuard
+from decodetop.tui.probe_group import GroupInfo, group_of
 from decodetop.tui.sources import Sources
-from decodetop.tui.taps import ServerPoller, Taps
+from decodetop.tui.sources.budget import PresetBudget
+from decodetop.tui.sources.checks import HostChecks, RecordedChecks
+from decodetop.tui.sources.probes import ControllerProbes, NoProbes, ReplayProbes, start_resource_tracker
+from decodetop.tui.sources.server import BudgetServerPoller, ServerPoller
+from decodetop.tui.sources.telemetry import CollectorTelemetry, ReplayTelemetry
+from decodetop.tui.taps import Taps
 from decodetop.tui.trace_source import TraceOptions
 
 if TYPE_CHECKING:
@@ -47,7 +39,7 @@ DEMO_GPUS = 8
 """--demo replicates the H200 recording to this many GPUs (an 8-GPU host, the seed deployment's TP8)."""
 MIN_COLUMNS = 60
 MIN_ROWS = 16
-"""The smallest terminal the live UI lays out (DecodetopApp.MIN_SIZE says what fits); below it the UI says "too
+"""The smallest terminal the live UI lays out (`tui.layout.MIN_SIZE` says what fits); below it the UI says "too
 small" while running, and refuses to start."""
 HEADLESS_HINT = "use the headless commands instead: `decodetop check`, `decodetop probe`, `decodetop budget` (--json)"
 """What to run where the live UI cannot."""

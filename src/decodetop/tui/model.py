@@ -1,4 +1,4 @@
-"""Provides the UI's own view data: frozen dataclasses the widgets draw, filled by the adapters in `tui.sources`.
+"""Provides the UI's own view data: frozen dataclasses the widgets draw, filled by the sources in `tui.sources`.
 
 Widgets depend only on these types, never on the probe, budget or collector packages directly, so a change in a
 layer beneath touches one adapter, and tests and snapshots feed the widgets fixed data.

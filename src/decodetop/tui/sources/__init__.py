@@ -1,8 +1,10 @@
-"""Provides the interfaces the UI reads through (telemetry, probes, budget, checks) and the bundle the app gets.
+"""Provides the interfaces the UI reads through (telemetry, probes, budget, checks) and the bundle the app gets;
+the package's modules are the real ones, one per source, each beside the module that turns its data into views.
 
 The app calls these only from worker threads (blocking calls) or as cheap, non-blocking ones from the event loop
 (`start`, `cancel`, `set_quiet`), so the event loop never waits on a probe, an NVML call or a file. Tests and
-snapshots pass their own implementations; `decodetop.tui.adapters` builds the real ones over the packages beneath.
+snapshots pass their own implementations; `decodetop.tui.launch` builds the real ones (`telemetry`, `probes`,
+`budget`, `checks`, `server`) over the packages beneath.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from decodetop.history import Fingerprint, History
 from decodetop.settings import Settings
 from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
-from decodetop.tui.taps import ServerPoller, Taps
+from decodetop.tui.sources.server import ServerPoller
+from decodetop.tui.taps import Taps
 from decodetop.tui.trace_source import TraceOptions
 
 ProgressCallback = Callable[[float | None, str], None]

@@ -1,4 +1,5 @@
-"""The adapters from the layers beneath to the UI's view types, over data recorded on the H200 machine."""
+"""The sources beneath the UI (telemetry, probes, budget views) turning their packages' types into the UI's view types,
+over data recorded on the H200 machine."""
 
 from __future__ import annotations
 
@@ -13,16 +14,12 @@ from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.errors import UserInputError
 from decodetop.probes.results import ProbeResult, ProbeStatus, load_results
 from decodetop.settings import Settings
-from decodetop.tui.adapters import (
-    PresetBudget,
-    allreduce_curves,
-    headline,
-    measured_at,
-    probe_view,
-    telemetry_frame,
-)
 from decodetop.tui.launch import parse_gpus
 from decodetop.tui.model import ProbeState
+from decodetop.tui.sources.budget import PresetBudget
+from decodetop.tui.sources.probe_curves import allreduce_curves
+from decodetop.tui.sources.probe_views import headline, measured_at, probe_view
+from decodetop.tui.sources.telemetry_views import telemetry_frame
 
 H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "primitives" / "h200x1.json"
 
@@ -83,7 +80,7 @@ def test_budget_uses_the_measured_launch_cost_and_copy_bandwidth(h200: dict[str,
 
 def test_the_plan_on_cpu_ranks_lists_the_models_probes() -> None:
     from decodetop.probes.controller import GroupLayout
-    from decodetop.tui.adapters import ControllerProbes
+    from decodetop.tui.sources.probes import ControllerProbes
 
     probes = ControllerProbes(lambda: None, layout=lambda: GroupLayout("cpu", 2))  # type: ignore[arg-type,return-value]
     views = probes.plan(Settings(model="glm-5-nvfp4", tp=8))
@@ -136,7 +133,8 @@ def test_parse_gpus_rejects(text: str) -> None:
 
 
 def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeResult]) -> None:
-    from decodetop.tui.adapters import ControllerProbes, compact_payload
+    from decodetop.tui.sources.probe_views import compact_payload
+    from decodetop.tui.sources.probes import ControllerProbes
 
     payload = compact_payload(h200["allreduce"].to_dict())
     assert all("samples" not in r for m in payload["measurements"] for r in m["per_rank"])
@@ -146,7 +144,7 @@ def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeRes
 
 
 def test_a_busy_gpu_refuses_probes_with_the_reason() -> None:
-    from decodetop.tui.adapters import ControllerProbes
+    from decodetop.tui.sources.probes import ControllerProbes
 
     made: list[int] = []
     probes = ControllerProbes(
@@ -161,7 +159,7 @@ def test_a_busy_gpu_refuses_probes_with_the_reason() -> None:
 
 def test_gemm_curves_one_series_per_weight_shape_fastest_variant() -> None:
     from decodetop.probes.results import Measurement, MeasurementStatus, Stats
-    from decodetop.tui.adapters import gemm_curves
+    from decodetop.tui.sources.probe_curves import gemm_curves
 
     def point(curve: str, m: int, variant: str, gbps: float) -> Measurement:
         return Measurement(

@@ -1,0 +1,156 @@
+"""Provides the main screen's layout: the panels shown in tabs (`PANELS`, one line each), the widget tree the app
+composes around them (budget box on top, tabs and the side column, filter box, status line, footer), and the size
+rules (breakpoint classes that app.tcss lays out from, the compact legend and footer, "too small").
+
+Adding a panel: its widget (one module under `widgets/`, with its CSS), the source it reads (in a worker, never on
+the event loop) and one `Panel(...)` line in `PANELS`; its number key, its `?` line and its tab follow from there
+(`tests/tui/test_panel_recipe.py` adds one from a temporary module).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from textual.app import App, ComposeResult
+from textual.containers import Container, Horizontal, Vertical
+from textual.geometry import Size
+from textual.widget import Widget
+from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+
+from decodetop.tui.launch import HEADLESS_HINT, MIN_COLUMNS, MIN_ROWS
+from decodetop.tui.sources import Sources
+from decodetop.tui.widgets.budget_bar import BudgetBar
+from decodetop.tui.widgets.gpu_table import GpuTable
+from decodetop.tui.widgets.health_panel import HealthPanel
+from decodetop.tui.widgets.probe_table import ProbeTable
+from decodetop.tui.widgets.process_table import ProcessTable
+from decodetop.tui.widgets.status_line import StatusLine
+from decodetop.tui.widgets.traced_bar import TracedBar
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One tab of the main screen. Its number key is its place in `PANELS` (1 for the first)."""
+
+    id: str
+    """The tab pane's id (also what `show_panel` switches to)."""
+    title: str
+    """The tab's label, before its number key."""
+    widgets: Callable[[Sources], Iterable[Widget]]
+    """The pane's widgets, given the app's sources."""
+    focus: str = ""
+    """Selector (inside the pane) of the widget that takes focus when the tab is shown; "" leaves focus alone."""
+    what: str = ""
+    """What `?` says of its number key ("" says "<title> tab")."""
+
+    @property
+    def help(self) -> str:
+        """The `?` line of its number key."""
+        return self.what or f"{self.title} tab"
+
+
+def _probe_widgets(sources: Sources) -> Iterable[Widget]:
+    yield ProbeTable(id="probe-table")
+
+
+def _gpu_widgets(sources: Sources) -> Iterable[Widget]:
+    yield Static("", id="gpu-note", classes="gpu-note")
+    yield GpuTable(id="gpu-table")
+    yield ProcessTable(id="process-table")
+
+
+def _health_widgets(sources: Sources) -> Iterable[Widget]:
+    yield HealthPanel(id="health-panel")
+
+
+def _chart_widgets(sources: Sources) -> Iterable[Widget]:
+    # mounted on first view: plotext costs ~0.1 s to import and each re-plot is pure Python
+    yield Static("charts load when this tab opens", id="charts-placeholder")
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("probes", "Probes", _probe_widgets, "#probe-table", "probes tab"),
+    Panel("gpus", "GPUs", _gpu_widgets, "#gpu-table", "GPUs tab"),
+    Panel("health", "Health", _health_widgets, "#health-table", "health tab"),
+    Panel("charts", "Charts", _chart_widgets, what="charts tab"),
+)
+"""The tabs, in order. Read at call time (a test may add one)."""
+
+MAX_PANELS = 9
+"""Number keys 1-9 switch tabs."""
+
+
+def panels() -> tuple[Panel, ...]:
+    """The panels in their tab order (at most `MAX_PANELS`)."""
+    return PANELS[:MAX_PANELS]
+
+
+def compose_screen(sources: Sources) -> ComposeResult:
+    """Budget on top, the panels in tabs below with the side column beside them (wide terminals), the filter box, the
+    "too small" note, the status line and the footer."""
+    shown = panels()
+    with Container(id="budget-box"):
+        yield Static("", id="held-note", markup=False)
+        yield BudgetBar(id="budget")
+        yield TracedBar(sources.trace, id="traced")
+    with Horizontal(id="main"):
+        with TabbedContent(initial=shown[0].id, id="tabs"):
+            for number, panel in enumerate(shown, 1):
+                with TabPane(f"{panel.title} {number}", id=panel.id):
+                    yield from panel.widgets(sources)
+        with Vertical(id="side"):
+            yield Static("", id="side-gpu-note", classes="gpu-note")
+            yield GpuTable(id="side-gpu-table")
+            yield HealthPanel(id="side-health-panel")
+    yield Input(placeholder="filter: GPU, bus id, process, check… (enter keeps, escape clears)", id="filter")
+    yield Static("", id="too-small")
+    yield StatusLine(id="status")
+    yield Footer()
+
+
+COMPACT_BELOW_ROWS = 40
+"""Terminals shorter than this get the compact budget legend (so 80×24 keeps room for the tables)."""
+
+WIDE_FROM = (150, 40)
+"""From this size (columns, rows) the GPU table and health panel also show beside the tabs."""
+
+WIDE_FOOTER_FROM = 120
+"""Narrower terminals get Textual's compact footer (one space between keys), so every key fits at 80."""
+
+MIN_SIZE = (MIN_COLUMNS, MIN_ROWS)
+"""Below this (columns, rows) the screen says "too small" instead of drawing a cut layout: the compact budget
+(border, title, bar, two legend rows, note: 6 rows), the tab strip (2), three table rows with the header (4),
+the status line and the footer (2) need 14 rows; 60 columns hold the six headline GPU columns."""
+
+HORIZONTAL_BREAKPOINTS = [
+    (0, "-cols-tiny"),
+    (MIN_SIZE[0], "-cols-ok"),
+    (WIDE_FROM[0], "-cols-wide"),
+]
+"""Screen classes from the width Textual passes with each resize (the new size, never the old one)."""
+VERTICAL_BREAKPOINTS = [
+    (0, "-rows-tiny"),
+    (MIN_SIZE[1], "-rows-ok"),
+    (WIDE_FROM[1], "-rows-tall"),
+]
+"""Screen classes from the height; app.tcss lays the screen out from these classes alone."""
+
+
+def fit_layout(app: App[int], size: Size) -> None:
+    """What the breakpoint classes cannot say: the compact legend on short terminals, the compact footer (and no
+    palette hint) on narrow ones, and the "too small" note with the size."""
+    app.query_one(BudgetBar).compact = size.height < COMPACT_BELOW_ROWS
+    footer = app.query_one(Footer)
+    footer.compact = size.width < WIDE_FOOTER_FROM
+    palette = size.width >= WIDE_FOOTER_FROM  # narrower: ctrl+p still works, `?` lists it
+    if footer.show_command_palette != palette:
+        footer.show_command_palette = palette
+        footer.refresh(recompose=True)
+    too_small = size.width < MIN_SIZE[0] or size.height < MIN_SIZE[1]
+    app.query_one("#too-small", Static).update(
+        f"terminal too small: {size.width}×{size.height}, decodetop needs {MIN_SIZE[0]}×{MIN_SIZE[1]}"
+        f"; make it larger, or {HEADLESS_HINT}"
+        if too_small
+        else ""
+    )

@@ -1,0 +1,31 @@
+"""Provides the health-check sources: `HostChecks` on the live host and `RecordedChecks` from a recording."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from decodetop.collectors.checks.host import run_all_checks
+from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.nvml import Nvml
+
+
+class RecordedChecks:
+    """`ChecksSource` giving the checks a recording holds."""
+
+    def __init__(self, checks: Sequence[CheckResult]) -> None:
+        self.checks = list(checks)
+
+    def run(self) -> list[CheckResult]:
+        """The recorded checks."""
+        return list(self.checks)
+
+
+class HostChecks:
+    """`ChecksSource` over `decodetop.collectors.checks.host.run_all_checks` on the live host."""
+
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml = nvml
+
+    def run(self) -> list[CheckResult]:
+        """Every host and GPU check (blocking; called in a worker)."""
+        return run_all_checks(nvml=self.nvml)

@@ -1,0 +1,267 @@
+"""Provides the probe sources: `ControllerProbes` over the probe group (spawned on the first run), `NoProbes`
+(``--no-probes``) and `ReplayProbes` (``--replay``). Nothing here imports torch: the UI process never touches CUDA."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from decodetop.budget.plan import build_plan
+from decodetop.errors import DecodetopError
+from decodetop.probes.hooks import ProbeRequest
+from decodetop.probes.protocol import Progress
+from decodetop.probes.registry import ProbeRegistry
+from decodetop.probes.results import ProbeResult
+from decodetop.settings import Settings
+from decodetop.tui.model import ProbeState, ProbeView
+from decodetop.tui.probe_group import group_of, scenario_for
+from decodetop.tui.sources import ProbeOutcome, ProgressCallback
+from decodetop.tui.sources.probe_views import compact_payload, probe_view, utc_to_unix
+
+if TYPE_CHECKING:
+    # types only: the controller module pulls in multiprocessing (a --replay or --no-probes session never loads it)
+    from decodetop.probes.controller import GroupLayout, ProbeController
+
+BANDWIDTH_PROBES = frozenset({"membw"})
+"""Probes that time large copies (hundreds of µs and up), which a process-list call does not disturb."""
+
+
+@contextlib.contextmanager
+def real_stderr() -> Iterator[None]:
+    """Point sys.stderr at the process's real stderr for a moment.
+
+    Textual replaces sys.stderr with a capture object whose `fileno()` is not a real descriptor, and
+    multiprocessing's resource tracker passes `sys.stderr.fileno()` to the process it spawns ("bad value(s) in
+    fds_to_keep"). Spawning the probe group (and the tracker) under this context gives them the terminal's stderr.
+    """
+    saved = sys.stderr
+    if sys.__stderr__ is not None:
+        sys.stderr = sys.__stderr__
+    try:
+        yield
+    finally:
+        sys.stderr = saved
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker before the UI takes over stderr (see `real_stderr`)."""
+    from multiprocessing import resource_tracker
+
+    with real_stderr():
+        resource_tracker.ensure_running()
+
+
+class ControllerProbes:
+    """`ProbeSource` over `decodetop.probes.controller.ProbeController`; the group is spawned on the first run."""
+
+    def __init__(
+        self,
+        make_controller: Callable[[], ProbeController],
+        telemetry_line: Callable[[], str] | None = None,
+        *,
+        cpu_rank_nice: int | None = None,
+        layout: Callable[[], GroupLayout] | None = None,
+        preflight: Callable[[Sequence[int]], str | None] | None = None,
+    ):
+        self._make = make_controller
+        self.preflight = preflight
+        """Given our ranks' pids, says why probing must not start now (another process holds a GPU), or None."""
+        self.layout = layout
+        """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
+        self._requests: dict[str, ProbeRequest] = {}
+        self.plan_notes: tuple[str, ...] = ()
+        """What the plan cannot measure on this group (collectives on fewer ranks than the TP degree)."""
+        self.cpu_rank_nice = cpu_rank_nice
+        """Niceness for CPU (gloo) ranks, so spinning ranks on a small box leave the UI its share; None leaves them."""
+        self._reniced: set[int] = set()
+        self._controller: ProbeController | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self.telemetry_line = telemetry_line
+        """Returns a one-line summary of the current telemetry (clocks, clock events), recorded with each run."""
+
+    def _get(self) -> ProbeController:
+        with self._lock:
+            if self._closed:
+                raise DecodetopError("probe group is closed")
+            if self._controller is None:
+                with real_stderr():
+                    self._controller = self._make()
+            return self._controller
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The model's probe plan on this group: one row per probe run, with the keys it measures."""
+        from decodetop.probes.planrun import plan_requests  # pulls in the probe controller (multiprocessing)
+
+        layout = self.layout() if self.layout is not None else None
+        group = group_of(layout) if layout is not None else None
+        scenario = scenario_for(settings, group)
+        inventory = scenario.inventory()
+        world = group.size if group is not None else scenario.tp
+        kind = group.kind if group is not None else "cuda"
+        requests, notes = plan_requests(build_plan(inventory), inventory, world_size=world, device_kind=kind)
+        self._requests = {r.probe: r for r in requests}
+        self.plan_notes = tuple(notes)
+        return [
+            ProbeView(
+                probe_id=r.probe,
+                title=r.probe,
+                details=(("keys measured", str(len(r.keys))), *((("first key", r.keys[0]),) if r.keys else ())),
+            )
+            for r in requests
+        ]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """Run one probe on the group (blocking), with the plan's parameters for it."""
+        before = self.telemetry_line() if self.telemetry_line else ""
+        if self.preflight is not None:
+            own = self._controller.rank_pids() if self._controller is not None else []
+            refusal = self.preflight(own)
+            if refusal:
+                view = ProbeView(probe_id=probe_id, title=probe_id, state=ProbeState.UNSUPPORTED, error=refusal)
+                return ProbeOutcome(view=view)
+        try:
+            controller = self._get()
+
+            def progress(p: Progress) -> None:
+                fraction = p.done / p.total if p.total else None
+                on_progress(fraction, p.line())
+
+            self._renice(controller)
+            request = self._requests.get(probe_id)
+            params = dict(request.params) if request is not None else None
+            result = controller.run(probe_id, params, on_progress=progress)
+        except Exception as exc:  # the group could not start, or the controller is closed
+            view = ProbeView(
+                probe_id=probe_id,
+                title=probe_id,
+                state=ProbeState.FAILED,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+            )
+            return ProbeOutcome(view=view)
+        after = self.telemetry_line() if self.telemetry_line else ""
+        view = probe_view(result, title=probe_id)
+        lines = tuple(
+            line for line in (f"at start: {before}" if before else "", f"at end: {after}" if after else "") if line
+        )
+        if lines:
+            view = replace(view, telemetry_text=lines + view.telemetry_text)
+        payload = compact_payload(result.to_dict()) if result.ok else {}
+        return ProbeOutcome(view=view, payload=payload, result=result if result.ok else None)
+
+    def _renice(self, controller: ProbeController) -> None:
+        """Lower the priority of CPU ranks (our own children; nothing about the host changes)."""
+        if self.cpu_rank_nice is None or controller.backend != "gloo":
+            return
+        import psutil  # third-party, needed only for CPU ranks
+
+        for pid in controller.rank_pids():
+            if pid in self._reniced:
+                continue
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                process.nice(max(process.nice(), self.cpu_rank_nice))
+                self._reniced.add(pid)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """A stored `ProbeResult.to_dict()` back as an outcome."""
+        try:
+            result = ProbeResult.from_dict(payload)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return ProbeOutcome(view=probe_view(result, title=probe_id), payload=payload, result=result)
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """Every probe times microseconds; NVML's process-list call holds the driver lock for milliseconds
+        (docs/reference/peers.md §3.8), so telemetry skips it while any probe but the bandwidth one runs."""
+        return probe_id not in BANDWIDTH_PROBES
+
+    def cancel(self) -> None:
+        """Cancel the running probe (any thread)."""
+        controller = self._controller
+        if controller is not None:
+            controller.cancel()
+
+    def close(self) -> None:
+        """End every rank."""
+        with self._lock:
+            self._closed = True
+            controller = self._controller
+        if controller is not None:
+            controller.close()
+
+    def rank_pids(self) -> list[int]:
+        """PIDs of live ranks (tests)."""
+        controller = self._controller
+        return controller.rank_pids() if controller is not None else []
+
+
+class NoProbes:
+    """`ProbeSource` for ``--no-probes`` without history: an empty plan, nothing to run."""
+
+    def __init__(self, reason: str = "probes are off (--no-probes)") -> None:
+        self.reason = reason
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The registry's probes, shown idle."""
+        return [ProbeView(probe_id=spec.name, title=spec.name) for spec in ProbeRegistry().specs()]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """Refuse, saying why."""
+        return ProbeOutcome(view=ProbeView(probe_id, probe_id, ProbeState.UNSUPPORTED, error=self.reason))
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """History still shows."""
+        return ControllerProbes.restore(self, probe_id, payload, measured_at_s)  # type: ignore[arg-type]
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """Nothing runs."""
+        return False
+
+    def cancel(self) -> None:
+        """Nothing runs."""
+
+    def close(self) -> None:
+        """Nothing to end."""
+
+
+class ReplayProbes:
+    """`ProbeSource` for ``--replay``: "running" a probe shows the recorded result (the newest of each probe)."""
+
+    def __init__(self, results: Sequence[ProbeResult]) -> None:
+        self.results = {r.probe: r for r in results}
+
+    def plan(self, settings: Settings) -> list[ProbeView]:
+        """The recorded probes, in recorded order."""
+        return [ProbeView(probe_id=name, title=name) for name in self.results]
+
+    def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
+        """The recorded result."""
+        result = self.results.get(probe_id)
+        if result is None:
+            return ProbeOutcome(
+                view=ProbeView(probe_id, probe_id, ProbeState.UNSUPPORTED, error="not in the recording")
+            )
+        view = probe_view(result, title=probe_id)
+        at = utc_to_unix(result.started_utc) if result.started_utc else None
+        return ProbeOutcome(view=replace(view, measured_at_s=at), result=result if result.ok else None)
+
+    def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
+        """No history in a replay."""
+        return None
+
+    def is_latency_probe(self, probe_id: str) -> bool:
+        """Nothing really runs."""
+        return False
+
+    def cancel(self) -> None:
+        """Nothing runs."""
+
+    def close(self) -> None:
+        """Nothing to end."""

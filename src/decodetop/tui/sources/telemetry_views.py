@@ -1,0 +1,112 @@
+"""Provides the telemetry's view types: a `TelemetrySnapshot` (and each GPU in it) as the frame and rows the UI draws,
+with the processes on each GPU named by user and command line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from decodetop.collectors.telemetry import GpuSnapshot, TelemetrySnapshot
+from decodetop.tui.model import GpuProcessView, GpuView, TelemetryFrame
+
+BYTES_PER_GB = 1e9
+
+
+ProcessDescriber = Callable[[int], tuple[str, str]]
+"""pid → (user, command line) of a process on this host."""
+COMMAND_CHARS = 200
+"""Command lines are kept to this many characters (the list cuts them to its width; details show them whole)."""
+
+
+def describe_local_process(pid: int) -> tuple[str, str]:
+    """(user, command line) of a process on this host, read through psutil; ("?", why) when it cannot be read."""
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            user = proc.username()
+            command = " ".join(proc.cmdline()) or proc.name()
+    except psutil.NoSuchProcess:
+        return "?", "(exited)"
+    except psutil.AccessDenied:
+        return "?", "(not readable by this user)"
+    except (psutil.Error, OSError) as exc:
+        return "?", f"({type(exc).__name__})"
+    return user, command[:COMMAND_CHARS]
+
+
+def _process_views(snapshot: GpuSnapshot, describe: ProcessDescriber | None) -> tuple[GpuProcessView, ...] | None:
+    if snapshot.processes is None:
+        return None
+    out = []
+    for proc in snapshot.processes:
+        user, command = describe(proc.pid) if describe is not None else ("?", "(recorded on another host)")
+        out.append(
+            GpuProcessView(
+                pid=proc.pid,
+                used_mem_bytes=proc.used_mem_bytes,
+                kind=proc.kind,
+                user=user,
+                command=command,
+                sm_util_pct=None if proc.sm_util_pct is None else float(proc.sm_util_pct),
+            )
+        )
+    return tuple(out)
+
+
+def gpu_view(snapshot: GpuSnapshot, describe: ProcessDescriber | None = None) -> GpuView:
+    """One `GpuSnapshot` as a table row; `describe` names its processes (None: they ran on another host)."""
+
+    def gbps(value: float | None) -> float | None:
+        return None if value is None else value / BYTES_PER_GB
+
+    def num(value: float | None) -> float | None:
+        return None if value is None else float(value)
+
+    return GpuView(
+        index=snapshot.index,
+        name=snapshot.name or "",
+        util_pct=num(snapshot.gpu_util_pct),
+        sm_clock_mhz=num(snapshot.sm_clock_mhz),
+        sm_clock_max_mhz=num(snapshot.sm_clock_max_mhz),
+        mem_clock_mhz=num(snapshot.mem_clock_mhz),
+        pcie_gen=snapshot.pcie_gen,
+        pcie_gen_max=snapshot.pcie_gen_max,
+        pcie_width=snapshot.pcie_width,
+        pcie_width_max=snapshot.pcie_width_max,
+        pcie_tx_gbps=gbps(snapshot.pcie_tx_bytes_per_s),
+        pcie_rx_gbps=gbps(snapshot.pcie_rx_bytes_per_s),
+        power_w=snapshot.power_w,
+        power_limit_w=snapshot.power_limit_enforced_w or snapshot.power_limit_w,
+        temp_c=num(snapshot.temperature_c),
+        clock_reasons=tuple(snapshot.clock_event_reasons),
+        mem_used_bytes=snapshot.mem_used_bytes,
+        mem_total_bytes=snapshot.mem_total_bytes,
+        bus_id=snapshot.pci_bus_id or "",
+        mem_util_pct=num(snapshot.mem_util_pct),
+        mem_clock_max_mhz=num(snapshot.mem_clock_max_mhz),
+        pcie_gen_gpu_max=snapshot.pcie_gen_gpu_max,
+        pcie_replay_count=snapshot.pcie_replay_count,
+        ecc_enabled=snapshot.ecc_enabled,
+        ecc_uncorrected=snapshot.ecc_uncorrected_volatile,
+        ecc_corrected=snapshot.ecc_corrected_volatile,
+        nvlink_active=snapshot.nvlink_active_links,
+        nvlink_links=snapshot.nvlink_links,
+        clock_event_share=tuple(sorted(snapshot.clock_event_share.items())),
+        processes=_process_views(snapshot, describe),
+        processes_note=snapshot.processes_note,
+    )
+
+
+def telemetry_frame(snapshot: TelemetrySnapshot, describe: ProcessDescriber | None = None) -> TelemetryFrame:
+    """A `TelemetrySnapshot` as the UI's frame, saying where the data came from when it is not live NVML.
+    Processes are named through `describe` only for live NVML (a recording's pids belong to another host)."""
+    live = snapshot.source == "nvml"
+    note = "" if live else f"data from {snapshot.source}"
+    return TelemetryFrame(
+        taken_at_s=snapshot.taken_at_unix_s,
+        gpus=tuple(gpu_view(g, describe if live else None) for g in snapshot.gpus),
+        unavailable_reason="" if snapshot.nvml_available else (snapshot.nvml_reason or "NVML unavailable"),
+        source_note=note,
+        sample_ms=snapshot.tick_cost_s * 1000.0,
+    )
