@@ -10,13 +10,13 @@ from typing import Any
 
 from decodetop.budget import compose
 from decodetop.budget.compose import Budget, Segment
-from decodetop.collectors import telemetry
 from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ObservedStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
+from decodetop.collectors.telemetry import sampler as telemetry_sampler
 from decodetop.export.prometheus import ExportState
 from decodetop.probes.results import ProbeResult, load_results
 
@@ -46,17 +46,17 @@ def telemetry_snapshot(gpus: int = 2) -> TelemetrySnapshot:
     """H200s under load: the NVML helper's real recording (`h200x1-load`, replicated to `gpus` GPUs) read by the
     real sampler over two ticks one second apart, so counters, rates and clock-event shares are present."""
     backend = FakeNvmlBackend(load_recording(RECORDING), replicate_to=gpus, clock=None)
-    sampler = telemetry.TelemetrySampler(Nvml(backend))
+    sampler = telemetry_sampler.TelemetrySampler(Nvml(backend))
     mono = [1000.0]
-    real_time = telemetry.time
-    telemetry.time = _ShiftedTime(mono)  # type: ignore[assignment]
+    real_time = telemetry_sampler.time
+    telemetry_sampler.time = _ShiftedTime(mono)  # type: ignore[assignment]
     try:
         sampler.sample()
         backend.advance()
         mono[0] += 1.0
         return sampler.sample()
     finally:
-        telemetry.time = real_time
+        telemetry_sampler.time = real_time
 
 
 def probe_results() -> tuple[ProbeResult, ...]:

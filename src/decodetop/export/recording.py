@@ -3,7 +3,7 @@
 A recording is a text file with one JSON object per line, appended as things happen::
 
     {"v":1,"t":1764422301.118,"kind":"meta","type":null,"data":{"format":"decodetop-recording",...}}
-    {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.TelemetrySnapshot","data":{...}}
+    {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.snapshot.TelemetrySnapshot","data":{...}}
     {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.model.CheckResult","data":[...]}
 
 `t` is wall-clock Unix seconds; `kind` says what the payload is, and with it the class that rebuilds it
