@@ -38,7 +38,7 @@ def test_the_code_keeps_every_layer_contract() -> None:
         ("budget/roofline.py", "import decodetop.commands.budget", "layers"),
         ("collectors/pci.py", "import decodetop.tui", "layers"),
         ("traces/reader.py", "import psutil", "standard library only"),
-        ("export/prometheus.py", "import textual", "textual only"),
+        ("export/prometheus/rendering.py", "import textual", "textual only"),
         ("collectors/serving.py", "import torch", "torch only"),
     ],
 )

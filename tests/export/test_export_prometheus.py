@@ -210,14 +210,14 @@ def test_server_down_keeps_the_last_step_with_its_age() -> None:
 def test_failing_part_is_left_out_and_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     from prometheus_client import generate_latest
 
-    from decodetop.export import prometheus
+    from decodetop.export.prometheus import rendering
 
     def explode(snap: object, out: object) -> None:
         raise RuntimeError("boom rendering telemetry")
 
-    monkeypatch.setattr(prometheus, "_render_telemetry", explode)
+    monkeypatch.setattr(rendering, "_render_telemetry", explode)
     box = StateBox(ExportState(telemetry=telemetry_snapshot(), checks=checks(), observed=observed()))
-    registry = prometheus.make_registry(box)
+    registry = rendering.make_registry(box)
     for expected_errors in (1, 2):
         samples = _samples(generate_latest(registry).decode())
         assert _value(samples, "decodetop_exporter_render_errors_total", part="telemetry") == expected_errors
@@ -308,7 +308,7 @@ def test_metrics_server_serves_state_and_closes() -> None:
 
 def test_every_gpu_field_with_a_value_is_exported() -> None:
     """Each numeric GpuSnapshot field the exposition maps appears for each GPU whenever NVML gave a value."""
-    from decodetop.export.prometheus import _GPU_GAUGES
+    from decodetop.export.prometheus.rendering import _GPU_GAUGES
 
     snap = telemetry_snapshot()
     samples = _samples(render_exposition(ExportState(telemetry=snap)))

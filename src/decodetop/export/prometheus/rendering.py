@@ -1,5 +1,5 @@
-"""Provides decodetop's Prometheus exposition: a custom collector over the latest snapshots, an HTTP server on its
-own registry, and the node_exporter textfile for `decodetop check`.
+"""Provides the exposition itself: the metric families rendered from an `ExportState` at scrape time by a custom
+collector on its own registry (`make_registry`, `render_exposition`).
 
 Names follow Prometheus conventions: a `decodetop_` prefix, base units (`_seconds`, `_bytes`, `_hertz`, `_watts`,
 `_celsius`, `_bytes_per_second`, `_ratio` for 0–1), `_total` on counters, `_info` on constant-1 series that carry
@@ -14,12 +14,7 @@ model plan that is about 110 series per GPU plus 350 for the plan (benchmarks/co
 
 Every part of the state (telemetry, probes, budget, checks, observed step) is rendered on its own: a part that
 fails to render is left out of that scrape and counted in `decodetop_exporter_render_errors_total{part}`; a scrape
-never fails.
-
-    handle = start_metrics_server("127.0.0.1:9464", box)   # box: StateBox, or any () -> ExportState
-    ...
-    handle.close()
-"""
+never fails."""
 
 from __future__ import annotations
 
@@ -30,27 +25,22 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from wsgiref.simple_server import WSGIServer
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from decodetop import __version__
-from decodetop.atomic import write_text_atomic
 from decodetop.budget.compose import Budget
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
 from decodetop.collectors.serving import ObservedStep, ServerStatus
 from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS, GpuSnapshot, TelemetrySnapshot
-from decodetop.errors import UserInputError
+from decodetop.export.prometheus.state import ExportState, Observation, StateProvider
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
 
 log = logging.getLogger(__name__)
 
 PREFIX = "decodetop_"
-DEFAULT_LISTEN = "127.0.0.1:9464"
-"""9464 is the port OpenTelemetry's Prometheus exporter uses by default; loopback unless told otherwise (AGENTS.md)."""
 PARTS: tuple[str, ...] = ("telemetry", "probes", "budget", "checks", "observed")
 
 _NAME_BAD = re.compile(r"[^a-zA-Z0-9_]")
@@ -59,60 +49,6 @@ _PCT_TO_RATIO = 0.01
 _NS_TO_S = 1e-9
 _GB_TO_BYTES = 1e9
 """docs/reference/probes.md §1: algbw/busbw in GB/s as nccl-tests prints them, decimal (1e9 bytes)."""
-
-
-# --- state ---------------------------------------------------------------------------------------------------
-
-
-Observation = ObservedStep | ServerStatus
-"""The live server's last answer: its step, or why there is none (carrying the last step seen)."""
-
-
-@dataclass(frozen=True)
-class ExportState:
-    """What one scrape renders: the latest of everything, as the TUI or the exporter command holds it. A part that
-    is None or empty is simply absent from the exposition."""
-
-    telemetry: TelemetrySnapshot | None = None
-    probe_results: tuple[ProbeResult, ...] = ()
-    budget: Budget | None = None
-    checks: tuple[CheckResult, ...] = ()
-    checks_unix_s: float | None = None
-    """When the checks ran (wall clock)."""
-    observed: Observation | None = None
-    """The live server's step or why there is none."""
-    probe_interval_s: float | None = None
-    """The exporter's probe schedule, when it has one."""
-    notes: Mapping[str, str] = field(default_factory=dict)
-    """Part → one line about its last failure (e.g. "probes": "probe group failed to start: ...")."""
-
-
-class StateBox:
-    """A thread-safe holder of the current `ExportState`; calling it returns the state (a state provider)."""
-
-    def __init__(self, state: ExportState | None = None) -> None:
-        self._lock = threading.Lock()
-        self._state = state or ExportState()
-
-    def __call__(self) -> ExportState:
-        with self._lock:
-            return self._state
-
-    def update(self, **changes: object) -> ExportState:
-        """Replace some fields (dataclasses.replace) atomically; returns the new state."""
-        with self._lock:
-            self._state = replace(self._state, **changes)  # type: ignore[arg-type]
-            return self._state
-
-    def add_probe_result(self, result: ProbeResult) -> ExportState:
-        """Keep the latest result per probe name."""
-        with self._lock:
-            kept = tuple(r for r in self._state.probe_results if r.probe != result.probe)
-            self._state = replace(self._state, probe_results=(*kept, result))
-            return self._state
-
-
-StateProvider = Callable[[], ExportState]
 
 
 # --- family building -----------------------------------------------------------------------------------------
@@ -730,116 +666,3 @@ def render_exposition(state: ExportState | StateProvider, parts: Sequence[str] =
     else:
         provider = state
     return str(generate_latest(make_registry(provider, parts)).decode("utf-8"))
-
-
-# --- textfile ------------------------------------------------------------------------------------------------
-
-
-def textfile_path(path: str | Path) -> Path:
-    """`path` as a textfile target, checked before any work: a `.prom` name that is not a directory."""
-    target = Path(path)
-    if target.suffix != ".prom":
-        raise UserInputError(
-            f"--prometheus-textfile {target}: must end in .prom (node_exporter's textfile collector reads only *.prom)"
-        )
-    if target.is_dir():
-        raise UserInputError(f"--prometheus-textfile {target}: is a directory")
-    return target
-
-
-def write_check_textfile(path: str | Path, results: Sequence[CheckResult], *, now_unix_s: float | None = None) -> Path:
-    """Write the checks for node_exporter's textfile collector, atomically (`decodetop.atomic`).
-
-    node_exporter reads only `*.prom` files in its `--collector.textfile.directory`, so another suffix is refused.
-    """
-    target = textfile_path(path)
-    state = ExportState(checks=tuple(results), checks_unix_s=time.time() if now_unix_s is None else now_unix_s)
-    text = render_exposition(state, parts=("checks",))
-    try:
-        write_text_atomic(target, text)
-    except OSError as exc:
-        raise UserInputError(f"--prometheus-textfile {target}: cannot write ({exc.strerror or exc})") from None
-    return target
-
-
-# --- HTTP server ---------------------------------------------------------------------------------------------
-
-
-def listen_warning(host: str) -> str | None:
-    """The line to print when `host` serves the metrics on every interface (0.0.0.0, ::, or an empty host)."""
-    if host.strip("[]") not in {"0.0.0.0", "::", ""}:  # noqa: S104 - recognising the wildcard, not binding it
-        return None
-    return (
-        f"--listen {host or '*'}: the metrics (GPU names, host checks, probe results) are exposed on every network "
-        "interface of this host; use 127.0.0.1 or a firewall unless that is what you want"
-    )
-
-
-def parse_listen(text: str) -> tuple[str, int]:
-    """HOST:PORT (or [IPv6]:PORT, or PORT alone, or :PORT) → (host, port); loopback when no host is given."""
-    value = text.strip()
-    host = "127.0.0.1"
-    port_text = value
-    if value.startswith("["):
-        end = value.find("]")
-        if end < 0 or not value[end + 1 :].startswith(":"):
-            raise UserInputError(f"--listen {text!r}: expected [IPv6]:PORT")
-        host, port_text = value[1:end], value[end + 2 :]
-    elif ":" in value:
-        head, _, port_text = value.rpartition(":")
-        if ":" in head:
-            raise UserInputError(f"--listen {text!r}: put an IPv6 address in brackets, e.g. [::1]:9464")
-        host = head or host
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise UserInputError(f"--listen {text!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise UserInputError(f"--listen {text!r}: port {port} is out of range 0-65535")
-    return host, port
-
-
-@dataclass
-class MetricsServer:
-    """A running /metrics server; `close()` stops it (idempotent)."""
-
-    host: str
-    port: int
-    _server: WSGIServer | None
-    _thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Stop serving and release the port."""
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        self._thread.join(timeout_s)
-
-    def __enter__(self) -> MetricsServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def start_metrics_server(addr: str | tuple[str, int], state_provider: StateProvider) -> MetricsServer:
-    """Serve the exposition of `state_provider()` on http://addr/metrics from a daemon thread; own registry.
-
-    `addr` is "HOST:PORT" (default form "127.0.0.1:9464"; port 0 picks a free one, see `.port`). A port in use or
-    a host that is not ours gives one UserInputError line.
-    """
-    host, port = parse_listen(addr) if isinstance(addr, str) else addr
-    registry = make_registry(state_provider, process=True)
-    try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
-    except OSError as exc:
-        raise UserInputError(f"--listen {host}:{port}: cannot listen ({exc.strerror or exc})") from None
-    bound_port = int(server.server_address[1])
-    return MetricsServer(host=host, port=bound_port, _server=server, _thread=thread)
