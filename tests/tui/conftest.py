@@ -7,8 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from textual.app import App
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
@@ -25,11 +28,35 @@ def _private_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))
 
 
+HELD_TOAST_S = 3600.0
+"""How long a toast stays up in tests. The app's own 2-3 s would let a snapshot taken on a loaded machine (the
+keys before it slower than the toast) miss a toast that a quick run shows: the snapshot would then depend on load."""
+
+
 def make_app(sources: Sources, settings: Settings | None = None, **kwargs: object) -> DecodetopApp:
-    """The app with ages frozen (no refresh timer) and settings not saved unless asked."""
+    """The app with ages frozen (no refresh timer), toasts held and settings not saved unless asked."""
     kwargs.setdefault("save_theme", False)
     kwargs.setdefault("age_refresh_s", 0)
-    return DecodetopApp(sources, settings or Settings(model="glm-5", tp=8), **kwargs)  # type: ignore[arg-type]
+    app = DecodetopApp(sources, settings or Settings(model="glm-5", tp=8), **kwargs)  # type: ignore[arg-type]
+    hold_toasts(app)
+    return app
+
+
+def hold_toasts(app: App[object]) -> None:
+    """Make every toast of `app` stay up `HELD_TOAST_S` whatever timeout the app gives it."""
+    notify = app.notify
+
+    def held(
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = True,
+    ) -> None:
+        notify(message, title=title, severity=severity, timeout=HELD_TOAST_S, markup=markup)
+
+    app.notify = held  # type: ignore[method-assign]
 
 
 async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
@@ -39,6 +66,14 @@ async def wait_until(pilot: Pilot[object], condition: Callable[[], bool], what: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
         await pilot.pause(0.01)
+    await pilot.pause()
+
+
+async def steady_cursors(pilot: Pilot[object]) -> None:
+    """Stop the blinking of every input's cursor on the current screen, leaving it shown: a snapshot taken more
+    than a blink (0.5 s) after the last key, as on a loaded machine, would otherwise catch it hidden."""
+    for box in pilot.app.query(Input):
+        box.cursor_blink = False
     await pilot.pause()
 
 

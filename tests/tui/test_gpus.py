@@ -26,7 +26,7 @@ from decodetop.tui.widgets.gpu_table import GpuTable, fit_columns, sparkline
 from decodetop.tui.widgets.probe_table import ProbeTable, column_widths
 from decodetop.tui.widgets.process_table import ProcessTable, process_rows
 
-from .conftest import make_app, wait_until
+from .conftest import make_app, steady_cursors, wait_until
 from .fakes import FakeTelemetry, eight_gpu_frame, make_sources
 
 SIZES = [(80, 24), (120, 40), (200, 50)]
@@ -243,7 +243,7 @@ def _runner(app: DecodetopApp, *keys: str) -> Callable[[Pilot[object]], object]:
         for key in keys:
             await pilot.press(key)
             await pilot.pause()
-        await pilot.pause()
+        await steady_cursors(pilot)
 
     return run_before
 
