@@ -1,7 +1,7 @@
 """The layer contracts of docs/architecture.md, checked statically by import-linter (`[tool.importlinter]` in
-pyproject.toml): every import, deferred ones included, follows cli > commands > tui > themes | export > probes |
-traces > collectors > budget > helpers; budget and traces use the standard library only; textual stays in tui and
-themes; torch stays in the probe ranks."""
+pyproject.toml): every import, deferred ones included, follows cli > commands > tui > themes | export > pipeline >
+probes | traces > collectors > budget > helpers; budget and traces use the standard library only; textual stays in
+tui and themes; torch stays in the probe ranks."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def test_the_code_keeps_every_layer_contract() -> None:
     ("module", "planted", "contract"),
     [
         ("budget/roofline.py", "import decodetop.commands.budget", "layers"),
+        ("probes/results.py", "import decodetop.pipeline.composition", "layers"),
+        ("pipeline/composition.py", "import decodetop.export.schedule", "layers"),
+        ("pipeline/context.py", "import textual", "textual only"),
         ("collectors/pci.py", "import decodetop.tui", "layers"),
         ("traces/reader.py", "import psutil", "standard library only"),
         ("export/prometheus/rendering.py", "import textual", "textual only"),

@@ -1,7 +1,7 @@
 """Cost (H200 proof, part 4): what decodetop itself costs on the machine it measures.
 
-1. Wall time of the full default probe plan of a model (default GLM-5 at TP 2: `run_plan` with the default
-   `PlanRunOptions()`, sweeps and the layer probe included), the probe group's start included. On fewer GPUs than
+1. Wall time of the full default probe plan of a model (default GLM-5 at TP 2: `decodetop probe --model --budget`,
+   sweeps and the layer probe included), the probe group's start included. On fewer GPUs than
    the TP degree the plan runs the TP shard's shapes on the GPUs there are and leaves the collectives out (the
    plan's own note says so): the figure is then a lower bound of the TP-2 wall time by the all-reduce sweep.
 2. The telemetry collector's tick (`TelemetrySampler.sample()`, real NVML), per GPU: median and p90 over N ticks.

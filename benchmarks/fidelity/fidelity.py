@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import math
@@ -47,6 +48,7 @@ from typing import Any
 from decodetop.atomic import write_text_atomic
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import StepInventory, build_inventory
+from decodetop.budget.scenario import ModelSource, Scenario
 from decodetop.budget.spec import PRESET_DIR, ModelSpec, spec_from_config
 from decodetop.probes.protocol import RANK_ENV_DEFAULTS
 
@@ -186,6 +188,14 @@ def budget_rows(budget: Any) -> dict[str, float | None]:
     return {s.component: s.ms for s in budget.segments}
 
 
+def scenario_of(inventory: StepInventory, launch_mode: str) -> Scenario:
+    """The one path's scenario of a benchmark's in-memory (reduced) model on its deployment, in `launch_mode`."""
+    deployment = dataclasses.replace(inventory.deployment, launch_mode=launch_mode)
+    # a reduced spec, never stored in a history; its id keeps two reductions of one model apart in the inventory cache
+    source = ModelSource("config", f"in-memory:{inventory.spec.name}:{id(inventory.spec)}")
+    return Scenario(source, inventory.spec, deployment, "the benchmark's deployment")
+
+
 def run_plans(
     inventories: Mapping[str, StepInventory],
     *,
@@ -198,11 +208,13 @@ def run_plans(
 ) -> dict[str, dict[str, Any]]:
     """Run each inventory's probe plan on one probe group; per model: the plan-run document (results included),
     the graph- and eager-mode budgets, and the wall time of the plan."""
+    from decodetop.pipeline.composition import compose
+    from decodetop.pipeline.context import BudgetContext
+    from decodetop.pipeline.plan_report import plan_run_to_dict
+    from decodetop.pipeline.plan_runner import PlanRunner, run_model_plan
     from decodetop.probes.controller import ProbeController
-    from decodetop.probes.planrun import PlanRunOptions, compose_from_results, plan_run_to_dict, run_plan
 
     out: dict[str, dict[str, Any]] = {}
-    opts = PlanRunOptions(launch_mode="graph", sweeps=False, only=tuple(only), timeout_s=timeout_s)
 
     def show(p: Any) -> None:
         if progress:
@@ -211,13 +223,22 @@ def run_plans(
     t_start = time.monotonic()
     with ProbeController(device=device, cpu_ranks=1, rank_env=rank_env, registry=registry) as pc:
         started = time.monotonic() - t_start
+        runner = PlanRunner(lambda: pc, registry=registry, timeout_s=timeout_s)
         for name, inv in inventories.items():
             t0 = time.monotonic()
-            run = run_plan(pc, inv, options=opts, on_progress=show)
-            wall = time.monotonic() - t0
-            eager, _ = compose_from_results(
-                inv, run.results, PlanRunOptions(launch_mode="eager", sweeps=False), plan=run.plan
+            scenario = scenario_of(inv, "graph")
+            run = run_model_plan(
+                runner,
+                BudgetContext(scenario),
+                world_size=pc.world_size,
+                device_kind=pc.layout.kind,
+                sweeps=False,
+                only=only,
+                on_progress=show,
             )
+            wall = time.monotonic() - t0
+            eager_ctx = BudgetContext(scenario_of(inv, "eager"), run.results, plan=run.plan, group_kind=pc.layout.kind)
+            eager = compose(eager_ctx).budget
             doc = plan_run_to_dict(run)
             out[name] = {
                 "plan_run": doc,

@@ -36,6 +36,7 @@ from typing import Any
 
 from decodetop import paths
 from decodetop.atomic import write_text_atomic
+from decodetop.defaults import DEFAULT_MODEL, DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.jsonio import problem_of, read_bounded
 
@@ -48,12 +49,6 @@ SETTINGS_FILE_NAME = "settings.toml"
 MAX_SETTINGS_BYTES = 1024 * 1024
 """A settings file is a handful of lines; anything larger than this is not one."""
 
-DEFAULT_OBSERVED_MS = 95.0
-"""docs/reference/probes.md §0: the seed deployment's observed decode step, 10.4 tok/s = 95 ms/step."""
-DEFAULT_TARGET_TPS = 309.0
-"""The target throughput of the seed deployment (docs/architecture.md: 309 tok/s = 3.24 ms per token)."""
-DEFAULT_MODEL = "glm-5-nvfp4"
-"""docs/reference/probes.md §0: the seed computation is GLM-5-NVFP4 at TP8 (a `decodetop.budget` preset)."""
 DEFAULT_THEME = "decodetop-dark"
 DEFAULT_TICK_S = 1.0
 """docs/reference/peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor

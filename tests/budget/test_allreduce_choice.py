@@ -13,9 +13,11 @@ import pytest
 
 from decodetop.budget.compose import Budget, Segment, default_observed
 from decodetop.budget.scenario import Scenario, build_scenario, choose_tp, model_source
+from decodetop.budget.text import format_budget_table
 from decodetop.cli import build_parser, main
 from decodetop.commands._scenario_args import scenario_from_args
-from decodetop.probes.budgeting import compose, format_budget_table
+from decodetop.pipeline.composition import compose
+from decodetop.pipeline.context import BudgetContext
 from decodetop.probes.results import (
     RESULTS_FORMAT_VERSION,
     Environment,
@@ -78,7 +80,7 @@ def _scenario(allreduce: str = "auto") -> Scenario:
 
 
 def _budget(results: list[ProbeResult], allreduce: str = "auto") -> Budget:
-    return compose(_scenario(allreduce), results, observed=default_observed(), now_s=0.0)
+    return compose(BudgetContext(_scenario(allreduce), tuple(results), observed=default_observed(), now_s=0.0)).budget
 
 
 def _row(budget: Budget) -> Segment:

@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from decodetop.budget.compose import default_observed
 from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.cli import main
 from decodetop.probes.controller import GroupLayout
@@ -56,6 +55,9 @@ class _RecordedGroup:
         on_progress: Callable[[Any], None] | None = None,
     ) -> ProbeResult:
         return self.recorded[probe]
+
+    def rank_pids(self) -> list[int]:
+        return []
 
 
 @pytest.fixture
@@ -97,7 +99,7 @@ def _exporter_segments(results: Sequence[ProbeResult]) -> dict[str, tuple[float,
     from decodetop.export.schedule import BudgetComposer
 
     scenario = build_scenario(model_source(MODEL, None), choose_tp(None, group_size=2, group_label="GPUs"))
-    budget = BudgetComposer(scenario, default_observed(), 309.0, group_kind="cuda")(results, None, None)
+    budget = BudgetComposer(scenario, 309.0, group_kind="cuda")(results, None, None)
     text = render_exposition(ExportState(budget=budget), parts=("budget",))
     out = {}
     for labels, value in re.findall(r"^decodetop_budget_segment_seconds\{([^}]*)\} (\S+)$", text, re.MULTILINE):
@@ -196,7 +198,7 @@ def test_stored_records_feed_only_a_matching_setup(results: tuple[ProbeResult, .
     """Origin unknown never feeds; before the ranks ran, the known fields must match; after, all of them."""
     import dataclasses
 
-    from decodetop.probes.budgeting import expected_fingerprint, fingerprint_accepts, fingerprint_of
+    from decodetop.pipeline.fingerprints import expected_fingerprint, fingerprint_accepts, fingerprint_of
 
     scenario = build_scenario(model_source(MODEL, None), choose_tp(2))
     env = results[0].environment

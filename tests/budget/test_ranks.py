@@ -8,13 +8,14 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.probes.test_planrun import tiny_inventory
+from tests.probes.test_plan_hooks import tiny_inventory
 
 from decodetop.budget.compose import MeasuredTime, compose_budget
 from decodetop.budget.diff import diff_budgets, format_budget_diff
 from decodetop.budget.gpus import GPUS
-from decodetop.budget.ranks import RankTotal, find_straggler, mean_line, rank_spread, step_bound_ms, straggler_in
+from decodetop.budget.ranks import RankTotal, find_straggler, rank_spread, step_bound_ms, straggler_in
 from decodetop.budget.roofline import hardware_for
+from decodetop.budget.text import mean_line
 from decodetop.probes.hooks import busiest
 from decodetop.probes.rankbudget import rank_causes, topology_numa
 from decodetop.probes.results import Environment, Measurement, RankSeries, Stats

@@ -1,5 +1,5 @@
 """The exporter's budget for --model: probe results (shaped as the probes record them: a `key` param, role, variant,
-the all-reduce sweep by mode) composed through the one composition (`probes.budgeting.compose`) against the live
+the all-reduce sweep by mode) composed through the one composition (`pipeline.composition.compose`) against the live
 server's step, and exported with each component's status and provenance."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
-from decodetop.budget.compose import Budget, default_observed
+from decodetop.budget.compose import Budget
 from decodetop.budget.keys import AllreduceKey, GemmKey, MoeKey
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
@@ -100,7 +100,7 @@ def _step(ms: float) -> ObservedStep:
 
 
 def test_budget_for_model_follows_observed_step() -> None:
-    compose = BudgetComposer(_scenario(), default_observed(), 309.0, "cuda")
+    compose = BudgetComposer(_scenario(), 309.0, "cuda")
     budget = compose(_results_cached(), _step(52.5), None)
     assert isinstance(budget, Budget)
     assert budget.observed_ms == 52.5 and budget.observed_step.source == "server"

@@ -203,15 +203,14 @@ def test_plan_without_model_is_every_registered_probe() -> None:
 
 
 def test_plan_for_a_model_is_the_probe_engines_plan() -> None:
-    """--model runs what `decodetop probe --model` runs (probes.planrun) less the charts' sweeps, limited to the
+    """--model runs what `decodetop probe --model` runs (probes.plan_hooks) less the charts' sweeps, limited to the
     registered probes."""
     from decodetop.budget.plan import build_plan
-    from decodetop.probes.planrun import PlanRunOptions, plan_requests
+    from decodetop.probes.plan_hooks import plan_requests
 
     scenario = _scenario("glm-5-nvfp4", 8)
     inventory = scenario.inventory()
-    no_sweeps = PlanRunOptions(sweeps=False)
-    requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda", options=no_sweeps)
+    requests, _ = plan_requests(build_plan(inventory), inventory, world_size=8, device_kind="cuda", sweeps=False)
     runs, notes = probe_plan_runs(scenario, REGISTRY, world_size=8, device_kind="cuda")
     assert [(r.probe, dict(r.params)) for r in runs] == [
         (r.probe, dict(r.params)) for r in requests if r.probe in REGISTRY.names()
@@ -234,7 +233,7 @@ class _FakeController:
         self.closed = False
         self.cancelled = 0
 
-    def run(self, probe: str, params: Any = None) -> ProbeResult:
+    def run(self, probe: str, params: Any = None, *, timeout_s: Any = None, on_progress: Any = None) -> ProbeResult:
         self.runs.append((probe, params))
         if probe == "broken":
             raise RuntimeError("rank 1 could not import torch")
@@ -269,11 +268,16 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
         while time.monotonic() < deadline and "probes" not in exporter.box().notes:
             time.sleep(0.02)
         state = exporter.box()
-        assert [r.probe for r in state.probe_results] == ["allreduce", "slow"]
+        # a probe the group could not run is a failed result naming the error (as on the CLI and in the UI)
+        assert [(r.probe, r.status.value) for r in state.probe_results] == [
+            ("allreduce", "ok"),
+            ("broken", "failed"),
+            ("slow", "timed_out"),
+        ]
         assert controller.runs[0] == ("allreduce", {"sizes": [8, 4096]})
         note = state.notes["probes"]
         assert (
-            "broken: RuntimeError: rank 1 could not import torch" in note
+            "broken: failed (RuntimeError: rank 1 could not import torch)" in note
             and "slow: timed_out (timed out after 60 s)" in note
         )
         assert state.probe_interval_s == 3600.0
@@ -290,7 +294,6 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
 def test_budget_follows_probe_results_and_observed_step() -> None:
     """After a probe cycle and after a server poll that gave a step, the exporter recomposes the budget through the
     one composition, with the server's step as observed (not assumed)."""
-    from decodetop.budget.compose import default_observed
     from decodetop.export.schedule import BudgetComposer
 
     step = ObservedStep(
@@ -318,7 +321,7 @@ def test_budget_follows_probe_results_and_observed_step() -> None:
         plan=(PlannedRun("allreduce"),),
         make_controller=_FakeController,
         server_source=Server(),
-        budget_for=BudgetComposer(_scenario("llama-3.1-70b", 2), default_observed(), 309.0, "cpu"),
+        budget_for=BudgetComposer(_scenario("llama-3.1-70b", 2), 309.0, "cpu"),
         log=io.StringIO(),
     )
     exporter.start()
@@ -395,14 +398,15 @@ def test_listen_on_every_interface_warns(tmp_path: Path) -> None:
 
 
 def test_busy_gpus_skip_the_probe_cycle() -> None:
-    """A serving engine holding the GPUs: no probe runs, and the note says why (architecture: consent needed)."""
+    """A serving engine holding the GPUs (the 2×H200 load recording): no probe runs, and the note says why
+    (architecture: consent needed), in `decodetop probe`'s words."""
+    from decodetop.collectors.fake_nvml import fake_nvml
+    from decodetop.pipeline.gpu_guard import GpuGuard
+    from decodetop.probes import gpuinfo
+
     controller = _FakeController()
-    asked: list[Sequence[int]] = []
-
-    def preflight(own: Sequence[int]) -> str | None:
-        asked.append(own)
-        return "other processes hold GPU memory (GPU 0: pid 4242 (sglang))"
-
+    nvml = fake_nvml("h200x2-load")
+    gpus = gpuinfo.visible_gpus(nvml)
     exporter = Exporter(
         listen="127.0.0.1:0",
         nvml=None,
@@ -410,7 +414,7 @@ def test_busy_gpus_skip_the_probe_cycle() -> None:
         probe_every_s=3600.0,
         plan=(PlannedRun("allreduce"),),
         make_controller=lambda: controller,
-        preflight=preflight,
+        guard=GpuGuard(lambda: gpus, nvml=nvml),
         log=io.StringIO(),
     )
     exporter.start()
@@ -418,8 +422,10 @@ def test_busy_gpus_skip_the_probe_cycle() -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and "probes" not in exporter.box().notes:
             time.sleep(0.02)
-        assert "skipped this cycle: other processes hold GPU memory" in exporter.box().notes["probes"]
-        assert controller.runs == [] and asked == [[]]
+        note = exporter.box().notes["probes"]
+        assert note.startswith("skipped this cycle: other processes hold GPU memory (GPU 0: pid ")
+        assert note.endswith("pass --force to probe anyway")
+        assert controller.runs == []
     finally:
         exporter.stop()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_planrun import TINY_LLAMA  # tests/probes is on sys.path (pytest's rootdir-relative insertion)
+from test_plan_hooks import TINY_LLAMA  # tests/probes is on sys.path (pytest's rootdir-relative insertion)
 
 from decodetop.probes.results import ProbeStatus, load_results
 

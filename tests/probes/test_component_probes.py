@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from decodetop.budget.components import Component
-from decodetop.budget.deployment import Deployment
-from decodetop.budget.inventory import build_inventory
-from decodetop.budget.spec import load_config
+from decodetop.budget.compose import ObservedStep
+from decodetop.budget.scenario import build_scenario, choose_tp, model_source
+from decodetop.pipeline.context import BudgetContext
+from decodetop.pipeline.plan_runner import PlanRunner, run_model_plan
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.hooks import busiest
-from decodetop.probes.planrun import PlanRunOptions, run_plan
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus
 
 pytestmark = pytest.mark.slow
@@ -232,12 +232,14 @@ def test_layer_parts_whole_and_composition(controller: ProbeController) -> None:
 def test_plan_run_end_to_end_on_a_tiny_moe_model(controller: ProbeController, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(TINY_DEEPSEEK))
-    inv = build_inventory(load_config(path), Deployment(tp=2, context_len=128, launch_mode="eager"))
+    scenario = build_scenario(model_source(None, str(path)), choose_tp(2), context_len=128, launch_mode="eager")
     seen: list[str] = []
-    run = run_plan(
-        controller,
-        inv,
-        options=PlanRunOptions(sweeps=False, observed_ms=50.0),
+    run = run_model_plan(
+        PlanRunner(lambda: controller),
+        BudgetContext(scenario, observed=ObservedStep(50.0, "flag")),
+        world_size=controller.world_size,
+        device_kind=controller.layout.kind,
+        sweeps=False,
         on_progress=lambda p: seen.append(p.line()),
     )
     assert [r.status for r in run.results] == [ProbeStatus.OK] * len(run.results)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decodetop.probes.controller import ProbeController
-from decodetop.probes.planrun import measured_from_results
+from decodetop.probes.plan_hooks import measured_from_results
 from decodetop.probes.results import Environment, Measurement, MeasurementStatus, ProbeResult, ProbeStatus
 from decodetop.probes.worker.context import ProbeContext
 from decodetop.probes.worker.symm_allreduce import agreed_reason, local_reason

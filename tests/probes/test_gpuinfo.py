@@ -66,7 +66,7 @@ def test_busy_gpu_needs_force(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 
     monkeypatch.setattr(controller, "visible_gpus", lambda: _gpus(2))
     monkeypatch.setattr(
-        gpuinfo, "compute_processes", lambda gpus, exclude_pids=(): [GpuProcess(1, 4242, "vllm", 70 << 30)]
+        gpuinfo, "compute_processes", lambda gpus, exclude_pids=(), nvml=None: [GpuProcess(1, 4242, "vllm", 70 << 30)]
     )
     assert main(["probe", "allreduce"]) == 2
     err = capsys.readouterr().err.strip()

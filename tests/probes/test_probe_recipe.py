@@ -11,11 +11,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_planrun import tiny_inventory
+from test_plan_hooks import tiny_inventory
 
 from decodetop.budget.plan import build_plan
 from decodetop.probes.controller import ProbeController
-from decodetop.probes.planrun import measured_from_results, plan_requests
+from decodetop.probes.plan_hooks import measured_from_results, plan_requests
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import ProbeStatus
 

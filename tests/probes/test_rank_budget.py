@@ -9,13 +9,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.probes.test_planrun import tiny_inventory
+from tests.probes.test_plan_hooks import tiny_inventory, tiny_scenario
 
 from decodetop.budget.diff import diff_budgets, format_budget_diff
 from decodetop.budget.plan import build_plan
-from decodetop.probes.budgeting import format_budget_table
+from decodetop.budget.text import format_budget_table
+from decodetop.pipeline.composition import compose
+from decodetop.pipeline.context import BudgetContext
 from decodetop.probes.controller import ProbeController
-from decodetop.probes.planrun import PlanRunOptions, compose_from_results, plan_requests
+from decodetop.probes.plan_hooks import plan_requests
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus
 
 ENV = "DECODETOP_TEST_SLOW_RANK"
@@ -27,7 +29,7 @@ DELAY_MS = 2.0
 
 def _run_norms(tmp_path: Path) -> list[ProbeResult]:
     inv = tiny_inventory(tmp_path)
-    requests, _ = plan_requests(build_plan(inv), inv, world_size=2, device_kind="cpu", options=PlanRunOptions())
+    requests, _ = plan_requests(build_plan(inv), inv, world_size=2, device_kind="cpu")
     req = next(r for r in requests if r.probe == "norms")
     with ProbeController(device="cpu", cpu_ranks=2) as pc:
         res = pc.run("norms", {**dict(req.params), "cpu_samples": 3}, timeout_s=120)
@@ -43,7 +45,7 @@ def slowed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ProbeResul
 
 
 def test_slowed_rank_is_named_with_its_totals(slowed: list[ProbeResult], tmp_path: Path) -> None:
-    budget, _ = compose_from_results(tiny_inventory(tmp_path), slowed, group_kind="cpu")
+    budget = compose(BudgetContext(tiny_scenario(tmp_path), tuple(slowed), group_kind="cpu")).budget
     spread = budget.ranks
     assert spread is not None
     assert [r.rank for r in spread.ranks] == [0, 1]
@@ -66,11 +68,11 @@ def _even(m: Measurement) -> Measurement:
 
 
 def test_diff_names_the_straggler_that_appeared(slowed: list[ProbeResult], tmp_path: Path) -> None:
-    inv = tiny_inventory(tmp_path)
-    new, _ = compose_from_results(inv, slowed, group_kind="cpu")
+    scenario = tiny_scenario(tmp_path)
+    new = compose(BudgetContext(scenario, tuple(slowed), group_kind="cpu")).budget
     # the baseline: the same run with rank 0's series on both ranks (a clean, even group)
     even = [dataclasses.replace(res, measurements=tuple(_even(m) for m in res.measurements)) for res in slowed]
-    old, _ = compose_from_results(inv, even, group_kind="cpu")
+    old = compose(BudgetContext(scenario, tuple(even), group_kind="cpu")).budget
     assert old.ranks is not None and old.ranks.straggler is None
     diff = diff_budgets(json.loads(json.dumps(old.to_dict())), json.loads(json.dumps(new.to_dict())))
     assert diff.straggler.startswith("straggler: CPU rank 1")

@@ -23,7 +23,7 @@ from textual.app import App, ComposeResult
 from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.history import KIND_PROBE, History, local_host_id
-from decodetop.probes.budgeting import fingerprint_of
+from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
 from decodetop.themes import register_themes, theme_variable_defaults

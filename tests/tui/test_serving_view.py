@@ -26,13 +26,13 @@ from decodetop.collectors.fake_nvml import fake_nvml
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ObservedStep
 from decodetop.history import KIND_PROBE, History, local_host_id
+from decodetop.pipeline.fingerprints import fingerprint_of
+from decodetop.pipeline.gpu_guard import GpuGuard, HeldGpus
 from decodetop.probes import gpuinfo
-from decodetop.probes.budgeting import fingerprint_of
 from decodetop.probes.controller import GroupLayout
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
-from decodetop.tui.gpu_guard import GpuGuard, HeldGpus
 from decodetop.tui.model import GpuProcessView, TelemetryFrame
 from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen

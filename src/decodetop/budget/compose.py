@@ -11,8 +11,8 @@ given (status "estimated"); otherwise the op is **missing**: its segment says so
 the budget's total and unexplained remainder are marked incomplete. Missing data is never a silent 0.
 
 Every figure carries its provenance in words (`Segment.provenance`, `Budget.observed`, `Budget.hardware_text`):
-measured (refined to "measured in this run" / "measured earlier: age, host, device" by the probes-level
-`decodetop.probes.budgeting.compose`), a roofline estimate for named hardware and how it was chosen, or missing
+measured (refined to "measured in this run" / "measured earlier: age, host, device" by the pipeline-level
+`decodetop.pipeline.composition.compose`), a roofline estimate for named hardware and how it was chosen, or missing
 with the reason. The observed step says whether it was observed at all (`ObservedStep`).
 """
 
@@ -29,13 +29,9 @@ from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey
 from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
+from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 
-DEFAULT_OBSERVED_MS = 95.0
-"""The observed step time decodetop was built to explain (docs/reference/probes.md §0: 10.4 tok/s on GLM-5-NVFP4 at
-TP 8). A budget that uses it says so: it is assumed, not observed."""
-DEFAULT_TARGET_TPS = 309.0
-"""The target throughput (docs/architecture.md); 309 tok/s is 3.24 ms per token."""
 LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
 """Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
 measured on an H200), an eager PyTorch op ~5 µs (the same section: 6.6–7.1 µs host time per empty-kernel launch)."""
@@ -60,19 +56,28 @@ PROVENANCE_KINDS = ("measured_now", "measured_earlier", "measured", "estimate", 
 """Where a segment's figure came from: measured in this run, measured earlier (read back from the history),
 measured (origin not refined: a budget composed from bare key times), a roofline estimate, not applicable here, or
 no figure at all."""
-OBSERVED_SOURCES = ("flag", "settings", "server", "default")
+OBSERVED_SOURCES = ("flag", "settings", "server", "trace", "default")
+"""Where an observed step can come from, in the order the one rule takes them (`decodetop.pipeline.observed`)."""
+_OBSERVED_WHERE = {
+    "flag": "from",
+    "settings": "from the settings file",
+    "server": "by the server",
+    "trace": "in the trace",
+}
 
 
 @dataclass(frozen=True)
 class ObservedStep:
-    """The observed decode step and where it came from: a flag, the settings file, a serving engine's /metrics, or
-    the built-in default (then it is assumed, not observed, and every surface says so)."""
+    """The observed decode step and where it came from: a flag, the settings file, a serving engine's /metrics, a
+    profiler trace of the engine's steps, or the built-in default (then it is assumed, not observed, and every surface
+    says so)."""
 
     ms: float
     source: str = "default"
-    """flag, settings, server or default."""
+    """flag, settings, server, trace or default."""
     detail: str = ""
-    """flag: its name; server: 'URL, 30 s window, 4 s ago'; default: why no observation (e.g. the server's error)."""
+    """flag: its name; server: 'URL, 30 s window, 4s ago'; trace: 'FILE, 8 decode steps (2.80–2.91 ms), written 3m
+    ago'; default: why no observation (e.g. the server's error)."""
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.ms) or self.ms <= 0:
@@ -92,7 +97,7 @@ class ObservedStep:
         if self.assumed:
             why = self.detail or "the default: no --observed-ms and no --server"
             return f"{ms} assumed, not observed ({why})"
-        where = {"flag": "from", "settings": "from the settings file", "server": "by the server"}[self.source]
+        where = _OBSERVED_WHERE[self.source]
         return f"{ms} observed {where}{' ' + self.detail if self.detail else ''}".rstrip()
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,7 +277,7 @@ class Budget:
     """Where the deployment's TP came from, in words (`Scenario.tp_source`)."""
     ranks: RankSpread | None = None
     """Every rank's own composed total, the spread, the step bound and the straggler (None: one rank, or the results
-    carry no per-rank series); set by `decodetop.probes.budgeting.compose_inventory`."""
+    carry no per-rank series); set by `decodetop.pipeline.composition.compose`."""
 
     @property
     def mean_total_ms(self) -> float:

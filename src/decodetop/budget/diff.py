@@ -36,22 +36,16 @@ from typing import Any
 
 from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
+from decodetop.budget.ranks import straggler_in
 from decodetop.errors import UserInputError
 from decodetop.textfmt import format_number, table
 
-NOISE_FLOOR_MS = 0.01
-"""Absolute floor of the noise, ms per step. The two H200 plan runs of Llama-3.1-70B TP 2 (benchmarks/results/
-plans/plan_llama-3.1-70b-tp2-h200x{1,2}.json, nothing changed in between) moved lm_head by +0.0077 ms (just beyond its
-0.0073 ms spread) and the zero-spread launch line by +0.0055 ms: both under 0.01 ms."""
 TAIL_FLOOR = 0.10
 """A step's tail (mean − median, ms) counts as moved when it grew past twice the baseline's and the mean step by at
 least this fraction: on one H200, two clean Llama-3.1-70B (4-layer) runs had a tail under 0.003 ms and means 1 % apart,
 and a GEMM loop from another process on the same GPU left every median in place but lifted the mean step from 2.45
 to 4.67 ms (docs/benchmarks.md, "Plants on one H200")."""
-RELATIVE_FLOOR = 0.03
-"""Relative floor of the noise, a fraction of the baseline's ms. The same two runs moved narrow-spread components by
-up to 2.9 % (lm_head +2.9 %, norms −2.5 %, attention projections +0.6 %)."""
-
 STATUSES = ("measured", "interpolated", "estimated", "missing")
 """Segment statuses a budget holds (compose.STATUSES)."""
 ABSENT = "absent"
@@ -402,8 +396,6 @@ def diff_budgets(
 
     Different models or deployments still compare, with a note saying so. Malformed input raises a one-line
     UserInputError naming `baseline_name` or `current_name` (file paths, in the CLI) and the problem."""
-    from decodetop.budget.ranks import straggler_in  # ranks imports this module (its noise floors)
-
     old = _side(baseline, baseline_name)
     new = _side(current, current_name)
     now_straggler = straggler_in(find_budget(current, current_name))

@@ -23,7 +23,7 @@ than all of
     - the widest p10–p90 band of the other ranks' totals (each band is its ops' p10/p90 summed: compose.py), so a
       difference inside one rank's own run-to-run spread is not a straggler;
     - `STRAGGLER_FLOOR_MS` and `STRAGGLER_RELATIVE_FLOOR` × the others' median (the budget diff's floors:
-      decodetop.budget.diff), so point figures (no band) do not name a rank for a µs.
+      decodetop.budget.noise), so point figures (no band) do not name a rank for a µs.
 
 A straggler carries its likely causes in words (another process on that GPU, clocks below the others or clock-event
 reasons, a PCIe link below its maximum, a NUMA node other than the others'), found by the probes-level reader from
@@ -37,14 +37,11 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from decodetop.budget.components import Component
-from decodetop.budget.diff import NOISE_FLOOR_MS, RELATIVE_FLOOR
+from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.errors import UserInputError
-
-if TYPE_CHECKING:
-    from decodetop.budget.compose import Budget
 
 STRAGGLER_FLOOR_MS = NOISE_FLOOR_MS
 """Absolute floor of the straggler rule, ms per step: the budget diff's noise floor (same source)."""
@@ -317,33 +314,3 @@ def straggler_in(budget: Mapping[str, Any]) -> tuple[str, str] | None:
     if not isinstance(label, str) or not label:
         return None
     return label, text if isinstance(text, str) and text else f"straggler: {label}"
-
-
-def mean_line(budget: Budget) -> str:
-    """'mean step 1.31 ms = 763 tok/s (means: what throughput pays; the rows are medians); step p50 / p90 / p99
-    1.30 / 1.42 / 1.51 ms' ('' when nothing was measured)."""
-    tps = budget.mean_tokens_per_s
-    if tps is None or not any(s.status in ("measured", "interpolated") for s in budget.segments):
-        return ""  # estimates only: no samples, so no mean to tell from the median
-    ge, le = ("", "") if budget.complete else ("≥ ", "≤ ")
-    line = (
-        f"mean step {ge}{budget.mean_total_ms:.3g} ms = {le}{tps:.4g} tok/s (means: what throughput pays; the rows "
-        "are medians)"
-    )
-    spread = budget.step_percentiles()
-    if spread is not None:
-        line += f"; step p50 / p90 / p99 {spread['p50']:.3g} / {spread['p90']:.3g} / {spread['p99']:.3g} ms"
-    return line
-
-
-def rank_lines(budget: Budget) -> list[str]:
-    """The per-rank line and the straggler line (or that no rank stands out); empty for a one-rank budget."""
-    spread = budget.ranks
-    if spread is None:
-        return []
-    lines = [spread.line()]
-    if spread.straggler is not None:
-        lines.append(spread.straggler.text)
-    else:
-        lines.append(f"no straggler: no rank stands out (the rule: {STRAGGLER_RULE})")
-    return lines

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from decodetop.budget.compose import DEFAULT_TARGET_TPS, ObservedStep, default_observed
+from decodetop.budget.compose import ObservedStep, default_observed
 from decodetop.budget.deployment import DEFAULT_CONTEXT
 from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.scenario import (
@@ -24,6 +24,7 @@ from decodetop.budget.scenario import (
     model_source,
     parse_gpu_list,
 )
+from decodetop.defaults import DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 
 ALLREDUCE_HELP = (

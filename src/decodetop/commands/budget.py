@@ -12,26 +12,25 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from decodetop.budget.diff import diff_budget_files, format_budget_diff
-from decodetop.budget.gpus import GPUS, find_gpu
+from decodetop.budget.gpus import find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.scenario import Scenario
 from decodetop.budget.spec import preset_names
+from decodetop.budget.text import format_budget_table
 from decodetop.commands._scenario_args import (
     add_scenario_arguments,
     observed_from_args,
     scenario_from_args,
     target_from_args,
 )
+from decodetop.defaults import DEFAULT_MODEL
 from decodetop.errors import UserInputError
 from decodetop.textfmt import fit_text, format_bytes, format_number, reserved_columns, table
 
 if TYPE_CHECKING:
     from decodetop.collectors.nvml import Nvml
-    from decodetop.probes.budgeting import Composition
-
-DEFAULT_MODEL = "glm-5-nvfp4"
-"""The model `decodetop budget` shows without --model/--config (the seed deployment's, docs/architecture.md)."""
+    from decodetop.pipeline.composition import Composition
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,7 +98,8 @@ def _positive(value: float | None, flag: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from decodetop.probes.budgeting import GpuHint, assumed_gpu, compose_full, taken_at_s
+    from decodetop.pipeline.composition import compose, stored_times
+    from decodetop.pipeline.context import BudgetContext, gpu_hint
     from decodetop.probes.results import load_results
 
     if args.list_models:
@@ -125,27 +125,13 @@ def run(args: argparse.Namespace) -> int:
         count = facts.count() if args.tp is None else 0
         group_size, label, where = (count or None), "GPUs", "seen by NVML"
     scenario = scenario_from_args(args, group_size, group_label=label, group_where=where, default_model=DEFAULT_MODEL)
-    bandwidth = args.bandwidth_tbps * 1000 if args.bandwidth_tbps else None
-    bw_source = "measured (--bandwidth-tbps)" if bandwidth else ""
-    if args.gpu:
-        row = find_gpu(args.gpu)
-        if row is None:
-            raise UserInputError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
-        hint = GpuHint(row.name, "--gpu")
-    else:
-        seen = facts.gpu0_name() if env is None else None
-        hint = GpuHint(seen, "detected by NVML") if seen else assumed_gpu()
-    hint = GpuHint(
-        hint.name,
-        hint.how,
-        bandwidth_gbps=bandwidth,
-        bandwidth_source=bw_source,
-        allreduce_latency_us=args.allreduce_us,
-        latency_source="measured (--allreduce-us)" if args.allreduce_us else "",
-    )
+    seen = facts.gpu0_name() if args.gpu is None and env is None else None
+    hint = gpu_hint(named=args.gpu, seen=seen, bandwidth_tbps=args.bandwidth_tbps, allreduce_us=args.allreduce_us)
     # results read from a file were measured earlier: each figure says when, where and on what
-    stored = {r.probe: t for r in results if (t := taken_at_s(r)) is not None}
-    comp = compose_full(scenario, results, observed=observed, target_tps=target_tps, gpu=hint, stored_at_s=stored)
+    ctx = BudgetContext(
+        scenario, results, observed=observed, target_tps=target_tps, gpu=hint, stored_at_s=stored_times(results)
+    )
+    comp = compose(ctx)
     plan = build_plan(scenario.inventory()) if args.plan else None
     if args.json:
         print(json.dumps(_as_json(scenario, comp, plan=plan), indent=1, allow_nan=False))
@@ -340,8 +326,6 @@ def _roofline_lines(comp: Composition) -> list[str]:
 
 def _budget_lines(comp: Composition) -> list[str]:
     """The budget table (titled as estimates where nothing was measured) and its notes."""
-    from decodetop.probes.budgeting import format_budget_table
-
     budget = comp.budget
     measured_any = any(seg.provenance_kind.startswith("measured") for seg in budget.segments)
     title = "Budget" if measured_any else "Budget (roofline estimates: no probe results)"

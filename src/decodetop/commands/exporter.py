@@ -10,6 +10,7 @@ textual or torch (probes run in spawned ranks).
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from decodetop.commands._scenario_args import (
 
 if TYPE_CHECKING:
     from decodetop.export.schedule import Exporter, ProbeRunner
+    from decodetop.pipeline.gpu_guard import GpuGuard
+    from decodetop.pipeline.observed import TracedStep
     from decodetop.probes.controller import GroupLayout
 
 
@@ -58,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--server-window", default="30s", metavar="DURATION", help="window of the observed step (default 30s)"
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="a profiler trace (or a directory of per-rank traces) of the engine: its decode steps are the observed "
+        "step where neither --observed-ms nor a live --server gives one",
     )
     parser.add_argument(
         "--demo", action="store_true", help="fake NVML replaying a bundled H200 recording (no GPU needed)"
@@ -102,6 +111,7 @@ def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
     target_tps = target_from_args(args)
     gpus = gpus_from_args(args)
     check_cpu_ranks(args.cpu_ranks, force=args.force)
+    traced = _traced(args.trace) if args.trace is not None else None
     server_source = None
     if args.server is not None:
         server_source = ServerStepSource(args.server, accept_length=args.accept_length, window_s=server_window_s)
@@ -112,10 +122,21 @@ def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
         scenario = scenario_from_args(args, layout.world_size if layout is not None else None, group_label=label)
     plan: tuple[PlannedRun, ...] = ()
     lines: list[str] = [f"budget: {scenario.describe()}"] if scenario is not None else []
+    if traced is not None:
+        lines.append(f"trace: {traced.detail(time.time())}")
     if layout is not None:
         plan, notes = probe_plan_runs(scenario, ProbeRegistry(), world_size=layout.world_size, device_kind=layout.kind)
         lines.extend(f"plan: {note}" for note in notes)
-    make_controller, preflight = _probe_group(layout, force=args.force)
+    budget_for = None
+    if scenario is not None:
+        budget_for = BudgetComposer(
+            scenario,
+            target_tps,
+            group_kind=layout.kind if layout is not None else None,
+            observed_ms=None if observed.assumed else observed.ms,
+            server_url=args.server,
+            trace=traced,
+        )
     exporter = Exporter(
         listen=args.listen,
         nvml=fake_nvml() if args.demo else Nvml(),
@@ -123,43 +144,48 @@ def _build(args: argparse.Namespace) -> tuple[Exporter, list[str]]:
         check_every_s=check_every_s,
         probe_every_s=probe_every_s if layout is not None else None,
         plan=plan,
-        make_controller=make_controller,
+        make_controller=_make_controller(layout) if layout is not None else None,
         server_source=server_source,
-        budget_for=None
-        if scenario is None
-        else BudgetComposer(scenario, observed, target_tps, layout.kind if layout is not None else None),
-        preflight=preflight,
+        budget_for=budget_for,
+        guard=_gpu_guard(layout, force=args.force),
     )
     return exporter, lines
 
 
-def _probe_group(
-    layout: GroupLayout | None, *, force: bool
-) -> tuple[Callable[[], ProbeRunner] | None, Callable[[Sequence[int]], str | None] | None]:
-    """How the exporter makes its probe group, and its look at the GPUs before each cycle (a serving engine holding
-    them needs --force, as `decodetop probe` does)."""
-    import os
+def _traced(path: str) -> TracedStep:
+    """--trace read once at start: the engine's decode steps as the observed step (one line for a bad file)."""
+    from pathlib import Path
 
+    from decodetop.errors import UserInputError
+    from decodetop.pipeline.observed import trace_written_s, traced_step
+    from decodetop.traces.ranks import analyze_path
+
+    if not path:
+        raise UserInputError("--trace: empty path")
+    traced = traced_step(analyze_path(Path(path)), written_s=trace_written_s(path))
+    if traced is None:
+        raise UserInputError(f"--trace {path}: no decode step found in the trace")
+    return traced
+
+
+def _make_controller(layout: GroupLayout) -> Callable[[], ProbeRunner]:
+    """How the exporter makes its probe group (spawned on the first probe)."""
     from decodetop.probes.controller import ProbeController
-    from decodetop.probes.gpuinfo import compute_processes
-
-    if layout is None:
-        return None, None
 
     def make_controller() -> ProbeRunner:
         return ProbeController(layout=layout)
 
-    if layout.kind != "cuda" or force:
-        return make_controller, None
+    return make_controller
 
-    def preflight(own_pids: Sequence[int]) -> str | None:
-        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(), *own_pids))
-        if not busy:
-            return None
-        who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
-        return f"other processes hold GPU memory ({who}); pass --force to probe anyway"
 
-    return make_controller, preflight
+def _gpu_guard(layout: GroupLayout | None, *, force: bool) -> GpuGuard | None:
+    """The exporter's look at the GPUs before each probe: a serving engine holding them skips the cycle unless
+    --force, as `decodetop probe` refuses (None for CPU ranks and without probes)."""
+    from decodetop.pipeline.gpu_guard import GpuGuard
+
+    if layout is None or layout.kind != "cuda":
+        return None
+    return GpuGuard(lambda: layout.gpus, forced=force)
 
 
 def _serve(exporter: Exporter, lines: Sequence[str]) -> None:

@@ -8,17 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
 from decodetop.atomic import write_text_atomic
-from decodetop.budget.compose import ObservedStep
 from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
 from decodetop.budget.plan import build_plan
-from decodetop.budget.scenario import Scenario
 from decodetop.commands._scenario_args import (
     add_gpus_argument,
     add_scenario_arguments,
@@ -28,11 +25,12 @@ from decodetop.commands._scenario_args import (
     target_from_args,
 )
 from decodetop.errors import UserInputError
-from decodetop.textfmt import fit_text, format_bytes, parse_size
+from decodetop.textfmt import fit_text, parse_size
 
 if TYPE_CHECKING:
+    from decodetop.pipeline.gpu_guard import GpuGuard
+    from decodetop.pipeline.plan_runner import PlanRun
     from decodetop.probes.controller import GroupLayout
-    from decodetop.probes.planrun import PlanRun, PlanRunOptions
     from decodetop.probes.protocol import Progress
     from decodetop.probes.registry import ProbeRegistry
     from decodetop.probes.results import ProbeResult
@@ -180,32 +178,36 @@ def _run_spawned(
     gpus: list[int] | None,
     registry: ProbeRegistry,
 ) -> int:
+    from decodetop.pipeline.plan_runner import PlanRunner
     from decodetop.probes.controller import ProbeController, resolve_layout
-    from decodetop.probes.gpuinfo import compute_processes
 
     layout = resolve_layout(gpus, args.cpu_ranks, args.device)
-    if layout.kind == "cuda":
-        busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
-        if busy and not args.force:
-            who = "; ".join(
-                f"GPU {p.cuda_index}: pid {p.pid} ({p.name}"
-                + (f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else "")
-                + ")"
-                for p in busy
-            )
-            raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
+    guard = _gpu_guard(layout, force=args.force)  # a GPU others use is refused before any rank spawns
     where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
     print(f"decodetop probe: starting {where}", file=sys.stderr, flush=True)
     results = []
     show = _progress_printer(sys.stderr)
     with ProbeController(layout=layout, registry=registry) as controller:
+        runner = PlanRunner(lambda: controller, guard=guard, registry=registry, timeout_s=args.timeout)
         for name in names:
             print(f"decodetop probe: {name} ...", file=sys.stderr, flush=True)
-            result = controller.run(name, params.get(name), timeout_s=args.timeout, on_progress=show)
+            result = runner.run(name, params.get(name), on_progress=show)
             results.append(result)
             if args.json != "-":
                 _print_one(result, registry)
     return _report(results, args, printed=args.json != "-")
+
+
+def _gpu_guard(layout: GroupLayout, *, force: bool) -> GpuGuard | None:
+    """The busy-GPU guard of a GPU group (None for CPU ranks), after its first look: other processes holding the
+    group's GPUs refuse the run (exit 2) unless --force."""
+    from decodetop.pipeline.gpu_guard import GpuGuard
+
+    if layout.kind != "cuda":
+        return None
+    guard = GpuGuard(lambda: layout.gpus, forced=force)
+    guard.check()
+    return guard
 
 
 def _print_one(result: ProbeResult, registry: ProbeRegistry) -> None:
@@ -245,8 +247,10 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     plan on a spawned group, print each probe's table (and the budget with --budget; the per-component diff
     against an earlier --json output with --baseline), write JSON. Progress goes to stderr as
     'probe i/n NAME: key j/m …'. Exit 1 when a probe failed or timed out."""
+    from decodetop.pipeline.context import BudgetContext
+    from decodetop.pipeline.plan_runner import PlanProgress, PlanRunner, run_model_plan
     from decodetop.probes.controller import ProbeController, resolve_layout
-    from decodetop.probes.planrun import PlanProgress, plan_requests, run_plan
+    from decodetop.probes.plan_hooks import plan_requests
     from decodetop.probes.registry import ProbeRegistry
     from decodetop.probes.results import ProbeStatus
 
@@ -262,11 +266,10 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     label = "GPUs" if layout.kind == "cuda" else "CPU ranks"
     scenario = scenario_from_args(args, layout.world_size, group_label=label)
     inventory = scenario.inventory()
-    opts = _plan_options(args, scenario, observed, target_tps)
     plan = build_plan(inventory)
-    plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, options=opts)  # checks
-    if layout.kind == "cuda":
-        _refuse_busy_gpus(layout, force=args.force)
+    only = tuple(args.names or ())
+    plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, only=only)  # checks names
+    guard = _gpu_guard(layout, force=args.force)
     where = f"{layout.world_size} GPU rank(s)" if layout.kind == "cuda" else f"{layout.world_size} CPU rank(s), gloo"
     quiet = args.json == "-"
     print(
@@ -280,8 +283,14 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
         print(f"decodetop probe: {p.line()}", file=sys.stderr, flush=True)
 
     show = _result_printer(registry, quiet=quiet)
+    ctx = BudgetContext(scenario, observed=observed, target_tps=target_tps, plan=plan)
     with ProbeController(layout=layout, registry=registry) as controller:
-        run = run_plan(controller, inventory, options=opts, plan=plan, on_progress=progress, on_result=show)
+        runner = PlanRunner(
+            lambda: controller, guard=guard, registry=registry, on_result=[show], timeout_s=args.timeout
+        )
+        run = run_model_plan(
+            runner, ctx, world_size=layout.world_size, device_kind=layout.kind, only=only, on_progress=progress
+        )
     if not quiet:
         _print_budget(run, full=bool(args.budget))
     diff_doc = _baseline_diff(run, baseline, baseline_path, quiet=quiet) if baseline is not None else None
@@ -289,35 +298,6 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
         _write_plan_json(run, diff_doc, args.json)
     bad = [r for r in run.results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
     return 1 if bad else 0
-
-
-def _plan_options(
-    args: argparse.Namespace, scenario: Scenario, observed: ObservedStep, target_tps: float
-) -> PlanRunOptions:
-    """How the plan runs and its budget composes: the scenario's launch mode and identity, the observed step and
-    target, the probes --names keeps, the --timeout."""
-    from decodetop.probes.planrun import PlanRunOptions
-
-    return PlanRunOptions(
-        launch_mode=scenario.deployment.launch_mode,
-        observed_ms=observed.ms,
-        target_tps=target_tps,
-        only=tuple(args.names or ()),
-        timeout_s=args.timeout,
-        observed=observed,
-        scenario_id=scenario.fingerprint_id,
-        tp_source=scenario.tp_source,
-    )
-
-
-def _refuse_busy_gpus(layout: GroupLayout, *, force: bool) -> None:
-    """Refuse to probe GPUs whose memory other processes hold (their timings would be shared), unless --force."""
-    from decodetop.probes.gpuinfo import compute_processes
-
-    busy = compute_processes(layout.gpus, exclude_pids=(os.getpid(),))
-    if busy and not force:
-        who = "; ".join(f"GPU {p.cuda_index}: pid {p.pid} ({p.name})" for p in busy)
-        raise UserInputError(f"other processes hold GPU memory ({who}); pass --force to probe anyway")
 
 
 def _result_printer(registry: ProbeRegistry, *, quiet: bool) -> Callable[[ProbeResult], None]:
@@ -338,7 +318,7 @@ def _result_printer(registry: ProbeRegistry, *, quiet: bool) -> Callable[[ProbeR
 
 def _print_budget(run: PlanRun, *, full: bool) -> None:
     """The composed budget: all of it with --budget, else one line of its total."""
-    from decodetop.probes.planrun import format_budget
+    from decodetop.pipeline.plan_report import format_budget
 
     if full:
         sys.stdout.write(fit_text(format_budget(run)))  # tables fit already; long notes wrap to the terminal
@@ -363,7 +343,7 @@ def _write_plan_json(run: PlanRun, diff_doc: dict[str, Any] | None, destination:
     """The run as JSON to stdout (`-`) or atomically to a file."""
     from pathlib import Path
 
-    from decodetop.probes.planrun import plan_run_to_json
+    from decodetop.pipeline.plan_report import plan_run_to_json
 
     text = plan_run_to_json(run, diff_doc)
     if destination == "-":

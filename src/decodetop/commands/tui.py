@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
-    from decodetop.settings import DEFAULT_OBSERVED_MS, default_settings_path, load_settings, with_overrides
+    from decodetop.defaults import DEFAULT_OBSERVED_MS
+    from decodetop.settings import default_settings_path, load_settings, with_overrides
     from decodetop.themes import THEME_NAMES
     from decodetop.tui.launch import LaunchOptions, build_sources, require_terminal
 

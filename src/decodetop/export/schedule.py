@@ -1,13 +1,14 @@
 """Provides the headless exporter's schedule: telemetry, host checks, the probe plan and a live server's step on
 their periods, all feeding one `StateBox` that the /metrics server renders at each scrape, and the budget
-recomposed through the one composition every surface uses (`decodetop.probes.budgeting.compose`).
+recomposed through the one composition every surface uses (`decodetop.pipeline.composition.compose`).
 
 Threads (all daemons, all stopped by `Exporter.stop()` within a few seconds):
 
 - telemetry: `collectors.telemetry.TelemetryCollector` at `tick_s`;
 - checks: `collectors.checks.host.run_all_checks` every `check_every_s`;
-- probes: the probe plan through one probe controller every `probe_every_s` (first run at start); latency probes
-  pause costly NVML calls while they run (docs/architecture.md, "Processes");
+- probes: the probe plan through the one plan runner (`decodetop.pipeline.plan_runner`: the GPU guard before each
+  probe, costly NVML calls paused while a latency-sensitive probe runs) on one probe group every `probe_every_s`
+  (first run at start);
 - server: `collectors.serving.ServerStepSource.poll()` every `server_every_s`, each poll bounded by one overall
   deadline (`decodetop.httpget`), so a server that trickles shows as down (`decodetop_server_up` 0) within it.
 
@@ -23,10 +24,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
-from decodetop.budget import compose as budget_compose
 from decodetop.budget.compose import Budget
 from decodetop.budget.plan import build_plan
 from decodetop.budget.scenario import Scenario
@@ -34,20 +35,22 @@ from decodetop.collectors.checks.host import run_all_checks
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ObservedStep, ServerStatus
 from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
-from decodetop.errors import UserInputError
+from decodetop.defaults import DEFAULT_TARGET_TPS
+from decodetop.errors import DecodetopError, UserInputError
 from decodetop.export.prometheus import ExportState, MetricsServer, Observation, StateBox, start_metrics_server
-from decodetop.history import format_age
-from decodetop.probes.budgeting import GpuHint, compose
-from decodetop.probes.planrun import PlanRunOptions, plan_requests
-from decodetop.probes.results import ProbeResult, ProbeStatus
+from decodetop.pipeline.composition import compose
+from decodetop.pipeline.context import BudgetContext, gpu_hint
+from decodetop.pipeline.gpu_guard import GpuGuard
+from decodetop.pipeline.observed import TracedStep, observed_step
+from decodetop.pipeline.plan_runner import PlanRunner, ProbeGroup
+from decodetop.probes.plan_hooks import plan_requests
+from decodetop.probes.results import ProbeResult
 
-LATENCY_PROBES = frozenset({"allreduce", "launch"})
-"""Probes whose timings costly NVML calls (process lists) would disturb (docs/reference/peers.md §3.8)."""
 DEFAULT_PROBE_EVERY_S = 600.0
 """The plan every 10 minutes: a full model plan takes 15-20 s on 2 × H200 (docs/benchmarks.md, cost)."""
 DEFAULT_CHECK_EVERY_S = 300.0
 """Host settings change rarely; every 5 minutes catches a governor reset without measurable cost."""
-SCHEDULED_PLAN = PlanRunOptions(sweeps=False)
+SCHEDULED_SWEEPS = False
 """The plan on a schedule measures the budget's own points only: the GEMM-vs-M and context sweeps draw charts in
 `decodetop probe`, are not exported, and would take the GPUs from the serving engine every period for nothing."""
 DEFAULT_SERVER_EVERY_S = 5.0
@@ -69,12 +72,9 @@ def parse_duration(text: str, flag: str) -> float:
     return seconds
 
 
-class ProbeRunner(Protocol):
-    """What the schedule needs of a probe group (`decodetop.probes.controller.ProbeController`)."""
-
-    def run(self, probe: str, params: Mapping[str, object] | None = None) -> ProbeResult: ...
-
-    def rank_pids(self) -> list[int]: ...
+class ProbeRunner(ProbeGroup, Protocol):
+    """What the schedule needs of a probe group (`decodetop.probes.controller.ProbeController`): the plan runner's
+    `ProbeGroup`, and a cancel and close of its own."""
 
     def cancel(self) -> None: ...
 
@@ -107,8 +107,8 @@ def probe_plan_runs(
     """What the exporter runs each period, and notes on what cannot be measured on this group.
 
     Without a scenario: every registered probe at its defaults, what the TUI lists. With one: the probe engine's
-    plan for it (`probes.planrun.plan_requests`, the runs of `decodetop probe --model` less the charts' sweeps,
-    `SCHEDULED_PLAN`), on a group of `world_size` ranks of `device_kind` ("cuda" or "cpu"), keeping the probes this
+    plan for it (`probes.plan_hooks.plan_requests`, the runs of `decodetop probe --model` less the charts' sweeps,
+    `SCHEDULED_SWEEPS`), on a group of `world_size` ranks of `device_kind` ("cuda" or "cpu"), keeping the probes this
     build registers.
     """
     names = list(registry.names())
@@ -116,7 +116,7 @@ def probe_plan_runs(
         return tuple(PlannedRun(name) for name in names), ()
     inventory = scenario.inventory()
     requests, notes = plan_requests(
-        build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind, options=SCHEDULED_PLAN
+        build_plan(inventory), inventory, world_size=world_size, device_kind=device_kind, sweeps=SCHEDULED_SWEEPS
     )
     runs = tuple(PlannedRun(r.probe, dict(r.params)) for r in requests if r.probe in names)
     missing = sorted({r.probe for r in requests} - set(names))
@@ -125,50 +125,43 @@ def probe_plan_runs(
     return runs, tuple(notes)
 
 
-def budget_observed(
-    observation: Observation | None, given: budget_compose.ObservedStep, now_unix_s: float
-) -> budget_compose.ObservedStep:
-    """The observed step a budget is composed against: the server's step while it gives one (with its URL, window
-    and age), else `given` (a flag's, or the default — then marked as assumed, saying why the server gave none)."""
-    if isinstance(observation, ObservedStep):
-        age = observation.age_s(now_unix_s)
-        when = f", {format_age(age)} ago" if age is not None else ""
-        detail = f"{observation.url}, {observation.window_s:.0f} s window{when}"
-        return budget_compose.ObservedStep(observation.step_ms, "server", detail)
-    if isinstance(observation, ServerStatus) and given.assumed:
-        return budget_compose.default_observed(f"the server gave no step: {observation.message}")
-    return given
-
-
 @dataclass(frozen=True)
 class BudgetComposer:
-    """Composes the exporter's budget through `probes.budgeting.compose`, as `decodetop budget`, `probe --budget`
-    and the UI do: the scenario of `--model/--config`, the probe group's device kind, the GPU NVML sees."""
+    """Composes the exporter's budget through the one composition (`decodetop.pipeline.composition.compose`), as
+    `decodetop budget`, `probe --budget` and the UI do: the scenario of `--model/--config`, the probe group's device
+    kind, the GPU NVML sees, and the observed step by the one rule (`decodetop.pipeline.observed`): --observed-ms,
+    else the server's step while it gives one, else --trace's, else the default (assumed)."""
 
     scenario: Scenario
-    observed: budget_compose.ObservedStep
-    """`--observed-ms` as an observed step, or the default marked as assumed."""
-    target_tps: float
+    target_tps: float = DEFAULT_TARGET_TPS
     group_kind: str | None = None
     """cuda or cpu: the probe group's ranks (None without probes)."""
+    observed_ms: float | None = None
+    """--observed-ms (None: not given)."""
+    server_url: str | None = None
+    """--server (its answers arrive with each call)."""
+    trace: TracedStep | None = None
+    """--trace: the engine's steps in a profiler trace, an observation."""
 
     def __call__(
         self, results: Sequence[ProbeResult], observation: Observation | None, telemetry: TelemetrySnapshot | None
     ) -> Budget:
         """The budget of the results so far against the current observed step."""
         now = time.time()
-        gpu = None
-        if telemetry is not None and telemetry.gpus and telemetry.gpus[0].name:
-            gpu = GpuHint(telemetry.gpus[0].name, "detected by NVML")
-        return compose(
+        seen = telemetry.gpus[0].name if telemetry is not None and telemetry.gpus else None
+        observed = observed_step(
+            flag_ms=self.observed_ms, server=observation, server_url=self.server_url, trace=self.trace, now_s=now
+        )
+        ctx = BudgetContext(
             self.scenario,
-            results,
-            observed=budget_observed(observation, self.observed, now),
+            tuple(results),
+            observed=observed,
             target_tps=self.target_tps,
-            gpu=gpu,
+            gpu=gpu_hint(seen=seen),
             group_kind=self.group_kind,
             now_s=now,
         )
+        return compose(ctx).budget
 
 
 class Exporter:
@@ -188,7 +181,7 @@ class Exporter:
         server_source: StepSource | None = None,
         server_every_s: float = DEFAULT_SERVER_EVERY_S,
         budget_for: BudgetComposer | None = None,
-        preflight: Callable[[Sequence[int]], str | None] | None = None,
+        guard: GpuGuard | None = None,
         log: TextIO | None = None,
     ) -> None:
         self.listen = listen
@@ -202,8 +195,8 @@ class Exporter:
         self.server_every_s = server_every_s
         self.budget_for = budget_for
         """Recomposes the budget after each probe result, server poll and the first telemetry snapshot."""
-        self.preflight = preflight
-        """(our own rank pids) → None to probe, or why not (another process holds the GPUs: a serving engine)."""
+        self.guard = guard
+        """Other processes holding the GPUs (a serving engine) skip the cycle unless --force (None: CPU ranks)."""
         self.box = StateBox(ExportState(probe_interval_s=self.probe_every_s))
         self._log = log if log is not None else sys.stderr
         self._stop = threading.Event()
@@ -284,59 +277,36 @@ class Exporter:
 
     def _probes_loop(self) -> None:
         assert self.probe_every_s is not None and self.make_controller is not None
+        runner = PlanRunner(self._group, guard=self.guard, pause=self._pause, on_result=[self._on_result])
         while not self._stop.is_set():
             started = time.monotonic()
-            failures: list[str] = []
-            refusal = self._preflight()
-            if refusal is not None:
-                self._note("probes", f"skipped this cycle: {refusal}")
-                self._stop.wait(self.probe_every_s)
-                continue
-            for planned in self.plan:
-                if self._stop.is_set():
-                    break
-                result = self._run_probe(planned, failures)
-                if result is not None:
-                    self.box.add_probe_result(result)
-                    self._recompose()  # the budget fills in probe by probe
-            self._note("probes", "; ".join(failures) if failures else None)
+            outcome = runner.run_all(self.plan, should_stop=self._stop.is_set)
+            if outcome.refused is not None:
+                done = "skipped this cycle" if not outcome.results else "stopped this cycle"
+                self._note("probes", f"{done}: {outcome.refused}")
+            elif not self._stop.is_set():
+                self._note("probes", "; ".join(outcome.failures) or None)
             self._stop.wait(max(0.0, self.probe_every_s - (time.monotonic() - started)))
 
-    def _preflight(self) -> str | None:
-        if self.preflight is None:
-            return None
-        controller = self._controller
-        own = controller.rank_pids() if controller is not None else []
-        try:
-            return self.preflight(own)
-        except Exception as exc:  # a failed look at the GPUs is a reason not to probe them
-            return f"could not check the GPUs for other processes ({type(exc).__name__}: {exc})"
+    def _group(self) -> ProbeRunner:
+        """The probe group, spawned on the first probe (never while stopping)."""
+        with self._controller_lock:
+            if self._stop.is_set():
+                raise DecodetopError("the exporter is stopping")
+            if self._controller is None:
+                assert self.make_controller is not None
+                self._controller = self.make_controller()
+            return self._controller
 
-    def _run_probe(self, planned: PlannedRun, failures: list[str]) -> ProbeResult | None:
-        try:
-            with self._controller_lock:
-                if self._stop.is_set():
-                    return None
-                if self._controller is None:
-                    assert self.make_controller is not None
-                    self._controller = self.make_controller()
-                controller = self._controller
-            pause = (
-                self._collector.latency_probe()
-                if self._collector is not None and planned.probe in LATENCY_PROBES
-                else contextlib.nullcontext()
-            )
-            with pause:
-                result = controller.run(planned.probe, dict(planned.params) or None)
-        except Exception as exc:  # the group could not start, or was closed by stop()
-            if not self._stop.is_set():
-                failures.append(f"{planned.probe}: {type(exc).__name__}: {exc}")
-            return None
-        message = result.message or result.error or ""
-        if result.status is not ProbeStatus.OK and not self._stop.is_set():
-            detail = f" ({message})" if message and message != result.status.value else ""
-            failures.append(f"{planned.probe}: {result.status.value}{detail}")
-        return result
+    def _pause(self) -> AbstractContextManager[object]:
+        """No costly NVML call while a latency-sensitive probe runs (the plan runner asks)."""
+        return self._collector.latency_probe() if self._collector is not None else contextlib.nullcontext()
+
+    def _on_result(self, result: ProbeResult) -> None:
+        if self._stop.is_set():
+            return  # a run the stop cancelled or closed: nothing to export any more
+        self.box.add_probe_result(result)
+        self._recompose()  # the budget fills in probe by probe
 
     def _recompose(self) -> None:
         if self.budget_for is None:

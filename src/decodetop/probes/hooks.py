@@ -2,7 +2,7 @@
 `Planned` out: the probe's `ProbeRequest` for a model's plan) and the reading side (`MeasuredSetBuilder`: budget
 inputs accumulated from results, built into a `MeasuredSet`).
 
-`decodetop.probes.planrun.plan_requests` calls every registered probe's `plan` hook and
+`decodetop.probes.plan_hooks.plan_requests` calls every registered probe's `plan` hook and
 `measured_from_results` every result's probe's `read` hook; neither names a probe. Most component probes use the
 two generic hooks here: `plan_keys` (run the probe on the plan's keys of that probe) and `read_keyed_points`
 (every point with `role` "budget" and a `key` param gives that key's time, the slowest rank's median, the fastest

@@ -1,13 +1,7 @@
-"""Provides the per-rank composition of a budget from probe results (stdlib only, no torch): every rank's budget
-from its own times, their spread and step bound (`decodetop.budget.ranks`), and the likely cause of a straggler
-from what the results recorded.
+"""Provides the likely causes of a straggler rank from what probe results recorded (stdlib only, no torch), for the
+per-rank composition (`decodetop.pipeline.ranks`).
 
-    spread = compose_ranks(inventory, results, launch_mode="graph", plan=plan, estimate=hw, device_kind="cuda")
-    spread.straggler.text       # 'straggler: GPU 1 (+2.4 ms, +35 % …; likely: another process on GPU 1 …)'
-
-How: each result is narrowed to one rank (`rank_view`: every measurement keeps only that rank's series, stats and
-metrics) and read through the same per-probe read hooks as the budget (`planrun.measured_from_results`), then
-composed by the same `compose_budget`; so a rank's figure is the budget it would have alone.
+    rank_causes(envs, ranks=[0, 1], device_kind="cuda")   # {1: ['another process on GPU 1: …', …]}
 
 Likely causes (`rank_causes`), from each result's `Environment`: the NVML snapshots the controller takes before
 and after every probe (`extra["nvml_before"]`/`["nvml_after"]`, one row per GPU: SM clock, clock-event reasons
@@ -17,20 +11,14 @@ Affinity column). Rank r runs on CUDA device r (`probes.worker.init_device`).
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from decodetop.budget.components import Component
-from decodetop.budget.compose import compose_budget
-from decodetop.budget.inventory import StepInventory
-from decodetop.budget.plan import ProbePlan
-from decodetop.budget.ranks import STRAGGLER_RELATIVE_FLOOR, RankSpread, RankTotal, rank_spread
-from decodetop.budget.roofline import Hardware
+from decodetop.budget.ranks import STRAGGLER_RELATIVE_FLOOR
 from decodetop.collectors.telemetry import CLOCK_EVENT_BY_NAME, decode_clock_event_reasons
-from decodetop.probes.results import Environment, Measurement, ProbeResult
+from decodetop.probes.results import Environment
 
 _SNAPSHOT_KEYS = ("nvml_before", "nvml_after")
 IDLE_BUSY_PCT = 50
@@ -39,79 +27,9 @@ structnvmlUtilization__t.html) before a probe, while the probe's ranks wait idle
 previous probe's tail shows on every GPU of the group alike, so the others' figure is subtracted."""
 
 
-def result_ranks(results: Iterable[ProbeResult]) -> tuple[int, ...]:
-    """The ranks that reported a series with stats in any of `results`."""
-    found = {r.rank for res in results for m in res.measurements for r in m.per_rank if r.stats is not None}
-    return tuple(sorted(found))
-
-
-def _narrow(m: Measurement, rank: int) -> Measurement:
-    series = [r for r in m.per_rank if r.rank == rank]
-    if not series:
-        return dataclasses.replace(m, per_rank=(), stats=None)
-    own = series[0]
-    return dataclasses.replace(m, per_rank=(own,), stats=own.stats, metrics={**dict(m.metrics), **dict(own.metrics)})
-
-
-def rank_view(results: Iterable[ProbeResult], rank: int) -> list[ProbeResult]:
-    """`results` as `rank` alone measured them: every measurement keeps only that rank's series (its stats, and its
-    own metrics over the averaged ones); a measurement that rank did not report keeps no figure."""
-    return [dataclasses.replace(res, measurements=tuple(_narrow(m, rank) for m in res.measurements)) for res in results]
-
-
 def rank_label(rank: int, device_kind: str) -> str:
     """'GPU 1' or 'CPU rank 1'."""
     return f"GPU {rank}" if device_kind == "cuda" else f"CPU rank {rank}"
-
-
-def compose_ranks(
-    inventory: StepInventory,
-    results: Sequence[ProbeResult],
-    *,
-    launch_mode: str,
-    plan: ProbePlan | None,
-    estimate: Hardware | None,
-    device_kind: str,
-    allreduce: str = "auto",
-) -> RankSpread | None:
-    """Every rank's own budget total, their spread, step bound and straggler (with likely causes); None for fewer
-    than two ranks with series."""
-    from decodetop.probes.planrun import measured_from_results
-
-    ranks = result_ranks(results)
-    if len(ranks) < 2:
-        return None
-    collective = Component.COMMUNICATION.value
-    totals: list[RankTotal] = []
-    for rank in ranks:
-        measured = measured_from_results(
-            rank_view(results, rank), launch_mode=launch_mode, plan=plan, allreduce=allreduce
-        )
-        b = compose_budget(
-            inventory,
-            measured.times,
-            allreduce_curves=measured.allreduce_curves,
-            gemm_curves=measured.gemm_curves,
-            launch_mode=launch_mode,
-            estimate=estimate,
-        )
-        known = [s for s in b.segments if s.ms is not None]
-        totals.append(
-            RankTotal(
-                rank=rank,
-                label=rank_label(rank, device_kind),
-                total_ms=b.total_ms,
-                mean_ms=b.mean_total_ms,
-                p10_ms=sum(s.p10_ms if s.p10_ms is not None else s.ms or 0.0 for s in known),
-                p90_ms=sum(s.p90_ms if s.p90_ms is not None else s.ms or 0.0 for s in known),
-                collective_ms=sum(s.ms or 0.0 for s in known if s.component == collective),
-                components={s.component: s.ms or 0.0 for s in known},
-            )
-        )
-    intervals = sum(op.count for op in inventory.ops if op.kind == "all_reduce")
-    envs = [r.environment for r in results if r.environment is not None]
-    causes = rank_causes(envs, ranks, device_kind)
-    return rank_spread(totals, intervals=intervals, causes=causes)
 
 
 # --------------------------------------------------------------------------------------------- likely causes

@@ -19,9 +19,9 @@ import time
 import traceback
 import warnings
 from multiprocessing.connection import Connection
-from typing import TextIO
 
 from decodetop.probes.protocol import Fatal, RankConfig
+from decodetop.probes.warning_count import WarningCount
 
 #: How often a rank checks that its controller is still alive (a controller killed with SIGKILL cannot tell its
 #: ranks; they notice within this many seconds and exit).
@@ -49,35 +49,6 @@ def _redirect_output(log_path: str) -> None:
         os.dup2(fd, 2)
     finally:
         os.close(fd)
-
-
-class WarningCount:
-    """Python warnings shown in this process since the last `take()` (they still go to stderr: the rank log)."""
-
-    _count = 0
-
-    @classmethod
-    def install(cls) -> None:
-        shown = warnings.showwarning
-
-        def count_and_show(  # noqa: PLR0917 - the signature of warnings.showwarning
-            message: Warning | str,
-            category: type[Warning],
-            filename: str,
-            lineno: int,
-            file: TextIO | None = None,
-            line: str | None = None,
-        ) -> None:
-            cls._count += 1
-            shown(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = count_and_show
-
-    @classmethod
-    def take(cls) -> int:
-        """The count since the last call (the rank reports it with Ready and each RankDone)."""
-        count, cls._count = cls._count, 0
-        return count
 
 
 def _watch_parent(parent_pid: int) -> None:

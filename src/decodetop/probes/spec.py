@@ -45,6 +45,10 @@ class ProbeSpec:
     """How its results become budget inputs (default: every `role` "budget" point gives its `key`'s time)."""
     plan_order: int = DEFAULT_PLAN_ORDER
     """Position in a plan run: cheap, global probes first (launch), the layer last (it reuses every kernel)."""
+    latency_sensitive: bool = True
+    """Its timings are µs-scale, so telemetry makes no costly NVML call (process lists, which hold the driver's
+    lock for milliseconds: docs/reference/peers.md §3.8) while it runs, on every surface; False for a probe whose
+    timed work is long enough not to notice (the `membw` probe's 256 MiB copies)."""
 
     def resolve_params(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
         """Defaults overlaid with `given`; unknown keys and wrong types are a one-line `UserInputError`."""

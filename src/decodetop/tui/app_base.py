@@ -15,13 +15,13 @@ from textual.app import App, ComposeResult
 from textual.widgets import Static, TabbedContent
 
 from decodetop.collectors.checks.model import CheckResult
+from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.settings import Settings
 from decodetop.themes import THEME_NAMES, drop_other_themes, register_themes, theme_variable_defaults
 from decodetop.tui import layout
 from decodetop.tui.baseline import budget_moves, changed_since
 from decodetop.tui.budget_composer import BudgetComposer
 from decodetop.tui.consent import GpuConsent, held_note
-from decodetop.tui.gpu_guard import HeldGpus
 from decodetop.tui.messages import ChecksReady
 from decodetop.tui.model import HealthView, ProbeView, TelemetryFrame
 from decodetop.tui.probe_queue import ProbeQueue

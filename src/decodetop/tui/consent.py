@@ -13,7 +13,7 @@ from functools import partial
 from textual.app import App
 
 from decodetop.history import HistoryEntry, format_ago
-from decodetop.tui.gpu_guard import GpuGuard, HeldGpus
+from decodetop.pipeline.gpu_guard import GpuGuard, HeldGpus
 from decodetop.tui.messages import GpusLooked
 from decodetop.tui.other_scenarios import origin_text
 from decodetop.tui.screens.confirm_probes import ConfirmProbesScreen

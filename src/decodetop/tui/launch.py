@@ -18,9 +18,9 @@ from decodetop.collectors.serving import ServerStepSource
 from decodetop.errors import UserInputError
 from decodetop.export.recording import Recorder, decode_replay, read_recording
 from decodetop.history import History
+from decodetop.pipeline.gpu_guard import GpuGuard
 from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
-from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.probe_group import GroupInfo, group_of
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget

@@ -8,7 +8,7 @@ from textual.message import Message
 
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import HistoryEntry
-from decodetop.tui.gpu_guard import HeldGpus
+from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources import ProbeOutcome
 

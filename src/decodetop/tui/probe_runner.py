@@ -18,8 +18,8 @@ from textual.app import App
 from textual.worker import get_current_worker
 
 from decodetop.history import KIND_PROBE, HistoryEntry
+from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.settings import Settings
-from decodetop.tui.gpu_guard import HeldGpus
 from decodetop.tui.messages import ProbeFinished, ProbePlanned, ProbeProgress, ProbeStarted
 from decodetop.tui.model import ProbeState, ProbeView
 from decodetop.tui.probe_queue import ProbeQueue

@@ -15,6 +15,8 @@ SPEC = ProbeSpec(
     module="decodetop.probes.worker.membw",
     default_timeout_s=180.0,
     collective=True,
+    # 256 MiB copies: 0.13 ms each at the 4.1 TB/s of docs/reference/h200-machine.md, past a process-list call
+    latency_sensitive=False,
     default_params={
         # docs/reference/h200-machine.md: 256 MiB copies gave 4.1 TB/s D2D and 55 GB/s pinned H2D
         "copy_bytes": 256 * MiB,

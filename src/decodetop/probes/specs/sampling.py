@@ -62,7 +62,7 @@ SPEC = ProbeSpec(
     collective=True,
     default_params={
         "keys": ["sampling:tokens=1,vocab_shard=32000,hidden=4096,dtype=bf16"],
-        "allgather_bytes": [],  # logits bytes per rank to all-gather (planrun: the plan's all_gather keys)
+        "allgather_bytes": [],  # logits bytes per rank to all-gather (probes.plan_hooks: the plan's all_gather keys)
         **COMPONENT_TIMING,
     },
     plan=plan,

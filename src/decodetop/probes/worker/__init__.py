@@ -25,9 +25,9 @@ import torch.distributed as dist
 
 from decodetop.probes.gpuinfo import nccl_env
 from decodetop.probes.protocol import Fatal, Progress, RankConfig, RankDone, Ready, RunProbe, Shutdown
-from decodetop.probes.rankmain import WarningCount
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import Environment, RankOutput
+from decodetop.probes.warning_count import WarningCount
 from decodetop.probes.worker.context import ProbeContext
 
 __all__ = [

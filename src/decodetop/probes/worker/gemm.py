@@ -12,7 +12,7 @@ GEMM). CPU ranks time bf16/fp32 with the host clock, few repetitions, no rotatio
 point's note says so); fp8/fp4 are unsupported there with the reason.
 
 Point params: `key` (the GemmKey at that M), `curve` (`GemmKey.curve_id`), `m`, `variant`, `role` ("budget" at a
-key's own M, "sweep" elsewhere). `decodetop.probes.planrun` turns them into the budget's times and GEMM-vs-M curves.
+key's own M, "sweep" elsewhere). `decodetop.probes.plan_hooks` turns them into the budget's times and GEMM-vs-M curves.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Provides the `layer` probe: one whole decoder layer built from the component kernels, against the sum of its parts.
 
-Params `dense_ops` and `moe_ops` list one layer's ops in execution order as `COUNT*KEY_ID` strings (planrun takes
+Params `dense_ops` and `moe_ops` list one layer's ops in execution order as `COUNT*KEY_ID` strings (its spec takes
 them from the step inventory: norms, projections, rotary, KV write, attention, all-reduces, MLP or routing + routed
 experts + shared experts). For each non-empty layer the probe:
 

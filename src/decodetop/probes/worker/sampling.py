@@ -4,7 +4,7 @@
   shard (weights rotated above 2× L2) with fp32 logits, then greedy sampling (argmax);
 - diagnostic: the same lm_head followed by top-p sampling (T=0.7, p=0.9: softmax, sort, cumsum, mask,
   multinomial), what temperature sampling costs on top;
-- collective points for `allgather_bytes` (planrun: the plan's `allreduce:collective=all_gather,…` keys): one
+- collective points for `allgather_bytes` (probes.plan_hooks: the plan's `allreduce:collective=all_gather,…` keys): one
   all-gather of exactly that many bytes per rank over the group, keyed as an AllreduceKey with ranks = the group
   size, timed with the same counts on every rank (CUDA graph and eager events on GPUs, host clock on gloo).
   UnsupportedError on a one-rank group.

@@ -12,7 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from decodetop.tui.gpu_guard import HeldGpus
+from decodetop.pipeline.gpu_guard import HeldGpus
 
 WARNING = (
     "Probes compete with production traffic: while they run they take GPU time, memory bandwidth, NVLink/PCIe "

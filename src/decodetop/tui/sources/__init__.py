@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from decodetop.collectors.checks.model import CheckResult
 from decodetop.history import Fingerprint, History
+from decodetop.pipeline.gpu_guard import GpuGuard
 from decodetop.settings import Settings
-from decodetop.tui.gpu_guard import GpuGuard
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.taps import Taps

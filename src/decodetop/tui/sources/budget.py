@@ -1,4 +1,4 @@
-"""Provides `PresetBudget`, the budget source: the one composition (`decodetop.probes.budgeting.compose`) for the
+"""Provides `PresetBudget`, the budget source: the one composition (`decodetop.pipeline.composition.compose`) for the
 UI's settings and results, the observed step with its origin, and the fingerprints stored results are matched by."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from decodetop.collectors.serving import ObservedStep as ServerObserved
 from decodetop.collectors.serving import ServerStatus
 from decodetop.history import Fingerprint
 from decodetop.history import format_ago as ago
-from decodetop.probes.budgeting import GpuHint, compose, expected_fingerprint, fingerprint_accepts, fingerprint_of
+from decodetop.pipeline.composition import compose
+from decodetop.pipeline.context import BudgetContext, gpu_hint
+from decodetop.pipeline.fingerprints import expected_fingerprint, fingerprint_accepts, fingerprint_of
 from decodetop.probes.results import ProbeResult
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves
@@ -30,7 +32,7 @@ _SERVER_FAILURES = frozenset(
 
 
 class PresetBudget:
-    """`BudgetSource` over the one composition (`decodetop.probes.budgeting.compose`): the same figures and
+    """`BudgetSource` over the one composition (`decodetop.pipeline.composition.compose`): the same figures and
     provenance as `decodetop budget` and `decodetop probe --budget` for the same scenario and results.
 
     gpu_name: the GPU's NVML name once telemetry has it (how it was found: `gpu_how`). group: the probe group (its
@@ -148,16 +150,17 @@ class PresetBudget:
             ]
         name = self.gpu_name() if self.gpu_name else None
         observed, header = self.observed(settings, now_s)
-        budget = compose(
+        ctx = BudgetContext(
             scenario,
-            good,
+            tuple(good),
             observed=observed,
             target_tps=settings.target_tps,
-            gpu=GpuHint(name, self.gpu_how) if name else None,
+            gpu=gpu_hint(seen=name, seen_how=self.gpu_how),
             group_kind=group.kind if group is not None else None,
             stored_at_s=stored,
             now_s=now_s,
         )
+        budget = compose(ctx).budget
         view = budget_view(budget, scenario.title, taken, scenario.tp_text)
         if header:
             view = replace(view, header="\n".join(h for h in (view.header, header) if h))

@@ -96,7 +96,7 @@ class ControllerProbes:
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The model's probe plan on this group: one row per probe run, with the keys it measures."""
-        from decodetop.probes.planrun import plan_requests  # pulls in the probe controller (multiprocessing)
+        from decodetop.probes.plan_hooks import plan_requests
 
         layout = self.layout() if self.layout is not None else None
         group = group_of(layout) if layout is not None else None

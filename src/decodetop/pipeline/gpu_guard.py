@@ -1,11 +1,14 @@
-"""Provides GpuGuard: whether the GPUs the live UI would probe are held by other processes (a serving engine), and
-the user's consent to probe them anyway; `HeldGpus`, what it found, in the words the screen shows.
+"""Provides `GpuGuard`: whether the GPUs a probe group would use are held by other processes (a serving engine), and
+the user's consent to probe them anyway; `HeldGpus`, what it found, in the words the screen and the command line
+show; `GpusHeldError`, the refusal every surface raises (stdlib only).
 
-While another process holds GPU memory on one of the probe group's GPUs, the UI does not start probes on its own
-(the serving-time view: the stored budget, the server's observed step and the traced bar); a key asks for consent
-first, because probes compete with production traffic. `--force` gives that consent for the whole session.
+A GPU others use is not probed without consent: `decodetop probe` refuses (exit 2) unless `--force`; the exporter
+skips the cycle and says why (`decodetop_exporter_part_failing{part="probes"}`) unless `--force`; the live UI does
+not start probes on its own (the serving-time view: the stored budget, the server's observed step and the traced
+bar) and asks before a key runs them, because probes compete with production traffic; `--force` gives that consent
+for the whole session. Every probe run checks again just before it starts (`decodetop.pipeline.plan_runner`).
 NVML is read through `decodetop.probes.gpuinfo.compute_processes` (the one place that lists them); nothing here
-blocks the event loop when called from a worker, and nothing changes a GPU.
+blocks an event loop when called from a worker, and nothing changes a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from decodetop.collectors.nvml import Nvml
 from decodetop.errors import UserInputError
 from decodetop.probes import gpuinfo
 from decodetop.probes.gpuinfo import GpuInfo, GpuProcess
+from decodetop.textfmt import format_bytes
 
 PROCESSES_NAMED = 3
 """At most this many processes are named in the one line (the rest are counted)."""
@@ -58,6 +62,30 @@ class HeldGpus:
     def refusal(self) -> str:
         """Why one probe run was refused (the probe's row): the GPUs became busy after the UI started."""
         return f"{self.who}: not probed; press r (R for all) to confirm and run anyway, or start with --force"
+
+    def command_line(self) -> str:
+        """The refusal of a headless command (`decodetop probe`, the exporter): every process with its memory."""
+        who = "; ".join(
+            f"GPU {p.cuda_index}: pid {p.pid} ({p.name}"
+            + (f", {format_bytes(p.used_memory_bytes)}" if p.used_memory_bytes is not None else "")
+            + ")"
+            for p in self.processes
+        )
+        return f"other processes hold GPU memory ({who}); pass --force to probe anyway"
+
+
+class GpusHeldError(UserInputError):
+    """A probe run refused: other processes hold the GPUs and the user has not consented (exit 2 in a command).
+    `held` is what was found (None when the GPUs could not be looked at: a reason not to probe them either)."""
+
+    def __init__(self, held: HeldGpus | None, message: str = "") -> None:
+        super().__init__(message or (held.command_line() if held is not None else "the GPUs could not be checked"))
+        self.held = held
+
+    @property
+    def screen_text(self) -> str:
+        """The words of the live UI's probe row (its keys), or the message where nothing was found."""
+        return self.held.refusal() if self.held is not None else str(self)
 
 
 class GpuGuard:
@@ -106,9 +134,23 @@ class GpuGuard:
             return None
         return HeldGpus(gpus=tuple(sorted({p.cuda_index for p in busy})), processes=tuple(busy))
 
-    def refusal(self, own_pids: Sequence[int] = ()) -> str | None:
-        """The probe controller's preflight: why a run must not start now (GPUs held, no consent), or None."""
+    def check(self, own_pids: Sequence[int] = ()) -> None:
+        """Before a probe run: raise `GpusHeldError` where other processes hold the GPUs and the user has not consented
+        (or where the GPUs could not be looked at); return where the run may start."""
         if self.forced:
-            return None
-        held = self.held(own_pids)
-        return None if held is None else held.refusal()
+            return
+        try:
+            held = self.held(own_pids)
+        except Exception as exc:  # a failed look at the GPUs is a reason not to probe them
+            why = f"could not check the GPUs for other processes ({type(exc).__name__}: {exc})"
+            raise GpusHeldError(None, f"{why}; pass --force to probe anyway") from None
+        if held is not None:
+            raise GpusHeldError(held)
+
+    def refusal(self, own_pids: Sequence[int] = ()) -> str | None:
+        """`check` in the live UI's words (its keys), for a probe row: why a run must not start now, or None."""
+        try:
+            self.check(own_pids)
+        except GpusHeldError as exc:
+            return exc.screen_text
+        return None
