@@ -98,7 +98,7 @@ def test_overrides_skip_none_and_validate() -> None:
 
 def test_strings_are_escaped(tmp_path: Path) -> None:
     path = tmp_path / "q.toml"
-    odd = Settings(model='/models/a "b"\\c/config.json')
+    odd = Settings(config='/models/a "b"\\c/config.json')
     save_settings(odd, path)
     assert load_settings(path) == odd
 

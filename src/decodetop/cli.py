@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from decodetop import __version__
 from decodetop.errors import DecodetopError
@@ -26,6 +26,9 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+LIVE_UI = "decodetop (the live UI)"
+
+
 def _command_module(name: str) -> ModuleType:
     return importlib.import_module(f"decodetop.commands.{name}")
 
@@ -33,12 +36,34 @@ def _command_module(name: str) -> ModuleType:
 class _OneLineErrorParser(argparse.ArgumentParser):
     """An argparse parser whose errors are one line, as every other decodetop error (exit code 2)."""
 
+    flag_homes: dict[str, list[str]] | None = None
+    """Flag → the commands that take it (set on the top parser by `build_parser`): a flag given where it does not
+    belong is said with where it does."""
+
     def error(self, message: str) -> NoReturn:
         """Print ``decodetop: error: --flag: <problem> (see <prog> --help)`` and exit 2, without the usage block."""
         self.exit(2, f"decodetop: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
 
+    def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """`parse_known_args`, then one line for what is left over: a flag of another command says which."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._misplaced(extras, getattr(parsed, "command", None)))
+        return parsed
 
-def build_parser() -> argparse.ArgumentParser:
+    def _misplaced(self, extras: Sequence[str], command: str | None) -> str:
+        """'--json is a flag of decodetop budget, decodetop probe, decodetop trace, not of decodetop (the live
+        UI)', or argparse's own words for anything else."""
+        here = f"decodetop {command}" if command else LIVE_UI
+        for extra in extras:
+            flag = extra.split("=", 1)[0]
+            homes = [h for h in (self.flag_homes or {}).get(flag, []) if h != here]
+            if flag.startswith("--") and homes:
+                return f"{flag} is a flag of {', '.join(homes)}, not of {here}"
+        return f"unrecognized arguments: {' '.join(extras)}"
+
+
+def build_parser() -> _OneLineErrorParser:
     """The full parser: the live UI's flags at the top level, one subparser per headless command."""
     # allow_abbrev=False: a flag is spelt out, so one flag never reads as the prefix of another (--allreduce and
     # --allreduce-us of `decodetop budget`).
@@ -51,10 +76,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"decodetop {__version__}")
     _command_module("tui").add_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    homes: dict[str, list[str]] = {flag: [LIVE_UI] for flag in _flags_of(parser)}
     for name, help_text in SUBCOMMANDS:
         sub = subparsers.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         _command_module(name).add_arguments(sub)
+        for flag in _flags_of(sub):
+            homes.setdefault(flag, []).append(f"decodetop {name}")
+    parser.flag_homes = homes
     return parser
+
+
+def _flags_of(parser: argparse.ArgumentParser) -> list[str]:
+    """The long flags a parser takes itself (not --help and --version)."""
+    return [f for f in parser._option_string_actions if f.startswith("--") and f not in ("--help", "--version")]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 The file (``settings.toml`` under `decodetop.paths.config_dir()`, or the path given by ``--config``) holds a few
 scalar keys::
 
-    model = "glm-5-nvfp4"
+    model = "glm-5-nvfp4"          # a built-in preset (decodetop budget --list-models), or instead:
+    # config = "/models/glm-5/config.json"    a local checkpoint's config.json (or its directory)
     tp = 8
     observed_ms = 95.0
     target_tps = 309.0
@@ -62,7 +63,10 @@ class Settings:
     """What the live UI shows and how often; every field has a flag of the same name."""
 
     model: str = DEFAULT_MODEL
-    """Model preset name (see `decodetop.budget`) or a path to an HF config.json."""
+    """A built-in model preset's name (`decodetop budget --list-models`); not used while `config` names one."""
+    config: str | None = None
+    """A local checkpoint's config.json (or its directory): the model instead of a preset. The model is stored as
+    what it is (the key says it: `model` a preset, `config` a path), never guessed back from a string."""
     tp: int | None = None
     """Tensor-parallel degree; None means the number of GPUs (or CPU ranks) found."""
     observed_ms: float = DEFAULT_OBSERVED_MS
@@ -73,6 +77,16 @@ class Settings:
     """Name of a registered theme (see `decodetop.themes.THEME_NAMES`)."""
     tick_s: float = DEFAULT_TICK_S
     """Telemetry period in seconds."""
+
+    @property
+    def model_ref(self) -> tuple[str, str]:
+        """The model as (kind, value): ("config", path) where `config` is set, else ("preset", name)."""
+        return ("config", self.config) if self.config else ("preset", self.model)
+
+    @property
+    def model_label(self) -> str:
+        """The model in a few words: the preset's name, or the checkpoint's path."""
+        return self.config or self.model
 
     @property
     def target_ms(self) -> float:
@@ -86,6 +100,13 @@ class Settings:
 def _check_values(settings: Settings, where: str) -> None:
     if not settings.model.strip():
         raise UserInputError(f"{where}: model must not be empty")
+    if "/" in settings.model or settings.model.endswith(".json"):
+        raise UserInputError(
+            f"{where}: model {settings.model!r} is not a preset name; a checkpoint's config.json goes under "
+            f"config = {settings.model!r}"
+        )
+    if settings.config is not None and not settings.config.strip():
+        raise UserInputError(f"{where}: config must not be empty")
     if settings.tp is not None and not 1 <= settings.tp <= 1024:
         raise UserInputError(f"{where}: tp must be between 1 and 1024, got {settings.tp}")
     for name in ("observed_ms", "target_tps", "tick_s"):
@@ -98,6 +119,7 @@ def _check_values(settings: Settings, where: str) -> None:
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,),
+    "config": (str,),
     "tp": (int,),
     "observed_ms": (int, float),
     "target_tps": (int, float),
@@ -125,6 +147,8 @@ def settings_from_mapping(data: Mapping[str, Any], where: str) -> Settings:
             wanted = " or ".join(t.__name__ for t in allowed)
             raise UserInputError(f"{where}: {key} must be {wanted}, got {type(value).__name__} {value!r}")
         values[key] = float(value_any) if float in allowed else value_any
+    if "model" in values and "config" in values:
+        raise UserInputError(f"{where}: model and config name the model twice: keep one of them")
     try:
         return Settings(**values)
     except UserInputError as exc:
@@ -176,11 +200,12 @@ def _toml_value(value: object) -> str:
 
 
 def dumps_settings(settings: Settings) -> str:
-    """The TOML text of `settings`, one key per line; `tp` is left out while it is None (automatic)."""
+    """The TOML text of `settings`, one key per line; `tp` is left out while it is None (automatic), `model` while
+    `config` names the model."""
     lines = ["# decodetop settings; flags of the same name override these."]
     for field in dataclasses.fields(settings):
         value = getattr(settings, field.name)
-        if value is None:
+        if value is None or (field.name == "model" and settings.config):
             continue
         lines.append(f"{field.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
@@ -243,9 +268,14 @@ def save_changes(path: Path | None, changed: Mapping[str, Any]) -> Path:
 
 
 def with_overrides(settings: Settings, **overrides: Any) -> Settings:
-    """`settings` with every override that is not None applied (flags left unset leave the file's value)."""
+    """`settings` with every override that is not None applied (flags left unset leave the file's value). A model
+    given (`model` or `config`) replaces the file's model, whichever key it was under."""
     changes: dict[str, Any] = {key: value for key, value in overrides.items() if value is not None}
     unknown = sorted(set(changes) - set(_FIELD_TYPES))
     if unknown:
         raise UserInputError(f"settings: unknown setting {unknown[0]!r}")
+    if "model" in changes and "config" in changes:
+        raise UserInputError("--model and --config name the model twice: give one of them")
+    if "model" in changes:
+        changes["config"] = None  # a preset named now replaces the file's checkpoint
     return dataclasses.replace(settings, **changes)

@@ -18,6 +18,7 @@ from decodetop.cli import build_parser, main
 from decodetop.commands._scenario_args import scenario_from_args
 from decodetop.pipeline.composition import compose
 from decodetop.pipeline.context import BudgetContext
+from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.results import (
     RESULTS_FORMAT_VERSION,
     Environment,
@@ -225,7 +226,9 @@ def test_the_live_ui_budget_says_the_path_under_the_bar() -> None:
     results = {"allreduce": with_custom()}
     group = GroupInfo(2, "cuda", "GPUs")
     for choice, want in (("auto", AUTO_TEXT), ("nccl", "NCCL assumed: --allreduce nccl")):
-        budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: group, allreduce=choice, session_start_s=0.0)
+        budget = PresetBudget(
+            lambda: "NVIDIA H200", group=lambda: group, flags=ScenarioFlags(allreduce=choice), session_start_s=0.0
+        )
         view = budget.compose(Settings(model=MODEL), results, 0.0)
         assert f"all-reduce: {want}" in view.note.splitlines()
         seg = next(s for s in view.segments if s.key == "communication")
@@ -261,9 +264,9 @@ def test_the_live_ui_flag_reaches_its_budget(tmp_path: Path) -> None:
     from decodetop.tui.launch import LaunchOptions, build_sources
     from decodetop.tui.sources.budget import PresetBudget
 
-    options = LaunchOptions(demo=True, allreduce="nccl", history_path=tmp_path / "history.jsonl")
+    options = LaunchOptions(demo=True, flags=ScenarioFlags(allreduce="nccl"), history_path=tmp_path / "history.jsonl")
     budget = build_sources(Settings(model=MODEL), options).budget
-    assert isinstance(budget, PresetBudget) and budget.allreduce == "nccl"
+    assert isinstance(budget, PresetBudget) and budget.flags.allreduce == "nccl"
 
 
 def test_one_gpu_says_nccl_was_assumed_because_one_gpu_measures_no_all_reduce() -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from decodetop.budget.scenario import (
+    ModelSource,
     build_scenario,
     choose_tp,
     model_source,
     parse_gpu_list,
-    source_from_setting,
 )
 from decodetop.cli import main
 from decodetop.errors import UserInputError
@@ -100,10 +100,19 @@ def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
     assert out.returncode == 2 and "not a regular file or a directory" in out.stderr
 
 
-def test_a_settings_value_is_a_path_or_a_preset(tmp_path: Path) -> None:
-    assert source_from_setting("glm-5-nvfp4").kind == "preset"
+def test_the_settings_say_what_kind_of_model_they_hold(tmp_path: Path) -> None:
+    """A typed model source: the key says it (model: a preset, config: a checkpoint), never a guess from the text."""
+    from decodetop.pipeline.scenario_flags import settings_source
+    from decodetop.settings import Settings, settings_from_mapping
+
+    assert settings_source(Settings(model="glm-5-nvfp4")) == ModelSource("preset", "glm-5-nvfp4")
     (tmp_path / "config.json").write_text("{}")
-    assert source_from_setting(str(tmp_path / "config.json")).kind == "config"
+    config = str(tmp_path / "config.json")
+    assert settings_source(settings_from_mapping({"config": config}, "settings.toml")) == ModelSource("config", config)
+    with pytest.raises(UserInputError, match=r"is not a preset name; a checkpoint's config\.json goes under config ="):
+        settings_from_mapping({"model": config}, "settings.toml")
+    with pytest.raises(UserInputError, match="model and config name the model twice"):
+        settings_from_mapping({"model": "glm-5", "config": config}, "settings.toml")
 
 
 def test_one_tp_rule_said_in_words() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 
-from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
+from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.history import KIND_PROBE, History, local_host_id
 from decodetop.pipeline.fingerprints import fingerprint_of
@@ -67,7 +67,7 @@ def _results(device_kind: str = "cuda", gpus: int = 2) -> list[ProbeResult]:
 def _record(history: History, results: Sequence[ProbeResult], model: str, tp: int, group: GroupInfo) -> None:
     """Store `results` as a session on `group` for `model` at `tp` would have (with its fingerprint)."""
     tp_choice = choose_tp(tp, group_size=group.size, group_label=group.label, group_where=group.where)
-    scenario = build_scenario(source_from_setting(model), tp_choice)
+    scenario = build_scenario(model_source(model, None), tp_choice)
     for r in results:
         assert r.environment is not None
         fp = fingerprint_of(r.environment, scenario)

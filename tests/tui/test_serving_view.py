@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from decodetop.budget.scenario import build_scenario, choose_tp, source_from_setting
+from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.fake_nvml import fake_nvml
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ObservedStep
@@ -92,7 +92,7 @@ def _results(device_kind: str = "cuda", at_s: float = NOW_S - STORED_AGO_S) -> l
 def _record(history: History, results: Sequence[ProbeResult], group: GroupInfo, at_s: float) -> None:
     """Store `results` as a session of Llama-3.1-70B on `group` would have, with its fingerprint."""
     tp = choose_tp(None, group_size=group.size, group_label=group.label, group_where=group.where)
-    scenario = build_scenario(source_from_setting(SETTINGS.model), tp)
+    scenario = build_scenario(model_source(SETTINGS.model, None), tp)
     for r in results:
         assert r.environment is not None
         fp = fingerprint_of(r.environment, scenario)

@@ -130,17 +130,6 @@ def model_source(model: str | None, config: str | None, *, default_model: str | 
     raise UserInputError("no model: give --model NAME (decodetop budget --list-models) or --config PATH")
 
 
-def source_from_setting(value: str) -> ModelSource:
-    """A settings-file `model` value (a preset name or a config path) as a `ModelSource`: a path when it names an
-    existing file or directory, or looks like one (contains '/' or ends in .json); a preset otherwise."""
-    text = value.strip()
-    if not text:
-        raise UserInputError("model: empty value")
-    if "/" in text or text.endswith(".json") or Path(text).expanduser().exists():
-        return model_source(None, text)
-    return model_source(text, None)
-
-
 @functools.lru_cache(maxsize=32)
 def _load_spec(kind: str, value: str) -> ModelSpec:
     return load_config(value) if kind == "config" else load_preset(value)

@@ -12,21 +12,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decodetop.budget.scenario import build_scenario, choose_tp, model_source, source_from_setting
 from decodetop.errors import UserInputError
 from decodetop.paths import state_dir
 
 if TYPE_CHECKING:
+    from decodetop.pipeline.scenario_flags import ScenarioFlags
+    from decodetop.settings import Settings
     from decodetop.tui.trace_source import TraceOptions
 
 from decodetop.argtypes import check_cpu_ranks, non_empty, output_file, regular_file
-from decodetop.commands._scenario_args import (
-    TP_HELP,
-    add_allreduce_argument,
-    add_gpus_argument,
-    add_model_arguments,
-    gpus_from_args,
-)
+from decodetop.commands._scenario_args import add_gpus_argument, add_scenario_arguments, flags_from_args, gpus_from_args
 
 
 def _positive_float(text: str) -> float:
@@ -51,19 +46,11 @@ def _positive_int(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the live UI's flags on the main parser."""
-    group = parser.add_argument_group("live UI (no subcommand)")
-    add_model_arguments(group, default="the settings file's, else glm-5-nvfp4")
+    group = parser.add_argument_group("live UI (no subcommand): the scenario flags of every command, and its own")
+    add_scenario_arguments(group, default_model="the settings file's, else glm-5-nvfp4")
     group.add_argument(
         "--settings", metavar="FILE", help="settings TOML (default: settings.toml in the user config directory)"
     )
-    group.add_argument("--tp", type=_positive_int, help=TP_HELP)
-    add_allreduce_argument(group)
-    group.add_argument(
-        "--observed-ms",
-        type=_positive_float,
-        help="observed decode step in ms (default: --server's, else 95 shown as assumed, not observed)",
-    )
-    group.add_argument("--target-tps", type=_positive_float, help="target tokens/s for one stream (default 309)")
     group.add_argument("--theme", help="decodetop-dark, decodetop-light or decodetop-contrast (t cycles them)")
     group.add_argument("--cpu-ranks", type=_positive_int, metavar="N", help="run probes on N CPU ranks (gloo)")
     add_gpus_argument(group)
@@ -94,42 +81,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the live UI; returns its exit code. Quitting closes the probe group and the collector."""
-    from decodetop.defaults import DEFAULT_OBSERVED_MS
-    from decodetop.settings import default_settings_path, load_settings, with_overrides
-    from decodetop.themes import THEME_NAMES
+    from decodetop.settings import default_settings_path
     from decodetop.tui.launch import LaunchOptions, build_sources, require_terminal
 
-    config_path = Path(args.settings) if args.settings else None
-    settings = load_settings(config_path, themes=THEME_NAMES)
-    named = model_source(args.model, args.config) if args.model is not None or args.config is not None else None
-    base_observed = settings.observed_ms
-    settings = with_overrides(
-        settings,
-        model=named.value if named is not None else None,
-        tp=args.tp,
-        observed_ms=args.observed_ms,
-        target_tps=args.target_tps,
-        theme=args.theme,
-        tick_s=args.tick,
-    )
-    if settings.theme not in THEME_NAMES:
-        raise UserInputError(f"--theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
-    if settings.tp is not None:  # a model this TP cannot serve (heads, KV heads) is refused before anything starts
-        build_scenario(source_from_setting(settings.model), choose_tp(settings.tp, tp_from="--tp or the settings file"))
+    flags = flags_from_args(args)
+    settings, observed_from = _settings(args, flags)
     if args.record and args.replay:
         raise UserInputError("--record and --replay cannot be combined")
     check_cpu_ranks(args.cpu_ranks, force=args.force)
-    if args.observed_ms is not None:
-        observed_from = "flag"
-    elif base_observed != DEFAULT_OBSERVED_MS:
-        observed_from = "settings"
-    else:
-        observed_from = "default"
     options = LaunchOptions(
         cpu_ranks=args.cpu_ranks,
         gpus=gpus_from_args(args),
         observed_from=observed_from,
-        allreduce=args.allreduce or "auto",
+        flags=flags,
         no_probes=args.no_probes,
         demo=args.demo,
         force=args.force,
@@ -147,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     app = DecodetopApp(
         sources,
         settings,
-        config_path or default_settings_path(),
+        Path(args.settings) if args.settings else default_settings_path(),
         save_theme=args.theme is None,
     )
     try:
@@ -155,6 +119,38 @@ def run(args: argparse.Namespace) -> int:
     finally:
         app.shutdown_sources()
     return 0 if result is None else int(result)
+
+
+def _settings(args: argparse.Namespace, flags: ScenarioFlags) -> tuple[Settings, str]:
+    """The settings file with this run's flags over it (never written back), and where the observed step came from
+    (flag, settings or default). The model and the deployment are checked here, before any screen opens: an
+    unknown preset, a config that does not read or a knob the model cannot take is one line and exit 2."""
+    from decodetop.defaults import DEFAULT_OBSERVED_MS
+    from decodetop.pipeline.scenario_flags import settings_source
+    from decodetop.settings import load_settings, with_overrides
+    from decodetop.themes import THEME_NAMES
+
+    settings = load_settings(Path(args.settings) if args.settings else None, themes=THEME_NAMES)
+    named = flags.source() if flags.model is not None or flags.config is not None else None
+    base_observed = settings.observed_ms
+    observed_ms = flags.observed_flag_ms()
+    settings = with_overrides(
+        settings,
+        model=named.value if named is not None and named.kind == "preset" else None,
+        config=named.value if named is not None and named.kind == "config" else None,
+        tp=flags.tp,
+        observed_ms=observed_ms,
+        target_tps=flags.target_tps_or_default() if flags.target_tps is not None else None,
+        theme=args.theme,
+        tick_s=args.tick,
+    )
+    if settings.theme not in THEME_NAMES:
+        raise UserInputError(f"--theme {settings.theme!r} is not one of {', '.join(THEME_NAMES)}")
+    # TP is the probe group's when not given: checked with the group once the UI knows it
+    flags.scenario(source=settings_source(settings), tp=settings.tp, tp_from="--tp or the settings file")
+    if observed_ms is not None:
+        return settings, "flag"
+    return settings, "settings" if base_observed != DEFAULT_OBSERVED_MS else "default"
 
 
 def _trace_options(args: argparse.Namespace) -> TraceOptions:

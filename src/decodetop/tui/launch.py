@@ -19,6 +19,7 @@ from decodetop.errors import UserInputError
 from decodetop.export.recording import Recorder, decode_replay, read_recording
 from decodetop.history import History
 from decodetop.pipeline.gpu_guard import GpuGuard
+from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
 from decodetop.tui.probe_group import GroupInfo, group_of
@@ -67,8 +68,9 @@ class LaunchOptions:
     notes: tuple[str, ...] = field(default_factory=tuple)
     observed_from: str = "default"
     """Where the settings' observed step came from: "flag", "settings" or "default" (then it is assumed)."""
-    allreduce: str = "auto"
-    """`--allreduce`: which all-reduce the engine runs (auto, nccl or custom), for the budget."""
+    flags: ScenarioFlags = field(default_factory=ScenarioFlags)
+    """The scenario flags (the same as on every command: EP, batch, context, KV dtype, speculation, launch mode,
+    all-reduce; the model and TP are folded into the settings), for the plan and the budget."""
 
 
 def terminal_problem(stdin: TextIO, stdout: TextIO, environ: Mapping[str, str]) -> str | None:
@@ -186,6 +188,7 @@ def _controller_probes(options: LaunchOptions, telemetry: CollectorTelemetry) ->
         cpu_rank_nice=CPU_RANK_NICE,
         layout=layout,
         preflight=guard.refusal,
+        flags=options.flags,
     )
     guard.own_pids = probes.rank_pids
     return probes, guard
@@ -220,7 +223,7 @@ def _live_budget(
         gpu_how="fake NVML of the demo" if options.demo else "detected by NVML",
         observed_from=options.observed_from,
         server_url=options.server,
-        allreduce=options.allreduce,
+        flags=options.flags,
     )
 
 
@@ -289,7 +292,7 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
         telemetry=telemetry,
         probes=probes,
         budget=PresetBudget(
-            gpu_name, gpu_how="from the recording", observed_from=options.observed_from, allreduce=options.allreduce
+            gpu_name, gpu_how="from the recording", observed_from=options.observed_from, flags=options.flags
         ),
         checks=RecordedChecks(checks),
         history=None,

@@ -1,12 +1,15 @@
 """Provides the probe group as the UI knows it without spawning it (`GroupInfo`: size, device kind, how its ranks are
-named) and the scenario of the UI's settings on it (`scenario_for`, by the one rule of `decodetop.budget.scenario`)."""
+named) and the scenario of the UI's settings and flags on it (`scenario_for`, by the one reading of the scenario
+flags, `decodetop.pipeline.scenario_flags`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from decodetop.budget.scenario import Scenario, build_scenario, choose_tp, source_from_setting
+from decodetop.budget.scenario import Scenario
+from decodetop.pipeline.scenario_flags import ScenarioFlags, settings_source
 from decodetop.settings import Settings
 
 if TYPE_CHECKING:
@@ -33,14 +36,17 @@ def group_of(layout: GroupLayout) -> GroupInfo:
     return GroupInfo(int(layout.world_size), kind, "GPUs" if kind == "cuda" else "CPU ranks")
 
 
-def scenario_for(settings: Settings, group: GroupInfo | None, allreduce: str = "auto") -> Scenario:
-    """The scenario of the UI's settings on its probe group, by the one rule (`decodetop.budget.scenario`): TP is
-    the settings' (from --tp or the settings file), else the group's size, else 1; `allreduce` is --allreduce."""
-    tp = choose_tp(
-        settings.tp,
-        group_size=group.size if group is not None else None,
+def scenario_for(settings: Settings, group: GroupInfo | None, flags: ScenarioFlags | None = None) -> Scenario:
+    """The scenario of the UI's settings and scenario flags on its probe group: the model and TP are the settings'
+    (the flags over the settings file, or what `m` and `p` picked), TP else the group's size, else 1; every other
+    knob (EP, batch, context, KV dtype, speculation, launch mode, all-reduce) is the flags', as on every command."""
+    # the model and TP flags were folded into the settings at start; `m` and `p` change the settings
+    knobs = dataclasses.replace(flags or ScenarioFlags(), model=None, config=None, tp=None)
+    return knobs.scenario(
+        group.size if group is not None else None,
         group_label=group.label if group is not None else "ranks",
         group_where=group.where if group is not None else "of the probe group",
+        source=settings_source(settings),
+        tp=settings.tp,
         tp_from="--tp or the settings file",
     )
-    return build_scenario(source_from_setting(settings.model), tp, allreduce=allreduce)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from decodetop.budget.spec import load_config, load_preset
+from decodetop.budget.scenario import ModelSource, load_model
+from decodetop.budget.spec import load_preset
 from decodetop.errors import UserInputError
 from decodetop.traces.capture import capture, detect_engine
 from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
@@ -81,12 +82,13 @@ def check_size(paths: list[Path], max_bytes: int) -> None:
         )
 
 
-def layers_of(model: str | None) -> int | None:
-    """The model's decoder layers (for 'N per layer'), or None when the setting names no known model."""
+def layers_of(model: ModelSource | str | None) -> int | None:
+    """The model's decoder layers (for 'N per layer'), or None where it names no model that reads: a `ModelSource`,
+    or the settings' preset name (`Settings.model`: a preset by its key, never guessed to be a path)."""
     if not model:
         return None
     try:
-        spec = load_config(model) if model.endswith(".json") or "/" in model else load_preset(model)
+        spec = load_model(model) if isinstance(model, ModelSource) else load_preset(model)
     except (UserInputError, OSError, ValueError):
         return None
     return spec.n_layers

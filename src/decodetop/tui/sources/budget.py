@@ -17,6 +17,7 @@ from decodetop.history import format_ago as ago
 from decodetop.pipeline.composition import compose
 from decodetop.pipeline.context import BudgetContext, gpu_hint
 from decodetop.pipeline.fingerprints import expected_fingerprint, fingerprint_accepts, fingerprint_of
+from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.results import ProbeResult
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves
@@ -50,15 +51,15 @@ class PresetBudget:
         observed_from: str = "default",
         server_url: str | None = None,
         session_start_s: float | None = None,
-        allreduce: str = "auto",
+        flags: ScenarioFlags | None = None,
     ) -> None:
         self.gpu_name = gpu_name
         self.group = group
         self.gpu_how = gpu_how
         self.observed_from = observed_from
         self.server_url = server_url
-        self.allreduce = allreduce
-        """`--allreduce`: which all-reduce the engine runs (auto, nccl or custom)."""
+        self.flags = flags or ScenarioFlags()
+        """The scenario flags of this session (EP, batch, context, KV dtype, speculation, launch mode, all-reduce)."""
         self.session_start_s = time.time() if session_start_s is None else session_start_s
         self._server_answer: ServerObserved | ServerStatus | None = None
         self._fresh_fingerprint: Fingerprint | None = None
@@ -67,7 +68,7 @@ class PresetBudget:
         """This session's fingerprint for `settings` and whether it is exact (taken from a fresh result's
         environment) or expected (before the probe group has run: the versions it reports are not known yet)."""
         group = self.group() if self.group is not None else None
-        scenario = scenario_for(settings, group, self.allreduce)
+        scenario = scenario_for(settings, group, self.flags)
         fresh = self._fresh_fingerprint
         if fresh is not None:
             return dataclasses.replace(fresh, scenario=scenario.fingerprint_id), True
@@ -82,7 +83,7 @@ class PresetBudget:
         if not isinstance(result, ProbeResult) or result.environment is None:
             return None
         group = self.group() if self.group is not None else None
-        fp = fingerprint_of(result.environment, scenario_for(settings, group, self.allreduce))
+        fp = fingerprint_of(result.environment, scenario_for(settings, group, self.flags))
         self._fresh_fingerprint = fp
         return fp
 
@@ -135,7 +136,7 @@ class PresetBudget:
     def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
         """The budget for `settings` from the probe results so far (this session's and the history's)."""
         group = self.group() if self.group is not None else None
-        scenario = scenario_for(settings, group, self.allreduce)
+        scenario = scenario_for(settings, group, self.flags)
         good = [r for r in results.values() if isinstance(r, ProbeResult) and r.ok]
         taken = measured_at({r.probe: r for r in good})
         stored = {p: t for p, t in taken.items() if t < self.session_start_s}

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from decodetop.budget.plan import build_plan
 from decodetop.errors import DecodetopError
+from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.hooks import ProbeRequest
 from decodetop.probes.protocol import Progress
 from decodetop.probes.registry import ProbeRegistry
@@ -67,12 +68,15 @@ class ControllerProbes:
         cpu_rank_nice: int | None = None,
         layout: Callable[[], GroupLayout] | None = None,
         preflight: Callable[[Sequence[int]], str | None] | None = None,
+        flags: ScenarioFlags | None = None,
     ):
         self._make = make_controller
         self.preflight = preflight
         """Given our ranks' pids, says why probing must not start now (another process holds a GPU), or None."""
         self.layout = layout
         """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
+        self.flags = flags or ScenarioFlags()
+        """The session's scenario flags (batch, context, KV dtype, …): the plan measures that deployment."""
         self._requests: dict[str, ProbeRequest] = {}
         self.plan_notes: tuple[str, ...] = ()
         """What the plan cannot measure on this group (collectives on fewer ranks than the TP degree)."""
@@ -100,7 +104,7 @@ class ControllerProbes:
 
         layout = self.layout() if self.layout is not None else None
         group = group_of(layout) if layout is not None else None
-        scenario = scenario_for(settings, group)
+        scenario = scenario_for(settings, group, self.flags)
         inventory = scenario.inventory()
         world = group.size if group is not None else scenario.tp
         kind = group.kind if group is not None else "cuda"
