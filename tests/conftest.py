@@ -30,6 +30,16 @@ def require_tool(name: str) -> str:
     return path
 
 
+def require_module(name: str, why: str) -> None:
+    """Skip when Python module `name` is not importable here, with the reason, or fail when
+    DECODETOP_REQUIRE_TOOLS=1 (CI): there a test that cannot run is a failure, never a silent skip."""
+    if importlib.util.find_spec(name) is not None:
+        return
+    if REQUIRE_TOOLS:
+        pytest.fail(f"{name} is not installed (DECODETOP_REQUIRE_TOOLS=1): {why}")
+    pytest.skip(f"{name} is not installed: {why}")
+
+
 HOST_FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hosts"
 """The host-tree generator (build_fixtures.py) and each scenario's committed golden findings (`<name>/expected.json`).
 The trees themselves are generated, not committed: the generator is deterministic and the golden files pin it."""

@@ -121,11 +121,14 @@ def test_gemm_sweep_references_and_unsupported_dtypes(controller: ProbeControlle
 def test_moe_grouped_and_loop(controller: ProbeController) -> None:
     res = _run(controller, "moe", {"keys": [MOE]})
     variants = {m.params["variant"]: m for m in _by(res, key=MOE)}
-    assert set(variants) == {"grouped", "loop", "fused"}
+    assert set(variants) == {"grouped", "loop", "fused", "engine"}
     fused = variants.pop("fused")  # the Triton kernel: GPUs only, with the reason
     assert fused.status is MeasurementStatus.UNSUPPORTED and ("Triton" in fused.note or "CUDA" in fused.note)
+    engine = variants.pop("engine")  # vLLM's or SGLang's fused_experts: not installed here
+    assert engine.status is MeasurementStatus.UNSUPPORTED and "no engine kernel importable" in engine.note
     for m in variants.values():
         _ok(m)
+        assert m.kernel is not None and m.kernel.kind == "cpu"
         assert m.metrics["weight_bytes"] == 3 * (2 * 32 * 64 + 64 * 32) * 2  # the 3 active experts only
     fp8 = _run(controller, "moe", {"keys": [MOE.replace("bf16", "fp8")], "variants": ["loop"]})
     assert fp8.measurements[0].status is MeasurementStatus.UNSUPPORTED

@@ -3,7 +3,6 @@ says it cannot run, the Triton kernels under Triton's CPU interpreter (where Tri
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
+from conftest import require_module
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import (
@@ -155,8 +155,8 @@ INTERPRETED = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed here")
 def test_triton_kernels_match_the_reference_under_the_interpreter() -> None:
+    require_module("triton", "the test extra installs Triton; its interpreter runs the fused-MoE kernels on the CPU")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
     done = subprocess.run(
         [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600, check=False

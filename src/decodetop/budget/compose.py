@@ -26,6 +26,7 @@ from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.inventory import Op, StepInventory
+from decodetop.budget.kernels import KernelClass, kernels_text
 from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey
 from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
@@ -121,6 +122,14 @@ def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
 
 
 @dataclass(frozen=True)
+class KernelTime:
+    """One key's median time (ms) with another class of kernel than the one the budget takes."""
+
+    kernel: KernelClass
+    median_ms: float
+
+
+@dataclass(frozen=True)
 class MeasuredTime:
     """A probe's result for one key: median and spread of one instance, in ms, and where it came from; the mean
     (what throughput pays) and the standard deviation of one instance where the samples gave them."""
@@ -133,6 +142,10 @@ class MeasuredTime:
     """Mean of one instance (None: not known, e.g. an older results file or a fit; the median stands in)."""
     std_ms: float | None = None
     """Standard deviation of one instance's samples (None: no samples; a point figure)."""
+    kernel: KernelClass | None = None
+    """The class of kernel the figure came from (engine, decodetop Triton, torch, CPU; None: not said)."""
+    alternatives: tuple[KernelTime, ...] = ()
+    """The same key timed with other kernel classes (diagnostics: "torch ops would take X")."""
 
     def __post_init__(self) -> None:
         for name in ("median_ms", "p10_ms", "p90_ms", "mean_ms", "std_ms"):
@@ -218,6 +231,19 @@ class Segment:
     path_rule: str = ""
     """What chose the path: the engine rule's source (a public URL) or the flag ('--allreduce nccl'); '' where the
     figure is simply what was measured."""
+    kernels: tuple[KernelClass, ...] = ()
+    """The classes of kernel the measured figures came from, distinct, in op order (empty: not said)."""
+    torch_ms: float | None = None
+    """What the segment would take where its ops ran as torch ops (Σ count × each op's torch-form time, its own
+    time where it has none); None when no op's torch form was timed beside a faster kernel."""
+
+    @property
+    def kernel_text(self) -> str:
+        """The kernel classes in words, '; '-joined, with "torch ops would take X ms" where that was timed."""
+        text = kernels_text(self.kernels)
+        if self.torch_ms is not None:
+            text += ("; " if text else "") + f"torch ops would take {self.torch_ms:.3g} ms"
+        return text
 
     @property
     def mean(self) -> float | None:
@@ -382,6 +408,9 @@ class Budget:
                     "path": s.path,
                     "path_text": s.path_text,
                     "path_rule": s.path_rule,
+                    "kernels": [k.to_dict() for k in s.kernels],
+                    "kernel_text": s.kernel_text,
+                    "torch_ms": s.torch_ms,
                 }
                 for s in self.segments
             ],
@@ -423,6 +452,14 @@ class _OpTime:
     probe: str = ""
     mean: float | None = None
     std: float = 0.0
+    kernel: KernelClass | None = None
+    torch_ms: float | None = None
+    """The op's torch-form time where it was timed beside a faster kernel."""
+
+
+def _torch_alternative(found: MeasuredTime) -> float | None:
+    """The median of the torch form among a measured time's alternatives (None: not timed)."""
+    return next((a.median_ms for a in found.alternatives if a.kernel.kind in ("torch", "cpu")), None)
 
 
 def _estimate(op: Op, hw: Hardware, tp: int) -> float:
@@ -454,6 +491,8 @@ def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
             op.key.probe,
             found.mean,
             found.std_ms or 0.0,
+            found.kernel,
+            _torch_alternative(found),
         )
     curve: Curve | None = None
     x = 0.0
@@ -556,6 +595,9 @@ def _component_segment(  # noqa: PLR0917 - private; the composition's lookup con
     sources: list[str] = []
     probes: list[str] = []
     counts = dict.fromkeys(STATUSES, 0)
+    kernels: list[KernelClass] = []
+    torch_ms = 0.0
+    any_torch = False
     for op in ops:
         t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
         if t is None:
@@ -575,6 +617,10 @@ def _component_segment(  # noqa: PLR0917 - private; the composition's lookup con
             sources.append(t.source)
         if t.probe and t.probe not in probes:
             probes.append(t.probe)
+        if t.kernel is not None and t.kernel not in kernels:
+            kernels.append(t.kernel)
+        any_torch = any_torch or t.torch_ms is not None
+        torch_ms += op.count * (t.ms if t.torch_ms is None else t.torch_ms)
         if _RANK[t.status] > _RANK[worst]:
             worst = t.status
     reason = _segment_reason(worst, counts, missing_keys, len(ops))
@@ -599,6 +645,8 @@ def _component_segment(  # noqa: PLR0917 - private; the composition's lookup con
         prov,
         mean if known else None,
         math.sqrt(var),
+        kernels=tuple(kernels),
+        torch_ms=torch_ms if any_torch and known else None,
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from decodetop.budget.compose import Curve, MeasuredTime
+from decodetop.budget.compose import Curve, KernelTime, MeasuredTime
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import LaunchKey
@@ -131,6 +131,8 @@ class MeasuredSetBuilder:
     notes: list[str] = field(default_factory=list)
     copy_gbps: float = math.inf
     peak_tflops: float = math.inf
+    alternatives: dict[str, list[KernelTime]] = field(default_factory=dict)
+    """Per key id, its times with other kernel classes than the budget's (the torch form beside a fused kernel)."""
 
     @property
     def collective_mode(self) -> str:
@@ -156,7 +158,15 @@ class MeasuredSetBuilder:
         if prev is None or time.median_ms < prev.median_ms:
             self.times[key_id] = time
 
+    def offer_alternative(self, key_id: str, alt: KernelTime) -> None:
+        """Keep `alt` as another kernel class's time for `key_id` (shown beside the budget's figure)."""
+        self.alternatives.setdefault(key_id, []).append(alt)
+
     def build(self) -> MeasuredSet:
+        times = {
+            k: dataclasses.replace(t, alternatives=tuple(self.alternatives[k])) if k in self.alternatives else t
+            for k, t in self.times.items()
+        }
         gemm_curves = {c: Curve(tuple(sorted(p.items())), "gemm probe sweep") for c, p in self.gemm_points.items() if p}
         ar_curves = {
             c: Curve(tuple(sorted(p.items())), self.allreduce_sources.get(c, "allreduce probe"))
@@ -164,7 +174,7 @@ class MeasuredSetBuilder:
             if p
         }
         return MeasuredSet(
-            times=self.times,
+            times=times,
             gemm_curves=gemm_curves,
             allreduce_curves=ar_curves,
             layers=tuple(self.layers),
@@ -213,12 +223,27 @@ def budget_point(result: ProbeResult, m: Measurement) -> tuple[str, MeasuredTime
     if t is None:
         return None
     variant = m.params.get("variant") or m.params.get("sampler") or m.params.get("mode") or ""
-    return key, with_source(t, f"{result.probe} probe" + (f" ({variant})" if variant else ""))
+    timed = with_source(t, f"{result.probe} probe" + (f" ({variant})" if variant else ""))
+    return key, dataclasses.replace(timed, kernel=m.kernel)
+
+
+def alternative_point(m: Measurement) -> tuple[str, KernelTime] | None:
+    """(key id, time) of an `alternative` point: the same key timed with another kernel class (a diagnostic)."""
+    key = m.params.get("key")
+    if not isinstance(key, str) or m.params.get("role") != "alternative" or m.kernel is None:
+        return None
+    t = busiest(m)
+    return (key, KernelTime(m.kernel, t.median_ms)) if t is not None else None
 
 
 def read_keyed_points(result: ProbeResult, into: MeasuredSetBuilder) -> None:
-    """The generic read hook: every budget point gives its key's time (the fastest variant of a key wins)."""
+    """The generic read hook: every budget point gives its key's time (the fastest variant of a key wins); every
+    alternative point (the torch form beside a fused kernel) is kept beside it."""
     for m in ok_measurements(result):
         found = budget_point(result, m)
         if found is not None:
             into.offer(*found)
+            continue
+        alt = alternative_point(m)
+        if alt is not None:
+            into.offer_alternative(*alt)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from decodetop import jsonio
+from decodetop.budget.kernels import KernelClass
 from decodetop.errors import UserInputError
 
 #: Version of the JSON layout written by `results_to_json`; bump on an incompatible change.
@@ -163,9 +164,12 @@ class Measurement:
     per_rank: tuple[RankSeries, ...] = ()
     stats: Stats | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
+    kernel: KernelClass | None = None
+    """The class of kernel the point timed (engine, decodetop Triton, torch, CPU); None where a probe has no
+    choice of kernels (an all-reduce, a launch) or the file predates the field."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "name": self.name,
             "params": dict(self.params),
             "unit": self.unit,
@@ -175,6 +179,9 @@ class Measurement:
             "stats": self.stats.to_dict() if self.stats else None,
             "metrics": dict(self.metrics),
         }
+        if self.kernel is not None:
+            out["kernel"] = self.kernel.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Measurement:
@@ -188,6 +195,7 @@ class Measurement:
             per_rank=tuple(RankSeries.from_dict(r) for r in data.get("per_rank", ())),
             stats=Stats.from_dict(stats) if stats else None,
             metrics={str(k): float(v) for k, v in dict(data.get("metrics", {})).items()},
+            kernel=KernelClass.from_dict(kernel) if isinstance(kernel := data.get("kernel"), Mapping) else None,
         )
 
 
@@ -202,6 +210,8 @@ class RankMeasurement:
     metrics: Mapping[str, float] = field(default_factory=dict)
     status: MeasurementStatus = MeasurementStatus.OK
     note: str = ""
+    kernel: KernelClass | None = None
+    """The class of kernel this rank timed (see `Measurement.kernel`)."""
 
 
 @dataclass(frozen=True)
@@ -410,6 +420,7 @@ def merge_rank_outputs(outputs: Mapping[int, RankOutput]) -> tuple[Measurement, 
                 per_rank=per_rank,
                 stats=Stats.from_samples(pooled, first.unit) if pooled else None,
                 metrics=metrics,
+                kernel=next((m.kernel for _, m in entries if m.kernel is not None), None),
             )
         )
     return tuple(merged)

@@ -27,13 +27,18 @@ tests use where Triton is installed.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
+from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.kernels import tiles as tile_store
+from decodetop.probes.worker.kernels.common import torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
 from decodetop.probes.worker.timing import Rotation
@@ -46,10 +51,6 @@ try:
 except ImportError:  # CPU-only torch wheels ship no Triton
     HAVE_TRITON = False
 
-#: Weight elements each program streams per step along the reduction: 256 bf16 = 512 B per row, whole 128-B
-#: sectors, as vLLM's fused_moe configs pick BLOCK_SIZE_K 64–256 for small M
-#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs).
-BLOCK_K = 256
 #: Output rows per program, from the largest down: the largest that still gives every SM `PROGRAMS_PER_SM` programs
 #: (a batch-1 layer is a weight stream: enough programs in flight keep HBM busy; fewer, larger blocks cost less
 #: per program where there is plenty of work, as Mixtral's 7168-wide gate_up).
@@ -172,22 +173,35 @@ class Grid:
     combine: tuple[int, int]
     gate_up_block_n: int
     down_block_n: int
+    gate_up_tiles: Tiles | None = None
+    down_tiles: Tiles | None = None
 
 
-def grid_for(tokens: int, top_k: int, hidden: int, inter: int, sms: int = 1) -> Grid:
+def grid_for(
+    tokens: int,
+    top_k: int,
+    hidden: int,
+    inter: int,
+    sms: int = 1,
+    *,
+    gate_up: Tiles | None = None,
+    down: Tiles | None = None,
+) -> Grid:
     """gate_up: (tokens·top_k, ⌈inter/bn⌉); down: (tokens·top_k, ⌈hidden/bn⌉); combine: (tokens,
-    ⌈hidden/COMBINE_BLOCK⌉); bn per kernel from `pick_block_n`."""
+    ⌈hidden/COMBINE_BLOCK⌉); bn per kernel from the given tiles, else from `pick_block_n`."""
     if min(tokens, top_k, hidden, inter, sms) < 1:
         raise ValueError(f"fused MoE shapes must be positive: {tokens=}, {top_k=}, {hidden=}, {inter=}, {sms=}")
     slots = tokens * top_k
-    bn_up = pick_block_n(inter, slots, sms)
-    bn_down = pick_block_n(hidden, slots, sms)
+    gate_up = gate_up or Tiles(pick_block_n(inter, slots, sms))
+    down = down or Tiles(pick_block_n(hidden, slots, sms))
     return Grid(
-        (slots, -(-inter // bn_up)),
-        (slots, -(-hidden // bn_down)),
+        (slots, -(-inter // gate_up.block_n)),
+        (slots, -(-hidden // down.block_n)),
         (tokens, -(-hidden // COMBINE_BLOCK)),
-        bn_up,
-        bn_down,
+        gate_up.block_n,
+        down.block_n,
+        gate_up,
+        down,
     )
 
 
@@ -202,13 +216,14 @@ def fused_moe(
     ys: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sms: int | None = None,
+    tiles: tuple[Tiles, Tiles] | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
     w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `act`
     [T·K, I], `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a captured graph allocates
     nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1 on CPU tensors under
-    Triton's interpreter)."""
+    Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from `pick_block_n`)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -230,35 +245,53 @@ def fused_moe(
         out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
     if sms is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    grid = grid_for(tokens, top_k, hidden, inter, sms)
+    up_t, down_t = tiles if tiles is not None else (None, None)
+    grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
+    launch_gate_up(x, w13, ids, act, grid)
+    launch_down(act, w2, ids, weights, ys, grid)
+    _combine_kernel[grid.combine](ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
+    return out
+
+
+def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Tensor, grid: Grid) -> None:
+    """The gate_up kernel alone (the tuner times it by itself)."""
+    tiles = grid.gate_up_tiles or Tiles(grid.gate_up_block_n)
+    hidden = x.shape[1]
     _gate_up_kernel[grid.gate_up](
         x,
         w13,
         ids,
         act,
         hidden,
-        inter,
+        w13.shape[1] // 2,
         w13.stride(0),
         w13.stride(1),
-        top_k=top_k,
-        block_n=grid.gate_up_block_n,
-        block_k=BLOCK_K,
+        top_k=ids.shape[1],
+        block_n=tiles.block_n,
+        block_k=tiles.block_k,
+        num_warps=tiles.num_warps,
     )
+
+
+def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
+    act: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ys: torch.Tensor, grid: Grid
+) -> None:
+    """The down kernel alone (the tuner times it by itself)."""
+    tiles = grid.down_tiles or Tiles(grid.down_block_n)
     _down_kernel[grid.down](
         act,
         w2,
         ids,
         weights,
         ys,
-        hidden,
-        inter,
+        w2.shape[1],
+        w2.shape[2],
         w2.stride(0),
         w2.stride(1),
-        block_n=grid.down_block_n,
-        block_k=BLOCK_K,
+        block_n=tiles.block_n,
+        block_k=tiles.block_k,
+        num_warps=tiles.num_warps,
     )
-    _combine_kernel[grid.combine](ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
-    return out
 
 
 def reference_moe(
@@ -286,9 +319,54 @@ def routed_ids(tokens: int, top_k: int, experts: int, device: torch.device) -> t
     return torch.tensor(rows, dtype=torch.int32, device=device)
 
 
+def _tile_choice(
+    key: MoeKey, ctx: ProbeContext, experts: Rotation[tuple[torch.Tensor, torch.Tensor]], bufs: _Buffers
+) -> tile_store.TileChoice | None:
+    """The tiles of this shape on this GPU: from the tile store, else tuned now and stored (None on CPU tensors)."""
+    if not ctx.is_cuda:
+        return None
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    t, k_top, h, inter = key.tokens, key.top_k, key.hidden, key.intermediate
+
+    def gate_up(tiles: Tiles) -> Callable[[], None]:
+        grid = grid_for(t, k_top, h, inter, sms, gate_up=tiles, down=tiles)
+
+        def go() -> None:
+            w13, _ = experts.next()
+            launch_gate_up(bufs.x, w13, bufs.ids, bufs.act, grid)
+
+        return go
+
+    def down(tiles: Tiles) -> Callable[[], None]:
+        grid = grid_for(t, k_top, h, inter, sms, gate_up=tiles, down=tiles)
+
+        def go() -> None:
+            _, w2 = experts.next()
+            launch_down(bufs.act, w2, bufs.ids, bufs.wts, bufs.ys, grid)
+
+        return go
+
+    gpu = torch.cuda.get_device_name(ctx.device)
+    shape = tile_store.shape_id(t, k_top, h, inter, key.dtype)
+    return tile_store.choose(gpu, shape, gate_up, down)
+
+
+@dataclass
+class _Buffers:
+    """Activations, routing and outputs of one key (preallocated: a captured graph allocates nothing)."""
+
+    x: torch.Tensor
+    ids: torch.Tensor
+    wts: torch.Tensor
+    act: torch.Tensor
+    ys: torch.Tensor
+    out: torch.Tensor
+
+
 def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
     """The `fused` variant at one MoE key: the same active experts, activations and routing as the torch path,
-    through the two Triton kernels (checked once against `reference_moe`)."""
+    through the Triton kernels with the tiles tuned for this shape on this GPU (the tile store), checked once
+    against `reference_moe`."""
     if key.dtype not in KERNEL_DTYPES:
         raise UnsupportedError(f"{key.dtype} experts: the Triton grouped GEMV reads {', '.join(KERNEL_DTYPES)} weights")
     reason = triton_unavailable(ctx.device)
@@ -296,6 +374,47 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
         raise UnsupportedError(reason)
     if key.dtype == "fp8" and ctx.is_cuda and torch.cuda.get_device_capability(ctx.device) < (8, 9):
         raise UnsupportedError(f"fp8 weights need sm_89 or newer; this is {sm_tag(ctx)}")
+    experts, bufs, w_bytes = _moe_tensors(key, ctx, rotate=rotate)
+    try:
+        choice = _tile_choice(key, ctx, experts, bufs)
+    except Exception as exc:
+        raise UnsupportedError(
+            f"Triton fused-MoE kernel failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
+        ) from None
+    tiles = (choice.gate_up, choice.down) if choice is not None else None
+
+    def fused() -> torch.Tensor:
+        w13, w2 = experts.next()
+        return fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, act=bufs.act, ys=bufs.ys, out=bufs.out, tiles=tiles)
+
+    w13_0, w2_0 = experts.items[0]
+    bufs.out.fill_(float("nan"))  # poisoned: every element must be written
+    got = fused_moe(
+        bufs.x, w13_0, w2_0, bufs.ids, bufs.wts, act=bufs.act, ys=bufs.ys, out=bufs.out, tiles=tiles
+    ).float()
+    want = reference_moe(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts).float()
+    scale = float(want.abs().max()) or 1.0
+    err = float((got - want).abs().max())
+    if not err <= CHECK_RTOL * scale:
+        raise RuntimeError(
+            f"Triton fused-MoE output differs from the torch reference: max |Δ| {err:.3g} of {scale:.3g}"
+        )
+    rows = key.tokens * key.top_k
+    moved = w_bytes + key.tokens * key.hidden * 2 * 2 + rows * key.intermediate * 2 * 2
+    note = "Triton grouped GEMV over the routed experts (expert ids read on the device)"
+    if key.dtype == "fp8":
+        note += "; fp8 weights dequantised in registers (w8a16)"
+    if choice is not None:
+        note += "; " + choice.text
+    kernel = triton_kernel("fused MoE grouped GEMV" + (" (tiles tuned per shape)" if choice is not None else ""))
+    flops = 2.0 * rows * 3 * key.hidden * key.intermediate
+    return OpRunner(fused, moved, flops, len(experts), note, weight_bytes=w_bytes, kernel=kernel)
+
+
+def _moe_tensors(
+    key: MoeKey, ctx: ProbeContext, *, rotate: bool
+) -> tuple[Rotation[tuple[torch.Tensor, torch.Tensor]], _Buffers, float]:
+    """The active experts' weights (× rotation copies), the token, its routing and the output buffers."""
     device = ctx.device
     t, k_top, h, inter = key.tokens, key.top_k, key.hidden, key.intermediate
     active = max(1, min(key.experts_active, key.experts_local, t * k_top))
@@ -310,34 +429,44 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
         ]
     )
     adtype = torch.bfloat16 if wdtype.itemsize <= 2 else torch.float32
-    x = randn((t, h), adtype, device, std=1.0)
-    ids = routed_ids(t, k_top, active, device)
-    wts = torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1
-    act = torch.empty(t * k_top, inter, device=device, dtype=adtype)
-    ys = torch.empty(t * k_top, h, device=device, dtype=torch.float32)
-    out = torch.empty(t, h, device=device, dtype=adtype)
+    bufs = _Buffers(
+        randn((t, h), adtype, device, std=1.0),
+        routed_ids(t, k_top, active, device),
+        torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1,
+        torch.empty(t * k_top, inter, device=device, dtype=adtype),
+        torch.empty(t * k_top, h, device=device, dtype=torch.float32),
+        torch.empty(t, h, device=device, dtype=adtype),
+    )
+    return experts, bufs, float(w_bytes)
 
-    def fused() -> torch.Tensor:
+
+def engine_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
+    """The `engine` variant: vLLM's or SGLang's fused_experts where importable (BF16/FP16 experts; checked once)."""
+    from decodetop.probes.worker.kernels import engines
+
+    if key.dtype not in ("bf16", "fp16"):
+        raise UnsupportedError(f"{key.dtype} experts: the engine kernel is only called with bf16/fp16 weights here")
+    found = engines.find("moe")
+    experts, bufs, w_bytes = _moe_tensors(key, ctx, rotate=rotate)
+    ids = bufs.ids
+
+    def engine() -> torch.Tensor:
         w13, w2 = experts.next()
-        return fused_moe(x, w13, w2, ids, wts, act=act, ys=ys, out=out)
+        return found.fn(bufs.x, w13, w2, bufs.wts, ids)  # type: ignore[no-any-return]
 
     w13_0, w2_0 = experts.items[0]
-    try:
-        got = fused_moe(x, w13_0, w2_0, ids, wts, act=act, ys=ys, out=out).float()
-    except Exception as exc:
-        raise UnsupportedError(
-            f"Triton fused-MoE kernel failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
-        ) from None
-    want = reference_moe(x, w13_0, w2_0, ids, wts).float()
+    got = found.fn(bufs.x, w13_0, w2_0, bufs.wts, ids).float()
+    want = reference_moe(bufs.x, w13_0, w2_0, ids, bufs.wts).float()
     scale = float(want.abs().max()) or 1.0
-    err = float((got - want).abs().max())
-    if err > CHECK_RTOL * scale:
-        raise RuntimeError(
-            f"Triton fused-MoE output differs from the torch reference: max |Δ| {err:.3g} of {scale:.3g}"
-        )
-    rows = t * k_top
-    moved = w_bytes + t * h * 2 * 2 + rows * inter * 2 * 2
-    note = "Triton grouped GEMV over the routed experts (expert ids read on the device)"
-    if key.dtype == "fp8":
-        note += "; fp8 weights dequantised in registers (w8a16)"
-    return OpRunner(fused, moved, 2.0 * rows * 3 * h * inter, copies, note, weight_bytes=w_bytes)
+    if not float((got - want).abs().max()) <= CHECK_RTOL * scale:
+        raise RuntimeError(f"{found.kernel.text}: output differs from the torch reference")
+    rows = key.tokens * key.top_k
+    moved = w_bytes + key.tokens * key.hidden * 2 * 2 + rows * key.intermediate * 2 * 2
+    flops = 2.0 * rows * 3 * key.hidden * key.intermediate
+    return OpRunner(engine, moved, flops, len(experts), weight_bytes=w_bytes, kernel=found.kernel)
+
+
+def torch_moe_kernel(ctx: ProbeContext, variant: str) -> KernelClass:
+    """The class label of the torch paths (`grouped`, `loop`)."""
+    ops = "sort, grouped_mm, silu_mul, grouped_mm, index_add" if variant == "grouped" else "sort, per-expert mm loop"
+    return torch_kernel(ctx, ops)

@@ -2,7 +2,9 @@
 
 - budget point per key (`kvcast:layout=…,tokens=…,width=…,context=…,kv_dtype=…`): cast the step's new K/V (or
   latent, or DSA index-key) entries to the cache dtype and copy them into a cache of `context` slots — what the
-  budget's kvcast key means;
+  budget's kvcast key means — with the best kernel this rank runs: decodetop's Triton KV write (`kernels.rope`, one
+  launch: cast, FP8 scale — dynamic per 128 values for DSA index keys — and scatter to the slots), else the torch
+  form (cast, index_copy_), which is also timed beside the Triton kernel as an `alternative` point;
 - diagnostics, over `read_contexts` (plus the key's own context): an FP8 cache of the key's width read as BF16
   by **whole-cache cast** (`cache.to(bf16)` of every cached token each step: the motivating case's culprit) and by
   **gather-then-cast** (gather the `gather_tokens` tokens a step needs — a DSA top-k, in 64-token blocks — then
@@ -19,7 +21,16 @@ import torch
 
 from decodetop.budget.keys import KvcastKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
-from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.kernels.common import (
+    best_runner,
+    check_close,
+    check_fp8_close,
+    torch_kernel,
+    triton_kernel,
+    triton_unavailable,
+)
+from decodetop.probes.worker.kernels.rope import RopeSpec, reference_rope_kv_write, rope_kv_write
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import FP8_E4M3_MAX, randn, require_free
 
@@ -32,6 +43,61 @@ def _kv_torch_dtype(name: str) -> torch.dtype:
 
 
 def kvcast_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
+    """The best KV write this rank runs: decodetop's Triton kernel, else the torch form."""
+    return best_runner(
+        [("decodetop Triton", lambda: triton_write_runner(key, ctx)), ("torch", lambda: torch_write_runner(key, ctx))]
+    ).runner
+
+
+def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
+    """One launch: the new rows cast (FP8: a fixed scale, or for DSA index keys a dynamic one per 128 values) and
+    written to their slots; checked once against the torch form. GQA rows are K then V halves."""
+    reason = triton_unavailable(ctx.device)
+    if reason:
+        raise UnsupportedError(reason)
+    device = ctx.device
+    kv = _kv_torch_dtype(key.kv_dtype)
+    slots = key.context + key.tokens
+    dynamic = key.layout == "dsa_index" and kv == torch.float8_e4m3fn
+    halves = 2 if key.layout == "gqa" and key.width % 2 == 0 else 1
+    width = key.width // halves
+    group = 128 if dynamic and width % 128 == 0 else width
+    heads = width // group
+    require_free(ctx, slots * key.width * kv.itemsize * 2.2, f"KV cache {key.key_id}")
+    k_cache = randn((slots, heads, group), kv, device, std=1.0)
+    v_cache = randn((slots, heads, group), kv, device, std=1.0) if halves == 2 else None
+    k_new = randn((key.tokens, heads, group), torch.bfloat16, device, std=1.0)
+    v_new = randn((key.tokens, heads, group), torch.bfloat16, device, std=1.0) if halves == 2 else None
+    where = torch.arange(key.context, slots, device=device)
+    pos = torch.zeros(key.tokens, dtype=torch.int64, device=device)
+    table = torch.ones(1, 1, device=device)
+    scales: torch.Tensor | None = None
+    if dynamic:
+        scales = torch.ones(slots, heads, device=device)
+    elif kv == torch.float8_e4m3fn:
+        scales = torch.ones(2, device=device)
+    spec = RopeSpec(0)
+    args = {"rope": spec, "cos": table, "sin": table, "positions": pos, "slots": where}
+
+    def write() -> None:
+        rope_kv_write(
+            None, k_new, v_new, k_cache=k_cache, v_cache=v_cache, scales=scales, dynamic_scale=dynamic, **args
+        )
+
+    k_ref, v_ref = k_cache.clone(), v_cache.clone() if v_cache is not None else None
+    s_ref = scales.clone() if scales is not None else None
+    write()
+    reference_rope_kv_write(None, k_new, v_new, spec, table, table, pos, where, k_ref, v_ref, s_ref, dynamic)
+    if kv == torch.float8_e4m3fn:
+        check_fp8_close(k_cache[key.context :], k_ref[key.context :], "Triton KV write")
+    else:
+        check_close(k_cache[key.context :], k_ref[key.context :], "Triton KV write")
+    moved = key.tokens * key.width * (2 + kv.itemsize)
+    name = "KV write (cast and scatter, one launch)" + (", dynamic FP8 scale per 128 values" if dynamic else "")
+    return OpRunner(write, moved, 0.0, kernel=triton_kernel(name))
+
+
+def torch_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     """Write one layer's new entries: `tokens` rows of `width` BF16 values cast to the cache dtype and copied into a
     cache of `context` + `tokens` slots (FP8 index keys of a DSA layout get a dynamic scale per 128 values)."""
     device = ctx.device
@@ -61,7 +127,8 @@ def kvcast_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
             cache.index_copy_(0, where, new.to(kv))
 
     moved = key.tokens * key.width * (2 + kv.itemsize)
-    return OpRunner(write, moved, 0.0)
+    ops = "amax, div, cast, index_copy_" if group else "cast, index_copy_"
+    return OpRunner(write, moved, 0.0, kernel=torch_kernel(ctx, ops))
 
 
 def kvcast_read_runners(width: int, context: int, gather_tokens: int, ctx: ProbeContext) -> tuple[OpRunner, OpRunner]:
@@ -117,7 +184,11 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     widths_done: set[int] = set()
     for kid, key in each_key(ctx, keys, KvcastKey):
         pt = {"what": "write", "key": kid, "role": "budget", "device": device}
-        out.append(measure(ctx, opts, f"{kid} write", pt, partial(kvcast_write_runner, key, ctx), note="write"))
+        best = measure(ctx, opts, f"{kid} write", pt, partial(kvcast_write_runner, key, ctx), note="write")
+        out.append(best)
+        if best.kernel is not None and best.kernel.kind not in ("torch", "cpu"):
+            apt = {**pt, "role": "alternative", "variant": "torch"}
+            out.append(measure(ctx, opts, f"{kid} write [torch]", apt, partial(torch_write_runner, key, ctx)))
         if not params["read_modes"] or key.width in widths_done:
             continue
         widths_done.add(key.width)

@@ -8,7 +8,12 @@ weighted combine — two ways, both reported:
   `torch._scaled_grouped_mm`), as fused-MoE kernels do (docs/reference/probes.md §7.7);
 - `loop`: a per-expert loop of plain GEMMs (`_scaled_mm` for FP8), what a naive implementation launches;
 - `fused`: decodetop's Triton grouped GEMV over the routed experts (three kernels, expert ids read on the device), the
-  class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only).
+  class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only), with
+  its tiles tuned once per GPU and shape and kept in the tile store under the state dir (`kernels.tiles`; the
+  point's note names the tiles);
+- `engine`: vLLM's or SGLang's `fused_experts` where importable in the probe rank (`kernels.engines`).
+
+Every point carries its kernel class (engine, decodetop Triton, torch, CPU).
 
 Only the active experts' weights are allocated (× rotation copies above 2× L2); metrics include the bytes of the
 active experts per step. The budget takes the faster supported variant. The shared experts are dense MLP GEMMs in
@@ -28,12 +33,12 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import MoeKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.fused_moe import fused_moe_runner
+from decodetop.probes.worker.fused_moe import engine_moe_runner, fused_moe_runner, torch_moe_kernel
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
 from decodetop.probes.worker.timing import Rotation
 
-MOE_VARIANTS = ("grouped", "loop", "fused")
+MOE_VARIANTS = ("grouped", "loop", "fused", "engine")
 
 
 def _grouped_mm_fn() -> Callable[..., torch.Tensor] | None:
@@ -134,7 +139,14 @@ def moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool, variant: str) ->
         fn()
     except Exception as exc:
         raise UnsupportedError(f"{what} failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}") from None
-    return OpRunner(fn, experts.moved_bytes, experts.flops, len(experts.weights), weight_bytes=experts.w_bytes)
+    return OpRunner(
+        fn,
+        experts.moved_bytes,
+        experts.flops,
+        len(experts.weights),
+        weight_bytes=experts.w_bytes,
+        kernel=torch_moe_kernel(ctx, variant),
+    )
 
 
 def _grouped(experts: _Experts, ctx: ProbeContext) -> Callable[[], torch.Tensor]:
@@ -220,11 +232,12 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     for kid, key in each_key(ctx, keys, MoeKey):
         for variant in variants:
             pt = {"what": "moe", "key": kid, "variant": variant, "role": "budget", "device": ctx.device.type}
-            build = (
-                partial(fused_moe_runner, key, ctx, rotate=opts.rotate)
-                if variant == "fused"
-                else partial(moe_runner, key, ctx, rotate=opts.rotate, variant=variant)
-            )
+            if variant == "fused":
+                build = partial(fused_moe_runner, key, ctx, rotate=opts.rotate)
+            elif variant == "engine":
+                build = partial(engine_moe_runner, key, ctx, rotate=opts.rotate)
+            else:
+                build = partial(moe_runner, key, ctx, rotate=opts.rotate, variant=variant)
             out.append(measure(ctx, opts, f"{kid} [{variant}]", pt, build))
     ctx.progress("done", len(keys), len(keys))
     return RankOutput(measurements=tuple(out))

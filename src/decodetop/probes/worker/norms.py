@@ -1,9 +1,13 @@
 """Provides the `norms` probe: the elementwise ops of a decode step at the model's sizes.
 
 Per key (`norms:op=…,tokens=…,width=…,dtype=…`): RMSNorm, residual add + RMSNorm, LayerNorm, SiLU-and-mul (width
-= the output width), rotary embedding (width = heads × rotary dims) and the embedding lookup, each in eager torch
-(`torch.nn.functional`). Engines fuse some of these into one kernel; torch may launch several, so these times are
-an upper bound on a fused kernel's (the note says so).
+= the output width), rotary embedding (width = heads × rotary dims) and the embedding lookup. Each key's budget
+point times the best kernel this rank runs (`kernels.common.best_runner`): the engine's own kernel where one is
+importable (FlashInfer, SGLang or vLLM RMSNorm and fused add + RMSNorm), else decodetop's fused Triton kernel
+(`kernels.norms` for RMSNorm and add + RMSNorm in one launch, `kernels.rope` for rotary on the query and key
+heads in place), else the torch form (`torch.nn.functional`, several small kernels where engines launch one). Where
+the best is not the torch form, the torch form is timed too, as an `alternative` point of the same key ("torch ops
+would take X µs"). Each point carries its kernel class.
 """
 
 from __future__ import annotations
@@ -17,6 +21,16 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.keys import NormKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.kernels import engines
+from decodetop.probes.worker.kernels import norms as fused_norms
+from decodetop.probes.worker.kernels.common import (
+    best_runner,
+    check_close,
+    torch_kernel,
+    triton_kernel,
+    triton_unavailable,
+)
+from decodetop.probes.worker.kernels.rope import RopeSpec, rope_kv_write, rotate_half
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import DTYPES, randn
 
@@ -25,10 +39,136 @@ from decodetop.probes.worker.tensors import DTYPES, randn
 EMBEDDING_ROWS = 32768
 #: ... capped at this many bytes (a lookup reads `tokens` rows; a larger table only costs setup time).
 EMBEDDING_TABLE_BYTES = 256 * 1024**2
+#: RMSNorm epsilon of the probe's ops (Llama's 1e-5 and DeepSeek's 1e-6 cost the same).
+EPS = 1e-6
+#: Rotary dims per head the `rotary` key's width is split into (the key carries heads × rotary dims; 64 is
+#: DeepSeek's and GLM-5's qk_rope_head_dim and Llama's half head; a width it does not divide uses the whole row).
+ROPE_HEAD_DIMS = 64
+#: Positions of the rotary tables the probe's ops look up from.
+ROPE_POSITIONS = 4096
+
+_TORCH_OPS = {
+    "rmsnorm": "F.rms_norm",
+    "add_rmsnorm": "add, F.rms_norm",
+    "layernorm": "F.layer_norm",
+    "silu_mul": "F.silu, mul",
+    "rotary": "mul, sub, add, cat",
+    "embedding": "F.embedding",
+}
 
 
 def norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
+    """The best kernel of the key's op this rank runs: the engine's (RMSNorm, add + RMSNorm), else decodetop's
+    Triton kernel (RMSNorm, add + RMSNorm, rotary), else the torch form."""
+    return best_runner(
+        [
+            ("engine kernel", lambda: engine_norm_runner(key, ctx)),
+            ("decodetop Triton", lambda: triton_norm_runner(key, ctx)),
+            ("torch", lambda: torch_norm_runner(key, ctx)),
+        ]
+    ).runner
+
+
+def engine_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
+    """RMSNorm or add + RMSNorm through the engine's kernel (in place on fresh copies; checked once)."""
+    if key.op not in ("rmsnorm", "add_rmsnorm"):
+        raise UnsupportedError(f"no engine kernel is looked for {key.op}")
+    found = engines.find(key.op)
+    dt = DTYPES.get(key.dtype, torch.bfloat16)
+    t, w = key.tokens, key.width
+    x = randn((t, w), dt, ctx.device, std=1.0)
+    weight = randn((w,), dt, ctx.device, std=1.0)
+    io = t * w * dt.itemsize
+    if key.op == "add_rmsnorm":
+        res = randn((t, w), dt, ctx.device, std=1.0)
+        want, _ = fused_norms.reference_rmsnorm(x, weight, EPS, residual=res)
+        xc, rc = x.clone(), res.clone()
+        found.fn(xc, rc, weight, EPS)  # in place: rc ← x + res, xc ← rmsnorm(rc)
+        check_close(xc, want, found.kernel.text)
+
+        def add_rms() -> None:
+            found.fn(x, res, weight, EPS)
+
+        return OpRunner(add_rms, 4 * io + w * 2, 5.0 * t * w, kernel=found.kernel)
+    want, _ = fused_norms.reference_rmsnorm(x, weight, EPS)
+    out = torch.empty_like(x)
+    if found.kernel.package == "vllm":
+
+        def rms() -> object:
+            return found.fn(out, x, weight, EPS)
+
+    else:
+
+        def rms() -> object:
+            return found.fn(x, weight, EPS)
+
+    got = rms()
+    check_close(out if found.kernel.package == "vllm" else got, want, found.kernel.text)  # type: ignore[arg-type]
+    return OpRunner(rms, 2 * io + w * 2, 4.0 * t * w, kernel=found.kernel)
+
+
+def triton_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
+    """decodetop's fused Triton kernel of the op (RMSNorm, add + RMSNorm, rotary), checked once against the torch
+    form; UnsupportedError for the other ops or where Triton does not run."""
+    if key.op not in ("rmsnorm", "add_rmsnorm", "rotary"):
+        raise UnsupportedError(f"no fused kernel for {key.op}")
+    reason = triton_unavailable(ctx.device)
+    if reason:
+        raise UnsupportedError(reason)
+    if key.op == "rotary":
+        return _triton_rotary(key, ctx)
+    dt = DTYPES.get(key.dtype, torch.bfloat16)
+    t, w = key.tokens, key.width
+    x = randn((t, w), dt, ctx.device, std=1.0)
+    weight = randn((w,), dt, ctx.device, std=1.0)
+    io = t * w * dt.itemsize
+    res = randn((t, w), dt, ctx.device, std=1.0) if key.op == "add_rmsnorm" else None
+    out = torch.full_like(x, float("nan"))
+    res_out = torch.full_like(x, float("nan")) if res is not None else None
+    fused_norms.rmsnorm(x, weight, EPS, residual=res, out=out, residual_out=res_out)
+    want, _ = fused_norms.reference_rmsnorm(x, weight, EPS, residual=res)
+    check_close(out, want, f"Triton {key.op}")
+
+    def run_norm() -> torch.Tensor:
+        return fused_norms.rmsnorm(x, weight, EPS, residual=res, out=out, residual_out=res_out)[0]
+
+    name = "fused add + RMSNorm (one launch)" if res is not None else "RMSNorm (one launch)"
+    moved = (4 if res is not None else 2) * io + w * 2
+    return OpRunner(run_norm, moved, 5.0 * t * w, kernel=triton_kernel(name))
+
+
+def _triton_rotary(key: NormKey, ctx: ProbeContext) -> OpRunner:
+    """Rotary on the key's heads × rotary dims in place (one launch; checked once against the torch form)."""
+    dt = DTYPES.get(key.dtype, torch.bfloat16)
+    rot = ROPE_HEAD_DIMS if key.width % ROPE_HEAD_DIMS == 0 else key.width
+    if rot % 2 or rot & (rot - 1):
+        raise UnsupportedError(f"rotary over rows of {key.width}: not a whole number of 64-dim heads")
+    heads = key.width // rot
+    q = randn((key.tokens, heads, rot), dt, ctx.device, std=1.0)
+    cos = torch.rand(ROPE_POSITIONS, rot // 2, device=ctx.device)
+    sin = torch.rand(ROPE_POSITIONS, rot // 2, device=ctx.device)
+    pos = torch.randint(0, ROPE_POSITIONS, (key.tokens,), device=ctx.device)
+    spec = RopeSpec(rot)
+    want = rotate_half(q, cos[pos].unsqueeze(1), sin[pos].unsqueeze(1), 0, rot)
+    got = q.clone()
+    rope_kv_write(got, None, None, rope=spec, cos=cos, sin=sin, positions=pos)
+    check_close(got, want, "Triton rotary")
+
+    def rotary() -> None:
+        rope_kv_write(q, None, None, rope=spec, cos=cos, sin=sin, positions=pos)
+
+    io = key.tokens * key.width * dt.itemsize
+    return OpRunner(rotary, 2 * io, 3.0 * key.tokens * key.width, kernel=triton_kernel("rotary in place (one launch)"))
+
+
+def torch_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
     """One elementwise op over [tokens × width] in eager torch (several small kernels where engines fuse one)."""
+    runner = _torch_norm(key, ctx)
+    runner.kernel = torch_kernel(ctx, _TORCH_OPS.get(key.op, key.op))
+    return runner
+
+
+def _torch_norm(key: NormKey, ctx: ProbeContext) -> OpRunner:
     device = ctx.device
     dt = DTYPES.get(key.dtype, torch.bfloat16)
     t, w = key.tokens, key.width
@@ -81,12 +221,16 @@ def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
 
 
 def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
-    """Each key."""
+    """Each key: the best kernel's budget point, then the torch form as an alternative where the best is not it."""
     opts = TimingOptions.from_params(ctx, params)
     keys = key_list(params, "norms")
     out: list[RankMeasurement] = []
     for kid, key in each_key(ctx, keys, NormKey):
         pt = {"what": key.op, "key": kid, "role": "budget", "device": ctx.device.type}
-        out.append(measure(ctx, opts, kid, pt, partial(norm_runner, key, ctx), note="eager torch (unfused)"))
+        best = measure(ctx, opts, kid, pt, partial(norm_runner, key, ctx))
+        out.append(best)
+        if best.kernel is not None and best.kernel.kind not in ("torch", "cpu"):
+            apt = {**pt, "role": "alternative", "variant": "torch"}
+            out.append(measure(ctx, opts, f"{kid} [torch]", apt, partial(torch_norm_runner, key, ctx)))
     ctx.progress("done", len(keys), len(keys))
     return RankOutput(measurements=tuple(out))

@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar, cast
 
 import torch
 
+from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import ProbeKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement
 from decodetop.probes.worker.context import InsufficientMemoryError, ProbeContext, UnsupportedError
@@ -54,6 +55,8 @@ class OpRunner:
     note: str = ""
     weight_bytes: float = 0.0
     kv_bytes: float = 0.0
+    kernel: KernelClass | None = None
+    """The class of kernel `fn` runs (engine, decodetop Triton, torch, CPU), carried onto the point."""
 
 
 class OpRunnerFactory(Protocol):
@@ -215,6 +218,7 @@ def point(
         samples=timing.samples,
         metrics=metrics,
         note="; ".join(notes),
+        kernel=runner.kernel,
     )
 
 

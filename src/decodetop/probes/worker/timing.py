@@ -61,6 +61,10 @@ class Rotation(Generic[T]):
     def __len__(self) -> int:
         return len(self.items)
 
+    def rewind(self) -> None:
+        """Start the ring again at its first input (a check reads the copy the kernel read)."""
+        self._i = 0
+
     def next(self) -> T:
         """The next input of the ring."""
         item = self.items[self._i]

@@ -1,0 +1,169 @@
+"""Provides what decodetop's Triton kernels share (torch side): whether Triton is here, whether it runs on a device,
+the kernel-class labels, the one-time check of a fast kernel against its torch form, and the choice of the best
+kernel a rank can run (engine kernel, else decodetop's Triton kernel, else the torch form).
+
+Triton ships with torch's Linux CUDA wheels; the CPU wheels have none (the test extra installs it). Triton's
+interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the CI tests use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from decodetop.budget.kernels import KernelClass
+from decodetop.probes.worker.context import InsufficientMemoryError, ProbeContext, UnsupportedError
+from decodetop.probes.worker.ops import OpRunner
+from decodetop.probes.worker.tensors import first_line
+
+try:
+    import triton  # type: ignore[import-not-found,unused-ignore]
+    import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
+
+    HAVE_TRITON = True
+except ImportError:  # CPU-only torch wheels ship no Triton
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+__all__ = [
+    "HAVE_TRITON",
+    "Choice",
+    "best_runner",
+    "check_close",
+    "check_fp8_close",
+    "interpreted",
+    "next_pow2",
+    "sm_count",
+    "tl",
+    "torch_kernel",
+    "triton",
+    "triton_kernel",
+    "triton_unavailable",
+]
+
+
+def interpreted() -> bool:
+    """True under Triton's CPU interpreter (`TRITON_INTERPRET=1`). The kernels then take their dot products in fp32
+    (a `F32_DOT` constexpr): Triton 3.9's interpreter multiplies bf16 operands as their raw bits (seen on torch 2.13
+    CPU: errors of 1e10 on unit-scale values), while fp32 operands agree to 1e-6."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def triton_unavailable(device: torch.device, what: str = "decodetop's Triton kernels") -> str:
+    """Why Triton kernels cannot run on `device` ('' when they can: a CUDA GPU, or CPU tensors under the
+    interpreter)."""
+    if not HAVE_TRITON:
+        return f"Triton is not installed beside torch {torch.__version__} (it ships with torch's Linux CUDA wheels)"
+    if device.type != "cuda" and not interpreted():
+        return f"{what} need a CUDA GPU (CPU ranks time the torch form)"
+    return ""
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of `device` (1 for CPU tensors under the interpreter)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    return 1
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n (≥ 1): Triton block shapes are powers of two."""
+    return 1 << max(0, (max(1, n) - 1).bit_length())
+
+
+def torch_kernel(ctx: ProbeContext, ops: str) -> KernelClass:
+    """The torch form's class: 'torch' on a GPU, 'cpu' on a CPU rank."""
+    return KernelClass("torch" if ctx.is_cuda else "cpu", ops)
+
+
+def triton_kernel(name: str) -> KernelClass:
+    """decodetop's own Triton kernel `name`."""
+    return KernelClass("triton", name)
+
+
+#: Relative error (‖out − ref‖ / ‖ref‖) a fast kernel may show against its torch form: bf16 operands land between
+#: 1e-3 and 1e-2 (/work's METHOD.md; fp32 accumulation in a different order than torch's).
+CHECK_REL_ERR = 2e-2
+
+
+def check_close(got: torch.Tensor, want: torch.Tensor, what: str, rel: float = CHECK_REL_ERR) -> None:
+    """RuntimeError unless `got` matches `want` (‖Δ‖/‖want‖ ≤ rel, no NaN): the one-time check before timing."""
+    g, w = got.float(), want.float()
+    if g.shape != w.shape:
+        raise RuntimeError(f"{what}: output shape {tuple(g.shape)} differs from the torch form's {tuple(w.shape)}")
+    if not bool(torch.isfinite(g).all()):
+        raise RuntimeError(f"{what}: output holds NaN or inf")
+    denom = float(w.norm()) or 1.0
+    err = float((g - w).norm()) / denom
+    if err > rel:
+        raise RuntimeError(f"{what}: output differs from the torch form (relative error {err:.3g} > {rel:g})")
+
+
+#: Smallest normal exponent of FP8 E4M3 (2^-6; OCP FP8 spec), and its mantissa bits (3).
+_E4M3_MIN_EXP = -6
+_E4M3_MANTISSA_BITS = 3
+
+
+def check_fp8_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """RuntimeError unless two FP8 E4M3 tensors agree within one unit in the last place per element: the rounding
+    of a value between two FP8 numbers may differ (Triton's interpreter and the GPU's conversion are not torch's)."""
+    g, w = got.float(), want.float()
+    if g.shape != w.shape:
+        raise RuntimeError(f"{what}: output shape {tuple(g.shape)} differs from the torch form's {tuple(w.shape)}")
+    exp = torch.floor(torch.log2(w.abs().clamp(min=2.0**_E4M3_MIN_EXP)))
+    ulp = torch.pow(2.0, exp - _E4M3_MANTISSA_BITS)
+    bad = int(((g - w).abs() > ulp * 1.01).sum())
+    if bad or not bool(torch.isfinite(g).all()):
+        raise RuntimeError(
+            f"{what}: {bad} FP8 values differ from the torch form by more than one unit in the last place"
+        )
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The runner a probe times for a key, and why the better classes did not run here."""
+
+    runner: OpRunner
+    passed_over: tuple[str, ...] = ()
+    """'engine kernel: none importable (flash_mla, flashinfer)', 'decodetop Triton: …': one line per better class."""
+
+
+def best_runner(builders: Sequence[tuple[str, Callable[[], OpRunner]]]) -> Choice:
+    """The first builder that builds (and checks itself) wins: engine kernels first, then decodetop's Triton kernel,
+    then the torch form (which must build). An `UnsupportedError` or a failed check passes over to the next. The
+    winner's note says why a better one did not run where that is news: a kernel that failed or disagreed with the
+    torch form, and, under decodetop's Triton kernel, why no engine kernel ran; `Choice.passed_over` has every
+    reason."""
+    skipped: list[str] = []
+    said: list[str] = []
+    for index, (what, build) in enumerate(builders):
+        last = index == len(builders) - 1
+        try:
+            runner = build()
+        except InsufficientMemoryError:
+            raise
+        except UnsupportedError as exc:
+            if last:
+                raise
+            skipped.append(f"{what}: {first_line(exc)}")
+            if index == 0 and len(builders) > 2:
+                said.append(skipped[-1])
+            continue
+        except Exception as exc:
+            if last:
+                raise
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            skipped.append(f"{what} failed: {type(exc).__name__}: {first_line(exc)[:160]}")
+            said.append(skipped[-1])
+            continue
+        if index == len(builders) - 1 and said and not any("failed" in n for n in said):
+            said = []  # the torch form ran because nothing faster runs here: the kernel class says so
+        if said:
+            runner = replace(runner, note="; ".join(n for n in (runner.note, *said) if n))
+        return Choice(runner, tuple(skipped))
+    raise UnsupportedError("no kernel to time")

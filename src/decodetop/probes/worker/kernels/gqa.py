@@ -1,0 +1,284 @@
+"""Provides decodetop's GQA decode kernel (torch side): split-K flash decoding over a K/V cache read in its own
+dtype, BF16 or FP8 E4M3 (one scale each for K and V), never cast as a whole.
+
+One program takes one KV head of one sequence — its whole query group (q heads / kv heads × new tokens, padded to
+the 16 rows tl.dot needs) — and a chunk of the context, and keeps the online-softmax state; a second kernel
+combines the chunks (the split-K "flash-decoding" of FlashAttention's decode path and vLLM's paged attention v2).
+An FP8 cache moves 1 byte per value from memory and is converted in registers, so its bytes halve against BF16.
+`reference_gqa` is the torch form: SDPA with enable_gqa over the cache (an FP8 cache cast to BF16 first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - the conventional name
+
+from decodetop.probes.worker.context import UnsupportedError
+from decodetop.probes.worker.kernels.common import (
+    HAVE_TRITON,
+    interpreted,
+    next_pow2,
+    sm_count,
+    tl,
+    triton,
+    triton_unavailable,
+)
+from decodetop.probes.worker.kernels.mla import LOG2E
+
+#: Tokens per tile ([64 × 128] K and V tiles: 16 KB each in BF16, 8 KB in FP8).
+BLOCK_N = 64
+#: Programs per SM wanted for the split.
+PROGRAMS_PER_SM = 4
+#: Split partials per combine step.
+COMBINE_BLOCK_S = 16
+
+if HAVE_TRITON:
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gqa_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        scale_ptr,
+        acc_ptr,
+        ml_ptr,
+        kv_heads,
+        group_rows,
+        length,
+        chunk,
+        n_splits,
+        stride_qb,
+        stride_kb,
+        stride_kh,
+        stride_vb,
+        stride_vh,
+        sm_scale,
+        FP8: tl.constexpr,
+        GP: tl.constexpr,
+        D: tl.constexpr,
+        DV: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        F32_DOT: tl.constexpr,
+    ):
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // kv_heads
+        h = bh % kv_heads
+        offs_g = tl.arange(0, GP)
+        mask_g = offs_g < group_rows
+        offs_d = tl.arange(0, D)
+        offs_dv = tl.arange(0, DV)
+        # q rows of this kv head: [b, h · group_rows + g, D]
+        q = tl.load(
+            q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
+            mask=mask_g[:, None],
+            other=0.0,
+        )
+        if F32_DOT:
+            q = q.to(tl.float32)
+        k_scale = 1.0
+        v_scale = 1.0
+        if FP8:
+            k_scale = tl.load(scale_ptr)
+            v_scale = tl.load(scale_ptr + 1)
+        qk_scale = sm_scale * k_scale
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, DV], tl.float32)
+        start = split * chunk
+        end = tl.minimum(start + chunk, length)
+        k_base = k_ptr + b * stride_kb + h * stride_kh
+        v_base = v_ptr + b * stride_vb + h * stride_vh
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            kt = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            vt = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None], other=0.0)
+            if F32_DOT:
+                kt = kt.to(tl.float32)
+                vt = vt.to(tl.float32)
+            elif FP8:
+                kt = kt.to(tl.bfloat16)
+                vt = vt.to(tl.bfloat16)
+            s = tl.dot(q, tl.trans(kt))
+            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        part = (bh * n_splits + split) * GP + offs_g
+        tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
+        tl.store(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask=mask_g[:, None])
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gqa_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        acc_ptr,
+        ml_ptr,
+        out_ptr,
+        kv_heads,
+        group_rows,
+        n_splits,
+        stride_ob,
+        GP: tl.constexpr,
+        DV: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        pid = tl.program_id(0)  # (b · kv_heads + h) · group_rows + g
+        bh = pid // group_rows
+        g = pid % group_rows
+        b = bh // kv_heads
+        h = bh % kv_heads
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_dv = tl.arange(0, DV)
+        m_v = tl.full([BLOCK_S], float("-inf"), tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            ss = s0 + offs_s
+            part = (bh * n_splits + ss) * GP + g
+            m_v = tl.maximum(m_v, tl.load(ml_ptr + part * 2, mask=ss < n_splits, other=float("-inf")))
+        m_all = tl.max(m_v, 0)
+        m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
+        l_v = tl.zeros([BLOCK_S], tl.float32)
+        acc = tl.zeros([DV], tl.float32)
+        for s0 in range(0, n_splits, BLOCK_S):
+            ss = s0 + offs_s
+            valid = ss < n_splits
+            part = (bh * n_splits + ss) * GP + g
+            m_s = tl.load(ml_ptr + part * 2, mask=valid, other=float("-inf"))
+            l_s = tl.load(ml_ptr + part * 2 + 1, mask=valid, other=0.0)
+            w = tl.exp2(m_s - m_use)
+            l_v += w * l_s
+            a = tl.load(acc_ptr + part[:, None] * DV + offs_dv[None, :], mask=valid[:, None], other=0.0)
+            acc += tl.sum(w[:, None] * a, 0)
+        l_all = tl.sum(l_v, 0)
+        l_all = tl.where(l_all == 0.0, 1.0, l_all)
+        out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + offs_dv
+        tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
+
+
+def plan_splits(length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N) -> tuple[int, int]:
+    """(splits, tokens per split): splits × `programs_per_split` ≈ PROGRAMS_PER_SM × `sms`, whole tiles."""
+    if min(length, programs_per_split, sms, block_n) < 1:
+        raise ValueError(f"GQA split needs positive sizes: {length=}, {programs_per_split=}, {sms=}")
+    tiles = -(-length // block_n)
+    splits = min(tiles, max(1, -(-PROGRAMS_PER_SM * sms // programs_per_split)))
+    chunk = -(-tiles // splits) * block_n
+    return -(-length // chunk), chunk
+
+
+@dataclass
+class GqaWorkspace:
+    """Preallocated partials and output of one shape."""
+
+    acc: torch.Tensor
+    ml: torch.Tensor
+    out: torch.Tensor
+    splits: int
+    chunk: int
+    group_pad: int
+
+
+def gqa_workspace(
+    batch: int, heads: int, kv_heads: int, q_len: int, length: int, v_dim: int, device: torch.device, sms: int = 0
+) -> GqaWorkspace:
+    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones."""
+    group_rows = heads // kv_heads * q_len
+    gp = max(16, next_pow2(group_rows))
+    splits, chunk = plan_splits(length, batch * kv_heads, sms or sm_count(device))
+    parts = batch * kv_heads * splits * gp
+    return GqaWorkspace(
+        torch.empty(parts * v_dim, device=device, dtype=torch.float32),
+        torch.empty(parts * 2, device=device, dtype=torch.float32),
+        torch.empty(batch, heads * q_len, v_dim, device=device, dtype=torch.bfloat16),
+        splits,
+        chunk,
+        gp,
+    )
+
+
+def gqa_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    sm_scale: float,
+    scales: torch.Tensor | None = None,
+    work: GqaWorkspace | None = None,
+) -> torch.Tensor:
+    """q [B, H, Q, D] bf16 (Q new tokens per sequence), k [B, Hkv, L, D] and v [B, Hkv, L, Dv] (bf16, or
+    float8_e4m3fn with `scales` = [k_scale, v_scale] fp32). Returns [B, H·Q, Dv] bf16, rows in (head, token) order
+    (the output of every query row against the whole cache, as SDPA without a mask)."""
+    if not HAVE_TRITON:
+        raise UnsupportedError(triton_unavailable(q.device))
+    batch, heads, q_len, dim = q.shape
+    _, kv_heads, length, kdim = k.shape
+    v_dim = v.shape[-1]
+    if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
+        raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
+        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if fp8 and scales is None:
+        raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
+    if work is None:
+        work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device)
+    group_rows = heads // kv_heads * q_len
+    qc = q.contiguous()
+    scale = scales if scales is not None else work.ml
+    _gqa_split_kernel[(batch * kv_heads, work.splits)](
+        qc,
+        k,
+        v,
+        scale,
+        work.acc,
+        work.ml,
+        kv_heads,
+        group_rows,
+        length,
+        work.chunk,
+        work.splits,
+        qc.stride(0),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        sm_scale * LOG2E,
+        FP8=fp8,
+        GP=work.group_pad,
+        D=dim,
+        DV=v_dim,
+        BLOCK_N=BLOCK_N,
+        F32_DOT=interpreted(),
+    )
+    _gqa_combine_kernel[(batch * kv_heads * group_rows,)](
+        work.acc,
+        work.ml,
+        work.out,
+        kv_heads,
+        group_rows,
+        work.splits,
+        work.out.stride(0),
+        GP=work.group_pad,
+        DV=v_dim,
+        BLOCK_S=COMBINE_BLOCK_S,
+    )
+    return work.out
+
+
+def reference_gqa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scale: float, scales: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The torch form: SDPA with enable_gqa (an FP8 cache cast to BF16 and scaled first); [B, H·Q, Dv]."""
+    if k.dtype != q.dtype:
+        ks = float(scales[0]) if scales is not None else 1.0
+        vs = float(scales[1]) if scales is not None else 1.0
+        k = (k.float() * ks).to(q.dtype)
+        v = (v.float() * vs).to(q.dtype)
+    out = F.scaled_dot_product_attention(q, k, v, scale=sm_scale, enable_gqa=k.shape[1] != q.shape[1])
+    batch, heads, q_len, v_dim = out.shape
+    return out.reshape(batch, heads * q_len, v_dim)

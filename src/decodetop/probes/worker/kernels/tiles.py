@@ -1,0 +1,214 @@
+"""Provides the fused-MoE kernel's tile choice per GPU and shape (torch side): tuned once by timing each candidate
+tile on the probe's own tensors, kept under the state directory (`decodetop.paths.state_dir()/kernel_tiles.json`),
+and read back on the next run, so a shape is tuned once per GPU model.
+
+The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps], "down": [...], "gate_up_us": …,
+"down_us": …, "tried": n}}}. Writes take an advisory lock beside the file, re-read and merge, then replace the file
+atomically, so two probe processes keep each other's entries; an unreadable or malformed store is ignored (the
+shape is tuned again) and left in place, never overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from decodetop import jsonio
+from decodetop.atomic import write_text_atomic
+from decodetop.errors import UserInputError
+from decodetop.paths import state_dir
+from decodetop.probes.worker.timing import time_events
+
+#: Reduction elements each program streams per step by default: 256 bf16 = 512 B per row, whole 128-B sectors, as
+#: vLLM's fused_moe configs pick BLOCK_SIZE_K 64–256 for small M
+#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs).
+BLOCK_K = 256
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile shape of one kernel: output rows per program, reduction elements per step, warps per program."""
+
+    block_n: int
+    block_k: int = BLOCK_K
+    num_warps: int = 4
+
+    def as_list(self) -> list[int]:
+        return [self.block_n, self.block_k, self.num_warps]
+
+
+#: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–512
+#: elements per step, the ranges vLLM's fused_moe configs use at small M
+#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps.
+TILE_CANDIDATES = (
+    Tiles(8, 256),
+    Tiles(16, 256),
+    Tiles(32, 256),
+    Tiles(16, 512),
+    Tiles(32, 128),
+    Tiles(64, 128),
+    Tiles(32, 256, 8),
+    Tiles(64, 256, 8),
+)
+
+
+STORE_NAME = "kernel_tiles.json"
+#: Calls timed per candidate (after two warm-ups), median of 3 samples: the choice is between tiles that differ by
+#: 10 % or more; a few hundred µs per candidate.
+TUNE_OPS = 8
+TUNE_SAMPLES = 3
+
+
+def store_path() -> Path:
+    """The tile store under the state directory."""
+    return state_dir() / STORE_NAME
+
+
+@dataclass(frozen=True)
+class TileChoice:
+    """The tiles of the two kernels for one shape, their times (µs per call), and whether they came from the store."""
+
+    gate_up: Tiles
+    down: Tiles
+    gate_up_us: float
+    down_us: float
+    tried: int
+    cached: bool
+
+    @property
+    def text(self) -> str:
+        """'tiles gate_up 32×256/4w (41.2 µs), down 16×256/4w (20.3 µs), tuned over 8 candidates' (or 'from the
+        tile store')."""
+
+        def one(t: Tiles) -> str:
+            return f"{t.block_n}×{t.block_k}/{t.num_warps}w"
+
+        origin = "from the tile store" if self.cached else f"tuned over {self.tried} candidates"
+        return (
+            f"tiles gate_up {one(self.gate_up)} ({self.gate_up_us:.1f} µs), down {one(self.down)} "
+            f"({self.down_us:.1f} µs), {origin}"
+        )
+
+
+def shape_id(tokens: int, top_k: int, hidden: int, inter: int, dtype: str) -> str:
+    """The store's key of one shape."""
+    return f"tokens={tokens},top_k={top_k},hidden={hidden},inter={inter},dtype={dtype}"
+
+
+def _read_store(path: Path) -> dict[str, Any]:
+    """The store as an object ({} when missing, unreadable or malformed: the shape is tuned again)."""
+    if not path.exists():
+        return {}
+    try:
+        data = jsonio.load_json_object(path)
+    except (UserInputError, OSError):
+        return {}
+    return data
+
+
+def _tiles(value: object) -> Tiles | None:
+    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) and v > 0 for v in value):
+        return Tiles(value[0], value[1], value[2])
+    return None
+
+
+def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
+    """The stored choice for `shape` on `gpu` (None: not stored, or malformed)."""
+    entry = _read_store(path or store_path()).get(gpu, {})
+    found = entry.get(shape) if isinstance(entry, dict) else None
+    if not isinstance(found, dict):
+        return None
+    up, down = _tiles(found.get("gate_up")), _tiles(found.get("down"))
+    up_us, down_us = found.get("gate_up_us"), found.get("down_us")
+    if up is None or down is None or not isinstance(up_us, (int, float)) or not isinstance(down_us, (int, float)):
+        return None
+    tried = found.get("tried")
+    return TileChoice(up, down, float(up_us), float(down_us), tried if isinstance(tried, int) else 0, True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def remember(gpu: str, shape: str, choice: TileChoice, path: Path | None = None) -> None:
+    """Add `choice` to the store (locked re-read, merge, atomic replace); a store that exists but does not read
+    as an object is left alone (nothing stored is lost)."""
+    target = path or store_path()
+    with _locked(target):
+        if target.exists():
+            try:
+                data = jsonio.load_json_object(target)
+            except (UserInputError, OSError):
+                return
+        else:
+            data = {}
+        per_gpu = data.get(gpu)
+        if not isinstance(per_gpu, dict):
+            per_gpu = {}
+        per_gpu[shape] = {
+            "gate_up": choice.gate_up.as_list(),
+            "down": choice.down.as_list(),
+            "gate_up_us": choice.gate_up_us,
+            "down_us": choice.down_us,
+            "tried": choice.tried,
+        }
+        data[gpu] = per_gpu
+        write_text_atomic(target, jsonio.dumps_strict(data) + "\n")
+
+
+def _time(fn: Callable[[], None]) -> float:
+    return statistics.median(time_events(fn, TUNE_OPS, TUNE_SAMPLES, warmup=2))
+
+
+def tune(
+    launch_gate_up: Callable[[Tiles], Callable[[], None]],
+    launch_down: Callable[[Tiles], Callable[[], None]],
+    candidates: Sequence[Tiles] = TILE_CANDIDATES,
+) -> TileChoice:
+    """Time every candidate tile of each kernel (CUDA events; a tile that fails to compile or run is skipped) and
+    keep the fastest of each."""
+    best: list[tuple[float, Tiles]] = []
+    for launcher in (launch_gate_up, launch_down):
+        timed: list[tuple[float, Tiles]] = []
+        for tiles in candidates:
+            try:
+                timed.append((_time(launcher(tiles)), tiles))
+            except Exception:
+                torch.cuda.synchronize()
+                continue
+        if not timed:
+            raise RuntimeError("no candidate tile of the fused-MoE kernel ran here")
+        best.append(min(timed, key=lambda item: item[0]))
+    (up_us, up), (down_us, down) = best
+    return TileChoice(up, down, up_us, down_us, len(candidates), False)
+
+
+def choose(
+    gpu: str,
+    shape: str,
+    launch_gate_up: Callable[[Tiles], Callable[[], None]],
+    launch_down: Callable[[Tiles], Callable[[], None]],
+) -> TileChoice:
+    """The stored choice, else a fresh `tune` that is then stored (a store that cannot be written only loses the
+    memory of it: the choice is still used)."""
+    found = lookup(gpu, shape)
+    if found is not None:
+        return found
+    choice = tune(launch_gate_up, launch_down)
+    with contextlib.suppress(OSError):
+        remember(gpu, shape, choice)
+    return choice

@@ -1,0 +1,205 @@
+"""Checks of decodetop's Triton kernels against their torch forms, run in a subprocess under Triton's interpreter
+(`TRITON_INTERPRET=1`, set before Triton is imported) by tests/probes/test_kernels.py, and on a GPU by
+benchmarks/kernels/h200_kernels.py. Every check draws fresh random inputs, poisons the outputs (NaN) so an unwritten
+element fails, and compares with ‖Δ‖/‖ref‖ at bf16 tolerances (FP8 outputs: one unit in the last place). Shapes are
+small on CPU (the interpreter runs each program in Python).
+
+    TRITON_INTERPRET=1 PYTHONPATH=src python3 tests/probes/kernel_checks.py mla dsa
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope
+from decodetop.probes.worker.kernels.common import check_close, check_fp8_close
+
+BF16 = torch.bfloat16
+FP8 = torch.float8_e4m3fn
+
+
+def _dev() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    return (x / scale).clamp(-448, 448).to(FP8)
+
+
+def check_mla(big: bool = False) -> None:
+    """Dense and sparse, BF16 and FP8, one and two new tokens, heads within one block and across two."""
+    d = _dev()
+    lora, rope_dim = (512, 64) if big else (64, 16)
+    cases = [(1, 1, 8, 300, False, False), (2, 1, 20, 130, False, False), (1, 2, 8, 257, True, False)]
+    cases += [(1, 1, 8, 500, False, True), (2, 2, 16, 400, True, True)]
+    if big:
+        cases = [(b, q, h, n * 40, f, s) for b, q, h, n, f, s in cases]
+    for batch, q_len, heads, length, fp8, sparse in cases:
+        q = torch.randn(batch * q_len, heads, lora + rope_dim, device=d).to(BF16)
+        raw = torch.randn(batch, length, lora + rope_dim, device=d)
+        scale = torch.tensor([0.25], device=d) if fp8 else None
+        cache = _fp8(raw, 0.25) if fp8 else raw.to(BF16)
+        idx = None
+        if sparse:
+            k = length // 3
+            idx = torch.stack([torch.randperm(length, device=d)[:k] for _ in range(batch * q_len)]).int()
+            idx[:, -5:] = -1  # fewer selected than slots: the padding is skipped
+        work = mla.mla_workspace(batch * q_len, heads, idx.shape[1] if idx is not None else length, d, lora=lora)
+        work.out.fill_(float("nan"))
+        got = mla.mla_decode(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale, work=work)
+        want = mla.reference_mla(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale)
+        check_close(got, want, f"mla {batch=} {q_len=} {heads=} {length=} {fp8=} {sparse=}")
+
+
+def check_dsa(big: bool = False) -> None:
+    """Scores against the torch form; the selection exactly a top-k set (values equal to torch.topk's), every
+    index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU)."""
+    d = _dev()
+    dim = 128 if big else 64
+    cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
+    if big:
+        cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
+    for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
+        tie = length == 3000 and topk == 1500
+        q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
+        w = torch.rand(batch * q_len, heads, device=d)
+        keys = torch.randn(batch, length, dim, device=d) * 2
+        if tie:  # most keys point away from every query: their scores are exactly 0, tied at the threshold
+            q = q.abs()
+            keys[:, 200:] = -keys[:, 200:].abs()
+        keys8 = keys.clamp(-448, 448).to(FP8)
+        ks = torch.rand(batch, length, device=d) + 0.5
+        work = dsa.dsa_workspace(batch * q_len, length, topk, d)
+        work.indices.fill_(-7)
+        idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
+        ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
+        check_close(work.scores, ref, f"dsa scores {length=}", rel=1e-2)
+        k = min(length, topk)
+        assert idx.shape == (batch * q_len, k)
+        assert int(idx.min()) >= 0 and int(idx.max()) < length, "an index out of range (or a slot left unwritten)"
+        for row in idx:
+            assert row.unique().numel() == k, "an index selected twice"
+        chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
+        best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
+        assert torch.equal(chosen, best), f"not a top-{k} set ({length=}, ties={tie})"
+    small = dsa.dsa_workspace(1, 100, 2048, d)  # fewer tokens than top-k: every token
+    idx = dsa.dsa_topk(
+        torch.randn(1, 16, dim, device=d).to(BF16),
+        torch.rand(1, 16, device=d),
+        torch.randn(1, 100, dim, device=d).to(FP8),
+        torch.ones(1, 100, device=d),
+        2048,
+        work=small,
+    )
+    assert idx.tolist() == [list(range(100))]
+
+
+def check_gqa(big: bool = False) -> None:
+    """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile."""
+    d = _dev()
+    cases = [(1, 8, 2, 1, 300, 64, False), (2, 8, 8, 1, 100, 32, False), (1, 8, 2, 2, 500, 64, True)]
+    cases += [(1, 16, 2, 1, 1000, 128, True)]
+    if big:
+        cases = [(1, 64, 8, 1, 32768, 128, True), (8, 64, 8, 1, 4096, 128, False), (1, 32, 8, 2, 65536, 128, True)]
+    for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
+        q = torch.randn(batch, heads, q_len, dim, device=d).to(BF16)
+        k = torch.randn(batch, kv_heads, length, dim, device=d)
+        v = torch.randn(batch, kv_heads, length, dim, device=d)
+        scales = torch.tensor([0.5, 0.25], device=d) if fp8 else None
+        k, v = (_fp8(k, 0.5), _fp8(v, 0.25)) if fp8 else (k.to(BF16), v.to(BF16))
+        work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d)
+        work.out.fill_(float("nan"))
+        got = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, work=work)
+        want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)
+        check_close(got, want, f"gqa {batch=} {heads=} {kv_heads=} {q_len=} {length=} {fp8=}")
+
+
+def check_norms(big: bool = False) -> None:
+    """RMSNorm and residual-add + RMSNorm, widths with and without a tail, one and several tokens."""
+    d = _dev()
+    widths = [4096, 6144, 7168, 8192] if big else [64, 1000, 4096]
+    for width in widths:
+        for tokens in (1, 3):
+            x = torch.randn(tokens, width, device=d).to(BF16)
+            r = torch.randn(tokens, width, device=d).to(BF16)
+            w = torch.randn(width, device=d).to(BF16)
+            out = torch.full_like(x, float("nan"))
+            res_out = torch.full_like(x, float("nan"))
+            norms.rmsnorm(x, w, 1e-6, residual=r, out=out, residual_out=res_out)
+            want, want_res = norms.reference_rmsnorm(x, w, 1e-6, residual=r)
+            assert want_res is not None
+            check_close(out, want, f"add_rmsnorm {width=}")
+            check_close(res_out, want_res, f"add_rmsnorm residual {width=}")
+            out.fill_(float("nan"))
+            norms.rmsnorm(x, w, 1e-6, out=out)
+            check_close(out, norms.reference_rmsnorm(x, w, 1e-6)[0], f"rmsnorm {width=}")
+
+
+def check_rope(big: bool = False) -> None:
+    """Rope on queries in place and keys, then the cache write: GQA BF16 and FP8 (K and V), partial rotary, MLA's
+    latent row (rope on its last 64 dims, no V), DSA index keys (FP8, a dynamic scale per row)."""
+    d = _dev()
+    heads = 64 if big else 8
+    cases = [
+        (2, heads, 128, 8, 128, 128, 64, 0, 0, BF16, False),
+        (1, heads, 128, 8, 128, 128, 128, 0, 0, FP8, False),
+        (1, heads // 4, 64, 1, 576, 0, 64, 0, 512, BF16, False),
+        (1, 0, 1, 1, 128, 0, 0, 0, 0, FP8, True),
+    ]
+    for tokens, q_heads, qd, kv_heads, kd, vd, rot, off_q, off_k, dtype, dyn in cases:
+        slots_n, positions = 64, 128
+        q = torch.randn(tokens, q_heads, qd, device=d).to(BF16) if q_heads else None
+        k = torch.randn(tokens, kv_heads, kd, device=d).to(BF16)
+        v = torch.randn(tokens, kv_heads, vd, device=d).to(BF16) if vd else None
+        half = max(1, rot // 2)
+        cos, sin = torch.rand(positions, half, device=d), torch.rand(positions, half, device=d)
+        pos = torch.randint(0, positions, (tokens,), device=d)
+        slots = torch.randperm(slots_n, device=d)[:tokens]
+        k_cache = torch.randn(slots_n, kv_heads, kd, device=d).to(dtype)
+        v_cache = torch.randn(slots_n, kv_heads, vd, device=d).to(dtype) if vd else None
+        scales: torch.Tensor | None = None
+        if dtype == FP8:
+            scales = torch.rand(slots_n, kv_heads, device=d) if dyn else torch.tensor([0.05, 0.04], device=d)
+        ref = [t.clone() if t is not None else None for t in (q, k_cache, v_cache, scales)]
+        spec = rope.RopeSpec(rot, off_q, off_k)
+        rope.rope_kv_write(
+            q, k, v, rope=spec, cos=cos, sin=sin, positions=pos, slots=slots,
+            k_cache=k_cache, v_cache=v_cache, scales=scales, dynamic_scale=dyn,
+        )  # fmt: skip
+        rope.reference_rope_kv_write(ref[0], k, v, spec, cos, sin, pos, slots, ref[1], ref[2], ref[3], dyn)
+        what = f"rope+kv {kd=} {dtype} {dyn=}"
+        if q is not None and ref[0] is not None:
+            check_close(q, ref[0], what + " q")
+        assert ref[1] is not None
+        same = check_fp8_close if dtype == FP8 else check_close
+        same(k_cache[slots], ref[1][slots], what + " k")
+        if v_cache is not None and ref[2] is not None:
+            same(v_cache[slots], ref[2][slots], what + " v")
+        if dyn and scales is not None and ref[3] is not None:
+            check_close(scales[slots], ref[3][slots], what + " scales", rel=1e-5)
+
+
+CHECKS: dict[str, Callable[[bool], None]] = {
+    "mla": check_mla,
+    "dsa": check_dsa,
+    "gqa": check_gqa,
+    "norms": check_norms,
+    "rope": check_rope,
+}
+
+
+def main(argv: list[str]) -> int:
+    big = "--big" in argv
+    names = [a for a in argv if not a.startswith("--")] or list(CHECKS)
+    for name in names:
+        torch.manual_seed(sum(map(ord, name)))
+        CHECKS[name](big)
+        print(f"ok {name}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,243 @@
+"""decodetop's fused kernels and the best-kernel choice: every Triton kernel against its torch form under Triton's
+CPU interpreter (a subprocess with TRITON_INTERPRET=1; in CI a missing Triton fails rather than skips), the choice
+engine kernel → decodetop Triton → torch (CPU ranks: the torch form, labelled CPU; a fake importable engine module:
+its kernel, labelled with its package, version and function), and the kernel class carried from the probe's points
+through the read hooks into the budget's segments."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import require_module
+from decodetop.budget.compose import KernelTime, MeasuredTime, compose_budget
+from decodetop.budget.deployment import Deployment
+from decodetop.budget.inventory import build_inventory
+from decodetop.budget.kernels import KernelClass, kernels_short
+from decodetop.budget.keys import AttentionKey, KvcastKey, NormKey
+from decodetop.budget.spec import load_preset
+from decodetop.probes.controller import ProbeController
+from decodetop.probes.hooks import MeasuredSetBuilder, read_keyed_points
+from decodetop.probes.results import MeasurementStatus, ProbeStatus, results_from_json, results_to_json
+from decodetop.probes.worker import attention, kvcast, norms
+from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.kernels import engines
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+CHECKS = Path(__file__).with_name("kernel_checks.py")
+WHY = "the test extra installs Triton; its interpreter runs the kernels on the CPU"
+
+
+def _env(tmp_path: Path, *, interpret: bool, extra_path: Path | None = None) -> dict[str, str]:
+    paths = [str(p) for p in (extra_path, SRC, ROOT) if p is not None]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*paths, *sys.path]),
+        "HOME": str(tmp_path),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "DECODETOP_STATE_DIR": str(tmp_path / "state"),
+    }
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+    return env
+
+
+def _python(code_or_file: str | Path, args: list[str], env: dict[str, str]) -> str:
+    cmd = [sys.executable, str(code_or_file), *args] if isinstance(code_or_file, Path) else [sys.executable, "-c"]
+    if not isinstance(code_or_file, Path):
+        cmd.append(code_or_file)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    return done.stdout
+
+
+@pytest.mark.parametrize("check", ["mla", "dsa", "gqa", "norms", "rope"])
+def test_triton_kernel_matches_its_torch_form_under_the_interpreter(check: str, tmp_path: Path) -> None:
+    require_module("triton", WHY)
+    out = _python(CHECKS, [check], _env(tmp_path, interpret=True))
+    assert out.strip().endswith(f"ok {check}")
+
+
+RUNNERS = textwrap.dedent(
+    """
+    import json, torch
+    from decodetop.budget.keys import AttentionKey, KvcastKey, MoeKey, NormKey
+    from decodetop.probes.worker import attention, kvcast, norms
+    from decodetop.probes.worker.fused_moe import fused_moe_runner
+    from decodetop.probes.worker.context import ProbeContext
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    got = {}
+    for name, key in [
+        ("gqa_fp8", AttentionKey("gqa", 1, 1, 200, 8, 2, 64, 64, 0, 64, 0, 0, 0, 0, "fp8")),
+        ("mla", AttentionKey("mla", 1, 1, 200, 8, 1, 80, 64, 64, 16, 0, 0, 0, 0, "bf16")),
+        ("dsa", AttentionKey("mla+dsa", 1, 1, 600, 8, 1, 80, 64, 64, 16, 16, 32, 256, 0, "fp8")),
+    ]:
+        r = attention.attention_runner(key, ctx, rotate=False)
+        r.fn()
+        got[name] = [r.kernel.kind, r.kernel.text, r.kv_bytes]
+    for op in ("rmsnorm", "add_rmsnorm", "rotary", "silu_mul"):
+        r = norms.norm_runner(NormKey(op, 2, 256, "bf16"), ctx)
+        r.fn()
+        got[op] = [r.kernel.kind, r.kernel.text]
+    r = kvcast.kvcast_write_runner(KvcastKey("dsa_index", 1, 128, 64, "fp8"), ctx)
+    r.fn()
+    got["kv_write"] = [r.kernel.kind, r.kernel.text]
+    r = fused_moe_runner(MoeKey(1, 2, 8, 2, 128, 64, "bf16", 0), ctx, rotate=False)
+    got["moe"] = [r.kernel.kind, r.kernel.text]
+    print(json.dumps(got))
+    """
+)
+
+
+def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path) -> None:
+    require_module("triton", WHY)
+    got = json.loads(_python(RUNNERS, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    for name in ("gqa_fp8", "mla", "dsa", "rmsnorm", "add_rmsnorm", "rotary", "kv_write", "moe"):
+        assert got[name][0] == "triton", (name, got[name])
+        assert got[name][1].startswith("decodetop Triton: ")
+    assert "FP8 cache read as FP8" in got["gqa_fp8"][1]
+    assert got["gqa_fp8"][2] == 2 * 2 * 201 * 64 * 1  # K and V at one byte a value: half the BF16 bytes
+    assert "radix top-k" in got["dsa"][1] and "read once" in got["mla"][1]
+    assert got["silu_mul"][0] == "cpu"  # no fused kernel for it: the torch form, labelled CPU
+
+
+@pytest.fixture
+def cpu_ctx() -> Iterator[ProbeContext]:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("this test is about CPU ranks without Triton's interpreter")
+    engines.forget()
+    yield ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    engines.forget()
+
+
+def test_cpu_ranks_time_the_torch_form_labelled_cpu(cpu_ctx: ProbeContext) -> None:
+    gqa = AttentionKey("gqa", 1, 1, 64, 4, 2, 32, 32, 0, 32, 0, 0, 0, 0, "fp8")
+    for runner in (
+        attention.attention_runner(gqa, cpu_ctx, rotate=False),
+        norms.norm_runner(NormKey("add_rmsnorm", 1, 64, "bf16"), cpu_ctx),
+        kvcast.kvcast_write_runner(KvcastKey("gqa", 1, 64, 16, "bf16"), cpu_ctx),
+    ):
+        assert runner.kernel is not None and runner.kernel.kind == "cpu"
+        assert runner.kernel.text.startswith("CPU: torch ops: ")
+        runner.fn()
+    assert "FP8 cache cast to bf16" in attention.attention_runner(gqa, cpu_ctx, rotate=False).kernel.text  # type: ignore[union-attr]
+
+
+FAKE_NORM = textwrap.dedent(
+    '''
+    """A stand-in for FlashInfer's norm module: the same functions and argument order, in plain torch."""
+    import torch
+
+
+    def rmsnorm(input, weight, eps=1e-6):
+        return torch.nn.functional.rms_norm(input, (input.shape[-1],), weight, eps)
+
+
+    def fused_add_rmsnorm(input, residual, weight, eps=1e-6):
+        residual.add_(input)
+        input.copy_(torch.nn.functional.rms_norm(residual, (input.shape[-1],), weight, eps))
+    '''
+)
+
+
+@pytest.fixture
+def fake_engine(tmp_path: Path) -> Path:
+    """A fake `flashinfer` package (version 0.0.1+fake) with `flashinfer.norm`."""
+    pkg = tmp_path / "fake_engine" / "flashinfer"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text('__version__ = "0.0.1+fake"\n')
+    (pkg / "norm.py").write_text(FAKE_NORM)
+    return pkg.parent
+
+
+PICK = textwrap.dedent(
+    """
+    import json, torch
+    from decodetop.budget.keys import NormKey
+    from decodetop.probes.worker import norms
+    from decodetop.probes.worker.context import ProbeContext
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    r = norms.norm_runner(NormKey("add_rmsnorm", 2, 256, "bf16"), ctx)
+    r.fn()
+    print(json.dumps(r.kernel.to_dict()))
+    """
+)
+
+
+def test_an_importable_engine_kernel_is_picked_and_labelled(fake_engine: Path, tmp_path: Path) -> None:
+    with_fake = json.loads(_python(PICK, [], _env(tmp_path, interpret=False, extra_path=fake_engine)).strip())
+    assert KernelClass.from_dict(with_fake).text == (
+        "engine kernel: flashinfer 0.0.1+fake flashinfer.norm.fused_add_rmsnorm"
+    )
+    without = KernelClass.from_dict(json.loads(_python(PICK, [], _env(tmp_path, interpret=False)).strip()))
+    assert without.kind == "cpu"  # no engine, no Triton on a CPU rank: the torch form
+    off = _env(tmp_path, interpret=False, extra_path=fake_engine)
+    off["DECODETOP_ENGINE_KERNELS"] = "0"
+    assert KernelClass.from_dict(json.loads(_python(PICK, [], off).strip())).kind == "cpu"
+
+
+def test_without_an_engine_the_triton_kernel_is_picked(fake_engine: Path, tmp_path: Path) -> None:
+    require_module("triton", WHY)
+    env = _env(tmp_path, interpret=True)
+    assert KernelClass.from_dict(json.loads(_python(PICK, [], env).strip().splitlines()[-1])).kind == "triton"
+    env = _env(tmp_path, interpret=True, extra_path=fake_engine)  # the engine still comes first
+    assert KernelClass.from_dict(json.loads(_python(PICK, [], env).strip().splitlines()[-1])).kind == "engine"
+
+
+@pytest.mark.slow
+def test_engine_class_travels_from_the_ranks_into_the_budget(
+    fake_engine: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("CPU ranks without Triton's interpreter")
+    monkeypatch.syspath_prepend(str(fake_engine))  # spawned ranks start with the parent's sys.path
+    key = "norms:op=add_rmsnorm,tokens=1,width=64,dtype=bf16"
+    with ProbeController(device="cpu", cpu_ranks=1) as pc:
+        res = pc.run("norms", {"keys": [key], "cpu_samples": 2}, timeout_s=120)
+    assert res.status is ProbeStatus.OK, (res.message, res.traceback)
+    [best, alt] = res.measurements
+    assert best.status is MeasurementStatus.OK and best.params["role"] == "budget"
+    assert best.kernel is not None and best.kernel.kind == "engine" and best.kernel.package == "flashinfer"
+    assert alt.params["role"] == "alternative" and alt.kernel is not None and alt.kernel.kind == "cpu"
+    [back] = results_from_json(results_to_json([res]))  # the class survives the JSON round trip
+    assert back.measurements[0].kernel == best.kernel
+    builder = MeasuredSetBuilder()
+    read_keyed_points(back, builder)
+    timed = builder.build().times[key]
+    assert timed.kernel == best.kernel
+    assert [a.kernel.kind for a in timed.alternatives] == ["cpu"]
+
+
+def test_budget_segments_say_which_kernel_class_each_figure_came_from() -> None:
+    spec = load_preset("llama-3.1-70b")
+    inv = build_inventory(spec, Deployment(tp=8, batch=1, context_len=4096))
+    triton = KernelClass("triton", "fused add + RMSNorm (one launch)")
+    torch_cls = KernelClass("torch", "add, F.rms_norm")
+    measured: dict[str, MeasuredTime] = {}
+    norm_keys = [op.key for op in inv.ops if isinstance(op.key, NormKey)]
+    assert norm_keys
+    for k in norm_keys:
+        alt = (KernelTime(torch_cls, 0.007),) if k.op == "add_rmsnorm" else ()
+        measured[k.key_id] = MeasuredTime(0.002, 0.002, 0.002, kernel=triton, alternatives=alt)
+    budget = compose_budget(inv, measured)
+    seg = budget.segment("norms")
+    assert seg is not None and seg.kernels == (triton,)
+    assert kernels_short(seg.kernels) == "Triton"
+    assert seg.torch_ms is not None and seg.ms is not None and seg.torch_ms > seg.ms
+    assert "torch ops would take" in seg.kernel_text and "decodetop Triton" in seg.kernel_text
+    doc = budget.to_dict()
+    norms_doc = next(s for s in doc["segments"] if s["component"] == "norms")
+    assert norms_doc["kernels"] == [triton.to_dict()] and norms_doc["torch_ms"] == seg.torch_ms
+    gemm = budget.segment("attention")  # nothing measured there: no class said, no torch figure
+    assert gemm is not None and gemm.kernels == () and gemm.torch_ms is None
