@@ -178,11 +178,21 @@ def norm_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
             w = torch.randn(width, device=dev()).to(torch.bfloat16)
             o, ro = torch.empty_like(x), torch.empty_like(x)
             res = r if add else None
-            fused = OpRunner(lambda x=x, w=w, res=res, o=o, ro=ro: fnorms.rmsnorm(x, w, 1e-6, residual=res, out=o, residual_out=ro), 4 * width * 2, 0.0)  # noqa: E501
-            slow = OpRunner(lambda x=x, w=w, res=res: fnorms.reference_rmsnorm(x, w, 1e-6, residual=res), 4 * width * 2, 0.0)  # noqa: E501
-            row = {"component": "add_rmsnorm" if add else "rmsnorm", "width": width}
-            row["us"] = timed(fused)["us"]
-            row["torch_us"] = timed(slow)["us"]
+            fused = OpRunner(
+                lambda x=x, w=w, res=res, o=o, ro=ro: fnorms.rmsnorm(x, w, 1e-6, residual=res, out=o, residual_out=ro),
+                4 * width * 2,
+                0.0,
+            )  # noqa: E501
+            slow = OpRunner(
+                lambda x=x, w=w, res=res: fnorms.reference_rmsnorm(x, w, 1e-6, residual=res), 4 * width * 2, 0.0
+            )  # noqa: E501
+            row: dict[str, Any] = {"component": "add_rmsnorm" if add else "rmsnorm", "width": width}
+            try:
+                row["us"] = timed(fused)["us"]
+                row["torch_us"] = timed(slow)["us"]
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
             rows.append(row)
             print(json.dumps(row), flush=True)
     out["norms"] = rows
@@ -213,14 +223,21 @@ def rope_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
         spec = frope.RopeSpec(rot, offq, offk)
 
         def fused(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:
-            frope.rope_kv_write(q, k, v, rope=spec, cos=cos, sin=sin, positions=pos, slots=slots, k_cache=kc, v_cache=vc, scales=sc)  # noqa: E501
+            frope.rope_kv_write(
+                q, k, v, rope=spec, cos=cos, sin=sin, positions=pos, slots=slots, k_cache=kc, v_cache=vc, scales=sc
+            )  # noqa: E501
 
         def slow(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:
             frope.reference_rope_kv_write(q, k, v, spec, cos, sin, pos, slots, kc, vc, sc)
 
-        moved = (q.numel() * 4 + k.numel() * 3 + (v.numel() * 3 if v is not None else 0))
-        row = {"component": label, "us": timed(OpRunner(fused, moved, 0.0))["us"]}
-        row["torch_us"] = timed(OpRunner(slow, moved, 0.0))["us"]
+        moved = q.numel() * 4 + k.numel() * 3 + (v.numel() * 3 if v is not None else 0)
+        row: dict[str, Any] = {"component": label}
+        try:
+            row["us"] = timed(OpRunner(fused, moved, 0.0))["us"]
+            row["torch_us"] = timed(OpRunner(slow, moved, 0.0))["us"]
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            traceback.print_exc()
         rows.append(row)
         print(json.dumps(row), flush=True)
     out["rope"] = rows
@@ -299,7 +316,10 @@ def table(out: dict[str, Any], copy: float) -> str:
             f"{f(r.get('roofline_us')):>11} {f(r.get('copy_pct'), 0):>5}  {r.get('error', r.get('kernel', ''))[:60]}"
         )
     for r in out.get("norms", []) + out.get("rope", []):
-        lines.append(f"{r['component']:<28} {r.get('width', ''):>7} {f(r['us'], 2):>7} {f(r['torch_us'], 2):>9}")
+        lines.append(
+            f"{r['component']:<28} {r.get('width', ''):>7} {f(r.get('us'), 2):>7} {f(r.get('torch_us'), 2):>9} "
+            f"{r.get('error', '')[:60]}"
+        )
     for r in out.get("moe", []):
         lines.append(
             f"{r['component']:<28} {f(r.get('weight_mib'), 0):>5}MiB {f(r.get('us')):>7} "

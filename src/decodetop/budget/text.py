@@ -5,6 +5,7 @@ remainder; the observed / target / roofline line and the verdict; the mean step 
 from __future__ import annotations
 
 from decodetop.budget.compose import Budget
+from decodetop.budget.kernels import kernels_short
 from decodetop.budget.ranks import STRAGGLER_RULE
 from decodetop.textfmt import format_number, table
 
@@ -42,7 +43,8 @@ def observed_line(budget: Budget) -> str:
 def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     """The budget as text lines, the same in `decodetop budget` and `decodetop probe --budget`: a header (CPU ranks),
     one row per component with ms, share of observed, status, bar (measured █, estimated ▒) and where the figure came
-    from; total and unexplained; the observed/target/roofline line; the roofline verdict; the summary."""
+    from, with the class of kernel it was timed with ('measured in this run (Triton)'); total and unexplained; the
+    observed/target/roofline line; the roofline verdict; the summary."""
     b = budget
     scale = max(b.observed_ms, b.total_ms, 1e-9)
     rows: list[list[object]] = []
@@ -52,7 +54,7 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
         row: list[object] = [seg.label, format_number(seg.ms) if seg.ms is not None else "missing", share, seg.status]
         if bars:
             row.append(_bar(seg.ms, scale, char))
-        row.append(seg.provenance)
+        row.append(seg.provenance + (f" ({kernels_short(seg.kernels)})" if seg.kernels else ""))
         rows.append(row)
     total: list[object] = [
         "total" + ("" if b.complete else " (≥, incomplete)"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.compose import Budget
+from decodetop.budget.kernels import KernelClass, kernels_short
 from decodetop.errors import UserInputError
 from decodetop.traces.model import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
 
@@ -83,6 +84,30 @@ def budget_ms(budget: object) -> dict[str, float | None]:
     raise UserInputError("budget: expected a Budget, `decodetop budget --json` output, or {component: ms}")
 
 
+def budget_kernels(budget: object) -> dict[str, str]:
+    """Per component, the short labels of the kernel classes its probed figure came from ('Triton', 'engine
+    flashinfer', 'torch', 'CPU'); components whose budget says none are left out (older files, plain mappings)."""
+    if isinstance(budget, Budget):
+        return {s.component: kernels_short(s.kernels) for s in budget.segments if s.kernels}
+    if not isinstance(budget, Mapping):
+        return {}
+    if isinstance(budget.get("budget"), Mapping):
+        return budget_kernels(budget["budget"])
+    out: dict[str, str] = {}
+    segs = budget.get("segments")
+    for seg in segs if isinstance(segs, list) else ():
+        raw = seg.get("kernels") if isinstance(seg, Mapping) else None
+        if not isinstance(raw, list) or "component" not in seg:
+            continue
+        try:
+            classes = tuple(KernelClass.from_dict(k) for k in raw if isinstance(k, Mapping))
+        except UserInputError:
+            continue
+        if classes:
+            out[str(seg["component"])] = kernels_short(classes)
+    return out
+
+
 def _ms(value: object) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -123,6 +148,7 @@ def _named(top: tuple[KernelStat, ...], total_ms: float) -> str:
 def compare(report: TraceReport, budget: object) -> Comparison:
     """Row per component: probes' ms, the trace's ms per step, the difference and the finding."""
     probed = budget_ms(budget)
+    kernels = budget_kernels(budget)
     traced = report.traced_ms()
     rows: list[ComparisonRow] = []
     keys = [c.value for c in Component]
@@ -142,7 +168,8 @@ def compare(report: TraceReport, budget: object) -> Comparison:
                 f"; {report.kernels_per_step_mean:.0f} kernels per step)" if report.kernels_per_step_mean else ")"
             )
         elif key in {c.value for c in Component}:
-            finding = f"{label}: probes {_fmt(p)}, server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
+            how = f" ({kernels[key]})" if key in kernels else ""
+            finding = f"{label}: probes {_fmt(p)}{how}, server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
         else:
             finding = f"{label}: not in the budget; server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
         rows.append(ComparisonRow(key, label, p, t, (t - p) if p is not None else None, finding))

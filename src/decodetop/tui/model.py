@@ -79,6 +79,9 @@ class BudgetSegment:
     p90_ms: float | None = None
     provenance: str = ""
     """Where the figure came from, in words (`decodetop.budget.compose.Segment.provenance`)."""
+    kernels: str = ""
+    """Which class of kernel the figure was timed with, and what torch ops would take
+    (`decodetop.budget.compose.Segment.kernel_text`; '' where not said)."""
 
     @property
     def estimated(self) -> bool:

@@ -47,6 +47,8 @@ def budget_details_text(details: BudgetDetails, now_s: float) -> Text:
         for seg in view.components:
             text.append(f"  {seg.label}: ")
             text.append(f"{seg.provenance or seg.status}\n", style="" if seg.status == "measured" else "dim")
+            if seg.kernels:
+                text.append(f"    kernel: {seg.kernels}\n", style="dim")
     if details.stored_line:
         text.append(f"\n{details.stored_line}\n")
     text.append("\nother scenarios", style="bold")

@@ -26,6 +26,7 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
                 p10_ms=seg.p10_ms,
                 p90_ms=seg.p90_ms,
                 provenance=seg.provenance,
+                kernels=seg.kernel_text,
             )
         )
     estimates = any(s.estimated for s in budget.segments)

@@ -274,11 +274,9 @@ def reference_gqa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sm_scale: float, scales: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The torch form: SDPA with enable_gqa (an FP8 cache cast to BF16 and scaled first); [B, H·Q, Dv]."""
-    if k.dtype != q.dtype:
-        ks = float(scales[0]) if scales is not None else 1.0
-        vs = float(scales[1]) if scales is not None else 1.0
-        k = (k.float() * ks).to(q.dtype)
-        v = (v.float() * vs).to(q.dtype)
+    if k.dtype != q.dtype:  # tensor ops, not float(): the torch form is captured into a CUDA graph
+        k = (k.float() * scales[0]).to(q.dtype) if scales is not None else k.to(q.dtype)
+        v = (v.float() * scales[1]).to(q.dtype) if scales is not None else v.to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, scale=sm_scale, enable_gqa=k.shape[1] != q.shape[1])
     batch, heads, q_len, v_dim = out.shape
     return out.reshape(batch, heads * q_len, v_dim)

@@ -95,18 +95,23 @@ if HAVE_TRITON:
         else:
             j = h - q_heads
             slot = tl.load(slot_ptr + t).to(tl.int64)
+            # names apart from the query branch's: a branch's values must have one type on both sides
             k_row = k_ptr + t * stride_kt + j * KD
-            y, offs, mask = _rope_row(k_row, KD, cos_ptr, sin_ptr, pos, ROT_OFF_K, ROT_K, BLOCK_K)
-            dst = kc_ptr + slot * stride_kc + j * KD + offs
+            yk, offs_k, mask_k = _rope_row(k_row, KD, cos_ptr, sin_ptr, pos, ROT_OFF_K, ROT_K, BLOCK_K)
+            dst = kc_ptr + slot * stride_kc + j * KD + offs_k
             if SCALE_MODE == 0:  # the cache's own dtype (bf16)
-                tl.store(dst, y.to(kc_ptr.dtype.element_ty), mask=mask)
+                tl.store(dst, yk.to(kc_ptr.dtype.element_ty), mask=mask_k)
             elif SCALE_MODE == 1:  # FP8 with fixed scales [k_scale, v_scale]
                 ks = tl.load(scale_ptr)
-                tl.store(dst, _to_e4m3(tl.clamp(y / ks, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask)
+                tl.store(
+                    dst, _to_e4m3(tl.clamp(yk / ks, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
+                )
             else:  # FP8 with a dynamic scale per head row, stored at scale_ptr[slot, j]
-                amax = tl.max(tl.where(mask, tl.abs(y), 0.0), 0)
+                amax = tl.max(tl.where(mask_k, tl.abs(yk), 0.0), 0)
                 ds = tl.maximum(amax, 1e-6) / 448.0
-                tl.store(dst, _to_e4m3(tl.clamp(y / ds, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask)
+                tl.store(
+                    dst, _to_e4m3(tl.clamp(yk / ds, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
+                )
                 tl.store(scale_ptr + slot * (stride_kc // KD) + j, ds)
             if VD > 0:
                 offs_v = tl.arange(0, BLOCK_V)
@@ -239,11 +244,11 @@ def reference_rope_kv_write(
         scales.view(k_cache.shape[0], -1)[slots] = ds
         kr = kr / ds.unsqueeze(-1)
     elif fp8 and scales is not None:
-        kr = kr / float(scales[0])
+        kr = kr / scales[0]  # a tensor op, not float(): the torch form is captured into a CUDA graph
     raw = k_cache.view(torch.uint8) if fp8 else k_cache  # index_copy_ has no Float8 kernel on CPU
     kq = kr.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(k_cache.dtype) if fp8 else kr.to(k_cache.dtype)
     raw.index_copy_(0, slots, kq.view(torch.uint8) if fp8 else kq)
     if v is not None and v_cache is not None:
-        vf = v.float() / (float(scales[1]) if fp8 and scales is not None and not dynamic_scale else 1.0)
+        vf = v.float() / scales[1] if fp8 and scales is not None and not dynamic_scale else v.float()
         vq = vf.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(v_cache.dtype) if fp8 else vf.to(v_cache.dtype)
         (v_cache.view(torch.uint8) if fp8 else v_cache).index_copy_(0, slots, vq.view(torch.uint8) if fp8 else vq)
