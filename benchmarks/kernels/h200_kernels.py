@@ -182,10 +182,10 @@ def norm_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
                 lambda x=x, w=w, res=res, o=o, ro=ro: fnorms.rmsnorm(x, w, 1e-6, residual=res, out=o, residual_out=ro),
                 4 * width * 2,
                 0.0,
-            )  # noqa: E501
+            )
             slow = OpRunner(
                 lambda x=x, w=w, res=res: fnorms.reference_rmsnorm(x, w, 1e-6, residual=res), 4 * width * 2, 0.0
-            )  # noqa: E501
+            )
             row: dict[str, Any] = {"component": "add_rmsnorm" if add else "rmsnorm", "width": width}
             try:
                 row["us"] = timed(fused)["us"]
@@ -222,12 +222,12 @@ def rope_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
         sc = torch.tensor([0.05, 0.05], device=d) if dtype == torch.float8_e4m3fn else None
         spec = frope.RopeSpec(rot, offq, offk)
 
-        def fused(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:
+        def fused(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:  # noqa: PLR0917
             frope.rope_kv_write(
                 q, k, v, rope=spec, cos=cos, sin=sin, positions=pos, slots=slots, k_cache=kc, v_cache=vc, scales=sc
-            )  # noqa: E501
+            )
 
-        def slow(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:
+        def slow(q=q, k=k, v=v, cos=cos, sin=sin, pos=pos, slots=slots, kc=kc, vc=vc, sc=sc, spec=spec) -> None:  # noqa: PLR0917
             frope.reference_rope_kv_write(q, k, v, spec, cos, sin, pos, slots, kc, vc, sc)
 
         moved = q.numel() * 4 + k.numel() * 3 + (v.numel() * 3 if v is not None else 0)
@@ -265,7 +265,7 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(timed(tuned))
             del tuned
             free()
-            default_tiles = fm._moe_tensors  # noqa: SLF001 - the same tensors, the default tiles
+            default_tiles = fm._moe_tensors
             experts, bufs, w_bytes = default_tiles(key, ctx(), rotate=True)
 
             def dflt(experts=experts, bufs=bufs) -> torch.Tensor:
@@ -323,7 +323,8 @@ def table(out: dict[str, Any], copy: float) -> str:
     for r in out.get("moe", []):
         lines.append(
             f"{r['component']:<28} {f(r.get('weight_mib'), 0):>5}MiB {f(r.get('us')):>7} "
-            f"default {f(r.get('default_tiles_us'))} {f(r.get('copy_pct'), 0)}% {r.get('error', r.get('note', ''))[-80:]}"
+            f"default {f(r.get('default_tiles_us'))} {f(r.get('copy_pct'), 0)}% "
+            f"{r.get('error', r.get('note', ''))[-80:]}"
         )
     return "\n".join(lines)
 

@@ -21,6 +21,7 @@ from typing import Any
 from decodetop.budget.compose import Curve, KernelTime, MeasuredTime
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
+from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import LaunchKey
 from decodetop.budget.plan import ProbePlan
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
@@ -153,20 +154,30 @@ class MeasuredSetBuilder:
         return LaunchKey(mode, 1)
 
     def offer(self, key_id: str, time: MeasuredTime) -> None:
-        """Keep `time` for `key_id` unless a faster one is there (variants of one key: the fastest counts)."""
+        """Keep `time` for `key_id` unless a faster one is there (variants of one key, and the kernel classes timed
+        for it: the fastest counts); the slower one, where it says its kernel class, is kept as an alternative."""
         prev = self.times.get(key_id)
-        if prev is None or time.median_ms < prev.median_ms:
-            self.times[key_id] = time
+        keep, other = (time, prev) if prev is None or time.median_ms < prev.median_ms else (prev, time)
+        self.times[key_id] = keep
+        if other is not None and other.kernel is not None:
+            self.offer_alternative(key_id, KernelTime(other.kernel, other.median_ms))
 
     def offer_alternative(self, key_id: str, alt: KernelTime) -> None:
         """Keep `alt` as another kernel class's time for `key_id` (shown beside the budget's figure)."""
         self.alternatives.setdefault(key_id, []).append(alt)
 
+    def _with_alternatives(self, key_id: str, t: MeasuredTime) -> MeasuredTime:
+        """`t` with the other kernel classes' times of its key (the fastest of each class; not its own class)."""
+        best: dict[KernelClass, float] = {}
+        for alt in self.alternatives.get(key_id, ()):
+            if alt.kernel != t.kernel and alt.median_ms < best.get(alt.kernel, math.inf):
+                best[alt.kernel] = alt.median_ms
+        if not best:
+            return t
+        return dataclasses.replace(t, alternatives=tuple(KernelTime(k, ms) for k, ms in best.items()))
+
     def build(self) -> MeasuredSet:
-        times = {
-            k: dataclasses.replace(t, alternatives=tuple(self.alternatives[k])) if k in self.alternatives else t
-            for k, t in self.times.items()
-        }
+        times = {k: self._with_alternatives(k, t) for k, t in self.times.items()}
         gemm_curves = {c: Curve(tuple(sorted(p.items())), "gemm probe sweep") for c, p in self.gemm_points.items() if p}
         ar_curves = {
             c: Curve(tuple(sorted(p.items())), self.allreduce_sources.get(c, "allreduce probe"))
@@ -227,23 +238,23 @@ def budget_point(result: ProbeResult, m: Measurement) -> tuple[str, MeasuredTime
     return key, dataclasses.replace(timed, kernel=m.kernel)
 
 
-def alternative_point(m: Measurement) -> tuple[str, KernelTime] | None:
-    """(key id, time) of an `alternative` point: the same key timed with another kernel class (a diagnostic)."""
+def alternative_point(result: ProbeResult, m: Measurement) -> tuple[str, MeasuredTime] | None:
+    """(key id, time) of an `alternative` point: the same key timed with another kernel class (the torch form beside
+    a fused kernel)."""
     key = m.params.get("key")
     if not isinstance(key, str) or m.params.get("role") != "alternative" or m.kernel is None:
         return None
     t = busiest(m)
-    return (key, KernelTime(m.kernel, t.median_ms)) if t is not None else None
+    if t is None:
+        return None
+    return key, dataclasses.replace(with_source(t, f"{result.probe} probe ({m.kernel.short})"), kernel=m.kernel)
 
 
 def read_keyed_points(result: ProbeResult, into: MeasuredSetBuilder) -> None:
-    """The generic read hook: every budget point gives its key's time (the fastest variant of a key wins); every
-    alternative point (the torch form beside a fused kernel) is kept beside it."""
+    """The generic read hook: every budget point and every alternative point (the same key with another kernel class)
+    offers its key's time; the fastest counts (SDPA's own kernel can beat decodetop's for BF16 GQA), the others are
+    kept beside it ("torch ops would take X")."""
     for m in ok_measurements(result):
-        found = budget_point(result, m)
+        found = budget_point(result, m) or alternative_point(result, m)
         if found is not None:
             into.offer(*found)
-            continue
-        alt = alternative_point(m)
-        if alt is not None:
-            into.offer_alternative(*alt)

@@ -11,7 +11,9 @@ rank runs (`kernels.common.best_runner`), and says which on the point (`Measurem
    read as FP8 and an exact radix top-k (`kernels.dsa`) before the sparse MLA over the selected latents;
 3. else the torch form (SDPA with enable_gqa; bmm, softmax, bmm; the indexer's bmm and torch.topk; an FP8 cache
    cast to BF16 first, as torch must), which is also timed as an `alternative` point of the key wherever a faster
-   kernel ran ("torch ops would take X µs"). On CPU ranks the torch form is the figure, labelled CPU.
+   kernel ran ("torch ops would take X µs"); the budget takes the faster of the two (SDPA's own flash kernel beat
+   decodetop's split-K for BF16 GQA on an H200: docs/benchmarks.md, "Kernels"). On CPU ranks the torch form is the
+   figure, labelled CPU.
 
 Caches are random, rotated above 2× L2 so each call reads DRAM as a new layer would. Metrics: time, KV bytes read
 (in the cache's own dtype for the fast kernels) and KV GB/s (docs/reference/probes.md §7.8).

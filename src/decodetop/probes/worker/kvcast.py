@@ -77,11 +77,21 @@ def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     elif kv == torch.float8_e4m3fn:
         scales = torch.ones(2, device=device)
     spec = RopeSpec(0)
-    args = {"rope": spec, "cos": table, "sin": table, "positions": pos, "slots": where}
 
     def write() -> None:
         rope_kv_write(
-            None, k_new, v_new, k_cache=k_cache, v_cache=v_cache, scales=scales, dynamic_scale=dynamic, **args
+            None,
+            k_new,
+            v_new,
+            rope=spec,
+            cos=table,
+            sin=table,
+            positions=pos,
+            slots=where,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            scales=scales,
+            dynamic_scale=dynamic,
         )
 
     k_ref, v_ref = k_cache.clone(), v_cache.clone() if v_cache is not None else None
