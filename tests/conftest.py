@@ -6,11 +6,16 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from helpers.env import ISOLATED_VARS, isolated_dirs
+
+pytest_plugins = ["pytester", "helpers.nvml_strict"]
+"""pytester for tests of the suite's own fixtures; the strict fake NVML (a call no recording holds fails the test)."""
 
 REQUIRE_TOOLS = os.environ.get("DECODETOP_REQUIRE_TOOLS") == "1"
 """Set by .ci/run, which has scripts/test fetch the tools first: there a missing tool fails the test."""
@@ -87,3 +92,26 @@ def _no_inherited_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
     without it, as CI's pipe does, and the tests about widths set it themselves."""
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.delenv("LINES", raising=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """HOME, the XDG dirs and decodetop's config and state dirs point under a session temp dir before any other
+    fixture runs (module-scoped probe groups included), in os.environ itself, so that every subprocess a test
+    starts inherits them: no test reads or writes the user's settings, history or rank logs."""
+    saved = {name: os.environ.get(name) for name in ISOLATED_VARS}
+    os.environ.update(isolated_dirs(tmp_path_factory.mktemp("isolated")))
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own decodetop config and state dirs (settings, history, baselines, rank logs): one test's
+    records never reach another's."""
+    monkeypatch.setenv("DECODETOP_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))

@@ -11,7 +11,8 @@ counters) are made too. Phases:
 
 - idle: `--samples` ticks `--interval` apart, nothing running;
 - load: a child process per GPU runs a bf16 matmul loop plus a device-to-device copy loop (torch), and the same
-  ticks are taken once the load has started.
+  ticks are taken once the load has started, so the process list and each process's SM share
+  (nvmlDeviceGetProcessUtilization) hold that process; `--load-only` skips the idle phase.
 
 It writes `<label>-idle.json` and `<label>-load.json` (format `decodetop-nvml-recording/1`). It never changes a
 GPU setting. `--backend fake:NAME` records from the fake instead (to test the recorder without a GPU).
@@ -76,6 +77,10 @@ EXTRA_CALLS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("nvmlDeviceGetComputeMode", ()),
     ("nvmlDeviceGetArchitecture", ()),
     ("nvmlDeviceGetBoardPartNumber", ()),
+    # Per-process SM share (lastSeenTimeStamp 0: every sample in the driver's buffer), asked on every tick as the
+    # sampler asks it whenever a GPU has processes: idle it answers NOT_FOUND (no sample), under load a value.
+    ("nvmlDeviceGetProcessUtilization", (0,)),
+    ("nvmlDeviceGetComputeRunningProcesses", ()),
 )
 
 
@@ -224,12 +229,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
     parser.add_argument("--load-warmup", type=float, default=3.0, help="seconds of steady load before sampling")
     parser.add_argument("--no-load", action="store_true", help="record the idle phase only")
+    parser.add_argument("--load-only", action="store_true", help="record the load phase only")
     args = parser.parse_args(argv)
+    if args.no_load and args.load_only:
+        parser.error("--no-load and --load-only exclude each other")
     args.out.mkdir(parents=True, exist_ok=True)
 
     print("idle phase", flush=True)
-    idle = _record_phase(args.backend, samples=args.samples, interval_s=args.interval, run_checks=True)
-    _write(args.out, args.label, "idle", f"{args.label}: idle, nothing running", data=idle, load="none")
+    idle = _record_phase(
+        args.backend,
+        samples=1 if args.load_only else args.samples,
+        interval_s=args.interval,
+        run_checks=not args.load_only,
+    )
+    if not args.load_only:
+        _write(args.out, args.label, "idle", f"{args.label}: idle, nothing running", data=idle, load="none")
     if args.no_load or idle["gpu_count"] == 0:
         return 0
 

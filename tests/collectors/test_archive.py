@@ -21,6 +21,7 @@ import pytest
 from decodetop.cli import main
 from decodetop.collectors.archive import MAX_MEMBERS, ROOT_IN_ARCHIVE, unpack_collected, unpacked
 from decodetop.errors import UserInputError
+from helpers.env import subprocess_env
 
 R = ROOT_IN_ARCHIVE
 Member = tuple[tarfile.TarInfo, bytes | None]
@@ -331,7 +332,7 @@ def test_sigterm_during_check_root_removes_the_unpacked_tree(tmp_path: Path) -> 
         "from decodetop.cli import main\n"
         "sys.exit(main(['check', '--root', sys.argv[2]]))\n"
     )
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "DECODETOP_STATE_DIR": str(tmp_path / "state")}
+    env = subprocess_env(TMPDIR=str(tmp_path / "tmp"), DECODETOP_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready), str(archive)], env=env)
     try:
         for _ in range(600):  # wait (up to a minute) until the checks run over the unpacked tree

@@ -1,8 +1,10 @@
-"""The fake NVML replays real H200 recordings exactly; unrecorded calls are NOT_SUPPORTED, like a driver."""
+"""The fake NVML replays real H200 recordings exactly; a call no recording holds is refused (FUNCTION_NOT_FOUND), and
+the test that made it fails."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,19 +18,30 @@ from decodetop.collectors.fake_nvml import (
     load_recording,
     ok,
 )
-from decodetop.collectors.nvml import NA, NVML_ERROR_LIB_RM_VERSION_MISMATCH, NVML_ERROR_NOT_SUPPORTED, GpuRef, Nvml
+from decodetop.collectors.nvml import (
+    NA,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+    NVML_ERROR_NOT_SUPPORTED,
+    GpuRef,
+    Nvml,
+)
 from decodetop.errors import UserInputError
 
 
 def test_bundled_recordings_come_from_a_real_h200() -> None:
-    assert {"h200x1-idle", "h200x1-load"} <= set(bundled_recordings())
-    for name in ("h200x1-idle", "h200x1-load"):
+    assert {"h200x1-idle", "h200x1-load", "h200x1-procs-load"} <= set(bundled_recordings())
+    for name in ("h200x1-idle", "h200x1-load", "h200x1-procs-load"):
         rec = load_recording(name)
         assert rec.gpu_count == 1
         assert len(rec.samples) >= 3
         assert rec.outcome("nvmlDeviceGetName(gpu0)") == ok("NVIDIA H200")
-        assert rec.meta["recorder"] == "benchmarks/record_nvml.py"
+        assert rec.meta["recorder"] == "benchmarks/recorders/record_nvml.py"
+        assert (RECORDER_DIR / "record_nvml.py").is_file()  # the script a recording names exists there
         assert rec.meta["phase"] in name
+
+
+RECORDER_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "recorders"
 
 
 def test_fake_answers_exactly_what_was_recorded() -> None:
@@ -38,19 +51,59 @@ def test_fake_answers_exactly_what_was_recorded() -> None:
         nvml.query("nvmlDeviceGetMaxClockInfo", GpuRef(0), 1) == rec.outcome("nvmlDeviceGetMaxClockInfo(gpu0,1)")["ok"]
     )
     numa = nvml.query("nvmlDeviceGetNumaNodeId", GpuRef(0))
-    assert isinstance(numa, NA) and numa.code == NVML_ERROR_NOT_SUPPORTED  # as on the real H200 VM
-    unknown = nvml.query("nvmlDeviceGetSomethingNobodyCalled", GpuRef(0))
-    assert isinstance(unknown, NA) and unknown.code == NVML_ERROR_NOT_SUPPORTED
+    assert isinstance(numa, NA) and numa.code == NVML_ERROR_NOT_SUPPORTED  # recorded: as on the real H200 VM
     out_of_range = nvml.query("nvmlDeviceGetName", GpuRef(5))
     assert isinstance(out_of_range, NA)
 
 
+@pytest.mark.nvml_unrecorded
+def test_a_call_no_recording_holds_is_refused_and_counted() -> None:
+    backend = FakeNvmlBackend(load_recording("h200x1-load"), clock=None)
+    nvml = Nvml(backend)
+    unknown = nvml.query("nvmlDeviceGetSomethingNobodyCalled", GpuRef(0))
+    assert isinstance(unknown, NA) and unknown.code == NVML_ERROR_FUNCTION_NOT_FOUND  # not a made-up "not supported"
+    other_args = nvml.query("nvmlDeviceGetClockInfo", GpuRef(0), 7)  # the function is recorded, these args are not
+    assert isinstance(other_args, NA) and other_args.code == NVML_ERROR_FUNCTION_NOT_FOUND
+    assert backend.unrecorded == ["nvmlDeviceGetSomethingNobodyCalled(gpu0)", "nvmlDeviceGetClockInfo(gpu0,7)"]
+
+
+def test_a_function_a_recording_declares_missing_is_refused_but_expected() -> None:
+    rec = load_recording("h200x1-load")
+    assert "nvmlDeviceGetProcessUtilization" in rec.not_recorded  # recorded before decodetop asked it
+    backend = FakeNvmlBackend(rec, clock=None)
+    answer = Nvml(backend).query("nvmlDeviceGetProcessUtilization", GpuRef(0), 0)
+    assert isinstance(answer, NA) and answer.code == NVML_ERROR_FUNCTION_NOT_FOUND
+    assert "recorded before" in answer.reason and backend.unrecorded == []
+
+
+def test_a_test_whose_code_makes_an_unrecorded_call_fails(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suite's own fixture (tests/conftest.py) turns a refusal the code copes with into a failing test."""
+    pytester.makeini("[pytest]\nmarkers =\n    nvml_unrecorded: on purpose\n")
+    pytester.makepyfile(
+        test_planted="""
+from decodetop.collectors.fake_nvml import fake_nvml
+from decodetop.collectors.nvml import GpuRef
+
+def test_copes_with_a_refusal():
+    fake_nvml("h200x1-load", clock=None).query("nvmlDeviceGetSomethingNobodyCalled", GpuRef(0))
+"""
+    )
+    tests_dir = Path(__file__).resolve().parents[1]  # where the plugin module (helpers/nvml_strict.py) lives
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests_dir), str(tests_dir.parent / "src")]))
+    result = pytester.runpytest_subprocess("-p", "helpers.nvml_strict", "-p", "no:cacheprovider", "-p", "no:xdist")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*NVML calls no recording holds*nvmlDeviceGetSomethingNobodyCalled(gpu0)*"])
+
+
+@pytest.mark.nvml_unrecorded
 def test_field_values_are_answered_per_field_in_any_batch() -> None:
     nvml = fake_nvml("h200x1-load", clock=None)
     batch = nvml.query("nvmlDeviceGetFieldValues", GpuRef(0), (74, 197, 9999))
     assert [e["fieldId"] for e in batch] == [74, 197, 9999]
     assert batch[0]["nvmlReturn"] == 0 and batch[0]["value"] > 0  # SwPowerCap time: the GPU was power-capped
-    assert batch[2]["nvmlReturn"] == NVML_ERROR_NOT_SUPPORTED
+    assert batch[2]["nvmlReturn"] == NVML_ERROR_FUNCTION_NOT_FOUND  # field 9999 is in no recording: refused
 
 
 def test_samples_advance_manually_and_with_the_clock() -> None:

@@ -253,3 +253,27 @@ def test_slow_settings_are_read_every_nth_tick_and_carried_between() -> None:
     assert reads == [2, 0, 0, 2, 0, 0, 2]
     assert all(s.gpus[0].app_sm_clock_mhz == snaps[0].gpus[0].app_sm_clock_mhz for s in snaps)
     assert all("retired_pages_pending" in s.gpus[0].unavailable for s in snaps)  # the reason is carried too
+
+
+def test_each_process_carries_its_recorded_sm_share_every_tick() -> None:
+    """h200x1-procs-load: one matmul process (pid 437 there) on the H200; nvmlDeviceGetProcessUtilization gave its
+    SM share on each of the five ticks (90, 92, 93, 94, 95 %), and the process list its memory (1.6 GiB)."""
+    sampler, backend = _sampler("h200x1-procs-load")
+    shares = []
+    for _ in range(5):
+        (gpu,) = sampler.sample().gpus
+        (process,) = gpu.processes or ()
+        assert (process.pid, process.used_mem_bytes, process.kind) == (437, 1_721_761_792, "compute")
+        shares.append(process.sm_util_pct)
+        backend.advance()
+    assert shares == [90, 92, 93, 94, 95]
+    assert backend.calls.count("nvmlDeviceGetProcessUtilization(gpu0,0)") == 5
+
+
+def test_a_process_with_no_utilisation_sample_has_no_sm_share() -> None:
+    """NVML answers NOT_FOUND when its buffer holds no sample newer than asked (the idle ticks of the recording)."""
+    rec = load_recording("h200x1-procs-load")
+    idle = rec.with_calls({"nvmlDeviceGetProcessUtilization(gpu0,0)": err(6, "Not Found")})
+    sampler = TelemetrySampler(Nvml(FakeNvmlBackend(idle, clock=None)))
+    (gpu,) = sampler.sample().gpus
+    assert [(p.pid, p.sm_util_pct) for p in gpu.processes or ()] == [(437, None)]

@@ -3,7 +3,6 @@ exit-code gauge matches the command's exit code; a bad path is one clear line an
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,15 +10,13 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import require_tool
+from helpers.env import subprocess_env
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _check(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    env["DECODETOP_STATE_DIR"] = str(tmp_path / "state")
-    env["DECODETOP_CONFIG_DIR"] = str(tmp_path / "config")
+    env = subprocess_env(DECODETOP_STATE_DIR=str(tmp_path / "state"), DECODETOP_CONFIG_DIR=str(tmp_path / "config"))
     return subprocess.run(
         [sys.executable, "-m", "decodetop", "check", *extra],
         env=env,

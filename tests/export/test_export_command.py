@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus
 from decodetop.errors import UserInputError
 from decodetop.export.schedule import Exporter, PlannedRun, parse_duration, probe_plan_runs
 from decodetop.probes.results import ProbeResult, ProbeStatus
+from helpers.env import subprocess_env
 from trickle_server import TricklingServer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -42,11 +42,7 @@ def _free_port() -> int:
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    env["DECODETOP_STATE_DIR"] = str(tmp_path / "state")
-    env["DECODETOP_CONFIG_DIR"] = str(tmp_path / "config")
-    return env
+    return subprocess_env(DECODETOP_STATE_DIR=str(tmp_path / "state"), DECODETOP_CONFIG_DIR=str(tmp_path / "config"))
 
 
 def _scrape(url: str) -> str | None:

@@ -17,6 +17,7 @@ from decodetop.pipeline.plan_runner import PlanRunner, run_model_plan
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.hooks import busiest
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus
+from helpers.env import subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +66,9 @@ TINY_DEEPSEEK = {
 
 
 @pytest.fixture(scope="module")
-def controller() -> Iterator[ProbeController]:
-    with ProbeController(device="cpu", cpu_ranks=2) as pc:
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProbeController]:
+    log = tmp_path_factory.mktemp("ranks") / "ranks.log"
+    with ProbeController(device="cpu", cpu_ranks=2, rank_log=log) as pc:
         yield pc
 
 
@@ -178,7 +180,7 @@ def test_sampling_and_logits_all_gather_across_ranks(controller: ProbeController
     assert gather.params["key"] == "allreduce:collective=all_gather,bytes=1024,ranks=2,dtype=bf16"
 
 
-def test_kvcast_write_and_read_trend(controller: ProbeController) -> None:
+def test_kvcast_writes_and_the_bytes_each_read_mode_moves_with_the_context(controller: ProbeController) -> None:
     keys = [
         "kvcast:layout=dsa_index,tokens=2,width=128,context=64,kv_dtype=fp8",
         "kvcast:layout=gqa,tokens=1,width=64,context=64,kv_dtype=bf16",
@@ -258,14 +260,13 @@ def test_plan_run_end_to_end_on_a_tiny_moe_model(controller: ProbeController, tm
 
 
 def test_cli_runs_a_plan_and_writes_budget_json(tmp_path: Path) -> None:
-    import os
     import subprocess
     import sys
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY_DEEPSEEK))
     out = tmp_path / "plan.json"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    env = subprocess_env()
     args = [sys.executable, "-m", "decodetop", "probe", "--config", str(cfg), "--tp", "2", "--cpu-ranks", "2"]
     args += ["--context", "64", "--budget", "--observed-ms", "40", "--json", str(out), "norms", "launch", "gemm"]
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300, check=False)

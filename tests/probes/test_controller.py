@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -13,6 +14,7 @@ from decodetop.probes.controller import ProbeController
 from decodetop.probes.protocol import Progress
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import MeasurementStatus, ProbeStatus
+from helpers.env import subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -40,8 +42,9 @@ def _alive(pids: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def controller() -> Iterator[ProbeController]:
-    pc = ProbeController(device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]))
+def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProbeController]:
+    log = tmp_path_factory.mktemp("ranks") / "ranks.log"
+    pc = ProbeController(device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]), rank_log=log)
     with pc:
         yield pc
     assert pc.rank_pids() == []
@@ -161,9 +164,11 @@ def test_unsupported_probe(controller: ProbeController) -> None:
     assert result.status is ProbeStatus.UNSUPPORTED and result.message == "fake probe: not on this device"
 
 
-def test_close_ends_every_rank_and_leaves_no_child() -> None:
+def test_close_ends_every_rank_and_leaves_no_child(tmp_path: Path) -> None:
     before = {c.pid for c in psutil.Process().children(recursive=True)}  # e.g. the module fixture's ranks
-    pc = ProbeController(device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]))
+    pc = ProbeController(
+        device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]), rank_log=tmp_path / "r.log"
+    )
     pc.start()
     pids = pc.rank_pids()
     assert len(pids) == 2
@@ -179,8 +184,10 @@ def test_close_ends_every_rank_and_leaves_no_child() -> None:
     assert all("resource_tracker" in " ".join(c.cmdline()) for c in left), [c.cmdline() for c in left]
 
 
-def test_close_during_a_hanging_probe_ends_it() -> None:
-    pc = ProbeController(device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]))
+def test_close_during_a_hanging_probe_ends_it(tmp_path: Path) -> None:
+    pc = ProbeController(
+        device="cpu", cpu_ranks=2, registry=ProbeRegistry(extra_modules=["fake_probes"]), rank_log=tmp_path / "r.log"
+    )
     pc.start()
     pids = pc.rank_pids()
     results = []
@@ -193,21 +200,26 @@ def test_close_during_a_hanging_probe_ends_it() -> None:
     assert _alive(pids) == []
 
 
-def test_ranks_exit_when_the_controller_is_killed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_ranks_exit_when_the_controller_is_killed(tmp_path: Path) -> None:
     """A controller killed with SIGKILL cannot tell its ranks; they notice their parent is gone and exit."""
     import signal
     import subprocess
     import sys
 
     script = (
-        "import sys, time\n"
+        "import pathlib, sys, time\n"
         "from decodetop.probes.controller import ProbeController\n"
-        "pc = ProbeController(device='cpu', cpu_ranks=2)\n"
+        "pc = ProbeController(device='cpu', cpu_ranks=2, rank_log=pathlib.Path(sys.argv[1]))\n"
         "pc.start()\n"
         "print(*pc.rank_pids(), flush=True)\n"
         "time.sleep(600)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "ranks.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
     assert proc.stdout is not None
     pids = [int(p) for p in proc.stdout.readline().split()]
     assert len(pids) == 2
@@ -218,10 +230,10 @@ def test_ranks_exit_when_the_controller_is_killed(tmp_path) -> None:  # type: ig
     assert alive == []
 
 
-def test_close_while_the_group_is_starting_cancels_the_start() -> None:
+def test_close_while_the_group_is_starting_cancels_the_start(tmp_path: Path) -> None:
     """`q` right after launch: close() from another thread ends a group that is still joining, at once."""
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    pc = ProbeController(device="cpu", cpu_ranks=2)
+    pc = ProbeController(device="cpu", cpu_ranks=2, rank_log=tmp_path / "ranks.log")
     errors: list[BaseException] = []
 
     def start() -> None:

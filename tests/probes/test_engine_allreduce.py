@@ -3,6 +3,8 @@ without the opt-in), a real 2-rank gloo group saying so, and the budget's all-re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -51,8 +53,8 @@ def test_one_rank_keeps_its_own_reason() -> None:
 
 
 @pytest.mark.slow
-def test_gloo_group_reports_the_custom_kernels_unsupported_with_the_reason() -> None:
-    with ProbeController(device="cpu", cpu_ranks=2) as pc:
+def test_gloo_group_reports_the_custom_kernels_unsupported_with_the_reason(tmp_path: Path) -> None:
+    with ProbeController(device="cpu", cpu_ranks=2, rank_log=tmp_path / "ranks.log") as pc:
         result = pc.run(
             "allreduce", {"sizes": [8, 4096], "impls": ["one_shot", "two_shot"], "modes": ["graph", "pipelined"]}
         )

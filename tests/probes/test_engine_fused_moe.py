@@ -25,6 +25,7 @@ from decodetop.probes.worker.fused_moe import (
     routed_ids,
     triton_unavailable,
 )
+from helpers.env import subprocess_env
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
@@ -157,7 +158,7 @@ INTERPRETED = textwrap.dedent(
 
 def test_triton_kernels_match_the_reference_under_the_interpreter() -> None:
     require_module("triton", "the test extra installs Triton; its interpreter runs the fused-MoE kernels on the CPU")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(SRC), *sys.path])}
+    env = subprocess_env(pythonpath=tuple(Path(p) for p in sys.path if p), TRITON_INTERPRET="1")
     done = subprocess.run(
         [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600, check=False
     )

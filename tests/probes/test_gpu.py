@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from decodetop.probes.controller import ProbeController
@@ -15,8 +17,8 @@ pytestmark = [
 ]
 
 
-def test_all_probes_on_gpus() -> None:
-    with ProbeController(device="cuda") as pc:
+def test_all_probes_on_gpus(tmp_path: Path) -> None:
+    with ProbeController(device="cuda", rank_log=tmp_path / "ranks.log") as pc:
         ar = pc.run("allreduce", {"sizes": [8, 1 << 20], "samples": 5, "synced_ops": 20, "budget_ms": 50.0})
         assert ar.status is ProbeStatus.OK, ar.message
         graph = ar.measurement(size_bytes=8, mode="graph")

@@ -31,7 +31,7 @@ def _run_norms(tmp_path: Path) -> list[ProbeResult]:
     inv = tiny_inventory(tmp_path)
     requests, _ = plan_requests(build_plan(inv), inv, world_size=2, device_kind="cpu")
     req = next(r for r in requests if r.probe == "norms")
-    with ProbeController(device="cpu", cpu_ranks=2) as pc:
+    with ProbeController(device="cpu", cpu_ranks=2, rank_log=tmp_path / "ranks.log") as pc:
         res = pc.run("norms", {**dict(req.params), "cpu_samples": 3}, timeout_s=120)
     assert res.status is ProbeStatus.OK, (res.message, res.traceback)
     return [res]

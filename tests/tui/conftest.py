@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-import pytest
 from textual.app import App
 from textual.message import Message
 from textual.notifications import SeverityLevel
@@ -19,13 +17,6 @@ from decodetop.tui.sources import Sources
 
 WAIT_S = 10.0
 """Upper bound for a condition to come true (workers are threads; on 2 busy CI cores they can lag)."""
-
-
-@pytest.fixture(autouse=True)
-def _private_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test touches the user's config or state."""
-    monkeypatch.setenv("DECODETOP_CONFIG_DIR", str(tmp_path / "config"))
-    monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))
 
 
 HELD_TOAST_S = 3600.0
@@ -75,6 +66,29 @@ async def steady_cursors(pilot: Pilot[object]) -> None:
     for box in pilot.app.query(Input):
         box.cursor_blink = False
     await pilot.pause()
+
+
+class IdlePolls:
+    """Counts the probe worker's polls that found the queue empty, so "no probe ran" waits for a real signal (the
+    worker looked and found nothing) instead of a fixed sleep. Install it before the app starts."""
+
+    def __init__(self, app: DecodetopApp) -> None:
+        self.count = 0
+        queue = app.queue
+        pop = queue.pop
+
+        def counted(timeout_s: float) -> str | None:
+            got = pop(timeout_s)
+            if got is None:
+                self.count += 1
+            return got
+
+        queue.pop = counted  # type: ignore[method-assign]
+
+    async def wait(self, pilot: Pilot[object], what: str = "the probe worker to find nothing to run") -> None:
+        """Wait for two more empty polls: the second began after this call, so nothing was queued meanwhile."""
+        seen = self.count
+        await wait_until(pilot, lambda: self.count >= seen + 2, what)
 
 
 class MessageLog(list[Message]):

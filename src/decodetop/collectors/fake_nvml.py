@@ -1,10 +1,15 @@
 """Provides the fake NVML backend: it replays what a real machine's NVML answered, call for call.
 
-A recording (`benchmarks/record_nvml.py` makes them; the bundled ones live in `collectors/recordings/*.json`) maps
-each call key (`nvml.call_key`, e.g. `nvmlDeviceGetClockInfo(gpu0,1)`) to `{"ok": value}` or
-`{"error": code, "message": ...}`, for a few samples taken one tick apart. The fake answers exactly that; a call
-that was never recorded answers NVML_ERROR_NOT_SUPPORTED, like a real driver that lacks the feature. So code
-tested against the fake meets the same values, shapes and errors as on the real machine.
+A recording (`benchmarks/recorders/record_nvml.py` makes them; the bundled ones live in
+`collectors/recordings/*.json`) maps each call key (`nvml.call_key`, e.g. `nvmlDeviceGetClockInfo(gpu0,1)`) to
+`{"ok": value}` or `{"error": code, "message": ...}`, for a few samples taken one tick apart. The fake answers
+exactly that, so code tested against it meets the same values, shapes and errors as on the real machine.
+
+A call no sample holds is refused with NVML_ERROR_FUNCTION_NOT_FOUND, as an NVML library without that function
+answers, never with a made-up "not supported": the fake cannot know what the machine would have said. The key is
+kept in `unrecorded` and handed to `FakeNvmlBackend.on_unrecorded` (the test suite fails a test that made such a
+call). A recording made before decodetop asked some function names it, with why, under `meta["not_recorded"]`:
+such calls are refused the same way but expected.
 
 Samples advance with the clock (one per recorded interval, looping) or by `advance()`, so counters grow and rates
 move as they did. `replicate_to=N` shows a recording of fewer GPUs as N GPUs (GPU i replays recorded GPU i mod n)
@@ -22,11 +27,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, NoReturn
 
 from decodetop import jsonio
 from decodetop.collectors.nvml import (
-    NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_FUNCTION_NOT_FOUND,
     Arg,
     GpuRef,
     Nvml,
@@ -39,6 +44,9 @@ RECORDING_FORMAT = "decodetop-nvml-recording/1"
 RECORDINGS_DIR = Path(__file__).resolve().parent / "recordings"
 DEFAULT_RECORDING = "h200x1-load"
 _FIELD_KEY = re.compile(r"^nvmlDeviceGetFieldValues\(gpu(\d+),\[([0-9,]*)\]\)$")
+PAIR_FUNCTIONS: tuple[str, ...] = ("nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus")
+"""The calls about two GPUs: a recording shown as more GPUs than it has holds none for the extra pairs."""
+_PAIRS_NOT_RECORDED = dict.fromkeys(PAIR_FUNCTIONS, "a recording shown as more GPUs holds no pair of the copies")
 _DEFAULT_PERIOD_S = 1.0
 """Replay interval when a recording has fewer than two timed samples (the collector's default tick)."""
 
@@ -68,6 +76,12 @@ class Recording:
     init_error: Outcome | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     """Where and how it was recorded (host, driver, pynvml version, phase, load)."""
+
+    @property
+    def not_recorded(self) -> Mapping[str, str]:
+        """NVML function → why this recording holds none of its calls (`meta["not_recorded"]`)."""
+        declared = self.meta.get("not_recorded")
+        return declared if isinstance(declared, dict) else {}
 
     def with_calls(self, overrides: Mapping[str, Outcome], *, samples: Iterable[int] | None = None) -> Recording:
         """A copy with some call outcomes replaced (in every sample, or only in `samples`)."""
@@ -112,8 +126,9 @@ class Recording:
         return self.with_calls(overrides, samples=samples)
 
     def replicated(self, gpus: int) -> Recording:
-        """A copy that shows `gpus` GPUs, GPU k answering what recorded GPU k mod n answered (pairs not included:
-        add them with `with_calls`). The label says it was replicated."""
+        """A copy that shows `gpus` GPUs, GPU k answering what recorded GPU k mod n answered, the system calls as
+        recorded (pairs not included: add them with `with_calls`; the copy declares them not recorded). The label
+        says it was replicated."""
         n = self.gpu_count
         if n < 1 or gpus < 1:
             raise UserInputError(f"NVML recording {self.label}: cannot replicate {n} GPUs to {gpus}")
@@ -125,6 +140,8 @@ class Recording:
                 gpus_in_key = [int(m) for m in pattern.findall(key)]
                 if key == "nvmlDeviceGetCount()":
                     out[key] = ok(gpus)
+                elif not gpus_in_key:
+                    out[key] = outcome  # the system's own calls: driver, CUDA and NVML versions
                 elif len(gpus_in_key) != 1:
                     continue  # pair calls of the original GPUs do not carry over
                 else:
@@ -137,6 +154,7 @@ class Recording:
             label=f"{self.label} (replicated {n}→{gpus} GPUs)",
             gpu_count=gpus,
             samples=tuple(new_samples),
+            meta={**self.meta, "not_recorded": {**self.not_recorded, **_PAIRS_NOT_RECORDED}},
         )
 
     def with_init_error(self, code: int, message: str = "") -> Recording:
@@ -222,6 +240,9 @@ def parse_recording(data: object, origin: str) -> Recording:
     meta = data.get("meta") or {}
     if not isinstance(meta, dict):
         raise UserInputError(f"{origin}: 'meta' must be an object")
+    declared = meta.get("not_recorded", {})
+    if not isinstance(declared, dict) or not all(isinstance(v, str) for v in declared.values()):
+        raise UserInputError(f"{origin}: 'meta.not_recorded' must map NVML function names to why they are missing")
     return Recording(
         label=str(data.get("label") or Path(origin).stem),
         description=str(data.get("description") or ""),
@@ -258,7 +279,10 @@ def load_recording(name_or_path: str | Path) -> Recording:
 
 
 class FakeNvmlBackend:
-    """An NVML backend that answers from a `Recording`; unrecorded calls answer NOT_SUPPORTED."""
+    """An NVML backend that answers from a `Recording`; a call no sample holds is refused (FUNCTION_NOT_FOUND)."""
+
+    on_unrecorded: ClassVar[Callable[[str], None] | None] = None
+    """Called with the key of every call no recording holds and none declares missing (tests fail on it)."""
 
     def __init__(
         self,
@@ -286,6 +310,8 @@ class FakeNvmlBackend:
         self.label = label
         self.calls: list[str] = []
         """Every call key asked, in order (what a test can assert the telemetry code did)."""
+        self.unrecorded: list[str] = []
+        """Call keys refused because no sample holds them and the recording does not declare them missing."""
 
     @staticmethod
     def _index_fields(sample: Mapping[str, Outcome]) -> dict[tuple[int, int], dict[str, Any]]:
@@ -371,10 +397,13 @@ class FakeNvmlBackend:
         if fn == "nvmlDeviceGetFieldValues" and len(mapped) == 2 and isinstance(mapped[1], tuple):
             gpu = mapped[0]
             assert isinstance(gpu, GpuRef)
+            failed = self._failed_fields(sample, gpu.index, set(mapped[1]))
+            if failed is not None:  # a batch of these fields failed as a whole there (or a test says so)
+                raise NvmlError(int(failed["error"]), str(failed.get("message", "")))
             return [self._field(sample, gpu.index, fid) for fid in mapped[1]]
         outcome = self._lookup(call_key(fn, mapped), sample)
         if outcome is None:
-            raise NvmlError(NVML_ERROR_NOT_SUPPORTED, f"{fn} was not recorded")
+            self._refuse(fn, call_key(fn, args))
         if "error" in outcome:
             raise NvmlError(int(outcome["error"]), str(outcome.get("message", "")))
         refs = [arg for arg in args if isinstance(arg, GpuRef)]
@@ -383,6 +412,31 @@ class FakeNvmlBackend:
             outcome = _as_copy(fn + "(", outcome, refs[0].index // n)
         return copy.deepcopy(outcome["ok"])
 
+    def _refuse(self, fn: str, key: str) -> NoReturn:
+        """Refuse a call no sample holds, as an NVML library lacking `fn` would; count it unless declared."""
+        why = self.recording.not_recorded.get(fn)
+        if why is None and self.replicate_to is not None and fn in PAIR_FUNCTIONS:
+            why = _PAIRS_NOT_RECORDED[fn]
+        if why is None:
+            self._count_unrecorded(key)
+            why = f"no sample of recording {self.recording.label!r} holds {key}"
+        raise NvmlError(NVML_ERROR_FUNCTION_NOT_FOUND, f"fake NVML: {why}")
+
+    def _failed_fields(self, sample: int, gpu: int, fids: set[int]) -> Outcome | None:
+        """The error of a recorded nvmlDeviceGetFieldValues call of `gpu` that asked any of `fids`, if one failed."""
+        for key, outcome in self.recording.samples[sample].items():
+            match = _FIELD_KEY.match(key)
+            asked = {int(i) for i in match.group(2).split(",") if i} if match else set()
+            if match and "error" in outcome and int(match.group(1)) == gpu and fids & asked:
+                return outcome
+        return None
+
+    def _count_unrecorded(self, key: str) -> None:
+        self.unrecorded.append(key)
+        hook = type(self).on_unrecorded
+        if hook is not None:
+            hook(key)
+
     def _field(self, sample: int, gpu: int, fid: int) -> dict[str, Any]:
         entry = self._fields[sample].get((gpu, fid))
         if entry is None:
@@ -390,8 +444,16 @@ class FakeNvmlBackend:
                 entry = other.get((gpu, fid))
                 if entry is not None:
                     break
-        if entry is None:
-            return {"fieldId": fid, "scopeId": 0, "timestamp": 0, "valueType": 3, "nvmlReturn": 3, "value": None}
+        if entry is None:  # refused per field, as the call refuses a function (see `_refuse`)
+            self._count_unrecorded(f"nvmlDeviceGetFieldValues(gpu{gpu},[{fid}])")
+            return {
+                "fieldId": fid,
+                "scopeId": 0,
+                "timestamp": 0,
+                "valueType": 3,
+                "nvmlReturn": NVML_ERROR_FUNCTION_NOT_FOUND,
+                "value": None,
+            }
         return dict(entry)
 
 
