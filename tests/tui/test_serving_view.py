@@ -46,7 +46,7 @@ from decodetop.tui.trace_source import TraceOptions
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.traced_bar import TracedBar
 
-from .conftest import make_app, wait_until
+from .conftest import IdlePolls, make_app, wait_until
 from .fakes import GIB, NOW_S, FakeChecks, FakeTelemetry, fixed_clock, h200_gpu
 from .test_trace_bar import PLANTED
 
@@ -242,9 +242,10 @@ def _status(app: DecodetopApp) -> str:
 
 async def test_busy_gpus_start_no_probe_and_show_the_stored_budget_with_its_age(tmp_path: Path) -> None:
     s = _setup(tmp_path)
+    idle = IdlePolls(s.app)
     async with s.app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: _shown(s.app)() and s.app.held is not None, "the serving-time view")
-        await pilot.pause(0.3)  # time for a probe to start, were one queued
+        await idle.wait(pilot)  # a probe queued with the plan would have been taken by now
         assert s.runs == [] and len(s.app.queue) == 0 and s.app.running_probe is None
         assert _held_note(s.app) == (
             f"{HELD_LINE}\nthe budget shows this scenario's stored results, measured 2h ago on {HOST} "
@@ -270,6 +271,7 @@ async def test_a_short_terminal_gets_the_header_in_one_line(tmp_path: Path) -> N
 
 async def test_r_asks_first_and_runs_only_after_yes(tmp_path: Path) -> None:
     s = _setup(tmp_path)
+    idle = IdlePolls(s.app)
     async with s.app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: _shown(s.app)() and s.app.held is not None, "the serving-time view")
         await pilot.press("R")
@@ -278,7 +280,7 @@ async def test_r_asks_first_and_runs_only_after_yes(tmp_path: Path) -> None:
         assert "compete with production traffic" in body and "pid 1329 python3" in body
         await pilot.press("n")
         await wait_until(pilot, lambda: not isinstance(s.app.screen, ConfirmProbesScreen), "the warning closed")
-        await pilot.pause(0.3)
+        await idle.wait(pilot)
         assert s.runs == [] and s.app.held is not None and not s.guard.forced
         await pilot.press("R")
         await wait_until(pilot, lambda: isinstance(s.app.screen, ConfirmProbesScreen), "the warning again")
@@ -290,6 +292,7 @@ async def test_r_asks_first_and_runs_only_after_yes(tmp_path: Path) -> None:
 
 async def test_r_on_one_probe_runs_that_probe_after_yes(tmp_path: Path) -> None:
     s = _setup(tmp_path)
+    idle = IdlePolls(s.app)
     async with s.app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: _shown(s.app)() and s.app.held is not None, "the serving-time view")
         selected = s.app._selected_probe()
@@ -299,7 +302,7 @@ async def test_r_on_one_probe_runs_that_probe_after_yes(tmp_path: Path) -> None:
         assert "Run 1 probe anyway?" in str(s.app.screen.query_one("#confirm-body").render())
         await pilot.press("y")
         await wait_until(pilot, lambda: s.runs == [selected] and s.app.running_probe is None, "the one probe run")
-        await pilot.pause(0.2)
+        await idle.wait(pilot, "the probe worker to find no second probe")
         assert s.runs == [selected]
 
 
