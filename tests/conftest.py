@@ -12,9 +12,9 @@ from types import ModuleType
 
 import pytest
 
-from helpers.env import ISOLATED_VARS, isolated_dirs
+from tests.helpers.env import ISOLATED_VARS, isolated_dirs
 
-pytest_plugins = ["pytester", "helpers.nvml_strict"]
+pytest_plugins = ["pytester", "tests.helpers.nvml_strict"]
 """pytester for tests of the suite's own fixtures; the strict fake NVML (a call no recording holds fails the test)."""
 
 REQUIRE_TOOLS = os.environ.get("DECODETOP_REQUIRE_TOOLS") == "1"

@@ -16,7 +16,7 @@ import pytest
 from decodetop.errors import UserInputError
 from decodetop.httpget import MAX_REDIRECTS, HttpRequestError, http_request
 from decodetop.traces.capture import capture
-from trickle_server import TricklingServer
+from tests.helpers.trickle_server import TricklingServer
 
 
 class _Redirecting(BaseHTTPRequestHandler):

@@ -1,6 +1,6 @@
 """Key-to-bar time and peak memory of the live UI's traced bar for large generated traces (10 MB, 100 MB, 1 GB).
 
-For each size a synthetic PyTorch-profiler-shaped trace (decodetop.traces.synth, two TP ranks' worth when
+For each size a synthetic PyTorch-profiler-shaped trace (tests/helpers/synth.py, two TP ranks' worth when
 `--ranks 2`) is written once; then, in a fresh interpreter each:
 
 - `key`: the live UI (Textual headless, fake telemetry/probes/budget) against a loopback server shaped like SGLang
@@ -131,8 +131,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=1, help="per-rank files of that size each (default 1)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    from decodetop.traces.synth import SynthSpec, write_synthetic_trace
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]  # the synthetic traces are the tests' helpers
+    from helpers.synth import SynthSpec, write_synthetic_trace
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="decodetop-trace-load-") as tmp:

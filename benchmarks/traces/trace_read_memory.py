@@ -54,8 +54,8 @@ def main() -> int:
     ap.add_argument("--mb", type=float, default=300.0, help="uncompressed trace size, MB (default 300)")
     ap.add_argument("--gz", action="store_true", help="write the trace gzipped")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "src"))
-    from decodetop.traces.synth import write_synthetic_trace
+    sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests")]  # the synthetic traces are the tests' helpers
+    from helpers.synth import write_synthetic_trace
 
     with tempfile.TemporaryDirectory(prefix="decodetop-bench-") as tmp:
         path = Path(tmp) / ("big.trace.json.gz" if args.gz else "big.trace.json")

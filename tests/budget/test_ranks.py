@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.probes.test_plan_hooks import tiny_inventory
 
 from decodetop.budget.compose import MeasuredTime, compose_budget
 from decodetop.budget.diff import diff_budgets, format_budget_diff
@@ -19,6 +18,7 @@ from decodetop.budget.text import mean_line
 from decodetop.probes.hooks import busiest
 from decodetop.probes.rankbudget import rank_causes, topology_numa
 from decodetop.probes.results import Environment, Measurement, RankSeries, Stats
+from tests.probes.test_plan_hooks import tiny_inventory
 
 
 def heavy_tailed(n: int = 400, seed: int = 7) -> list[float]:

@@ -21,7 +21,7 @@ import pytest
 from decodetop.cli import main
 from decodetop.collectors.archive import MAX_MEMBERS, ROOT_IN_ARCHIVE, unpack_collected, unpacked
 from decodetop.errors import UserInputError
-from helpers.env import subprocess_env
+from tests.helpers.env import subprocess_env
 
 R = ROOT_IN_ARCHIVE
 Member = tuple[tarfile.TarInfo, bytes | None]

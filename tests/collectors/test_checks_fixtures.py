@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HOST_FIXTURES, HOST_SCENARIOS, load_host_generator
 from decodetop.collectors.checks.host import run_all_checks, run_host_checks
 from decodetop.collectors.checks.model import CheckResult, Status, exit_code
 from decodetop.collectors.hostroot import HostRoot
+from tests.conftest import HOST_FIXTURES, HOST_SCENARIOS, load_host_generator
 
 UPDATE = os.environ.get("DECODETOP_UPDATE_GOLDEN") == "1"
 

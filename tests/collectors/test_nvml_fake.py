@@ -90,9 +90,11 @@ def test_copes_with_a_refusal():
     fake_nvml("h200x1-load", clock=None).query("nvmlDeviceGetSomethingNobodyCalled", GpuRef(0))
 """
     )
-    tests_dir = Path(__file__).resolve().parents[1]  # where the plugin module (helpers/nvml_strict.py) lives
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests_dir), str(tests_dir.parent / "src")]))
-    result = pytester.runpytest_subprocess("-p", "helpers.nvml_strict", "-p", "no:cacheprovider", "-p", "no:xdist")
+    root = Path(__file__).resolve().parents[2]  # the plugin is tests/helpers/nvml_strict.py
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), str(root / "src")]))
+    result = pytester.runpytest_subprocess(
+        "-p", "tests.helpers.nvml_strict", "-p", "no:cacheprovider", "-p", "no:xdist"
+    )
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*NVML calls no recording holds*nvmlDeviceGetSomethingNobodyCalled(gpu0)*"])
 

@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import load_host_generator
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.pci import (
     PciConfigError,
@@ -22,6 +21,7 @@ from decodetop.collectors.pci import (
     read_config,
     upstream_bdfs,
 )
+from tests.conftest import load_host_generator
 
 bf = load_host_generator()
 

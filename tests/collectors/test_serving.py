@@ -24,7 +24,7 @@ from decodetop.collectors.serving import (
     parse_latency_totals,
 )
 from decodetop.errors import UserInputError
-from trickle_server import TricklingServer
+from tests.helpers.trickle_server import TricklingServer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 _SAMPLE = re.compile(r"^(?P<name>[^\s{]+)(?P<labels>\{[^}]*\})? (?P<value>\S+)$")

@@ -11,7 +11,6 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool
 from decodetop.budget.compose import Budget
 from decodetop.budget.keys import AllreduceKey, GemmKey, MoeKey
 from decodetop.budget.plan import ProbePlan, build_plan
@@ -20,6 +19,7 @@ from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus
 from decodetop.export.prometheus import ExportState, render_exposition
 from decodetop.export.schedule import BudgetComposer
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus, Stats
+from tests.conftest import require_tool
 
 MODEL, TP = "glm-5-nvfp4", 8
 

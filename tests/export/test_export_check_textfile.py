@@ -9,8 +9,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool
-from helpers.env import subprocess_env
+from tests.conftest import require_tool
+from tests.helpers.env import subprocess_env
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

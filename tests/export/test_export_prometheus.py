@@ -12,19 +12,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from expo_fixtures import (
-    budget,
-    checks,
-    full_state,
-    gpu_check_results,
-    observed,
-    plan_results,
-    probe_results,
-    telemetry_snapshot,
-)
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.errors import UserInputError
 from decodetop.export.prometheus import (
@@ -39,6 +28,17 @@ from decodetop.export.prometheus import (
     write_check_textfile,
 )
 from decodetop.probes.results import ProbeResult, ProbeStatus
+from tests.conftest import require_tool
+from tests.export.expo_fixtures import (
+    budget,
+    checks,
+    full_state,
+    gpu_check_results,
+    observed,
+    plan_results,
+    probe_results,
+    telemetry_snapshot,
+)
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

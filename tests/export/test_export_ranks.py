@@ -6,11 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from expo_fixtures import budget
 from prometheus_client.parser import text_string_to_metric_families
 
 from decodetop.budget.ranks import RankTotal, rank_spread
 from decodetop.export.prometheus import ExportState, render_exposition
+from tests.export.expo_fixtures import budget
 
 
 def _series(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from expo_fixtures import budget, checks, observed, probe_results, telemetry_snapshot
 
 from decodetop import jsonio
 from decodetop.collectors.checks.model import CheckResult, Status
@@ -29,6 +28,7 @@ from decodetop.export.recording import (
     write_events,
 )
 from decodetop.probes.results import ProbeResult
+from tests.export.expo_fixtures import budget, checks, observed, probe_results, telemetry_snapshot
 
 
 def _record_session(path: Path) -> None:

@@ -13,18 +13,26 @@ from typing import Any
 from decodetop.probes.registry import ProbeSpec
 from decodetop.probes.results import RankMeasurement, RankOutput
 
+DEADLINE_S = 120.0
+"""Each fake probe's deadline: what they test is not time, and on two cores other test runs load, a respawned
+group's first probe can take tens of seconds (tests of the deadline itself give their own)."""
+
 PROBES = (
-    ProbeSpec("test_raise", "raises on one rank", "fake_probes", 30.0, {"fail_rank": 1, "kind": "raise"}, hidden=True),
-    ProbeSpec("test_hang", "never returns", "fake_probes", 30.0, {"kind": "hang"}, hidden=True),
     ProbeSpec(
-        "test_echo", "reports its rank and pid", "fake_probes", 30.0, {"kind": "echo", "value": 1.5}, hidden=True
+        "test_raise", "raises on one rank", "fake_probes", DEADLINE_S, {"fail_rank": 1, "kind": "raise"}, hidden=True
     ),
-    ProbeSpec("test_unsupported", "cannot run here", "fake_probes", 30.0, {"kind": "unsupported"}, hidden=True),
-    ProbeSpec("test_exit", "rank 1 dies", "fake_probes", 30.0, {"kind": "exit"}, hidden=True),
+    ProbeSpec("test_hang", "never returns", "fake_probes", DEADLINE_S, {"kind": "hang"}, hidden=True),
     ProbeSpec(
-        "test_sigkill", "rank 1 is killed in a collective", "fake_probes", 30.0, {"kind": "sigkill"}, hidden=True
+        "test_echo", "reports its rank and pid", "fake_probes", DEADLINE_S, {"kind": "echo", "value": 1.5}, hidden=True
     ),
-    ProbeSpec("test_noisy", "prints and warns on every rank", "fake_probes", 30.0, {"kind": "noisy"}, hidden=True),
+    ProbeSpec("test_unsupported", "cannot run here", "fake_probes", DEADLINE_S, {"kind": "unsupported"}, hidden=True),
+    ProbeSpec("test_exit", "rank 1 dies", "fake_probes", DEADLINE_S, {"kind": "exit"}, hidden=True),
+    ProbeSpec(
+        "test_sigkill", "rank 1 is killed in a collective", "fake_probes", DEADLINE_S, {"kind": "sigkill"}, hidden=True
+    ),
+    ProbeSpec(
+        "test_noisy", "prints and warns on every rank", "fake_probes", DEADLINE_S, {"kind": "noisy"}, hidden=True
+    ),
 )
 
 #: What `test_noisy` writes, so a test can look for it on the terminal and in the rank log.

@@ -17,7 +17,7 @@ from decodetop.pipeline.plan_runner import PlanRunner, run_model_plan
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.hooks import busiest
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus
-from helpers.env import subprocess_env
+from tests.helpers.env import subprocess_env
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
-from conftest import require_module
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import (
@@ -25,7 +24,8 @@ from decodetop.probes.worker.fused_moe import (
     routed_ids,
     triton_unavailable,
 )
-from helpers.env import subprocess_env
+from tests.conftest import require_module
+from tests.helpers.env import subprocess_env
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 

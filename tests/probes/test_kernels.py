@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import require_module
 from decodetop.budget.compose import KernelTime, MeasuredTime, compose_budget
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import build_inventory
@@ -30,6 +29,7 @@ from decodetop.probes.results import MeasurementStatus, ProbeStatus, results_fro
 from decodetop.probes.worker import attention, kvcast, norms
 from decodetop.probes.worker.context import ProbeContext
 from decodetop.probes.worker.kernels import engines
+from tests.conftest import require_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"

@@ -11,13 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_plan_hooks import tiny_inventory
 
 from decodetop.budget.plan import build_plan
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.plan_hooks import measured_from_results, plan_requests
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import ProbeStatus
+from tests.probes.test_plan_hooks import tiny_inventory
 
 pytestmark = pytest.mark.slow
 

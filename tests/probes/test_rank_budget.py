@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.probes.test_plan_hooks import tiny_inventory, tiny_scenario
 
 from decodetop.budget.diff import diff_budgets, format_budget_diff
 from decodetop.budget.plan import build_plan
@@ -18,10 +17,12 @@ from decodetop.pipeline.composition import compose
 from decodetop.pipeline.context import BudgetContext
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.plan_hooks import plan_requests
+from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus
+from tests.probes.test_plan_hooks import tiny_inventory, tiny_scenario
 
 ENV = "DECODETOP_TEST_SLOW_RANK"
-"""The test-only delay the ops-based probes honour on CPU ranks (decodetop.probes.worker.testslow)."""
+"""The delay tests/probes/slow_rank.py plants in one CPU rank ("RANK:MS")."""
 SLOW_RANK = 1
 DELAY_MS = 2.0
 """Per op on rank 1: far above a CPU norm of the tiny model (tens of µs), so the rank stands out on a busy host."""
@@ -31,7 +32,8 @@ def _run_norms(tmp_path: Path) -> list[ProbeResult]:
     inv = tiny_inventory(tmp_path)
     requests, _ = plan_requests(build_plan(inv), inv, world_size=2, device_kind="cpu")
     req = next(r for r in requests if r.probe == "norms")
-    with ProbeController(device="cpu", cpu_ranks=2, rank_log=tmp_path / "ranks.log") as pc:
+    registry = ProbeRegistry(extra_modules=["slow_rank"])  # a no-op in the ranks unless ENV names one
+    with ProbeController(device="cpu", cpu_ranks=2, registry=registry, rank_log=tmp_path / "ranks.log") as pc:
         res = pc.run("norms", {**dict(req.params), "cpu_samples": 3}, timeout_s=120)
     assert res.status is ProbeStatus.OK, (res.message, res.traceback)
     return [res]

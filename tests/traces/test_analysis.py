@@ -12,7 +12,7 @@ from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 from decodetop.traces import analyze_trace
 from decodetop.traces.model import LAUNCH_KEY
-from decodetop.traces.synth import SynthSpec, write_synthetic_trace
+from tests.helpers.synth import SynthSpec, write_synthetic_trace
 
 from .conftest import fixture, write_trace
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from decodetop.errors import UserInputError
 from decodetop.traces import reader
 from decodetop.traces.reader import GPU_KERNEL, GPU_MEMCPY, HOST_MODULE, read_trace
-from decodetop.traces.synth import SynthSpec, write_synthetic_trace
+from tests.helpers.synth import SynthSpec, write_synthetic_trace
 
 from .conftest import FIXTURES, fixture, write_trace
 

@@ -15,8 +15,8 @@ from decodetop.cli import main
 from decodetop.traces.analysis import analyze_trace
 from decodetop.traces.model import LAUNCH_KEY
 from decodetop.traces.ranks import analyze_path
-from decodetop.traces.synth import SynthSpec, write_synthetic_trace
 from decodetop.traces.traced import COPIES_KEY, traced_view
+from tests.helpers.synth import SynthSpec, write_synthetic_trace
 
 from .conftest import fixture, write_trace
 

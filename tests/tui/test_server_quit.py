@@ -8,7 +8,7 @@ import dataclasses
 
 from decodetop.collectors.serving import ServerStepSource
 from decodetop.tui.sources.server import ServerPoller
-from trickle_server import TricklingServer
+from tests.helpers.trickle_server import TricklingServer
 
 from .conftest import make_app, wait_until
 from .fakes import make_sources

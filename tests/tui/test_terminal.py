@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_tool
 from decodetop.cli import main
 from decodetop.tui.launch import MIN_COLUMNS, MIN_ROWS, terminal_problem
+from tests.conftest import require_tool
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 EXIT_TIMEOUT_S = 60.0

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import require_tool
+from tests.conftest import require_tool
 
 START_TIMEOUT_S = 60.0
 """First frame on 2 busy CI cores (the benchmark measures the real figure)."""

@@ -27,7 +27,6 @@ from decodetop.budget.keys import ProbeKey, parse_key_id
 from decodetop.probes.results import MeasurementStatus, RankMeasurement
 from decodetop.probes.worker.context import InsufficientMemoryError, ProbeContext, UnsupportedError
 from decodetop.probes.worker.tensors import first_line
-from decodetop.probes.worker.testslow import slowed_for_test
 from decodetop.probes.worker.timing import capture_graph, time_events, time_graph_replay, time_host
 
 #: Ops per captured graph at least this long in total, so one replay's fixed cost (~15 µs:
@@ -112,7 +111,6 @@ def time_runner(
         return ctx.agree_max(value) if collective else value
 
     if not ctx.is_cuda:
-        fn = slowed_for_test(fn, ctx.rank, cuda=False)  # a no-op unless a test sets DECODETOP_TEST_SLOW_RANK
         est = agreed(statistics.median(time_host(fn, 1, 1, warmup=1)))
         samples = _clamp(int(budget_ms * 1000.0 / max(est, 1e-3)), min_samples, max_samples)
         return Timing(tuple(time_host(fn, 1, samples, warmup=0)), "host")

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import require_tool
 from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
 from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus, ServerStepSource
 from decodetop.errors import UserInputError
 from decodetop.export.schedule import Exporter, PlannedRun, parse_duration, probe_plan_runs
 from decodetop.probes.results import ProbeResult, ProbeStatus
-from helpers.env import subprocess_env
-from trickle_server import TricklingServer
+from tests.conftest import require_tool
+from tests.helpers.env import subprocess_env
+from tests.helpers.trickle_server import TricklingServer
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 _EXPORTER = (sys.executable, "-m", "decodetop", "exporter")

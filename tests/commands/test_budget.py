@@ -11,8 +11,7 @@ import pytest
 
 from decodetop.budget.spec import PRESET_DIR
 from decodetop.cli import main
-
-from .test_spec import TINY_LLAMA
+from tests.budget.test_spec import TINY_LLAMA
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -210,7 +209,7 @@ def test_warns_when_weights_do_not_fit(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_diff_of_two_real_plan_files(capsys: pytest.CaptureFixture[str]) -> None:
-    from .test_diff import PLAN_X1, PLAN_X2
+    from tests.budget.test_diff import PLAN_X1, PLAN_X2
 
     assert main(["budget", "--diff", str(PLAN_X2), str(PLAN_X1)]) == 0
     out = capsys.readouterr().out
@@ -223,7 +222,7 @@ def test_diff_of_two_real_plan_files(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_diff_finds_a_planted_slowdown_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from .test_diff import compose_h200x2
+    from tests.budget.test_diff import compose_h200x2
 
     old, new = tmp_path / "clean.json", tmp_path / "planted.json"
     old.write_text(json.dumps({"budget": compose_h200x2().to_dict()}))
@@ -241,7 +240,7 @@ def test_diff_finds_a_planted_slowdown_and_writes_json(tmp_path: Path, capsys: p
 
 def test_diff_against_a_roofline_only_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`decodetop budget --json` output reads as a budget; its estimates compare with estimates only."""
-    from .test_diff import PLAN_X2
+    from tests.budget.test_diff import PLAN_X2
 
     estimates = []
     for bandwidth in ("4.8", "2.4"):  # the H200's HBM, then half of it
@@ -258,7 +257,7 @@ def test_diff_against_a_roofline_only_budget(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from .test_diff import PLAN_X2
+    from tests.budget.test_diff import PLAN_X2
 
     bad = tmp_path / "bad.json"
     bad.write_text('{"budget": {"segments": [{"component": "attention", "ms": "slow"}]}}')

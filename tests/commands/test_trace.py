@@ -11,8 +11,7 @@ from decodetop.cli import main
 from decodetop.errors import UserInputError
 from decodetop.traces import analyze_trace, compare
 from decodetop.traces.compare import budget_ms, load_budget_json, short_name
-
-from .conftest import fixture
+from tests.traces.conftest import fixture
 
 
 def _llama_budget() -> object:

@@ -1,4 +1,5 @@
-"""Provides a writer of synthetic PyTorch-profiler-shaped traces, streamed to disk (tests and the memory benchmark).
+"""A writer of synthetic PyTorch-profiler-shaped traces, streamed to disk (tests and the trace benchmarks; no part of
+the product).
 
 The events mimic what torch.profiler writes for an eager decode step: a `ProfilerStep#N` user annotation per step,
 `nn.Module` python_function frames, aten cpu_ops with `Input Dims`, `cudaLaunchKernel` runtime calls linked by

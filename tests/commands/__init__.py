@@ -1,0 +1,1 @@
+"""Tests of decodetop.commands, each subcommand end to end."""
