@@ -24,6 +24,7 @@ from decodetop.history import (
     default_history_path,
     format_age,
 )
+from tests.helpers.env import subprocess_env
 
 
 def _clock() -> float:
@@ -340,7 +341,7 @@ def _python_for_nobody(env: dict[str, str]) -> str | None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the reader as another user")
 def test_unreadable_file_as_an_unprivileged_user() -> None:
     """The permission case for real, when the suite runs as root: the reader runs as nobody (uid 65534)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = subprocess_env()
     python = _python_for_nobody(env)
     if python is None:
         pytest.skip("no interpreter that an unprivileged user can run with this source tree")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.env import subprocess_env
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH / "fidelity"))
@@ -110,7 +111,7 @@ def test_the_grouped_triton_kernels_under_the_cpu_interpreter(preset: str) -> No
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
         f"print(json.dumps(t.block_outputs({preset!r}, 'auto')))\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = subprocess_env(pythonpath=tuple(Path(p) for p in sys.path if p), TRITON_INTERPRET="1")
     done = subprocess.run(
         [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=600
     )

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.probes.test_plan_hooks import meas, result, tiny_scenario
 
 from decodetop.budget.components import Component
 from decodetop.budget.compose import ObservedStep
@@ -23,6 +22,7 @@ from decodetop.pipeline.context import BudgetContext
 from decodetop.pipeline.plan_report import format_budget, plan_run_to_dict
 from decodetop.pipeline.plan_runner import PlanRun
 from decodetop.probes.results import ProbeResult, ProbeStatus, results_from_json
+from tests.probes.test_plan_hooks import meas, result, tiny_scenario
 
 
 def _results_for_every_key(inv: StepInventory, time_us: float, skip: Sequence[str] = ()) -> list[ProbeResult]:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.probes.test_plan_hooks import tiny_scenario
 
 from decodetop.budget.plan import build_plan
 from decodetop.collectors.fake_nvml import fake_nvml
@@ -20,6 +19,7 @@ from decodetop.pipeline.plan_runner import PlanRunner, run_model_plan
 from decodetop.probes import gpuinfo
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import ProbeResult, ProbeStatus
+from tests.probes.test_plan_hooks import tiny_scenario
 
 
 class _FakeGroup:

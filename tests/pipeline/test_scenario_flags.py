@@ -5,7 +5,6 @@ belongs; the live UI refuses a bad scenario before any screen opens."""
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from decodetop.cli import build_parser, main
 from decodetop.defaults import DEFAULT_MODEL, DEFAULT_TARGET_TPS
 from decodetop.pipeline.scenario_flags import ScenarioFlags
+from tests.helpers.env import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SURFACES = ([], ["budget"], ["probe"], ["exporter"])
@@ -88,8 +88,7 @@ def _live_ui(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """The live UI's command in a fresh process, its stdin and stdout not a terminal (so it would refuse to start:
     anything said before that line is said up front)."""
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "src"),
+        **subprocess_env(),
         "HOME": str(tmp_path),
         "XDG_CONFIG_HOME": str(tmp_path / "config"),
         "XDG_STATE_HOME": str(tmp_path / "state"),

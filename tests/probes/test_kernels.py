@@ -30,6 +30,7 @@ from decodetop.probes.worker import attention, kvcast, norms
 from decodetop.probes.worker.context import ProbeContext
 from decodetop.probes.worker.kernels import engines
 from tests.conftest import require_module
+from tests.helpers.env import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -40,7 +41,7 @@ WHY = "the test extra installs Triton; its interpreter runs the kernels on the C
 def _env(tmp_path: Path, *, interpret: bool, extra_path: Path | None = None) -> dict[str, str]:
     paths = [str(p) for p in (extra_path, SRC, ROOT) if p is not None]
     env = {
-        **os.environ,
+        **subprocess_env(),
         "PYTHONPATH": os.pathsep.join([*paths, *sys.path]),
         "HOME": str(tmp_path),
         "XDG_STATE_HOME": str(tmp_path / "state"),
@@ -203,7 +204,7 @@ def test_engine_class_travels_from_the_ranks_into_the_budget(
         pytest.skip("CPU ranks without Triton's interpreter")
     monkeypatch.syspath_prepend(str(fake_engine))  # spawned ranks start with the parent's sys.path
     key = "norms:op=add_rmsnorm,tokens=1,width=64,dtype=bf16"
-    with ProbeController(device="cpu", cpu_ranks=1) as pc:
+    with ProbeController(device="cpu", cpu_ranks=1, rank_log=tmp_path / "ranks.log") as pc:
         res = pc.run("norms", {"keys": [key], "cpu_samples": 2}, timeout_s=120)
     assert res.status is ProbeStatus.OK, (res.message, res.traceback)
     [best, alt] = res.measurements
