@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from decodetop.cli import main
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.commands.check import render_table
 from decodetop.textfmt import fit_text, reserved_columns, table, terminal_width
 

@@ -25,7 +25,7 @@ from decodetop.budget.scenario import ModelSource, TpChoice, build_scenario  # n
 from decodetop.collectors.checks.gpu import gpu_checks  # noqa: E402
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording  # noqa: E402
 from decodetop.collectors.nvml import Nvml  # noqa: E402
-from decodetop.collectors.serving import ObservedStep  # noqa: E402
+from decodetop.collectors.serving import ServerStep  # noqa: E402
 from decodetop.collectors.telemetry import TelemetrySampler  # noqa: E402
 from decodetop.export.prometheus import PARTS, ExportState, render_exposition  # noqa: E402
 from decodetop.export.schedule import BudgetComposer  # noqa: E402
@@ -55,7 +55,7 @@ def main() -> int:
     )
     results = tuple(load_results(args.plan))
     scenario = build_scenario(ModelSource("preset", "glm-5"), TpChoice(2, "--tp"))
-    step = ObservedStep(
+    step = ServerStep(
         19.2,
         19.2,
         "sglang",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from decodetop.collectors import baseline as bl
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.errors import UserInputError
 
 

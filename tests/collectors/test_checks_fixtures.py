@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from decodetop.collectors.checks.host import run_all_checks, run_host_checks
-from decodetop.collectors.checks.model import CheckResult, Status, exit_code
+from decodetop.collectors.checks.result import CheckResult, Status, exit_code
 from decodetop.collectors.hostroot import HostRoot
 from tests.conftest import HOST_FIXTURES, HOST_SCENARIOS, load_host_generator
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from decodetop.collectors.checks.host import run_host_checks
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 
 PCI = "sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0"

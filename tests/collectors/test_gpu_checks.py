@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from decodetop.collectors.checks.gpu import gpu_checks
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, Recording, err, load_recording, ok
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.nvml import (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from decodetop.collectors.checks.gpu import gpu_checks
-from decodetop.collectors.checks.model import Status
+from decodetop.collectors.checks.result import Status
 from decodetop.collectors.fake_nvml import fake_nvml, load_recording
 from decodetop.collectors.telemetry import TelemetrySampler
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from decodetop.collectors.serving import (
-    ObservedStep,
     ServerState,
     ServerStatus,
+    ServerStep,
     ServerStepSource,
     normalize_url,
     parse_latency_totals,
@@ -140,7 +140,7 @@ def test_sglang_step_from_advancing_counters(engine: tuple[Engine, str]) -> None
     state.pages["/metrics"] = (200, PROM, page)
     clock.t += 5.0
     step = source.poll()
-    assert isinstance(step, ObservedStep), step
+    assert isinstance(step, ServerStep), step
     assert step.source == "sglang"
     assert step.metric == "sglang:inter_token_latency_seconds"
     assert step.samples == 250
@@ -174,7 +174,7 @@ def test_sglang_speculative_step_is_itl_times_accept_length(engine: tuple[Engine
     clock.t += 10.0
     a = given.poll()
     b = from_server.poll()
-    assert isinstance(a, ObservedStep) and isinstance(b, ObservedStep)
+    assert isinstance(a, ServerStep) and isinstance(b, ServerStep)
     assert a.samples == b.samples == 300
     assert a.itl_ms == pytest.approx(8.0)
     assert (a.accept_length, a.accept_length_from) == (2.5, "given")
@@ -196,7 +196,7 @@ def test_vllm_step_prefers_itl_over_deprecated_tpot(engine: tuple[Engine, str]) 
     state.pages["/metrics"] = (200, PROM, page)
     clock.t += 10.0
     step = source.poll()
-    assert isinstance(step, ObservedStep), step
+    assert isinstance(step, ServerStep), step
     assert step.source == "vllm"
     assert step.metric == "vllm:inter_token_latency_seconds"
     assert step.samples == 500
@@ -227,7 +227,7 @@ def test_older_time_per_output_token_fallback(
     state.pages["/metrics"] = (200, PROM, advance(page, family, [(0.0125, 1)] * 80))
     clock.t += 3.0
     step = src.poll()
-    assert isinstance(step, ObservedStep), step
+    assert isinstance(step, ServerStep), step
     assert (step.source, step.metric, step.samples) == (source, family, 80)
     assert step.step_ms == pytest.approx(12.5)
 
@@ -260,7 +260,7 @@ def test_model_name_label_pick_or_aggregate(engine: tuple[Engine, str]) -> None:
     clock.t += 10.0
     a = pick.poll()
     b = both.poll()
-    assert isinstance(a, ObservedStep) and isinstance(b, ObservedStep)
+    assert isinstance(a, ServerStep) and isinstance(b, ServerStep)
     assert (a.samples, a.model_names) == (300, ("Qwen/Qwen3-8B",))
     assert a.step_ms == pytest.approx(6.0)
     assert b.samples == 400
@@ -299,18 +299,18 @@ def test_idle_window_then_restart_then_sliding_window(engine: tuple[Engine, str]
     state.pages["/metrics"] = (200, PROM, slow)
     clock.t += 5.0
     mixed = source.poll()
-    assert isinstance(mixed, ObservedStep) and mixed.step_ms == pytest.approx(50.0)
+    assert isinstance(mixed, ServerStep) and mixed.step_ms == pytest.approx(50.0)
     fast = advance(slow, "vllm:inter_token_latency_seconds", [(0.010, 1)] * 200)
     state.pages["/metrics"] = (200, PROM, fast)
     clock.t += 6.0  # window 10 s: baseline is still the restart scrape, 11 s ago
     both = source.poll()
-    assert isinstance(both, ObservedStep)
+    assert isinstance(both, ServerStep)
     assert both.samples == 300 and both.window_s == pytest.approx(11.0)
     faster = advance(fast, "vllm:inter_token_latency_seconds", [(0.010, 1)] * 200)
     state.pages["/metrics"] = (200, PROM, faster)
     clock.t += 5.0  # the slow scrape is now 11 s old and becomes the baseline
     recent = source.poll()
-    assert isinstance(recent, ObservedStep)
+    assert isinstance(recent, ServerStep)
     assert recent.samples == 400
     assert recent.step_ms == pytest.approx(10.0)
 
@@ -397,7 +397,7 @@ def test_hung_server_times_out(engine: tuple[Engine, str]) -> None:
 def test_trickling_server_is_cut_off_at_one_overall_deadline(headers_first: bool) -> None:
     """A server sending one byte every 0.3 s never trips a 1 s read timeout; the one deadline ends the scrape."""
     with TricklingServer(interval_s=0.3, headers_first=headers_first) as server:
-        answers: list[ObservedStep | ServerStatus] = []
+        answers: list[ServerStep | ServerStatus] = []
         poller = threading.Thread(target=lambda: answers.append(ServerStepSource(server.url, timeout_s=1.0).poll()))
         poller.start()
         poller.join(60.0)  # liveness only: per-read timeouts would keep reading for minutes
@@ -421,7 +421,7 @@ def test_a_failed_poll_carries_the_last_step_and_its_age(engine: tuple[Engine, s
     clock.t += 5.0
     wall.t += 5.0
     step = source.poll()
-    assert isinstance(step, ObservedStep)
+    assert isinstance(step, ServerStep)
     assert step.taken_unix_s == wall.t
     assert step.age_s(wall.t + 12.5) == pytest.approx(12.5)
     del state.pages["/metrics"]  # the engine stops serving metrics

@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
-from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus, ServerStepSource
+from decodetop.collectors.serving import ServerState, ServerStatus, ServerStep, ServerStepSource
 from decodetop.errors import UserInputError
 from decodetop.export.schedule import Exporter, PlannedRun, parse_duration, probe_plan_runs
 from decodetop.probes.results import ProbeResult, ProbeStatus
@@ -292,7 +292,7 @@ def test_budget_follows_probe_results_and_observed_step() -> None:
     one composition, with the server's step as observed (not assumed)."""
     from decodetop.export.schedule import BudgetComposer
 
-    step = ObservedStep(
+    step = ServerStep(
         step_ms=19.2,
         itl_ms=19.2,
         source="sglang",
@@ -306,7 +306,7 @@ def test_budget_follows_probe_results_and_observed_step() -> None:
     )
 
     class Server:
-        def poll(self) -> ObservedStep:
+        def poll(self) -> ServerStep:
             return step
 
     exporter = Exporter(

@@ -11,10 +11,10 @@ from typing import Any
 from decodetop.budget import compose
 from decodetop.budget.compose import Budget, Segment
 from decodetop.collectors.checks.gpu import gpu_checks
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
-from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.serving import ServerStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.collectors.telemetry import sampler as telemetry_sampler
 from decodetop.export.prometheus import ExportState
@@ -139,8 +139,8 @@ def checks() -> tuple[CheckResult, ...]:
     )
 
 
-def observed() -> ObservedStep:
-    return ObservedStep(
+def observed() -> ServerStep:
+    return ServerStep(
         step_ms=19.2,
         itl_ms=19.2,
         source="sglang",

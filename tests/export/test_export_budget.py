@@ -15,7 +15,7 @@ from decodetop.budget.compose import Budget
 from decodetop.budget.keys import AllreduceKey, GemmKey, MoeKey
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.scenario import ModelSource, Scenario, TpChoice, build_scenario
-from decodetop.collectors.serving import ObservedStep, ServerState, ServerStatus
+from decodetop.collectors.serving import ServerState, ServerStatus, ServerStep
 from decodetop.export.prometheus import ExportState, render_exposition
 from decodetop.export.schedule import BudgetComposer
 from decodetop.probes.results import Measurement, ProbeResult, ProbeStatus, Stats
@@ -84,8 +84,8 @@ def _results() -> tuple[ProbeResult, ...]:
     )
 
 
-def _step(ms: float) -> ObservedStep:
-    return ObservedStep(
+def _step(ms: float) -> ServerStep:
+    return ServerStep(
         step_ms=ms,
         itl_ms=ms,
         source="sglang",

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from decodetop import jsonio
-from decodetop.collectors.checks.model import CheckResult, Status
-from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.checks.result import CheckResult, Status
+from decodetop.collectors.serving import ServerStep
 from decodetop.errors import UserInputError
 from decodetop.export.recording import (
     KIND_TYPES,
@@ -180,7 +180,7 @@ def test_write_events_helper(tmp_path: Path) -> None:
         (100.0, "checks"),
         (101.5, "observed_step"),
     ]
-    assert isinstance(decode_event(replay.events[2]), ObservedStep)
+    assert isinstance(decode_event(replay.events[2]), ServerStep)
 
 
 class Colour(str, enum.Enum):
@@ -245,7 +245,7 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
     lines = path.read_text().splitlines()
     corrupt = [
         _line("probe_result", None, {"probe": "allreduce", "status": "ok", "params": {}}),
-        _line("probe_result", "decodetop.collectors.checks.model.CheckResult", {"probe": "x", "status": "ok"}),
+        _line("probe_result", "decodetop.collectors.checks.result.CheckResult", {"probe": "x", "status": "ok"}),
         _line("probe_result", "os.system", {"probe": "x", "status": "ok"}),
         _line("telemetry", "decodetop.collectors.telemetry.TelemetrySnapshot", 42),
         _line("budget", "decodetop.budget.compose.Budget", [{"model": "m"}]),
@@ -259,8 +259,8 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
         _line(
             "probe_result", PROBE_RESULT, {"probe": "x", "status": "ok", "params": {}, "measurements": [{"name": 1}]}
         ),
-        _line("observed_step", "decodetop.collectors.serving.ObservedStep", {"step_ms": "fast"}),
-        _line("checks", "decodetop.collectors.checks.model.CheckResult", [{"check_id": None}]),
+        _line("observed_step", "decodetop.collectors.serving.ServerStep", {"step_ms": "fast"}),
+        _line("checks", "decodetop.collectors.checks.result.CheckResult", [{"check_id": None}]),
     ]
     path.write_text("\n".join([*lines[:3], *corrupt, *undecodable, *lines[3:]]) + "\n")
     replay = read_recording(path)
@@ -299,7 +299,7 @@ def test_decode_replay_skips_payloads_that_no_longer_fit(tmp_path: Path) -> None
                 "v": 1,
                 "t": 1795959002.5,
                 "kind": "checks",
-                "type": "decodetop.collectors.checks.model.CheckResult",
+                "type": "decodetop.collectors.checks.result.CheckResult",
                 "data": [{"check_id": "C1"}],
             }
         ),
@@ -314,3 +314,16 @@ def test_decode_replay_skips_payloads_that_no_longer_fit(tmp_path: Path) -> None
     assert decoded.items[1].value == telemetry_snapshot()
     assert len(decoded.warnings) == 1 and "skipped 2 events" in decoded.warnings[0]
     assert "line 4 (checks)" in decoded.warnings[0]
+
+
+def test_a_server_step_recorded_under_its_former_class_name_still_reads(tmp_path: Path) -> None:
+    """collectors.serving.ServerStep was ObservedStep: a recording written then replays the same step."""
+    path = tmp_path / "before-the-rename.jsonl"
+    _record_session(path)
+    lines = path.read_text().splitlines()
+    former = _line("observed_step", "decodetop.collectors.serving.ObservedStep", to_jsonable(observed()))
+    path.write_text("\n".join([*lines[:1], former]) + "\n")
+    replay = read_recording(path)
+    assert replay.corrupt_lines == 0
+    (step,) = [item.value for item in decode_replay(replay).items if item.event.kind == "observed_step"]
+    assert isinstance(step, ServerStep) and step == observed()

@@ -32,7 +32,7 @@ from typing import ClassVar
 
 from decodetop.budget.keys import _Key
 from decodetop.probes.hooks import plan_keys
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ import pytest
 from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 from decodetop.traces import analyze_trace
-from decodetop.traces.model import LAUNCH_KEY
+from decodetop.traces.trace_report import LAUNCH_KEY
 from tests.helpers.synth import SynthSpec, write_synthetic_trace
 
 from .conftest import fixture, write_trace

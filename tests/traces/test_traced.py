@@ -13,8 +13,8 @@ import pytest
 from decodetop.budget.components import Component
 from decodetop.cli import main
 from decodetop.traces.analysis import analyze_trace
-from decodetop.traces.model import LAUNCH_KEY
 from decodetop.traces.ranks import analyze_path
+from decodetop.traces.trace_report import LAUNCH_KEY
 from decodetop.traces.traced import COPIES_KEY, traced_view
 from tests.helpers.synth import SynthSpec, write_synthetic_trace
 

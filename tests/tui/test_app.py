@@ -8,7 +8,7 @@ from pathlib import Path
 
 from textual.widgets import Static, TabbedContent
 
-from decodetop.collectors.checks.model import Status
+from decodetop.collectors.checks.result import Status
 from decodetop.history import KIND_BASELINE, KIND_PROBE, History, HistoryEntry
 from decodetop.settings import Settings, load_settings
 from decodetop.tui.app import DecodetopApp

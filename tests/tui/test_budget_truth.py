@@ -333,7 +333,7 @@ def _budget_roofline_ms(model: str, tp: int) -> float:
 
 
 def test_a_live_server_step_says_where_and_when_it_was_observed() -> None:
-    from decodetop.collectors.serving import ObservedStep as ServerStep
+    from decodetop.collectors.serving import ServerStep
 
     budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: DEMO, server_url=_Unreachable.url)
     step = ServerStep(

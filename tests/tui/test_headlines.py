@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult, ProbeStatus, Stats, load_results
 from decodetop.tui.model import HealthView, ProbeState
 from decodetop.tui.sources.probe_views import headline, probe_view

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Static
 
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.tui.messages import ChecksReady
 from decodetop.tui.screens.details import CheckDetailScreen, CheckGroupDetailScreen
 from decodetop.tui.widgets.health_panel import HealthPanel, group_checks, sorted_checks

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 from textual.pilot import Pilot
 
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable

@@ -24,7 +24,7 @@ import pytest
 from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.fake_nvml import fake_nvml
 from decodetop.collectors.nvml import Nvml
-from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.serving import ServerStep
 from decodetop.history import KIND_PROBE, History, local_host_id
 from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.pipeline.gpu_guard import GpuGuard, HeldGpus
@@ -201,8 +201,8 @@ class _Server:
 
     url = "http://127.0.0.1:30000/metrics"
 
-    def poll(self) -> ObservedStep:
-        return ObservedStep(
+    def poll(self) -> ServerStep:
+        return ServerStep(
             step_ms=38.4,
             itl_ms=38.4,
             source="sglang",

@@ -8,7 +8,7 @@ from typing import Any
 
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
-from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.serving import ServerStep
 from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.prometheus import StateBox, render_exposition
 from decodetop.export.recording import Recorder
@@ -82,9 +82,9 @@ class _FakeServer:
     def __init__(self) -> None:
         self.polls = 0
 
-    def poll(self) -> ObservedStep:
+    def poll(self) -> ServerStep:
         self.polls += 1
-        return ObservedStep(
+        return ServerStep(
             step_ms=19.2,
             itl_ms=19.2,
             source="sglang",

@@ -16,7 +16,7 @@ from typing import Any
 
 from decodetop import jsonio
 from decodetop.atomic import write_text_atomic
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.errors import UserInputError
 from decodetop.paths import state_dir
 

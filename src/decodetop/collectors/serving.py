@@ -68,7 +68,7 @@ class ServerState(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ObservedStep:
+class ServerStep:
     """The mean decode step a live server observed over a window."""
 
     step_ms: float
@@ -122,7 +122,7 @@ class ServerStatus:
     message: str
     url: str
     source: str | None = None
-    last_step: ObservedStep | None = None
+    last_step: ServerStep | None = None
     """The last step this source did observe, if any: kept so a surface can say how old the last figure is."""
 
     @property
@@ -349,19 +349,19 @@ class ServerStepSource:
         self._wall_clock = wall_clock
         self._fetch = fetch
         self._history: collections.deque[_Scrape] = collections.deque()
-        self.last_step: ObservedStep | None = None
+        self.last_step: ServerStep | None = None
         """The latest step observed; a status returned later carries it (`ServerStatus.last_step`)."""
 
-    def poll(self) -> ObservedStep | ServerStatus:
+    def poll(self) -> ServerStep | ServerStatus:
         """Scrape once (within the `timeout_s` deadline); the observed step over the window, or the status that says
         why there is none, carrying the last step observed before it."""
         answer = self._poll()
-        if isinstance(answer, ObservedStep):
+        if isinstance(answer, ServerStep):
             self.last_step = answer
             return answer
         return replace(answer, last_step=self.last_step)
 
-    def _poll(self) -> ObservedStep | ServerStatus:
+    def _poll(self) -> ServerStep | ServerStatus:
         now = self._clock()
         text = self._fetch(self.url, self.timeout_s)
         if isinstance(text, ServerStatus):
@@ -402,7 +402,7 @@ class ServerStepSource:
             )
         itl_ms = d_sum / d_count * 1e3
         factor, factor_from = self._factor(totals)
-        return ObservedStep(
+        return ServerStep(
             step_ms=itl_ms * factor,
             itl_ms=itl_ms,
             source=totals.source,

@@ -1,6 +1,6 @@
 """Provides `decodetop check`: host and GPU health checks as a table or JSON, with baselines and a review tarball.
 
-Exit codes follow the monitoring-plugin convention (`checks.model.exit_code`): 0 ok, 1 warning, 2 critical,
+Exit codes follow the monitoring-plugin convention (`checks.result.exit_code`): 0 ok, 1 warning, 2 critical,
 3 unknown. Module level imports nothing heavy; the work is imported inside `run`.
 """
 
@@ -21,7 +21,7 @@ from decodetop.textfmt import table, terminal_width
 
 if TYPE_CHECKING:
     from decodetop.collectors.baseline import Baseline, Change
-    from decodetop.collectors.checks.model import CheckResult
+    from decodetop.collectors.checks.result import CheckResult
     from decodetop.collectors.hostroot import HostRoot
 
 _PIPE_WIDTH = 160
@@ -211,7 +211,7 @@ def _open_root(args: argparse.Namespace, stack: contextlib.ExitStack) -> HostRoo
 def _run(args: argparse.Namespace) -> int:
     from decodetop.collectors import baseline as bl
     from decodetop.collectors.checks.host import run_all_checks, sort_for_display
-    from decodetop.collectors.checks.model import exit_code
+    from decodetop.collectors.checks.result import exit_code
     from decodetop.collectors.pci import find_gpus
 
     plan = _plan(args)

@@ -27,8 +27,8 @@ from decodetop.textfmt import fit_text, format_duration_us, table
 if TYPE_CHECKING:
     # types only: the trace readers and analysis load at run time, so decodetop --help stays light
     from decodetop.traces.capture import CaptureResult
-    from decodetop.traces.model import BucketTime, Comparison, TraceReport
     from decodetop.traces.ranks import TraceSet
+    from decodetop.traces.trace_report import BucketTime, Comparison, TraceReport
     from decodetop.traces.traced import TracedView
 
 
@@ -224,7 +224,7 @@ def render_text(
     """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
     traced bar as the live UI shows it (the same `traced_view`)."""
     from decodetop.traces.compare import short_name
-    from decodetop.traces.model import LAUNCH_KEY
+    from decodetop.traces.trace_report import LAUNCH_KEY
 
     lines: list[str] = []
     add = lines.append

@@ -4,7 +4,7 @@ A recording is a text file with one JSON object per line, appended as things hap
 
     {"v":1,"t":1764422301.118,"kind":"meta","type":null,"data":{"format":"decodetop-recording",...}}
     {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.snapshot.TelemetrySnapshot","data":{...}}
-    {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.model.CheckResult","data":[...]}
+    {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.result.CheckResult","data":[...]}
 
 `t` is wall-clock Unix seconds; `kind` says what the payload is, and with it the class that rebuilds it
 (`KIND_TYPES`: a fixed table, never a class looked up by the name a file gives); `type` names the dataclass the
@@ -38,8 +38,8 @@ from typing import Any, TypeVar
 
 from decodetop import __version__, jsonio
 from decodetop.budget.compose import Budget
-from decodetop.collectors.checks.model import CheckResult
-from decodetop.collectors.serving import ObservedStep
+from decodetop.collectors.checks.result import CheckResult
+from decodetop.collectors.serving import ServerStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.errors import DecodetopError, UserInputError
 from decodetop.probes.results import ProbeResult
@@ -59,10 +59,13 @@ KIND_TYPES: Mapping[str, type[Any]] = {
     "probe_result": ProbeResult,
     "checks": CheckResult,
     "budget": Budget,
-    "observed_step": ObservedStep,
+    "observed_step": ServerStep,
 }
 """The class each kind's payload rebuilds into ("meta" is a plain object). A line's `type` must name it (by class
 name, so a class moved to another module still reads)."""
+FORMER_TYPE_NAMES: Mapping[str, frozenset[str]] = {"observed_step": frozenset({"ObservedStep"})}
+"""Class names a kind's lines carried before a rename (`collectors.serving.ServerStep` was `ObservedStep`):
+recordings written then still read."""
 _CHUNK_BYTES = 64 * 1024
 T = TypeVar("T")
 
@@ -517,11 +520,16 @@ def _data_problem(kind: str, data: object, tname: str | None) -> str:
     if expected is None:
         if not isinstance(data, dict):
             return f"{kind} data is not an object"
-    elif not (data == [] and tname is None) and (tname is None or tname.rpartition(".")[2] != expected):
+    elif not (data == [] and tname is None) and (tname is None or not _names_kind(kind, tname.rpartition(".")[2])):
         return f"type {json.dumps(tname)} is not what a {kind} line holds ({expected})"
     elif not isinstance(data, (dict, list)) or (isinstance(data, list) and kind != "checks"):
         return f"{kind} data is not an object"
     return ""
+
+
+def _names_kind(kind: str, class_name: str) -> bool:
+    """Whether `class_name` is what a line of `kind` holds: its class, or the name that class had before."""
+    return class_name == expected_type_name(kind) or class_name in FORMER_TYPE_NAMES.get(kind, frozenset())
 
 
 def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:

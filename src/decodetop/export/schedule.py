@@ -33,7 +33,7 @@ from decodetop.budget.plan import build_plan
 from decodetop.budget.scenario import Scenario
 from decodetop.collectors.checks.host import run_all_checks
 from decodetop.collectors.nvml import Nvml
-from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
 from decodetop.defaults import DEFAULT_TARGET_TPS
 from decodetop.errors import DecodetopError, UserInputError
@@ -84,7 +84,7 @@ class ProbeRunner(ProbeGroup, Protocol):
 class StepSource(Protocol):
     """What the schedule needs of a live server (`decodetop.collectors.serving.ServerStepSource`)."""
 
-    def poll(self) -> ObservedStep | ServerStatus: ...
+    def poll(self) -> ServerStep | ServerStatus: ...
 
 
 class ProbeNames(Protocol):
@@ -331,7 +331,7 @@ class Exporter:
                 before = self.box().observed
                 self.box.update(observed=observed)
                 self._note("observed", None)
-                if isinstance(observed, ObservedStep) or isinstance(before, ObservedStep):
+                if isinstance(observed, ServerStep) or isinstance(before, ServerStep):
                     self._recompose()  # a new step, or the step just went away (the budget says so)
             self._stop.wait(self.server_every_s)
 

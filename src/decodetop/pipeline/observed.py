@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decodetop.budget.compose import ObservedStep, default_observed
-from decodetop.collectors.serving import ObservedStep as ServerStep
-from decodetop.collectors.serving import ServerState, ServerStatus
+from decodetop.collectors.serving import ServerState, ServerStatus, ServerStep
 from decodetop.history import format_ago
 from decodetop.textfmt import format_number
-from decodetop.traces.model import TraceReport
 from decodetop.traces.ranks import TraceSet
+from decodetop.traces.trace_report import TraceReport
 
 SERVER_FAILURES = frozenset(
     {

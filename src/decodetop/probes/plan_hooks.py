@@ -30,9 +30,9 @@ from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan
 from decodetop.errors import UserInputError
 from decodetop.probes.hooks import MeasuredSet, MeasuredSetBuilder, PlanContext, ProbeRequest, read_keyed_points
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import ProbeResult
-from decodetop.probes.spec import ProbeSpec
 
 CPU_PLAN_NOTE = (
     "CPU ranks: bf16/fp32 timed with the host clock, few repetitions, no L2 rotation, GEMM sweep capped "

@@ -1,6 +1,7 @@
 """Provides `ProbeRegistry`: the probes a controller can run, by name (no torch).
 
-The built-ins are `decodetop.probes.specs.BUILTIN_PROBES` (one spec module per probe, see `decodetop.probes.spec`).
+The built-ins are `decodetop.probes.specs.BUILTIN_PROBES` (one spec module per probe, see
+`decodetop.probes.probe_spec`).
 Parameters are checked against a spec's defaults before anything is spawned: an unknown key or a value of the
 wrong type is a one-line `UserInputError`.
 
@@ -16,7 +17,7 @@ import os
 from collections.abc import Iterable, Sequence
 
 from decodetop.errors import UserInputError
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs import BUILTIN_PROBES
 
 __all__ = ["BUILTIN_PROBES", "EXTRA_MODULES_ENV", "ProbeRegistry", "ProbeSpec", "builtin_probes"]

@@ -15,8 +15,8 @@ from decodetop.traces.analysis import analyze, analyze_trace, gemm_shapes_from_i
 from decodetop.traces.capture import CaptureResult, capture
 from decodetop.traces.classify import RuleSet, load_rules
 from decodetop.traces.compare import compare, short_name
-from decodetop.traces.model import BucketTime, Comparison, ComparisonRow, KernelStat, StepSummary, TraceReport
 from decodetop.traces.reader import Trace, read_trace
+from decodetop.traces.trace_report import BucketTime, Comparison, ComparisonRow, KernelStat, StepSummary, TraceReport
 
 __all__ = [
     "BucketTime",

@@ -20,9 +20,9 @@ from decodetop.errors import UserInputError
 from decodetop.traces.attribution import OVERLAP_NOTE, attribute
 from decodetop.traces.classify import RuleSet, load_rules
 from decodetop.traces.hostcontext import attach_context
-from decodetop.traces.model import LAUNCH_KEY, TraceReport
 from decodetop.traces.reader import GPU_KERNEL, Trace, read_trace
 from decodetop.traces.steps import segment_steps, typical_steps
+from decodetop.traces.trace_report import LAUNCH_KEY, TraceReport
 from decodetop.traces.units import cpu_units, gpu_units
 
 

@@ -16,8 +16,8 @@ from typing import NamedTuple
 from decodetop.budget.components import Component
 from decodetop.traces.classify import UNCLASSIFIED, RuleSet, bucket_key, bucket_label
 from decodetop.traces.hostcontext import Stack
-from decodetop.traces.model import AttributionCount, BucketTime, KernelStat, StepSummary, TraceReport
 from decodetop.traces.reader import HOST_OP, NO_ID, Trace
+from decodetop.traces.trace_report import AttributionCount, BucketTime, KernelStat, StepSummary, TraceReport
 from decodetop.traces.units import Units
 
 TOP_PER_BUCKET = 10

@@ -17,7 +17,7 @@ from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.compose import Budget
 from decodetop.budget.kernels import KernelClass, kernels_short
 from decodetop.errors import UserInputError
-from decodetop.traces.model import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
+from decodetop.traces.trace_report import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
 
 NAMED_SHARE = 0.3
 """A kernel is named in a component's finding when it carries at least this share of the component's time."""

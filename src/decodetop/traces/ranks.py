@@ -17,8 +17,8 @@ from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 from decodetop.traces.analysis import analyze
 from decodetop.traces.classify import RuleSet
-from decodetop.traces.model import TraceReport
 from decodetop.traces.reader import read_trace
+from decodetop.traces.trace_report import TraceReport
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 STANDS_OUT = 0.10

@@ -18,8 +18,8 @@ from decodetop.budget.components import Component
 from decodetop.traces.analysis import OVERLAP_NOTE
 from decodetop.traces.classify import UNATTRIBUTED_PREFIX
 from decodetop.traces.compare import short_name
-from decodetop.traces.model import LAUNCH_KEY, BucketTime, KernelStat, TraceReport
 from decodetop.traces.ranks import TraceSet
+from decodetop.traces.trace_report import LAUNCH_KEY, BucketTime, KernelStat, TraceReport
 
 COPIES_KEY = "copies"
 OTHER_KEY = "unattributed"

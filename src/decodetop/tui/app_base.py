@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from textual.app import App, ComposeResult
 from textual.widgets import Static, TabbedContent
 
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.settings import Settings
 from decodetop.themes import THEME_NAMES, drop_other_themes, register_themes, theme_variable_defaults

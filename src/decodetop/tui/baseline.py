@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from decodetop.budget.diff import diff_budgets
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.errors import UserInputError
 from decodetop.history import HistoryEntry
 from decodetop.tui.model import BudgetMove, BudgetView, ProbeView

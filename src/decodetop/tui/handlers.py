@@ -10,8 +10,7 @@ import dataclasses
 from textual import events, on
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
-from decodetop.collectors.serving import ObservedStep as ServerObserved
-from decodetop.collectors.serving import ServerStatus
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.tui import layout
 from decodetop.tui.baseline import changed_since
 from decodetop.tui.bindings import KeyActions
@@ -81,11 +80,11 @@ class MessageHandlers(KeyActions):
             charts.show_history(self.telemetry, frame.taken_at_s)
         self.set_status()
 
-    def post_server_answer(self, answer: ServerObserved | ServerStatus) -> None:
+    def post_server_answer(self, answer: ServerStep | ServerStatus) -> None:
         """(poller thread) Pass the answer on to the taps and the screen."""
         if self.sources.taps is not None:
             self.sources.taps.on_observed(answer)
-        step = answer.step_ms if isinstance(answer, ServerObserved) else None
+        step = answer.step_ms if isinstance(answer, ServerStep) else None
         self.post_message(ObservedUpdate(step, answer.summary))
 
     @on(ObservedUpdate)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from decodetop.budget.scenario import parse_gpu_list
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ServerStepSource

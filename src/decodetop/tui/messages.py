@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.history import HistoryEntry
 from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame

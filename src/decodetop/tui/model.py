@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 
 
 class ProbeState(str, enum.Enum):

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from decodetop.collectors.checks.model import CheckResult
-from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.checks.result import CheckResult
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
 
 if TYPE_CHECKING:
@@ -49,9 +49,9 @@ class Taps:
         if self.state_box is not None:
             self.state_box.update(checks=tuple(checks), checks_unix_s=at_s)
 
-    def on_observed(self, observed: ObservedStep | ServerStatus) -> None:
+    def on_observed(self, observed: ServerStep | ServerStatus) -> None:
         """The live server's step or status (poller thread)."""
-        if self.recorder is not None and isinstance(observed, ObservedStep):
+        if self.recorder is not None and isinstance(observed, ServerStep):
             self.recorder.record("observed_step", observed)
         if self.state_box is not None:
             self.state_box.update(observed=observed)

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.pci import PciConfigError, PciDevice, find_gpus
 

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import cmdline_value, parse_cmdline, parse_int, parse_name, parse_word
+from decodetop.collectors.checks.result import CheckResult, Status
 
 CPU = "/sys/devices/system/cpu"
 FAMILY_ZEN5 = 0x1A

@@ -9,7 +9,6 @@ import re
 from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded, unless_root
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import (
     DeviceRule,
     ProcDevices,
@@ -18,6 +17,7 @@ from decodetop.collectors.checks.parsers import (
     parse_proc_devices,
     parse_xids,
 )
+from decodetop.collectors.checks.result import CheckResult, Status
 
 NVIDIA_FIXED_MAJOR = 195
 """nvidia and nvidiactl use the fixed major 195; nvidia-modprobe hard-codes it ([NCT-324])."""

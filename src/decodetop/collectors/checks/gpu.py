@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.nvml import NVML_ERROR_LIB_RM_VERSION_MISMATCH, Nvml
 from decodetop.collectors.telemetry import (

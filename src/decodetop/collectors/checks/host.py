@@ -10,8 +10,8 @@ from decodetop.collectors.checks.cpu import CPU_CHECKS
 from decodetop.collectors.checks.devices import DEVICE_CHECKS
 from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.kernel import KERNEL_CHECKS
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.pcie import PCIE_CHECKS
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.telemetry import TelemetrySampler

@@ -4,8 +4,8 @@ perf_event_paranoid, kernel vs NVIDIA module, IRQ placement and the virtualizati
 from __future__ import annotations
 
 from decodetop.collectors.checks.context import HostContext, guarded, per_gpu
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int, parse_thp_bracket
+from decodetop.collectors.checks.result import CheckResult, Status
 
 C12_SWAPPINESS_MAX = 10
 """tuned latency-performance sets vm.swappiness=10 ([TUNED-LP])."""

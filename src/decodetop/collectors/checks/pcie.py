@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from decodetop.collectors.checks.context import HostContext, guarded, per_gpu, unless_root
-from decodetop.collectors.checks.model import CheckResult, Status
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist, parse_int
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
 from decodetop.collectors.pci import (
     HEADER_ONLY_BYTES,

@@ -32,8 +32,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from decodetop import __version__
 from decodetop.budget.compose import Budget
-from decodetop.collectors.checks.model import CheckResult, Status, exit_code
-from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.checks.result import CheckResult, Status, exit_code
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS, GpuSnapshot, TelemetrySnapshot
 from decodetop.export.prometheus.state import ExportState, Observation, StateProvider
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
@@ -541,7 +541,7 @@ _AGE_DOC = "Seconds since the observed step was last measured (it keeps growing 
 
 
 def _render_observed(observed: Observation, out: _Out, now_unix_s: float) -> None:
-    step = observed if isinstance(observed, ObservedStep) else observed.last_step
+    step = observed if isinstance(observed, ServerStep) else observed.last_step
     up = out.gauge("server_up", _UP_DOC)
     if isinstance(observed, ServerStatus):
         up.add([], 0)

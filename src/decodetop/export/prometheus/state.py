@@ -8,12 +8,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from decodetop.budget.compose import Budget
-from decodetop.collectors.checks.model import CheckResult
-from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.checks.result import CheckResult
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.probes.results import ProbeResult
 
-Observation = ObservedStep | ServerStatus
+Observation = ServerStep | ServerStatus
 """The live server's last answer: its step, or why there is none (carrying the last step seen)."""
 
 

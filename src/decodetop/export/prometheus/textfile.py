@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from decodetop.atomic import write_text_atomic
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.errors import UserInputError
 from decodetop.export.prometheus.rendering import render_exposition
 from decodetop.export.prometheus.state import ExportState

@@ -6,7 +6,7 @@ plan run. `BUILTIN_PROBES` is the order listings show.
 
 from __future__ import annotations
 
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs import (
     allreduce,
     attention,

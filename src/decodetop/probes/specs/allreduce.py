@@ -11,8 +11,8 @@ from __future__ import annotations
 from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
 from decodetop.budget.keys import AllreduceKey
 from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import MeasurementStatus, ProbeResult
-from decodetop.probes.spec import ProbeSpec
 
 MiB = 1024 * 1024
 #: Largest all-reduce size swept on CPU ranks (gloo over shared memory: 128 MiB points take seconds each).

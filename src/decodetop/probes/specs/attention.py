@@ -6,7 +6,7 @@ Plan: the plan's attention keys, with the context sweep on GPUs when sweeps are 
 from __future__ import annotations
 
 from decodetop.probes.hooks import PlanContext, Planned, ProbeRequest
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING, SMALL_GQA
 
 #: Attention context sweep on GPUs (docs/reference/probes.md §7.8: KV GB/s at 0, 16k, 32k, 64k, 128k).

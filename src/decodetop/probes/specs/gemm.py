@@ -16,8 +16,8 @@ from decodetop.probes.hooks import (
     busiest,
     ok_measurements,
 )
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import ProbeResult
-from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
 #: GEMM sweep over M (docs/reference/probes.md §4: decode M = 1–64; 128, 256 for batched decode and MTP verification).

@@ -7,7 +7,7 @@ GPUs and 16k on CPU ranks when sweeps are wanted, gathering the model's DSA top-
 from __future__ import annotations
 
 from decodetop.probes.hooks import PlanContext, Planned, ProbeRequest
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
 #: kvcast read-mode contexts: 1k…64k tokens, enough to show a linear and a flat trend (docs/reference/probes.md §7.8

@@ -16,8 +16,8 @@ from decodetop.probes.hooks import (
     ok_measurements,
     with_source,
 )
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import ProbeResult
-from decodetop.probes.spec import ProbeSpec
 
 #: The launch probe's point that gives each launch mode's per-kernel cost.
 _MODE_OF_POINT = {"graph_fit": "graph", "eager_op": "eager"}

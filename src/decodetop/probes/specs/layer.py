@@ -19,8 +19,8 @@ from decodetop.probes.hooks import (
     ProbeRequest,
     ok_measurements,
 )
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import ProbeResult
-from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING, SMALL_GQA, SMALL_MOE
 
 

@@ -5,7 +5,7 @@ Not part of a model's plan (the `gemm` probe measures the copy bandwidth the roo
 
 from __future__ import annotations
 
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 
 MiB = 1024 * 1024
 

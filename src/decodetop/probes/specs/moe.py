@@ -9,7 +9,7 @@ variant it took ("moe probe (fused)") and the segment its kernel class.
 from __future__ import annotations
 
 from decodetop.probes.hooks import plan_keys
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING, SMALL_MOE
 
 SPEC = ProbeSpec(

@@ -6,7 +6,7 @@ Plan: the plan's routing keys. Read: each key's time (router GEMM, scoring, top-
 from __future__ import annotations
 
 from decodetop.probes.hooks import plan_keys
-from decodetop.probes.spec import ProbeSpec
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
 SPEC = ProbeSpec(

@@ -16,8 +16,8 @@ from decodetop.probes.hooks import (
     budget_point,
     ok_measurements,
 )
+from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import ProbeResult
-from decodetop.probes.spec import ProbeSpec
 from decodetop.probes.specs.defaults import COMPONENT_TIMING
 
 

@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.tui.model import ProbeView
 from decodetop.tui.widgets.cells import ago
 from decodetop.tui.widgets.probe_table import state_text

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.history import Fingerprint, History
 from decodetop.pipeline.gpu_guard import GpuGuard
 from decodetop.settings import Settings

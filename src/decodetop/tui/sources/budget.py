@@ -10,8 +10,7 @@ from dataclasses import replace
 
 from decodetop.budget.compose import ObservedStep, default_observed
 from decodetop.budget.spec import preset_info, preset_names
-from decodetop.collectors.serving import ObservedStep as ServerObserved
-from decodetop.collectors.serving import ServerStatus
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.history import Fingerprint
 from decodetop.history import format_ago as ago
 from decodetop.pipeline.composition import compose
@@ -61,7 +60,7 @@ class PresetBudget:
         self.flags = flags or ScenarioFlags()
         """The scenario flags of this session (EP, batch, context, KV dtype, speculation, launch mode, all-reduce)."""
         self.session_start_s = time.time() if session_start_s is None else session_start_s
-        self._server_answer: ServerObserved | ServerStatus | None = None
+        self._server_answer: ServerStep | ServerStatus | None = None
         self._fresh_fingerprint: Fingerprint | None = None
 
     def _current_fingerprint(self, settings: Settings) -> tuple[Fingerprint, bool]:
@@ -93,7 +92,7 @@ class PresetBudget:
         current, exact = self._current_fingerprint(settings)
         return fingerprint_accepts(fingerprint, current, exact=exact)
 
-    def note_server(self, answer: ServerObserved | ServerStatus) -> None:
+    def note_server(self, answer: ServerStep | ServerStatus) -> None:
         """The --server poller's latest answer (any thread)."""
         self._server_answer = answer
 
@@ -112,8 +111,8 @@ class PresetBudget:
         """The observed step with its origin, and a header line when the server could not be read."""
         answer = self._server_answer
         header = ""
-        last: ServerObserved | None = None
-        if isinstance(answer, ServerObserved):
+        last: ServerStep | None = None
+        if isinstance(answer, ServerStep):
             last = answer
         elif answer is not None:
             last = answer.last_step

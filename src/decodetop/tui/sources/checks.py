@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from decodetop.collectors.checks.host import run_all_checks
-from decodetop.collectors.checks.model import CheckResult
+from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.nvml import Nvml
 
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from decodetop.collectors.serving import ObservedStep, ServerStatus
+from decodetop.collectors.serving import ServerStatus, ServerStep
 
 if TYPE_CHECKING:
     from decodetop.tui.sources.budget import PresetBudget
@@ -29,7 +29,7 @@ one-second quit the UI promises (docs/benchmarks.md, UI)."""
 class StepSource(Protocol):
     """What the poller needs of a live server (`decodetop.collectors.serving.ServerStepSource`)."""
 
-    def poll(self) -> ObservedStep | ServerStatus: ...
+    def poll(self) -> ServerStep | ServerStatus: ...
 
 
 class ServerPoller:
@@ -45,7 +45,7 @@ class ServerPoller:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, on_answer: Callable[[ObservedStep | ServerStatus], None]) -> None:
+    def start(self, on_answer: Callable[[ServerStep | ServerStatus], None]) -> None:
         """Start polling."""
 
         def run() -> None:
@@ -77,10 +77,10 @@ class BudgetServerPoller(ServerPoller):
         super().__init__(source, period_s)
         self.budget = budget
 
-    def start(self, on_answer: Callable[[ObservedStep | ServerStatus], None]) -> None:
+    def start(self, on_answer: Callable[[ServerStep | ServerStatus], None]) -> None:
         """Start polling; each answer goes to the budget, then to `on_answer`."""
 
-        def both(answer: ObservedStep | ServerStatus) -> None:
+        def both(answer: ServerStep | ServerStatus) -> None:
             self.budget.note_server(answer)
             on_answer(answer)
 

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from decodetop.collectors.checks.model import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.tui.model import HealthView
 from decodetop.tui.screens.details import CheckGroupDetailScreen
 from decodetop.tui.widgets.cells import CellCache, ago

@@ -31,7 +31,7 @@ from decodetop.errors import UserInputError
 from decodetop.history import format_age_coarse
 from decodetop.themes.palette import segment_variable
 from decodetop.traces.compare import short_name
-from decodetop.traces.model import LAUNCH_KEY
+from decodetop.traces.trace_report import LAUNCH_KEY
 from decodetop.traces.traced import COPIES_KEY, OTHER_KEY, TracedSegment, TracedView, traced_view
 from decodetop.tui.model import BudgetView
 from decodetop.tui.trace_source import TraceLoad, TraceOptions, capture_and_load, load
