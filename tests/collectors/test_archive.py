@@ -22,6 +22,7 @@ from decodetop.cli import main
 from decodetop.collectors.archive import MAX_MEMBERS, ROOT_IN_ARCHIVE, unpack_collected, unpacked
 from decodetop.errors import UserInputError
 from tests.helpers.env import subprocess_env
+from tests.helpers.waiting import wait_for
 
 R = ROOT_IN_ARCHIVE
 Member = tuple[tarfile.TarInfo, bytes | None]
@@ -317,7 +318,6 @@ def test_sigterm_during_check_root_removes_the_unpacked_tree(tmp_path: Path) -> 
     """End to end: `decodetop check --root FILE` killed with SIGTERM while it checks leaves no temporary tree."""
     import subprocess
     import sys
-    import time
 
     archive = _tarball(tmp_path / "ok.tar.gz", [_info(f"{R}/proc/cmdline", data=b"quiet\n")])
     (tmp_path / "tmp").mkdir()
@@ -335,10 +335,7 @@ def test_sigterm_during_check_root_removes_the_unpacked_tree(tmp_path: Path) -> 
     env = subprocess_env(TMPDIR=str(tmp_path / "tmp"), DECODETOP_STATE_DIR=str(tmp_path / "state"))
     proc = subprocess.Popen([sys.executable, "-c", code, str(ready), str(archive)], env=env)
     try:
-        for _ in range(600):  # wait (up to a minute) until the checks run over the unpacked tree
-            if ready.exists() and ready.read_text():
-                break
-            time.sleep(0.1)
+        wait_for(lambda: ready.exists() and ready.read_text(), "the checks to run over the unpacked tree")
         tree = Path(ready.read_text())
         assert tree.is_dir() and str(tree).startswith(str(tmp_path / "tmp"))
         proc.send_signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from decodetop.probes.results import ProbeResult, ProbeStatus
 from tests.conftest import require_tool
 from tests.helpers.env import subprocess_env
 from tests.helpers.trickle_server import TricklingServer
+from tests.helpers.waiting import WAIT_S, process_ended, wait_for
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 _EXPORTER = (sys.executable, "-m", "decodetop", "exporter")
@@ -43,6 +44,31 @@ def _free_port() -> int:
 
 def _env(tmp_path: Path) -> dict[str, str]:
     return subprocess_env(DECODETOP_STATE_DIR=str(tmp_path / "state"), DECODETOP_CONFIG_DIR=str(tmp_path / "config"))
+
+
+def _cmdline(process: Any) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except Exception:  # gone meanwhile (psutil.Error): no rank of ours
+        return ""
+
+
+def _scrape_when(
+    proc: subprocess.Popen[str],
+    url: str,
+    ready: Callable[[str], bool] = lambda page: True,
+    what: str = "the exporter to answer",
+) -> str:
+    """The exposition at `url` once it answers and `ready` holds (the exporter process must stay up meanwhile)."""
+
+    def answered() -> str | None:
+        assert proc.poll() is None, proc.communicate()[1]
+        page = _scrape(url)
+        return page if page is not None and ready(page) else None
+
+    page = wait_for(answered, what, interval_s=0.1)
+    assert page is not None
+    return page
 
 
 def _scrape(url: str) -> str | None:
@@ -103,15 +129,7 @@ def test_exporter_serves_and_stops_on_sigint(exporter_process: tuple[subprocess.
         "decodetop_server_up",
         "decodetop_process_resident_memory_bytes",
     }
-    text: str | None = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1]
-        text = _scrape(url)
-        if text is not None and wanted <= _names(text):
-            break
-        time.sleep(0.2)
-    assert text is not None, "the exporter never answered"
+    text = _scrape_when(proc, url, lambda page: wanted <= _names(page), "every family in the exposition")
     names = _names(text)
     assert wanted <= names, sorted(wanted - names)
     assert not any(n.startswith("decodetop_probe_status") for n in names)  # --no-probes
@@ -260,9 +278,7 @@ def test_probe_schedule_stores_results_and_notes_failures() -> None:
     )
     exporter.start()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "probes" not in exporter.box().notes:
-            time.sleep(0.02)
+        wait_for(lambda: "probes" in exporter.box().notes, "the probe cycle's note")
         state = exporter.box()
         # a probe the group could not run is a failed result naming the error (as on the CLI and in the UI)
         assert [(r.probe, r.status.value) for r in state.probe_results] == [
@@ -322,12 +338,12 @@ def test_budget_follows_probe_results_and_observed_step() -> None:
     )
     exporter.start()
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def composed() -> bool:
             budget = exporter.box().budget
-            if budget is not None and budget.observed_ms == 19.2 and exporter.box().probe_results:
-                break
-            time.sleep(0.02)
+            return budget is not None and budget.observed_ms == 19.2 and bool(exporter.box().probe_results)
+
+        wait_for(composed, "a budget over the server's observed step")
         budget = exporter.box().budget
         assert budget is not None and budget.observed_ms == 19.2
         assert budget.observed_step.source == "server" and "http://127.0.0.1:30000/metrics" in budget.observed_step.text
@@ -350,9 +366,8 @@ def test_trickling_server_reports_up_0_within_its_deadline() -> None:
         )
         exporter.start()
         try:
-            deadline = time.monotonic() + 60  # liveness only: per-read timeouts would keep the poll for minutes
-            while time.monotonic() < deadline and not isinstance(exporter.box().observed, ServerStatus):
-                time.sleep(0.05)
+            # liveness only: per-read timeouts would keep the poll for minutes
+            wait_for(lambda: isinstance(exporter.box().observed, ServerStatus), "the server's status")
             observed = exporter.box().observed
             assert isinstance(observed, ServerStatus) and observed.state is ServerState.TIMED_OUT
             assert exporter.server is not None
@@ -375,10 +390,7 @@ def test_listen_on_every_interface_warns(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and _scrape(f"http://127.0.0.1:{port}/metrics") is None:
-            assert proc.poll() is None, proc.communicate()[1]
-            time.sleep(0.1)
+        _scrape_when(proc, f"http://127.0.0.1:{port}/metrics")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
     finally:
@@ -415,9 +427,7 @@ def test_busy_gpus_skip_the_probe_cycle() -> None:
     )
     exporter.start()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "probes" not in exporter.box().notes:
-            time.sleep(0.02)
+        wait_for(lambda: "probes" in exporter.box().notes, "the probe cycle's note")
         note = exporter.box().notes["probes"]
         assert note.startswith("skipped this cycle: other processes hold GPU memory (GPU 0: pid ")
         assert note.endswith("pass --force to probe anyway")
@@ -439,22 +449,18 @@ def test_sigint_while_probing_ends_every_rank(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        ranks: list[Any] = []
-        while time.monotonic() < deadline and len(ranks) < 2:
+
+        def spawned() -> list[Any]:
             assert proc.poll() is None, proc.communicate()[1]
-            ranks = [
-                c for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())
-            ]
-            time.sleep(0.1)
-        assert len(ranks) >= 2, "the probe group never spawned"
-        time.sleep(1.0)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+            ranks = [c for c in psutil.Process(proc.pid).children(recursive=True) if "spawn_main" in _cmdline(c)]
+            return ranks if len(ranks) >= 2 else []
+
+        ranks = wait_for(spawned, "the probe group's ranks")
+        proc.send_signal(signal.SIGINT)  # while the group starts or runs: either must end cleanly
+        _, err = proc.communicate(timeout=WAIT_S)
         assert proc.returncode == 0, err
         assert "stopping" in err and "cancelled" not in err
-        _, alive = psutil.wait_procs(ranks, timeout=5)
-        assert not alive, [p.pid for p in alive]
+        wait_for(lambda: all(process_ended(r) for r in ranks), "every rank to end")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -490,15 +496,12 @@ def test_exporter_takes_a_config_like_every_command(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        text: str | None = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.communicate()[1]
-            text = _scrape(f"http://127.0.0.1:{port}/metrics")
-            if text is not None and "NVIDIA H200" in text and "decodetop_budget_segment_seconds" in text:
-                break
-            time.sleep(0.1)
-        assert text is not None
+        text = _scrape_when(
+            proc,
+            f"http://127.0.0.1:{port}/metrics",
+            lambda page: "NVIDIA H200" in page and "decodetop_budget_segment_seconds" in page,
+            "the budget on the H200",
+        )
         series = [s for f in text_string_to_metric_families(text) for s in f.samples]
         (info,) = [s for s in series if s.name == "decodetop_budget_info"]
         assert "NVIDIA H200" in info.labels["hardware"]

@@ -13,7 +13,7 @@ import pytest
 
 from decodetop.probes.results import ProbeStatus, load_results
 from tests.helpers.env import subprocess_env
-from tests.helpers.waiting import WAIT_S, wait_for
+from tests.helpers.waiting import WAIT_S, process_ended, wait_for
 from tests.probes.test_plan_hooks import TINY_LLAMA
 
 HERE = Path(__file__).resolve().parent
@@ -121,14 +121,6 @@ def _ranks_of(pid: int) -> list[psutil.Process]:
     return ranks
 
 
-def _ended(process: psutil.Process) -> bool:
-    """Exited: gone, or a zombie its new parent has not reaped yet (a container's PID 1 may never reap)."""
-    try:
-        return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 @pytest.mark.slow
 def test_ctrl_c_ends_every_rank() -> None:
     proc = subprocess.Popen(
@@ -150,7 +142,7 @@ def test_ctrl_c_ends_every_rank() -> None:
         # No bound on time is tested (two loaded cores make any bound flaky): the exit code and that every rank
         # ended are.
         assert proc.wait(timeout=WAIT_S) == 130
-        wait_for(lambda: all(_ended(r) for r in ranks), "every rank to end")
+        wait_for(lambda: all(process_ended(r) for r in ranks), "every rank to end")
     finally:
         if proc.poll() is None:
             proc.kill()

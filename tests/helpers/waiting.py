@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 WAIT_S = 60.0
@@ -24,3 +26,11 @@ def wait_for(condition: Callable[[], T], what: str, *, timeout_s: float = WAIT_S
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for: {what} (last: {value!r})")
         time.sleep(interval_s)
+
+
+def process_ended(process: psutil.Process) -> bool:
+    """Exited: gone, or a zombie its new parent has not reaped yet (a container's PID 1 may never reap)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from decodetop.probes.protocol import Progress
 from decodetop.probes.registry import ProbeRegistry
 from decodetop.probes.results import MeasurementStatus, ProbeStatus
 from tests.helpers.env import subprocess_env
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -188,9 +188,12 @@ def test_close_during_a_hanging_probe_ends_it(tmp_path: Path) -> None:
     pc.start()
     pids = pc.rank_pids()
     results = []
-    runner = threading.Thread(target=lambda: results.append(pc.run("test_hang", timeout_s=60)))
+    hanging = threading.Event()
+    runner = threading.Thread(
+        target=lambda: results.append(pc.run("test_hang", timeout_s=60, on_progress=lambda p: hanging.set()))
+    )
     runner.start()
-    time.sleep(1.0)
+    wait_for(hanging.is_set, "the ranks to report they hang")
     pc.close()
     runner.join(10)
     assert results and results[0].status is ProbeStatus.CANCELLED
@@ -241,7 +244,8 @@ def test_close_while_the_group_is_starting_cancels_the_start(tmp_path: Path) -> 
 
     starter = threading.Thread(target=start)
     starter.start()
-    time.sleep(0.2)  # well inside the ranks' start (spawning 2 interpreters that import torch takes seconds)
+    # Close once a rank is spawned: well inside the start (2 interpreters that import torch take seconds to join).
+    wait_for(lambda: [c for c in psutil.Process().children() if c.pid not in before], "a rank to be spawned")
     pc.close()
     starter.join(10)
     assert not starter.is_alive()

@@ -8,7 +8,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from decodetop.cli import main
 from decodetop.tui.launch import MIN_COLUMNS, MIN_ROWS, terminal_problem
 from tests.conftest import require_tool
+from tests.helpers.waiting import wait_for
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 EXIT_TIMEOUT_S = 60.0
@@ -73,14 +73,12 @@ def _run_in_tmux(tmp_path: Path, size: tuple[int, int], term: str, redirect: str
     shell = f"{command} {redirect}; echo DECODETOP-EXIT $?; sleep 300"
     _tmux(tmux, sock, "new-session", "-d", "-s", "dt", "-x", str(size[0]), "-y", str(size[1]), shell)
     try:
-        deadline = time.monotonic() + EXIT_TIMEOUT_S
-        screen = ""
-        while time.monotonic() < deadline:
+
+        def exited() -> str:
             screen = _tmux(tmux, sock, "capture-pane", "-p", "-J", "-t", "dt")
-            if "DECODETOP-EXIT" in screen:
-                return screen
-            time.sleep(0.2)
-        raise AssertionError(f"decodetop did not exit within {EXIT_TIMEOUT_S} s:\n{screen}")
+            return screen if "DECODETOP-EXIT" in screen else ""
+
+        return wait_for(exited, "decodetop to exit", timeout_s=EXIT_TIMEOUT_S, interval_s=0.2)
     finally:
         _tmux(tmux, sock, "kill-server")
 

@@ -7,13 +7,13 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import require_tool
+from tests.helpers.waiting import wait_for
 
 START_TIMEOUT_S = 60.0
 """First frame on 2 busy CI cores (the benchmark measures the real figure)."""
@@ -27,14 +27,11 @@ def _tmux(tmux: str, sock: Path, *args: str) -> str:
 
 
 def _wait_for(tmux: str, sock: Path, needle: str, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    screen = ""
-    while time.monotonic() < deadline:
+    def shown() -> str:
         screen = _tmux(tmux, sock, "capture-pane", "-p", "-t", "dt")
-        if needle in screen:
-            return screen
-        time.sleep(0.2)
-    raise AssertionError(f"{needle!r} not on screen after {timeout_s} s:\n{screen}")
+        return screen if needle in screen else ""
+
+    return wait_for(shown, f"{needle!r} on the screen", timeout_s=timeout_s, interval_s=0.2)
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
