@@ -30,6 +30,7 @@ from tests.conftest import require_tool
 from tests.helpers.env import subprocess_env
 from tests.helpers.trickle_server import TricklingServer
 from tests.helpers.waiting import WAIT_S, process_ended, wait_for
+from tests.probes.test_plan_hooks import TINY_LLAMA
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 _EXPORTER = (sys.executable, "-m", "decodetop", "exporter")
@@ -465,21 +466,6 @@ def test_sigint_while_probing_ends_every_rank(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-
-
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 1024,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 4096,
-    "tie_word_embeddings": False,
-}
 
 
 def test_exporter_takes_a_config_like_every_command(tmp_path: Path) -> None:
