@@ -41,6 +41,8 @@ ENV_PREFIX = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+")
 DECODETOP = re.compile(r"^(?:\.venv/bin/decodetop|decodetop|python3? -m decodetop)(?=\s|$)")
 SCRIPT = re.compile(r"^(python3?|bash|sh) ((?:benchmarks|scripts)/[\w./-]+)")
 COMMENT = re.compile(r"\s+#(?:\s|$).*$")
+DIAGRAM = re.compile(r"[\u2500-\u257f\u2190-\u21ff]")
+"""Box-drawing characters and arrows: a line of a drawing that happens to start with a command's name."""
 PLACEHOLDERS = {"…", "...", "…]", "[…"}
 FILE_ARG = re.compile(r"(/|\.(json|jsonl|gz|tar|log|toml)$)")
 RUN_HERE = {"budget", "check"}
@@ -71,7 +73,7 @@ def _quotes(pattern: re.Pattern[str]) -> list[Quote]:
         for line in _code_lines(doc.read_text(encoding="utf-8")):
             command = ENV_PREFIX.sub("", line.strip().removeprefix("$ "))
             command = COMMENT.sub("", command).strip()
-            if pattern.match(command):
+            if pattern.match(command) and not DIAGRAM.search(command):
                 found[Quote(doc.relative_to(ROOT).as_posix(), command)] = None
     return list(found)
 
@@ -94,7 +96,7 @@ def _parse(args: list[str]) -> str:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             build_parser().parse_args(args)
     except SystemExit as exc:
-        return err.getvalue().strip() or f"exit {exc.code}"
+        return "" if exc.code == 0 else err.getvalue().strip() or f"exit {exc.code}"  # 0: --help, --version
     return ""
 
 
