@@ -59,12 +59,18 @@ class Quote:
 
 
 def _code_lines(text: str) -> list[str]:
-    """The lines of fenced and indented code blocks, and every inline code span."""
+    """The lines of fenced and indented code blocks (a line ending in a backslash joined to the next), and every
+    inline code span."""
     lines = [line for block in FENCE.findall(text) for line in block.splitlines()]
     prose = FENCE.sub("", text)
     lines += [line for line in prose.splitlines() if line.startswith("    ") and line.strip()]
-    lines += SPAN.findall(prose)
-    return lines
+    joined: list[str] = []
+    for line in lines:
+        if joined and joined[-1].endswith("\\"):
+            joined[-1] = joined[-1][:-1] + " " + line.strip()
+        else:
+            joined.append(line)
+    return joined + SPAN.findall(prose)
 
 
 def _quotes(pattern: re.Pattern[str]) -> list[Quote]:
