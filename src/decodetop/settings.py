@@ -15,11 +15,11 @@ A missing file means the defaults. A malformed file, an unknown key or a value o
 does not exist included, when the caller names the themes) raises `decodetop.errors.UserInputError` naming the file,
 the key and the problem; the file itself is never rewritten on a read.
 
-Flags override the file for one run only. When the user changes something in the UI (`t` cycles the theme, `m`
-picks a model), `save_changes` re-reads the file and rewrites just those keys, so one-off flags such as
-``--tp 2 --observed-ms 12.5`` never replace the stored values and the rest of the file (comments included) stays
-as it was. `save_settings` writes a whole table. Both write atomically, keep the file's mode and write through a
-symlinked file (`decodetop.atomic`).
+Flags override the file for one run only. When the user changes what the UI remembers (`t` cycles the theme: the
+one choice kept; `m` and `p` change the model and TP for the session only), `save_changes` re-reads the file and
+rewrites just those keys, so one-off flags such as ``--tp 2 --observed-ms 12.5`` never replace the stored values
+and the rest of the file (comments included) stays as it was. `save_settings` writes a whole table. Both write
+atomically, keep the file's mode and write through a symlinked file (`decodetop.atomic`).
 
 Stdlib only (tomllib on 3.11+, tomli before).
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -83,7 +84,7 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
             seen["closed"] = True
 
     monkeypatch.setattr("decodetop.tui.app.DecodetopApp", FakeApp)
-    monkeypatch.setattr("decodetop.tui.launch.build_sources", lambda settings, options: object())
+    monkeypatch.setattr("decodetop.tui.launch.build_sources", lambda settings, options: SimpleNamespace(settings=None))
     monkeypatch.setattr("decodetop.tui.launch.require_terminal", lambda stdin, stdout, environ: None)
     assert main(["--settings", str(path), "--tp", "2", "--no-probes"]) == 0
     settings = seen["settings"]

@@ -108,11 +108,10 @@ NO_GPU_FRAME = TelemetryFrame(taken_at_s=NOW_S, unavailable_reason="NVML library
 
 
 class FakeTelemetry:
-    """Delivers given frames when started (synchronously, on start) and records quiet/close calls."""
+    """Delivers given frames when started (synchronously, on start) and records close calls."""
 
     def __init__(self, frames: Sequence[TelemetryFrame] = (NO_GPU_FRAME,)) -> None:
         self.frames = list(frames)
-        self.quiet_calls: list[bool] = []
         self.closed = False
         self.on_frame: Callable[[TelemetryFrame], None] | None = None
 
@@ -120,9 +119,6 @@ class FakeTelemetry:
         self.on_frame = on_frame
         for frame in self.frames:
             on_frame(frame)
-
-    def set_quiet(self, quiet: bool) -> None:
-        self.quiet_calls.append(quiet)
 
     def close(self) -> None:
         self.closed = True
@@ -170,9 +166,6 @@ class FakeProbes:
             payload=payload,
             result=float(payload.get("ms", 0.0)),
         )
-
-    def is_latency_probe(self, probe_id: str) -> bool:
-        return probe_id in {"allreduce", "launch"}
 
     def cancel(self) -> None:
         self.cancelled += 1
@@ -239,6 +232,8 @@ class FakeBudget:
 
     def __init__(self) -> None:
         self.scale: dict[str, float] = {}
+        self.server_step_ms: float | None = None
+        """The last step a --server answer gave (the real source's rule is tested on PresetBudget)."""
 
     def models(self) -> Sequence[tuple[str, str]]:
         return [("glm-5", "GLM-5 (NVFP4)"), ("llama-3.1-70b", "Llama 3.1 70B (BF16)"), ("deepseek-v3", "DeepSeek-V3")]
@@ -264,14 +259,19 @@ class FakeBudget:
         return BudgetView(
             title=f"{settings.model} · TP{settings.tp or 8}",
             segments=tuple(segments),
-            observed_ms=settings.observed_ms,
+            observed_ms=self.server_step_ms or settings.observed_ms,
             target_ms=settings.target_ms,
             roofline_ms=2.1,
         )
 
-    def fingerprint(self, settings: Settings, result: object) -> None:
-        """The fixed budget has no scenario: stored results carry no fingerprint."""
-        return
+    def note_server(self, answer: object) -> None:
+        """A --server answer: its step is the observed one."""
+        step = getattr(answer, "step_ms", None)
+        if isinstance(step, float):
+            self.server_step_ms = step
+
+    def note_trace(self, traced: object) -> None:
+        """A trace's steps (the fixed budget keeps its observed step)."""
 
     def accepts(self, fingerprint: object, settings: Settings) -> bool:
         """Every stored record feeds the fixed budget (the real source's rules are tested on PresetBudget)."""

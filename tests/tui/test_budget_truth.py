@@ -24,6 +24,7 @@ from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.history import KIND_PROBE, History, local_host_id
 from decodetop.pipeline.fingerprints import fingerprint_of
+from decodetop.pipeline.result_history import compact_payload
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
 from decodetop.themes import register_themes, theme_variable_defaults
@@ -33,9 +34,9 @@ from decodetop.tui.model import BudgetView, ProbeView, TelemetryFrame
 from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
 from decodetop.tui.sources.budget import PresetBudget
-from decodetop.tui.sources.probe_views import compact_payload, probe_view
+from decodetop.tui.sources.probe_views import probe_view
 from decodetop.tui.sources.probes import NoProbes
-from decodetop.tui.sources.server import BudgetServerPoller
+from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.widgets.budget_bar import SHORT_LABELS, UNEXPLAINED_GLYPH, BudgetBar, format_ms
 
 from .conftest import make_app, wait_until
@@ -230,7 +231,7 @@ class _Unreachable:
 
 def test_an_unreachable_server_says_the_step_is_assumed(snap_compare: Callable[..., bool]) -> None:
     budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: DEMO, server_url=_Unreachable.url)
-    poller = BudgetServerPoller(_Unreachable(), budget, period_s=0.05)
+    poller = ServerPoller(_Unreachable(), period_s=0.05)  # the app hands each answer to the budget
     app = make_app(
         _sources(budget, history=None, telemetry=eight_gpu_frame(), server=poller), Settings(model="glm-5-nvfp4")
     )
@@ -259,9 +260,6 @@ class _RecordedProbes:
 
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
         return None
-
-    def is_latency_probe(self, probe_id: str) -> bool:
-        return False
 
     def cancel(self) -> None:
         pass

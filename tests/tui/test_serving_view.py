@@ -5,8 +5,8 @@ other scenarios are listed on the budget's details (`b`) and never composed.
 
 Real code throughout: the NVML process lists come from the fake NVML replaying the 2 × H200 load recording (two
 compute processes, pids 1329 and 1330), through `probes.gpuinfo.compute_processes`; the probe source is the real
-`ControllerProbes` (its plan for Llama-3.1-70B at TP 2, its preflight through the guard) over a stand-in group that
-hands back the recorded plan run of tests/fixtures/budgets; the budget is the real `PresetBudget`.
+`ControllerProbes` (its plan for Llama-3.1-70B at TP 2, its runs through the plan runner and its GPU guard) over a
+stand-in group that hands back the recorded plan run of tests/fixtures/budgets; the budget is the real `PresetBudget`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from decodetop.collectors.serving import ServerStep
 from decodetop.history import KIND_PROBE, History, local_host_id
 from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.pipeline.gpu_guard import GpuGuard, HeldGpus
+from decodetop.pipeline.result_history import compact_payload
 from decodetop.probes import gpuinfo
 from decodetop.probes.controller import GroupLayout
 from decodetop.probes.results import ProbeResult, load_results
@@ -39,9 +40,8 @@ from decodetop.tui.screens.budget_details import BudgetDetailsScreen
 from decodetop.tui.screens.confirm_probes import ConfirmProbesScreen
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget
-from decodetop.tui.sources.probe_views import compact_payload
 from decodetop.tui.sources.probes import ControllerProbes
-from decodetop.tui.sources.server import BudgetServerPoller
+from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.trace_source import TraceOptions
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.traced_bar import TracedBar
@@ -109,7 +109,14 @@ class _Group:
         self.runs = runs
         self.gate = gate
 
-    def run(self, probe: str, params: Mapping[str, Any] | None, on_progress: Callable[[Any], None]) -> ProbeResult:
+    def run(
+        self,
+        probe: str,
+        params: Mapping[str, Any] | None,
+        *,
+        timeout_s: float | None = None,
+        on_progress: Callable[[Any], None] | None = None,
+    ) -> ProbeResult:
         self.runs.append(probe)
         assert self.gate.wait(10.0), "the test never released the run"
         return self.results[probe]
@@ -174,13 +181,13 @@ def _setup(
     probes = ControllerProbes(
         lambda: _Group(fresh, runs, gate),  # type: ignore[arg-type, return-value]
         layout=lambda: GroupLayout("cuda", 2, tuple(gpus)),
-        preflight=guard.refusal,
+        guard=guard,
     )
     budget = PresetBudget(lambda: "NVIDIA H200", group=lambda: GROUP, session_start_s=NOW_S - 30)
     poller = None
     if server:
         budget.server_url = _Server.url
-        poller = BudgetServerPoller(_Server(), budget, period_s=0.05)
+        poller = ServerPoller(_Server(), period_s=0.05)  # the app hands each answer to the budget
     sources = Sources(
         telemetry=FakeTelemetry([_frame()]),
         probes=probes,
@@ -420,8 +427,8 @@ def test_the_command_line_wires_the_guard(monkeypatch: pytest.MonkeyPatch, force
     try:
         guard = sources.gpu_guard
         assert guard is not None and guard.forced is force and sources.run_probes_at_start
-        assert isinstance(sources.probes, ControllerProbes) and sources.probes.preflight is not None
-        refusal = sources.probes.preflight([])
+        assert isinstance(sources.probes, ControllerProbes) and sources.probes.runner.guard is guard
+        refusal = guard.refusal([])  # what the plan runner refuses each run with, in the UI's words
         if force:
             assert refusal is None
         else:

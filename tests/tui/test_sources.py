@@ -133,7 +133,7 @@ def test_parse_gpus_rejects(text: str) -> None:
 
 
 def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeResult]) -> None:
-    from decodetop.tui.sources.probe_views import compact_payload
+    from decodetop.pipeline.result_history import compact_payload
     from decodetop.tui.sources.probes import ControllerProbes
 
     payload = compact_payload(h200["allreduce"].to_dict())
@@ -144,17 +144,83 @@ def test_history_payload_drops_raw_samples_but_restores(h200: dict[str, ProbeRes
 
 
 def test_a_busy_gpu_refuses_probes_with_the_reason() -> None:
+    """The plan runner's GPU guard (the 2×H200 load recording: another process on each GPU): no group is spawned,
+    the row says why in the UI's words (its keys)."""
+    from decodetop.collectors.fake_nvml import fake_nvml
+    from decodetop.pipeline.gpu_guard import GpuGuard
+    from decodetop.probes import gpuinfo
     from decodetop.tui.sources.probes import ControllerProbes
 
+    nvml = fake_nvml("h200x2-load")
+    gpus = gpuinfo.visible_gpus(nvml)
     made: list[int] = []
     probes = ControllerProbes(
         lambda: made.append(1),  # type: ignore[arg-type,return-value,func-returns-value]
-        preflight=lambda own: "other processes hold GPU memory (GPU 0: pid 42 (python)); start with --force",
+        guard=GpuGuard(lambda: gpus, nvml=nvml),
     )
     outcome = probes.run("gemm", lambda fraction, note: None)
     assert outcome.view.state is ProbeState.UNSUPPORTED
-    assert "--force" in outcome.view.error
+    assert "in use by other processes" in outcome.view.error and "--force" in outcome.view.error
     assert made == []  # no group was spawned
+
+
+class _RecordedGroup:
+    """Stands in for a spawned probe group: answers each probe with a result recorded on the H200."""
+
+    backend = "nccl"
+
+    def __init__(self, recorded: dict[str, ProbeResult]) -> None:
+        self.recorded = recorded
+
+    def run(
+        self, probe: str, params: object = None, *, timeout_s: object = None, on_progress: object = None
+    ) -> ProbeResult:
+        return self.recorded[probe]
+
+    def rank_pids(self) -> list[int]:
+        return []
+
+
+def test_a_live_run_goes_through_the_plan_runner(h200: dict[str, ProbeResult], tmp_path: Path) -> None:
+    """The UI's probe source runs each probe as `decodetop probe` and the exporter do: telemetry paused around a
+    latency-sensitive probe only, the result into the history with its fingerprint and to the taps, a callback's
+    failure said once (the run stands)."""
+    import contextlib
+
+    from decodetop.budget.scenario import build_scenario, choose_tp, model_source
+    from decodetop.history import History
+    from decodetop.pipeline.fingerprints import SessionFingerprints
+    from decodetop.pipeline.result_history import ResultHistory
+    from decodetop.tui.sources.probes import ControllerProbes
+
+    paused: list[bool] = []
+
+    @contextlib.contextmanager
+    def pause() -> object:
+        paused.append(True)
+        yield
+
+    history = History(tmp_path / "history.jsonl")
+    scenario = build_scenario(model_source("llama-3.1-70b", None), choose_tp(1))
+    tapped: list[str] = []
+    hooks = [ResultHistory(history, scenario=lambda: scenario, fingerprints=SessionFingerprints()), tapped.append]
+    probes = ControllerProbes(lambda: _RecordedGroup(h200), pause=pause, on_result=hooks)  # type: ignore[arg-type,return-value]
+    for probe in ("allreduce", "membw"):
+        outcome = probes.run(probe, lambda fraction, note: None)
+        assert outcome.view.state is ProbeState.DONE and outcome.problem == ""
+    assert paused == [True]  # allreduce is latency-sensitive, membw (256 MiB copies) is not
+    assert tapped == [h200["allreduce"], h200["membw"]]
+    stored = history.load().entries
+    assert [e.key for e in stored] == ["allreduce", "membw"]
+    assert all(e.fingerprint is not None and e.fingerprint.scenario == scenario.fingerprint_id for e in stored)
+
+    def full(result: ProbeResult) -> None:
+        raise OSError(28, "No space left on device")
+
+    probes.runner.on_result = (full,)
+    outcome = probes.run("allreduce", lambda fraction, note: None)
+    assert outcome.view.state is ProbeState.DONE
+    assert outcome.problem == "result not kept: allreduce: OSError: [Errno 28] No space left on device"
 
 
 def test_gemm_curves_one_series_per_weight_shape_fastest_variant() -> None:

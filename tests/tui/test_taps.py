@@ -21,7 +21,7 @@ from decodetop.tui.taps import Taps
 from decodetop.tui.widgets.gpu_table import GpuTable
 
 from .conftest import make_app, wait_until
-from .fakes import FakeProbes, failing_checks, make_sources
+from .fakes import failing_checks, make_sources
 
 H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "primitives" / "h200x1.json"
 
@@ -60,19 +60,17 @@ async def test_a_recording_replays_telemetry_probe_results_and_checks(tmp_path: 
 
 
 async def test_probe_results_and_checks_reach_the_prometheus_state() -> None:
+    """Every result reaches the taps as a callback of the run (here a replay's: a live group's are the plan
+    runner's, tests/tui/test_sources.py), the checks as the app runs them."""
+    from decodetop.tui.sources.probes import ReplayProbes
+
     box = StateBox()
-    probes = FakeProbes()
-    sources = dataclasses.replace(make_sources(probes=probes, run_probes=True), taps=Taps(state_box=box))
-    real = {r.probe: r for r in load_results(H200_RESULTS)}
-
-    def run(probe_id: str, on_progress: Any) -> Any:
-        outcome = FakeProbes.run(probes, probe_id, on_progress)
-        return dataclasses.replace(outcome, result=real.get(probe_id))
-
-    probes.run = run  # type: ignore[method-assign]
+    taps = Taps(state_box=box)
+    probes = ReplayProbes(load_results(H200_RESULTS), on_result=[taps.on_probe_result])
+    sources = dataclasses.replace(make_sources(probes=probes, run_probes=True), taps=taps)  # type: ignore[arg-type]
     app = make_app(sources)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: len(box().probe_results) == 2 and bool(box().checks), "state filled")
+        await wait_until(pilot, lambda: len(box().probe_results) == 3 and bool(box().checks), "state filled")
     text = render_exposition(box)
     assert "allreduce" in text
     assert "decodetop_check" in text
@@ -102,7 +100,8 @@ async def test_the_server_step_replaces_the_observed_figure() -> None:
     sources = dataclasses.replace(make_sources(), server=server)
     app = make_app(sources)
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, lambda: app.settings.observed_ms == 19.2, "observed from the server")
+        # the budget source hears the server (the app never writes the step into its settings)
+        await wait_until(pilot, lambda: app.sources.budget.server_step_ms == 19.2, "observed from the server")
         await wait_until(pilot, lambda: app.budget_settled, "budget recomposed")
         budget = app.query_one("BudgetBar").budget  # type: ignore[attr-defined]
         assert budget is not None and budget.observed_ms == 19.2

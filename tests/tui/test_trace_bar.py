@@ -190,7 +190,8 @@ async def test_sglang_capture_key_gives_the_traced_bar(server: Any, tmp_path: Pa
         kept = Path(body["output_dir"])
         assert kept.parent == tmp_path / "state" / "traces"
         record = json.loads((kept / "capture.json").read_text())
-        assert record["scenario"] == {"model": "llama-3.1-8b", "tp": 1} and record["engine"] == "sglang"
+        assert record["scenario"] == {"model": {"kind": "preset", "value": "llama-3.1-8b"}, "tp": 1}
+        assert record["engine"] == "sglang"
         view = traced(app).view
         assert view is not None and view.ranks_text.startswith("2 ranks: step ")
         assert "captured from" in status(app)

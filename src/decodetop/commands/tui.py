@@ -105,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     require_terminal(sys.stdin, sys.stdout, os.environ)  # before anything starts: no escape codes into a file
     sources = build_sources(settings, options)
+    settings = sources.settings or settings  # a replay restores its recording's scenario
 
     from decodetop.tui.app import DecodetopApp
 

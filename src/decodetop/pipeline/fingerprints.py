@@ -10,11 +10,13 @@ kind, GPU name and count, driver / CUDA / torch / NCCL versions, decodetop versi
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Collection, Sequence
 
 from decodetop import __version__
 from decodetop.budget.scenario import Scenario
 from decodetop.history import Fingerprint, local_host_id
-from decodetop.probes.results import Environment
+from decodetop.probes.results import Environment, ProbeResult
 
 _VERSION_FIELDS = ("driver_version", "cuda_version", "torch_version", "nccl_version")
 
@@ -76,3 +78,60 @@ def fingerprint_accepts(stored: Fingerprint | None, current: Fingerprint, *, exa
         if getattr(stored, f.name) != want:
             return False
     return True
+
+
+class SessionFingerprints:
+    """Which stored records may feed a session's budget: before this session's ranks have run, those equal on
+    every field already known (host, device kind, GPU count, the GPU's name once NVML said it, decodetop version,
+    scenario); once a fresh result said what the ranks run (driver, CUDA, torch, NCCL), only those equal to its
+    fingerprint. Shared by the history callback (`learn`) and the budget (`accepts`, `keep`); any thread."""
+
+    def __init__(self) -> None:
+        self._fresh: Fingerprint | None = None
+        self._lock = threading.Lock()
+
+    def learn(self, env: Environment, scenario: Scenario) -> Fingerprint:
+        """The fingerprint of a fresh result taken in `env` for `scenario`; from now on stored records must equal it
+        (with the scenario of the budget asking)."""
+        fp = fingerprint_of(env, scenario)
+        with self._lock:
+            self._fresh = fp
+        return fp
+
+    def current(
+        self, scenario: Scenario, *, device_kind: str, gpu_count: int, gpu_name: str | None
+    ) -> tuple[Fingerprint, bool]:
+        """This session's fingerprint for `scenario` and whether it is exact (from a fresh result) or expected (the
+        versions the ranks report not known yet)."""
+        with self._lock:
+            fresh = self._fresh
+        if fresh is not None:
+            return dataclasses.replace(fresh, scenario=scenario.fingerprint_id), True
+        return expected_fingerprint(scenario, device_kind=device_kind, gpu_count=gpu_count, gpu_name=gpu_name), False
+
+    def accepts(
+        self,
+        stored: Fingerprint | None,
+        scenario: Scenario,
+        *,
+        device_kind: str,
+        gpu_count: int,
+        gpu_name: str | None,
+    ) -> bool:
+        """Whether a stored record may feed the budget of `scenario` (never one of unknown origin)."""
+        current, exact = self.current(scenario, device_kind=device_kind, gpu_count=gpu_count, gpu_name=gpu_name)
+        return fingerprint_accepts(stored, current, exact=exact)
+
+    def keep(self, results: Sequence[ProbeResult], scenario: Scenario, stored: Collection[str]) -> list[ProbeResult]:
+        """`results` less the ones read back from the history (`stored`: their probes) that were measured elsewhere
+        than this session's ranks, once a fresh result said where that is."""
+        with self._lock:
+            fresh = self._fresh
+        if fresh is None:
+            return list(results)
+        want = dataclasses.replace(fresh, scenario=scenario.fingerprint_id)
+        return [
+            r
+            for r in results
+            if r.probe not in stored or (r.environment is not None and fingerprint_of(r.environment, scenario) == want)
+        ]

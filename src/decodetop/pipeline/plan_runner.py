@@ -9,7 +9,9 @@ For each probe run (`PlanRunner.run`):
 3. telemetry makes no costly NVML call while a probe whose spec is `latency_sensitive` runs (the caller's `pause`);
 4. the probe runs (its deadline: `timeout_s`, else the probe's own); an exception from the group (it could not
    start, it was closed) comes back as a failed result naming it, never as a crash of the surface;
-5. every `on_result` callback gets the result (the history, the recorder, the Prometheus state).
+5. every `on_result` callback gets the result (the history, the recorder, the Prometheus state); a callback that
+   fails (a full disk under the history) does not fail the run: its problem is one line the surface takes
+   (`PlanRunner.take_problems`).
 
 `PlanRunner.run_all` runs a plan's requests in order with progress ('probe 2/9 gemm: key 3/12 …'), stops between
 probes when `should_stop()` turns true or after a cancelled probe, and stops (keeping what it has) when the guard
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -142,6 +145,8 @@ class PlanRunner:
         self.on_result = tuple(on_result)
         self.timeout_s = timeout_s
         self._last: ProbeGroup | None = None
+        self._problems: list[str] = []
+        self._problems_lock = threading.Lock()
 
     def own_pids(self) -> list[int]:
         """The ranks of the group this runner last ran on (they hold the GPUs too, and are ours)."""
@@ -176,8 +181,18 @@ class PlanRunner:
         except Exception as exc:  # the group could not start, or was closed: a failed run, named
             result = _crashed(probe, exc)
         for hook in self.on_result:
-            hook(result)
+            try:
+                hook(result)
+            except Exception as exc:  # a callback's failure is said, never a failed run
+                with self._problems_lock:
+                    self._problems.append(f"{result.probe}: {type(exc).__name__}: {exc}")
         return result
+
+    def take_problems(self) -> list[str]:
+        """The callbacks' problems since the last call, one line each (any thread)."""
+        with self._problems_lock:
+            problems, self._problems = self._problems, []
+        return problems
 
     def run_all(
         self,

@@ -183,3 +183,53 @@ def settings_source(settings: Settings) -> ModelSource:
     else `model`: a preset); never guessed from the string."""
     kind, value = settings.model_ref
     return model_source(None, value) if kind == "config" else model_source(value, None)
+
+
+KNOB_FIELDS = ("ep", "batch", "context", "kv_dtype", "accept_length", "draft_tokens", "launch_mode", "allreduce")
+"""The deployment knobs of `ScenarioFlags` (beside the model, TP and the observed and target figures)."""
+MAX_RECORDED_TEXT = 4096
+"""A recorded model name or path longer than this is not one."""
+
+
+def scenario_record(scenario: Scenario, flags: ScenarioFlags) -> dict[str, object]:
+    """What a recording keeps of the scenario it was made under: the model as what it is, TP, and the knobs given."""
+    knobs = {k: v for k, v in flags.given().items() if k in KNOB_FIELDS}
+    return {"model": {"kind": scenario.source.kind, "value": scenario.source.value}, "tp": scenario.tp, "flags": knobs}
+
+
+@dataclass(frozen=True)
+class RecordedScenario:
+    """A recording's scenario, read back (`recorded_scenario`)."""
+
+    source: ModelSource
+    tp: int
+    flags: ScenarioFlags
+    """The knobs it was recorded with (no model, TP, observed or target)."""
+
+
+def _recorded_knob(name: str, value: object, where: str) -> object:
+    flag = dict(ScenarioFlags.flags())[name]
+    ok = isinstance(value, flag.kind) and not isinstance(value, bool)
+    if flag.kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (flag.choices and value not in flag.choices):
+        raise UserInputError(f"{where}: the recorded {flag.name} {str(value)[:40]!r} is not one it can take")
+    return float(value) if flag.kind is float else value  # type: ignore[arg-type]
+
+
+def recorded_scenario(data: object, where: str) -> RecordedScenario:
+    """A recording's "scenario" (`scenario_record`) read as hostile input: one `UserInputError` line naming
+    `where` for anything that is not a preset or config, a TP in range and known knobs of the right kinds."""
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"{where}: the recorded scenario is not an object")
+    model, tp, knobs = data.get("model"), data.get("tp"), data.get("flags", {})
+    kind = model.get("kind") if isinstance(model, Mapping) else None
+    value = model.get("value") if isinstance(model, Mapping) else None
+    if kind not in ("preset", "config") or not isinstance(value, str) or not 0 < len(value) <= MAX_RECORDED_TEXT:
+        raise UserInputError(f"{where}: the recorded model is not a preset name or a config path")
+    if not isinstance(tp, int) or isinstance(tp, bool) or not 1 <= tp <= 1024:
+        raise UserInputError(f"{where}: the recorded TP is not a number from 1 to 1024")
+    if not isinstance(knobs, Mapping) or not set(knobs) <= set(KNOB_FIELDS):
+        raise UserInputError(f"{where}: the recorded flags are not the scenario's knobs")
+    flags = ScenarioFlags(**{k: _recorded_knob(k, v, where) for k, v in knobs.items()})  # type: ignore[arg-type]
+    return RecordedScenario(ModelSource(str(kind), value), tp, flags)

@@ -81,6 +81,8 @@ class AppBase(App[int]):
         self._status_text = ""
         self.server_note = ""
         """The live server's last answer, one line (--server)."""
+        self.server_seen: tuple[float | None, bool] = (None, False)
+        """The step and whether it was a status, of the server's last answer (the budget recomposes on a change)."""
         self.trace_note = ""
         """The traced bar's last progress or outcome, one line."""
         self.charts: Charts | None = None

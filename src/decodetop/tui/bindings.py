@@ -55,10 +55,12 @@ HELP_TEXT = {
     "budget_details": "budget details: where each figure came from, other scenarios stored (never mixed in)",
     "cancel_probe": "cancel the running probe and empty the queue",
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
-    "pick_model": "choose the model: the probe plan and the budget follow",
+    "pick_model": "choose the model for this session: the plan and the budget follow (not saved: --model or "
+    "settings.toml keeps one)",
     "cycle_theme": "next theme: dark, light, high-contrast (remembered in settings.toml)",
     "capture_trace": "capture a profiler trace of a few decode steps from --server: the traced bar (enter: kernels)",
-    "pick_tp": "choose the tensor-parallel degree: the probe plan and the budget follow",
+    "pick_tp": "choose the tensor-parallel degree for this session: the plan and the budget follow (not saved: --tp "
+    "or settings.toml keeps one)",
     "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
     "filter": "filter the probe, GPU, process and health tables (enter keeps it, escape clears it)",
 }
@@ -185,7 +187,7 @@ class KeyActions(AppBase):
     def _tp_picked(self, choice: TpChoice | None) -> None:
         if choice is None or choice.tp == self.settings.tp:
             return
-        self.change_scenario(dataclasses.replace(self.settings, tp=choice.tp), {"tp": choice.tp})
+        self.change_scenario(dataclasses.replace(self.settings, tp=choice.tp), f"TP {choice.tp}", "--tp")
 
     def action_pick_model(self) -> None:
         """`m`: choose a model preset; the probe plan and the budget follow."""
@@ -197,17 +199,18 @@ class KeyActions(AppBase):
         self.push_screen(ModelPickerScreen(models, self.settings.model), self._model_picked)
 
     def _model_picked(self, model: str | None) -> None:
-        if model is None or model == self.settings.model:
+        if model is None or (model == self.settings.model and self.settings.config is None):
             return
-        self.change_scenario(dataclasses.replace(self.settings, model=model), {"model": model})
+        self.change_scenario(dataclasses.replace(self.settings, model=model, config=None), model, "--model")
 
-    def change_scenario(self, settings: Settings, changed: dict[str, object]) -> None:
-        """A new model or TP: forget the old scenario's results, recompose, re-plan, remember the choice."""
+    def change_scenario(self, settings: Settings, what: str, flag: str) -> None:
+        """A new model or TP for this session (not remembered: only the theme is, README's key table and `?` say
+        so): forget the old scenario's results, recompose, re-plan, and say how to keep the choice."""
         self.settings = settings
         self.runner.forget_results()
         self.recompose_budget()
         self.plan_probes()
-        self._save_settings(changed)
+        self.notify(f"{what} for this session, not saved: {flag} or settings.toml keeps it", timeout=4)
         self.set_status()
 
     def action_cycle_sort(self) -> None:
@@ -244,7 +247,8 @@ class KeyActions(AppBase):
 
     def action_capture_trace(self) -> None:
         """`c`: capture a few decode steps from --server in the background; the traced bar shows them."""
-        self.query_one(TracedBar).capture({"model": self.settings.model, "tp": self.settings.tp})
+        kind, value = self.settings.model_ref
+        self.query_one(TracedBar).capture({"model": {"kind": kind, "value": value}, "tp": self.settings.tp})
 
     def action_cycle_theme(self) -> None:
         """`t`: next theme, remembered in the settings file."""

@@ -5,12 +5,11 @@ late messages while the app shuts down are dropped (the widgets may be gone)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from textual import events, on
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from decodetop.collectors.serving import ServerStatus, ServerStep
+from decodetop.pipeline.observed import traced_step
 from decodetop.tui import layout
 from decodetop.tui.baseline import changed_since
 from decodetop.tui.bindings import KeyActions
@@ -36,7 +35,7 @@ from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.process_table import ProcessTable
-from decodetop.tui.widgets.traced_bar import OpenTraceKernels, TraceStatus
+from decodetop.tui.widgets.traced_bar import OpenTraceKernels, TraceLoaded, TraceStatus
 
 
 class MessageHandlers(KeyActions):
@@ -81,7 +80,9 @@ class MessageHandlers(KeyActions):
         self.set_status()
 
     def post_server_answer(self, answer: ServerStep | ServerStatus) -> None:
-        """(poller thread) Pass the answer on to the taps and the screen."""
+        """(poller thread) Pass the answer on to the budget source (the observed step follows the one rule), the
+        taps and the screen."""
+        self.sources.budget.note_server(answer)
         if self.sources.taps is not None:
             self.sources.taps.on_observed(answer)
         step = answer.step_ms if isinstance(answer, ServerStep) else None
@@ -92,8 +93,9 @@ class MessageHandlers(KeyActions):
         if self.closing:
             return
         self.server_note = message.summary
-        if message.step_ms is not None and message.step_ms > 0 and message.step_ms != self.settings.observed_ms:
-            self.settings = dataclasses.replace(self.settings, observed_ms=message.step_ms)
+        seen = (message.step_ms, message.step_ms is None and bool(message.summary))
+        if seen != self.server_seen:  # a new step, or the server went away or came back: the budget says so
+            self.server_seen = seen
             self.recompose_budget()
         self.set_status()
 
@@ -202,6 +204,15 @@ class MessageHandlers(KeyActions):
     def _trace_status(self, message: TraceStatus) -> None:
         self.trace_note = message.text
         self.set_status()
+
+    @on(TraceLoaded)
+    def _trace_loaded(self, message: TraceLoaded) -> None:
+        """A trace was read: its decode steps are an observation of the engine's step (the one rule decides)."""
+        if self.closing or message.load is None:
+            return
+        load = message.load
+        self.sources.budget.note_trace(traced_step(load.traces, written_s=load.modified_s))
+        self.recompose_budget()
 
     @on(OpenTraceKernels)
     def _open_trace_kernels(self, message: OpenTraceKernels) -> None:

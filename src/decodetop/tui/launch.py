@@ -3,14 +3,15 @@ none, host checks, history), and `LaunchOptions`, the flags that choose them."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from decodetop.budget.scenario import parse_gpu_list
+from decodetop.budget.scenario import Scenario, parse_gpu_list
 from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.fake_nvml import DEFAULT_RECORDING, FakeNvmlBackend, load_recording
 from decodetop.collectors.nvml import Nvml
@@ -18,16 +19,18 @@ from decodetop.collectors.serving import ServerStepSource
 from decodetop.errors import UserInputError
 from decodetop.export.recording import Recorder, decode_replay, read_recording
 from decodetop.history import History
+from decodetop.pipeline.fingerprints import SessionFingerprints
 from decodetop.pipeline.gpu_guard import GpuGuard
-from decodetop.pipeline.scenario_flags import ScenarioFlags
+from decodetop.pipeline.result_history import ResultHistory
+from decodetop.pipeline.scenario_flags import ScenarioFlags, recorded_scenario, scenario_record
 from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
-from decodetop.tui.probe_group import GroupInfo, group_of
+from decodetop.tui.probe_group import GroupInfo, group_of, scenario_for
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget
 from decodetop.tui.sources.checks import HostChecks, RecordedChecks
 from decodetop.tui.sources.probes import ControllerProbes, NoProbes, ReplayProbes, start_resource_tracker
-from decodetop.tui.sources.server import BudgetServerPoller, ServerPoller
+from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.sources.telemetry import CollectorTelemetry, ReplayTelemetry
 from decodetop.tui.taps import Taps
 from decodetop.tui.trace_source import TraceOptions
@@ -112,26 +115,42 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
     """The real sources. Nothing here blocks for long: NVML initialises lazily in the collector's thread, the probe
     group spawns on the first probe (in the UI's probe worker)."""
     notes: list[str] = list(options.notes)
-    taps = _build_taps(options)
     if options.replay is not None:
-        return _replay_sources(settings, options, taps, notes)
+        return _replay_sources(settings, options, notes)
     nvml = _live_nvml(options, notes)
-    telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s, on_snapshot=taps.on_snapshot if taps else None)
-    probes, guard = _live_probes(options, telemetry)
-    budget = _live_budget(options, telemetry, probes)
+    history = History(options.history_path)
+    fingerprints = SessionFingerprints()
+    telemetry = CollectorTelemetry(nvml, interval_s=settings.tick_s)
+    probes, guard = _live_probes(options, telemetry, history, fingerprints)
+    budget = _live_budget(options, telemetry, probes, fingerprints)
+    started = _session_scenario(settings, options, budget)
+    taps = _build_taps(options, scenario_record(started, options.flags) if started is not None else None)
+    if taps is not None:
+        telemetry.extra_listener = taps.on_snapshot
+        if isinstance(probes, ControllerProbes):
+            probes.runner.on_result = (*probes.runner.on_result, taps.on_probe_result)
     return Sources(
         telemetry=telemetry,
         probes=probes,
         budget=budget,
         checks=HostChecks(nvml),
-        history=History(options.history_path),
+        history=history,
         run_probes_at_start=isinstance(probes, ControllerProbes),  # a probe group runs: probe at start (demo too)
         notes=tuple(notes),
         taps=taps,
-        server=_build_server(options, budget),
+        server=_build_server(options),
         trace=options.trace,
         gpu_guard=guard,
     )
+
+
+def _session_scenario(settings: Settings, options: LaunchOptions, budget: PresetBudget) -> Scenario | None:
+    """The scenario the session starts with (what --record keeps), None where the settings name none that reads
+    (the budget says why on screen)."""
+    try:
+        return scenario_for(settings, budget.group() if budget.group is not None else None, options.flags)
+    except UserInputError:
+        return None
 
 
 def _live_nvml(options: LaunchOptions, notes: list[str]) -> Nvml:
@@ -144,18 +163,21 @@ def _live_nvml(options: LaunchOptions, notes: list[str]) -> Nvml:
 
 
 def _live_probes(
-    options: LaunchOptions, telemetry: CollectorTelemetry
+    options: LaunchOptions, telemetry: CollectorTelemetry, history: History, fingerprints: SessionFingerprints
 ) -> tuple[NoProbes | ControllerProbes, GpuGuard | None]:
     """The probes (off with --no-probes, and in the demo unless --cpu-ranks is given) and their GPU guard."""
     if options.no_probes:
         return NoProbes("probes are off (--no-probes)"), None
     if options.demo and options.cpu_ranks is None:
         return NoProbes("demo: no probes unless --cpu-ranks is given"), None
-    return _controller_probes(options, telemetry)
+    return _controller_probes(options, telemetry, history, fingerprints)
 
 
-def _controller_probes(options: LaunchOptions, telemetry: CollectorTelemetry) -> tuple[ControllerProbes, GpuGuard]:
-    """A probe group on the chosen GPUs or CPU ranks, spawned on the first probe, behind the GPU guard."""
+def _controller_probes(
+    options: LaunchOptions, telemetry: CollectorTelemetry, history: History, fingerprints: SessionFingerprints
+) -> tuple[ControllerProbes, GpuGuard]:
+    """A probe group on the chosen GPUs or CPU ranks, spawned on the first probe, its runs through the one plan
+    runner: behind the GPU guard, telemetry paused around latency-sensitive probes, each result into the history."""
     from decodetop.probes.controller import ProbeController  # multiprocessing: only where probes run
 
     cpu_ranks = options.cpu_ranks
@@ -187,9 +209,16 @@ def _controller_probes(options: LaunchOptions, telemetry: CollectorTelemetry) ->
         functools.partial(_telemetry_line, telemetry),
         cpu_rank_nice=CPU_RANK_NICE,
         layout=layout,
-        preflight=guard.refusal,
+        guard=guard,
+        pause=telemetry.latency_probe,
         flags=options.flags,
     )
+
+    def scenario() -> Scenario:
+        assert probes.scenario is not None  # a probe runs only once its plan was made
+        return probes.scenario
+
+    probes.runner.on_result = (ResultHistory(history, scenario=scenario, fingerprints=fingerprints),)
     guard.own_pids = probes.rank_pids
     return probes, guard
 
@@ -209,7 +238,10 @@ def _telemetry_line(telemetry: CollectorTelemetry) -> str:
 
 
 def _live_budget(
-    options: LaunchOptions, telemetry: CollectorTelemetry, probes: NoProbes | ControllerProbes
+    options: LaunchOptions,
+    telemetry: CollectorTelemetry,
+    probes: NoProbes | ControllerProbes,
+    fingerprints: SessionFingerprints,
 ) -> PresetBudget:
     """The budget for the GPU NVML sees, at the probe group's size."""
 
@@ -224,6 +256,7 @@ def _live_budget(
         observed_from=options.observed_from,
         server_url=options.server,
         flags=options.flags,
+        fingerprints=fingerprints,
     )
 
 
@@ -242,12 +275,14 @@ def _probe_group(options: LaunchOptions, probes: NoProbes | ControllerProbes) ->
         return None
 
 
-def _build_taps(options: LaunchOptions) -> Taps | None:
+def _build_taps(options: LaunchOptions, scenario: Mapping[str, object] | None = None) -> Taps | None:
+    """--record (its first line keeps the session's scenario, so a replay restores it) and --prometheus."""
     if options.record is None and options.prometheus is None:
         return None
     taps = Taps()
     if options.record is not None:
-        taps.recorder = Recorder(options.record, meta={"source": "decodetop tui"})
+        meta: dict[str, object] = {"source": "decodetop tui", **({"scenario": dict(scenario)} if scenario else {})}
+        taps.recorder = Recorder(options.record, meta=meta)
     if options.prometheus is not None:
         from decodetop.export.prometheus import StateBox, start_metrics_server  # prometheus_client: only if asked
 
@@ -260,15 +295,16 @@ def _build_taps(options: LaunchOptions) -> Taps | None:
     return taps
 
 
-def _build_server(options: LaunchOptions, budget: PresetBudget) -> ServerPoller | None:
+def _build_server(options: LaunchOptions) -> ServerPoller | None:
+    """--server's poller (the app hands each answer to the budget source and the taps)."""
     if options.server is None:
         return None
+    return ServerPoller(ServerStepSource(options.server))
 
-    return BudgetServerPoller(ServerStepSource(options.server), budget)
 
-
-def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | None, notes: list[str]) -> Sources:
-    """--replay: telemetry, probe results and checks from a recording; no NVML, no probes."""
+def _replay_sources(settings: Settings, options: LaunchOptions, notes: list[str]) -> Sources:
+    """--replay: telemetry, probe results and checks from a recording; no NVML, no probes. The recording's scenario
+    (model, TP, knobs) is restored where the command line does not name one, so its budget is the one recorded."""
     assert options.replay is not None
     decoded = decode_replay(read_recording(options.replay))
     snapshots = [i.value for i in decoded.items if i.event.kind == "telemetry"]
@@ -279,6 +315,7 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
             checks = list(item.value) if isinstance(item.value, (list, tuple)) else [item.value]
     notes.append(f"replay of {options.replay.name}: {decoded.replay.summary}")
     notes.extend(decoded.warnings)
+    settings, flags, tp_from = _recorded(settings, options, decoded.replay.meta, notes)
     telemetry = ReplayTelemetry(snapshots, interval_s=settings.tick_s)
 
     def gpu_name() -> str | None:
@@ -287,17 +324,44 @@ def _replay_sources(settings: Settings, options: LaunchOptions, taps: Taps | Non
                 return str(snap.gpus[0].name)
         return None
 
-    probes = ReplayProbes(results) if results else NoProbes("replay: the recording holds no probe results")
+    taps = _build_taps(options)
+    hooks = (taps.on_probe_result,) if taps is not None else ()
+    probes = ReplayProbes(results, hooks) if results else NoProbes("replay: the recording holds no probe results")
+    budget = PresetBudget(
+        gpu_name, gpu_how="from the recording", observed_from=options.observed_from, flags=flags, tp_from=tp_from
+    )
     return Sources(
         telemetry=telemetry,
         probes=probes,
-        budget=PresetBudget(
-            gpu_name, gpu_how="from the recording", observed_from=options.observed_from, flags=options.flags
-        ),
+        budget=budget,
         checks=RecordedChecks(checks),
         history=None,
         run_probes_at_start=bool(results),
         notes=tuple(notes),
         taps=taps,
         trace=options.trace,
+        settings=settings,
     )
+
+
+def _recorded(
+    settings: Settings, options: LaunchOptions, meta: Mapping[str, object], notes: list[str]
+) -> tuple[Settings, ScenarioFlags, str]:
+    """The settings and flags of a replay: the recording's scenario under what the command line names, and the
+    words for where its TP came from."""
+    flags, tp_from = options.flags, "--tp or the settings file"
+    if "scenario" not in meta:
+        return settings, flags, tp_from
+    try:
+        recorded = recorded_scenario(meta["scenario"], options.replay.name if options.replay else "--replay")
+    except UserInputError as exc:
+        notes.append(f"{exc}; the settings' scenario is shown instead")
+        return settings, flags, tp_from
+    if flags.model is None and flags.config is None:
+        kind, value = recorded.source.kind, recorded.source.value
+        model = {"model": value, "config": None} if kind == "preset" else {"config": value}
+        settings = dataclasses.replace(settings, **model)
+    if flags.tp is None:
+        settings, tp_from = dataclasses.replace(settings, tp=recorded.tp), "the recording"
+    knobs: dict[str, Any] = {**recorded.flags.given(), **flags.given()}
+    return settings, ScenarioFlags(**knobs), tp_from

@@ -120,6 +120,8 @@ class BudgetView:
     """True when the observed step is the default, not an observation: the bar says "assumed, not observed"."""
     observed_text: str = ""
     """Where the observed step came from, one line (`ObservedStep.text`)."""
+    observed_source: str = ""
+    """Where the observed step came from: flag, settings, server, trace or default (`ObservedStep.source`)."""
     verdict: str = ""
     """The roofline verdict, worded as the CLI's (`decodetop.budget.compose.roofline_verdict`)."""
     hardware_text: str = ""

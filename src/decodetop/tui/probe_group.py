@@ -36,10 +36,16 @@ def group_of(layout: GroupLayout) -> GroupInfo:
     return GroupInfo(int(layout.world_size), kind, "GPUs" if kind == "cuda" else "CPU ranks")
 
 
-def scenario_for(settings: Settings, group: GroupInfo | None, flags: ScenarioFlags | None = None) -> Scenario:
+def scenario_for(
+    settings: Settings,
+    group: GroupInfo | None,
+    flags: ScenarioFlags | None = None,
+    tp_from: str = "--tp or the settings file",
+) -> Scenario:
     """The scenario of the UI's settings and scenario flags on its probe group: the model and TP are the settings'
     (the flags over the settings file, or what `m` and `p` picked), TP else the group's size, else 1; every other
-    knob (EP, batch, context, KV dtype, speculation, launch mode, all-reduce) is the flags', as on every command."""
+    knob (EP, batch, context, KV dtype, speculation, launch mode, all-reduce) is the flags', as on every command.
+    `tp_from`: where the settings' TP came from, in words ("the recording" in a replay)."""
     # the model and TP flags were folded into the settings at start; `m` and `p` change the settings
     knobs = dataclasses.replace(flags or ScenarioFlags(), model=None, config=None, tp=None)
     return knobs.scenario(
@@ -48,5 +54,5 @@ def scenario_for(settings: Settings, group: GroupInfo | None, flags: ScenarioFla
         group_where=group.where if group is not None else "of the probe group",
         source=settings_source(settings),
         tp=settings.tp,
-        tp_from="--tp or the settings file",
+        tp_from=tp_from,
     )

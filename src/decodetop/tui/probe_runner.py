@@ -1,10 +1,11 @@
 """Provides ProbeRunner: the probe plan of the current scenario and its runs, off the event loop.
 
 The plan is made in a short worker thread (it may build the model's inventory); one long-lived worker thread takes
-probe ids from a `ProbeQueue` and runs them one at a time (blocking calls into the probe group), with telemetry's
-costly calls paused while a latency probe runs, each good result stored in the history and handed to the taps. The
-event loop only applies the messages those threads post (`ProbePlanned`, `ProbeStarted`, `ProbeProgress`,
-`ProbeFinished`) to the rows it keeps, and shows each changed row through `show`.
+probe ids from a `ProbeQueue` and hands them one at a time to the probe source, which runs each through the one
+plan runner (`decodetop.pipeline.plan_runner`: the GPU guard, telemetry's costly calls paused while a
+latency-sensitive probe runs, the history and the taps as its callbacks). The event loop only applies the messages
+those threads post (`ProbePlanned`, `ProbeStarted`, `ProbeProgress`, `ProbeFinished`) to the rows it keeps, and
+shows each changed row through `show`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from functools import partial
 from textual.app import App
 from textual.worker import get_current_worker
 
-from decodetop.history import KIND_PROBE, HistoryEntry
+from decodetop.history import HistoryEntry
 from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.settings import Settings
 from decodetop.tui.messages import ProbeFinished, ProbePlanned, ProbeProgress, ProbeStarted
@@ -46,7 +47,7 @@ class ProbeRunner:
         self.app = app
         self.sources = sources
         self.settings = settings
-        """The app's current settings (read by the probe thread when it stores a result)."""
+        """The app's current settings (the plan is made for them)."""
         self.now = now
         self.show = show
         """Draws one changed row (the probe table)."""
@@ -160,21 +161,16 @@ class ProbeRunner:
                 outcome = self._run_one(probe_id)
             finally:
                 self.running = None
-            self._keep(probe_id, outcome)
             self.app.post_message(ProbeFinished(probe_id, outcome))
 
     def _run_one(self, probe_id: str) -> ProbeOutcome:
-        """(probe thread) One run, telemetry quiet around a latency probe; an exception becomes a failed row."""
-        probes = self.sources.probes
-        quiet = probes.is_latency_probe(probe_id)
-        if quiet:
-            self.sources.telemetry.set_quiet(True)
+        """(probe thread) One run; an exception becomes a failed row, a callback's problem a warning."""
         try:
 
             def progress(fraction: float | None, note: str) -> None:
                 self.app.post_message(ProbeProgress(probe_id, fraction, note))
 
-            outcome = probes.run(probe_id, progress)
+            outcome = self.sources.probes.run(probe_id, progress)
         except Exception as exc:  # an adapter bug must show as a failed probe, not kill the loop
             view = ProbeView(
                 probe_id=probe_id,
@@ -184,31 +180,11 @@ class ProbeRunner:
                 traceback=traceback.format_exc(),
             )
             outcome = ProbeOutcome(view=view)
-        finally:
-            if quiet:
-                self.sources.telemetry.set_quiet(False)
+        if outcome.problem and not self.queue.closed:
+            self.app.call_from_thread(self.app.notify, outcome.problem, severity="warning")
         if outcome.view.measured_at_s is None:
             outcome = dataclasses.replace(outcome, view=dataclasses.replace(outcome.view, measured_at_s=self.now()))
         return outcome
-
-    def _keep(self, probe_id: str, outcome: ProbeOutcome) -> None:
-        """(probe thread) Hand a result to the taps and store it in the history with its fingerprint."""
-        taps = self.sources.taps
-        if taps is not None and outcome.result is not None:
-            taps.on_probe_result(outcome.result)
-        history = self.sources.history
-        if history is None or not outcome.payload or self.queue.closed:
-            return
-        try:
-            history.record(
-                KIND_PROBE,
-                probe_id,
-                outcome.payload,
-                recorded_at_s=outcome.view.measured_at_s,
-                fingerprint=self.sources.budget.fingerprint(self.settings(), outcome.result),
-            )
-        except (OSError, ValueError) as exc:
-            self.app.call_from_thread(self.app.notify, f"history: cannot save {probe_id}: {exc}", severity="warning")
 
     # -- what the thread posted ------------------------------------------------------------------------------------
 

@@ -165,11 +165,20 @@ def capture_and_load(
     check_size(files, options.max_bytes)
     progress(f"trace: reading {len(files)} trace file{'s' if len(files) > 1 else ''}…")
     traces = analyze_path(files)
-    model = scenario.get("model")
     return TraceLoad(
         traces,
         result.path if len(files) == 1 else result.output_dir,
         max(f.stat().st_mtime for f in files),
         f"captured from {url} ({result.engine})",
-        layers_of(model if isinstance(model, str) else None),
+        layers_of(_source_of(scenario.get("model"))),
     )
+
+
+def _source_of(model: object) -> ModelSource | None:
+    """The model of a capture's scenario ({"kind": "preset" | "config", "value": …}), None where it names none."""
+    if not isinstance(model, Mapping):
+        return None
+    kind, value = model.get("kind"), model.get("value")
+    if kind not in ("preset", "config") or not isinstance(value, str) or not value:
+        return None
+    return ModelSource(str(kind), value)

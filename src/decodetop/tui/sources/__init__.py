@@ -2,7 +2,7 @@
 the package's modules are the real ones, one per source, each beside the module that turns its data into views.
 
 The app calls these only from worker threads (blocking calls) or as cheap, non-blocking ones from the event loop
-(`start`, `cancel`, `set_quiet`), so the event loop never waits on a probe, an NVML call or a file. Tests and
+(`start`, `cancel`), so the event loop never waits on a probe, an NVML call or a file. Tests and
 snapshots pass their own implementations; `decodetop.tui.launch` builds the real ones (`telemetry`, `probes`,
 `budget`, `checks`, `server`) over the packages beneath.
 """
@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from decodetop.collectors.checks.result import CheckResult
+from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.history import Fingerprint, History
 from decodetop.pipeline.gpu_guard import GpuGuard
+from decodetop.pipeline.observed import TracedStep
 from decodetop.settings import Settings
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources.server import ServerPoller
@@ -33,24 +35,25 @@ class TelemetrySource(Protocol):
     def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
         """Start collecting (non-blocking); `on_frame` is called from the collector's thread."""
 
-    def set_quiet(self, quiet: bool) -> None:
-        """While True, skip costly calls (process lists) because a latency probe is running."""
-
     def close(self) -> None:
         """Stop the thread and wait for it (bounded)."""
 
 
 @dataclass(frozen=True)
 class ProbeOutcome:
-    """What a finished probe gives the UI: its row, a JSON body for the history, the raw result for the budget."""
+    """What a finished probe gives the UI: its row, a JSON body (as the history keeps it), the raw result for the
+    budget, and a problem of the run's callbacks to say (the history could not be written)."""
 
     view: ProbeView
     payload: Mapping[str, Any] = field(default_factory=dict)
     result: object = None
+    problem: str = ""
 
 
 class ProbeSource(Protocol):
-    """The probe group: one blocking run at a time, cancellable from the event loop."""
+    """The probe group: one blocking run at a time, cancellable from the event loop. A live group runs each probe
+    through the one plan runner (`decodetop.pipeline.plan_runner`): the GPU guard, telemetry paused for
+    latency-sensitive probes, the history and the taps as its callbacks."""
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The probes to run for `settings`' model, in order (may block briefly: called in a worker)."""
@@ -60,9 +63,6 @@ class ProbeSource(Protocol):
 
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
         """Rebuild an outcome from a history entry (None if the payload is not understood)."""
-
-    def is_latency_probe(self, probe_id: str) -> bool:
-        """True if telemetry should go quiet while this probe runs."""
 
     def cancel(self) -> None:
         """Cancel the running probe (non-blocking; the run returns a cancelled outcome)."""
@@ -83,8 +83,11 @@ class BudgetSource(Protocol):
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
         """Chart series taken from the probe results."""
 
-    def fingerprint(self, settings: Settings, result: object) -> Fingerprint | None:
-        """Where a fresh result of this session was measured, stored with it in the history (None: unknown)."""
+    def note_server(self, answer: ServerStep | ServerStatus) -> None:
+        """The --server poller's latest answer (any thread): the observed step follows the one rule."""
+
+    def note_trace(self, traced: TracedStep | None) -> None:
+        """A loaded trace's decode steps (any thread): an observation too (`decodetop.pipeline.observed`)."""
 
     def accepts(self, fingerprint: Fingerprint | None, settings: Settings) -> bool:
         """Whether a stored record with `fingerprint` may feed the budget for `settings` (same host, devices,
@@ -122,3 +125,6 @@ class Sources:
     gpu_guard: GpuGuard | None = None
     """Whether other processes (a serving engine) hold the probe group's GPUs, and the user's consent to probe
     them anyway; None where nothing runs on a GPU (CPU ranks, --no-probes, a replay)."""
+    settings: Settings | None = None
+    """The settings the sources were built for, where they differ from those given (a replay restores the scenario
+    of its recording); None: the ones given."""

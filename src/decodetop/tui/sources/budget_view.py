@@ -48,6 +48,7 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         header=budget.header,
         observed_assumed=obs.assumed,
         observed_text=obs.text,
+        observed_source=obs.source,
         verdict=budget.verdict,
         hardware_text=budget.hardware_text,
         ranks_text=budget.ranks.short_line() if budget.ranks is not None else "",

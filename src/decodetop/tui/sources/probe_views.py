@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from decodetop.probes.results import Measurement, ProbeResult
 from decodetop.textfmt import format_bytes, format_duration_us, format_number
@@ -183,18 +182,6 @@ def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
         telemetry_text=tuple(telemetry),
         details=tuple(details),
     )
-
-
-def compact_payload(data: dict[str, Any]) -> dict[str, Any]:
-    """A result's dict without the raw samples (stats and metrics stay): what the history keeps of a probe."""
-    out = dict(data)
-    measurements = []
-    for raw in data.get("measurements", ()):
-        m = dict(raw)
-        m["per_rank"] = [{k: v for k, v in r.items() if k != "samples"} for r in m.get("per_rank", ())]
-        measurements.append(m)
-    out["measurements"] = measurements
-    return out
 
 
 def utc_to_unix(text: str) -> float | None:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from decodetop.budget.plan import build_plan
+from decodetop.budget.scenario import Scenario
 from decodetop.errors import DecodetopError
+from decodetop.pipeline.gpu_guard import GpuGuard, GpusHeldError
+from decodetop.pipeline.plan_runner import PlanRunner, ResultHook
+from decodetop.pipeline.result_history import compact_payload
 from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.hooks import ProbeRequest
 from decodetop.probes.protocol import Progress
@@ -22,14 +26,11 @@ from decodetop.settings import Settings
 from decodetop.tui.model import ProbeState, ProbeView
 from decodetop.tui.probe_group import group_of, scenario_for
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback
-from decodetop.tui.sources.probe_views import compact_payload, probe_view, utc_to_unix
+from decodetop.tui.sources.probe_views import probe_view, utc_to_unix
 
 if TYPE_CHECKING:
     # types only: the controller module pulls in multiprocessing (a --replay or --no-probes session never loads it)
     from decodetop.probes.controller import GroupLayout, ProbeController
-
-BANDWIDTH_PROBES = frozenset({"membw"})
-"""Probes that time large copies (hundreds of µs and up), which a process-list call does not disturb."""
 
 
 @contextlib.contextmanager
@@ -58,7 +59,10 @@ def start_resource_tracker() -> None:
 
 
 class ControllerProbes:
-    """`ProbeSource` over `decodetop.probes.controller.ProbeController`; the group is spawned on the first run."""
+    """`ProbeSource` over `decodetop.probes.controller.ProbeController` (spawned on the first run), each run through
+    the one plan runner (`decodetop.pipeline.plan_runner.PlanRunner`): `guard` (other processes on the GPUs refuse a
+    run until the user consents), `pause` (telemetry's costly calls paused while a latency-sensitive probe runs) and
+    the `on_result` callbacks (the history, the taps)."""
 
     def __init__(
         self,
@@ -67,12 +71,13 @@ class ControllerProbes:
         *,
         cpu_rank_nice: int | None = None,
         layout: Callable[[], GroupLayout] | None = None,
-        preflight: Callable[[Sequence[int]], str | None] | None = None,
+        guard: GpuGuard | None = None,
+        pause: Callable[[], AbstractContextManager[object]] | None = None,
+        on_result: Sequence[ResultHook] = (),
         flags: ScenarioFlags | None = None,
     ):
         self._make = make_controller
-        self.preflight = preflight
-        """Given our ranks' pids, says why probing must not start now (another process holds a GPU), or None."""
+        self.runner = PlanRunner(self._group, guard=guard, pause=pause, on_result=on_result)
         self.layout = layout
         """Returns the group's `GroupLayout` without spawning it (the plan depends on its size and device kind)."""
         self.flags = flags or ScenarioFlags()
@@ -88,6 +93,14 @@ class ControllerProbes:
         self._closed = False
         self.telemetry_line = telemetry_line
         """Returns a one-line summary of the current telemetry (clocks, clock events), recorded with each run."""
+        self.scenario: Scenario | None = None
+        """The scenario of the latest plan: what this session's runs measure (their results' fingerprint)."""
+
+    def _group(self) -> ProbeController:
+        """The plan runner's group: spawned on the first run, its CPU ranks reniced."""
+        controller = self._get()
+        self._renice(controller)
+        return controller
 
     def _get(self) -> ProbeController:
         with self._lock:
@@ -105,6 +118,7 @@ class ControllerProbes:
         layout = self.layout() if self.layout is not None else None
         group = group_of(layout) if layout is not None else None
         scenario = scenario_for(settings, group, self.flags)
+        self.scenario = scenario
         inventory = scenario.inventory()
         world = group.size if group is not None else scenario.tp
         kind = group.kind if group is not None else "cuda"
@@ -121,34 +135,21 @@ class ControllerProbes:
         ]
 
     def run(self, probe_id: str, on_progress: ProgressCallback) -> ProbeOutcome:
-        """Run one probe on the group (blocking), with the plan's parameters for it."""
+        """Run one probe on the group (blocking), with the plan's parameters for it, through the plan runner."""
         before = self.telemetry_line() if self.telemetry_line else ""
-        if self.preflight is not None:
-            own = self._controller.rank_pids() if self._controller is not None else []
-            refusal = self.preflight(own)
-            if refusal:
-                view = ProbeView(probe_id=probe_id, title=probe_id, state=ProbeState.UNSUPPORTED, error=refusal)
-                return ProbeOutcome(view=view)
+
+        def progress(p: Progress) -> None:
+            fraction = p.done / p.total if p.total else None
+            on_progress(fraction, p.line())
+
+        request = self._requests.get(probe_id)
+        params = dict(request.params) if request is not None else None
         try:
-            controller = self._get()
-
-            def progress(p: Progress) -> None:
-                fraction = p.done / p.total if p.total else None
-                on_progress(fraction, p.line())
-
-            self._renice(controller)
-            request = self._requests.get(probe_id)
-            params = dict(request.params) if request is not None else None
-            result = controller.run(probe_id, params, on_progress=progress)
-        except Exception as exc:  # the group could not start, or the controller is closed
-            view = ProbeView(
-                probe_id=probe_id,
-                title=probe_id,
-                state=ProbeState.FAILED,
-                error=f"{type(exc).__name__}: {exc}",
-                traceback=traceback.format_exc(),
-            )
+            result = self.runner.run(probe_id, params, on_progress=progress)
+        except GpusHeldError as refused:  # other processes hold the GPUs and the user has not consented
+            view = ProbeView(probe_id=probe_id, title=probe_id, state=ProbeState.UNSUPPORTED, error=refused.screen_text)
             return ProbeOutcome(view=view)
+        problems = [f"result not kept: {line}" for line in self.runner.take_problems()]
         after = self.telemetry_line() if self.telemetry_line else ""
         view = probe_view(result, title=probe_id)
         lines = tuple(
@@ -157,7 +158,8 @@ class ControllerProbes:
         if lines:
             view = replace(view, telemetry_text=lines + view.telemetry_text)
         payload = compact_payload(result.to_dict()) if result.ok else {}
-        return ProbeOutcome(view=view, payload=payload, result=result if result.ok else None)
+        result_ok = result if result.ok else None
+        return ProbeOutcome(view=view, payload=payload, result=result_ok, problem="; ".join(problems))
 
     def _renice(self, controller: ProbeController) -> None:
         """Lower the priority of CPU ranks (our own children; nothing about the host changes)."""
@@ -180,11 +182,6 @@ class ControllerProbes:
         except (KeyError, TypeError, ValueError):
             return None
         return ProbeOutcome(view=probe_view(result, title=probe_id), payload=payload, result=result)
-
-    def is_latency_probe(self, probe_id: str) -> bool:
-        """Every probe times microseconds; NVML's process-list call holds the driver lock for milliseconds
-        (docs/reference/peers.md §3.8), so telemetry skips it while any probe but the bandwidth one runs."""
-        return probe_id not in BANDWIDTH_PROBES
 
     def cancel(self) -> None:
         """Cancel the running probe (any thread)."""
@@ -224,10 +221,6 @@ class NoProbes:
         """History still shows."""
         return ControllerProbes.restore(self, probe_id, payload, measured_at_s)  # type: ignore[arg-type]
 
-    def is_latency_probe(self, probe_id: str) -> bool:
-        """Nothing runs."""
-        return False
-
     def cancel(self) -> None:
         """Nothing runs."""
 
@@ -236,10 +229,12 @@ class NoProbes:
 
 
 class ReplayProbes:
-    """`ProbeSource` for ``--replay``: "running" a probe shows the recorded result (the newest of each probe)."""
+    """`ProbeSource` for ``--replay``: "running" a probe shows the recorded result (the newest of each probe), handed
+    to `on_result` as a live run's is (the taps: --prometheus)."""
 
-    def __init__(self, results: Sequence[ProbeResult]) -> None:
+    def __init__(self, results: Sequence[ProbeResult], on_result: Sequence[ResultHook] = ()) -> None:
         self.results = {r.probe: r for r in results}
+        self.on_result = tuple(on_result)
 
     def plan(self, settings: Settings) -> list[ProbeView]:
         """The recorded probes, in recorded order."""
@@ -252,6 +247,8 @@ class ReplayProbes:
             return ProbeOutcome(
                 view=ProbeView(probe_id, probe_id, ProbeState.UNSUPPORTED, error="not in the recording")
             )
+        for hook in self.on_result:
+            hook(result)
         view = probe_view(result, title=probe_id)
         at = utc_to_unix(result.started_utc) if result.started_utc else None
         return ProbeOutcome(view=replace(view, measured_at_s=at), result=result if result.ok else None)
@@ -259,10 +256,6 @@ class ReplayProbes:
     def restore(self, probe_id: str, payload: Mapping[str, Any], measured_at_s: float) -> ProbeOutcome | None:
         """No history in a replay."""
         return None
-
-    def is_latency_probe(self, probe_id: str) -> bool:
-        """Nothing really runs."""
-        return False
 
     def cancel(self) -> None:
         """Nothing runs."""

@@ -1,6 +1,6 @@
-"""Provides the ``--server`` source: `ServerPoller` polls the serving engine's observed step on a thread, and
-`BudgetServerPoller` hands each answer to the budget before the screen, so the next composition says where the
-observed step came from (or that the server could not be read).
+"""Provides the ``--server`` source: `ServerPoller` polls the serving engine's observed step on a thread; the app hands
+each answer to the budget source (`BudgetSource.note_server`), so the next composition says where the observed step
+came from (or that the server could not be read), and to the taps.
 
 Each poll runs on the poller's thread, never on the event loop (it waits on the network).
 """
@@ -10,12 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from decodetop.collectors.serving import ServerStatus, ServerStep
-
-if TYPE_CHECKING:
-    from decodetop.tui.sources.budget import PresetBudget
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +64,3 @@ class ServerPoller:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(CLOSE_WAIT_S)
-
-
-class BudgetServerPoller(ServerPoller):
-    """`ServerPoller` that hands each answer to the budget first, so its next composition says where the observed
-    step came from (or that the server could not be read)."""
-
-    def __init__(self, source: StepSource, budget: PresetBudget, period_s: float = SERVER_POLL_S) -> None:
-        super().__init__(source, period_s)
-        self.budget = budget
-
-    def start(self, on_answer: Callable[[ServerStep | ServerStatus], None]) -> None:
-        """Start polling; each answer goes to the budget, then to `on_answer`."""
-
-        def both(answer: ServerStep | ServerStatus) -> None:
-            self.budget.note_server(answer)
-            on_answer(answer)
-
-        super().start(both)

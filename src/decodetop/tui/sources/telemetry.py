@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
@@ -41,12 +42,10 @@ class CollectorTelemetry:
         self._on_frame = on_frame
         self.collector.start()
 
-    def set_quiet(self, quiet: bool) -> None:
-        """Pause process lists while a latency probe runs."""
-        if quiet:
-            self.collector.costly_paused.set()
-        else:
-            self.collector.costly_paused.clear()
+    def latency_probe(self) -> AbstractContextManager[None]:
+        """No costly NVML call (process lists) while the block runs: the plan runner's pause for a
+        latency-sensitive probe (`TelemetryCollector.latency_probe`)."""
+        return self.collector.latency_probe()
 
     def close(self) -> None:
         """Stop the thread, then release NVML."""
@@ -81,9 +80,6 @@ class ReplayTelemetry:
 
         self._thread = threading.Thread(target=run, name="decodetop-replay", daemon=True)
         self._thread.start()
-
-    def set_quiet(self, quiet: bool) -> None:
-        """Nothing costly to pause in a replay."""
 
     def close(self) -> None:
         """Stop the thread."""

@@ -187,7 +187,8 @@ class TracedBar(Widget, can_focus=True):
         if budget is not None:
             probed = {s.key: s.ms for s in budget.components if s.status != "missing"}
             observed = budget.observed_ms
-        view = traced_view(load.traces, probed, observed_ms=observed, layers=load.layers)
+        from_trace = budget is not None and budget.observed_source == "trace"
+        view = traced_view(load.traces, probed, observed_ms=observed, layers=load.layers, observed_is_trace=from_trace)
         self._view_cache = (load, budget, view)
         return view
 
@@ -256,7 +257,7 @@ class TracedBar(Widget, can_focus=True):
 
     @on(TraceLoaded)
     def _loaded(self, message: TraceLoaded) -> None:
-        message.stop()
+        # not stopped: the app hands the trace's steps to the budget (an observation of the engine's step)
         self.busy = False
         if message.load is None:
             self.display = self.load is not None
