@@ -12,11 +12,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "decodetop"
 MAX_LINES = 800
 
-KNOWN_DEBT: frozenset[str] = frozenset(
-    {
-        "budget/spec.py",  # the model-family registry takes the `model_type` branches out of it
-    }
-)
+KNOWN_DEBT: frozenset[str] = frozenset()
 """Paths under src/decodetop still over MAX_LINES, each being split; shrink, never grow."""
 
 
@@ -46,6 +42,7 @@ def test_no_module_over_the_limit_outside_the_known_debt() -> None:
 
 
 def test_the_known_debt_list_is_true() -> None:
+    """Empty today, so this can only fail once an entry is added: the planted tree below shows the check works."""
     paid = paid_debt(long_modules(SRC), KNOWN_DEBT)
     assert not paid, f"no longer over {MAX_LINES} lines, remove from KNOWN_DEBT: {', '.join(paid)}"
 

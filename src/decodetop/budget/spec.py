@@ -1,10 +1,11 @@
 """Provides `ModelSpec`: a model's architecture in canonical fields, read from an HF `config.json` (+ quantization
 config) or a built-in preset, and the list of its weight modules with their storage format.
 
-Field names differ by family (docs/reference/models.md §4): the reader dispatches on `model_type` (also inside
-`text_config` of multimodal wrappers), treats MLA as "`kv_lora_rank` present" and DSA as "`index_topk` present", and
-never uses `head_dim` when `qk_nope_head_dim` is present. Every value is checked: a missing key, a wrong type, a
-negative or absurd size or an unknown family raises `ConfigError` naming the file and the key (exit code 2 in the CLI).
+Field names differ by family (docs/reference/models.md §4): the reader finds the config's `model_type` (also
+inside `text_config` of multimodal wrappers) in the family registry (`budget/families/`, one module per family),
+treats MLA as "`kv_lora_rank` present" and DSA as "`index_topk` present", and never uses `head_dim` when
+`qk_nope_head_dim` is present. Every value is checked: a missing key, a wrong type, a negative or absurd size or an
+unknown family raises `ConfigError` naming the file and the key (exit code 2 in the CLI).
 
 Parameter counts follow docs/reference/models.md §3: weights only, norms ignored, biases counted where the family has
 them. `params_total` excludes the MTP layer(s) (as the published totals do); `params_active` is what one decode token
@@ -15,14 +16,16 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from decodetop import jsonio
 from decodetop.budget.components import Component
+from decodetop.budget.config_reader import MAX_HEADS, MAX_LAYERS, MAX_VOCAB, ConfigReader, short
+from decodetop.budget.families import FAMILIES
+from decodetop.budget.families.base import AddModule, Family, read_attention, read_ffn
 from decodetop.budget.quant import (
     DTYPE_NAMES,
     ConfigError,
@@ -36,19 +39,6 @@ from decodetop.errors import UserInputError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 """A config.json is a few KB; anything this large is not one (and is not read)."""
-
-GQA_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "olmo2")
-"""Dense decoder families read by their standard keys (hidden_size, intermediate_size, num_key_value_heads...)."""
-DEEPSEEK_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "gpt_oss", "glm4_moe")
-SUPPORTED_MODEL_TYPES = GQA_FAMILIES + MOE_FAMILIES + DEEPSEEK_FAMILIES
-
-# Plausibility bounds: larger values are typos or garbage, not models (the largest published configs are far below).
-_MAX_LAYERS = 4096
-_MAX_WIDTH = 1 << 20
-_MAX_VOCAB = 1 << 24
-_MAX_HEADS = 1 << 14
-_MAX_EXPERTS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -215,89 +205,14 @@ class ModelSpec:
 
 # --- reading config.json -------------------------------------------------------------------------------------
 
-_MISSING = object()
 
-
-class _Reader:
-    """Typed, bounded access to a config dict; every failure is a ConfigError naming file and key."""
-
-    def __init__(self, cfg: Mapping[str, Any], file: str, prefix: str = "") -> None:
-        self.cfg = cfg
-        self.file = file
-        self.prefix = prefix
-
-    def error(self, key: str, problem: str) -> ConfigError:
-        return ConfigError(self.file, self.prefix + key, problem)
-
-    def has(self, key: str) -> bool:
-        return self.cfg.get(key) is not None
-
-    def int_(self, key: str, default: object = _MISSING, lo: int = 1, hi: int = _MAX_WIDTH) -> int:
-        value = self.cfg.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise self.error(key, "missing (required for this model_type)")
-            assert isinstance(default, int)
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.error(key, f"expected an integer, got {type(value).__name__} {_short(value)}")
-        if isinstance(value, float):
-            if not math.isfinite(value) or value != int(value):
-                raise self.error(key, f"expected an integer, got {_short(value)}")
-            value = int(value)
-        if not lo <= value <= hi:
-            raise self.error(key, f"{value} is out of range ({lo}..{hi})")
-        return int(value)
-
-    def float_(self, key: str, default: float, lo: float, hi: float) -> float:
-        value = self.cfg.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.error(key, f"expected a number, got {_short(value)}")
-        if not lo <= value <= hi:
-            raise self.error(key, f"{value} is out of range ({lo}..{hi})")
-        return float(value)
-
-    def bool_(self, key: str, default: bool) -> bool:
-        value = self.cfg.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {_short(value)}")
-        return value
-
-    def str_(self, key: str, default: str, allowed: tuple[str, ...]) -> str:
-        value = self.cfg.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str) or value not in allowed:
-            raise self.error(key, f"expected one of {', '.join(allowed)}, got {_short(value)}")
-        return value
-
-    def int_list(self, key: str, hi: int) -> tuple[int, ...]:
-        value = self.cfg.get(key)
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi for v in value
-        ):
-            raise self.error(key, f"expected a list of layer indices below {hi}")
-        return tuple(value)
-
-
-def _short(value: object) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _base_format(r: _Reader) -> WeightFormat:
+def _base_format(r: ConfigReader) -> WeightFormat:
     for key in ("torch_dtype", "dtype"):
         value = r.cfg.get(key)
         if value is None:
             continue
         if not isinstance(value, str) or value not in DTYPE_NAMES:
-            raise r.error(key, f"unknown dtype {_short(value)} (known: {', '.join(DTYPE_NAMES)})")
+            raise r.error(key, f"unknown dtype {short(value)} (known: {', '.join(DTYPE_NAMES)})")
         return DTYPE_NAMES[value]
     return WeightFormat.BF16  # docs/reference/models.md §4: gpt-oss has no dtype key; its non-expert weights are BF16
 
@@ -306,7 +221,7 @@ def _text_config(config: Mapping[str, Any], file: str) -> tuple[Mapping[str, Any
     """The dict holding the language model's keys, and its key prefix for messages."""
     model_type = config.get("model_type")
     inner = config.get("text_config")
-    if isinstance(inner, dict) and (model_type not in SUPPORTED_MODEL_TYPES or "num_hidden_layers" not in config):
+    if isinstance(inner, dict) and (model_type not in FAMILIES or "num_hidden_layers" not in config):
         return inner, "text_config."
     if inner is not None and not isinstance(inner, dict):
         raise ConfigError(file, "text_config", "expected a JSON object")
@@ -326,25 +241,24 @@ def spec_from_config(
     if not isinstance(config, dict):
         raise ConfigError(file, "", f"expected a JSON object at the top level, got {type(config).__name__}")
     cfg, prefix = _text_config(config, file)
-    r = _Reader(cfg, file, prefix)
-    model_type = _model_type(r)
+    r = ConfigReader(cfg, file, prefix)
+    model_type, family = _family(r)
     base = _base_format(r)
     quant = _read_quant(config, cfg=cfg, file=file, hf_quant=hf_quant_config, hf_quant_file=hf_quant_file, base=base)
 
-    n_layers = r.int_("num_hidden_layers", hi=_MAX_LAYERS)
+    n_layers = r.int_("num_hidden_layers", hi=MAX_LAYERS)
     d_model = r.int_("hidden_size")
-    vocab = r.int_("vocab_size", hi=_MAX_VOCAB)
-    n_heads = r.int_("num_attention_heads", hi=_MAX_HEADS)
-    n_kv = r.int_("num_key_value_heads", default=n_heads, hi=_MAX_HEADS)
+    vocab = r.int_("vocab_size", hi=MAX_VOCAB)
+    n_heads = r.int_("num_attention_heads", hi=MAX_HEADS)
+    n_kv = r.int_("num_key_value_heads", default=n_heads, hi=MAX_HEADS)
     tie = r.bool_("tie_word_embeddings", False)
     n_mtp = r.int_("num_nextn_predict_layers", default=0, lo=0, hi=16)
-    attn = _read_attention(r, model_type, d_model, n_heads, n_kv)
-    default_bias = model_type in ("qwen2", "gpt_oss")  # Qwen2 always has q/k/v biases; gpt-oss has every bias
-    attention_bias = r.bool_("attention_bias", default_bias) or model_type == "qwen2"
-    o_bias = attention_bias and model_type in ("llama", "gpt_oss", "mistral", "granite", "olmo2")
-    qk_norm = model_type in ("qwen3", "qwen3_moe") or r.bool_("use_qk_norm", False)
-    window, sliding = _read_sliding_window(r, model_type, n_layers)
-    ffn = _read_ffn(r, model_type, n_layers)
+    attn = read_attention(r, family, d_model, n_heads, n_kv)
+    attention_bias = r.bool_("attention_bias", family.attention_bias_default) or family.attention_bias_always
+    o_bias = attention_bias and family.o_bias_with_attention_bias
+    qk_norm = family.qk_norm_always or r.bool_("use_qk_norm", False)
+    window, sliding = family.read_sliding_window(r, n_layers)
+    ffn = read_ffn(r, family, n_layers)
 
     spec = ModelSpec(
         name=name or str(cfg.get("_name_or_path") or model_type),
@@ -390,192 +304,14 @@ def spec_from_config(
     return spec
 
 
-def _model_type(r: _Reader) -> str:
-    """The config's `model_type`, one of the families decodetop knows."""
+def _family(r: ConfigReader) -> tuple[str, Family]:
+    """The config's `model_type`, one of the families decodetop knows, and that family."""
     model_type = r.cfg.get("model_type")
     if model_type is None:
         raise r.error("model_type", "missing")
-    if not isinstance(model_type, str) or model_type not in SUPPORTED_MODEL_TYPES:
-        raise r.error(
-            "model_type", f"{_short(model_type)} is not a family decodetop knows ({', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    return model_type
-
-
-@dataclass(frozen=True)
-class _AttentionShape:
-    """The attention fields of a ModelSpec, as one family's keys give them (zeros where the kind has none)."""
-
-    kind: str
-    head_dim: int
-    v_head_dim: int
-    n_kv_heads: int
-    """KV heads in the cache: 1 latent head under MLA."""
-    rotary_dim: int
-    q_lora_rank: int = 0
-    kv_lora_rank: int = 0
-    qk_nope_head_dim: int = 0
-    qk_rope_head_dim: int = 0
-    index_topk: int = 0
-    index_n_heads: int = 0
-    index_head_dim: int = 0
-
-
-def _read_attention(r: _Reader, model_type: str, d_model: int, n_heads: int, n_kv: int) -> _AttentionShape:
-    """MLA where the family is DeepSeek's or `kv_lora_rank` is present, else grouped-query attention."""
-    if model_type in DEEPSEEK_FAMILIES or r.has("kv_lora_rank"):
-        return _read_mla(r)
-    if n_kv > n_heads or n_heads % n_kv:
-        raise r.error("num_key_value_heads", f"{n_kv} does not divide num_attention_heads {n_heads}")
-    if r.has("head_dim"):
-        head_dim = r.int_("head_dim", hi=8192)
-    else:
-        if d_model % n_heads:
-            raise r.error("num_attention_heads", f"{n_heads} does not divide hidden_size {d_model}")
-        head_dim = d_model // n_heads
-    rotary = max(2, int(head_dim * r.float_("partial_rotary_factor", 1.0, 0.0, 1.0)))
-    return _AttentionShape("gqa", head_dim, head_dim, n_kv, rotary)
-
-
-def _read_mla(r: _Reader) -> _AttentionShape:
-    """Multi-head latent attention's ranks and head widths, and DSA's indexer where `index_topk` is present."""
-    kv_lora = r.int_("kv_lora_rank", hi=65536)
-    q_lora = r.int_("q_lora_rank", default=0, lo=0, hi=65536)
-    nope = r.int_("qk_nope_head_dim", hi=8192)
-    rope = r.int_("qk_rope_head_dim", hi=8192)
-    v_dim = r.int_("v_head_dim", hi=8192)
-    index_topk = index_heads = index_dim = 0
-    if r.has("index_topk"):
-        index_topk = r.int_("index_topk", hi=1 << 24)
-        index_heads = r.int_("index_n_heads", hi=_MAX_HEADS)
-        index_dim = r.int_("index_head_dim", hi=8192)
-    return _AttentionShape(
-        kind="mla",
-        head_dim=nope + rope,  # docs/reference/models.md §4 rule 4: never `head_dim` when qk_nope_head_dim is present
-        v_head_dim=v_dim,
-        n_kv_heads=1,
-        rotary_dim=rope,
-        q_lora_rank=q_lora,
-        kv_lora_rank=kv_lora,
-        qk_nope_head_dim=nope,
-        qk_rope_head_dim=rope,
-        index_topk=index_topk,
-        index_n_heads=index_heads,
-        index_head_dim=index_dim,
-    )
-
-
-def _read_sliding_window(r: _Reader, model_type: str, n_layers: int) -> tuple[int, tuple[int, ...]]:
-    """The sliding window in tokens (0: none) and the layers that use it."""
-    if model_type == "gpt_oss":
-        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
-        types = r.cfg.get("layer_types")
-        if types is not None:
-            if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
-                raise r.error("layer_types", f"expected {n_layers} layer type strings")
-            return window, tuple(i for i, t in enumerate(types) if t == "sliding_attention")
-        # gpt-oss alternates sliding and full attention (docs/reference/models.md §2)
-        return window, (tuple(range(0, n_layers, 2)) if window else ())
-    if model_type == "mistral" or (model_type in ("qwen2", "qwen3") and r.bool_("use_sliding_window", False)):
-        window = r.int_("sliding_window", default=0, lo=0, hi=1 << 24)
-        return window, (tuple(range(n_layers)) if window else ())
-    return 0, ()
-
-
-@dataclass(frozen=True)
-class _FfnShape:
-    """The MLP and MoE fields of a ModelSpec (zeros and defaults where the family has no experts)."""
-
-    ffn_dense: int = 0
-    ffn_expert: int = 0
-    n_experts: int = 0
-    top_k: int = 0
-    n_shared_experts: int = 0
-    moe_layers: tuple[int, ...] = ()
-    expert_bias: bool = False
-    scoring_func: str = "softmax"
-    n_group: int = 1
-    topk_group: int = 1
-
-
-def _read_ffn(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
-    """The dense MLP width and the experts, by family; top_k checked against the expert count."""
-    if model_type in GQA_FAMILIES:
-        ffn = _FfnShape(ffn_dense=r.int_("intermediate_size"))
-    elif model_type in ("mixtral", "gpt_oss"):
-        ffn = _read_every_layer_moe(r, model_type, n_layers)
-    elif model_type == "qwen3_moe":
-        ffn = _read_qwen3_moe(r, n_layers)
-    else:  # deepseek families and glm4_moe
-        ffn = _read_deepseek_moe(r, model_type, n_layers)
-    if ffn.n_experts and ffn.top_k > ffn.n_experts:
-        raise r.error("num_experts_per_tok", f"{ffn.top_k} is more than the {ffn.n_experts} experts")
-    if ffn.n_experts and ffn.top_k < 1:
-        raise r.error("num_experts_per_tok", "missing or zero for a model with routed experts")
-    return ffn
-
-
-def _read_every_layer_moe(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
-    """Mixtral and gpt-oss: experts in every layer, no dense MLP, no shared expert."""
-    return _FfnShape(
-        # docs/reference/models.md §0.3: the *expert* FFN width in these two families
-        ffn_expert=r.int_("intermediate_size"),
-        n_experts=r.int_("num_local_experts", hi=_MAX_EXPERTS),
-        top_k=r.int_("num_experts_per_tok", default=r.int_("experts_per_token", default=0, lo=0), lo=1),
-        moe_layers=tuple(range(n_layers)),
-        expert_bias=model_type == "gpt_oss",
-    )
-
-
-def _read_qwen3_moe(r: _Reader, n_layers: int) -> _FfnShape:
-    """Qwen3-MoE: experts every `decoder_sparse_step` layers except `mlp_only_layers`, which are dense."""
-    ffn_expert = r.int_("moe_intermediate_size")
-    n_experts = r.int_("num_experts", default=0, lo=0, hi=_MAX_EXPERTS)
-    mlp_only = set(r.int_list("mlp_only_layers", n_layers))
-    step = r.int_("decoder_sparse_step", default=1, hi=_MAX_LAYERS)
-    top_k = 0
-    moe_layers: tuple[int, ...] = ()
-    if n_experts:
-        top_k = r.int_("num_experts_per_tok")
-        moe_layers = tuple(i for i in range(n_layers) if i not in mlp_only and (i + 1) % step == 0)
-    ffn_dense = r.int_("intermediate_size") if len(moe_layers) < n_layers else 0
-    return _FfnShape(ffn_dense, ffn_expert, n_experts, top_k, moe_layers=moe_layers)
-
-
-def _read_deepseek_moe(r: _Reader, model_type: str, n_layers: int) -> _FfnShape:
-    """DeepSeek families and GLM-4.5 MoE: dense first layers, then routed + shared experts with group routing."""
-    n_experts = r.int_(
-        "n_routed_experts",
-        default=r.int_("num_local_experts", default=r.int_("num_experts", default=0, lo=0), lo=0),
-        lo=0,
-        hi=_MAX_EXPERTS,
-    )
-    if not n_experts:  # a dense model of this family: every layer is a dense MLP
-        return _FfnShape(ffn_dense=r.int_("intermediate_size"))
-    top_k = r.int_("num_experts_per_tok")
-    ffn_expert = r.int_("moe_intermediate_size")
-    n_shared = r.int_("n_shared_experts", default=0, lo=0, hi=64)
-    moe_layers = _deepseek_moe_layers(r, n_layers)
-    scoring = r.str_("scoring_func", "sigmoid" if model_type != "deepseek_v2" else "softmax", ("softmax", "sigmoid"))
-    n_group = r.int_("n_group", default=1, hi=_MAX_EXPERTS)
-    topk_group = r.int_("topk_group", default=1, hi=n_group)
-    if n_experts % n_group:
-        raise r.error("n_group", f"{n_group} does not divide the {n_experts} routed experts")
-    ffn_dense = r.int_("intermediate_size") if len(moe_layers) < n_layers else 0
-    return _FfnShape(ffn_dense, ffn_expert, n_experts, top_k, n_shared, moe_layers, False, scoring, n_group, topk_group)
-
-
-def _deepseek_moe_layers(r: _Reader, n_layers: int) -> tuple[int, ...]:
-    """The MoE layers: every `moe_layer_freq`-th after `first_k_dense_replace`, or as `mlp_layer_types` lists them."""
-    first_dense = r.int_("first_k_dense_replace", default=0, lo=0, hi=n_layers)
-    freq = r.int_("moe_layer_freq", default=1, hi=_MAX_LAYERS)
-    moe_layers = tuple(i for i in range(first_dense, n_layers) if i % freq == 0)
-    types = r.cfg.get("mlp_layer_types")
-    if types is not None:  # transformers >= 5 may write the list instead (docs/reference/models.md §4)
-        if not isinstance(types, list) or len(types) != n_layers or not all(isinstance(t, str) for t in types):
-            raise r.error("mlp_layer_types", f"expected {n_layers} layer type strings")
-        moe_layers = tuple(i for i, t in enumerate(types) if t != "dense")
-    return moe_layers
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
+        raise r.error("model_type", f"{short(model_type)} is not a family decodetop knows ({', '.join(FAMILIES)})")
+    return model_type, FAMILIES[model_type]
 
 
 def _read_quant(
@@ -613,27 +349,11 @@ def _read_quant(
 # --- module list ---------------------------------------------------------------------------------------------
 
 
-class _AddModule(Protocol):
-    """Appends one row to the module table being built (its format and bits from the checkpoint's quantization)."""
-
-    def __call__(  # noqa: PLR0917 - one row of the module table
-        self,
-        name: str,
-        kind: str,
-        comp: Component,
-        role: str,
-        layer: int,
-        n_in: int,
-        n_out: int,
-        copies: int = 1,
-        bias: bool = False,
-    ) -> None: ...
-
-
 def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tuple[WeightModule, ...]:
     """The modules of `layers` (MTP layers follow the main ones), plus embedding and lm_head if `model_level`."""
     out: list[WeightModule] = []
     quant = spec.quant
+    family = FAMILIES[spec.model_type]
 
     def add(  # noqa: PLR0917 - one row of the module table
         name: str,
@@ -662,7 +382,7 @@ def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tup
         else:
             _add_gqa(spec, add, i)
         if i in moe or (mtp and spec.is_moe):
-            _add_moe(spec, add, i)
+            family.add_experts(spec, add, i)
         else:
             m = f"model.layers.{i}.mlp."
             dense = Component.DENSE_MLP
@@ -674,7 +394,7 @@ def _build_modules(spec: ModelSpec, layers: list[int], model_level: bool) -> tup
     return tuple(out)
 
 
-def _add_mla(spec: ModelSpec, add: _AddModule, i: int) -> None:
+def _add_mla(spec: ModelSpec, add: AddModule, i: int) -> None:
     """Layer `i`'s MLA projections (q through a LoRA rank where the model has one), and DSA's indexer."""
     a = f"model.layers.{i}.self_attn."
     attn = Component.ATTENTION_PROJ
@@ -702,11 +422,11 @@ def _add_mla(spec: ModelSpec, add: _AddModule, i: int) -> None:
         q_in = spec.q_lora_rank or d
         add(a + "indexer.wq_b", "indexer_wq_b", attn, "linear", i, q_in, spec.index_n_heads * spec.index_head_dim)
         add(a + "indexer.wk", "indexer_wk", attn, "linear", i, d, spec.index_head_dim)
-        wname = a + ("indexers_proj" if spec.model_type == "glm_moe_dsa" else "indexer.weights_proj")
+        wname = a + FAMILIES[spec.model_type].indexer_weights_name
         add(wname, "indexer_weights_proj", attn, "linear", i, d, spec.index_n_heads)
 
 
-def _add_gqa(spec: ModelSpec, add: _AddModule, i: int) -> None:
+def _add_gqa(spec: ModelSpec, add: AddModule, i: int) -> None:
     """Layer `i`'s grouped-query attention projections, with the family's biases."""
     a = f"model.layers.{i}.self_attn."
     attn = Component.ATTENTION_PROJ
@@ -715,37 +435,6 @@ def _add_gqa(spec: ModelSpec, add: _AddModule, i: int) -> None:
     add(a + "k_proj", "k_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
     add(a + "v_proj", "v_proj", attn, "linear", i, d, spec.n_kv_heads * hd, bias=b)
     add(a + "o_proj", "o_proj", attn, "linear", i, spec.n_heads * hd, d, bias=spec.o_bias)
-
-
-def _add_moe(spec: ModelSpec, add: _AddModule, i: int) -> None:
-    d, ff, e = spec.d_model, spec.ffn_expert, spec.n_experts
-    routed, shared, routing = Component.ROUTED_EXPERTS, Component.SHARED_EXPERTS, Component.ROUTING
-    mt = spec.model_type
-    if mt == "mixtral":
-        p = f"model.layers.{i}.block_sparse_moe."
-        add(p + "gate", "router", routing, "router", i, d, e)
-        add(p + "experts.0.w1", "expert_gate_proj", routed, "linear", i, d, ff, e)
-        add(p + "experts.0.w3", "expert_up_proj", routed, "linear", i, d, ff, e)
-        add(p + "experts.0.w2", "expert_down_proj", routed, "linear", i, ff, d, e)
-        return
-    p = f"model.layers.{i}.mlp."
-    if mt == "gpt_oss":
-        add(p + "router", "router", routing, "router", i, d, e, bias=True)
-        # gate and up are one fused tensor `experts.gate_up_proj` in gpt-oss; split here in two halves of the
-        # same name so every family has the same kinds.
-        add(p + "experts.gate_up_proj", "expert_gate_proj", routed, "linear", i, d, ff, e, bias=True)
-        add(p + "experts.gate_up_proj", "expert_up_proj", routed, "linear", i, d, ff, e, bias=True)
-        add(p + "experts.down_proj", "expert_down_proj", routed, "linear", i, ff, d, e, bias=True)
-        return
-    add(p + "gate", "router", routing, "router", i, d, e)
-    add(p + "experts.0.gate_proj", "expert_gate_proj", routed, "linear", i, d, ff, e)
-    add(p + "experts.0.up_proj", "expert_up_proj", routed, "linear", i, d, ff, e)
-    add(p + "experts.0.down_proj", "expert_down_proj", routed, "linear", i, ff, d, e)
-    if spec.n_shared_experts:
-        width = spec.n_shared_experts * ff
-        add(p + "shared_experts.gate_proj", "shared_gate_proj", shared, "linear", i, d, width)
-        add(p + "shared_experts.up_proj", "shared_up_proj", shared, "linear", i, d, width)
-        add(p + "shared_experts.down_proj", "shared_down_proj", shared, "linear", i, width, d)
 
 
 # --- files and presets ---------------------------------------------------------------------------------------
