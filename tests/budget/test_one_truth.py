@@ -1,9 +1,11 @@
 """One truth on every surface: the same probe results give the same component figures and provenance in
-`decodetop budget --json`, `decodetop probe --budget --json`, the live UI's budget model and the exporter's
-`decodetop_budget_*` series; the UI's roofline and verdict are `decodetop budget`'s for the same scenario and GPU.
+`decodetop budget --json`, `decodetop probe --budget --json`, `decodetop trace --json` (its budget, its comparison
+and its traced bar), the live UI's budget model and the exporter's `decodetop_budget_*` series; the UI's roofline and
+verdict are `decodetop budget`'s for the same scenario and GPU.
 
 The results are a real plan run of Llama-3.1-70B at TP 2 on 2 × H200 (tests/fixtures/budgets). `probe` runs them
-through its real command path with the probe group replaced by one that hands back the recorded results.
+through its real command path with the probe group replaced by one that hands back the recorded results; `trace`
+reads a synthetic profiler trace (tests/helpers/synth.py) through its real command path.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.cli import main
 from decodetop.probes.controller import GroupLayout
 from decodetop.probes.results import ProbeResult, load_results
+from tests.helpers.synth import SynthSpec, write_synthetic_trace
 
 PLAN = Path(__file__).resolve().parents[1] / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
 MODEL = "llama-3.1-70b"
@@ -109,15 +112,25 @@ def _exporter_segments(results: Sequence[ProbeResult]) -> dict[str, tuple[float,
     return out
 
 
+def _trace_json(capsys: pytest.CaptureFixture[str], trace: Path, *extra: str) -> dict[str, Any]:
+    assert main(["trace", str(trace), "--model", MODEL, "--json", *extra]) == 0
+    return dict(json.loads(capsys.readouterr().out))
+
+
+AGE = re.compile(r"\d+[smhd] ago")
+"""The age in a 'measured earlier' provenance: two commands a second apart may say 3s and 4s."""
+
+
 NCCL_AS_MEASURED = "; all-reduce: NCCL as measured (these results hold no custom all-reduce points)"
 """What the all-reduce row adds to its provenance for results holding NCCL points only (a recording from before the
 probe timed the engines' P2P kernels)."""
 
 
-def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfaces(
+def test_the_same_results_give_the_same_figures_and_provenance_on_all_five_surfaces(
     results: tuple[ProbeResult, ...],
     recorded_group: None,
     capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
 ) -> None:
     # fresh: probe --budget runs them, the UI and the exporter got them in this session
     assert main(["probe", "--model", MODEL, "--budget", "--json", "-"]) == 0
@@ -128,6 +141,9 @@ def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfa
     budget_doc = _budget_json(capsys, "--results", str(PLAN))
     stored = _segments(budget_doc["budget"])
     tui_earlier = _tui_segments(results, session_start_s=time.time())
+    write_synthetic_trace(tmp_path / "step.trace.json", 0, SynthSpec(allreduce=True))
+    trace_doc = _trace_json(capsys, tmp_path / "step.trace.json", "--results", str(PLAN))
+    traced = _segments(trace_doc["budget"])
 
     components = ["attention", "attention_proj", "dense_mlp", "communication", "norms", "lm_head", "launch"]
     assert list(probe) == components  # a dense Llama: no experts, no routing
@@ -144,7 +160,19 @@ def test_the_same_results_give_the_same_figures_and_provenance_on_all_four_surfa
         )
         assert stored[key][3].endswith(path)
         assert tui_earlier[key] == (ms, status, stored[key][3])
-    assert set(tui_now) == set(exporter) == set(stored) == set(components)
+        assert traced[key][:3] == stored[key][:3] and AGE.sub("N ago", traced[key][3]) == AGE.sub(
+            "N ago", stored[key][3]
+        )
+    assert set(tui_now) == set(exporter) == set(stored) == set(traced) == set(components)
+    # the trace compares with and draws those same figures; its decode steps are the observed step
+    assert {r["key"]: r["probed_ms"] for r in trace_doc["comparison"]["rows"] if r["key"] in components} == {
+        key: probe[key][0] for key in components
+    }
+    assert {s["key"]: s["probed_ms"] for s in trace_doc["traced"]["segments"] if s["key"] in components} == {
+        key: probe[key][0] for key in components
+    }
+    assert trace_doc["budget"]["observed"]["source"] == "trace" and not trace_doc["budget"]["observed"]["assumed"]
+    assert trace_doc["budget_source"].endswith(f"7 of 7 components measured, from {PLAN}")
     assert budget_doc["deployment"]["tp_source"] == "default: the 2 GPUs the results ran on"
     assert budget_doc["budget"]["summary"] == "7 of 7 components measured"
     assert budget_doc["budget"]["observed"]["assumed"] is True

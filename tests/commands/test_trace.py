@@ -120,3 +120,34 @@ def test_budget_gpu_comes_from_the_trace_or_the_flag(capsys: pytest.CaptureFixtu
     assert main(["trace", cpu, "--model", "llama-3.1-70b", "--gpu", "h200", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert any("CPU-only" in n for n in data["comparison"]["notes"])
+
+
+def test_cli_budget_takes_the_shared_scenario_flags_and_the_trace_s_ranks(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """TP defaults to the ranks the trace holds (as every command defaults to its group's), the launch mode to the
+    trace's; the budget is `decodetop budget`'s for those flags."""
+    from tests.helpers.synth import SynthSpec, write_synthetic_trace
+
+    for rank in (0, 1):
+        write_synthetic_trace(tmp_path / f"decode-TP-{rank}.trace.json", 0, SynthSpec(allreduce=True))
+    assert main(["trace", str(tmp_path), "--model", "llama-3.1-70b", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "(TP 2, EP 1, batch 1, context 4096" in doc["budget_source"]
+    launch = "eager" if doc["trace"]["gpu_idle_us_mean"] > doc["trace"]["gpu_busy_us_mean"] else "graph"
+    assert f"launch {launch}" in doc["budget_source"]
+    flags = ["--model", "llama-3.1-70b", "--tp", "2", "--gpu", "h200", "--launch-mode", launch, "--batch", "4"]
+    assert main(["budget", *flags, "--json"]) == 0
+    budget = json.loads(capsys.readouterr().out)["budget"]
+    assert main(["trace", str(tmp_path), *flags, "--json"]) == 0
+    traced = json.loads(capsys.readouterr().out)["budget"]
+    assert [(s["component"], s["ms"], s["status"]) for s in traced["segments"]] == [
+        (s["component"], s["ms"], s["status"]) for s in budget["segments"]
+    ]
+    assert traced["observed"]["source"] == "trace" and budget["observed"]["assumed"]
+
+
+def test_cli_results_need_a_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["trace", str(fixture("h200_graph")), "--results", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--results: give --model or --config too" in err and "\n" not in err

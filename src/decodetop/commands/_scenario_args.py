@@ -13,6 +13,7 @@ probe`, `decodetop trace` and `decodetop exporter` name, check and default them 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 
 from decodetop.argtypes import positive_finite_float, positive_int
 from decodetop.budget.compose import ObservedStep, default_observed
@@ -28,10 +29,12 @@ def add_scenario_arguments(
     default_model: str | None = None,
     parts: tuple[str, ...] = PARTS,
     model_group: argparse._MutuallyExclusiveGroup | None = None,
+    helps: Mapping[str, str] | None = None,
 ) -> None:
     """Register the shared scenario flags of `parts` (model, tp, deployment, observed) from `ScenarioFlags`'s
     fields. `--model` and `--config` exclude each other (in `model_group` where the command has a third way to name
-    what it compares with); `default_model` is said in `--model`'s help."""
+    what it compares with); `default_model` is said in `--model`'s help; `helps` (field → text) words a flag whose
+    default this command takes from elsewhere (the trace's ranks, its launch mode)."""
     mutex = None
     for name, flag in ScenarioFlags.flags():
         if flag.part not in parts:
@@ -40,7 +43,8 @@ def add_scenario_arguments(
         if flag.part == "model":
             mutex = mutex or model_group or parser.add_mutually_exclusive_group()
             target = mutex
-        help_text = flag.help + (f" (default {default_model})" if name == "model" and default_model else "")
+        help_text = (helps or {}).get(name, flag.help)
+        help_text += f" (default {default_model})" if name == "model" and default_model else ""
         kw: dict[str, object] = {"dest": name, "help": help_text, "metavar": flag.metavar}
         if flag.choices:
             kw = {"dest": name, "help": help_text, "choices": flag.choices}

@@ -1,8 +1,14 @@
 """Provides `decodetop trace`: attribute a serving engine's profiler trace (a file, or one captured from a live
 SGLang/vLLM server) to the budget's components, and set it beside the probe-composed budget.
 
-    decodetop trace FILE [--model NAME | --config PATH] [--tp N] [--budget BUDGET.json] [--json]
+    decodetop trace FILE [--model NAME | --config PATH | --budget BUDGET.json] [--results PATH] [--tp N] [--json]
     decodetop trace --server URL [--steps N] [--output-dir DIR | --trace-dir DIR] [--engine auto|sglang|vllm]
+
+With --model or --config the budget is the one every surface composes (`decodetop.pipeline.composition.compose`):
+the same scenario flags and defaults as `decodetop budget` (TP: --tp, else the ranks the results ran on, else the
+ranks the trace holds; the launch mode: --launch-mode, else the trace's), measured where `--results` holds probe
+results, roofline estimates elsewhere; the trace's decode steps are its observed step (the one rule:
+`decodetop.pipeline.observed`).
 """
 
 from __future__ import annotations
@@ -10,17 +16,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import non_empty, positive_finite_float, positive_int
 from decodetop.budget.components import Component
-from decodetop.budget.compose import Budget, compose_budget
-from decodetop.budget.deployment import Deployment
+from decodetop.budget.compose import Budget
 from decodetop.budget.gpus import GPUS, find_gpu
-from decodetop.budget.inventory import build_inventory
-from decodetop.budget.roofline import hardware_for, roofline
-from decodetop.budget.spec import load_config, load_preset
+from decodetop.commands._scenario_args import add_scenario_arguments, flags_from_args
 from decodetop.errors import UserInputError
 from decodetop.textfmt import fit_text, format_duration_us, table
 
@@ -30,6 +36,25 @@ if TYPE_CHECKING:
     from decodetop.traces.ranks import TraceSet
     from decodetop.traces.trace_report import BucketTime, Comparison, TraceReport
     from decodetop.traces.traced import TracedView
+
+
+TRACE_HELPS = {
+    "tp": "tensor-parallel degree (default: the ranks --results ran on, else the ranks the trace holds)",
+    "launch_mode": "kernel launches (default: the trace's — eager where the GPU idles more than it works)",
+}
+"""The scenario flags whose defaults `trace` takes from the trace."""
+
+
+@dataclass(frozen=True)
+class _ModelBudget:
+    """What --model/--config gives a trace: the model's budget on this deployment, its vocabulary and GEMM weight
+    shapes (attribution hints), a note saying what the budget is, and its decoder layers."""
+
+    budget: Budget
+    vocab_size: int
+    gemm_shapes: dict[tuple[int, int], Component]
+    note: str
+    layers: int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,15 +83,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=positive_finite_float, default=3.0, help="vLLM: seconds between start and stop (default 3)"
     )
     src = parser.add_mutually_exclusive_group()
-    src.add_argument(
-        "--model", type=non_empty, metavar="NAME", help="budget preset to compare with (decodetop budget --list-models)"
-    )
-    src.add_argument("--config", metavar="PATH", help="HF config.json (or its directory) to compare with")
     src.add_argument("--budget", metavar="JSON", help="a budget JSON (decodetop budget --json, or {component: ms})")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree for the budget (default 1)")
-    parser.add_argument("--context", type=int, default=4096, help="KV tokens per sequence for the budget")
-    parser.add_argument("--batch", type=int, default=1, help="sequences per step for the budget (default 1)")
-    parser.add_argument("--launch-mode", choices=("graph", "eager"), help="budget launch mode (default: from trace)")
+    # the scenario flags every command shares (--model/--config beside --budget: one way to name the budget)
+    add_scenario_arguments(parser, model_group=src, helps=TRACE_HELPS)
+    parser.add_argument(
+        "--results",
+        metavar="PATH",
+        help="compose the --model/--config budget from the probe results in PATH (a decodetop probe --json file) "
+        "instead of roofline estimates alone; TP defaults to the ranks those results ran on",
+    )
     parser.add_argument("--gpu", metavar="NAME", help="GPU row for the budget's roofline (default: from the trace)")
     parser.add_argument("--device", type=int, help="GPU index inside the trace (default: the busiest)")
     parser.add_argument("--vocab-size", type=int, help="vocabulary size: GEMMs with this dimension are lm_head")
@@ -80,47 +105,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from pathlib import Path
-
-    from decodetop.traces.analysis import analyze
-    from decodetop.traces.classify import load_rules
     from decodetop.traces.compare import budget_ms, compare, load_budget_json
-    from decodetop.traces.ranks import load_traces
-    from decodetop.traces.reader import read_trace
     from decodetop.traces.traced import traced_view
 
     if bool(args.file) == bool(args.server):
         raise UserInputError("trace: give a trace FILE or --server URL (one of them)")
     if args.top < 1:
         raise UserInputError(f"--top: {args.top} must be at least 1")
+    if args.results and not (args.model or args.config):
+        raise UserInputError("--results: give --model or --config too (the budget they compose is the model's)")
+    file_budget = load_budget_json(args.budget) if args.budget else None  # a bad file fails before any capture
     captured = _capture(args) if args.server else None
-    path = str(captured.path) if captured is not None else args.file
-    budget: Budget | dict[str, float | None] | None = None
-    budget_note = ""
-    if args.budget:
-        budget = load_budget_json(args.budget)
-        budget_note = f"budget from {args.budget}"
-    rules = load_rules(args.rules)
-    options = {"rules": rules, "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
-    layers: list[int | None] = [None]
-
-    def analyze_file(file: Path) -> TraceReport:
-        nonlocal budget, budget_note
-        trace = read_trace(file)
-        report = analyze(trace, vocab_size=args.vocab_size, **options)
-        if args.model or args.config:
-            found = _budget_for(args, report)
-            if budget is None:  # the first rank's budget is every rank's (same model, same deployment)
-                budget, budget_note, layers[0] = found[0], found[3], found[4]
-            # GEMMs without context: the model's weight shapes, then its vocabulary, decide
-            report = analyze(trace, vocab_size=args.vocab_size or found[1], gemm_shapes=found[2], **options)
-        return report
-
-    files = [Path(path), *captured.other_files] if captured is not None else Path(path)  # every rank's file
-    traces = load_traces(files, analyze_file)
+    traces, model = _read_traces(args, captured)
     report = traces.report
+    budget: Budget | dict[str, float | None] | None = model.budget if model is not None else file_budget
+    budget_note = model.note if model is not None else f"budget from {args.budget}" if args.budget else ""
     comparison = compare(report, budget) if budget is not None else None
-    view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers[0])
+    layers = model.layers if model is not None else None
+    view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers)
     if not args.json:
         sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
         return 0
@@ -128,10 +130,41 @@ def run(args: argparse.Namespace) -> int:
     if comparison is not None:
         out["comparison"] = comparison.to_json()
         out["budget_source"] = budget_note
+    if model is not None:  # the model's budget, as `decodetop budget --json` prints it
+        out["budget"] = model.budget.to_dict()
     if captured is not None:
         out["captured"] = {"path": str(captured.path), "engine": captured.engine}
     print(json.dumps(finite(out), indent=1, allow_nan=False))
     return 0
+
+
+def _read_traces(args: argparse.Namespace, captured: CaptureResult | None) -> tuple[TraceSet, _ModelBudget | None]:
+    """Every rank's file read and attributed; with --model/--config, the model's budget (the first rank's is every
+    rank's: same model, same deployment) and its GEMM shapes and vocabulary as attribution hints."""
+    from decodetop.traces.analysis import analyze
+    from decodetop.traces.classify import load_rules
+    from decodetop.traces.ranks import load_traces, trace_files
+    from decodetop.traces.reader import read_trace
+
+    options = {"rules": load_rules(args.rules), "device": args.device, "top_n": args.top, "all_steps": args.all_steps}
+    path = Path(str(captured.path) if captured is not None else args.file)
+    files = [path, *captured.other_files] if captured is not None else path  # every rank's file
+    n_ranks = len(files) if isinstance(files, list) else len(trace_files(path))
+    model: list[_ModelBudget] = []
+
+    def analyze_file(file: Path) -> TraceReport:
+        trace = read_trace(file)
+        report = analyze(trace, vocab_size=args.vocab_size, **options)
+        if args.model or args.config:
+            model[:] = model or [_budget_for(args, report, n_ranks=n_ranks)]
+            found = model[0]
+            # GEMMs without context: the model's weight shapes, then its vocabulary, decide
+            report = analyze(
+                trace, vocab_size=args.vocab_size or found.vocab_size, gemm_shapes=found.gemm_shapes, **options
+            )
+        return report
+
+    return load_traces(files, analyze_file), (model[0] if model else None)
 
 
 def _capture(args: argparse.Namespace) -> CaptureResult:
@@ -185,37 +218,49 @@ def _ranks_json(traces: TraceSet) -> dict[str, Any]:
     }
 
 
-def _budget_for(
-    args: argparse.Namespace, report: TraceReport
-) -> tuple[Budget, int | None, dict[tuple[int, int], Component], str, int | None]:
-    """A roofline-estimated budget for the model on this deployment (decodetop.budget), the vocabulary size, the
-    GEMM weight shapes of its inventory, a note and the number of decoder layers."""
+def _budget_for(args: argparse.Namespace, report: TraceReport, *, n_ranks: int) -> _ModelBudget:
+    """The model's budget on this deployment by the one composition (`decodetop.pipeline.composition.compose`,
+    module docstring), with its vocabulary, the GEMM weight shapes of its inventory, a note and its decoder
+    layers."""
+    from decodetop.pipeline.composition import compose, stored_times
+    from decodetop.pipeline.context import BudgetContext, gpu_hint
+    from decodetop.pipeline.observed import observed_step, trace_written_s, traced_step
+    from decodetop.probes.results import load_results
     from decodetop.traces.analysis import gemm_shapes_from_inventory
 
-    spec = load_config(args.config) if args.config else load_preset(args.model)
-    mode = args.launch_mode or ("eager" if report.gpu_idle_us_mean > report.gpu_busy_us_mean else "graph")
-    dep = Deployment(tp=args.tp, batch=args.batch, context_len=args.context, launch_mode=mode)
-    inv = build_inventory(spec, dep)
-    gpu = find_gpu(args.gpu) if args.gpu else None
-    if args.gpu and gpu is None:
-        raise UserInputError(f"--gpu: unknown GPU {args.gpu!r} (known: {', '.join(GPUS)})")
-    if gpu is None and report.gpu_name:
-        gpu = find_gpu(report.gpu_name)
-    if gpu is None:
+    results = list(load_results(args.results)) if args.results else []
+    env = next((r.environment for r in results if r.environment is not None), None)
+    if env is not None:
+        group = (env.world_size, "GPUs" if env.device_kind == "cuda" else "CPU ranks", "the results ran on")
+    else:
+        group = (n_ranks, "ranks", "the trace holds")
+    mode = "eager" if report.gpu_idle_us_mean > report.gpu_busy_us_mean else "graph"  # under --launch-mode
+    flags = flags_from_args(args)
+    scenario = flags.scenario(group[0], group_label=group[1], group_where=group[2], defaults={"launch_mode": mode})
+    seen = report.gpu_name if report.gpu_name and find_gpu(report.gpu_name) is not None else None
+    if args.gpu is None and seen is None and env is None:
         raise UserInputError(
             f"the trace does not name a known GPU ({report.gpu_name or 'no deviceProperties'}): pass --gpu "
             f"({', '.join(GPUS)}) for the budget's roofline"
         )
-    hw = hardware_for(gpu)
-    budget = compose_budget(inv, {}, roofline=roofline(inv, hw), estimate=hw, observed_ms=_observed(report))
-    note = f"roofline-estimated budget of {spec.name} ({dep.describe(spec)}) on {hw.gpu_name}; run probes for measured"
-    shapes = gemm_shapes_from_inventory(inv.ops)
-    return budget, spec.vocab_size, shapes, note, spec.n_layers
-
-
-def _observed(report: TraceReport) -> float:
-    ms = float(report.step_wall_us_mean) / 1000
-    return ms if ms > 0 else 1.0
+    now = time.time()
+    traced = traced_step(report, written_s=trace_written_s(report.path))
+    ctx = BudgetContext(
+        scenario,
+        results,
+        observed=observed_step(flag_ms=flags.observed_flag_ms(), trace=traced, now_s=now),
+        target_tps=flags.target_tps_or_default(),
+        gpu=gpu_hint(named=args.gpu, seen=seen, seen_how="named by the trace"),
+        stored_at_s=stored_times(results),
+        now_s=now,
+    )
+    budget = compose(ctx).budget
+    inv = scenario.inventory()
+    where = f"{scenario.deployment.describe(scenario.spec)}) on {budget.hardware_text}"
+    how = f"{budget.summary()}, from {args.results}" if results else "roofline-estimated; run probes for measured"
+    note = f"budget of {scenario.spec.name} ({where}: {how}"
+    spec = scenario.spec
+    return _ModelBudget(budget, spec.vocab_size, gemm_shapes_from_inventory(inv.ops), note, spec.n_layers)
 
 
 def render_text(
