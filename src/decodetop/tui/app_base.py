@@ -153,8 +153,7 @@ class AppBase(App[int]):
 
     def restore_stored(self) -> None:
         """Show the stored results of planned probes that this session has not measured."""
-        for probe_id in list(self.runner.views):
-            self.runner.restore(probe_id, self.stored.matching(probe_id, self.settings))
+        self.runner.restore_all(lambda probe_id: self.stored.matching(probe_id, self.settings))
 
     def plan_probes(self) -> None:
         """Plan the current scenario's probes (run at once where the sources say so and the GPUs are free)."""

@@ -11,13 +11,11 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Input, TabbedContent
 
 from decodetop.errors import UserInputError
-from decodetop.history import KIND_BASELINE
 from decodetop.settings import Settings, save_changes
 from decodetop.themes import next_theme
 from decodetop.tui import layout
 from decodetop.tui.app_base import AppBase
-from decodetop.tui.baseline import BASELINE_NAME, baseline_payload
-from decodetop.tui.messages import BaselineSaved
+from decodetop.tui.baseline import baseline_payload
 from decodetop.tui.screens.budget_details import BudgetDetails, BudgetDetailsScreen
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
@@ -168,16 +166,7 @@ class KeyActions(AppBase):
 
     @work(thread=True, exit_on_error=False, group="files")
     def _save_baseline(self, payload: dict[str, object]) -> None:
-        history = self.sources.history
-        if history is None:
-            self.post_message(BaselineSaved(entry=None, problem="no history file in this session"))
-            return
-        try:
-            entry = history.record(KIND_BASELINE, BASELINE_NAME, payload, recorded_at_s=self.now())
-        except (OSError, ValueError) as exc:
-            self.post_message(BaselineSaved(entry=None, problem=f"baseline not saved: {exc}"))
-            return
-        self.post_message(BaselineSaved(entry=entry))
+        self.post_message(self.stored.save_baseline(payload, self.now()))
 
     def action_pick_tp(self) -> None:
         """`p`: choose the tensor-parallel degree; the probe plan and the budget follow."""

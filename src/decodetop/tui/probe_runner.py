@@ -130,6 +130,11 @@ class ProbeRunner:
         )
         self.update(restored)
 
+    def restore_all(self, stored: Callable[[str], HistoryEntry | None]) -> None:
+        """Show the stored result `stored` gives for each planned probe this session has not measured."""
+        for probe_id in list(self.views):
+            self.restore(probe_id, stored(probe_id))
+
     def cancel_all(self) -> None:
         """Cancel the running probe (in a worker: it may block) and everything queued."""
         for probe_id in self.queue.clear():

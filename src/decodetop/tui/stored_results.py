@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection
 from decodetop.history import KIND_BASELINE, KIND_PROBE, Fingerprint, History, HistoryEntry
 from decodetop.settings import Settings
 from decodetop.tui.baseline import BASELINE_NAME
-from decodetop.tui.messages import HistoryLoaded
+from decodetop.tui.messages import BaselineSaved, HistoryLoaded
 from decodetop.tui.other_scenarios import OtherScenario, other_scenarios
 from decodetop.tui.screens.budget_details import stored_line
 
@@ -38,6 +38,16 @@ class StoredResults:
             return HistoryLoaded(entries=[], problem=None)
         loaded = self.history.load()
         return HistoryLoaded(entries=list(loaded.entries), problem=loaded.problem)
+
+    def save_baseline(self, payload: dict[str, object], now_s: float) -> BaselineSaved:
+        """(worker thread) Write the baseline (`s`) to the history; the message says what was stored, or why not."""
+        if self.history is None:
+            return BaselineSaved(entry=None, problem="no history file in this session")
+        try:
+            entry = self.history.record(KIND_BASELINE, BASELINE_NAME, payload, recorded_at_s=now_s)
+        except (OSError, ValueError) as exc:
+            return BaselineSaved(entry=None, problem=f"baseline not saved: {exc}")
+        return BaselineSaved(entry=entry)
 
     def take(self, message: HistoryLoaded) -> None:
         """Keep what was read: the probe records and the baseline (a newer baseline saved meanwhile stays)."""
