@@ -88,6 +88,13 @@ def test_no_module_takes_part_in_an_import_cycle() -> None:
             "\n\ndef _planted() -> None:\n    from decodetop.budget.text import format_budget_table  # noqa\n",
             ("decodetop.budget.ranks", "decodetop.budget.text"),
         ),
+        # a types-only import (the family records naming the spec they fill)
+        (
+            "budget/families/base.py",
+            "\nfrom typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+            "    from decodetop.budget.spec import ModelSpec  # noqa\n",
+            ("decodetop.budget.families.base", "decodetop.budget.spec"),
+        ),
         # a module-level one across packages of the same layer order
         (
             "probes/plan_hooks.py",
