@@ -13,6 +13,7 @@ from types import ModuleType
 import pytest
 
 from tests.helpers.env import ISOLATED_VARS, isolated_dirs
+from tests.helpers.signals import interruptible_children
 
 pytest_plugins = ["pytester", "tests.helpers.nvml_strict"]
 """pytester for tests of the suite's own fixtures; the strict fake NVML (a call no recording holds fails the test)."""
@@ -64,6 +65,11 @@ def load_host_generator() -> ModuleType:
 
 
 HOST_SCENARIOS: tuple[str, ...] = tuple(sorted(load_host_generator().SCENARIOS))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Children take Ctrl-C even where the suite was started with SIGINT ignored (tests/helpers/signals.py)."""
+    interruptible_children()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.env import ISOLATED_VARS, SRC
+from tests.helpers.env import ISOLATED_VARS, SRC, subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBSET = (
@@ -121,3 +121,29 @@ def test_a_write_to_the_read_only_home_is_caught(tmp_path: Path) -> None:
     finally:
         for path in [home, *home.rglob("*")]:
             path.chmod(stat.S_IRWXU)
+
+
+def test_children_take_ctrl_c_where_the_suite_was_started_with_it_ignored() -> None:
+    """A suite started in the background (`bash scripts/test &`) inherits SIGINT ignored; the processes its tests
+    start must not (tests/helpers/signals.py): before the helper a child ignores SIGINT, after it the child does not."""
+    ask = "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"
+    code = (
+        "import signal, subprocess, sys\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # as a background start leaves it
+        f"before = subprocess.run([sys.executable, '-c', {ask!r}], capture_output=True, text=True).stdout.split()\n"
+        "from tests.helpers.signals import interruptible_children\n"
+        "interruptible_children()\n"
+        f"after = subprocess.run([sys.executable, '-c', {ask!r}], capture_output=True, text=True).stdout.split()\n"
+        "print(*before, *after)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=subprocess_env(),
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False"]
