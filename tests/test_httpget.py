@@ -85,7 +85,7 @@ def test_refused_and_bad_urls_are_one_line() -> None:
     with pytest.raises(HttpRequestError, match="connection refused") as info:
         http_request(f"http://127.0.0.1:{port}/metrics", deadline_s=2.0)
     assert not info.value.timed_out
-    with pytest.raises(HttpRequestError, match="only http and https"):
+    with pytest.raises(HttpRequestError, match="is not http or https"):
         http_request("file:///etc/passwd", deadline_s=2.0)
 
 

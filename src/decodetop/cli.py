@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from decodetop import __version__
 from decodetop.errors import DecodetopError
+from decodetop.inert import guard_streams, inert
 
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("probe", "measure decode-step primitives and components on every GPU (headless)"),
@@ -92,14 +93,22 @@ def _flags_of(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the console script; returns the process exit code."""
+    """Entry point of the console script; returns the process exit code.
+
+    Standard output and error pass through `decodetop.inert.guard_streams` for the whole run: text from a file or a
+    server (a kernel name, an error body) printed by any command reaches the terminal with its controls marked."""
+    with guard_streams():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     name = args.command or "tui"
     try:
         return int(_command_module(name).run(args))
     except DecodetopError as exc:
-        print(f"decodetop: error: {exc}", file=sys.stderr)
+        print(f"decodetop: error: {inert(exc)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("decodetop: interrupted", file=sys.stderr)

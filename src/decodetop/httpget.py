@@ -4,7 +4,12 @@ line, headers and body together), for every read of a `--server` (the observed s
 Socket timeouts alone bound each read, not the request: a server that sends one byte every 1.5 s never trips a 2 s
 read timeout and holds the caller for as long as it likes. Here every read waits at most for what is left of the
 deadline, so the request ends at the deadline whatever the server does. Redirects (vLLM's `/metrics` answers 307
-to `/metrics/`) are followed within the same deadline. Loopback never goes through a proxy from the environment;
+to `/metrics/`) are followed within the same deadline, and only to the same scheme, host and port: a `Location`
+naming another host (or another port) is never looked up nor connected to, the request ends with one line saying
+where it pointed. Every URL (the one given and each redirect) is checked by `check_url` first: a malformed one
+(an unclosed IPv6 bracket, a port past 65535, an empty host label, a control character) is one line, never a
+traceback. Text the server chose (its reason phrase, a broken status line) is made inert (`decodetop.inert`)
+before it goes into an answer or an error. Loopback never goes through a proxy from the environment;
 other hosts honour `http_proxy`/`https_proxy`/`no_proxy` as urllib does. The host name is looked up on a helper
 thread that the request stops waiting for at the deadline (`getaddrinfo` itself cannot be interrupted, and a slow DNS
 server can take tens of seconds). A TLS handshake is bounded per read by what was left of the deadline when it
@@ -28,9 +33,72 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from decodetop.inert import inert
+
 MAX_REDIRECTS = 5
 """Redirects followed before giving up (urllib follows 10; a metrics endpoint needs one)."""
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_SERVER_TEXT = 200
+"""Characters kept of a text the server chose (a reason phrase, a Location) in an answer or a message."""
+MAX_URL_CHARS = 2048
+"""A longer URL is refused (browsers and servers stop near 2,000-8,000; a --server URL is tens of characters)."""
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class BadUrlError(ValueError):
+    """A URL that cannot be requested; the message is one line, without the URL."""
+
+
+def server_text(text: str) -> str:
+    """Text a server chose, inert and at most `MAX_SERVER_TEXT` characters: safe in a one-line message."""
+    value = inert(text)
+    return value if len(value) <= MAX_SERVER_TEXT else value[: MAX_SERVER_TEXT - 1] + "…"
+
+
+def _check_host(host: str) -> None:
+    """A host is an IP address or a DNS name whose labels are 1 to 63 characters (RFC 1035 §2.3.4)."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0] if ":" in host else host)
+        return
+    except ValueError:
+        pass
+    if len(host) > 253 or any(not 1 <= len(label) <= 63 for label in host.rstrip(".").split(".")):
+        raise BadUrlError(f"host name {server_text(host)!r} has an empty or over-long label")
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        raise BadUrlError(f"host name {server_text(host)!r} is not a valid name ({exc})") from None
+
+
+def check_url(url: str) -> urllib.parse.SplitResult:
+    """The parts of an http(s) URL that can be requested; `BadUrlError` (one line) for anything else: a control
+    character or a space in it, a bracket left open, another scheme, no host, a malformed host name, a port that is
+    not 1 to 65535."""
+    if len(url) > MAX_URL_CHARS:
+        raise BadUrlError(f"longer than {MAX_URL_CHARS} characters")
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise BadUrlError("contains a space or a control character (a line break, a tab…)")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Invalid IPv6 URL", "Port out of range 0-65535", a port that is not a number
+        reason = str(exc).splitlines()[0] if str(exc) else "malformed"
+        if "port" in reason.lower():
+            raise BadUrlError("the port is not a number from 1 to 65535") from None
+        raise BadUrlError(f"not a URL ({reason})") from None
+    if parts.scheme not in {"http", "https"}:
+        raise BadUrlError(f"scheme {parts.scheme!r} is not http or https" if parts.scheme else "no http:// or https://")
+    if not parts.hostname:
+        raise BadUrlError("no host name")
+    if port == 0:
+        raise BadUrlError("the port is not a number from 1 to 65535")
+    _check_host(parts.hostname)
+    return parts
+
+
+def _origin(parts: urllib.parse.SplitResult) -> tuple[str, str, int]:
+    """(scheme, host, port) with the scheme's default port filled in: what a redirect must keep."""
+    return parts.scheme, (parts.hostname or "").lower(), parts.port or _DEFAULT_PORTS.get(parts.scheme, 0)
 
 
 @dataclass(frozen=True)
@@ -122,6 +190,8 @@ def _lookup(host: str, port: int, wait_s: float) -> list[AddrInfo]:
             )
         except OSError as exc:
             failure.append(exc)
+        except (UnicodeError, ValueError) as exc:  # a name the IDNA codec refuses: said, never a thread traceback
+            failure.append(socket.gaierror(socket.EAI_NONAME, f"not a valid host name ({exc})"))
 
     worker = threading.Thread(target=work, name="decodetop-name-lookup", daemon=True)
     worker.start()
@@ -210,8 +280,8 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve the host name ({exc.strerror or exc})"
     if isinstance(exc, ssl.SSLError):
-        return f"TLS failed ({exc.reason or exc})"
-    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+        return f"TLS failed ({server_text(str(exc.reason or exc))})"
+    text = server_text(str(exc)) if str(exc) else ""  # a broken status line is the server's text: inert
     return f"connection failed ({type(exc).__name__}{': ' + text if text else ''})"
 
 
@@ -226,9 +296,10 @@ def _once(
     clock: Callable[[], float],
     total_s: float,
 ) -> HttpAnswer:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise HttpRequestError(url, "only http and https URLs with a host are read")
+    try:
+        parts = check_url(url)
+    except BadUrlError as exc:
+        raise HttpRequestError(url, f"bad URL: {exc}") from None
     remaining = deadline_s - clock()
     if remaining <= 0:
         raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True)
@@ -242,11 +313,11 @@ def _once(
         return HttpAnswer(
             url=url,
             status=response.status,
-            reason=str(response.reason or ""),
-            content_type=str(response.headers.get("Content-Type", "")),
+            reason=server_text(str(response.reason or "")),
+            content_type=server_text(str(response.headers.get("Content-Type", ""))),
             body=data[:max_body_bytes],
             truncated=len(data) > max_body_bytes,
-            location=str(response.headers.get("Location", "")),
+            location=str(response.headers.get("Location", ""))[:MAX_URL_CHARS + 1],
         )
     except TimeoutError:
         raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True) from None
@@ -267,13 +338,15 @@ def http_request(
     clock: Callable[[], float] = time.monotonic,
 ) -> HttpAnswer:
     """Send one request and read the whole answer (any status) within `deadline_s` seconds from now, following
-    redirects of GET and HEAD within the same deadline. Raises `HttpRequestError` (one line) when there is no complete
-    answer in time or at all."""
+    redirects of GET and HEAD to the same scheme, host and port within the same deadline. Raises `HttpRequestError`
+    (one line) when there is no complete answer in time or at all, or a redirect points elsewhere."""
     if not deadline_s > 0:
         raise ValueError(f"deadline_s must be positive, got {deadline_s!r}")
     deadline = clock() + deadline_s
     current = url
-    for _ in range(MAX_REDIRECTS + 1):
+    for hop in range(MAX_REDIRECTS + 1):
+        if hop:
+            _check_redirect(url, current)
         answer = _once(
             current,
             method=method,
@@ -286,5 +359,22 @@ def http_request(
         )
         if answer.status not in _REDIRECTS or not answer.location or method not in {"GET", "HEAD"}:
             return answer
-        current = urllib.parse.urljoin(current, answer.location)
+        try:
+            current = urllib.parse.urljoin(current, answer.location)
+        except ValueError:
+            raise HttpRequestError(url, f"redirected to a malformed URL ({server_text(answer.location)})") from None
     raise HttpRequestError(url, f"more than {MAX_REDIRECTS} redirects")
+
+
+def _check_redirect(url: str, target: str) -> None:
+    """Refuse a redirect to another scheme, host or port (or to a malformed URL) before anything is looked up."""
+    try:
+        parts = check_url(target)
+    except BadUrlError as exc:
+        raise HttpRequestError(url, f"redirected to a bad URL ({server_text(target)}: {exc}); not followed") from None
+    if _origin(parts) != _origin(urllib.parse.urlsplit(url)):
+        raise HttpRequestError(
+            url,
+            f"redirected to {server_text(target)}, another host or port; not followed (only redirects to the same "
+            "host and port are: give that URL itself if it is the server)",
+        )

@@ -4,7 +4,8 @@ traces, plan JSON and ``--diff`` inputs.
 Python's `json` accepts things a file from a user or from another machine must not be allowed to do to us: a
 document nested 100,000 levels deep raises `RecursionError`; an integer of 5,000 digits raises a bare `ValueError`
 (CPython's int/str conversion limit) or, where that limit is off, takes quadratic time; ``NaN`` and ``Infinity``
-(and ``1e999``, which parses to infinity) slip through as numbers; invalid UTF-8, a FIFO or ``/dev/zero`` hang or
+(and ``1e999``, which parses to infinity) slip through as numbers; an integer of 310 to 4,300 digits is no float
+(``float()`` of it raises `OverflowError`, which a reader's ``except ValueError`` misses); invalid UTF-8, a FIFO or ``/dev/zero`` hang or
 fill memory before any parsing starts. Every reader goes through here, and every one of those turns into one
 `decodetop.errors.UserInputError` line naming the file (and the line, for JSON-lines files) and the problem.
 
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -83,7 +85,10 @@ def _bounded_int(text: str) -> int:
     digits = len(text) - (1 if text.startswith("-") else 0)
     if digits > MAX_INT_DIGITS:
         raise _TooManyDigitsError(f"a number with {digits} digits (more than {MAX_INT_DIGITS})")
-    return int(text)
+    value = int(text)
+    if abs(value) > sys.float_info.max:  # every reader makes numbers floats: float() of it raises OverflowError
+        raise _NotFiniteError(f"a number with {digits} digits is out of range for a number")
+    return value
 
 
 def type_word(value: object) -> str:

@@ -16,6 +16,8 @@ import sys
 import textwrap
 from collections.abc import Iterator, Sequence
 
+from decodetop.inert import inert, inert_lines
+
 MIN_TEXT_COLUMN = 10
 """Narrowest a text column is squeezed to (a word of ten characters still fits on one line)."""
 GAP = "  "
@@ -157,13 +159,15 @@ def table(
     for number, row in enumerate(cells):
         lines.extend(fmt(row))
         if row_notes is not None and number < len(row_notes):
-            lines.extend(row_notes[number])
+            lines.extend(inert_lines(note) for note in row_notes[number])
     return "\n".join(lines)
 
 
 def fit_text(text: str, width: int | None = -1) -> str:
     """`text` with every line longer than `width` (default: `terminal_width()`) wrapped at word boundaries; the
-    continuation lines keep the line's indent plus two spaces. Lines that fit, tables included, are unchanged."""
+    continuation lines keep the line's indent plus two spaces. Lines that fit, tables included, are unchanged.
+    Controls other than newlines and tabs are marked (`decodetop.inert.inert_lines`)."""
+    text = inert_lines(text)
     room = terminal_width() if width == -1 else width
     if room is None:
         return text
@@ -193,23 +197,40 @@ def _cell(value: object) -> str:
         return "-"
     if isinstance(value, float):
         return format_number(value)
-    return str(value)
+    return inert(value)
+
+
+SCIENTIFIC_ABOVE = 1e15
+"""Magnitudes from here up print in scientific notation (no figure of decodetop's is that large; a crafted one
+must not print 300 digits)."""
+SCIENTIFIC_BELOW = 1e-9
+"""And magnitudes below this (a nanosecond in seconds): 0.000000001 is harder to read than 1e-09."""
 
 
 def format_number(value: float, digits: int = 3) -> str:
-    """Three significant digits, no scientific notation for everyday magnitudes."""
+    """Three significant digits, no scientific notation for everyday magnitudes; never raises (infinity prints as
+    "inf", NaN as "-", the extremes in scientific notation)."""
     if math.isnan(value):
         return "-"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
     if value == 0:
         return "0"
+    if not SCIENTIFIC_BELOW <= abs(value) < SCIENTIFIC_ABOVE:
+        return f"{value:.{max(digits - 1, 0)}e}"
     magnitude = math.floor(math.log10(abs(value)))
     decimals = max(0, digits - 1 - magnitude)
     return f"{value:.{decimals}f}"
 
 
 def format_bytes(n_bytes: float) -> str:
-    """Binary units: 8 B, 12 KiB, 256 MiB."""
-    value = float(n_bytes)
+    """Binary units: 8 B, 12 KiB, 256 MiB (never raises: a value no float holds prints as "inf B")."""
+    try:
+        value = float(n_bytes)
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        return f"{format_number(value)} B"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if value == int(value) else f"{format_number(value)} {unit}"

@@ -26,7 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from decodetop.errors import UserInputError
-from decodetop.httpget import HttpAnswer, HttpRequestError, http_request
+from decodetop.quantity import ACCEPT_LENGTH, OBSERVED_MS
+from decodetop.textfmt import format_number
+from decodetop.httpget import BadUrlError, HttpAnswer, HttpRequestError, check_url, http_request, server_text
 
 DEFAULT_TIMEOUT_S = 2.0
 """Overall deadline of one scrape (connect to last byte): a /metrics page answers in milliseconds; a hung or
@@ -147,25 +149,25 @@ class LatencyTotals:
 def normalize_url(url: str) -> str:
     """The /metrics URL for what the user typed: `host:port`, `http://host:port`, or a full URL with a path.
 
-    Raises UserInputError for what cannot be a metrics URL (another scheme, no host), naming the input.
+    Raises UserInputError for what cannot be a metrics URL (another scheme, no host, a malformed host or port, a
+    control character), naming the input (`decodetop.httpget.check_url`).
     """
     text = url.strip()
     if not text:
         raise UserInputError("--server: empty URL; expected e.g. http://127.0.0.1:30000")
     if "://" not in text:
         text = "http://" + text
-    parts = urllib.parse.urlsplit(text)
-    if parts.scheme not in {"http", "https"}:
-        raise UserInputError(f"--server {url!r}: scheme {parts.scheme!r} is not http or https")
     try:
-        port = parts.port
-    except ValueError:
-        raise UserInputError(f"--server {url!r}: the port is not a number from 0 to 65535") from None
-    if not parts.hostname:
-        raise UserInputError(f"--server {url!r}: no host name")
-    del port
+        parts = check_url(text)
+    except BadUrlError as exc:
+        raise UserInputError(f"--server {shown_url(url)}: {exc}") from None
     path = parts.path if parts.path not in {"", "/"} else "/metrics"
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def shown_url(url: str) -> str:
+    """A URL as a message quotes it: inert, in quotes, at most 200 characters."""
+    return repr(server_text(url))
 
 
 def fetch_metrics_text(url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> str | ServerStatus:
@@ -210,7 +212,7 @@ def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> 
     try:
         hist, gauges, n_families = _latency_families(text)
     except (ValueError, TypeError, IndexError, KeyError) as exc:
-        first = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        first = server_text(str(exc).splitlines()[0][:120]) if str(exc).strip() else type(exc).__name__
         return ServerStatus(ServerState.UNPARSEABLE, f"{url}: not Prometheus text ({first})", url)
     if n_families == 0:
         return ServerStatus(ServerState.NO_LATENCY_METRIC, f"{url}: empty metrics page", url)
@@ -223,7 +225,7 @@ def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> 
         if model_name is not None:
             complete = {key: v for key, v in complete.items() if dict(key).get(_MODEL_LABEL) == model_name}
             if not complete:
-                serving = ", ".join(models) or "no model_name label"
+                serving = server_text(", ".join(models)) or "no model_name label"
                 return ServerStatus(
                     ServerState.NO_LATENCY_METRIC,
                     f"{url}: no {name} samples for model {model_name!r} (serving: {serving})",
@@ -232,11 +234,15 @@ def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> 
                 )
         if not complete:
             continue
-        total_sum = math.fsum(v["sum"] for v in complete.values())
-        total_count = math.fsum(v["count"] for v in complete.values())
-        if not (math.isfinite(total_sum) and math.isfinite(total_count)) or total_count < 0 or total_sum < 0:
-            return ServerStatus(ServerState.UNPARSEABLE, f"{url}: {name} has non-finite or negative totals", url)
-        picked = tuple(sorted({dict(key).get(_MODEL_LABEL, "") for key in complete} - {""}))
+        total_sum = _total(v["sum"] for v in complete.values())
+        total_count = _total(v["count"] for v in complete.values())
+        if total_sum is None or total_count is None:
+            return ServerStatus(
+                ServerState.UNPARSEABLE,
+                f"{url}: {name} has non-finite, negative or out-of-range totals (each must be 0 to {MAX_TOTAL:g})",
+                url,
+            )
+        picked = tuple(sorted({server_text(dict(key).get(_MODEL_LABEL, "")) for key in complete} - {""}))
         return LatencyTotals(
             source=source,
             metric=name,
@@ -248,7 +254,7 @@ def parse_latency_totals(text: str, url: str, model_name: str | None = None) -> 
             if source == "sglang"
             else None,
         )
-    engines = sorted({name.split(":", 1)[0] for name in hist} | {n.split(":", 1)[0] for n in gauges})
+    engines = sorted({name.split(":", 1)[0] for name in hist} | {n.split(":", 1)[0] for n in gauges})  # known names
     seen = f" ({'/'.join(engines)} metrics present)" if engines else ""
     return ServerStatus(
         ServerState.NO_LATENCY_METRIC,
@@ -290,6 +296,22 @@ def _latency_families(text: str) -> tuple[_Histograms, _Gauges, int]:
     return hist, gauges, n_families
 
 
+MAX_TOTAL = 1e15
+"""Largest cumulative histogram sum (seconds) or count taken from a server: 31 million years of latency, or a
+million tokens a second for 30 years; anything larger is a crafted page, and a difference of two such totals could
+overflow."""
+
+
+def _total(values: Iterable[float]) -> float | None:
+    """The sum of a histogram's per-label totals, or None when one is not finite, negative or above `MAX_TOTAL`
+    (checked before summing: `math.fsum` raises OverflowError on an intermediate overflow)."""
+    kept = list(values)
+    if any(not (math.isfinite(v) and 0 <= v <= MAX_TOTAL) for v in kept):
+        return None
+    total = math.fsum(kept)
+    return total if total <= MAX_TOTAL * 1e3 else None
+
+
 def _select(samples: Iterable[tuple[dict[str, str], float]], model_name: str | None) -> list[float]:
     return [
         value
@@ -299,12 +321,12 @@ def _select(samples: Iterable[tuple[dict[str, str], float]], model_name: str | N
 
 
 def _gauge_sum(samples: list[tuple[dict[str, str], float]], model_name: str | None) -> float | None:
-    values = _select(samples, model_name)
+    values = [v for v in _select(samples, model_name) if 0 <= v <= MAX_TOTAL]
     return math.fsum(values) if values else None
 
 
 def _gauge_mean(samples: list[tuple[dict[str, str], float]], model_name: str | None) -> float | None:
-    values = _select(samples, model_name)
+    values = [v for v in _select(samples, model_name) if 0 <= v <= MAX_TOTAL]
     return math.fsum(values) / len(values) if values else None
 
 
@@ -335,8 +357,8 @@ class ServerStepSource:
         fetch: Callable[[str, float], str | ServerStatus] = fetch_metrics_text,
     ) -> None:
         self.url = normalize_url(url)
-        if accept_length is not None and not (math.isfinite(accept_length) and accept_length >= 1.0):
-            raise UserInputError(f"accept length {accept_length!r}: must be a number ≥ 1 (tokens per decode step)")
+        if accept_length is not None and not ACCEPT_LENGTH.accepts(accept_length):
+            raise UserInputError(f"accept length {accept_length!r}: must be a number {ACCEPT_LENGTH.range_text}")
         if not (math.isfinite(window_s) and window_s > 0):
             raise UserInputError(f"server window {window_s!r}: must be a positive number of seconds")
         if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -402,6 +424,15 @@ class ServerStepSource:
             )
         itl_ms = d_sum / d_count * 1e3
         factor, factor_from = self._factor(totals)
+        if d_count < 1 or not OBSERVED_MS.accepts(itl_ms * factor):
+            return ServerStatus(
+                ServerState.UNPARSEABLE,
+                f"{self.url}: {totals.metric} gives a mean step of {format_number(itl_ms * factor)} ms over "
+                f"{format_number(d_count)} samples, not an observed step ({OBSERVED_MS.range_text} over at least 1 "
+                "sample); not used",
+                self.url,
+                totals.source,
+            )
         return ServerStep(
             step_ms=itl_ms * factor,
             itl_ms=itl_ms,
@@ -424,7 +455,7 @@ class ServerStepSource:
         if self.accept_length is not None:
             return self.accept_length, "given"
         server = totals.server_accept_length
-        if server is not None and math.isfinite(server) and server >= 1.0:
+        if server is not None and ACCEPT_LENGTH.accepts(server):
             return server, "server"
         return 1.0, "none"
 
