@@ -333,6 +333,33 @@ _MAX_STREAM_BYTES = 2 * MAX_TOTAL_BYTES
 _PATH_MAX = 4096
 """Linux's PATH_MAX (include/uapi/linux/limits.h): no member name or link target is longer."""
 
+MAX_EXTENDED_HEADER_BYTES = 64 * 1024
+"""Largest pax extended header or GNU long name/link record read. Such a record carries a path (at most `_PATH_MAX`
+bytes) and a few numbers; tarfile reads one whole into memory before any member check can run, so a crafted
+200 MiB one is refused from its size alone."""
+
+
+class _ExtendedHeaderTooLargeError(Exception):
+    """A pax or GNU long-name record larger than `MAX_EXTENDED_HEADER_BYTES` (refused before it is read)."""
+
+    def __init__(self, name: str, size: int) -> None:
+        super().__init__(name, size)
+        self.name = name
+        self.size = size
+
+
+class _CappedTarInfo(tarfile.TarInfo):
+    """A TarInfo whose extended records (pax headers, GNU long names) are refused by size before tarfile reads them."""
+
+    _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, b"X")
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type in self._EXTENDED and self.size > MAX_EXTENDED_HEADER_BYTES:
+            raise _ExtendedHeaderTooLargeError(self.name, self.size)
+        result: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return result
+
+
 _CHUNK_BYTES = 1024 * 1024
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -598,7 +625,7 @@ def _open_tar(handle: BinaryIO, archive: Path) -> tarfile.TarFile:
     handle.seek(0)
     stream = _BoundedStream(_decompressed(handle), _MAX_STREAM_BYTES, archive)
     # Stream mode ("r|"): headers are read in order and never sought back to; nothing is extracted by tarfile.
-    return tarfile.open(fileobj=io.BufferedReader(stream), mode="r|")
+    return tarfile.open(fileobj=io.BufferedReader(stream), mode="r|", tarinfo=_CappedTarInfo)
 
 
 def unpack_collected(archive: Path, dest: Path) -> Path:
@@ -625,6 +652,12 @@ def unpack_collected(archive: Path, dest: Path) -> Path:
                     unpacker.run(tar, dest_fd)
             finally:
                 os.close(dest_fd)
+    except _ExtendedHeaderTooLargeError as exc:
+        raise unpacker.refuse(
+            exc.name,
+            f"is an extended header (pax or GNU long name) of {exc.size:,} bytes, over the "
+            f"{MAX_EXTENDED_HEADER_BYTES:,}-byte limit (refused unread)",
+        ) from None
     except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as exc:
         raise UserInputError(f"{archive}: not a readable decodetop --collect tarball ({exc})") from exc
     tree = dest / ROOT_IN_ARCHIVE

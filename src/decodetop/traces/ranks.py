@@ -17,7 +17,7 @@ from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 from decodetop.traces.analysis import analyze
 from decodetop.traces.classify import RuleSet
-from decodetop.traces.reader import read_trace
+from decodetop.traces.reader import MAX_TRACE_BYTES, read_trace
 from decodetop.traces.trace_report import TraceReport
 
 TRACE_SUFFIXES = (".json", ".json.gz")
@@ -171,11 +171,18 @@ def analyze_path(
     rules: RuleSet | None = None,
     vocab_size: int | None = None,
     gemm_shapes: Mapping[tuple[int, int], Component] | None = None,
+    max_bytes: int = MAX_TRACE_BYTES,
 ) -> TraceSet:
-    """Read and attribute a trace file or a directory of per-rank files (what `--trace` in the live UI loads)."""
+    """Read and attribute a trace file or a directory of per-rank files (what `--trace` in the live UI loads), at
+    most `max_bytes` once decompressed for all files together."""
+    left = [max_bytes]
 
     def one(file: Path) -> TraceReport:
-        return analyze(read_trace(file), rules=rules, vocab_size=vocab_size, gemm_shapes=gemm_shapes)
+        if left[0] <= 0:
+            raise UserInputError(f"{file}: the ranks' traces hold more than {max_bytes:,} bytes once decompressed")
+        trace = read_trace(file, max_bytes=left[0])
+        left[0] -= trace.bytes_read
+        return analyze(trace, rules=rules, vocab_size=vocab_size, gemm_shapes=gemm_shapes)
 
     return load_traces(path, one)
 

@@ -5,6 +5,13 @@ buffer, so a trace of hundreds of MB never sits in memory whole. Of each event o
 in typed columns (`array.array`), with names interned once: GPU activities (kernels, memcpy, memset), host ranges
 (cpu_op, user_annotation and `nn.Module: ...` python_function frames), CUDA runtime/driver calls with their
 correlation ids, and GPU-side user annotations.
+
+A trace is a file from outside: every size is capped with a one-line error naming the limit, so a small crafted
+file cannot cost minutes or gigabytes. The bytes read once decompressed (`MAX_TRACE_BYTES`), one event
+(`MAX_EVENT_CHARS`), one name (`MAX_NAME_CHARS`), the distinct names kept (`MAX_DISTINCT_NAMES`) and their
+characters together (`MAX_NAMES_CHARS`). Runs of blanks are skipped at C speed, and an event cut by the buffer's
+edge is decoded again only after the buffer has doubled, so no input makes reading quadratic. A number no float
+holds (an integer of hundreds of digits) counts as a bad time, as NaN does.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import codecs
 import gzip
 import json
 import math
+import re
 import sys
 import zlib
 from array import array
@@ -23,12 +31,32 @@ from typing import Any, BinaryIO
 
 from decodetop import jsonio
 from decodetop.errors import UserInputError
+from decodetop.quantity import as_float
 
 CHUNK_BYTES = 1 << 18
 """Bytes read per refill (256 KiB): large enough to amortise the buffer splice, small next to any trace."""
 
-MAX_EVENT_CHARS = 64 << 20
-"""One event larger than this (64 Mi characters) means the file is not a trace we understand, not a big event."""
+MAX_TRACE_BYTES = 2 << 30
+"""Most bytes read from one trace once decompressed (2 GiB): reading and attributing a trace takes ~75 s per GB on
+a 2-core machine (benchmarks/results/traces/trace_load_cpu2.json); a capture of a few decode steps is tens to
+hundreds of MB. A gzip bomb (1 GiB of blanks in 1 MB) stops here, counted in what it unpacks to."""
+MAX_EVENT_CHARS = 4 << 20
+"""One event (or top-level value) larger than this (4 Mi characters) means the file is not a trace we understand:
+a profiler event is a name, a few numbers and small args (tests/fixtures/traces: under 2 KiB each)."""
+MAX_NAME_CHARS = 1 << 20
+"""Longest name kept (1 Mi characters). C++ template kernel names run to a few thousand characters; longer ones are
+shown shortened (`decodetop.traces.compare.short_name`)."""
+MAX_DISTINCT_NAMES = 100_000
+"""Most distinct names (kernels, operators, module frames, shapes) in one trace. A decode step has hundreds; a
+trace with millions is crafted, and attributing each name costs time (200,000 take ~6 s here)."""
+MAX_CATEGORIES = 1000
+"""Distinct event categories counted by name; the rest count as "(other)" (a profiler writes a dozen)."""
+MAX_NAMES_CHARS = 64 << 20
+"""Most characters of all distinct names together (64 Mi): names stay in memory for the whole analysis."""
+MAX_BLANK_RUN = 64 << 20
+"""Most blanks in a row (64 Mi): an indented trace has a few dozen; gigabytes of them are a gzip bomb."""
+_BLANKS_THEN = re.compile(r"[ \t\n\r]*")
+"""A run of JSON blanks: skipped in one match instead of a character at a time."""
 
 GPU_KERNEL, GPU_MEMCPY, GPU_MEMSET = 0, 1, 2
 """Kinds of GPU activity in `Trace.gpu_kind`."""
@@ -81,25 +109,53 @@ class Trace:
     ga_device: array[int] = field(default_factory=lambda: array("q"))
     meta: dict[str, Any] = field(default_factory=dict)
     categories: Counter[str] = field(default_factory=Counter)
+    bytes_read: int = 0
+    """Bytes of the file once decompressed."""
     events_total: int = 0
     bad_times: int = 0
     """Events left out because their timestamp or duration is NaN, infinite or negative (counted, never used)."""
     _ids: dict[str, int] = field(default_factory=dict, repr=False)
     _threads: dict[tuple[object, object], int] = field(default_factory=dict, repr=False)
+    _names_chars: int = field(default=0, repr=False)
 
     def intern(self, name: str) -> int:
-        """The id of `name` in `names`, adding it once."""
+        """The id of `name` in `names`, adding it once; a name or a set of names over the caps is a one-line
+        `UserInputError` (`MAX_NAME_CHARS`, `MAX_DISTINCT_NAMES`, `MAX_NAMES_CHARS`)."""
         got = self._ids.get(name)
         if got is None:
+            self._check_new_name(name)
             got = self._ids[name] = len(self.names)
             self.names.append(name)
+            self._names_chars += len(name)
         return got
+
+    def _check_new_name(self, name: str) -> None:
+        if len(name) > MAX_NAME_CHARS:
+            raise UserInputError(
+                f"{self.path}: a name of {len(name):,} characters, over the {MAX_NAME_CHARS:,}-character limit "
+                "of one name: not a profiler trace decodetop reads"
+            )
+        if len(self.names) >= MAX_DISTINCT_NAMES:
+            raise UserInputError(
+                f"{self.path}: more than {MAX_DISTINCT_NAMES:,} distinct names (kernels, operators, modules), over "
+                "the limit: not a trace of a few decode steps"
+            )
+        if self._names_chars + len(name) > MAX_NAMES_CHARS:
+            raise UserInputError(
+                f"{self.path}: its distinct names hold more than {MAX_NAMES_CHARS:,} characters, over the limit: "
+                "not a trace of a few decode steps"
+            )
 
     def thread_id(self, pid: object, tid: object) -> int:
         """A small integer for a (pid, tid) pair, whatever types the trace used for them."""
         key = (pid, tid)
         got = self._threads.get(key)
         if got is None:
+            if len(self._threads) >= MAX_DISTINCT_NAMES:
+                raise UserInputError(
+                    f"{self.path}: more than {MAX_DISTINCT_NAMES:,} distinct threads (pid, tid), over the limit: "
+                    "not a trace of a few decode steps"
+                )
             got = self._threads[key] = len(self._threads)
         return got
 
@@ -114,8 +170,9 @@ class Trace:
         return len(self.host_name)
 
 
-def read_trace(path: str | Path) -> Trace:
-    """Read a Chrome/PyTorch-profiler trace file (`.json` or `.json.gz`) into compact columns.
+def read_trace(path: str | Path, *, max_bytes: int = MAX_TRACE_BYTES) -> Trace:
+    """Read a Chrome/PyTorch-profiler trace file (`.json` or `.json.gz`) into compact columns, at most `max_bytes`
+    once decompressed.
 
     Raises UserInputError with one line naming the file and the problem for anything that is not a complete trace.
     """
@@ -130,7 +187,11 @@ def read_trace(path: str | Path) -> Trace:
             head = raw.read(2)
             raw.seek(0)
             binary: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw  # type: ignore[assignment]
-            _parse(_Stream(binary, path), trace)
+            stream = _Stream(binary, path, max_bytes)
+            try:
+                _parse(stream, trace)
+            finally:
+                trace.bytes_read = stream.bytes_read
         except (gzip.BadGzipFile, zlib.error) as exc:
             raise UserInputError(f"{path}: corrupt gzip data ({exc})") from None
         except EOFError:
@@ -147,10 +208,12 @@ class _Stream:
 
     _WS = " \t\n\r"
 
-    def __init__(self, binary: BinaryIO, path: Path) -> None:
+    def __init__(self, binary: BinaryIO, path: Path, max_bytes: int = MAX_TRACE_BYTES) -> None:
         self._binary = binary
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self.path = path
+        self.max_bytes = max_bytes
+        self.bytes_read = 0
         self.buf = ""
         self.pos = 0
         self.offset = 0  # characters dropped from the front of buf so far
@@ -163,11 +226,17 @@ class _Stream:
         fast = 0 < limit <= jsonio.MAX_INT_DIGITS
         self._decoder = json.JSONDecoder() if fast else jsonio.strict_decoder(allow_nan=True)
 
-    def fill(self) -> bool:
-        """Append one chunk; False at end of input."""
+    def fill(self, at_least: int = CHUNK_BYTES) -> bool:
+        """Append at least one chunk (`at_least` bytes, in chunks); False at end of input."""
         if self.eof:
             return False
-        data = self._binary.read(CHUNK_BYTES)
+        data = self._binary.read(max(CHUNK_BYTES, at_least))
+        self.bytes_read += len(data)
+        if self.bytes_read > self.max_bytes:
+            raise UserInputError(
+                f"{self.path}: more than {self.max_bytes:,} bytes once decompressed, over the limit decodetop reads "
+                "a trace to: capture fewer steps"
+            )
         text = self._utf8.decode(data, final=not data)
         if not data:
             self.eof = True
@@ -180,13 +249,22 @@ class _Stream:
 
     def peek(self) -> str:
         """The next non-space character ('' at end of input), leaving `pos` on it."""
+        blanks = 0
         while True:
-            buf, pos, n = self.buf, self.pos, len(self.buf)
-            while pos < n and buf[pos] in self._WS:
-                pos += 1
+            buf, pos = self.buf, self.pos
+            if pos < len(buf) and buf[pos] in self._WS:
+                match = _BLANKS_THEN.match(buf, pos)
+                end = match.end() if match else pos
+                blanks += end - pos
+                pos = end
             self.pos = pos
-            if pos < n:
+            if pos < len(buf):
                 return buf[pos]
+            if blanks > MAX_BLANK_RUN:
+                raise UserInputError(
+                    f"{self.path}: more than {MAX_BLANK_RUN:,} blank characters in a row at {self.where()}, over "
+                    "the limit: not a trace"
+                )
             if not self.fill():
                 return ""
 
@@ -201,8 +279,9 @@ class _Stream:
             try:
                 obj, end = self._decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as exc:
-                if not self.eof and len(self.buf) - self.pos < MAX_EVENT_CHARS:
-                    self.fill()
+                pending = len(self.buf) - self.pos
+                if not self.eof and pending < MAX_EVENT_CHARS:
+                    self.fill(at_least=pending)  # the buffer doubles before the next try: linear, not quadratic
                     continue
                 if self.eof and exc.pos >= len(self.buf) - 1:
                     raise UserInputError(f"{self.path}: truncated: the file ends inside {what}") from None
@@ -313,14 +392,8 @@ def _parse_events(stream: _Stream, trace: Trace) -> None:
 
 
 def _num(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+    """A time field as a float, or None (a bool, an object, an integer no float holds: `decodetop.quantity`)."""
+    return as_float(value)
 
 
 _INT_LIMIT = 1 << 62
@@ -343,8 +416,11 @@ _GPU, _HOST, _RUNTIME, _ANNOTATION = range(4)
 def _keep(event: dict[str, Any], trace: Trace) -> None:
     """Keep the fields of one event that the analysis uses; ignore the rest (decided before parsing fields)."""
     cat_raw = event.get("cat")
-    cat = cat_raw.lower() if isinstance(cat_raw, str) else "(none)"
-    trace.categories[cat] += 1
+    cat = cat_raw[:100].lower() if isinstance(cat_raw, str) else "(none)"  # a real category is one word
+    if cat in trace.categories or len(trace.categories) < MAX_CATEGORIES:
+        trace.categories[cat] += 1
+    else:
+        trace.categories["(other)"] += 1
     if event.get("ph") != "X":
         return
     name = event.get("name")
@@ -400,15 +476,27 @@ def _where(cat: str, name: str) -> tuple[int, int] | None:
     return None
 
 
+MAX_TS_US = 1e18
+"""Latest timestamp taken (µs; epoch-based clocks are ~1.7e15 µs today): anything larger is not a time."""
+MAX_DUR_US = 1e12
+"""Longest duration taken (µs; 11.6 days, where a trace covers seconds)."""
+
+
 def _times(event: dict[str, Any], trace: Trace) -> tuple[float, float] | None:
-    """(ts, dur) in µs; None without a timestamp, or (counted) for a NaN, infinite or negative time."""
-    ts = _num(event.get("ts"))
-    if ts is None:
+    """(ts, dur) in µs; None without a timestamp, or (counted) for a time that is NaN, infinite, negative, no
+    float (an integer of hundreds of digits) or beyond `MAX_TS_US` / `MAX_DUR_US`."""
+    raw_ts = event.get("ts")
+    if raw_ts is None:
         return None
-    dur = _num(event.get("dur"))
-    if dur is None:
-        dur = 0.0
-    if not (math.isfinite(ts) and math.isfinite(dur)) or ts < 0 or dur < 0:
+    ts = _num(raw_ts)
+    raw_dur = event.get("dur")
+    dur = 0.0 if raw_dur is None else _num(raw_dur)
+    if ts is None or dur is None:
+        if isinstance(raw_ts, str) and ts is None:
+            return None  # a timestamp that is no number at all: not an event the analysis uses
+        trace.bad_times += 1
+        return None
+    if not (0 <= ts <= MAX_TS_US and 0 <= dur <= MAX_DUR_US):  # NaN fails both comparisons too
         trace.bad_times += 1  # a NaN, infinite or negative time would poison every sum and sort after it
         return None
     return ts, dur

@@ -19,9 +19,10 @@ from decodetop.budget.spec import load_preset
 from decodetop.errors import UserInputError
 from decodetop.traces.capture import capture, detect_engine
 from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
+from decodetop.traces.reader import MAX_TRACE_BYTES
 
-TRACE_CAP_BYTES = 2 << 30
-"""Largest trace (all ranks together) the UI reads: 2 GiB. Reading and attributing one peaks at about 0.45 × its
+TRACE_CAP_BYTES = MAX_TRACE_BYTES
+"""Largest trace (all ranks together, counted once decompressed) the UI reads: 2 GiB. Reading and attributing one peaks at about 0.45 × its
 size and takes ~75 s per GB on a 2-core machine (1 GB: 446 MiB, benchmarks/results/traces/trace_load_cpu2.json);
 beyond this a capture of too many steps is more likely than a trace worth minutes of reading."""
 CAPTURE_STEPS = 5
@@ -97,8 +98,8 @@ def layers_of(model: ModelSource | str | None) -> int | None:
 def load(path: Path, options: TraceOptions, *, origin: str = "--trace", model: str | None = None) -> TraceLoad:
     """Read and attribute a trace file or directory (blocking); one-line UserInputError on any problem."""
     files = [f for _, f in trace_files(path)]
-    check_size(files, options.max_bytes)
-    traces = analyze_path(path)
+    check_size(files, options.max_bytes)  # the files on disk first; the reader counts what they unpack to
+    traces = analyze_path(path, max_bytes=options.max_bytes)
     modified = max((f.stat().st_mtime for f in files if f.exists()), default=time.time())
     return TraceLoad(traces, path, modified, origin, layers_of(model))
 
