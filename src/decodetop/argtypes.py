@@ -52,6 +52,24 @@ def non_empty(text: str) -> str:
     return text
 
 
+def server_url(text: str) -> str:
+    """A serving engine's URL (`http://host:port`, `host:port` or a full URL with a path), checked as every request
+    will check it (`decodetop.httpget.check_url`): an unclosed IPv6 bracket, a port past 65535, an empty host label
+    or a line break is refused here, in one line. Returned with ``http://`` added where no scheme was given."""
+    from decodetop.httpget import BadUrlError, check_url, server_text  # http.client and ssl only where a URL is
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    url = text.strip()
+    if "://" not in url:
+        url = "http://" + url
+    try:
+        check_url(url)
+    except BadUrlError as exc:
+        raise argparse.ArgumentTypeError(f"{server_text(text)!r}: {exc}") from None
+    return url
+
+
 def regular_file(text: str) -> Path:
     """An existing regular file (a config, a plan, a results file), checked with `stat`, never opened here: a
     FIFO, a device such as ``/dev/zero`` or a directory is refused before anything reads from it."""

@@ -23,11 +23,14 @@ def _final_target(path: Path) -> Path:
     return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE) -> None:
+def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE, *, follow_links: bool = True) -> None:
     """Replace `path` with `data` in one rename; readers see the old or the new file, never a mix.
 
     `mode` applies to a new file only: an existing file keeps its permission bits. Anything but a regular file in
-    the way (a device, a FIFO, a directory) raises OSError and is left as it is."""
+    the way (a device, a FIFO, a directory) raises OSError and is left as it is. Without `follow_links` (state
+    files: history, baselines) a symbolic link in the way raises OSError (ELOOP) and is left as it is."""
+    if not follow_links and Path(path).is_symlink():
+        raise OSError(errno.ELOOP, f"{path} is a symbolic link; state files are never written through a link")
     target = _final_target(Path(path))
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -52,6 +55,26 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int = DEFAULT_MODE) -> Non
         raise
 
 
-def write_text_atomic(path: Path, text: str, mode: int = DEFAULT_MODE) -> None:
+def write_text_atomic(path: Path, text: str, mode: int = DEFAULT_MODE, *, follow_links: bool = True) -> None:
     """Text flavour of `write_bytes_atomic` (UTF-8)."""
-    write_bytes_atomic(path, text.encode("utf-8"), mode)
+    write_bytes_atomic(path, text.encode("utf-8"), mode, follow_links=follow_links)
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temporary files `write_bytes_atomic` left beside `path` when its process was killed mid-write
+    (SIGKILL, a power cut); returns those removed. Call it only while holding the lock every writer of `path` holds:
+    then no temp file beside it belongs to a live writer."""
+    removed: list[Path] = []
+    prefix = f".{path.name}."
+    try:
+        found = list(path.parent.iterdir())
+    except OSError:
+        return removed
+    for stale in found:
+        if not (stale.name.startswith(prefix) and stale.name.endswith(".tmp")):
+            continue
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(stale).st_mode):
+                stale.unlink()
+                removed.append(stale)
+    return removed

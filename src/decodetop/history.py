@@ -13,6 +13,14 @@ reported as one line in `HistoryLoad.problem`. A file that cannot be read at all
 directory or FIFO in its place) is left as it is and every later write in the session is refused with that reason
 (`HistoryUnavailableError`).
 
+State files are never followed through a symbolic link: a `history.jsonl` or `history.jsonl.lock` that is a link
+(in a shared state dir, whoever can write the directory could point it at another of the user's files) is left as it
+is, the history is not read and nothing is written (`decodetop.jsonio.SYMLINK_REFUSED` says why). Temporary files
+of a writer killed mid-write (``.history.jsonl.*.tmp``) are removed by the next writer, under the lock.
+
+The rolling caps (`MAX_ENTRIES`, `MAX_BYTES`) drop the oldest probe results; a baseline is kept until a newer
+baseline of the same name and fingerprint replaces it, however many probe results come after it.
+
 Each entry may carry a `Fingerprint` saying where it was measured (host, device, versions, scenario), so a reader
 can take only the records that match the current setup; entries written before fingerprints existed load with
 ``fingerprint=None`` ("origin unknown").
@@ -24,9 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
-import math
 import os
 import socket
 import threading
@@ -37,16 +45,17 @@ from pathlib import Path
 from typing import Any
 
 from decodetop import paths
-from decodetop.atomic import write_bytes_atomic
+from decodetop.atomic import remove_stale_temps, write_bytes_atomic
 from decodetop.errors import UserInputError
-from decodetop.jsonio import MAX_LINE_BYTES, JsonInputError, parse_json, read_bounded
+from decodetop.jsonio import MAX_LINE_BYTES, SYMLINK_REFUSED, JsonInputError, parse_json, read_bounded
+from decodetop.quantity import UNIX_TIME_S
 
 HISTORY_FILE_NAME = "history.jsonl"
 LOCK_SUFFIX = ".lock"
 """The advisory lock file sits beside the history: ``history.jsonl.lock``."""
 FORMAT_VERSION = 1
 MAX_ENTRIES = 5000
-"""Entries kept when the file is rewritten; the oldest go first."""
+"""Probe entries kept when the file is rewritten; the oldest go first (baselines are kept apart from the cap)."""
 MAX_BYTES = 16 * 1024 * 1024
 """And at most this much JSON (each append rewrites the file atomically, so it must stay small)."""
 MAX_READ_BYTES = 4 * MAX_BYTES
@@ -194,8 +203,8 @@ class HistoryEntry:
             raise ValueError("missing 'kind'")
         if not isinstance(key, str) or not key:
             raise ValueError("missing 'key'")
-        if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at):
-            raise ValueError("missing or bad 'at' time")
+        if isinstance(at, bool) or not isinstance(at, (int, float)) or not UNIX_TIME_S.accepts(float(at)):
+            raise ValueError(f"missing or bad 'at' time (must be a number {UNIX_TIME_S.range_text})")
         if not isinstance(data, dict):
             raise ValueError("'data' is not an object")
         fp_obj = obj.get("fp")
@@ -288,10 +297,37 @@ class _Disk:
 
 
 def _parse_line(line: str) -> HistoryEntry:
-    """One history line as an entry; ValueError saying what is wrong (too long, not JSON, not an entry)."""
+    """One history line as an entry; ValueError saying what is wrong (too long, not JSON, not an entry). Whatever
+    else a crafted line makes the parsing raise is a bad line too, never an error out of `load`."""
     if len(line) > MAX_LINE_BYTES:
         raise ValueError(f"line longer than {MAX_LINE_BYTES // (1024 * 1024)} MiB")
-    return HistoryEntry.from_json(line)
+    try:
+        return HistoryEntry.from_json(line)
+    except ValueError:
+        raise
+    except Exception as exc:  # an OverflowError, a TypeError deep in a field: the line is bad, the file is not
+        raise ValueError(f"not a history entry ({type(exc).__name__})") from None
+
+
+def _kept_indices(entries: list[HistoryEntry], lines: list[str], max_entries: int, max_bytes: int) -> list[int]:
+    """Which entries a rewrite keeps, oldest first: every baseline that is the newest of its name and fingerprint
+    (kept until replaced), then the newest other entries while they fit `max_entries` and `max_bytes` (the newest
+    one always)."""
+    pinned: dict[tuple[str, Fingerprint | None], int] = {}
+    for index, entry in enumerate(entries):
+        if entry.kind == KIND_BASELINE:
+            pinned[(entry.key, entry.fingerprint)] = index  # a later one of the same name replaces it
+    keep = set(pinned.values())
+    count, size = 0, sum(len(lines[i]) + 1 for i in keep)
+    for index in range(len(entries) - 1, -1, -1):
+        if index in keep:
+            continue
+        size += len(lines[index]) + 1
+        count += 1
+        if count > max_entries or (size > max_bytes and count > 1):
+            break
+        keep.add(index)
+    return sorted(keep)
 
 
 class History:
@@ -331,11 +367,20 @@ class History:
 
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[None]:
-        """Hold the advisory lock shared by every decodetop process using this history file."""
+        """Hold the advisory lock shared by every decodetop process using this history file. A lock file that is a
+        symbolic link is never opened through (O_NOFOLLOW): `HistoryUnavailableError` saying so."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise HistoryUnavailableError(
+                    f"{self.lock_path}: {SYMLINK_REFUSED}; left as it is, nothing is saved"
+                ) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            remove_stale_temps(self.path)  # a writer killed mid-rewrite left its temp file; none is live now
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the lock
@@ -352,7 +397,7 @@ class History:
         if not os.path.lexists(self.path):
             return _Disk(lines=[], entries=[], missing=True)
         try:
-            raw = read_bounded(self.path, max_bytes=MAX_READ_BYTES)
+            raw = read_bounded(self.path, max_bytes=MAX_READ_BYTES, follow_links=False)
         except UserInputError as exc:
             message = str(exc).removeprefix(f"{self.path}: cannot read: ")
             if "larger than" in message:  # not written by decodetop (its rewrite is capped): set aside unread
@@ -395,6 +440,10 @@ class History:
             try:
                 with self._file_lock():
                     return self._load_locked()
+            except HistoryUnavailableError as exc:  # the lock file is a symlink: neither read nor written
+                self._entries, self._lines = [], []
+                self.refused = str(exc)
+                return HistoryLoad(entries=(), problem=self.refused, writable=False)
             except OSError as exc:  # no lock file possible (read-only dir): read only, write nothing
                 disk = self._read_disk()
                 if disk.unreadable is None and disk.first_error is None:
@@ -440,17 +489,11 @@ class History:
         return aside
 
     def _rewrite_locked(self) -> None:
-        keep = min(len(self._lines), self.max_entries)
-        size = 0
-        for count, line in enumerate(reversed(self._lines), start=1):
-            size += len(line) + 1
-            if count > keep or (size > self.max_bytes and count > 1):
-                keep = count - 1
-                break
-        self._entries = self._entries[len(self._entries) - keep :] if keep else []
-        self._lines = self._lines[len(self._lines) - keep :] if keep else []
+        kept = _kept_indices(self._entries, self._lines, self.max_entries, self.max_bytes)
+        self._entries = [self._entries[i] for i in kept]
+        self._lines = [self._lines[i] for i in kept]
         body = "".join(line + "\n" for line in self._lines)
-        write_bytes_atomic(self.path, body.encode("utf-8"))
+        write_bytes_atomic(self.path, body.encode("utf-8"), follow_links=False)
         self._disk_id = self._stat_id()
 
     def _refresh_locked(self) -> None:

@@ -317,7 +317,7 @@ def _once(
             content_type=server_text(str(response.headers.get("Content-Type", ""))),
             body=data[:max_body_bytes],
             truncated=len(data) > max_body_bytes,
-            location=str(response.headers.get("Location", ""))[:MAX_URL_CHARS + 1],
+            location=str(response.headers.get("Location", ""))[: MAX_URL_CHARS + 1],
         )
     except TimeoutError:
         raise HttpRequestError(url, f"no complete answer within {total_s:g} s", timed_out=True) from None

@@ -108,8 +108,8 @@ def guard_streams() -> Iterator[None]:
     """Standard output and error filtered by `InertStream` while inside (the headless commands run inside it);
     the streams in place before are back afterwards."""
     saved_out, saved_err = sys.stdout, sys.stderr
-    sys.stdout = InertStream(saved_out)  # type: ignore[assignment]
-    sys.stderr = InertStream(saved_err)  # type: ignore[assignment]
+    sys.stdout = InertStream(saved_out)
+    sys.stderr = InertStream(saved_err)
     try:
         yield
     finally:

@@ -5,9 +5,10 @@ Python's `json` accepts things a file from a user or from another machine must n
 document nested 100,000 levels deep raises `RecursionError`; an integer of 5,000 digits raises a bare `ValueError`
 (CPython's int/str conversion limit) or, where that limit is off, takes quadratic time; ``NaN`` and ``Infinity``
 (and ``1e999``, which parses to infinity) slip through as numbers; an integer of 310 to 4,300 digits is no float
-(``float()`` of it raises `OverflowError`, which a reader's ``except ValueError`` misses); invalid UTF-8, a FIFO or ``/dev/zero`` hang or
-fill memory before any parsing starts. Every reader goes through here, and every one of those turns into one
-`decodetop.errors.UserInputError` line naming the file (and the line, for JSON-lines files) and the problem.
+(``float()`` of it raises `OverflowError`, which a reader's ``except ValueError`` misses); invalid UTF-8, a FIFO or
+``/dev/zero`` hang or fill memory before any parsing starts. Every reader goes through here, and every one of those
+turns into one `decodetop.errors.UserInputError` line naming the file (and the line, for JSON-lines files) and the
+problem.
 
 Stdlib only.
 """
@@ -161,20 +162,29 @@ def dumps_strict(value: object) -> str:
     return json.dumps(value, allow_nan=False)
 
 
-def read_bounded(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+SYMLINK_REFUSED = "a symbolic link; state files are never read or written through a link"
+"""Why a state file (history, its lock, a check baseline) that is a symlink is refused: in a shared state dir,
+whoever can write the directory could point it at another of the user's files."""
+
+
+def read_bounded(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES, follow_links: bool = True) -> bytes:
     """Read a regular file whole, at most `max_bytes`; anything else is a `UserInputError`
     ``"<path>: cannot read: <reason>"``.
 
     A FIFO, a device such as ``/dev/zero`` or a directory is refused from its `fstat` before a byte is read (the
-    open is non-blocking, so a FIFO without a writer does not hang)."""
+    open is non-blocking, so a FIFO without a writer does not hang). Without `follow_links` (state files) a
+    symbolic link is refused too (`O_NOFOLLOW`), with `SYMLINK_REFUSED` as the reason."""
     target = Path(path)
 
     def refuse(reason: str) -> UserInputError:
         return UserInputError(f"{target}: cannot read: {reason}")
 
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(target, flags)
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_links:
+            raise refuse(SYMLINK_REFUSED) from None
         raise refuse(exc.strerror or errno.errorcode.get(exc.errno or 0, "error")) from None
     try:
         info = os.fstat(fd)

@@ -28,22 +28,14 @@ def as_float(value: object) -> float | None:
     """`value` as a float when it is a number that fits one (an int, a float, a numeric string); None for a bool,
     anything else, or an integer too large for a float. NaN and infinity come back as they are (the caller's range
     refuses them)."""
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    if isinstance(value, str):
-        text = value.strip()
-        if len(text) > 64:  # no float needs more; int-like strings of thousands of digits stop here
-            return None
-        try:
-            return float(text)
-        except (ValueError, OverflowError):
-            return None
-    return None
+    if isinstance(value, str) and len(value.strip()) > 64:  # no float needs more; nor is a 4,000-digit string read
+        return None
+    try:
+        return float(value)
+    except (ValueError, OverflowError):
+        return None
 
 
 def shown(value: object) -> str:
@@ -57,6 +49,8 @@ def shown(value: object) -> str:
 
 
 def _figure(value: float) -> str:
+    if value == int(value) and abs(value) < 1e12:
+        return f"{int(value):,}"
     return f"{value:g}"
 
 
@@ -69,8 +63,6 @@ class Quantity:
     low: float
     high: float
     unit: str = ""
-    positive: bool = False
-    """The low end is excluded (a time or a rate must be above 0 even when `low` is 0)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
@@ -78,31 +70,28 @@ class Quantity:
 
     @property
     def range_text(self) -> str:
-        """ "from 0.001 to 3.6e+06 ms"."""
+        """ "from 0.001 to 3,600,000 ms"."""
         unit = f" {self.unit}" if self.unit else ""
-        low = f"above {_figure(self.low)}" if self.positive else f"from {_figure(self.low)}"
-        return f"{low} to {_figure(self.high)}{unit}"
+        return f"from {_figure(self.low)} to {_figure(self.high)}{unit}"
 
     def accepts(self, value: float) -> bool:
         """True for a finite value inside the range."""
-        if not math.isfinite(value) or value > self.high:
-            return False
-        return value > self.low if self.positive else value >= self.low
+        return math.isfinite(value) and self.low <= value <= self.high
 
     def check(self, value: object, where: str) -> float:
         """`value` as a float when it is a number in range; else `QuantityError`
-        ``"<where>: must be a number from <low> to <high> <unit>, got <value>"``."""
+        ``"<where> must be a number from <low> to <high> <unit>, got <value>"``."""
         number = as_float(value) if not isinstance(value, str) else None
         if number is None or not self.accepts(number):
-            raise QuantityError(f"{where}: must be a number {self.range_text}, got {shown(value)}")
+            raise QuantityError(f"{where} must be a number {self.range_text}, got {shown(value)}")
         return number
 
     def check_int(self, value: object, where: str) -> int:
         """`check` for a whole number (a bool or a float is refused)."""
         if isinstance(value, bool) or not isinstance(value, int):
-            raise QuantityError(f"{where}: must be a whole number {self.range_text}, got {shown(value)}")
+            raise QuantityError(f"{where} must be a whole number {self.range_text}, got {shown(value)}")
         if not self.low <= value <= self.high:
-            raise QuantityError(f"{where}: must be a whole number {self.range_text}, got {shown(value)}")
+            raise QuantityError(f"{where} must be a whole number {self.range_text}, got {shown(value)}")
         return value
 
     def arg(self, text: str) -> float:
@@ -117,16 +106,19 @@ class Quantity:
 
 # The ranges. Each is far wider than any real value and narrow enough that no sum, product or reciprocal of values
 # in range overflows a float or underflows to 0.
-OBSERVED_MS = Quantity("observed step", 0.001, 3_600_000.0, "ms", positive=True)
+OBSERVED_MS = Quantity("observed step", 0.001, 3_600_000.0, "ms")
 """A decode step: 1 µs (far below any kernel launch, docs/reference/probes.md §3: a graph node ~0.6 µs) to an hour
 (a CPU-rank run of a large model is seconds)."""
-TARGET_TPS = Quantity("target throughput", 0.001, 10_000_000.0, "tok/s", positive=True)
+TARGET_TPS = Quantity("target throughput", 0.001, 10_000_000.0, "tok/s")
 """Tokens per second of one stream: one token in 1000 s to 10 M/s (the fastest single-stream decode is thousands)."""
 TICK_S = Quantity("telemetry period", 0.25, 3600.0, "s")
 """The live UI's tick: nvitop's shortest refresh (docs/reference/peers.md §2) to an hour."""
-TIMEOUT_S = Quantity("deadline", 0.001, 7 * 24 * 3600.0, "s", positive=True)
+TIMEOUT_S = Quantity("deadline", 0.001, 7 * 24 * 3600.0, "s")
 """A deadline or a wait: above 0, at most a week."""
 COMPONENT_MS = Quantity("time", 0.0, 3_600_000.0, "ms")
 """A budget component's time or a step's spread: 0 to an hour (as `OBSERVED_MS`)."""
 ACCEPT_LENGTH = Quantity("accept length", 1.0, 1024.0, "tokens per step")
 """Speculative decoding's tokens per step: at least 1; no drafter proposes a thousand."""
+UNIX_TIME_S = Quantity("time", 0.0, 1e11, "s since 1970")
+"""When something was recorded or saved: from the epoch to the year 5138 (a crafted time must not overflow an age
+or a date)."""

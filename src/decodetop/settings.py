@@ -27,7 +27,6 @@ Stdlib only (tomllib on 3.11+, tomli before).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import sys
 from collections.abc import Collection, Mapping
@@ -40,6 +39,7 @@ from decodetop.atomic import write_text_atomic
 from decodetop.defaults import DEFAULT_MODEL, DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.jsonio import problem_of, read_bounded
+from decodetop.quantity import OBSERVED_MS, TARGET_TPS, TICK_S, Quantity, shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,8 +54,6 @@ DEFAULT_THEME = "decodetop-dark"
 DEFAULT_TICK_S = 1.0
 """docs/reference/peers.md §2: nvitop's shortest refresh is 0.25 s because NVML calls are slow; 1 s is the usual monitor
 tick."""
-MIN_TICK_S = 0.25
-"""The shortest telemetry tick accepted, as nvitop's (docs/reference/peers.md §2)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +95,10 @@ class Settings:
         _check_values(self, "settings")
 
 
+_QUANTITIES: dict[str, Quantity] = {"observed_ms": OBSERVED_MS, "target_tps": TARGET_TPS, "tick_s": TICK_S}
+"""The numeric settings and the range each must fall in (`decodetop.quantity`)."""
+
+
 def _check_values(settings: Settings, where: str) -> None:
     if not settings.model.strip():
         raise UserInputError(f"{where}: model must not be empty")
@@ -108,13 +110,9 @@ def _check_values(settings: Settings, where: str) -> None:
     if settings.config is not None and not settings.config.strip():
         raise UserInputError(f"{where}: config must not be empty")
     if settings.tp is not None and not 1 <= settings.tp <= 1024:
-        raise UserInputError(f"{where}: tp must be between 1 and 1024, got {settings.tp}")
-    for name in ("observed_ms", "target_tps", "tick_s"):
-        value = getattr(settings, name)
-        if not math.isfinite(value) or value <= 0:
-            raise UserInputError(f"{where}: {name} must be a positive number, got {value!r}")
-    if settings.tick_s < MIN_TICK_S:
-        raise UserInputError(f"{where}: tick_s must be at least {MIN_TICK_S} s, got {settings.tick_s}")
+        raise UserInputError(f"{where}: tp must be between 1 and 1024, got {shown(settings.tp)}")
+    for name, quantity in _QUANTITIES.items():
+        quantity.check(getattr(settings, name), f"{where}: {name}")
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -145,8 +143,8 @@ def settings_from_mapping(data: Mapping[str, Any], where: str) -> Settings:
         allowed = _FIELD_TYPES[key]
         if isinstance(value, bool) or not isinstance(value, allowed):
             wanted = " or ".join(t.__name__ for t in allowed)
-            raise UserInputError(f"{where}: {key} must be {wanted}, got {type(value).__name__} {value!r}")
-        values[key] = float(value_any) if float in allowed else value_any
+            raise UserInputError(f"{where}: {key} must be {wanted}, got {type(value).__name__} {shown(value)}")
+        values[key] = _QUANTITIES[key].check(value_any, f"{where}: {key}") if key in _QUANTITIES else value_any
     if "model" in values and "config" in values:
         raise UserInputError(f"{where}: model and config name the model twice: keep one of them")
     try:
@@ -159,7 +157,7 @@ def _read_table(target: Path) -> dict[str, Any]:
     """Parse the TOML file at `target` (which exists); every failure is one `UserInputError` line naming it."""
     raw = read_bounded(target, max_bytes=MAX_SETTINGS_BYTES)
     try:
-        table: dict[str, Any] = tomllib.loads(raw.decode("utf-8"))
+        table: dict[str, Any] = tomllib.loads(raw.decode("utf-8").removeprefix("\ufeff"))  # editors may add a BOM
     except UnicodeDecodeError:
         raise UserInputError(f"{target}: settings file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
@@ -235,7 +233,7 @@ def save_changes(path: Path | None, changed: Mapping[str, Any]) -> Path:
     exists = target.exists()
     if exists:
         current = _read_table(target)
-        text = read_bounded(target, max_bytes=MAX_SETTINGS_BYTES).decode("utf-8")
+        text = read_bounded(target, max_bytes=MAX_SETTINGS_BYTES).decode("utf-8").removeprefix("\ufeff")
     else:
         current, text = {}, "# decodetop settings; flags of the same name override these.\n"
     merged = dict(current)

@@ -192,6 +192,13 @@ def fit_text(text: str, width: int | None = -1) -> str:
     return "\n".join(out)
 
 
+def shorten(text: object, width: int) -> str:
+    """`text` inert and at most `width` characters, the last one "…" when it was cut (a name from a trace can be a
+    million characters long)."""
+    value = inert(text)
+    return value if len(value) <= width else value[: max(width - 1, 0)] + "…"
+
+
 def _cell(value: object) -> str:
     if value is None:
         return "-"

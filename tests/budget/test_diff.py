@@ -281,8 +281,11 @@ def _good() -> dict[str, Any]:
         (lambda d: d.update(segments=[]), "the budget has no segments"),
         (lambda d: d["segments"].append(3), "budget segment 3 is int, not an object"),
         (lambda d: d["segments"][0].pop("component"), "budget segment 1: 'component' is None"),
-        (lambda d: d["segments"][0].update(ms="fast"), "budget segment 'attention': 'ms' is 'fast', not a finite"),
-        (lambda d: d["segments"][0].update(ms=-1.0), "'ms' is -1.0, not a finite number ≥ 0"),
+        (
+            lambda d: d["segments"][0].update(ms="fast"),
+            "budget segment 'attention': 'ms' is 'fast', not a number from 0 to",
+        ),
+        (lambda d: d["segments"][0].update(ms=-1.0), "'ms' is -1.0, not a number from 0 to 3,600,000 ms"),
         (lambda d: d["segments"][0].update(ms=math.nan), "'ms' is nan"),
         (lambda d: d["segments"][0].update(p90_ms=True), "'p90_ms' is True"),
         (lambda d: d["segments"][0].update(status="great"), "'status' is 'great' (known: measured, interp"),

@@ -265,7 +265,7 @@ def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        f"decodetop: error: {bad}: budget segment 'attention': 'ms' is 'slow', not a finite number ≥ 0\n"
+        f"decodetop: error: {bad}: budget segment 'attention': 'ms' is 'slow', not a number from 0 to 3,600,000 ms\n"
     )
     assert main(["budget", "--diff", str(PLAN_X2), str(tmp_path / "gone.json")]) == 2
     assert "gone.json: cannot read: No such file or directory" in capsys.readouterr().err

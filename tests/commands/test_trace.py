@@ -103,13 +103,20 @@ def test_cli_with_model_builds_the_budget(capsys: pytest.CaptureFixture[str]) ->
         (["trace"], "give a trace FILE or --server URL"),
         (["trace", "x.json", "--server", "http://127.0.0.1:1"], "give a trace FILE or --server URL"),
         (["trace", "/nonexistent/trace.json"], "cannot open trace"),
-        (["trace", "--server", "ftp://x"], "not an http(s) URL"),
     ],
 )
 def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_a_server_url_that_is_not_http_is_refused_with_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["trace", "--server", "ftp://x"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--server: 'ftp://x': scheme 'ftp' is not http or https" in err and "\n" not in err
 
 
 def test_budget_gpu_comes_from_the_trace_or_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,6 +32,7 @@ from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
 from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
+from decodetop.quantity import OBSERVED_MS, TARGET_TPS
 
 LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
 """Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
@@ -81,8 +82,7 @@ class ObservedStep:
     ago'; default: why no observation (e.g. the server's error)."""
 
     def __post_init__(self) -> None:
-        if not math.isfinite(self.ms) or self.ms <= 0:
-            raise UserInputError(f"observed step: {self.ms} must be a positive number of ms")
+        OBSERVED_MS.check(self.ms, "observed step")
         if self.source not in OBSERVED_SOURCES:
             raise UserInputError(f"observed step source {self.source!r} is not one of {', '.join(OBSERVED_SOURCES)}")
 
@@ -654,9 +654,8 @@ def _checked_inputs(mode: str, observed_ms: float, target_tps: float) -> str:
     """The launch mode, after checking it and the observed step and target (one-line UserInputError)."""
     if mode not in LAUNCH_ESTIMATE_US:
         raise UserInputError(f"launch mode {mode!r} is not graph or eager")
-    for name, value in (("observed_ms", observed_ms), ("target_tps", target_tps)):
-        if not math.isfinite(value) or value <= 0:
-            raise UserInputError(f"{name}: {value} must be a positive number")
+    OBSERVED_MS.check(observed_ms, "observed_ms")
+    TARGET_TPS.check(target_tps, "target_tps")
     return mode
 
 

@@ -28,7 +28,6 @@ far the estimate was off, not that the host changed (two estimates, or two measu
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +38,8 @@ from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.budget.ranks import straggler_in
 from decodetop.errors import UserInputError
-from decodetop.textfmt import format_number, table
+from decodetop.quantity import COMPONENT_MS, OBSERVED_MS, shown
+from decodetop.textfmt import format_number, shorten, table
 
 TAIL_FLOOR = 0.10
 """A step's tail (mean − median, ms) counts as moved when it grew past twice the baseline's and the mean step by at
@@ -243,10 +243,11 @@ def find_budget(document: object, name: str) -> Mapping[str, Any]:
 
 
 def _number(value: object, where: str, *, optional: bool = True) -> float | None:
+    """A time from a budget file, in range for `COMPONENT_MS` (0 to an hour), or None where it may be missing."""
     if value is None and optional:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise UserInputError(f"{where} is {value!r}, not a finite number ≥ 0")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not COMPONENT_MS.accepts(value):
+        raise UserInputError(f"{where} is {shown(value)}, not a number {COMPONENT_MS.range_text}")
     return float(value)
 
 
@@ -254,8 +255,12 @@ def _string(value: object, where: str, default: str = "") -> str:
     if value is None:
         return default
     if not isinstance(value, str):
-        raise UserInputError(f"{where} is {value!r}, not a string")
+        raise UserInputError(f"{where} is {shown(value)}, not a string")
     return value
+
+
+MAX_LABEL_CHARS = 60
+"""Characters of a component name from a file shown as its label (the built-in labels are under 30)."""
 
 
 def _label(component: str) -> str:
@@ -264,7 +269,7 @@ def _label(component: str) -> str:
     try:
         return Component(component).label
     except ValueError:
-        return component
+        return shorten(component, MAX_LABEL_CHARS)  # a name from the file: inert, one line, short
 
 
 def _side(document: object, name: str) -> _Side:
@@ -459,7 +464,7 @@ def _allreduce_path(side: _Side, *, short: bool = True) -> str:
 def _mean_step(document: object, name: str) -> float | None:
     """The budget's mean step in ms (`mean_total_ms`), or None where the file has none (older files)."""
     value = find_budget(document, name).get("mean_total_ms")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not OBSERVED_MS.accepts(value):
         return None
     return float(value)
 

@@ -353,7 +353,7 @@ class _CappedTarInfo(tarfile.TarInfo):
 
     _EXTENDED = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE, b"X")
 
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in self._EXTENDED and self.size > MAX_EXTENDED_HEADER_BYTES:
             raise _ExtendedHeaderTooLargeError(self.name, self.size)
         result: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]

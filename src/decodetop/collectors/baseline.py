@@ -2,7 +2,8 @@
 changed since (`decodetop check --save-baseline` / `--baseline`).
 
 Baselines live under `decodetop.paths.state_dir()/baselines/NAME.json`, written atomically. A corrupt baseline is
-reported with one clear line and never overwritten: the user decides what to do with it.
+reported with one clear line and never overwritten: the user decides what to do with it. A baseline that is a
+symbolic link is neither read nor written through (a state file, as the history).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from decodetop.atomic import write_text_atomic
 from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.errors import UserInputError
 from decodetop.paths import state_dir
+from decodetop.quantity import UNIX_TIME_S
 
 BASELINE_FORMAT = 1
 DEFAULT_BASELINE = "default"
@@ -122,7 +124,7 @@ def save_baseline(
             for r in results
         ],
     }
-    write_text_atomic(path, json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    write_text_atomic(path, json.dumps(document, indent=1, ensure_ascii=False) + "\n", follow_links=False)
     return path
 
 
@@ -136,7 +138,8 @@ def load_baseline(name: str = DEFAULT_BASELINE, *, directory: Path | None = None
     if not path.exists() and not path.is_symlink():
         return None
     try:
-        text = jsonio.read_bounded(path).decode("utf-8")  # a FIFO or device in its place is refused unread
+        # a FIFO, a device or a symbolic link in its place is refused unread (a state file: never followed)
+        text = jsonio.read_bounded(path, follow_links=False).decode("utf-8")
     except (UserInputError, UnicodeDecodeError) as exc:
         raise _corrupt(path, f"unreadable: {str(exc).removeprefix(f'{path}: ')}") from None
     try:
@@ -154,8 +157,8 @@ def load_baseline(name: str = DEFAULT_BASELINE, *, directory: Path | None = None
         raise _corrupt(path, "'results' is not a list")
     results = tuple(_stored_result(path, i, item) for i, item in enumerate(raw_results))
     saved = document.get("saved_at_unix_s", 0.0)
-    if not isinstance(saved, (int, float)):
-        raise _corrupt(path, "'saved_at_unix_s' is not a number")
+    if isinstance(saved, bool) or not isinstance(saved, (int, float)) or not UNIX_TIME_S.accepts(float(saved)):
+        raise _corrupt(path, f"'saved_at_unix_s' is not a number {UNIX_TIME_S.range_text}")
     return Baseline(str(document.get("name", name)), float(saved), str(document.get("root", "/")), results)
 
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from decodetop.errors import UserInputError
+from decodetop.httpget import BadUrlError, HttpAnswer, HttpRequestError, check_url, http_request, server_text
 from decodetop.quantity import ACCEPT_LENGTH, OBSERVED_MS
 from decodetop.textfmt import format_number
-from decodetop.httpget import BadUrlError, HttpAnswer, HttpRequestError, check_url, http_request, server_text
 
 DEFAULT_TIMEOUT_S = 2.0
 """Overall deadline of one scrape (connect to last byte): a /metrics page answers in milliseconds; a hung or
@@ -412,6 +412,11 @@ class ServerStepSource:
                 self.url,
                 totals.source,
             )
+        return self._step(totals, base, now)
+
+    def _step(self, totals: LatencyTotals, base: _Scrape, now: float) -> ObservedStep | ServerStatus:
+        """The step between the `base` scrape and this one, or why there is none: idle, or a mean that is no
+        observed step (outside `OBSERVED_MS`, or over less than one sample: a crafted page, never passed on)."""
         d_count = totals.count - base.totals.count
         d_sum = totals.sum_s - base.totals.sum_s
         window = now - base.t_s

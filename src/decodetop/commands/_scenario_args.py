@@ -48,6 +48,8 @@ def add_scenario_arguments(
         kw: dict[str, object] = {"dest": name, "help": help_text, "metavar": flag.metavar}
         if flag.choices:
             kw = {"dest": name, "help": help_text, "choices": flag.choices}
+        elif flag.quantity is not None:  # checked as it is read: a number in its quantity's range
+            kw["type"] = flag.quantity.arg
         elif flag.kind is not str:  # checked as it is read: a positive whole number, or a positive finite number
             kw["type"] = flag.kind if not flag.positive else positive_int if flag.kind is int else positive_finite_float
         target.add_argument(flag.name, **kw)  # type: ignore[arg-type]

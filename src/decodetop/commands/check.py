@@ -253,10 +253,15 @@ def _write_outputs(
             f"collected {count} paths into {args.collect} (check it with: decodetop check --root {args.collect})",
             file=sys.stderr,
         )
-    if args.save_baseline and not base.save_note:
-        path = bl.save_baseline(results, args.save_baseline, root=args.root or "/")
-        print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
-    for note in (base.compare_note, base.save_note):
+    save_note = base.save_note
+    if args.save_baseline and not save_note:
+        try:
+            path = bl.save_baseline(results, args.save_baseline, root=args.root or "/")
+        except OSError as exc:  # a read-only or full state dir, a link in the way: a note, never the exit code
+            save_note = f"baseline not saved: {bl.baseline_path(args.save_baseline)}: {exc.strerror or exc}"
+        else:
+            print(f"saved baseline {args.save_baseline!r} to {path}", file=sys.stderr)
+    for note in (base.compare_note, save_note):
         if note:
             print(f"decodetop check: {note}", file=sys.stderr)
     if plan.textfile:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from decodetop.argtypes import check_cpu_ranks, non_empty, positive_int
+from decodetop.argtypes import check_cpu_ranks, positive_int, server_url
 from decodetop.commands._scenario_args import (
     add_gpus_argument,
     add_scenario_arguments,
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--server",
-        type=non_empty,
+        type=server_url,
         metavar="URL",
         help="SGLang/vLLM /metrics URL: export its observed step (with --accept-length for SGLang's speculative "
         "decoding: step = ITL x accept length; default: the server's own gauge, else 1)",

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from decodetop.argtypes import check_cpu_ranks, output_path, positive_finite_float, positive_int
+from decodetop.argtypes import check_cpu_ranks, output_path, positive_int
 from decodetop.atomic import write_text_atomic
 from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
 from decodetop.budget.plan import build_plan
@@ -25,6 +25,7 @@ from decodetop.commands._scenario_args import (
     target_from_args,
 )
 from decodetop.errors import UserInputError
+from decodetop.quantity import TIMEOUT_S
 from decodetop.textfmt import fit_text, parse_size
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", metavar="LIST", help="all-reduce sizes replacing the default sweep, e.g. 8,4K,1M")
     parser.add_argument("--add-sizes", metavar="LIST", help="all-reduce sizes added to the sweep, e.g. 12K,96K")
     parser.add_argument(
-        "--timeout", type=positive_finite_float, metavar="S", help="deadline per probe in seconds (default per probe)"
+        "--timeout", type=TIMEOUT_S.arg, metavar="S", help="deadline per probe in seconds (default per probe)"
     )
     parser.add_argument(
         "--set",

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decodetop.argtypes import non_empty, positive_finite_float, positive_int
+from decodetop.argtypes import non_empty, positive_int, server_url
 from decodetop.budget.components import Component
 from decodetop.budget.compose import Budget
 from decodetop.budget.gpus import GPUS, find_gpu
 from decodetop.commands._scenario_args import add_scenario_arguments, flags_from_args
 from decodetop.errors import UserInputError
-from decodetop.textfmt import fit_text, format_duration_us, table
+from decodetop.quantity import TIMEOUT_S
+from decodetop.textfmt import fit_text, format_duration_us, shorten, table
 
 if TYPE_CHECKING:
     # types only: the trace readers and analysis load at run time, so decodetop --help stays light
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "file", nargs="?", help="a PyTorch profiler trace (.json or .json.gz), or a directory of per-rank traces"
     )
     parser.add_argument(
-        "--server", type=non_empty, metavar="URL", help="capture a trace from a live SGLang/vLLM server instead"
+        "--server", type=server_url, metavar="URL", help="capture a trace from a live SGLang/vLLM server instead"
     )
     parser.add_argument(
         "--steps", type=positive_int, default=5, help="decode steps to profile with --server (default 5)"
@@ -77,10 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where the server writes traces (SGLang: sent as output_dir; vLLM: its VLLM_TORCH_PROFILER_DIR)",
     )
     parser.add_argument(
-        "--timeout", type=positive_finite_float, default=120.0, help="seconds to wait for the trace (default 120)"
+        "--timeout", type=TIMEOUT_S.arg, default=120.0, help="seconds to wait for the trace (default 120)"
     )
     parser.add_argument(
-        "--duration", type=positive_finite_float, default=3.0, help="vLLM: seconds between start and stop (default 3)"
+        "--duration", type=TIMEOUT_S.arg, default=3.0, help="vLLM: seconds between start and stop (default 3)"
     )
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--budget", metavar="JSON", help="a budget JSON (decodetop budget --json, or {component: ms})")
@@ -268,7 +269,7 @@ def render_text(
 ) -> str:
     """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
     traced bar as the live UI shows it (the same `traced_view`)."""
-    from decodetop.traces.compare import short_name
+    from decodetop.traces.compare import VIA_CHARS, short_name
     from decodetop.traces.trace_report import LAUNCH_KEY
 
     lines: list[str] = []
@@ -301,7 +302,7 @@ def render_text(
             k.mean_us,
             k.time_us_per_step,
             f"{k.share:.0%}",
-            k.via or "-",
+            shorten(k.via, VIA_CHARS) if k.via else "-",
         )
         for i, k in enumerate(report.top_kernels)
     ]
@@ -353,7 +354,9 @@ def render_traced(view: TracedView) -> list[str]:
 
 
 def _top(bucket: BucketTime, short_name: Callable[[str, int], str]) -> str:
+    from decodetop.traces.compare import VIA_CHARS
+
     if not bucket.top:
         return ""
     k = bucket.top[0]
-    return str(short_name(k.name, 52)) + (f" ({k.via})" if k.via else "")
+    return str(short_name(k.name, 52)) + (f" ({shorten(k.via, VIA_CHARS)})" if k.via else "")

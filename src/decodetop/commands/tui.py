@@ -14,24 +14,15 @@ from typing import TYPE_CHECKING
 
 from decodetop.errors import UserInputError
 from decodetop.paths import state_dir
+from decodetop.quantity import TICK_S
 
 if TYPE_CHECKING:
     from decodetop.pipeline.scenario_flags import ScenarioFlags
     from decodetop.settings import Settings
     from decodetop.tui.trace_source import TraceOptions
 
-from decodetop.argtypes import check_cpu_ranks, non_empty, output_file, regular_file
+from decodetop.argtypes import check_cpu_ranks, output_file, regular_file, server_url
 from decodetop.commands._scenario_args import add_gpus_argument, add_scenario_arguments, flags_from_args, gpus_from_args
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number: {text!r}")
-    return value
 
 
 def _positive_int(text: str) -> int:
@@ -55,12 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu-ranks", type=_positive_int, metavar="N", help="run probes on N CPU ranks (gloo)")
     add_gpus_argument(group)
     group.add_argument("--no-probes", action="store_true", help="run no probes (telemetry, checks, history only)")
-    group.add_argument("--tick", type=_positive_float, metavar="S", help="telemetry period in seconds (default 1)")
+    group.add_argument("--tick", type=TICK_S.arg, metavar="S", help="telemetry period in seconds (default 1)")
     group.add_argument("--record", type=output_file, metavar="FILE", help="record telemetry and probe results to FILE")
     group.add_argument("--replay", type=regular_file, metavar="FILE", help="replay a recording instead of reading NVML")
     group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
     group.add_argument(
-        "--server", type=non_empty, metavar="URL", help="serving engine /metrics URL for the observed step time"
+        "--server", type=server_url, metavar="URL", help="serving engine /metrics URL for the observed step time"
     )
     group.add_argument(
         "--trace",
@@ -119,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
         result = app.run()
     finally:
         app.shutdown_sources()
-    return 0 if result is None else int(result)
+    app.crash_report.raise_if_crashed()  # an internal error: exit 70, one line naming the crash log
+    if result is not None:
+        return int(result)
+    return int(app.return_code or 0)
 
 
 def _settings(args: argparse.Namespace, flags: ScenarioFlags) -> tuple[Settings, str]:

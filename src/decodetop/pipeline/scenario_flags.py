@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +24,7 @@ from typing import Any
 from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.scenario import ModelSource, Scenario, build_scenario, choose_tp, model_source
 from decodetop.defaults import DEFAULT_TARGET_TPS
-from decodetop.errors import UserInputError
+from decodetop.quantity import OBSERVED_MS, TARGET_TPS, Quantity
 from decodetop.settings import Settings
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
@@ -55,6 +54,9 @@ class Flag:
     choices: tuple[str, ...] = ()
     positive: bool = True
     """A number that must be > 0 (checked as the command line is read); False: the deployment checks its range."""
+    quantity: Quantity | None = None
+    """The range a number must fall in (`decodetop.quantity`), checked as the command line is read; it replaces
+    `positive` where given (1e308 or 1e-320 is positive and still no step time)."""
 
 
 def _flag(name: str, help: str, part: str, kind: type = str, metavar: str | None = None, **kw: Any) -> Any:
@@ -101,9 +103,10 @@ class ScenarioFlags:
         "observed",
         float,
         "MS",
+        quantity=OBSERVED_MS,
     )
     target_tps: float | None = _flag(
-        "--target-tps", "target tok/s per sequence (default 309)", "observed", float, "TPS"
+        "--target-tps", "target tok/s per sequence (default 309)", "observed", float, "TPS", quantity=TARGET_TPS
     )
 
     @classmethod
@@ -161,21 +164,12 @@ class ScenarioFlags:
         return build_scenario(source or self.source(default_model=default_model), chosen, **knobs)  # type: ignore[arg-type]
 
     def observed_flag_ms(self) -> float | None:
-        """`--observed-ms`, checked (None where not given)."""
-        return _positive(self.observed_ms, "--observed-ms")
+        """`--observed-ms`, checked against `OBSERVED_MS` (None where not given)."""
+        return None if self.observed_ms is None else OBSERVED_MS.check(self.observed_ms, "--observed-ms")
 
     def target_tps_or_default(self) -> float:
-        """`--target-tps`, checked, else the default target."""
-        tps = _positive(self.target_tps, "--target-tps")
-        return tps if tps is not None else DEFAULT_TARGET_TPS
-
-
-def _positive(value: float | None, flag: str) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
-        raise UserInputError(f"{flag}: {value} must be a positive number")
-    return float(value)
+        """`--target-tps`, checked against `TARGET_TPS`, else the default target."""
+        return DEFAULT_TARGET_TPS if self.target_tps is None else TARGET_TPS.check(self.target_tps, "--target-tps")
 
 
 def settings_source(settings: Settings) -> ModelSource:

@@ -10,6 +10,7 @@ size has stopped changing. Every request has a timeout; every failure is one lin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decodetop.errors import UserInputError
-from decodetop.httpget import HttpRequestError, http_request
+from decodetop.httpget import BadUrlError, HttpRequestError, check_url, http_request, server_text
 
 HOW_TO_START = (
     "start a profiling-enabled server: SGLang has /start_profile built in (the trace is written on the server's "
@@ -58,8 +59,9 @@ def _request(url: str, *, method: str, body: bytes | None, timeout_s: float) -> 
 
 
 def _first_line(data: bytes) -> str:
+    """The first line of an answer's body, inert (`decodetop.httpget.server_text`): the server chose it."""
     text = data.decode("utf-8", "replace").strip()
-    return text.splitlines()[0][:200] if text else ""
+    return server_text(text.splitlines()[0]) if text else ""
 
 
 def detect_engine(base_url: str) -> str:
@@ -103,16 +105,62 @@ def capture(
     base = url.rstrip("/")
     _check_arguments(base, url, steps, timeout_s)
     started = time.monotonic()
-    deadline = started + timeout_s
     if engine == "auto":
         engine = detect_engine(base)
     if engine not in {"sglang", "vllm"}:
         raise UserInputError(f"--engine: {engine!r} is not sglang, vllm or auto")
+    made: Path | None = None
     if output_dir is None:
         if engine == "vllm":
             raise UserInputError("vLLM writes traces to its VLLM_TORCH_PROFILER_DIR: pass --trace-dir with that path")
-        output_dir = tempfile.mkdtemp(prefix="decodetop-trace-")
-    directory = Path(output_dir).resolve()
+        made = Path(tempfile.mkdtemp(prefix="decodetop-trace-"))
+        output_dir = made
+    try:
+        return _capture_into(
+            base,
+            Path(output_dir).resolve(),
+            engine,
+            steps=steps,
+            activities=activities,
+            started=started,
+            timeout_s=timeout_s,
+            duration_s=duration_s,
+            poll_s=poll_s,
+            settle_s=settle_s,
+            sleep=sleep,
+        )
+    except BaseException:
+        if made is not None:
+            _remove_if_empty(made)  # a failed capture leaves no empty temporary directory behind
+        raise
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove `directory` and its empty subdirectories; a directory holding any file is kept (a trace is data)."""
+    for sub in sorted(directory.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if sub.is_dir() and not sub.is_symlink():
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def _capture_into(
+    base: str,
+    directory: Path,
+    engine: str,
+    *,
+    steps: int,
+    activities: Sequence[str],
+    started: float,
+    timeout_s: float,
+    duration_s: float,
+    poll_s: float,
+    settle_s: float,
+    sleep: Callable[[float], None],
+) -> CaptureResult:
+    """Start the profiler, wait for its files in `directory` and say where they are."""
+    deadline = started + timeout_s
     before = _trace_files(directory)
 
     def remaining() -> float:
@@ -139,7 +187,11 @@ def capture(
 
 def _check_arguments(base: str, url: str, steps: int, timeout_s: float) -> None:
     if not base.startswith(("http://", "https://")):
-        raise UserInputError(f"--server: {url!r} is not an http(s) URL")
+        raise UserInputError(f"--server: {server_text(url)!r} is not an http(s) URL")
+    try:
+        check_url(base)
+    except BadUrlError as exc:
+        raise UserInputError(f"--server {server_text(url)!r}: {exc}") from None
     if steps < 1:
         raise UserInputError(f"--steps: {steps} must be at least 1")
     if timeout_s <= 0:

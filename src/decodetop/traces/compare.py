@@ -17,10 +17,16 @@ from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.compose import Budget
 from decodetop.budget.kernels import KernelClass, kernels_short
 from decodetop.errors import UserInputError
+from decodetop.quantity import COMPONENT_MS
+from decodetop.textfmt import shorten
 from decodetop.traces.trace_report import LAUNCH_KEY, Comparison, ComparisonRow, KernelStat, TraceReport
 
 NAMED_SHARE = 0.3
 """A kernel is named in a component's finding when it carries at least this share of the component's time."""
+
+VIA_CHARS = 100
+"""Characters of a kernel's enclosing operators or module shown ('aten::to>aten::_to_copy>aten::copy_ in
+attention' is 60; a crafted one of 100,000 would otherwise fill thousands of lines)."""
 
 _NS = re.compile(r"\(anonymous namespace\)::|\b(?:[A-Za-z_]\w*::)+")
 
@@ -72,13 +78,13 @@ def budget_ms(budget: object) -> dict[str, float | None]:
             out: dict[str, float | None] = {}
             for seg in segs:
                 if isinstance(seg, Mapping) and "component" in seg:
-                    out[str(seg["component"])] = _ms(seg.get("ms"))
+                    out[str(seg["component"])] = _ms(seg.get("ms"), f"segment {shorten(seg['component'], 60)!r} ms")
             return out
         flat: dict[str, float | None] = {}
         for key, raw in budget.items():
             value = raw.get("ms") if isinstance(raw, Mapping) else raw
             if isinstance(value, (int, float)) or value is None:
-                flat[str(key)] = _ms(value)
+                flat[str(key)] = _ms(value, f"{shorten(key, 60)!r}")
         if flat:
             return flat
     raise UserInputError("budget: expected a Budget, `decodetop budget --json` output, or {component: ms}")
@@ -108,10 +114,12 @@ def budget_kernels(budget: object) -> dict[str, str]:
     return out
 
 
-def _ms(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
+def _ms(value: object, where: str = "a component's ms") -> float | None:
+    """A component's time from a budget: None where there is none; a number outside `COMPONENT_MS` (negative,
+    NaN, 1e308, an integer no float holds) is a one-line `UserInputError` naming the component."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return COMPONENT_MS.check(value, where)
 
 
 def load_budget_json(path: str | Path) -> dict[str, float | None]:
@@ -141,7 +149,7 @@ def _named(top: tuple[KernelStat, ...], total_ms: float) -> str:
     k_ms = k.time_us_per_step / 1000
     if k_ms < NAMED_SHARE * total_ms:
         return ""
-    via = f" ({k.via})" if k.via else ""
+    via = f" ({shorten(k.via, VIA_CHARS)})" if k.via else ""
     return f", of which {_fmt(k_ms)} is `{short_name(k.name, 60)}`{via}"
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
-import math
 import re
 import sys
 import zlib

@@ -61,6 +61,18 @@ class DecodetopApp(MessageHandlers):
 
     # -- the end ---------------------------------------------------------------------------------------------------
 
+    def _handle_exception(self, error: Exception) -> None:
+        """An exception nothing handled: its traceback goes to the crash log (tui/crash.py), then Textual exits."""
+        self.crash_report.record(error)
+        super()._handle_exception(error)
+
+    def _print_error_renderables(self) -> None:
+        """After a crash the traceback is in the crash log and `decodetop` says where in one line: nothing here."""
+        if self.crash_report.crash is None:
+            super()._print_error_renderables()
+            return
+        self._exit_renderables.clear()
+
     def on_unmount(self) -> None:
         """However the app ends, stop taking probes and cancel the running one (non-blocking), so the probe worker
         returns and the process can exit; the caller of `run` then calls `shutdown_sources`."""

@@ -22,6 +22,7 @@ from decodetop.tui import layout
 from decodetop.tui.baseline import budget_moves, changed_since
 from decodetop.tui.budget_composer import BudgetComposer
 from decodetop.tui.consent import GpuConsent, held_note
+from decodetop.tui.crash import CrashReport
 from decodetop.tui.messages import ChecksReady
 from decodetop.tui.model import HealthView, ProbeView, TelemetryFrame
 from decodetop.tui.probe_queue import ProbeQueue
@@ -73,6 +74,8 @@ class AppBase(App[int]):
         self.stored = StoredResults(sources.history, sources.budget.accepts)
         self.composer = BudgetComposer(self, sources.budget, self.now)
         self.consent = GpuConsent(self, sources.gpu_guard)
+        self.crash_report = CrashReport()
+        """The first exception nothing handled: its log, and the one line `decodetop` ends with (tui/crash.py)."""
         self.checks: list[CheckResult] = []
         self.telemetry = TelemetryHistory()
         self.last_frame: TelemetryFrame | None = None

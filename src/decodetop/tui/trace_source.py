@@ -22,9 +22,10 @@ from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
 from decodetop.traces.reader import MAX_TRACE_BYTES
 
 TRACE_CAP_BYTES = MAX_TRACE_BYTES
-"""Largest trace (all ranks together, counted once decompressed) the UI reads: 2 GiB. Reading and attributing one peaks at about 0.45 × its
-size and takes ~75 s per GB on a 2-core machine (1 GB: 446 MiB, benchmarks/results/traces/trace_load_cpu2.json);
-beyond this a capture of too many steps is more likely than a trace worth minutes of reading."""
+"""Largest trace (all ranks together, counted once decompressed) the UI reads: 2 GiB. Reading and attributing one
+peaks at about 0.45 × its size and takes ~75 s per GB on a 2-core machine (1 GB: 446 MiB,
+benchmarks/results/traces/trace_load_cpu2.json); beyond this a capture of too many steps is more likely than a trace
+worth minutes of reading."""
 CAPTURE_STEPS = 5
 """Decode steps the capture key asks for (`decodetop trace --steps` has the same default)."""
 CAPTURE_TIMEOUT_S = 120.0

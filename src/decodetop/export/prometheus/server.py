@@ -8,6 +8,8 @@ a daemon-thread server on its own registry.
 
 from __future__ import annotations
 
+import ipaddress
+import socket
 import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -23,13 +25,34 @@ DEFAULT_LISTEN = "127.0.0.1:9464"
 
 
 def listen_warning(host: str) -> str | None:
-    """The line to print when `host` serves the metrics on every interface (0.0.0.0, ::, or an empty host)."""
-    if host.strip("[]") not in {"0.0.0.0", "::", ""}:  # noqa: S104 - recognising the wildcard, not binding it
+    """The line to print when `host` serves the metrics on every interface: decided by the address it resolves to,
+    as the server's bind resolves it (`0`, `0x0`, `0.0`, `[::0]`, `[::ffff:0.0.0.0]` are 0.0.0.0 or ::), not by
+    its spelling; an empty host is the wildcard too."""
+    if not _is_wildcard(host.strip("[]")):
         return None
     return (
         f"--listen {host or '*'}: the metrics (GPU names, host checks, probe results) are exposed on every network "
         "interface of this host; use 127.0.0.1 or a firewall unless that is what you want"
     )
+
+
+def _is_wildcard(host: str) -> bool:
+    """True when any address `host` resolves to is unspecified (0.0.0.0, ::, or :: mapping 0.0.0.0)."""
+    if not host:
+        return True
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
+        return False  # a name that does not resolve cannot be bound either: the server's own error says so
+    for *_, sockaddr in found:
+        try:
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+        except ValueError:
+            continue
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        if address.is_unspecified or (mapped is not None and mapped.is_unspecified):
+            return True
+    return False
 
 
 def parse_listen(text: str) -> tuple[str, int]:
