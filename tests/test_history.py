@@ -434,3 +434,92 @@ def test_a_file_beyond_the_read_cap_is_set_aside_unread(tmp_path: Path, monkeypa
     assert "corrupt history (the file is larger than 1000 bytes, not read); moved to" in loaded.problem
     assert loaded.set_aside_path is not None and loaded.set_aside_path.read_bytes() == original
     assert path.read_bytes() == b""
+
+
+# ------------------------------------------------------------------------------------ a shared, hostile state dir
+
+
+@pytest.mark.parametrize("target_kind", ["empty", "history-shaped"])
+def test_a_history_file_that_is_a_link_is_never_written_through(tmp_path: Path, target_kind: str) -> None:
+    """Whoever can write a shared state dir links history.jsonl to another of the user's files: it stays as it is."""
+    victim = tmp_path / "elsewhere" / "victim.jsonl"
+    victim.parent.mkdir()
+    content = b"" if target_kind == "empty" else (HistoryEntry(KIND_PROBE, "gemm", 5.0, {}).to_json() + "\n").encode()
+    victim.write_bytes(content)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "history.jsonl").symlink_to(victim)
+    history = History(state / "history.jsonl")
+    loaded = history.load()
+    assert loaded.problem is not None and "a symbolic link" in loaded.problem and not loaded.writable
+    with pytest.raises(HistoryUnavailableError, match="symbolic link"):
+        history.record(KIND_PROBE, "x", {})
+    assert victim.read_bytes() == content and (state / "history.jsonl").is_symlink()
+
+
+def test_a_dangling_lock_link_is_not_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    target = tmp_path / "elsewhere" / "created-through-the-link"
+    target.parent.mkdir()
+    (state / "history.jsonl.lock").symlink_to(target)
+    history = History(state / "history.jsonl")
+    loaded = history.load()
+    assert loaded.problem is not None and "history.jsonl.lock: a symbolic link" in loaded.problem
+    with pytest.raises(HistoryUnavailableError, match="symbolic link"):
+        history.record(KIND_PROBE, "x", {})
+    assert not target.exists() and not (state / "history.jsonl").exists()
+
+
+def test_a_baseline_is_kept_until_replaced_whatever_the_probes_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    history = History(path, max_entries=50)
+    history.record(KIND_BASELINE, "default", {"first": True}, recorded_at_s=1.0)
+    for i in range(300):  # a UI re-running probes for hours
+        history.record(KIND_PROBE, f"p{i % 7}", {"i": i}, recorded_at_s=2.0 + i)
+    kept = History(path).load().entries
+    baselines = [e for e in kept if e.kind == KIND_BASELINE]
+    assert [b.payload for b in baselines] == [{"first": True}]
+    assert sum(e.kind == KIND_PROBE for e in kept) == 50 and kept[-1].payload == {"i": 299}
+    history.record(KIND_BASELINE, "default", {"second": True}, recorded_at_s=400.0)  # replaced: the old one may go
+    for i in range(60):
+        history.record(KIND_PROBE, "p", {"i": i}, recorded_at_s=401.0 + i)
+    baselines = [e.payload for e in History(path).load().entries if e.kind == KIND_BASELINE]
+    assert baselines == [{"second": True}]
+
+
+def test_temp_files_of_a_killed_writer_are_removed_by_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "h.jsonl"
+    history = History(path)
+    history.record(KIND_PROBE, "gemm", {})
+    stale = [tmp_path / f".h.jsonl.{tag}.tmp" for tag in ("a1b2c3", "zz9_k")]
+    for leftover in stale:  # what a writer SIGKILLed between its temp file and the rename leaves
+        leftover.write_bytes(b"x" * 1000)
+    keep = tmp_path / ".h.jsonl.notes"  # not a temp file of ours
+    keep.write_text("mine")
+    History(path).record(KIND_PROBE, "membw", {})
+    assert not any(p.exists() for p in stale) and keep.read_text() == "mine"
+    assert [e.key for e in History(path).load().entries] == ["gemm", "membw"]
+
+
+def test_sigkill_during_rewrites_leaves_no_temp_file_after_the_next_write(tmp_path: Path) -> None:
+    """A writer killed mid-rewrite, many times over: the next writer leaves none of their temp files behind."""
+    path = tmp_path / "h.jsonl"
+    History(path).record(KIND_PROBE, "seed", {"pad": "x" * 100_000})
+    script = (
+        "import sys, os, signal\n"
+        "from pathlib import Path\n"
+        "import decodetop.atomic as atomic\n"
+        "real = os.replace\n"
+        "def die(*a, **k): os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic.os.replace = die\n"
+        "from decodetop.history import History\n"
+        "History(Path(sys.argv[1])).record('probe', 'x', {})\n"
+    )
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-c", script, str(path)], check=False, timeout=60)
+        assert done.returncode == -9
+    assert len(list(tmp_path.glob(".h.jsonl.*.tmp"))) == 1  # each writer removed the one before it (main: 5)
+    History(path).record(KIND_PROBE, "after", {})
+    assert list(tmp_path.glob(".h.jsonl.*.tmp")) == []
+    assert [e.key for e in History(path).load().entries] == ["seed", "after"]

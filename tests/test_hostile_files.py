@@ -24,6 +24,10 @@ from decodetop.traces.reader import read_trace
 HOSTILE: dict[str, tuple[bytes, str]] = {
     "nested 100,000 deep": (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
     "5,000-digit integer": (b'{"n": ' + b"9" * 5000 + b"}", "a number with 5000 digits"),
+    "400-digit integer (no float holds it)": (
+        b'{"n": ' + b"9" * 400 + b"}",
+        "a number with 400 digits is out of range",
+    ),
     "NaN": (b'{"ms": NaN}', "NaN is not a finite number"),
     "Infinity": (b'{"ms": Infinity}', "Infinity is not a finite number"),
     "1e999": (b'{"ms": 1e999}', "out of range for a number"),

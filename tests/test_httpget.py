@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -114,3 +115,117 @@ def test_a_slow_name_lookup_ends_at_the_deadline(monkeypatch: pytest.MonkeyPatch
     finally:
         release.set()
     assert info.value.timed_out and "no complete answer within 0.5 s" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------ redirects stay on the server
+
+
+class _Counting(BaseHTTPRequestHandler):
+    """Counts every request it gets: the decoy a redirect must never reach."""
+
+    hits: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.hits.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server
+
+
+def _redirecting_to(location: str) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", location)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "http://127.0.0.1:{decoy}/metrics",  # another port on the same host: another server
+        "http://localhost:{decoy}/metrics",
+        "http://decoy.invalid/metrics",  # an outside name: never even looked up
+        "http://192.0.2.1/metrics",  # an outside address (TEST-NET-1)
+        "https://127.0.0.1:{port}/metrics",  # another scheme
+        "//decoy.invalid/metrics",  # scheme-relative
+    ],
+)
+def test_a_redirect_off_the_server_is_not_followed_and_said(location: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoy = _serve(type("Decoy", (_Counting,), {"hits": []}))
+    looked_up: list[str] = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def recording_getaddrinfo(host: object, *args: object, **kwargs: object) -> object:
+        looked_up.append(str(host))
+        return real_getaddrinfo(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", recording_getaddrinfo)
+    server = None
+    try:
+        server = _serve(_redirecting_to("PLACEHOLDER"))
+        port = server.server_address[1]
+        target = location.format(decoy=decoy.server_address[1], port=port)
+        server.RequestHandlerClass = _redirecting_to(target)
+        with pytest.raises(HttpRequestError, match="not followed") as info:
+            http_request(f"http://127.0.0.1:{port}/metrics", deadline_s=3.0)
+        assert "\n" not in str(info.value)
+        assert decoy.RequestHandlerClass.hits == []  # type: ignore[attr-defined]
+        assert set(looked_up) <= {"127.0.0.1"}  # main looked up decoy.invalid and connected to 192.0.2.1
+    finally:
+        decoy.shutdown()
+        decoy.server_close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def test_a_redirect_on_the_same_server_is_still_followed() -> None:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/metrics":
+                self.send_response(307)
+                self.send_header("Location", "/metrics/")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = _serve(Handler)
+    try:
+        answer = http_request(f"http://127.0.0.1:{server.server_address[1]}/metrics", deadline_s=3.0)
+        assert answer.status == 200 and answer.body == b"ok" and answer.url.endswith("/metrics/")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:99999/", "http://a..b/", "http://h/\r\nX: y"])
+def test_malformed_urls_are_one_line_without_a_thread_traceback(url: str, capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(HttpRequestError, match="bad URL") as info:
+        http_request(url, deadline_s=2.0)
+    assert "\n" not in str(info.value) and "\r" not in str(info.value)
+    assert "Traceback" not in capfd.readouterr().err

@@ -126,7 +126,7 @@ class HttpRequestError(Exception):
         """One line, without the URL."""
         self.timed_out = timed_out
         """True when the deadline passed (the server was reached, or not, but did not finish in time)."""
-        super().__init__(f"{url}: {reason}")
+        super().__init__(f"{server_text(url)}: {reason}")  # one line whatever the URL holds
 
 
 class _DeadlineReader(io.RawIOBase):

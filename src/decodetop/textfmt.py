@@ -127,7 +127,9 @@ def table(
     `width` is the room in columns (default: `terminal_width()`; None: no limit). When the table is wider, text
     columns narrow and wrap (at most `max_lines` lines a cell, the last ending in "…"); right-aligned columns keep
     their width. `indent` spaces start every line and count against the width. `row_notes[i]`, when given, are
-    lines printed as they are under row i (details that span the table)."""
+    lines printed under row i (details that span the table). Every header, cell and note is shown inert
+    (`decodetop.inert`): a control character in a kernel name never reaches the terminal."""
+    headers = [inert(h) for h in headers]
     cells = [[_cell(v) for v in row] for row in rows]
     natural = [len(h) for h in headers]
     for row in cells:

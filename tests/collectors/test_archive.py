@@ -11,6 +11,8 @@ import io
 import os
 import signal
 import stat
+import subprocess
+import sys
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterator
@@ -343,3 +345,43 @@ def test_sigterm_during_check_root_removes_the_unpacked_tree(tmp_path: Path) -> 
     finally:
         proc.kill()
     assert not tree.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME], ids=["pax-path", "gnu-long-name"])
+def test_a_200_mib_extended_header_is_refused_before_it_is_read(tmp_path: Path, kind: bytes) -> None:
+    """tarfile reads a pax header (or a GNU long name) whole into memory before any member check: the archive is
+    refused from the record's size, in a process whose memory stays far below the record."""
+    size = 200 * 1024 * 1024
+    archive = tmp_path / "pax.tar.gz"
+    with gzip.open(archive, "wb", compresslevel=1) as out:  # streamed: the test itself never holds 200 MiB
+        out.write(_top_headers())
+        out.write(_raw_header("././@PaxHeader" if kind == tarfile.XHDTYPE else "././@LongLink", size, kind))
+        record = b"%d path=" % size
+        out.write(record)
+        chunk = b"a" * (1 << 20)
+        left = size - len(record) - 1
+        while left > 0:
+            out.write(chunk[: min(left, len(chunk))])
+            left -= len(chunk)
+        out.write(b"\n" + b"\0" * (-size % 512))
+        out.write(_raw_header(f"{R}/x", 0) + b"\0" * 1024)
+    script = (
+        "import resource, sys\n"
+        "from pathlib import Path\n"
+        "from decodetop.collectors.archive import unpacked\n"
+        "from decodetop.errors import UserInputError\n"
+        "try:\n"
+        "    with unpacked(Path(sys.argv[1])):\n"
+        "        print('UNPACKED')\n"
+        "except UserInputError as exc:\n"
+        "    print(exc)\n"
+        "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(archive)], capture_output=True, text=True, timeout=300, check=False
+    )
+    out = done.stdout
+    assert "extended header (pax or GNU long name) of 209,715,200 bytes" in out, out + done.stderr
+    assert out.count("\n") == 2
+    peak_mib = int(out.split("MAXRSS_KB")[1]) / 1024
+    assert peak_mib < 150, f"peak {peak_mib:.0f} MiB: the 200 MiB record was read"  # main: ~680 MiB

@@ -236,3 +236,44 @@ def test_run_as_root_advice_only_when_not_root(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(context.os, "geteuid", lambda: 0)
     fix = context.unknown_result("C8", "Deep C-states", error, root=HostRoot()).fix
     assert "root" not in fix and "--collect" in fix
+
+
+@pytest.mark.parametrize(("name", "code"), [("epyc-well-tuned", 0), ("epyc-motivating", 1)])
+def test_save_baseline_on_a_full_state_dir_is_a_note_and_keeps_the_exit_code(
+    tmp_path: Path, state_dir: Path, hosts: Path, name: str, code: int
+) -> None:
+    """A full disk (a file-size limit of 0 bytes: every write fails with EFBIG, as ENOSPC would, root or not)."""
+    import resource
+
+    def no_room() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+    env = {**os.environ, "DECODETOP_STATE_DIR": str(state_dir), "HOME": str(tmp_path / "home")}
+    argv = [sys.executable, "-m", "decodetop", "check", "--root", str(hosts / name / "root"), "--save-baseline"]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, preexec_fn=no_room, timeout=120, check=False)
+    assert done.returncode == code, done.stderr  # main: 3 (UNKNOWN: internal error: OSError)
+    notes = [line for line in done.stderr.splitlines() if "baseline not saved" in line]
+    assert len(notes) == 1 and "default.json" in notes[0] and "internal error" not in done.stderr
+    assert not list((state_dir / "baselines").glob("*.json"))
+
+
+@pytest.mark.parametrize("obstacle", ["baselines-is-a-file", "baseline-is-a-link"])
+def test_save_baseline_that_cannot_be_written_is_a_note(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, state_dir: Path, hosts: Path, obstacle: str
+) -> None:
+    root = str(hosts / "epyc-well-tuned" / "root")
+    assert main(["check", "--root", str(hosts / "epyc-motivating" / "root"), "--save-baseline", "other"]) == 1
+    capsys.readouterr()
+    victim = tmp_path / "victim.json"  # another of the user's files, shaped like a baseline
+    victim.write_text((state_dir / "baselines" / "other.json").read_text())
+    before = victim.read_text()
+    if obstacle == "baselines-is-a-file":
+        (state_dir / "baselines" / "other.json").unlink()
+        (state_dir / "baselines").rmdir()
+        (state_dir / "baselines").write_text("not a directory")
+    else:
+        (state_dir / "baselines" / "good.json").symlink_to(victim)
+    assert main(["check", "--root", root, "--save-baseline", "good"]) == 0
+    err = capsys.readouterr().err
+    assert "baseline not saved" in err and "internal error" not in err  # main: wrote through the link
+    assert victim.read_text() == before

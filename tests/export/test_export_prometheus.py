@@ -318,6 +318,19 @@ def test_every_gpu_field_with_a_value_is_exported() -> None:
             assert present == (gauge.read(gpu) is not None), gauge.name
 
 
+@pytest.mark.parametrize(
+    "listen", ["0:9464", "0.0:9464", "0x0:9464", "[::0]:9464", "[0:0:0:0:0:0:0:0]:9464", "[::ffff:0.0.0.0]:9464", ":0"]
+)
+def test_every_wildcard_spelling_warns(listen: str) -> None:
+    """Decided by the address the host resolves to, as the server binds it: not by the spelling."""
+    host, _ = parse_listen(listen)
+    if listen == ":0":
+        assert listen_warning(host) is None  # no host: loopback
+        return
+    warning = listen_warning(host)
+    assert warning is not None and "every network interface" in warning
+
+
 def test_listen_warning_names_every_interface() -> None:
     for host in ("0.0.0.0", "::", "[::]"):
         warning = listen_warning(host)
