@@ -214,7 +214,7 @@ def test_atomic_write_never_replaces_a_device_or_fifo(tmp_path: Path) -> None:
 def test_a_settings_file_with_a_utf8_bom_is_read(tmp_path: Path) -> None:
     """Editors on Windows (Notepad) start UTF-8 files with a byte-order mark; TOML allows none, people write one."""
     path = tmp_path / "settings.toml"
-    path.write_bytes(b"\xef\xbb\xbfmodel = \"llama-3.1-70b\"\ntp = 2\n")
+    path.write_bytes(b'\xef\xbb\xbfmodel = "llama-3.1-70b"\ntp = 2\n')
     settings = load_settings(path)
     assert settings.model == "llama-3.1-70b" and settings.tp == 2
     save_changes(path, {"tp": 4})

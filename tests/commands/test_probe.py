@@ -67,7 +67,7 @@ def _cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedPr
         (["allreduce", "--gpus", "99"], "--gpus: no GPU 99"),
         (["allreduce", "--gpus", "x"], "--gpus: 'x' is not a GPU index"),
         (["allreduce", "--set", "allreduce.nope=1"], "probe 'allreduce' has no parameter 'nope'"),
-        (["allreduce", "--timeout", "0"], "--timeout: must be a positive finite number, got '0'"),
+        (["allreduce", "--timeout", "0"], "--timeout: must be a number from 0.001 to 604,800 s, got '0'"),
         (["allreduce", "--cpu-ranks", "0"], "--cpu-ranks: must be at least 1, got '0'"),
     ],
 )

@@ -9,6 +9,7 @@ import pytest
 
 from decodetop.cli import build_parser, main
 from decodetop.settings import Settings, save_settings
+from decodetop.tui.crash import CrashReport
 
 
 def test_flags_are_on_the_main_parser() -> None:
@@ -76,6 +77,7 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
     class FakeApp:
         def __init__(self, sources: object, settings: Settings, path: Path, *, save_theme: bool) -> None:
             seen.update(settings=settings, path=path, save_theme=save_theme)
+            self.crash_report = CrashReport()
 
         def run(self) -> int:
             return 0
