@@ -23,6 +23,7 @@ from pathlib import Path
 from decodetop.budget.compose import ObservedStep, default_observed
 from decodetop.collectors.serving import ServerState, ServerStatus, ServerStep
 from decodetop.history import format_ago
+from decodetop.quantity import OBSERVED_MS
 from decodetop.textfmt import format_number
 from decodetop.traces.ranks import TraceSet
 from decodetop.traces.trace_report import TraceReport
@@ -67,7 +68,7 @@ def traced_step(traces: TraceSet | TraceReport, *, written_s: float | None = Non
     """The observation a trace gives (None where it holds no decode step)."""
     report = traces.report if isinstance(traces, TraceSet) else traces
     walls = [s.wall_us / 1000 for s in report.steps if s.wall_us > 0]
-    if not walls or report.step_wall_us_mean <= 0:
+    if not walls or not OBSERVED_MS.accepts(report.step_wall_us_mean / 1000):  # a crafted trace's hour-long step
         return None
     return TracedStep(report.step_wall_us_mean / 1000, len(walls), min(walls), max(walls), report.path, written_s)
 
@@ -100,8 +101,10 @@ def server_observed(answer: ServerStep | ServerStatus | None, now_s: float) -> O
     """The server's observed step: its latest window, or while it cannot be read its last one, said as such
     ('…; now: connection refused'); None where it has given none."""
     if isinstance(answer, ServerStep):
+        if not OBSERVED_MS.accepts(answer.step_ms):  # collectors/serving never gives one; a rule never raises
+            return None
         return ObservedStep(answer.step_ms, "server", _server_detail(answer, now_s))
-    if answer is not None and answer.last_step is not None:
+    if answer is not None and answer.last_step is not None and OBSERVED_MS.accepts(answer.last_step.step_ms):
         detail = f"{_server_detail(answer.last_step, now_s)}; now: {answer.summary}"
         return ObservedStep(answer.last_step.step_ms, "server", detail)
     return None
@@ -117,9 +120,9 @@ def observed_step(
     now_s: float,
 ) -> ObservedStep:
     """The observed step by the one rule (module docstring): flag > settings > server > trace > default."""
-    if flag_ms is not None:
+    if flag_ms is not None:  # checked against OBSERVED_MS when the flag was read (one line, exit 2)
         return ObservedStep(flag_ms, "flag", "--observed-ms")
-    if settings_ms is not None:
+    if settings_ms is not None:  # and when the settings file was
         return ObservedStep(settings_ms, "settings", "")
     live = server_observed(server, now_s)
     if live is not None:
