@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from decodetop.cli import main
-from hostile_text import ESCAPES, assert_inert, hostile_text
+from tests.helpers.hostile_text import ESCAPES, assert_inert, hostile_text
 
 
 def _trace(path: Path, kernel: str, module: str, steps: int = 4) -> Path:

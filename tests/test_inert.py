@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from decodetop.inert import InertStream, guard_streams, inert, inert_lines, is_inert
 from decodetop.textfmt import fit_text, shorten, table
-from hostile_text import assert_inert, hostile_text
+from tests.helpers.hostile_text import assert_inert, hostile_text
 
 
 def test_every_control_is_marked_and_the_rest_kept() -> None:

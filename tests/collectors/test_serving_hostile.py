@@ -1,6 +1,6 @@
 """A hostile /metrics server cannot crash or steer a reader: infinite or absurd observed steps, sums that overflow,
 fractional counts, a reason phrase or a status line full of escape sequences, malformed URLs. Every poll is a
-`ServerStatus` with one inert line, or an `ObservedStep` in range; never an exception. Servers on loopback."""
+`ServerStatus` with one inert line, or an `ServerStep` in range; never an exception. Servers on loopback."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from decodetop.collectors.serving import ObservedStep, ServerStatus, ServerStepSource
+from decodetop.collectors.serving import ServerStatus, ServerStep, ServerStepSource
 from decodetop.errors import UserInputError
-from hostile_text import assert_inert
+from tests.helpers.hostile_text import assert_inert
 
 PROM = "text/plain; version=0.0.4; charset=utf-8"
 FAMILY = "sglang:inter_token_latency_seconds"
@@ -85,7 +85,7 @@ class Clock:
         return self.t
 
 
-def _polls(url: str, n: int) -> list[ObservedStep | ServerStatus]:
+def _polls(url: str, n: int) -> list[ServerStep | ServerStatus]:
     clock = Clock()
     source = ServerStepSource(url, clock=clock, window_s=5.0)
     out = []
@@ -95,9 +95,9 @@ def _polls(url: str, n: int) -> list[ObservedStep | ServerStatus]:
     return out
 
 
-def _in_range_or_said(answers: list[ObservedStep | ServerStatus]) -> list[ServerStatus]:
+def _in_range_or_said(answers: list[ServerStep | ServerStatus]) -> list[ServerStatus]:
     for answer in answers:
-        if isinstance(answer, ObservedStep):
+        if isinstance(answer, ServerStep):
             assert math.isfinite(answer.step_ms) and 0 < answer.step_ms < 1e7, answer  # never inf, never 1e300
         else:
             assert_inert(answer.message)
@@ -107,7 +107,7 @@ def _in_range_or_said(answers: list[ObservedStep | ServerStatus]) -> list[Server
 def test_a_sum_growing_by_1e307_a_poll_never_gives_an_infinite_step(server: tuple[Script, str]) -> None:
     script, url = server
     script.pages = [_page({"m": k * 1e307}, {"m": float(k)}) for k in range(1, 8)]
-    statuses = _in_range_or_said(_polls(url, 7))  # main: ObservedStep(step_ms=inf), then the UI died
+    statuses = _in_range_or_said(_polls(url, 7))  # main: ServerStep(step_ms=inf), then the UI died
     assert any("not an observed step" in s.message or "out-of-range" in s.message for s in statuses)
 
 

@@ -414,7 +414,7 @@ class ServerStepSource:
             )
         return self._step(totals, base, now)
 
-    def _step(self, totals: LatencyTotals, base: _Scrape, now: float) -> ObservedStep | ServerStatus:
+    def _step(self, totals: LatencyTotals, base: _Scrape, now: float) -> ServerStep | ServerStatus:
         """The step between the `base` scrape and this one, or why there is none: idle, or a mean that is no
         observed step (outside `OBSERVED_MS`, or over less than one sample: a crafted page, never passed on)."""
         d_count = totals.count - base.totals.count
