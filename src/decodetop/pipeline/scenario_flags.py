@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,8 @@ from typing import Any
 from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.scenario import ModelSource, Scenario, build_scenario, choose_tp, model_source
 from decodetop.defaults import DEFAULT_TARGET_TPS
-from decodetop.quantity import OBSERVED_MS, TARGET_TPS, Quantity
+from decodetop.errors import UserInputError
+from decodetop.quantity import OBSERVED_MS, TARGET_TPS, Quantity, shown
 from decodetop.settings import Settings
 
 KV_DTYPES = ("auto", "bf16", "fp16", "fp8")
@@ -207,7 +209,7 @@ def _recorded_knob(name: str, value: object, where: str) -> object:
     if flag.kind is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or (flag.choices and value not in flag.choices):
-        raise UserInputError(f"{where}: the recorded {flag.name} {str(value)[:40]!r} is not one it can take")
+        raise UserInputError(f"{where}: the recorded {flag.name} {shown(value)} is not one it can take")
     return float(value) if flag.kind is float else value  # type: ignore[arg-type]
 
 
