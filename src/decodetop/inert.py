@@ -22,10 +22,13 @@ Stdlib only, at the bottom of the package: every layer may use it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import sys
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
+
+T = TypeVar("T")
 
 _BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 """Arabic letter mark, LRM, RLM, the embeddings and overrides (LRE…RLO) and the isolates (LRI…PDI)."""
@@ -75,6 +78,39 @@ def inert_lines(text: object) -> str:
     if _UNSAFE_IN_STREAM.search(value) is None:
         return value
     return _UNSAFE_IN_STREAM.sub(_replace, value)
+
+
+def inert_data(value: T) -> T:
+    """`value` with every string in it made `inert`: the strings themselves, and those inside tuples, lists, dicts
+    (keys too) and dataclass instances, however deep. What holds no string to change comes back as the same object
+    (a steady telemetry tick copies nothing); an enum member or any other object is left as it is.
+
+    The live UI passes what it takes from outside (a telemetry frame, check results, a trace's view, probe results
+    from the history or a replay) through this before a widget sees it, so no widget can show a control."""
+    return _inert_data(value)  # type: ignore[no-any-return]
+
+
+def _inert_data(value: Any) -> Any:
+    kind = type(value)
+    if kind is str:
+        return inert(value)
+    if kind is tuple or kind is list:
+        items = [_inert_data(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else kind(items)
+    if kind is dict:
+        pairs = [(_inert_data(k), _inert_data(v)) for k, v in value.items()]
+        same = all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(pairs, value.items(), strict=True))
+        return value if same else dict(pairs)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for field in dataclasses.fields(value):
+            if field.init:
+                old = getattr(value, field.name)
+                new = _inert_data(old)
+                if new is not old:
+                    changed[field.name] = new
+        return dataclasses.replace(value, **changed) if changed else value
+    return value
 
 
 class InertStream:

@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.app import App, ComposeResult
+from textual.notifications import SeverityLevel
 from textual.widgets import Static, TabbedContent
 
 from decodetop.collectors.checks.result import CheckResult
+from decodetop.inert import inert
 from decodetop.pipeline.gpu_guard import HeldGpus
 from decodetop.settings import Settings
 from decodetop.themes import THEME_NAMES, drop_other_themes, register_themes, theme_variable_defaults
@@ -23,6 +25,7 @@ from decodetop.tui.baseline import budget_moves, changed_since
 from decodetop.tui.budget_composer import BudgetComposer
 from decodetop.tui.consent import GpuConsent, held_note
 from decodetop.tui.crash import CrashReport
+from decodetop.tui.inert_text import inert_text
 from decodetop.tui.messages import ChecksReady
 from decodetop.tui.model import HealthView, ProbeView, TelemetryFrame
 from decodetop.tui.probe_queue import ProbeQueue
@@ -108,6 +111,21 @@ class AppBase(App[int]):
     def now(self) -> float:
         """The app's clock (fixed in snapshot tests)."""
         return self.sources.clock()
+
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """A toast; its text is never markup and every control in it is marked: a notification names files, servers
+        and errors whose text comes from outside (a `[/x]` in it would end the app, an ESC would reach the
+        terminal). `markup` is accepted for Textual's signature and ignored."""
+        del markup
+        super().notify(inert(message), title=inert(title), severity=severity, timeout=timeout, markup=False)
 
     # -- what tests and the status line read -------------------------------------------------------------------
 
@@ -195,7 +213,7 @@ class AppBase(App[int]):
         if text != self._held_text:
             self._held_text = text
             note = self.query_one("#held-note", Static)
-            note.update(text)
+            note.update(inert_text(text, lines=True))  # process names: any user picks them
             note.display = bool(text)
 
     def set_status(self) -> None:

@@ -13,6 +13,7 @@ from decodetop.pipeline.observed import traced_step
 from decodetop.tui import layout
 from decodetop.tui.baseline import changed_since
 from decodetop.tui.bindings import KeyActions
+from decodetop.tui.inert_text import inert_text
 from decodetop.tui.messages import (
     BaselineSaved,
     BudgetReady,
@@ -72,7 +73,7 @@ class MessageHandlers(KeyActions):
         if note != self._gpu_note:
             self._gpu_note = note
             for static in self.query(".gpu-note").results(Static):
-                static.update(note)
+                static.update(inert_text(note))  # a replay's or recording's name: never markup
                 static.set_class(bool(frame.gpus), "-source")  # only where the data comes from: can give way
         charts = self.charts_shown()
         if charts is not None:

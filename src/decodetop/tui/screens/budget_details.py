@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from decodetop.history import format_ago
+from decodetop.inert import inert
 from decodetop.tui.model import BudgetView
 from decodetop.tui.other_scenarios import OtherScenario, others_summary
 
@@ -32,34 +33,41 @@ class BudgetDetails:
 
 
 def budget_details_text(details: BudgetDetails, now_s: float) -> Text:
-    """The body of the screen (pure, for tests)."""
+    """The body of the screen (pure, for tests). Every line is passed through `inert`: provenance, the stored line
+    and the other scenarios' fingerprints come from the history file (outside text)."""
     text = Text()
+
+    def add(line: str, style: str = "") -> None:  # the line's own newlines kept, every control inside it marked
+        body = line.strip("\n")
+        start = line.index(body) if body else len(line)
+        text.append(line[:start] + inert(body) + line[start + len(body) :], style=style)
+
     view = details.view
     if details.held_line:
-        text.append(f"{details.held_line}\n\n", style="bold")
+        add(f"{details.held_line}\n\n", style="bold")
     if view is not None:
-        text.append(f"{view.title}\n", style="bold")
+        add(f"{view.title}\n", style="bold")
         for line in view.header.splitlines():
-            text.append(f"{line}\n")
+            add(f"{line}\n")
         if view.observed_text:
-            text.append(f"observed step: {view.observed_text}\n")
-        text.append("\nwhere each figure comes from:\n", style="bold")
+            add(f"observed step: {view.observed_text}\n")
+        add("\nwhere each figure comes from:\n", style="bold")
         for seg in view.components:
-            text.append(f"  {seg.label}: ")
-            text.append(f"{seg.provenance or seg.status}\n", style="" if seg.status == "measured" else "dim")
+            add(f"  {seg.label}: ")
+            add(f"{seg.provenance or seg.status}\n", style="" if seg.status == "measured" else "dim")
             if seg.kernels:
-                text.append(f"    kernel: {seg.kernels}\n", style="dim")
+                add(f"    kernel: {seg.kernels}\n", style="dim")
     if details.stored_line:
-        text.append(f"\n{details.stored_line}\n")
-    text.append("\nother scenarios", style="bold")
+        add(f"\n{details.stored_line}\n")
+    add("\nother scenarios", style="bold")
     if not details.others:
-        text.append(": none stored\n")
+        add(": none stored\n")
         return text
-    text.append(f": {others_summary(details.others)}, listed here and never mixed into this budget\n")
+    add(f": {others_summary(details.others)}, listed here and never mixed into this budget\n")
     for other in details.others:
-        text.append(f"  {other.line(now_s)}\n")
+        add(f"  {other.line(now_s)}\n")
         if other.fingerprint is not None:
-            text.append(f"    {other.fingerprint.describe()}\n", style="dim")
+            add(f"    {other.fingerprint.describe()}\n", style="dim")
     text.rstrip()
     return text
 

@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from decodetop.inert import inert
 from decodetop.pipeline.gpu_guard import HeldGpus
 
 WARNING = (
@@ -24,7 +25,7 @@ WARNING = (
 def confirm_text(held: HeldGpus, probes: int) -> Text:
     """The modal's body (pure, for tests)."""
     text = Text()
-    text.append(f"{held.who}.\n\n", style="bold")
+    text.append(f"{inert(held.who)}.\n\n", style="bold")  # process names: any user on the host picks them
     text.append(f"{WARNING}\n\n")
     plural = "s" if probes != 1 else ""
     text.append(f"Run {probes} probe{plural} anyway? ", style="bold")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
@@ -13,20 +14,25 @@ from textual.widgets import DataTable, Static
 
 from decodetop.traces.compare import short_name
 from decodetop.traces.traced import TracedSegment
+from decodetop.tui.inert_text import inert_text
 
 COLUMNS = ("kernel", "n/step", "mean µs", "µs/step", "share", "host op chain or module")
 
 
-def kernel_rows(segment: TracedSegment, name_width: int = 60) -> list[tuple[str, str, str, str, str, str]]:
-    """The table's rows (pure, for tests): largest time first."""
+def kernel_rows(segment: TracedSegment, name_width: int = 60) -> list[tuple[Text, ...]]:
+    """The table's rows (pure, for tests): largest time first. Every cell is a `Text` (a kernel or module name is
+    the trace's, chosen by whoever wrote it: never markup, controls marked)."""
     return [
-        (
-            short_name(k.name, name_width),
-            f"{k.count_per_step:.3g}",
-            f"{k.mean_us:.3g}",
-            f"{k.time_us_per_step:.4g}",
-            f"{k.share:.1%}",
-            k.via or "-",
+        tuple(
+            inert_text(cell)
+            for cell in (
+                short_name(k.name, name_width),
+                f"{k.count_per_step:.3g}",
+                f"{k.mean_us:.3g}",
+                f"{k.time_us_per_step:.4g}",
+                f"{k.share:.1%}",
+                k.via or "-",
+            )
         )
         for k in segment.kernels
     ]
@@ -61,8 +67,8 @@ class TraceKernelsScreen(ModalScreen[None]):
             f"{seg.kernels_per_step:.3g} kernels per step"
         )
         with Vertical():
-            yield Static(title, id="trace-kernels-title")
-            yield Static(self.trace_path, classes="muted")
+            yield Static(inert_text(title), id="trace-kernels-title")
+            yield Static(inert_text(self.trace_path), classes="muted")
             if seg.kernels:
                 yield DataTable(id="trace-kernels", cursor_type="row", zebra_stripes=True)
             else:

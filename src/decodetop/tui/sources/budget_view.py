@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from decodetop.budget.compose import Budget
+from decodetop.inert import inert, inert_data, inert_lines
 from decodetop.tui.model import BudgetSegment, BudgetView
 
 
@@ -38,14 +40,16 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         *dict.fromkeys(f"all-reduce: {s.path_text}" for s in budget.segments if s.path_rule and s.path_text),
     ]
     obs = budget.observed_step
-    return BudgetView(
+    # GPU names (a replay's), the observed step's origin (a server's) and the labels are outside text: inert, the
+    # header's and note's own newlines kept
+    view = BudgetView(
         title=title,
-        segments=tuple(segments),
+        segments=inert_data(tuple(segments)),
         observed_ms=budget.observed_ms,
         target_ms=budget.target_ms,
         roofline_ms=budget.roofline_ms,
-        note="\n".join(line for line in lines if line),
-        header=budget.header,
+        note=inert_lines("\n".join(line for line in lines if line)),
+        header=inert_lines(budget.header),
         observed_assumed=obs.assumed,
         observed_text=obs.text,
         observed_source=obs.source,
@@ -53,4 +57,12 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         hardware_text=budget.hardware_text,
         ranks_text=budget.ranks.short_line() if budget.ranks is not None else "",
         straggler=budget.ranks.straggler.text if budget.ranks is not None and budget.ranks.straggler else "",
+    )
+    return dataclasses.replace(
+        view,
+        title=inert(view.title),
+        observed_text=inert(view.observed_text),
+        hardware_text=inert(view.hardware_text),
+        ranks_text=inert(view.ranks_text),
+        straggler=inert(view.straggler),
     )

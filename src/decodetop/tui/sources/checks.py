@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from decodetop.collectors.checks.host import run_all_checks
 from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.nvml import Nvml
+from decodetop.inert import inert_data
 
 
 class RecordedChecks:
@@ -16,8 +17,8 @@ class RecordedChecks:
         self.checks = list(checks)
 
     def run(self) -> list[CheckResult]:
-        """The recorded checks."""
-        return list(self.checks)
+        """The recorded checks (their text inert: a recording is outside data)."""
+        return [inert_data(check) for check in self.checks]
 
 
 class HostChecks:
@@ -28,4 +29,4 @@ class HostChecks:
 
     def run(self) -> list[CheckResult]:
         """Every host and GPU check (blocking; called in a worker)."""
-        return run_all_checks(nvml=self.nvml)
+        return [inert_data(check) for check in run_all_checks(nvml=self.nvml)]  # host files are outside text

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 
+from decodetop.inert import inert_data
 from decodetop.probes.results import Measurement, ProbeResult
 from decodetop.textfmt import format_bytes, format_duration_us, format_number
 from decodetop.tui.model import ProbeState, ProbeView, RankValue
@@ -170,7 +171,7 @@ def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
     error = result.error or ("" if state is ProbeState.DONE else result.message) or unsupported
     if result.error_rank is not None and error and not error.startswith(f"rank {result.error_rank} "):
         error = f"rank {result.error_rank}: {error}"
-    return ProbeView(
+    view = ProbeView(
         probe_id=result.probe,
         title=title,
         state=state,
@@ -182,6 +183,7 @@ def probe_view(result: ProbeResult, title: str = "") -> ProbeView:
         telemetry_text=tuple(telemetry),
         details=tuple(details),
     )
+    return inert_data(view)  # a result from the history or a replay is outside text (notes, GPU names, errors)
 
 
 def utc_to_unix(text: str) -> float | None:

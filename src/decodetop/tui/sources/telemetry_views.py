@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from decodetop.collectors.telemetry import GpuSnapshot, TelemetrySnapshot
+from decodetop.inert import inert_data
 from decodetop.tui.model import GpuProcessView, GpuView, TelemetryFrame
 
 BYTES_PER_GB = 1e9
@@ -103,10 +104,11 @@ def telemetry_frame(snapshot: TelemetrySnapshot, describe: ProcessDescriber | No
     Processes are named through `describe` only for live NVML (a recording's pids belong to another host)."""
     live = snapshot.source == "nvml"
     note = "" if live else f"data from {snapshot.source}"
-    return TelemetryFrame(
+    frame = TelemetryFrame(
         taken_at_s=snapshot.taken_at_unix_s,
         gpus=tuple(gpu_view(g, describe if live else None) for g in snapshot.gpus),
         unavailable_reason="" if snapshot.nvml_available else (snapshot.nvml_reason or "NVML unavailable"),
         source_note=note,
         sample_ms=snapshot.tick_cost_s * 1000.0,
     )
+    return inert_data(frame)  # GPU names, command lines, a replay's source: data, never a control sequence

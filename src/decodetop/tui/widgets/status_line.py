@@ -7,6 +7,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from decodetop.inert import inert
+
 
 class StatusLine(Widget):
     """A single line; set `text`."""
@@ -20,4 +22,4 @@ class StatusLine(Widget):
 
     def render(self) -> Text:
         """The text, without wrapping."""
-        return Text(self.text, no_wrap=True, overflow="ellipsis")
+        return Text(inert(self.text), no_wrap=True, overflow="ellipsis")  # server and file text: controls marked

@@ -29,6 +29,7 @@ from textual.worker import get_current_worker
 from decodetop.budget.components import Component
 from decodetop.errors import UserInputError
 from decodetop.history import format_age_coarse
+from decodetop.inert import inert, inert_data
 from decodetop.themes.palette import segment_variable
 from decodetop.traces.compare import short_name
 from decodetop.traces.trace_report import LAUNCH_KEY
@@ -189,6 +190,7 @@ class TracedBar(Widget, can_focus=True):
             observed = budget.observed_ms
         from_trace = budget is not None and budget.observed_source == "trace"
         view = traced_view(load.traces, probed, observed_ms=observed, layers=load.layers, observed_is_trace=from_trace)
+        view = inert_data(view)  # kernel and module names, the path: the trace's text, never a control sequence
         self._view_cache = (load, budget, view)
         return view
 
@@ -315,7 +317,7 @@ class TracedBar(Widget, can_focus=True):
         title = Text()
         title.append(view.header(), style=self._style("traced-bar--title"))
         age = format_age_coarse(max(0.0, self.now_s - loaded.modified_s)) if self.now_s else ""
-        where = f" · {loaded.path.name}" + (f" ({age} old)" if age else "")
+        where = f" · {inert(loaded.path.name)}" + (f" ({age} old)" if age else "")
         title.append(where, style=self._style("traced-bar--muted"))
         if not compact:
             title.append(" · legend: probed/traced ms", style=self._style("traced-bar--muted"))
