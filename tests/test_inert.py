@@ -5,13 +5,15 @@ brackets stay the literal text they were (the commands' own output: tests/test_h
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import sys
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from decodetop.inert import InertStream, guard_streams, inert, inert_lines, is_inert
+from decodetop.collectors.checks.result import Status
+from decodetop.inert import InertStream, guard_streams, inert, inert_data, inert_lines, is_inert
 from decodetop.textfmt import fit_text, shorten, table
 from tests.helpers.hostile_text import assert_inert, hostile_text
 
@@ -65,3 +67,26 @@ def test_guard_streams_puts_the_streams_back() -> None:
 def test_shorten_cuts_and_marks() -> None:
     assert shorten("x" * 100_000, 40) == "x" * 39 + "…"
     assert shorten("a\x1bb", 10) == "a␛b"
+
+
+def test_inert_data_marks_every_string_however_deep_and_copies_nothing_clean() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Leaf:
+        name: str
+        status: Status
+        tags: tuple[str, ...] = ()
+        facts: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @dataclasses.dataclass(frozen=True)
+    class Tree:
+        leaves: tuple[Leaf, ...]
+        count: int
+
+    clean = Tree((Leaf("a", Status.PASS, ("t",), {"k": "v"}),), 1)
+    assert inert_data(clean) is clean  # a steady tick copies nothing
+    dirty = Tree((Leaf("a\x1b]0;x\x07", Status.WARN, ("\x9b",), {"k\x1b": ["v\r"]}),), 1)  # type: ignore[dict-item]
+    shown = inert_data(dirty)
+    leaf = shown.leaves[0]
+    assert leaf.name == "a␛]0;x␇" and leaf.tags == ("\\u009b",) and leaf.facts == {"k␛": ["v␍"]}
+    assert leaf.status is Status.WARN  # an enum member is left as it is (a str enum is no text from outside)
+    assert shown.count == 1 and dirty.leaves[0].name == "a\x1b]0;x\x07"  # the original is untouched

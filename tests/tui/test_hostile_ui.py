@@ -31,12 +31,14 @@ from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ServerStepSource
 from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.recording import Recorder
+from decodetop.history import KIND_BASELINE, History
 from decodetop.inert import inert
 from decodetop.probes.results import load_results
 from decodetop.quantity import OBSERVED_MS
 from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.launch import LaunchOptions, build_sources
+from decodetop.tui.messages import BaselineSaved, HistoryLoaded
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.gpu_details import GpuDetailScreen
@@ -50,8 +52,8 @@ from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.traced_bar import TracedBar
 from tests.helpers.hostile_text import ESCAPES, assert_inert, hostile_text
 
-from .conftest import make_app, wait_until
-from .fakes import FakeBudget, make_sources
+from .conftest import MessageLog, make_app, wait_until
+from .fakes import NOW_S, FakeBudget, make_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 H200_RESULTS = ROOT / "benchmarks" / "results" / "primitives" / "h200x1.json"
@@ -280,3 +282,26 @@ async def test_a_hostile_reason_phrase_reaches_the_status_line_inert(metrics_url
         assert_shown_inert(app, "503")
         assert app.is_running
     assert app.crash_report.crash is None
+
+
+# -- the history ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_history_line_no_float_holds_still_lets_s_save_a_baseline(tmp_path: Path) -> None:
+    """Main: an `"at"` of 400 digits made `History.load()` raise OverflowError; the UI swallowed it and then saved
+    nothing all session (`s` did nothing, no message). Now the line is set aside, said once, and `s` saves."""
+    path = tmp_path / "history.jsonl"
+    good = '{"v":1,"kind":"probe","key":"membw","at":1796000000.0,"data":{}}'
+    path.write_text(good + "\n" + '{"v":1,"kind":"probe","key":"gemm","at":' + "9" * 400 + ',"data":{}}\n')
+    log = MessageLog()
+    app = make_app(make_sources(history=History(path, clock=lambda: NOW_S)))
+    async with app.run_test(size=SIZE, message_hook=log) as pilot:
+        await wait_until(pilot, lambda: bool(log.of(HistoryLoaded)), "the history read")
+        (loaded,) = log.of(HistoryLoaded)
+        assert isinstance(loaded, HistoryLoaded) and loaded.problem and "line 2" in loaded.problem
+        await wait_until(pilot, lambda: bool(app.checks), "checks")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: bool(log.of(BaselineSaved)), "baseline saved")
+        (saved,) = log.of(BaselineSaved)
+        assert isinstance(saved, BaselineSaved) and saved.entry is not None, saved
+    assert "default" in History(path).latest(KIND_BASELINE)
