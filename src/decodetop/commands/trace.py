@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from decodetop.argtypes import non_empty, positive_int, server_url
+from decodetop.argtypes import positive_int, server_url
 from decodetop.budget.components import Component
 from decodetop.budget.compose import Budget
 from decodetop.budget.gpus import GPUS, find_gpu
