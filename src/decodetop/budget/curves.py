@@ -1,0 +1,783 @@
+"""Provides the curve engine: every figure of a scenario that was not measured exactly, predicted from the curves
+measured on this host, each labelled with how it was obtained and given an 80 % range (docs/reference/whatif.md
+§5: AIConfigurator's interpolation semantics, measured here rather than elsewhere).
+
+Every sweep a probe measures is a curve: GEMM time over M (and the batch of a bmm) at each (n, k, dtype); attention
+over heads × query length × batch × context at each KV dtype; routed experts over width × local experts × tokens ×
+active experts; norms over width × tokens; lm_head over vocabulary shard × tokens; KV writes over width × tokens;
+all-reduce over ranks × bytes at each implementation. `CurveEngine.predict(key)`:
+
+1. exact: a point measured at that key → its median verbatim (status measured), its range the repeat spread.
+2. inside the measured grid, axis by axis (shape-like axes first, sizes last), between the two bracketing values:
+   linear in roofline terms (the work the roofline counts: linear in the size on most axes, with GEMMs' switch
+   from memory- to compute-bound in it), held between the two bracketing times; the spread and octaves carried are
+   weighted in log space on the axis (status interpolated). Interpolating the efficiency with log-space weights
+   instead (AIConfigurator's blend) was tried: on this host's recorded H200 plans it doubled the p90 of the
+   interior leave-one-out error of attention and gave no better GEMMs (docs/benchmarks.md, "Curves"). No curve is
+   fitted or smoothed: measured wave-quantisation steps stay where they were measured.
+3. outside the grid: the edge's time plus the change of work at the marginal cost (the line through the two
+   outermost points in roofline terms; with one point, the work at the best efficiency this host reached), bounded
+   by the edge's efficiency held and rescaled by the query's roofline (AIConfigurator's rule, which scales the
+   whole time: above the grid no slower per unit of work than at the edge, below it no faster) and by the edge's
+   time; never below the latency floor of its kind, the fastest latency-bound kernel of that kind on this host.
+   Status extrapolated, with the octaves it reached. (Holding the marginal cost instead of the whole efficiency
+   halved this host's own leave-one-out error of extrapolated attention on the recorded H200 plans.)
+4. a shape never measured: the efficiencies of the measured shapes of the same kind and dtype at the query's
+   sizes, blended with log-space weights over their roofline time (work of a like size runs at a like efficiency;
+   across shapes the efficiency blend is the robust one), bounded the same way beyond them (status transferred,
+   naming the nearest shape). A dtype without any curve here (NVFP4 on a GPU without FP4 tensor cores) transfers
+   from the next one down (FP8, then BF16) with a ±35 % band (docs/reference/whatif.md §5: AIConfigurator's
+   nvfp4←fp8 transfer errs 22–33 %).
+5. nothing to anchor it: a `Refusal` saying why and which command measures it. Never a silent spec-sheet figure.
+
+The 80 % range of a prediction combines, in log space: the repeat spread of the points it rests on (p10–p90), this
+host's own leave-one-out error of that curve family, a penalty per extrapolated octave (fitted on this host's grid
+edges), the family's leave-one-shape-out error for a transfer, the cross-dtype band (`SelfCheck`), and the drift
+between runs (`RUN_TO_RUN_SIGMA`); an exact point keeps its repeat spread. The roofline used for efficiencies is
+`decodetop.budget.keywork.roofline_ms`; it is never shown as a figure. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union, cast
+
+from decodetop.budget.keys import AttentionKey, ProbeKey
+from decodetop.budget.keywork import roofline_ms
+from decodetop.budget.roofline import Hardware, hardware_for
+
+PREDICTION_STATUSES = ("measured", "interpolated", "extrapolated", "transferred")
+"""How a predicted figure was obtained, best first."""
+Z80 = 1.2815515655446004
+"""statistics.NormalDist().inv_cdf(0.9): an 80 % range is ±1.2816 σ."""
+Z_ABS90 = 1.6448536269514722
+"""The p90 of |e| for e ~ N(0, σ²) is 1.645 σ (NormalDist().inv_cdf(0.95)): σ from a p90 of absolute errors."""
+MIN_CHECK_SAMPLES = 5
+"""Fewer leave-one-out samples than this and a family's error is the published default, said so."""
+CROSS_DTYPE_SIGMA = math.log(1.35) / Z80
+"""±35 % at 80 % for a figure carried from another dtype (docs/reference/whatif.md §5 targets: 'show ±35 %')."""
+DEFAULT_INTERIOR_SIGMA = {"gemm": math.log(1.156) / Z_ABS90, "attention": math.log(1.097) / Z_ABS90}
+"""Interpolation error where this host has too few points to check itself: AIConfigurator's published
+leave-one-out p90, GEMM 15.6 % and generation attention (grid frontier) 9.7 % (docs/reference/whatif.md §2)."""
+DEFAULT_OCTAVE_SIGMA = math.log(2.12) / Z_ABS90 / 3
+"""Per extrapolated octave where this host cannot fit it: AIConfigurator's 3-octave GEMM extrapolation p90 of
+51–112 % (docs/reference/whatif.md §2), the upper end spread over 3 octaves."""
+DEFAULT_TRANSFER_SIGMA = math.log(1.35) / Z80
+"""A shape carried from other shapes where no shape can be left out to check it: the ±35 % transfer band."""
+LATENCY_BOUND = 0.25
+"""A point that reached less than a quarter of the best efficiency seen on this host is latency-bound: its time is
+mostly the kernel's fixed cost, a floor for anything of its kind with less work."""
+RUN_TO_RUN_SIGMA = 0.03
+"""What a figure not measured in this very run may drift by between runs on one GPU (clocks, placement): two H200
+plans of the same shapes, hours apart, differed by 2–3 % median and 4–5 % p90 for GEMMs and attention
+(benchmarks/results/plans/*-tp2-h200x1 against *-tp2-h200x2; docs/benchmarks.md, "Curves")."""
+_TRANSFER_CASES = 240
+"""Most leave-one-shape-out cases per family (a deterministic subsample keeps the self-check quick)."""
+
+
+@dataclass(frozen=True)
+class _Family:
+    """How the keys of one probe form curves: their size axes (shape-like first), the fields a transfer source
+    must share, the dtype field of the cross-dtype ladder, and the offset of each axis in log space."""
+
+    axes: tuple[str, ...]
+    match: tuple[str, ...] = ()
+    dtype_field: str = "dtype"
+    offsets: tuple[float, ...] = ()
+    ignore: tuple[str, ...] = ()
+    """Fields the time does not depend on (a KV write costs the same whatever the cache already holds)."""
+
+    def offset(self, level: int) -> float:
+        return self.offsets[level] if self.offsets else 0.0
+
+
+FAMILIES: dict[str, _Family] = {
+    "gemm": _Family(("batch", "m")),
+    "attention": _Family(("heads", "q_len", "batch", "context"), ("kind",), "kv_dtype", (0, 0, 0, 1)),
+    "moe": _Family(("intermediate", "experts_local", "tokens", "experts_active"), ("bias",)),
+    "routing": _Family(("tokens",), ("scoring",)),
+    "norms": _Family(("width", "tokens"), ("op",)),
+    "sampling": _Family(("vocab_shard", "tokens")),
+    "kvcast": _Family(("width", "tokens"), ("layout",), "kv_dtype", ignore=("context",)),
+    "allreduce": _Family(("ranks", "bytes"), ("collective", "variant")),
+}
+"""Probe → its curve family. Launch cost is per kernel (measured for any kernel count), not a curve."""
+DTYPE_LADDER: dict[str, tuple[str, ...]] = {
+    "nvfp4": ("fp8", "bf16"),
+    "mxfp4": ("fp8", "bf16"),
+    "fp8": ("bf16", "fp16"),
+    "bf16": ("fp16",),
+    "fp16": ("bf16",),
+}
+"""Where a dtype without any curve here borrows its efficiency from, nearest first."""
+
+Identity = tuple[tuple[str, object], ...]
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One measured point of a curve: a key (with an implementation variant where one key has several, e.g. the
+    all-reduce's nccl / one_shot), its median and repeat spread of one instance in ms, and where it came from."""
+
+    key: ProbeKey
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    source: str = "probe"
+    variant: str = ""
+
+    @property
+    def sigma_log(self) -> float:
+        """The repeat spread as σ in log space (p10–p90 is ±1.2816 σ)."""
+        if self.p10_ms <= 0 or self.p90_ms <= self.p10_ms:
+            return 0.0
+        return math.log(self.p90_ms / self.p10_ms) / (2 * Z80)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A figure for one key: its median, 80 % range, how it was obtained (`status`, `label`) and what it rests on."""
+
+    key_id: str
+    ms: float
+    p10_ms: float
+    p90_ms: float
+    status: str
+    """measured | interpolated | extrapolated | transferred."""
+    label: str
+    """'measured', 'interpolated', 'extrapolated 2 octaves', 'transferred from gemm:…, extrapolated 1 octave'."""
+    octaves: float = 0.0
+    sigma_log: float = 0.0
+    """σ of the whole 80 % range in log space."""
+    spread_sigma: float = 0.0
+    """σ of the repeat spread alone (the points' p10–p90) in log space: the figure's noise band."""
+    anchors: tuple[str, ...] = ()
+    """The measured keys the figure rests on."""
+    source: str = ""
+    floor_held: bool = False
+    """True where the family's latency floor set the figure."""
+    cross_dtype: str = ""
+    """The dtype the efficiency was carried from ('' unless transferred across dtypes)."""
+    variant: str = ""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """No figure: why, and the command that measures it."""
+
+    key_id: str
+    why: str
+    command: str
+
+    @property
+    def text(self) -> str:
+        """'<key id>: cannot predict: <why>, measure it with <command>'."""
+        return f"{self.key_id}: cannot predict: {self.why}, measure it with {self.command}"
+
+
+@dataclass(frozen=True)
+class ErrorStat:
+    """Absolute relative errors of one kind of self-check: count, median and p90 (%), and σ in log space."""
+
+    n: int
+    median_pct: float
+    p90_pct: float
+    sigma_log: float
+
+    @classmethod
+    def of(cls, log_errors: Sequence[float]) -> ErrorStat | None:
+        """The stat of |log(predicted / measured)| values (None when there are none)."""
+        if not log_errors:
+            return None
+        errs = sorted(abs(e) for e in log_errors)
+        p90 = _quantile(errs, 0.9)
+        return cls(len(errs), 100 * math.expm1(statistics.median(errs)), 100 * math.expm1(p90), p90 / Z_ABS90)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class FamilyCheck:
+    """One curve family's self-check on this host's data, and the σ each kind of prediction gets from it."""
+
+    probe: str
+    points: int
+    curves: int
+    interior: ErrorStat | None
+    """Leave-one-out of points inside the grid."""
+    per_octave: ErrorStat | None
+    """Leave-one-out of grid-edge points, error per octave extrapolated."""
+    transfer: ErrorStat | None
+    """Leave-one-shape-out: a whole curve left out and predicted from the other shapes."""
+    interior_sigma: float
+    octave_sigma: float
+    transfer_sigma: float
+    defaults: tuple[str, ...] = ()
+    """Which σ are published defaults (too few samples here): interior, per_octave, transfer."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("interior", "per_octave", "transfer")}
+        for name in ("interior", "per_octave", "transfer"):
+            stat = getattr(self, name)
+            out[name] = stat.to_dict() if stat is not None else None
+        out["defaults"] = list(self.defaults)
+        return out
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """Leave-one-out error per curve family, computed on the host's own curves."""
+
+    families: tuple[FamilyCheck, ...]
+
+    def family(self, probe: str) -> FamilyCheck | None:
+        return next((f for f in self.families if f.probe == probe), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": SELF_CHECK_METHOD, "families": [f.to_dict() for f in self.families]}
+
+    def lines(self) -> list[str]:
+        """'gemm: 0.9 % median / 6.8 % p90 inside the grid (690 points), …' — one line per family with data."""
+        out = []
+        for f in self.families:
+            parts = []
+            if f.interior is not None:
+                parts.append(f"{_pct(f.interior)} inside the grid ({f.interior.n})")
+            if f.per_octave is not None:
+                parts.append(f"{_pct(f.per_octave)} per extrapolated octave ({f.per_octave.n})")
+            if f.transfer is not None:
+                parts.append(f"{_pct(f.transfer)} for a shape left out ({f.transfer.n})")
+            if parts:
+                out.append(f"{f.probe}: " + "; ".join(parts))
+        return out
+
+
+SELF_CHECK_METHOD = (
+    "leave-one-out on this host's curves: each point removed and predicted from the rest (inside the grid, or "
+    "per octave at its edges); each measured shape removed and predicted from the other shapes (transfer); "
+    "errors |predicted/measured − 1|, σ in log space from their p90"
+)
+
+
+def _pct(stat: ErrorStat) -> str:
+    return f"{stat.median_pct:.1f} % median / {stat.p90_pct:.1f} % p90"
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of sorted values."""
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (pos - lo) * (sorted_values[hi] - sorted_values[lo])
+
+
+# --- curves as trees --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One axis level: its measured values (sorted) and a subtree per value."""
+
+    values: tuple[int, ...]
+    children: tuple[Union[_Node, CurvePoint], ...]  # noqa: UP007 - a runtime alias, Python 3.10
+
+
+Tree = Union[_Node, CurvePoint]  # noqa: UP007 - a runtime alias, Python 3.10
+
+
+@dataclass
+class _Curve:
+    """The points of one identity (a shape at a dtype and variant): a template key and a tree over the axes."""
+
+    probe: str
+    identity: Identity
+    template: ProbeKey
+    points: dict[tuple[int, ...], CurvePoint] = field(default_factory=dict)
+    tree: Tree | None = None
+
+    @property
+    def family(self) -> _Family:
+        return FAMILIES[self.probe]
+
+
+def _build_tree(items: Sequence[tuple[tuple[int, ...], CurvePoint]], level: int, depth: int) -> Tree:
+    if level == depth:
+        return min((p for _c, p in items), key=lambda p: p.median_ms)
+    by: dict[int, list[tuple[tuple[int, ...], CurvePoint]]] = {}
+    for coords, p in items:
+        by.setdefault(coords[level], []).append((coords, p))
+    values = sorted(by)
+    return _Node(tuple(values), tuple(_build_tree(by[v], level + 1, depth) for v in values))
+
+
+def identity_of(key: ProbeKey, variant: str = "") -> Identity:
+    """The non-axis fields of a key (a GQA key's KV heads as its group size, so TP shards share a curve)."""
+    fam = FAMILIES[key.PROBE]
+    items: list[tuple[str, object]] = []
+    for name, value in key.to_params().items():
+        if name in fam.axes or name in fam.ignore:
+            continue
+        if name == "kv_heads" and isinstance(key, AttentionKey) and key.kind == "gqa":
+            items.append(("group", max(1, key.heads // max(1, key.kv_heads))))
+        else:
+            items.append((name, value))
+    if variant:
+        items.append(("variant", variant))
+    return tuple(items)
+
+
+def coords_of(key: ProbeKey) -> tuple[int, ...]:
+    """A key's position on its family's axes."""
+    params = key.to_params()
+    return tuple(int(params[a]) for a in FAMILIES[key.PROBE].axes)
+
+
+def key_at(template: ProbeKey, coords: Sequence[int]) -> ProbeKey:
+    """`template` moved to `coords` on its family's axes (a GQA key keeps its group size)."""
+    fam = FAMILIES[template.PROBE]
+    changes: dict[str, int] = dict(zip(fam.axes, (int(c) for c in coords), strict=True))
+    if isinstance(template, AttentionKey) and template.kind == "gqa":
+        group = max(1, template.heads // max(1, template.kv_heads))
+        changes["kv_heads"] = max(1, changes["heads"] // group)
+    moved: ProbeKey = dataclasses.replace(cast(Any, template), **changes)
+    return moved
+
+
+def _match_of(probe: str, identity: Identity, dtype: str | None = None) -> tuple[object, ...]:
+    """The transfer group of an identity: its probe, the fields a source must share and its dtype."""
+    fam = FAMILIES[probe]
+    d = dict(identity)
+    want = dtype if dtype is not None else d.get(fam.dtype_field, "")
+    return (probe, tuple(d.get(name, "") for name in fam.match), want)
+
+
+def _floor_of(match: tuple[object, ...]) -> tuple[object, ...]:
+    """The latency floor's group of a transfer group: its kind at any dtype (the fastest kernel of that kind)."""
+    return match[:2]
+
+
+@dataclass(frozen=True)
+class _Eval:
+    """A figure at full coordinates on one curve, and what it rests on."""
+
+    ms: float
+    coords: tuple[int, ...]
+    sigma_rep: float
+    octaves: float
+    rank: int
+    """0 exact, 1 interpolated, 2 extrapolated."""
+    anchors: tuple[str, ...]
+    floor_held: bool = False
+
+
+# --- the engine -------------------------------------------------------------------------------------------------
+
+
+class CurveEngine:
+    """Predictions from the curves measured on one host (see the module docstring for the rules).
+
+    points: every measured point (`CurvePoint`); hardware: the roofline the efficiencies are taken against (the
+    measured GPU's; on CPU ranks nominal rates, used for ratios only); measure_hint: the command a refusal names.
+    The self-check (`self_check`) runs once, on the first prediction that needs it (or is given: an engine over a
+    subset of the points, as a hold-out test builds, can take its parent's)."""
+
+    def __init__(
+        self,
+        points: Iterable[CurvePoint],
+        hardware: Hardware,
+        *,
+        measure_hint: str = "",
+        self_check: SelfCheck | None = None,
+    ) -> None:
+        self.hardware = hardware
+        self.measure_hint = measure_hint
+        self._exact: dict[tuple[str, str], CurvePoint] = {}
+        self._curves: dict[tuple[str, Identity], _Curve] = {}
+        for p in points:
+            if p.key.PROBE not in FAMILIES or not p.median_ms > 0:
+                continue
+            slot = (p.key.key_id, p.variant)
+            prev = self._exact.get(slot)
+            if prev is None or p.median_ms < prev.median_ms:
+                self._exact[slot] = p
+        for p in self._exact.values():
+            ident = identity_of(p.key, p.variant)
+            curve = self._curves.setdefault((p.key.PROBE, ident), _Curve(p.key.PROBE, ident, p.key))
+            curve.points[coords_of(p.key)] = p
+        self._groups: dict[tuple[object, ...], list[_Curve]] = {}
+        for curve in self._curves.values():
+            curve.tree = _build_tree(list(curve.points.items()), 0, len(curve.family.axes))
+            self._groups.setdefault(_match_of(curve.probe, curve.identity), []).append(curve)
+        self._roofs: dict[ProbeKey, float] = {}
+        self._check: SelfCheck | None = self_check
+        self._floors, self._floor_p10, self._best = self._bounds()
+
+    def _bounds(self) -> tuple[dict[tuple[object, ...], float], dict[tuple[object, ...], float], float]:
+        """Per kind, the latency floor (median and p10 of its fastest latency-bound point: efficiency below
+        `LATENCY_BOUND` of the best this host reached), and that best efficiency (at most 1)."""
+        effs = {id(p): self.roofline_ms(p.key) / p.median_ms for p in self._exact.values()}
+        best = min(1.0, max(effs.values(), default=1.0))
+        floors: dict[tuple[object, ...], float] = {}
+        p10s: dict[tuple[object, ...], float] = {}
+        for curve in self._curves.values():
+            kind = _floor_of(_match_of(curve.probe, curve.identity))
+            for p in curve.points.values():
+                if effs[id(p)] < LATENCY_BOUND * best and p.median_ms < floors.get(kind, math.inf):
+                    floors[kind], p10s[kind] = p.median_ms, min(p.p10_ms, p.median_ms)
+        return floors, p10s, best
+
+    def _limits(self, match: tuple[object, ...]) -> _Limits:
+        return _Limits(self._floors.get(_floor_of(match), 0.0), self._best)
+
+    @property
+    def n_points(self) -> int:
+        return len(self._exact)
+
+    def probes(self) -> tuple[str, ...]:
+        """The probes with at least one curve here."""
+        return tuple(sorted({c.probe for c in self._curves.values()}))
+
+    def roofline_ms(self, key: ProbeKey) -> float:
+        """The roofline of one instance of `key` (cached)."""
+        found = self._roofs.get(key)
+        if found is None:
+            found = self._roofs[key] = roofline_ms(key, self.hardware)
+        return found
+
+    # --- predicting -----------------------------------------------------------------------------------------
+
+    def predict(self, key: ProbeKey, variant: str = "") -> Prediction | Refusal:
+        """The figure of one instance of `key` (see the module docstring), or why there is none."""
+        exact = self._exact.get((key.key_id, variant))
+        if exact is not None:
+            return Prediction(
+                key.key_id, exact.median_ms, exact.p10_ms, exact.p90_ms, "measured", "measured",
+                sigma_log=exact.sigma_log, spread_sigma=exact.sigma_log, anchors=(key.key_id,), source=exact.source,
+                variant=variant,
+            )  # fmt: skip
+        if key.PROBE not in FAMILIES:
+            return self._refuse(key, f"{key.PROBE} is measured per key, not on a curve ({key.key_id} was not)")
+        ident = identity_of(key, variant)
+        coords = coords_of(key)
+        curve = self._curves.get((key.PROBE, ident))
+        if curve is not None and curve.tree is not None:
+            match = _match_of(key.PROBE, ident)
+            ev = self._eval(curve, curve.tree, 0, coords, (), self._limits(match))
+            status = ("measured", "interpolated", "extrapolated")[ev.rank]
+            return self._prediction(key, variant, ev, (status, _label(status, ev.octaves)), curve, match)
+        return self._transfer(key, variant, ident, coords)
+
+    @property
+    def points(self) -> tuple[CurvePoint, ...]:
+        """Every point the engine holds (the fastest per key and variant)."""
+        return tuple(self._exact.values())
+
+    def _refuse(self, key: ProbeKey, why: str) -> Refusal:
+        command = self.measure_hint or f"`decodetop probe {key.PROBE}` (or a model's plan: `decodetop probe --budget`)"
+        return Refusal(key.key_id, why, command)
+
+    def _prediction(  # noqa: PLR0917 - private; one figure's parts
+        self,
+        key: ProbeKey,
+        variant: str,
+        ev: _Eval,
+        how: tuple[str, str],
+        curve: _Curve,
+        match: tuple[object, ...],
+        cross: str = "",
+    ) -> Prediction:
+        """The figure with its 80 % range (never below the family's floor: the fastest point's p10)."""
+        status, label = how
+        sig = self._sigmas(key.PROBE)
+        var = ev.sigma_rep**2 + (ev.octaves * sig.octave_sigma) ** 2
+        if status != "measured":
+            var += sig.interior_sigma**2 + RUN_TO_RUN_SIGMA**2
+        if status == "transferred":
+            var += sig.transfer_sigma**2
+        if cross:
+            var += CROSS_DTYPE_SIGMA**2
+        sigma = math.sqrt(var)
+        source = next(iter(curve.points.values())).source
+        low = max(ev.ms * math.exp(-Z80 * sigma), min(ev.ms, self._floor_p10.get(_floor_of(match), 0.0)))
+        return Prediction(
+            key.key_id, ev.ms, low, ev.ms * math.exp(Z80 * sigma), status, label,
+            ev.octaves, sigma, ev.sigma_rep, ev.anchors, source, ev.floor_held, cross, variant,
+        )  # fmt: skip
+
+    def _roof_at(self, curve: _Curve, coords: tuple[int, ...]) -> float:
+        return self.roofline_ms(key_at(curve.template, coords))
+
+    def _eval(  # noqa: PLR0917 - private recursion state
+        self, curve: _Curve, node: Tree, level: int, q: tuple[int, ...], fixed: tuple[int, ...], floor: _Limits
+    ) -> _Eval:
+        """The figure at `q` on `curve` below `node` (axes before `level` fixed at `fixed`)."""
+        if isinstance(node, CurvePoint):
+            return _Eval(node.median_ms, fixed, node.sigma_log, 0.0, 0, (node.key.key_id,))
+        x, values = q[level], node.values
+        i = bisect.bisect_left(values, x)
+        if i < len(values) and values[i] == x:
+            return self._eval(curve, node.children[i], level + 1, q, (*fixed, x), floor)
+        target = (*fixed, x, *q[level + 1 :])
+        if 0 < i < len(values):
+            lo = self._eval(curve, node.children[i - 1], level + 1, q, (*fixed, values[i - 1]), floor)
+            hi = self._eval(curve, node.children[i], level + 1, q, (*fixed, values[i]), floor)
+            return self._blend(curve, level, lo, hi, target)
+        near, second = (0, 1) if i == 0 else (len(values) - 1, len(values) - 2)
+        a = self._eval(curve, node.children[near], level + 1, q, (*fixed, values[near]), floor)
+        b = None
+        if 0 <= second < len(values):
+            b = self._eval(curve, node.children[second], level + 1, q, (*fixed, values[second]), floor)
+        return self._extrapolate(curve, level, a, b, target, floor)
+
+    def _blend(self, curve: _Curve, level: int, a: _Eval, b: _Eval, target: tuple[int, ...]) -> _Eval:
+        """Between two bracketing figures along axis `level` (`_between`); the spread and octaves they carry are
+        weighted by the target's position between them in log space on the axis."""
+        off = curve.family.offset(level)
+        la, lb = math.log(a.coords[level] + off), math.log(b.coords[level] + off)
+        u = (math.log(target[level] + off) - la) / (lb - la) if lb != la else 0.5
+        ra, rb = self._roof_at(curve, a.coords), self._roof_at(curve, b.coords)
+        ms = _between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
+        return _Eval(
+            ms, target, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves,
+            max(1, a.rank, b.rank), (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+        )  # fmt: skip
+
+    def _extrapolate(  # noqa: PLR0917 - private recursion state
+        self, curve: _Curve, level: int, a: _Eval, b: _Eval | None, target: tuple[int, ...], floor: _Limits
+    ) -> _Eval:
+        """Beyond the grid along axis `level`, from its nearest value (`a`) and the next one (`b`, below the grid)."""
+        ra, rx = self._roof_at(curve, a.coords), self._roof_at(curve, target)
+        second = (self._roof_at(curve, b.coords), b.ms) if b is not None else None
+        ms, held = _beyond((ra, a.ms), rx, second, floor)
+        off = curve.family.offset(level)
+        octaves = abs(math.log2((target[level] + off) / (a.coords[level] + off)))
+        return _Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held)
+
+    # --- transfer -------------------------------------------------------------------------------------------
+
+    def _transfer(self, key: ProbeKey, variant: str, ident: Identity, coords: tuple[int, ...]) -> Prediction | Refusal:
+        """A shape never measured: from the measured shapes of its kind and dtype (else the next dtype down)."""
+        fam = FAMILIES[key.PROBE]
+        dtype = str(dict(ident).get(fam.dtype_field, ""))
+        cross = ""
+        match = _match_of(key.PROBE, ident)
+        group = self._groups.get(match, [])
+        for alt in DTYPE_LADDER.get(dtype, ()) if not group else ():
+            match = _match_of(key.PROBE, ident, alt)
+            group = self._groups.get(match, [])
+            if group:
+                cross = alt
+                break
+        if not group:
+            d = dict(ident)
+            what = ", ".join(f"{n}={d[n]}" for n in fam.match if d.get(n, "") != "")
+            kind = f"{key.PROBE} curve" + (f" ({what})" if what else "")
+            return self._refuse(key, f"no {kind} at {dtype or 'any dtype'} was measured on this host")
+        ev, source = self._transfer_eval(key, coords, group, self._limits(match))
+        label = f"transferred from {source.template.key_id if not source.points else _nearest_id(source, coords)}"
+        if cross:
+            label += f" (its {cross} efficiency: no {dtype} curve here)"
+        if ev.octaves >= 0.05:
+            label += ", " + _label("extrapolated", ev.octaves)
+        return self._prediction(key, variant, ev, ("transferred", label), source, match, cross)
+
+    def _transfer_eval(
+        self, key: ProbeKey, coords: tuple[int, ...], group: Sequence[_Curve], floor: _Limits
+    ) -> tuple[_Eval, _Curve]:
+        """The efficiencies of `group`'s curves at the query's sizes, blended over their roofline time."""
+        rq = self.roofline_ms(key)
+        found = []
+        for c in group:
+            assert c.tree is not None
+            found.append((self._roof_at(c, coords), self._eval(c, c.tree, 0, coords, (), floor), c))
+        found.sort(key=lambda f: f[0])
+        roofs = [f[0] for f in found]
+        i = bisect.bisect_left(roofs, rq)
+        if 0 < i < len(found):
+            (ra, a, ca), (rb, b, cb) = found[i - 1], found[i]
+            u = (math.log(rq) - math.log(ra)) / (math.log(rb) - math.log(ra)) if rb != ra else 0.5
+            ms = _blend_ms((ra, a.ms), (rb, b.ms), rq, u)
+            ev = _Eval(
+                ms, coords, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves, 1,
+                (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+            )  # fmt: skip
+            return ev, ca if u < 0.5 else cb
+        near, second = (0, 1) if i == 0 else (len(found) - 1, len(found) - 2)
+        ra, a, ca = found[near]
+        other = (found[second][0], found[second][1].ms) if 0 <= second < len(found) else None
+        ms, held = _beyond((ra, a.ms), rq, other, floor)
+        return _Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held), ca
+
+    # --- self-check -----------------------------------------------------------------------------------------
+
+    def self_check(self) -> SelfCheck:
+        """Leave-one-out error per family on this host's curves (computed once)."""
+        if self._check is None:
+            self._check = SelfCheck(tuple(self._family_check(p) for p in self.probes()))
+        return self._check
+
+    def _sigmas(self, probe: str) -> FamilyCheck:
+        found = self.self_check().family(probe)
+        return found if found is not None else _default_check(probe)
+
+    def _family_check(self, probe: str) -> FamilyCheck:
+        curves = [c for c in self._curves.values() if c.probe == probe]
+        interior: list[float] = []
+        per_octave: list[float] = []
+        for c in curves:
+            floor = self._limits(_match_of(probe, c.identity))
+            for coords, p in c.points.items():
+                rest = [(k, v) for k, v in c.points.items() if k != coords]
+                if not rest:
+                    continue
+                tree = _build_tree(rest, 0, len(c.family.axes))
+                ev = self._eval(c, tree, 0, coords, (), floor)
+                err = math.log(ev.ms / p.median_ms)
+                if ev.rank == 1 and ev.octaves < 0.05:
+                    interior.append(err)
+                elif ev.octaves >= 0.5:
+                    per_octave.append(abs(err) / ev.octaves)
+        transfer = self._transfer_check(probe, curves)
+        return _checked(probe, sum(len(c.points) for c in curves), len(curves), interior, per_octave, transfer)
+
+    def _transfer_check(self, probe: str, curves: Sequence[_Curve]) -> list[float]:
+        """Each curve left out and its points predicted from the other shapes of its group."""
+        cases: list[tuple[_Curve, list[_Curve], tuple[int, ...], CurvePoint]] = []
+        for c in curves:
+            others = [o for o in self._groups.get(_match_of(probe, c.identity), []) if o is not c]
+            cases.extend((c, others, coords, p) for coords, p in c.points.items() if others)
+        step = max(1, math.ceil(len(cases) / _TRANSFER_CASES))
+        errs = []
+        for c, others, coords, p in cases[::step]:
+            ev, _ = self._transfer_eval(p.key, coords, others, self._limits(_match_of(probe, c.identity)))
+            errs.append(math.log(ev.ms / p.median_ms))
+        return errs
+
+
+def _between(a: tuple[float, float], b: tuple[float, float], rx: float) -> float:
+    """Time at roofline `rx` between a = (roofline, time) and b = (roofline, time) along one axis of one curve:
+    linear in roofline terms (exact for the latency + work / rate a decode kernel is), held between the two times
+    so a curve monotone in its points stays monotone between them."""
+    (ra, ta), (rb, tb) = a, b
+    ms = ta + (rx - ra) * (tb - ta) / (rb - ra) if rb != ra else (ta + tb) / 2
+    return min(max(ms, min(ta, tb)), max(ta, tb))
+
+
+def _blend_ms(a: tuple[float, float], b: tuple[float, float], rx: float, u: float) -> float:
+    """Time at roofline `rx` between two shapes a and b = (roofline, time): their efficiencies blended at weight
+    `u` (log space on the roofline), held between the two times."""
+    (ra, ta), (rb, tb) = a, b
+    eff = (1 - u) * ra / ta + u * rb / tb
+    ms = rx / eff if eff > 0 else max(ta, tb)
+    return min(max(ms, min(ta, tb)), max(ta, tb))
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What bounds a figure beyond the measured points: the latency floor of its kind (the fastest latency-bound
+    point of that kind on this host; 0 where none is) and the best efficiency this host reached (the rate extra
+    work costs at least)."""
+
+    floor_ms: float
+    best_efficiency: float
+
+
+def _beyond(
+    edge: tuple[float, float], rx: float, second: tuple[float, float] | None, limits: _Limits
+) -> tuple[float, bool]:
+    """Time at roofline `rx` outside the measured range, from the nearest point edge = (roofline, time) and the
+    next one in (`second`): the edge's time plus the change of work at the marginal cost (the line through the two
+    points in roofline terms, never cheaper than the roofline itself; with one point, the work at the best
+    efficiency this host reached), bounded by the edge's efficiency held (above the range no slower per unit of
+    work than at the edge, below it no faster) and by the edge's time (time grows with work), and never below the
+    latency floor. Returns (ms, whether the floor set it)."""
+    ra, ta = edge
+    hold = ta * rx / ra
+    slope = 1.0 / limits.best_efficiency
+    if second is not None:
+        rb, tb = second
+        if (rb - ra) * (tb - ta) > 0:
+            slope = max(1.0, (tb - ta) / (rb - ra))  # extra work never runs faster than the roofline
+    line = ta + (rx - ra) * slope
+    if rx >= ra:
+        return min(max(line, ta), hold), False
+    ms = max(line, hold)
+    return min(max(ms, limits.floor_ms), ta), limits.floor_ms > ms
+
+
+def _label(status: str, octaves: float) -> str:
+    """'interpolated', 'extrapolated 2 octaves', 'extrapolated 0.6 octave'."""
+    if status != "extrapolated":
+        return status
+    text = f"{octaves:.1f}".rstrip("0").rstrip(".")
+    return f"extrapolated {text} octave{'' if octaves < 1.05 else 's'}"
+
+
+def _nearest_id(curve: _Curve, coords: tuple[int, ...]) -> str:
+    """The key id of `curve`'s point nearest `coords` (in log space over its axes)."""
+
+    def distance(c: tuple[int, ...]) -> float:
+        return sum(abs(math.log((a + 1) / (b + 1))) for a, b in zip(c, coords, strict=True))
+
+    return curve.points[min(curve.points, key=distance)].key.key_id
+
+
+def _default_check(probe: str) -> FamilyCheck:
+    return _checked(probe, 0, 0, [], [], [])
+
+
+def _checked(  # noqa: PLR0917 - private; the parts of one family's check
+    probe: str, points: int, curves: int, interior: list[float], per_octave: list[float], transfer: list[float]
+) -> FamilyCheck:
+    """A family's check with the σ it gives each kind of prediction (a published default where too few samples)."""
+    stats = (ErrorStat.of(interior), ErrorStat.of(per_octave), ErrorStat.of(transfer))
+    defaults = (DEFAULT_INTERIOR_SIGMA.get(probe, DEFAULT_INTERIOR_SIGMA["gemm"]), DEFAULT_OCTAVE_SIGMA,
+                DEFAULT_TRANSFER_SIGMA)  # fmt: skip
+    names = ("interior", "per_octave", "transfer")
+    sigmas = []
+    used_default = []
+    for name, stat, default in zip(names, stats, defaults, strict=True):
+        if stat is not None and stat.n >= MIN_CHECK_SAMPLES:
+            sigmas.append(stat.sigma_log)
+        else:
+            sigmas.append(default)
+            used_default.append(name)
+    return FamilyCheck(
+        probe, points, curves, stats[0], stats[1], stats[2], sigmas[0], sigmas[1], sigmas[2], tuple(used_default)
+    )
+
+
+NOMINAL_CPU_GBPS = 20.0
+NOMINAL_CPU_TFLOPS = 0.5
+"""Rates for a CPU-rank engine without the gemm probe's references: efficiencies are only ever ratios (held or
+carried between points of one host), so only their ratio (the ridge point) matters; these are a desktop core's
+order of magnitude."""
+
+
+def nominal_hardware(copy_gbps: float | None = None, peak_tflops: float | None = None) -> Hardware:
+    """The roofline a CPU-rank engine takes efficiencies against: the measured copy bandwidth and matrix peak where
+    the results hold them (the gemm probe's references), else nominal rates; never shown as a figure."""
+    hw = hardware_for(
+        None,
+        bandwidth_gbps=copy_gbps or NOMINAL_CPU_GBPS,
+        bandwidth_source="measured device copy" if copy_gbps else "nominal (ratios only)",
+        interconnect="pcie4",
+        gpu_name="CPU ranks (rates for efficiency ratios only)",
+    )
+    return dataclasses.replace(hw, bf16_dense_tflops=peak_tflops or NOMINAL_CPU_TFLOPS)
+
+
+def points_by_probe(points: Iterable[CurvePoint]) -> Mapping[str, int]:
+    """How many points each probe contributes (for a one-line summary)."""
+    out: dict[str, int] = {}
+    for p in points:
+        out[p.key.PROBE] = out.get(p.key.PROBE, 0) + 1
+    return out
