@@ -4,7 +4,6 @@ count × time per component, curves interpolated, missing probes marked, and a p
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -84,7 +83,7 @@ def test_every_component_is_count_times_time(tmp_path: Path) -> None:
     assert budget.target_ms == pytest.approx(1000.0 / 100.0)
 
 
-def test_gemm_between_measured_m_is_interpolated_log_log(tmp_path: Path) -> None:
+def test_gemm_between_measured_m_is_interpolated(tmp_path: Path) -> None:
     scenario = tiny_scenario(tmp_path, batch=3)  # GEMM keys at M = 3
     inv = scenario.inventory()
     results = _results_for_every_key(inv, 2.0, skip=("gemm",))
@@ -96,15 +95,16 @@ def test_gemm_between_measured_m_is_interpolated_log_log(tmp_path: Path) -> None
             curve_pts.append(meas(f"{key.key_id}@{m}", {**params, "m": m, "role": "sweep"}, [[us]]))
     composed = _compose(scenario, [*results, result("gemm", *curve_pts)])
     budget, measured = composed.budget, composed.measured
-    t3 = math.exp(math.log(0.010) + (math.log(3) - math.log(2)) / (math.log(4) - math.log(2)) * math.log(4.0))
-    assert t3 == pytest.approx(0.010 * 3**2 / 2**2)  # 10 µs ∝ M² between the points
     seg = budget.segment(Component.DENSE_MLP)
-    assert seg is not None and seg.status == "interpolated"
+    assert seg is not None and seg.status == "interpolated" and seg.curve_label == "interpolated"
     gemm_ops = [op for op in inv.by_component()[Component.DENSE_MLP] if op.key.PROBE == "gemm"]
-    other = [op for op in inv.by_component()[Component.DENSE_MLP] if op.key.PROBE != "gemm"]
-    want = sum(op.count for op in gemm_ops) * t3 + sum(op.count for op in other) * 0.002
-    assert seg.ms == pytest.approx(want)
+    other = sum(op.count for op in inv.by_component()[Component.DENSE_MLP] if op.key.PROBE != "gemm") * 0.002
+    count = sum(op.count for op in gemm_ops)
+    assert other + count * 0.010 < seg.ms < other + count * 0.040  # each GEMM between its M = 2 and M = 4 points
     assert len(measured.gemm_curves) == len(build_plan(inv).by_probe("gemm"))
+    want = {GemmKey(m, k.n, k.k, 1, k.dtype).key_id for k in build_plan(inv).by_probe("gemm") if isinstance(k, GemmKey)
+            for m in (2, 4)}  # fmt: skip
+    assert {p.key.key_id for p in measured.curve_points if p.key.PROBE == "gemm"} >= want
 
 
 def test_missing_probe_marks_its_components_and_the_total(tmp_path: Path) -> None:

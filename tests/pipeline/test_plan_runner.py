@@ -74,7 +74,8 @@ def test_a_model_plan_stops_between_probes(tmp_path: Path) -> None:
     assert [r.probe for r in run.results] == ["launch", "gemm"]
     assert any("stopped before attention" in n for n in run.notes)
     gemm_params = fake.calls[1][1]
-    assert gemm_params["keys"] == [k.key_id for k in build_plan(scenario.inventory()).by_probe("gemm")]
+    own = [k.key_id for k in build_plan(scenario.inventory()).by_probe("gemm")]
+    assert gemm_params["keys"][: len(own)] == own  # then the curve plan's other TP shards
 
 
 def test_telemetry_pauses_for_latency_sensitive_probes_only() -> None:

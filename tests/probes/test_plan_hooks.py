@@ -13,7 +13,7 @@ import pytest
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import StepInventory, build_inventory
 from decodetop.budget.keys import GemmKey, LaunchKey, parse_key_id
-from decodetop.budget.plan import build_plan
+from decodetop.budget.plan import build_curve_plan, build_plan
 from decodetop.budget.scenario import Scenario, build_scenario, choose_tp, model_source
 from decodetop.budget.spec import load_preset
 from decodetop.errors import UserInputError
@@ -89,7 +89,10 @@ def test_requests_cover_every_plan_key_on_a_full_group(tmp_path: Path) -> None:
     covered = {k for r in reqs for k in r.keys}
     assert covered == set(plan.key_ids())
     gemm = next(r for r in reqs if r.probe == "gemm")
-    assert gemm.params["keys"] == [k.key_id for k in plan.by_probe("gemm")]
+    own = [k.key_id for k in plan.by_probe("gemm")]
+    curves = build_curve_plan(inv, device_kind="cpu")
+    assert gemm.params["keys"] == own + [k for k in (c.key_id for c in curves.by_probe("gemm")) if k not in own]
+    assert len(gemm.params["keys"]) > len(own)  # the other TP shards' shapes, for what-ifs
     assert gemm.params["sweep_m"] == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     ar = next(r for r in reqs if r.probe == "allreduce")
     assert ar.params["extra_sizes"] == [256 * 2]  # hidden 256 × bf16 × 1 token
@@ -108,7 +111,10 @@ def test_group_smaller_than_tp_leaves_collectives_out_and_says_so(tmp_path: Path
     assert sampling.params["allgather_bytes"] == []
     assert any("TP 2" in n and "1 rank" in n for n in notes)
     attention = next(r for r in reqs if r.probe == "attention")
-    assert attention.params["context_sweep"]  # GPUs sweep the context
+    assert len(attention.params["keys"]) > 20  # GPUs measure the batch × context × KV dtype grid
+    no_sweeps, _ = plan_requests(build_plan(inv), inv, world_size=1, device_kind="cuda", sweeps=False)
+    attention = next(r for r in no_sweeps if r.probe == "attention")
+    assert attention.params["keys"] == list(attention.keys)  # only the budget's own keys
 
 
 def test_only_restricts_and_rejects_unknown_probes(tmp_path: Path) -> None:

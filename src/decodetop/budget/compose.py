@@ -4,11 +4,15 @@
     launch ms    = kernels per step × measured per-kernel cost (eager or graph, the deployment's launch mode)
     unexplained  = observed − Σ components
 
-Where the exact key was not measured, the time comes, in order, from: a measured curve (all-reduce time vs bytes,
-GEMM time vs M) by log-log interpolation between the two nearest measured points (status "interpolated"); the
-roofline estimate (bytes / bandwidth, collectives at the interconnect's latency) when `estimate` hardware is
-given (status "estimated"); otherwise the op is **missing**: its segment says so and names the missing keys, and
-the budget's total and unexplained remainder are marked incomplete. Missing data is never a silent 0.
+Where the exact key was not measured, the time comes, in order, from: the curve engine over every point measured on
+this host (`decodetop.budget.curves`: interpolated between measured points, extrapolated beyond them with the
+octaves it reached, or transferred from the measured shapes of the same kind and dtype; each labelled, each with
+an 80 % range, `Segment.curve_label`); where the engine has nothing to anchor on, the roofline estimate (bytes /
+bandwidth, collectives at the interconnect's latency) when `estimate` hardware is given (status "estimated", the
+reason saying why no curve could); otherwise the op is **missing**: its segment says so, names the missing keys
+and the command that measures them, and the budget's total and unexplained remainder are marked incomplete.
+Missing data is never a silent 0. The budget carries the total's 80 % range (`decodetop.budget.uncertainty`), its
+weakest label, the component that dominates the uncertainty, and the engine's self-check on this host's data.
 
 Every figure carries its provenance in words (`Segment.provenance`, `Budget.observed`, `Budget.hardware_text`):
 measured (refined to "measured in this run" / "measured earlier: age, host, device" by the pipeline-level
@@ -18,18 +22,19 @@ with the reason. The observed step says whether it was observed at all (`Observe
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.curves import Z80, CurveEngine, CurvePoint, Prediction, SelfCheck, nominal_hardware
 from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.kernels import KernelClass, kernels_text
-from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey
+from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey, ProbeKey, parse_key_id
 from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
+from decodetop.budget.uncertainty import RANGE_METHOD, Part, combine
 from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.quantity import OBSERVED_MS, TARGET_TPS
@@ -52,7 +57,10 @@ FIGURE_STATISTICS = {
 }
 """Which statistic each budget figure is (docs/architecture.md, "Budget statistics"); written into the JSON."""
 
-STATUSES = ("measured", "interpolated", "estimated", "missing")
+STATUSES = ("measured", "interpolated", "extrapolated", "transferred", "estimated", "missing")
+"""A segment's status, best first: measured at its exact keys, from the curve engine (interpolated, extrapolated,
+transferred), a roofline estimate, or no figure."""
+CURVE_STATUSES = ("interpolated", "extrapolated", "transferred")
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 PROVENANCE_KINDS = ("measured_now", "measured_earlier", "measured", "estimate", "not_applicable", "missing")
 """Where a segment's figure came from: measured in this run, measured earlier (read back from the history),
@@ -168,7 +176,8 @@ class MeasuredTime:
 
 @dataclass(frozen=True)
 class Curve:
-    """Measured time (ms) against a size (bytes, or M), for interpolation. Points sorted by size, sizes > 0."""
+    """A measured series: time (ms) against a size (bytes, or M), sorted by size, sizes > 0. Charts and the JSON
+    show it; figures between and beyond its points come from the curve engine (`decodetop.budget.curves`)."""
 
     points: tuple[tuple[float, float], ...]
     source: str = "probe"
@@ -181,19 +190,6 @@ class Curve:
         if len({x for x, _ in pts}) != len(pts):
             raise UserInputError("curve has two points at the same size")
         object.__setattr__(self, "points", pts)
-
-    def at(self, x: float) -> tuple[float, bool] | None:
-        """(time, exact) at size x: exact when measured there, log-log interpolated between neighbours, else None
-        outside the measured range (no extrapolation)."""
-        xs = [p[0] for p in self.points]
-        if not xs or x <= 0 or x < xs[0] or x > xs[-1]:
-            return None
-        i = bisect.bisect_left(xs, x)
-        if xs[i] == x:
-            return self.points[i][1], True
-        (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
-        t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-        return math.exp(math.log(y0) + t * (math.log(y1) - math.log(y0))), False
 
 
 @dataclass(frozen=True)
@@ -231,6 +227,13 @@ class Segment:
     path_rule: str = ""
     """What chose the path: the engine rule's source (a public URL) or the flag ('--allreduce nccl'); '' where the
     figure is simply what was measured."""
+    range_p10_ms: float | None = None
+    """The 80 % range of the figure (`decodetop.budget.uncertainty`): the repeat spread where every op was measured,
+    wider where the curve engine predicted an op (None with `ms`)."""
+    range_p90_ms: float | None = None
+    curve_label: str = ""
+    """The weakest label among its ops ('interpolated', 'extrapolated 2 octaves', 'transferred from gemm:…');
+    '' where every op was measured."""
     kernels: tuple[KernelClass, ...] = ()
     """The classes of kernel the measured figures came from, distinct, in op order (empty: not said)."""
     torch_ms: float | None = None
@@ -304,6 +307,15 @@ class Budget:
     ranks: RankSpread | None = None
     """Every rank's own composed total, the spread, the step bound and the straggler (None: one rank, or the results
     carry no per-rank series); set by `decodetop.pipeline.composition.compose`."""
+    range_p10_ms: float | None = None
+    """The 80 % range of the total (`decodetop.budget.uncertainty.combine` over the segments' ranges)."""
+    range_p90_ms: float | None = None
+    weakest: str = ""
+    """The weakest figure in the total: 'attention: extrapolated 2 octaves' ('' when every op was measured)."""
+    dominant: str = ""
+    """The component that dominates the total's uncertainty ('' when every figure is a point)."""
+    self_check: SelfCheck | None = None
+    """The curve engine's leave-one-out error per family on this host's data (None: no curve was used)."""
 
     @property
     def mean_total_ms(self) -> float:
@@ -358,6 +370,10 @@ class Budget:
         estimated = sum(1 for s in self.segments if s.estimated)
         missing = sum(1 for s in self.segments if s.status == "missing")
         parts = [f"{measured} of {n} components measured"]
+        for status in ("extrapolated", "transferred"):
+            count = sum(1 for s in self.segments if s.status == status)
+            if count:
+                parts.append(f"{count} {status}")
         if estimated:
             parts.append(f"{estimated} roofline estimate{'s' if estimated != 1 else ''}")
         if missing:
@@ -408,6 +424,9 @@ class Budget:
                     "path": s.path,
                     "path_text": s.path_text,
                     "path_rule": s.path_rule,
+                    "range_p10_ms": s.range_p10_ms,
+                    "range_p90_ms": s.range_p90_ms,
+                    "curve_label": s.curve_label,
                     "kernels": [k.to_dict() for k in s.kernels],
                     "kernel_text": s.kernel_text,
                     "torch_ms": s.torch_ms,
@@ -439,6 +458,11 @@ class Budget:
             "step_percentiles_ms": self.step_percentiles(),
             "statistics": dict(FIGURE_STATISTICS),
             "ranks": self.ranks.to_dict() if self.ranks is not None else None,
+            "range_ms": [self.range_p10_ms, self.range_p90_ms] if self.range_p10_ms is not None else None,
+            "range_method": RANGE_METHOD,
+            "weakest": self.weakest,
+            "dominant_uncertainty": self.dominant,
+            "self_check": self.self_check.to_dict() if self.self_check is not None else None,
         }
 
 
@@ -452,6 +476,11 @@ class _OpTime:
     probe: str = ""
     mean: float | None = None
     std: float = 0.0
+    low: float | None = None
+    """The 80 % range (None: the repeat spread p10–p90)."""
+    high: float | None = None
+    label: str = ""
+    octaves: float = 0.0
     kernel: KernelClass | None = None
     torch_ms: float | None = None
     """The op's torch-form time where it was timed beside a faster kernel."""
@@ -472,43 +501,31 @@ def _estimate(op: Op, hw: Hardware, tp: int) -> float:
     return mem
 
 
-def _op_time(  # noqa: PLR0917 - private; the composition's lookup context
-    op: Op,
-    measured: Mapping[str, MeasuredTime],
-    allreduce_curves: Mapping[str, Curve],
-    gemm_curves: Mapping[str, Curve],
-    estimate: Hardware | None,
-    tp: int,
-) -> _OpTime | None:
+def _op_time(
+    op: Op, measured: Mapping[str, MeasuredTime], engine: CurveEngine | None, estimate: Hardware | None, tp: int
+) -> _OpTime | str:
+    """One op instance's time: measured at its key, else the curve engine's prediction, else the roofline estimate
+    (with why no curve could), else why there is no figure (the refusal's text)."""
     found = measured.get(op.key.key_id)
     if found is not None:
         return _OpTime(
-            found.median_ms,
-            found.p10_ms,
-            found.p90_ms,
-            "measured",
-            found.source,
-            op.key.probe,
-            found.mean,
-            found.std_ms or 0.0,
-            found.kernel,
-            _torch_alternative(found),
-        )
-    curve: Curve | None = None
-    x = 0.0
-    if isinstance(op.key, AllreduceKey):
-        curve, x = allreduce_curves.get(op.key.collective), float(op.key.bytes)
-    elif isinstance(op.key, GemmKey):
-        curve, x = gemm_curves.get(op.key.curve_id), float(op.key.m)
-    if curve is not None:
-        hit = curve.at(x)
-        if hit is not None:
-            ms, exact = hit
-            return _OpTime(ms, ms, ms, "measured" if exact else "interpolated", curve.source, op.key.probe)
+            found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source, op.key.probe, found.mean,
+            found.std_ms or 0.0, kernel=found.kernel, torch_ms=_torch_alternative(found),
+        )  # fmt: skip
+    why = f"no curve engine: {op.key.key_id} not measured"
+    if engine is not None:
+        got = engine.predict(op.key)
+        if isinstance(got, Prediction):
+            spread = math.exp(Z80 * got.spread_sigma)
+            return _OpTime(
+                got.ms, got.ms / spread, got.ms * spread, got.status, got.source, op.key.probe, low=got.p10_ms,
+                high=got.p90_ms, label="" if got.status == "measured" else got.label, octaves=got.octaves,
+            )  # fmt: skip
+        why = got.text
     if estimate is not None:
         ms = _estimate(op, estimate, tp)
-        return _OpTime(ms, ms, ms, "estimated", "roofline")
-    return None
+        return _OpTime(ms, ms, ms, "estimated", "roofline", label=why)
+    return why
 
 
 def _launch_time(
@@ -562,92 +579,111 @@ def _estimate_text(seg: Segment, hardware: str) -> str:
     return f"estimate for {hardware}: {seg.reason}"
 
 
-def _segment_reason(worst: str, counts: Mapping[str, int], missing_keys: Sequence[str], n_ops: int) -> str:
-    """Why a segment has the status it has, in words ("all 12 ops measured", "roofline estimate (3 ops)", …)."""
+def _segment_reason(worst: str, counts: Mapping[str, int], missing: Sequence[str], n_ops: int) -> str:
+    """Why a segment has the status it has, in words ("all 12 ops measured", "roofline estimate (3 ops)", …);
+    `missing`: the refusals of the ops without a figure."""
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     if worst == "missing":
-        reason = f"{len(missing_keys)} measurement(s) missing ({summary} ops): " + "; ".join(missing_keys[:3])
-        return reason + (f"; … {len(missing_keys) - 3} more" if len(missing_keys) > 3 else "")
+        reason = f"{len(missing)} measurement(s) missing ({summary} ops): " + "; ".join(missing[:3])
+        return reason + (f"; … {len(missing) - 3} more" if len(missing) > 3 else "")
     if worst == "estimated" and counts["estimated"] == n_ops:
         return f"roofline estimate ({n_ops} ops)"
     if worst == "estimated":
         return f"roofline estimate for {counts['estimated']} of {n_ops} ops ({summary})"
     if worst == "interpolated":
         return f"{counts['interpolated']} of {n_ops} ops interpolated on a measured curve ({summary})"
+    if worst in CURVE_STATUSES:
+        return f"{n_ops - counts['measured']} of {n_ops} ops predicted from this host's curves ({summary})"
     return f"all {n_ops} ops measured"
 
 
+@dataclass
+class _SegmentSum:
+    """A component's ops summed as they are composed."""
+
+    ms: float = 0.0
+    p10: float = 0.0
+    p90: float = 0.0
+    mean: float = 0.0
+    var: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    known: int = 0
+    worst: str = "measured"
+    label: tuple[int, float, float, str] = (0, 0.0, 0.0, "")
+    """(status rank, octaves, share of the time, label) of the weakest predicted op."""
+    missing_keys: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    kernels: list[KernelClass] = field(default_factory=list)
+    torch_ms: float = 0.0
+    any_torch: bool = False
+    sources: list[str] = field(default_factory=list)
+    probes: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
+
+    def add(self, op: Op, t: _OpTime) -> None:
+        self.known += 1
+        self.counts[t.status] += 1
+        self.ms += op.count * t.ms
+        self.mean += op.count * (t.ms if t.mean is None else t.mean)
+        self.var += op.count * t.std**2
+        self.p10 += op.count * t.p10
+        self.p90 += op.count * t.p90
+        self.low += op.count * (t.p10 if t.low is None else t.low)
+        self.high += op.count * (t.p90 if t.high is None else t.high)
+        if t.source not in self.sources:
+            self.sources.append(t.source)
+        if t.probe and t.probe not in self.probes:
+            self.probes.append(t.probe)
+        if t.kernel is not None and t.kernel not in self.kernels:
+            self.kernels.append(t.kernel)
+        self.any_torch = self.any_torch or t.torch_ms is not None
+        self.torch_ms += op.count * (t.ms if t.torch_ms is None else t.torch_ms)
+        if _RANK[t.status] > _RANK[self.worst]:
+            self.worst = t.status
+        weakness = (_RANK[t.status], t.octaves, op.count * t.ms, t.label)
+        if t.label and t.status in CURVE_STATUSES and weakness > self.label:
+            self.label = weakness
+
+    def lack(self, op: Op, why: str) -> None:
+        if op.key.key_id not in self.missing_keys:
+            self.missing_keys.append(op.key.key_id)
+            self.refusals.append(why)
+        self.counts["missing"] += 1
+        self.worst = "missing"
+
+
 def _component_segment(  # noqa: PLR0917 - private; the composition's lookup context
-    component: str,
-    ops: Sequence[Op],
-    measured: Mapping[str, MeasuredTime],
-    allreduce_curves: Mapping[str, Curve],
-    gemm_curves: Mapping[str, Curve],
-    estimate: Hardware | None,
-    tp: int,
-) -> Segment:
-    """One component's segment: Σ count × each op's time (median, spread, mean, variance), the worst status among
-    its ops, and where the times came from."""
-    ms = p10 = p90 = mean = var = 0.0
-    known = 0
-    worst = "measured"
-    missing_keys: list[str] = []
-    sources: list[str] = []
-    probes: list[str] = []
-    counts = dict.fromkeys(STATUSES, 0)
-    kernels: list[KernelClass] = []
-    torch_ms = 0.0
-    any_torch = False
+    component: str, ops: Sequence[Op], measured: Mapping[str, MeasuredTime], engine: CurveEngine | None,
+    estimate: Hardware | None, tp: int,
+) -> Segment:  # fmt: skip
+    """One component's segment: Σ count × each op's time (median, spread, mean, variance, 80 % range), the worst
+    status among its ops, the weakest label, and where the times came from."""
+    acc = _SegmentSum()
+    estimated_why = ""
     for op in ops:
-        t = _op_time(op, measured, allreduce_curves, gemm_curves, estimate, tp)
-        if t is None:
-            if op.key.key_id not in missing_keys:
-                missing_keys.append(op.key.key_id)
-            counts["missing"] += 1
-            worst = "missing"
+        t = _op_time(op, measured, engine, estimate, tp)
+        if isinstance(t, str):
+            acc.lack(op, t)
             continue
-        known += 1
-        counts[t.status] += 1
-        ms += op.count * t.ms
-        mean += op.count * (t.ms if t.mean is None else t.mean)
-        var += op.count * t.std**2
-        p10 += op.count * t.p10
-        p90 += op.count * t.p90
-        if t.source not in sources:
-            sources.append(t.source)
-        if t.probe and t.probe not in probes:
-            probes.append(t.probe)
-        if t.kernel is not None and t.kernel not in kernels:
-            kernels.append(t.kernel)
-        any_torch = any_torch or t.torch_ms is not None
-        torch_ms += op.count * (t.ms if t.torch_ms is None else t.torch_ms)
-        if _RANK[t.status] > _RANK[worst]:
-            worst = t.status
-    reason = _segment_reason(worst, counts, missing_keys, len(ops))
-    if worst == "missing":
+        acc.add(op, t)
+        if t.status == "estimated" and not estimated_why:
+            estimated_why = t.label
+    reason = _segment_reason(acc.worst, acc.counts, acc.refusals, len(ops))
+    if acc.worst == "missing":
         kind, prov = "missing", "no figure: " + reason
-    elif worst == "estimated":
-        kind, prov = "estimate", reason
+    elif acc.worst == "estimated":
+        kind, prov = "estimate", reason + (f" ({estimated_why})" if estimated_why.startswith("cannot") else "")
     else:
         kind, prov = "measured", "measured"
+    known = acc.known > 0
     return Segment(
-        component,
-        ms if known else None,
-        worst,
-        reason,
-        len(ops),
-        p10 if known else None,
-        p90 if known else None,
-        tuple(missing_keys),
-        tuple(sources),
-        tuple(probes),
-        kind,
-        prov,
-        mean if known else None,
-        math.sqrt(var),
-        kernels=tuple(kernels),
-        torch_ms=torch_ms if any_torch and known else None,
-    )
+        component, acc.ms if known else None, acc.worst, reason, len(ops), acc.p10 if known else None,
+        acc.p90 if known else None, tuple(acc.missing_keys), tuple(acc.sources), tuple(acc.probes), kind, prov,
+        acc.mean if known else None, math.sqrt(acc.var), range_p10_ms=acc.low if known else None,
+        range_p90_ms=acc.high if known else None, curve_label=acc.label[3], kernels=tuple(acc.kernels),
+        torch_ms=acc.torch_ms if acc.any_torch and known else None,
+    )  # fmt: skip
 
 
 def _checked_inputs(mode: str, observed_ms: float, target_tps: float) -> str:
@@ -668,6 +704,7 @@ def compose_budget(
     inventory: StepInventory,
     measured: Mapping[str, MeasuredTime] | None = None,
     *,
+    curves: CurveEngine | None = None,
     allreduce_curves: Mapping[str, Curve] | None = None,
     gemm_curves: Mapping[str, Curve] | None = None,
     launch_mode: str | None = None,
@@ -681,44 +718,35 @@ def compose_budget(
     header: str = "",
     scenario: str = "",
     notes: tuple[str, ...] = (),
+    self_check: bool = True,
 ) -> Budget:
     """Compose a budget for `inventory`.
 
-    measured: key id → MeasuredTime of one instance. allreduce_curves: collective kind ("all_reduce",
-    "all_gather") → Curve of time vs bytes. gemm_curves: `GemmKey.curve_id` → Curve of time vs M.
-    launch_mode: "graph" or "eager" (default: the deployment's). estimate: hardware to estimate unmeasured ops
-    from (roofline-only budget when `measured` is empty); None leaves them missing. observed: the observed step
+    measured: key id → MeasuredTime of one instance. curves: the curve engine over every point measured on this
+    host (None: one is built from `measured` and the two series below, against `estimate`'s or the roofline's
+    hardware, else nominal rates). allreduce_curves: collective kind ("all_reduce", "all_gather") → Curve of time
+    vs bytes; gemm_curves: `GemmKey.curve_id` → Curve of time vs M (series measured beside the keys).
+    launch_mode: "graph" or "eager" (default: the deployment's). estimate: hardware to estimate ops no curve can
+    anchor (roofline-only budget when `measured` is empty); None leaves them missing. observed: the observed step
     with its origin (overrides `observed_ms`). hardware_text: what the estimates and the roofline are for, in words
     (default: the estimate's or roofline's GPU name). device_kind, header, scenario, notes: carried to the Budget for
-    every surface to show.
+    every surface to show. self_check: run (or reuse) the engine's leave-one-out self-check and carry it.
     """
     if observed is not None:
         observed_ms = observed.ms
     measured = measured or {}
-    allreduce_curves = allreduce_curves or {}
-    gemm_curves = gemm_curves or {}
     mode = _checked_inputs(launch_mode or inventory.deployment.launch_mode, observed_ms, target_tps)
-    tp = inventory.deployment.tp
-    segments = [
-        _component_segment(comp.value, ops, measured, allreduce_curves, gemm_curves, estimate, tp)
-        for comp, ops in inventory.by_component().items()
-    ]
-    missing_components = [seg.component for seg in segments if seg.status == "missing"]
-    launch_seg, _ = _launch_time(mode, inventory.kernels, measured, estimate)
-    segments.append(launch_seg)
+    if curves is None:
+        hw = estimate or (roofline.hardware if roofline is not None else None) or nominal_hardware()
+        curves = engine_from_series(inventory, measured, allreduce_curves or {}, gemm_curves or {}, hw)
     hw_text = hardware_text
     if hw_text is None:
         hw_text = _hardware_name(estimate or (roofline.hardware if roofline is not None else None))
-    segments = [
-        replace(seg, provenance=_estimate_text(seg, hw_text or "the assumed GPU"))
-        if seg.provenance_kind == "estimate"
-        else seg
-        for seg in segments
-    ]
-    if launch_seg.status == "missing":
-        missing_components.append(Component.LAUNCH.value)
+    segments = _segments(inventory, measured, curves, estimate, mode, hw_text or "the assumed GPU")
+    missing_components = [seg.component for seg in segments if seg.status == "missing"]
     total = sum(s.ms for s in segments if s.ms is not None)
     tokens = inventory.tokens_per_step
+    predicted = any(s.status in CURVE_STATUSES for s in segments)
     return Budget(
         model=inventory.spec.name,
         deployment=inventory.deployment.describe(inventory.spec),
@@ -740,4 +768,81 @@ def compose_budget(
         header=header,
         scenario=scenario,
         notes=tuple(notes),
+        self_check=curves.self_check() if self_check and predicted else None,
+        **_uncertainty(segments),
     )
+
+
+def _segments(  # noqa: PLR0917 - private; the composition's lookup context
+    inventory: StepInventory,
+    measured: Mapping[str, MeasuredTime],
+    curves: CurveEngine,
+    estimate: Hardware | None,
+    mode: str,
+    hw_text: str,
+) -> list[Segment]:
+    """One segment per component, then the launch's; estimates say which hardware they are for."""
+    tp = inventory.deployment.tp
+    segments = [
+        _component_segment(comp.value, ops, measured, curves, estimate, tp)
+        for comp, ops in inventory.by_component().items()
+    ]
+    segments.append(_launch_time(mode, inventory.kernels, measured, estimate)[0])
+    return [
+        replace(seg, provenance=_estimate_text(seg, hw_text)) if seg.provenance_kind == "estimate" else seg
+        for seg in segments
+    ]
+
+
+def _uncertainty(segments: Sequence[Segment]) -> dict[str, Any]:
+    """The total's 80 % range, its weakest figure and the component dominating its uncertainty (Budget fields)."""
+    parts = [
+        Part(s.component, s.ms, s.range_p10_ms if s.range_p10_ms is not None else s.ms,
+             s.range_p90_ms if s.range_p90_ms is not None else s.ms)
+        for s in segments
+        if s.ms is not None
+    ]  # fmt: skip
+    if not parts:
+        return {}
+    total = combine(parts)
+    worst = max(segments, key=lambda s: (_RANK[s.status], s.curve_label))
+    weakest = ""
+    if worst.status != "measured":
+        weakest = f"{worst.label}: {worst.curve_label or worst.status}"
+    return {
+        "range_p10_ms": total.p10_ms,
+        "range_p90_ms": total.p90_ms,
+        "weakest": weakest,
+        "dominant": Component(total.dominant).label if total.dominant else "",
+    }
+
+
+def engine_from_series(
+    inventory: StepInventory,
+    measured: Mapping[str, MeasuredTime],
+    allreduce_curves: Mapping[str, Curve],
+    gemm_curves: Mapping[str, Curve],
+    hardware: Hardware,
+) -> CurveEngine:
+    """A curve engine over bare key times and the two measured series (a budget composed without the probes'
+    reader: tests, diffs of stored budgets); the all-reduce series are the inventory's TP group's."""
+    points: list[CurvePoint] = []
+    for key_id, t in measured.items():
+        key = cast(ProbeKey, parse_key_id(key_id))
+        points.append(CurvePoint(key, t.median_ms, t.p10_ms, t.p90_ms, t.source))
+    tp = inventory.deployment.tp
+    for collective, curve in allreduce_curves.items():
+        if collective in ("all_reduce", "all_gather"):
+            for size, ms in curve.points:
+                key = AllreduceKey(collective, int(size), tp, "bf16")
+                points.append(CurvePoint(key, ms, ms, ms, curve.source))
+    for curve_id, curve in gemm_curves.items():
+        shape = dict(part.split("=", 1) for part in curve_id.partition(":")[2].split(",") if "=" in part)
+        try:
+            n, k, batch, dtype = int(shape["n"]), int(shape["k"]), int(shape["batch"]), shape["dtype"]
+        except (KeyError, ValueError):
+            continue
+        points.extend(
+            CurvePoint(GemmKey(int(m), n, k, batch, dtype), ms, ms, ms, curve.source) for m, ms in curve.points
+        )
+    return CurveEngine(points, hardware)

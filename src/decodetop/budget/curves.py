@@ -387,7 +387,8 @@ class CurveEngine:
     points: every measured point (`CurvePoint`); hardware: the roofline the efficiencies are taken against (the
     measured GPU's; on CPU ranks nominal rates, used for ratios only); measure_hint: the command a refusal names.
     The self-check (`self_check`) runs once, on the first prediction that needs it (or is given: an engine over a
-    subset of the points, as a hold-out test builds, can take its parent's)."""
+    subset of the points, as a hold-out test builds, can take its parent's). `exact_only` answers measured points
+    only and refuses the rest (the roofline view of `decodetop.pipeline.context.UNMEASURED_ROOFLINE`)."""
 
     def __init__(
         self,
@@ -396,8 +397,10 @@ class CurveEngine:
         *,
         measure_hint: str = "",
         self_check: SelfCheck | None = None,
+        exact_only: bool = False,
     ) -> None:
         self.hardware = hardware
+        self.exact_only = exact_only
         self.measure_hint = measure_hint
         self._exact: dict[tuple[str, str], CurvePoint] = {}
         self._curves: dict[tuple[str, Identity], _Curve] = {}
@@ -465,6 +468,8 @@ class CurveEngine:
             )  # fmt: skip
         if key.PROBE not in FAMILIES:
             return self._refuse(key, f"{key.PROBE} is measured per key, not on a curve ({key.key_id} was not)")
+        if self.exact_only:
+            return self._refuse(key, "exact points only (the roofline view): it was not measured at this key")
         ident = identity_of(key, variant)
         coords = coords_of(key)
         curve = self._curves.get((key.PROBE, ident))

@@ -7,12 +7,30 @@ and graph) because the gap between them is itself a finding (docs/architecture.m
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from decodetop.budget.deployment import ACTIVATION_BYTES, LAUNCH_MODES
-from decodetop.budget.inventory import StepInventory
-from decodetop.budget.keys import PROBES, AllreduceKey, GemmKey, LaunchKey, ProbeKey
+from decodetop.budget.deployment import ACTIVATION_BYTES, LAUNCH_MODES, Deployment
+from decodetop.budget.inventory import StepInventory, build_inventory, expected_distinct_experts
+from decodetop.budget.keys import (
+    PROBES,
+    AllreduceKey,
+    AttentionKey,
+    GemmKey,
+    KvcastKey,
+    LaunchKey,
+    MoeKey,
+    NormKey,
+    ProbeKey,
+    RoutingKey,
+    SamplingKey,
+)
+from decodetop.budget.keywork import key_work
+from decodetop.budget.spec import ModelSpec
+from decodetop.errors import UserInputError
 
 DEFAULT_SWEEP_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 ALLREDUCE_SWEEP_MIN_BYTES = 8
@@ -144,3 +162,209 @@ def build_plan(inventory: StepInventory, *, sweep_m: tuple[int, ...] = DEFAULT_S
         allreduce_sweep_bytes=tuple(sorted(sizes)) if tp > 1 else (),
         allreduce_ranks=tp,
     )
+
+
+# --- the curve plan: what a what-if will ask for ----------------------------------------------------------------
+
+CURVE_TP_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+"""The TP shards whose shapes a plan measures beside its own (those the model's heads and experts divide)."""
+CURVE_EP_DEGREES: tuple[int, ...] = (1, 2, 4, 8)
+"""The expert-parallel degrees whose local-expert counts a plan measures (where they divide TP and the experts)."""
+CURVE_MIN_M = 256
+"""GEMMs are swept up to M = batch × tokens per sequence verified, and at least to 256 (batch 64 × 1 + 3 drafts)."""
+ATTENTION_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+ATTENTION_CONTEXTS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+"""Context × 2 from 1K to 128K at batch 1 (decode attention is near-affine in context: ×2 steps interpolate to a
+few %, docs/benchmarks.md 'Curves'); ×4 steps at the larger batches and on the other TP shards."""
+ATTENTION_COARSE_CONTEXTS: tuple[int, ...] = (1024, 4096, 16384, 65536)
+ATTENTION_SHARD_BATCHES: tuple[int, ...] = (1, 8, 32)
+ATTENTION_QUERY_LENGTHS: tuple[int, ...] = (2, 4)
+"""Verification steps of speculative decoding attend with 1 + drafts query tokens per sequence."""
+ATTENTION_KV_DTYPES: tuple[str, ...] = ("bf16", "fp8")
+GPU_POINT_BYTES = 1 << 30
+"""Largest KV cache one attention curve point reads on a GPU: 1 GiB is ~0.25 ms on an H200, and the grid's points
+beyond it are bandwidth-bound, where the engine's extrapolation is accurate. Routed-expert points are not capped
+on GPUs: the moe probe holds every local expert for the budget's own key already."""
+CPU_POINT_BYTES = 16 << 20
+"""On CPU ranks (2 cores in CI) a curve point reads at most 16 MiB: ~10 ms on a laptop core."""
+MOE_TOKENS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+MOE_COARSE_TOKENS: tuple[int, ...] = (1, 4, 16, 64)
+TOKEN_SCALES: tuple[int, ...] = (1, 4, 16, 64, 256)
+"""Token counts (× the key's tokens per sequence) of the norms, routing, lm_head and KV-write curves."""
+CPU_TOKEN_SCALES: tuple[int, ...] = (1, 4, 16)
+
+
+@dataclass(frozen=True)
+class CurvePlan:
+    """The points a plan measures beside its own keys so the curve engine can answer what-ifs on this host: the
+    model's GEMMs at the other TP shards' shapes, attention over batch × context × KV dtype (and the other shards'
+    heads), routed experts over tokens at each EP degree's local experts, norms, routing, lm_head and KV writes
+    over tokens (`build_curve_plan`). The all-reduce sweep already covers 8 B–128 MiB at the group's size."""
+
+    groups: tuple[tuple[str, tuple[ProbeKey, ...]], ...] = ()
+    sweep_m: tuple[int, ...] = ()
+    """M values of every GEMM sweep (the plan's own and the other shards')."""
+    notes: tuple[str, ...] = ()
+
+    def by_probe(self, probe: str) -> tuple[ProbeKey, ...]:
+        """The extra keys of one probe (empty when it has none)."""
+        return dict(self.groups).get(probe, ())
+
+    def key_ids(self) -> tuple[str, ...]:
+        return tuple(k.key_id for _p, keys in self.groups for k in keys)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "probes": {p: [k.key_id for k in keys] for p, keys in self.groups},
+            "sweep_m": list(self.sweep_m),
+            "notes": list(self.notes),
+        }
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def curve_sweep_m(deployment: Deployment, sweep_m: tuple[int, ...] = DEFAULT_SWEEP_M) -> tuple[int, ...]:
+    """The GEMM sweep over M: powers of two to max(256, batch × tokens verified per sequence)."""
+    top = max(CURVE_MIN_M, _pow2_ceil(deployment.batch * deployment.query_len))
+    return tuple(sorted(set(sweep_m) | set(_pow2_sizes(1, top))))
+
+
+def _variant(spec: ModelSpec, dep: Deployment, **changes: Any) -> StepInventory | None:
+    """The inventory of `dep` with `changes`, or None where the model cannot be served so."""
+    try:
+        return build_inventory(spec, dataclasses.replace(dep, **changes))
+    except UserInputError:
+        return None
+
+
+def _tp_variants(inventory: StepInventory) -> list[StepInventory]:
+    """The inventory at each TP degree of `CURVE_TP_DEGREES` the model allows (EP 1), the scenario's own first."""
+    spec, dep = inventory.spec, inventory.deployment
+    out = [inventory]
+    for tp in CURVE_TP_DEGREES:
+        if tp != dep.tp:
+            found = _variant(spec, dep, tp=tp, ep=1)
+            if found is not None:
+                out.append(found)
+    return out
+
+
+def build_curve_plan(inventory: StepInventory, *, device_kind: str = "cuda") -> CurvePlan:
+    """The extra points of `inventory`'s plan (see `CurvePlan`), capped per point at `GPU_POINT_BYTES` of KV or
+    expert weights on GPUs and at `CPU_POINT_BYTES` moved on CPU ranks (and coarser grids there)."""
+    cpu = device_kind != "cuda"
+    cap = CPU_POINT_BYTES if cpu else GPU_POINT_BYTES
+    variants = _tp_variants(inventory)
+    found: dict[str, dict[str, ProbeKey]] = {}
+
+    def add(keys: Iterable[ProbeKey]) -> None:
+        for key in keys:
+            if not cpu or key_work(key).moved_bytes <= cap:
+                found.setdefault(key.PROBE, {}).setdefault(key.key_id, key)
+
+    add(_gemm_shard_keys(variants))
+    add(_attention_grid(variants, cap=cap, cpu=cpu))
+    add(_moe_grid(inventory, cap=cap, cpu=cpu))
+    add(_token_grid(variants, cpu=cpu))
+    own = set(build_plan(inventory).key_ids())
+    groups = []
+    for probe in PROBES:
+        keys = tuple(k for kid, k in found.get(probe, {}).items() if kid not in own)
+        if keys:
+            groups.append((probe, keys))
+    notes: tuple[str, ...] = ()
+    if cpu:
+        notes = (f"CPU ranks: curve points capped at {CPU_POINT_BYTES >> 20} MiB moved, coarse grids",)
+    return CurvePlan(tuple(groups), curve_sweep_m(inventory.deployment), notes)
+
+
+def _gemm_shard_keys(variants: Sequence[StepInventory]) -> list[ProbeKey]:
+    """The GEMMs of every TP shard at the scenario's M (the gemm probe sweeps each over M)."""
+    m = variants[0].deployment.batch * variants[0].deployment.query_len
+    return [dataclasses.replace(op.key, m=m) for inv in variants for op in inv.ops if isinstance(op.key, GemmKey)]
+
+
+def _attention_grid(variants: Sequence[StepInventory], *, cap: int, cpu: bool) -> list[ProbeKey]:
+    """Attention over batch × context × KV dtype at the scenario's shard (× 2 contexts at batch 1, × 4 above), a
+    coarser grid at the other shards' heads, and verification query lengths; each point under `cap` KV bytes."""
+    own = variants[0].deployment
+    out: list[ProbeKey] = []
+    for index, inv in enumerate(variants):
+        templates = {op.key.key_id: op.key for op in inv.ops if isinstance(op.key, AttentionKey)}
+        for key in templates.values():
+            if cpu:
+                grid = _cpu_attention_grid(key, own.context_len)
+            elif index == 0:
+                grid = _own_attention_grid(key, own.batch, own.context_len)
+            else:
+                grid = [(1, b, c, key.kv_dtype) for b in ATTENTION_SHARD_BATCHES for c in ATTENTION_COARSE_CONTEXTS]
+            for q_len, batch, context, kv in grid:
+                point = dataclasses.replace(key, q_len=q_len, batch=batch, context=context, kv_dtype=kv)
+                if key_work(point).moved_bytes <= cap:
+                    out.append(point)
+    return out
+
+
+def _own_attention_grid(key: AttentionKey, batch: int, context: int) -> list[tuple[int, int, int, str]]:
+    """(q_len, batch, context, KV dtype) of the scenario's shard."""
+    grid: list[tuple[int, int, int, str]] = []
+    for kv in sorted({*ATTENTION_KV_DTYPES, key.kv_dtype}):
+        for b in sorted({*ATTENTION_BATCHES, batch}):
+            contexts = ATTENTION_CONTEXTS if b == 1 else ATTENTION_COARSE_CONTEXTS
+            grid.extend((key.q_len, b, c, kv) for c in sorted({*contexts, context}))
+        grid.extend((q, b, context, kv) for q in ATTENTION_QUERY_LENGTHS for b in (1, 8) if q != key.q_len)
+    return grid
+
+
+def _cpu_attention_grid(key: AttentionKey, context: int) -> list[tuple[int, int, int, str]]:
+    """A small grid on CPU ranks: batch 1 and 4 at a quarter, the same and four times the scenario's context."""
+    contexts = sorted({max(16, context // 4), max(16, context), max(64, context * 4)})
+    return [(key.q_len, b, c, key.kv_dtype) for b in (1, 4) for c in contexts]
+
+
+def _moe_grid(inventory: StepInventory, *, cap: int, cpu: bool) -> list[ProbeKey]:
+    """Routed experts over tokens for the local experts and expert widths of pure TP and pure EP at each degree the
+    model allows (EP 1/2/4/8 local experts, TP 1/2/4/8 expert widths); the scenario's own at every token count of
+    `MOE_TOKENS`, the others at `MOE_COARSE_TOKENS`."""
+    spec, dep = inventory.spec, inventory.deployment
+    if not spec.is_moe:
+        return []
+    own = [op.key for op in inventory.ops if isinstance(op.key, MoeKey)]
+    combos: list[tuple[MoeKey, int, tuple[int, ...]]] = []
+    for key in own:
+        combos.append((key, dep.ep, (1, 4) if cpu else MOE_TOKENS))
+    if not cpu:  # pure TP at each degree and pure EP at each degree: the others lie between them on the axes
+        for tp in CURVE_TP_DEGREES:
+            for ep in CURVE_EP_DEGREES:
+                if ep not in (1, tp) or (tp, ep) == (dep.tp, dep.ep):
+                    continue
+                inv = _variant(spec, dep, tp=tp, ep=ep)
+                if inv is not None:
+                    combos.extend((k, ep, MOE_COARSE_TOKENS) for k in (o.key for o in inv.ops) if isinstance(k, MoeKey))
+    out: list[ProbeKey] = []
+    for key, ep, tokens in combos:
+        for t in sorted({*tokens, key.tokens}):
+            active = math.ceil(expected_distinct_experts(spec.n_experts, spec.top_k, t) / ep - 1e-9)
+            point = dataclasses.replace(key, tokens=t, experts_active=max(1, min(active, key.experts_local)))
+            if not cpu or key_work(point).moved_bytes <= cap:  # the probe holds every local expert anyway
+                out.append(point)
+    return out
+
+
+def _token_grid(variants: Sequence[StepInventory], *, cpu: bool) -> list[ProbeKey]:
+    """Norms, routing, lm_head and KV writes of every shard (the scenario's only on CPU ranks) over tokens (× the
+    key's tokens per sequence)."""
+    dep = variants[0].deployment
+    m = dep.batch * dep.query_len
+    scales = CPU_TOKEN_SCALES if cpu else TOKEN_SCALES
+    out: list[ProbeKey] = []
+    for inv in variants[:1] if cpu else variants:
+        for op in inv.ops:
+            key = op.key
+            if not isinstance(key, (NormKey, RoutingKey, SamplingKey, KvcastKey)) or op.name.startswith("mtp "):
+                continue
+            per_token = max(1, key.tokens // m)
+            out.extend(dataclasses.replace(key, tokens=per_token * s) for s in scales)
+    return out

@@ -84,7 +84,28 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     if b.verdict:
         lines.append(b.verdict)
     lines.append(b.summary() + (f"; estimates for {b.hardware_text}" if any(s.estimated for s in b.segments) else ""))
+    lines.extend(range_lines(b))
     lines.extend(line for line in (mean_line(b), *rank_lines(b)) if line)
+    return lines
+
+
+def range_lines(budget: Budget) -> list[str]:
+    """Where the curve engine predicted a figure: the total's 80 % range, its weakest figure and the component that
+    dominates its uncertainty, then the engine's self-check on this host's curves (nothing where all was measured)."""
+    b = budget
+    if b.self_check is None or b.range_p10_ms is None or b.range_p90_ms is None:
+        return []
+    parts = [f"80 % range of the total {format_number(b.range_p10_ms)}–{format_number(b.range_p90_ms)} ms"]
+    if b.weakest:
+        parts.append(f"weakest figure: {b.weakest}")
+    if b.dominant:
+        parts.append(f"most of the uncertainty: {b.dominant}")
+    if any(s.estimated for s in b.segments):
+        parts.append("roofline estimates carry no range")
+    lines = ["; ".join(parts)]
+    checks = b.self_check.lines()
+    if checks:
+        lines.append("self-check (leave-one-out on this host's curves): " + "; ".join(checks))
     return lines
 
 

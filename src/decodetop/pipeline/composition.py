@@ -12,9 +12,14 @@ The rules (the same for every surface):
   results of another device kind are left out, with a note.
 - on CPU ranks nothing is attributed to a GPU: no roofline ("n/a on CPU"), no roofline estimates (a component not
   measured has no figure), and the header says "CPU ranks (gloo): timings show the method, not a GPU".
+- a figure not measured exactly comes from the curve engine over every point the results hold
+  (`decodetop.budget.curves`: interpolated, extrapolated or transferred, labelled, with an 80 % range), computed
+  against the budget's hardware (on CPU ranks against the measured copy bandwidth and matrix peak: ratios only);
+  where no curve anchors it, a roofline estimate (GPUs) or no figure with the command that measures it (CPU ranks).
+  `BudgetContext.unmeasured="roofline"` takes exact points only and estimates every other from the roofline.
 - on GPUs the hardware is the results' GPU, else the context's `GpuHint` (detected, named by a flag, or assumed,
   said in words); its memory bandwidth is the measured device copy when the results hold one, else a flag's, else
-  the datasheet's. Components not measured are roofline estimates for that hardware, marked as such.
+  the datasheet's. Estimates are for that hardware, marked as such.
 - a measured figure says whether it was measured in this run, or earlier (age, host, device) for results read back
   from a file or the history (`BudgetContext.stored_at_s`).
 - the observed step says where it came from (`ObservedStep`; the one rule is `decodetop.pipeline.observed`): a
@@ -38,8 +43,9 @@ from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.plan import build_plan
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
+from decodetop.budget.scenario import Scenario
 from decodetop.history import format_age
-from decodetop.pipeline.context import BudgetContext, GpuHint, assumed_gpu
+from decodetop.pipeline.context import UNMEASURED_ROOFLINE, BudgetContext, GpuHint, assumed_gpu
 from decodetop.pipeline.ranks import compose_ranks
 from decodetop.probes.hooks import MeasuredSet
 from decodetop.probes.plan_hooks import measured_from_results
@@ -96,13 +102,16 @@ def _provenance(seg: Segment, origin: Mapping[str, ProbeResult], stored: Mapping
         return seg
     earlier = [p for p in seg.probes if p in stored]
     if not earlier:
-        return dataclasses.replace(seg, provenance_kind="measured_now", provenance="measured in this run")
+        text = f"{seg.curve_label} (curves measured in this run)" if seg.curve_label else "measured in this run"
+        return dataclasses.replace(seg, provenance_kind="measured_now", provenance=text)
     oldest = min(earlier, key=lambda p: stored[p])
     res = origin.get(oldest)
     env = res.environment if res is not None else None
     host = env.host if env is not None else "unknown host"
     age = format_age(max(0.0, now_s - stored[oldest]))
     text = f"measured earlier: {age} ago on {host} ({_device_text(env)})"
+    if seg.curve_label:
+        text = f"{seg.curve_label} (curves {text})"
     return dataclasses.replace(seg, provenance_kind="measured_earlier", provenance=text)
 
 
@@ -161,15 +170,16 @@ def compose(ctx: BudgetContext) -> Composition:
     header = ""
     if kind == "cpu":
         hw_text, header = CPU_HARDWARE, CPU_HEADER
-    else:  # ctx.unmeasured is "roofline" (UNMEASURED_WAYS): the roofline of this hardware estimates the rest
+    else:  # the roofline of this hardware estimates what no curve anchors (or everything, `unmeasured="roofline"`)
         hw, hw_text = _hardware(env, ctx.gpu, measured.copy_gbps)
         if hw is not None:
             roof = roofline(inventory, hw)
+    exact_only = ctx.unmeasured == UNMEASURED_ROOFLINE
+    engine = measured.engine(hw, measure_hint=measure_hint(scenario), exact_only=exact_only)
     budget = compose_budget(
         inventory,
         measured.times,
-        allreduce_curves=measured.allreduce_curves,
-        gemm_curves=measured.gemm_curves,
+        curves=engine,
         launch_mode=mode,
         target_tps=ctx.target_tps,
         roofline=roof,
@@ -199,6 +209,12 @@ def compose(ctx: BudgetContext) -> Composition:
     ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice)
     budget = dataclasses.replace(budget, segments=segments, ranks=ranks, tp_source=scenario.tp_source)
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used), measured=measured)
+
+
+def measure_hint(scenario: Scenario) -> str:
+    """The command a refusal of the curve engine names: this model's plan at this TP (its plan measures the curves
+    beside its own keys)."""
+    return f"`decodetop probe {scenario.source.flag_text} --tp {scenario.tp} --budget --json FILE`"
 
 
 # --- the engine's all-reduce path -------------------------------------------------------------------------------

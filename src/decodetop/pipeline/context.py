@@ -24,12 +24,16 @@ ASSUMED_GPU_KEY = "rtx-pro-6000"
 """The GPU assumed where none is seen and none is named: the seed host's (docs/architecture.md, the 95 ms step)."""
 DETECTED = "detected by NVML"
 """How a GPU NVML names was chosen, in words."""
+UNMEASURED_CURVES = "curves"
+"""Figures of points not measured exactly from the curve engine over every point measured on this host
+(`decodetop.budget.curves`: interpolated, extrapolated or transferred, each labelled with its 80 % range), else the
+roofline estimate for the budget's hardware; none on CPU ranks."""
 UNMEASURED_ROOFLINE = "roofline"
-"""Figures of points not measured exactly: a measured curve interpolated log-log inside its range (all-reduce time
-over bytes, GEMM time over M), else the roofline estimate for the budget's hardware; none on CPU ranks."""
-UNMEASURED_WAYS = (UNMEASURED_ROOFLINE,)
-"""The ways `BudgetContext.unmeasured` can name. A curve engine for what-if scenarios adds its own here and in
-`decodetop.pipeline.composition.compose`, the one place that reads it."""
+"""Exact points only (a key measured as such, a point of a sweep): every other figure is the roofline estimate for
+the budget's hardware, labelled (the spec-sheet view, beside the curves' for comparison)."""
+UNMEASURED_WAYS = (UNMEASURED_CURVES, UNMEASURED_ROOFLINE)
+"""The ways `BudgetContext.unmeasured` can name; `decodetop.pipeline.composition.compose` is the one place that
+reads it."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,7 @@ class BudgetContext:
     """The clock the ages are taken at (None: now)."""
     plan: ProbePlan | None = None
     """The scenario's probe plan (None: built from its inventory)."""
-    unmeasured: str = UNMEASURED_ROOFLINE
+    unmeasured: str = UNMEASURED_CURVES
     """How figures of points not measured exactly are obtained (`UNMEASURED_WAYS`)."""
 
     def __post_init__(self) -> None:

@@ -70,10 +70,10 @@ def compose_ranks(
         b = compose_budget(
             inventory,
             measured.times,
-            allreduce_curves=measured.allreduce_curves,
-            gemm_curves=measured.gemm_curves,
+            curves=measured.engine(estimate),
             launch_mode=launch_mode,
             estimate=estimate,
+            self_check=False,
         )
         known = [s for s in b.segments if s.ms is not None]
         totals.append(

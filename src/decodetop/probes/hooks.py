@@ -16,14 +16,16 @@ import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from decodetop.budget.compose import Curve, KernelTime, MeasuredTime
+from decodetop.budget.curves import FAMILIES, CurveEngine, CurvePoint, nominal_hardware
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.kernels import KernelClass
-from decodetop.budget.keys import LaunchKey
-from decodetop.budget.plan import ProbePlan
+from decodetop.budget.keys import LaunchKey, MeasurementKeyError, ProbeKey, parse_key_id
+from decodetop.budget.plan import CurvePlan, ProbePlan
+from decodetop.budget.roofline import Hardware
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult
 
 
@@ -53,6 +55,9 @@ class PlanContext:
     launch_mode: str = "graph"
     only: tuple[str, ...] = ()
     """The probes the user asked for (empty: all)."""
+    curves: CurvePlan = field(default_factory=CurvePlan)
+    """The extra points the curve engine needs for what-ifs (other TP shards, batches, contexts, KV dtypes, EP
+    degrees, token counts); empty unless sweeps are wanted (`decodetop.budget.plan.build_curve_plan`)."""
 
     @property
     def cuda(self) -> bool:
@@ -61,6 +66,11 @@ class PlanContext:
     def key_ids(self, probe: str | None = None) -> tuple[str, ...]:
         """The plan's key ids of `probe` (this hook's probe by default)."""
         return tuple(k.key_id for k in self.plan.by_probe(probe or self.probe))
+
+    def curve_key_ids(self, probe: str | None = None) -> tuple[str, ...]:
+        """The curve plan's extra key ids of `probe` that the plan does not already hold."""
+        own = set(self.key_ids(probe))
+        return tuple(k.key_id for k in self.curves.by_probe(probe or self.probe) if k.key_id not in own)
 
     @property
     def group_fits_collectives(self) -> bool:
@@ -78,9 +88,11 @@ class Planned:
 
 
 def plan_keys(ctx: PlanContext) -> Planned:
-    """The generic plan hook: run the probe on the plan's keys of that probe (nothing when it has none)."""
+    """The generic plan hook: run the probe on the plan's keys of that probe and the curve plan's extra keys
+    (nothing when the plan has none)."""
     ids = ctx.key_ids()
-    return Planned(ProbeRequest(ctx.probe, {"keys": list(ids)}, ids) if ids else None)
+    extra = ctx.curve_key_ids()
+    return Planned(ProbeRequest(ctx.probe, {"keys": [*ids, *extra]}, ids) if ids else None)
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,21 @@ class MeasuredSet:
     notes: tuple[str, ...] = ()
     allreduce_paths: Mapping[str, EngineCurve] = field(default_factory=dict)
     """Per all-reduce curve, the path the engine rule took at each size and why (absent: NCCL as measured)."""
+    curve_points: tuple[CurvePoint, ...] = ()
+    """Every measured point the curve engine can use (`decodetop.budget.curves.CurveEngine`): each key's time,
+    the sweeps' points and the all-reduce at every size, rank count and implementation."""
+
+    def engine(self, hardware: Hardware | None, *, measure_hint: str = "", exact_only: bool = False) -> CurveEngine:
+        """The curve engine over these points. Efficiencies are taken against `hardware` (a GPU's roofline, its
+        matrix peak the measured one where the gemm probe measured it), or, on CPU ranks (None), against the
+        measured copy bandwidth and matrix peak (ratios only). `exact_only`: answer exact points only."""
+        if hardware is None:
+            hw = nominal_hardware(self.copy_gbps, self.peak_tflops)
+        elif self.peak_tflops:
+            hw = dataclasses.replace(hardware, bf16_dense_tflops=self.peak_tflops)
+        else:
+            hw = hardware
+        return CurveEngine(self.curve_points, hw, measure_hint=measure_hint, exact_only=exact_only)
 
 
 @dataclass
@@ -134,6 +161,8 @@ class MeasuredSetBuilder:
     peak_tflops: float = math.inf
     alternatives: dict[str, list[KernelTime]] = field(default_factory=dict)
     """Per key id, its times with other kernel classes than the budget's (the torch form beside a fused kernel)."""
+    curve_points: dict[tuple[str, str], CurvePoint] = field(default_factory=dict)
+    """(key id, variant) → a point measured beside the budget's own keys (sweeps, grids, other implementations)."""
 
     @property
     def collective_mode(self) -> str:
@@ -176,6 +205,32 @@ class MeasuredSetBuilder:
             return t
         return dataclasses.replace(t, alternatives=tuple(KernelTime(k, ms) for k, ms in best.items()))
 
+    def offer_curve(self, key: ProbeKey, time: MeasuredTime, variant: str = "") -> None:
+        """Keep a curve point for `key` (the fastest where a key was measured more than once)."""
+        if key.PROBE not in FAMILIES or not time.median_ms > 0:
+            return
+        slot = (key.key_id, variant)
+        prev = self.curve_points.get(slot)
+        if prev is None or time.median_ms < prev.median_ms:
+            self.curve_points[slot] = CurvePoint(key, time.median_ms, time.p10_ms, time.p90_ms, time.source, variant)
+
+    def _all_curve_points(self) -> tuple[CurvePoint, ...]:
+        """The offered curve points and every key time (a key measured exactly is a point of its curve)."""
+        points = dict(self.curve_points)
+        for key_id, t in self.times.items():
+            try:
+                key = cast(ProbeKey, parse_key_id(key_id))
+            except MeasurementKeyError:
+                continue
+            slot = (key_id, "")
+            if (
+                key.PROBE in FAMILIES
+                and t.median_ms > 0
+                and (slot not in points or t.median_ms < points[slot].median_ms)
+            ):
+                points[slot] = CurvePoint(key, t.median_ms, t.p10_ms, t.p90_ms, t.source)
+        return tuple(points[s] for s in sorted(points))
+
     def build(self) -> MeasuredSet:
         times = {k: self._with_alternatives(k, t) for k, t in self.times.items()}
         gemm_curves = {c: Curve(tuple(sorted(p.items())), "gemm probe sweep") for c, p in self.gemm_points.items() if p}
@@ -193,6 +248,7 @@ class MeasuredSetBuilder:
             peak_tflops=self.peak_tflops if self.peak_tflops != math.inf else None,
             notes=tuple(self.notes),
             allreduce_paths=dict(self.allreduce_paths),
+            curve_points=self._all_curve_points(),
         )
 
 

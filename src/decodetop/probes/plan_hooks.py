@@ -13,6 +13,8 @@ How results become budget inputs (each probe's `read` hook in `decodetop.probes.
   and p90 of the **slowest rank** (the budget is the busiest GPU's); where a key has several variants (FP8
   per-tensor / row-wise, MoE grouped / loop) the fastest supported one is taken and named in the source;
 - the `gemm` sweep gives one GEMM-vs-M `Curve` per weight shape (fastest variant per M);
+- every point the curve engine can use (each key's time, the sweeps' points, the attention context sweep, the
+  all-reduce at every group size and implementation) is a `CurvePoint` of `MeasuredSet.curve_points`;
 - the `allreduce` probe gives the all-reduce `Curve` (time vs bytes) in the mode matching the launch mode (graph
   replay for graph, pipelined for eager), only when the group has the plan's TP ranks; the `sampling` probe's
   all-gather of the logits gives the exact all-gather key the same way;
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from decodetop.budget.inventory import StepInventory
-from decodetop.budget.plan import ProbePlan
+from decodetop.budget.plan import CurvePlan, ProbePlan, build_curve_plan
 from decodetop.errors import UserInputError
 from decodetop.probes.hooks import MeasuredSet, MeasuredSetBuilder, PlanContext, ProbeRequest, read_keyed_points
 from decodetop.probes.probe_spec import ProbeSpec
@@ -52,18 +54,21 @@ def plan_requests(
 ) -> tuple[tuple[ProbeRequest, ...], tuple[str, ...]]:
     """The probe runs a plan needs on this group (world_size ranks of `device_kind` "cuda" or "cpu"), and notes on
     what cannot be measured here (collectives on a group smaller than the plan's TP): every registered probe's
-    `plan` hook, in the probes' plan order. `sweeps`: also the GEMM-vs-M and context sweeps (charts); `only`: keep
-    these probes (a name no plan holds is a `UserInputError`)."""
+    `plan` hook, in the probes' plan order. `sweeps`: also the GEMM-vs-M and context sweeps (charts) and the curve
+    plan's points for what-ifs (`decodetop.budget.plan.build_curve_plan`); `only`: keep these probes (a name no plan
+    holds is a `UserInputError`)."""
     registered = [s for s in (registry or ProbeRegistry()).specs(include_hidden=True) if s.plan is not None]
     planned = sorted(registered, key=_order)
     mode = inventory.deployment.launch_mode
     only = tuple(only)
     reqs: list[ProbeRequest] = []
     notes: list[str] = []
+    curves = build_curve_plan(inventory, device_kind=device_kind) if sweeps else CurvePlan()
+    notes.extend(curves.notes)
     # Notes in registration order (collectives before launch), requests in plan order.
     for spec in registered:
         assert spec.plan is not None
-        ctx = PlanContext(spec.name, plan, inventory, world_size, device_kind, sweeps, mode, only)
+        ctx = PlanContext(spec.name, plan, inventory, world_size, device_kind, sweeps, mode, only, curves=curves)
         got = spec.plan(ctx)
         notes.extend(got.notes)
         if got.request is not None:

@@ -1,16 +1,22 @@
 """Provides the `allreduce` probe's spec (no torch): all-reduce latency and bus bandwidth per size, in three modes.
 
 Plan: on a group of exactly the plan's TP ranks, the plan's sweep sizes (up to `CPU_ALLREDUCE_MAX_BYTES` on CPU
-ranks) plus the exact sizes the step needs; on any other group the collectives stay missing and a note says why.
+ranks) plus the exact sizes the step needs; on a larger group, with sweeps wanted, the same sweep at the group's
+size (curve points for the curve engine, which predicts the plan's collectives from them, labelled); on a smaller
+group the collectives stay missing and a note says why.
 Read: the all-reduce `Curve` (time vs bytes) in the mode matching the launch mode (graph replay for graph,
 pipelined for eager; pipelined when that mode was not measured, with a note), only at the plan's rank count.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from decodetop.budget.compose import MeasuredTime
 from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
 from decodetop.budget.keys import AllreduceKey
-from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest
+from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest, with_source
 from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import MeasurementStatus, ProbeResult
 
@@ -38,20 +44,13 @@ def default_allreduce_sizes() -> list[int]:
 
 
 def plan(ctx: PlanContext) -> Planned:
-    """The sweep and the exact sizes, when the group has the plan's TP ranks."""
+    """The sweep and the exact sizes, when the group has the plan's TP ranks; on a larger group, with sweeps wanted,
+    the sweep at the group's size for the curve engine (the plan's own collectives are then predicted from it)."""
     keys = [k for k in ctx.plan.by_probe("allreduce") if isinstance(k, AllreduceKey)]
     reduces = [k for k in keys if k.collective == "all_reduce"]
     if not keys:
         return Planned()
     tp = ctx.plan.allreduce_ranks
-    if not ctx.group_fits_collectives:
-        return Planned(
-            notes=(
-                f"collectives not measured: the plan is TP {tp} but the group has {ctx.world_size} rank(s); "
-                "all-reduce and all-gather stay missing (per-GPU shapes are those of a TP-"
-                f"{tp} shard)",
-            )
-        )
     exact = sorted({k.bytes for k in reduces})
     sweep = [s for s in ctx.plan.allreduce_sweep_bytes if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
     params: dict[str, object] = {"sizes": sweep or exact, "extra_sizes": exact, "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
@@ -59,30 +58,50 @@ def plan(ctx: PlanContext) -> Planned:
     if not ctx.cuda:
         params["synced_ops"] = CPU_PLAN_SYNCED_OPS
         notes = (f"all-reduce swept to {CPU_ALLREDUCE_MAX_BYTES // 1024} KiB on CPU ranks (plus the exact sizes)",)
-    return Planned(ProbeRequest("allreduce", params, tuple(k.key_id for k in reduces)), notes)
+    if ctx.group_fits_collectives:
+        return Planned(ProbeRequest("allreduce", params, tuple(k.key_id for k in reduces)), notes)
+    if ctx.sweeps and ctx.world_size > tp:
+        why = (
+            f"the plan is TP {tp} but the group has {ctx.world_size} ranks: the all-reduce is swept on all "
+            f"{ctx.world_size} for the curves, and the TP-{tp} collectives are predicted from them (labelled)"
+        )
+        return Planned(ProbeRequest("allreduce", params, ()), (*notes, why))
+    return Planned(
+        notes=(
+            f"collectives not measured: the plan is TP {tp} but the group has {ctx.world_size} rank(s); "
+            "all-reduce and all-gather stay missing (per-GPU shapes are those of a TP-"
+            f"{tp} shard)",
+        )
+    )
 
 
-def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
-    """The all-reduce curve in the launch mode's collective mode; with custom (P2P) points in the result, the curve
-    the engine rule picks per size under `into.allreduce_choice` (decodetop.budget.engine_paths), its source naming the
-    path and why."""
-    by_mode: dict[str, dict[float, float]] = {}
-    custom: dict[str, dict[str, dict[float, float]]] = {}
-    custom_tried = False
-    unsupported = ""
+@dataclass
+class _Seen:
+    """The all-reduce points of one group size in one result: medians per mode (NCCL) and per mode and algorithm
+    (custom), every point's time with its spread, and why a custom kernel could not run."""
+
+    by_mode: dict[str, dict[float, float]] = field(default_factory=dict)
+    custom: dict[str, dict[str, dict[float, float]]] = field(default_factory=dict)
+    times: dict[tuple[str, str, float], MeasuredTime] = field(default_factory=dict)
+    custom_tried: bool = False
+    unsupported: str = ""
     capability: str | None = None
+
+
+def _seen_by_ranks(result: ProbeResult) -> dict[int, _Seen]:
+    """Every all-reduce point of `result`, by the group size it ran on."""
+    out: dict[int, _Seen] = {}
     for m in result.measurements:
         impl = str(m.params.get("impl", "nccl"))
         impl = "nccl" if impl in DIST_IMPLS else impl
         ranks = m.params.get("world_size")
-        if into.plan_ranks is not None and ranks != into.plan_ranks:
-            continue
+        seen = out.setdefault(int(ranks) if isinstance(ranks, (int, float)) else int(result.world_size), _Seen())
         if impl != "nccl":
-            custom_tried = True
-            if m.status is MeasurementStatus.UNSUPPORTED and not unsupported:
-                unsupported = m.note
+            seen.custom_tried = True
+            if m.status is MeasurementStatus.UNSUPPORTED and not seen.unsupported:
+                seen.unsupported = m.note
             cc = m.params.get("compute_capability")
-            capability = str(cc) if cc else capability
+            seen.capability = str(cc) if cc else seen.capability
         if m.status is not MeasurementStatus.OK:
             continue
         t = busiest(m)
@@ -91,34 +110,78 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
             continue
         mode = str(m.params.get("mode"))
         if impl == "nccl":
-            by_mode.setdefault(mode, {})[float(size)] = t.median_ms
+            seen.by_mode.setdefault(mode, {})[float(size)] = t.median_ms
         else:
-            custom.setdefault(mode, {}).setdefault(impl, {})[float(size)] = t.median_ms
+            seen.custom.setdefault(mode, {}).setdefault(impl, {})[float(size)] = t.median_ms
+        seen.times[(mode, impl, float(size))] = t
+    return out
+
+
+def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
+    """The all-reduce curve in the launch mode's collective mode at the plan's group size; with custom (P2P) points
+    in the result, the curve the engine rule picks per size under `into.allreduce_choice`
+    (decodetop.budget.engine_paths), its source naming the path and why. Every group size's points (the engine's
+    path as variant '', each implementation as its own variant) become curve points of the curve engine."""
+    for ranks, seen in sorted(_seen_by_ranks(result).items()):
+        mine = into.plan_ranks is None or ranks == into.plan_ranks
+        _read_group(result, into, ranks, seen, budget=mine)
+
+
+def _read_group(result: ProbeResult, into: MeasuredSetBuilder, ranks: int, seen: _Seen, *, budget: bool) -> None:
+    """One group size's curve: the budget's all-reduce curve where `budget`, curve points always."""
     want = into.collective_mode
-    chosen = want if want in by_mode else ("pipelined" if "pipelined" in by_mode else None)
+    chosen = want if want in seen.by_mode else ("pipelined" if "pipelined" in seen.by_mode else None)
     if chosen is None:
         return
-    into.allreduce_points["all_reduce"] = by_mode[chosen]
+    points = seen.by_mode[chosen]
+    curve = None
+    if ranks < 2 and not budget:
+        return  # one rank exchanges nothing: no curve point of a collective
+    if seen.custom_tried:  # results from before the custom kernels: NCCL as measured
+        env = result.environment
+        topo = AllreduceTopology(
+            world_size=ranks,
+            compute_capability=seen.capability,
+            p2p_all_pairs=True if seen.custom.get(chosen) else None,
+            nvlink_all_pairs=nvlink_all_pairs(env.topology if env else None, ranks),
+            custom_unsupported=seen.unsupported if not seen.custom.get(chosen) else "",
+        )
+        curve = engine_allreduce_curve(into.allreduce_choice, topo, points, seen.custom.get(chosen, {}))
+        points = dict(curve.points)
+    _offer_points(
+        into, ranks, seen, chosen, points, f"allreduce probe: {curve.summary}" if curve else "allreduce probe"
+    )
+    if not budget:
+        return
+    into.allreduce_points["all_reduce"] = points
     if chosen != want:
         into.notes.append(f"all-reduce curve from {chosen} mode ({want} not measured)")
-    if not custom_tried:  # results from before the custom kernels: NCCL as measured
+    if curve is None:
         return
-    ranks = into.plan_ranks or int(result.world_size)
-    env = result.environment
-    topo = AllreduceTopology(
-        world_size=ranks,
-        compute_capability=capability,
-        p2p_all_pairs=True if custom.get(chosen) else None,
-        nvlink_all_pairs=nvlink_all_pairs(env.topology if env else None, ranks),
-        custom_unsupported=unsupported if not custom.get(chosen) else "",
-    )
-    curve = engine_allreduce_curve(into.allreduce_choice, topo, by_mode[chosen], custom.get(chosen, {}))
-    for impl, points in custom.get(chosen, {}).items():
-        into.allreduce_points[f"all_reduce:{impl}"] = points
-    into.allreduce_points["all_reduce"] = dict(curve.points)
+    for impl, custom_points in seen.custom.get(chosen, {}).items():
+        into.allreduce_points[f"all_reduce:{impl}"] = custom_points
     into.allreduce_sources["all_reduce"] = f"allreduce probe: {curve.summary}"
     into.allreduce_paths["all_reduce"] = curve
     into.notes.extend(curve.notes)
+
+
+def _offer_points(  # noqa: PLR0917 - private; one group size's parts
+    into: MeasuredSetBuilder, ranks: int, seen: _Seen, mode: str, engine_points: Mapping[float, float], source: str
+) -> None:
+    """Curve points of one group size: the engine's path (variant '', each point's spread that of the time it
+    took) and every implementation measured in `mode` (variant nccl, one_shot, two_shot, …)."""
+    spreads = {size: t for (m, _impl, size), t in seen.times.items() if m == mode}
+    for size, ms in engine_points.items():
+        t = next((x for (m, _i, s), x in seen.times.items() if m == mode and s == size and x.median_ms == ms), None)
+        t = t or spreads.get(size)
+        scale = ms / t.median_ms if t is not None and t.median_ms > 0 else 1.0
+        low, high = (t.p10_ms * scale, t.p90_ms * scale) if t is not None else (ms, ms)
+        key = AllreduceKey("all_reduce", int(size), ranks, "bf16")
+        into.offer_curve(key, MeasuredTime(ms, low, high, source))
+    for (m, impl, size), t in seen.times.items():
+        if m == mode:
+            key = AllreduceKey("all_reduce", int(size), ranks, "bf16")
+            into.offer_curve(key, with_source(t, f"allreduce probe ({impl})"), variant=impl)
 
 
 SPEC = ProbeSpec(

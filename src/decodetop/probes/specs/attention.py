@@ -1,12 +1,29 @@
 """Provides the `attention` probe's spec (no torch): decode attention against the KV cache.
 
-Plan: the plan's attention keys, with the context sweep on GPUs when sweeps are wanted. Read: each key's time.
+Plan: the plan's attention keys and, when sweeps are wanted, the curve plan's grid (batch × context × KV dtype at
+the scenario's shard, a coarser grid at the other TP shards' heads: `decodetop.budget.plan.build_curve_plan`); a
+plan without that grid (sweeps on, but nothing to add) keeps the context sweep on GPUs. Read: each key's time, and
+each context-sweep point as a curve point at its own context.
 """
 
 from __future__ import annotations
 
-from decodetop.probes.hooks import PlanContext, Planned, ProbeRequest
+import dataclasses
+
+from decodetop.budget.keys import AttentionKey, parse_key_id
+from decodetop.probes.hooks import (
+    MeasuredSetBuilder,
+    PlanContext,
+    Planned,
+    ProbeRequest,
+    alternative_point,
+    budget_point,
+    busiest,
+    ok_measurements,
+    with_source,
+)
 from decodetop.probes.probe_spec import ProbeSpec
+from decodetop.probes.results import ProbeResult
 from decodetop.probes.specs.defaults import COMPONENT_TIMING, SMALL_GQA
 
 #: Attention context sweep on GPUs (docs/reference/probes.md §7.8: KV GB/s at 0, 16k, 32k, 64k, 128k).
@@ -14,12 +31,29 @@ ATTENTION_CONTEXTS_GPU = (0, 16384, 32768, 65536, 131072)
 
 
 def plan(ctx: PlanContext) -> Planned:
-    """The plan's keys; the context sweep on GPUs only."""
+    """The plan's keys and the curve grid; the context sweep on GPUs where there is no grid."""
     ids = ctx.key_ids()
     if not ids:
         return Planned()
-    sweep = list(ATTENTION_CONTEXTS_GPU) if ctx.cuda and ctx.sweeps else []
-    return Planned(ProbeRequest("attention", {"keys": list(ids), "context_sweep": sweep}, ids))
+    grid = ctx.curve_key_ids()
+    sweep = list(ATTENTION_CONTEXTS_GPU) if ctx.cuda and ctx.sweeps and not grid else []
+    return Planned(ProbeRequest("attention", {"keys": [*ids, *grid], "context_sweep": sweep}, ids))
+
+
+def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
+    """Budget points give their key's time (the fastest kernel class, the others kept beside it); a context-sweep
+    point is a curve point of its key at its context."""
+    for m in ok_measurements(result):
+        found = budget_point(result, m) or alternative_point(result, m)
+        if found is not None:
+            into.offer(*found)
+            continue
+        kid, context, t = m.params.get("key"), m.params.get("context"), busiest(m)
+        if m.params.get("role") != "diagnostic" or not isinstance(kid, str) or t is None:
+            continue
+        key = parse_key_id(kid)
+        if isinstance(key, AttentionKey) and isinstance(context, int) and context >= 0:
+            into.offer_curve(dataclasses.replace(key, context=context), with_source(t, "attention probe (sweep)"))
 
 
 SPEC = ProbeSpec(
@@ -29,5 +63,6 @@ SPEC = ProbeSpec(
     default_timeout_s=300.0,
     default_params={"keys": [SMALL_GQA], "context_sweep": [], **COMPONENT_TIMING},
     plan=plan,
+    read=read,
     plan_order=500,
 )

@@ -1,12 +1,14 @@
 """Provides the `gemm` probe's spec (no torch): dense GEMMs at the model's shard shapes and a sweep over M.
 
-Plan: the plan's GEMM keys, with the plan's sweep over M when sweeps are wanted. Read: each budget point's time
-(fastest FP8 variant), one GEMM-vs-M `Curve` per weight shape (fastest variant per M), and the references
-measured beside them (device copy bandwidth and BF16 matrix peak, the slowest rank's).
+Plan: the plan's GEMM keys and the other TP shards' shapes (the curve plan), with the sweep over M when sweeps are
+wanted. Read: each budget point's time (fastest FP8 variant), one GEMM-vs-M `Curve` per weight shape (fastest
+variant per M), every swept point as a curve point of the curve engine, and the references measured beside them
+(device copy bandwidth and BF16 matrix peak, the slowest rank's).
 """
 
 from __future__ import annotations
 
+from decodetop.budget.keys import GemmKey, parse_key_id
 from decodetop.probes.hooks import (
     MeasuredSetBuilder,
     PlanContext,
@@ -15,6 +17,7 @@ from decodetop.probes.hooks import (
     budget_point,
     busiest,
     ok_measurements,
+    with_source,
 )
 from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import ProbeResult
@@ -25,12 +28,13 @@ SWEEP_M = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 
 def plan(ctx: PlanContext) -> Planned:
-    """The plan's GEMM keys and its sweep over M."""
+    """The plan's GEMM keys and the other TP shards' (the curve plan), each swept over M."""
     ids = ctx.key_ids()
     if not ids:
         return Planned()
-    sweep = sorted({m for s in ctx.plan.gemm_sweeps for m in s.ms})
-    return Planned(ProbeRequest("gemm", {"keys": list(ids), "sweep": ctx.sweeps, "sweep_m": sweep}, ids))
+    sweep = sorted({m for s in ctx.plan.gemm_sweeps for m in s.ms} | set(ctx.curves.sweep_m))
+    keys = [*ids, *ctx.curve_key_ids()]
+    return Planned(ProbeRequest("gemm", {"keys": keys, "sweep": ctx.sweeps, "sweep_m": sweep}, ids))
 
 
 def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
@@ -50,6 +54,9 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
             pts = into.gemm_points.setdefault(str(m.params.get("curve")), {})
             if mm > 0 and (mm not in pts or t.median_ms < pts[mm]):
                 pts[mm] = t.median_ms
+            key = parse_key_id(str(m.params["key"]))
+            if isinstance(key, GemmKey):
+                into.offer_curve(key, with_source(t, "gemm probe sweep"))
         found = budget_point(result, m)
         if found is not None:
             into.offer(*found)

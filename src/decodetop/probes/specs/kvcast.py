@@ -28,7 +28,7 @@ def plan(ctx: PlanContext) -> Planned:
         return Planned()
     gather = ctx.inventory.spec.index_topk or DSA_TOPK
     params: dict[str, object] = {
-        "keys": list(ids),
+        "keys": [*ids, *ctx.curve_key_ids()],
         "read_modes": ctx.sweeps,
         "read_contexts": list(KVCAST_CONTEXTS_GPU if ctx.cuda else KVCAST_CONTEXTS_CPU),
         "gather_tokens": int(gather),

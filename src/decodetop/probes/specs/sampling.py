@@ -1,8 +1,9 @@
 """Provides the `sampling` probe's spec (no torch): vocab-parallel lm_head and sampling, and the logits' all-gather.
 
-Plan: the plan's sampling keys; on a group of the plan's TP ranks also the plan's all-gather sizes (its
-`allreduce:collective=all_gather,…` keys). Read: each key's time (greedy sampling), and each all-gather key's time
-in the launch mode's collective mode (graph replay for graph, pipelined for eager) where that mode was measured.
+Plan: the plan's sampling keys and the curve plan's (other vocabulary shards and token counts); on a group of the
+plan's TP ranks also the plan's all-gather sizes (its `allreduce:collective=all_gather,…` keys). Read: each key's
+time (greedy sampling), and each all-gather key's time in the launch mode's collective mode (graph replay for graph,
+pipelined for eager) where that mode was measured.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def plan(ctx: PlanContext) -> Planned:
         gathers = [
             k for k in ctx.plan.by_probe("allreduce") if isinstance(k, AllreduceKey) and k.collective == "all_gather"
         ]
-    params = {"keys": list(ids), "allgather_bytes": sorted({k.bytes for k in gathers})}
+    params = {"keys": [*ids, *ctx.curve_key_ids()], "allgather_bytes": sorted({k.bytes for k in gathers})}
     return Planned(ProbeRequest("sampling", params, ids + tuple(k.key_id for k in gathers)))
 
 
@@ -51,7 +52,7 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
             x.params.get("key") == key and x.params.get("mode") == want for x in ok
         ):
             continue
-        into.times[key] = t
+        into.times[key] = t  # a curve point too (MeasuredSetBuilder.build)
 
 
 SPEC = ProbeSpec(
