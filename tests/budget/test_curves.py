@@ -20,7 +20,8 @@ from decodetop.budget.curves import (
     nominal_hardware,
 )
 from decodetop.budget.gpus import GPUS
-from decodetop.budget.keys import AllreduceKey, AttentionKey, GemmKey, LaunchKey, NormKey, ProbeKey
+from decodetop.budget.inventory import expected_distinct_experts
+from decodetop.budget.keys import AllreduceKey, AttentionKey, GemmKey, LaunchKey, MoeKey, NormKey, ProbeKey
 from decodetop.budget.keywork import roofline_ms
 from decodetop.budget.roofline import hardware_for
 
@@ -182,6 +183,27 @@ def test_all_reduce_curves_keep_their_implementations_apart() -> None:
     assert predicted(engine, key, "one_shot").ms == pytest.approx(0.005)
     four = predicted(engine, AllreduceKey("all_reduce", 8192, 4, "bf16"), "nccl")
     assert four.status == "extrapolated" and four.label == "extrapolated 1 octave"
+
+
+def moe(tokens: int, local: int = 8) -> MoeKey:
+    active = math.ceil(expected_distinct_experts(8, 2, tokens) * local / 8 - 1e-9)
+    return MoeKey(tokens, 2, local, min(local, active), 4096, 14336, "bf16", 0)
+
+
+def test_routed_experts_follow_the_experts_their_tokens_touch() -> None:
+    """The touched experts follow from the token count: between two measured token counts is interpolation."""
+    engine = CurveEngine([point(moe(t), affine(moe(t))) for t in (1, 2, 4, 8)], H200)
+    got = predicted(engine, moe(3))
+    assert got.status == "interpolated" and got.octaves == 0
+    assert affine(moe(2)) < got.ms < affine(moe(4))
+    ep2 = predicted(engine, moe(4, local=4))  # EP 2: half the local experts, fewer touched
+    assert ep2.status == "extrapolated" and ep2.ms < affine(moe(4))
+
+
+def test_an_unchecked_engine_ranges_on_the_published_errors() -> None:
+    engine = CurveEngine(gemm_curve(8192, 8192), H200, checked=False)
+    got = predicted(engine, GemmKey(3, 8192, 8192, 1, "bf16"))
+    assert got.p10_ms < got.ms < got.p90_ms
 
 
 # --- ranges and the self-check ---------------------------------------------------------------------------------

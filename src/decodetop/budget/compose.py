@@ -34,7 +34,7 @@ from decodetop.budget.kernels import KernelClass, kernels_text
 from decodetop.budget.keys import AllreduceKey, GemmKey, LaunchKey, ProbeKey, parse_key_id
 from decodetop.budget.ranks import RankSpread
 from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
-from decodetop.budget.uncertainty import RANGE_METHOD, Part, combine
+from decodetop.budget.uncertainty import RANGE_METHOD, Combined, Part, combine
 from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.quantity import OBSERVED_MS, TARGET_TPS
@@ -794,18 +794,26 @@ def _segments(  # noqa: PLR0917 - private; the composition's lookup context
     ]
 
 
+def segments_range(segments: Sequence[Segment]) -> Combined:
+    """The 80 % range of the sum of `segments` (their own ranges, else their figures; missing ones left out):
+    `decodetop.budget.uncertainty.combine`. The budget's total range is that of all its segments."""
+    return combine(
+        [
+            Part(s.component, s.ms, s.range_p10_ms if s.range_p10_ms is not None else s.ms,
+                 s.range_p90_ms if s.range_p90_ms is not None else s.ms)
+            for s in segments
+            if s.ms is not None
+        ]
+    )  # fmt: skip
+
+
 def _uncertainty(segments: Sequence[Segment]) -> dict[str, Any]:
     """The total's 80 % range, its weakest figure and the component dominating its uncertainty (Budget fields)."""
-    parts = [
-        Part(s.component, s.ms, s.range_p10_ms if s.range_p10_ms is not None else s.ms,
-             s.range_p90_ms if s.range_p90_ms is not None else s.ms)
-        for s in segments
-        if s.ms is not None
-    ]  # fmt: skip
+    parts = [s for s in segments if s.ms is not None]
     if not parts:
         return {}
-    total = combine(parts)
-    worst = max(segments, key=lambda s: (_RANK[s.status], s.curve_label))
+    total = segments_range(parts)
+    worst = max(segments, key=lambda s: (_RANK[s.status], s.ms or 0.0))
     weakest = ""
     if worst.status != "measured":
         weakest = f"{worst.label}: {worst.curve_label or worst.status}"

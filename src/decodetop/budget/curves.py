@@ -91,6 +91,9 @@ class _Family:
     offsets: tuple[float, ...] = ()
     ignore: tuple[str, ...] = ()
     """Fields the time does not depend on (a KV write costs the same whatever the cache already holds)."""
+    derived: tuple[str, ...] = ()
+    """Axes that follow from the others (the experts a token count touches): moving along one rescales by the
+    roofline (the touched experts' weights) without counting as extrapolation."""
 
     def offset(self, level: int) -> float:
         return self.offsets[level] if self.offsets else 0.0
@@ -99,7 +102,9 @@ class _Family:
 FAMILIES: dict[str, _Family] = {
     "gemm": _Family(("batch", "m")),
     "attention": _Family(("heads", "q_len", "batch", "context"), ("kind",), "kv_dtype", (0, 0, 0, 1)),
-    "moe": _Family(("intermediate", "experts_local", "tokens", "experts_active"), ("bias",)),
+    "moe": _Family(
+        ("intermediate", "experts_local", "tokens", "experts_active"), ("bias",), derived=("experts_active",)
+    ),
     "routing": _Family(("tokens",), ("scoring",)),
     "norms": _Family(("width", "tokens"), ("op",)),
     "sampling": _Family(("vocab_shard", "tokens")),
@@ -387,8 +392,10 @@ class CurveEngine:
     points: every measured point (`CurvePoint`); hardware: the roofline the efficiencies are taken against (the
     measured GPU's; on CPU ranks nominal rates, used for ratios only); measure_hint: the command a refusal names.
     The self-check (`self_check`) runs once, on the first prediction that needs it (or is given: an engine over a
-    subset of the points, as a hold-out test builds, can take its parent's). `exact_only` answers measured points
-    only and refuses the rest (the roofline view of `decodetop.pipeline.context.UNMEASURED_ROOFLINE`)."""
+    subset of the points, as a hold-out test builds, can take its parent's); `checked=False` skips it, the ranges
+    then resting on the published defaults (a per-rank composition needs the figures, not their ranges).
+    `exact_only` answers measured points only and refuses the rest (the roofline view of
+    `decodetop.pipeline.context.UNMEASURED_ROOFLINE`)."""
 
     def __init__(
         self,
@@ -398,9 +405,11 @@ class CurveEngine:
         measure_hint: str = "",
         self_check: SelfCheck | None = None,
         exact_only: bool = False,
+        checked: bool = True,
     ) -> None:
         self.hardware = hardware
         self.exact_only = exact_only
+        self.checked = checked
         self.measure_hint = measure_hint
         self._exact: dict[tuple[str, str], CurvePoint] = {}
         self._curves: dict[tuple[str, Identity], _Curve] = {}
@@ -420,6 +429,7 @@ class CurveEngine:
             curve.tree = _build_tree(list(curve.points.items()), 0, len(curve.family.axes))
             self._groups.setdefault(_match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
+        self._roof_coords: dict[tuple[ProbeKey, tuple[int, ...]], float] = {}
         self._check: SelfCheck | None = self_check
         self._floors, self._floor_p10, self._best = self._bounds()
 
@@ -518,7 +528,12 @@ class CurveEngine:
         )  # fmt: skip
 
     def _roof_at(self, curve: _Curve, coords: tuple[int, ...]) -> float:
-        return self.roofline_ms(key_at(curve.template, coords))
+        """The roofline of `curve`'s shape at `coords` (cached: the self-check asks for the same ones often)."""
+        slot = (curve.template, coords)
+        found = self._roof_coords.get(slot)
+        if found is None:
+            found = self._roof_coords[slot] = roofline_ms(key_at(curve.template, coords), self.hardware)
+        return found
 
     def _eval(  # noqa: PLR0917 - private recursion state
         self, curve: _Curve, node: Tree, level: int, q: tuple[int, ...], fixed: tuple[int, ...], floor: _Limits
@@ -561,8 +576,11 @@ class CurveEngine:
         """Beyond the grid along axis `level`, from its nearest value (`a`) and the next one (`b`, below the grid)."""
         ra, rx = self._roof_at(curve, a.coords), self._roof_at(curve, target)
         second = (self._roof_at(curve, b.coords), b.ms) if b is not None else None
+        fam = curve.family
+        if fam.axes[level] in fam.derived:
+            return dataclasses.replace(a, ms=a.ms * rx / ra, coords=target)
         ms, held = _beyond((ra, a.ms), rx, second, floor)
-        off = curve.family.offset(level)
+        off = fam.offset(level)
         octaves = abs(math.log2((target[level] + off) / (a.coords[level] + off)))
         return _Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held)
 
@@ -630,6 +648,8 @@ class CurveEngine:
         return self._check
 
     def _sigmas(self, probe: str) -> FamilyCheck:
+        if not self.checked and self._check is None:
+            return _default_check(probe)
         found = self.self_check().family(probe)
         return found if found is not None else _default_check(probe)
 

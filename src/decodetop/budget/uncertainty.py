@@ -4,8 +4,9 @@ Each component's figure is taken as log-normal: median = its figure, σ = ln(p90
 80 % range. The components' errors are taken as independent (the ops inside one component share a curve family
 and are summed as fully correlated: their p10s and p90s add). The total's range is the Fenton–Wilkinson
 approximation of a sum of independent log-normals: the log-normal with the sum's mean and variance (Fenton, IRE
-Trans. Commun. Syst. 8(1), 1960), whose p10 and p90 are exp(μ ∓ 1.2816 σ). The component with the largest share of
-the sum's variance is the one that dominates the uncertainty. Stdlib only.
+Trans. Commun. Syst. 8(1), 1960), whose p10 and p90 are exp(μ ∓ 1.2816 σ), widened where needed to hold the sum
+of the medians (the figure a budget shows: with a very wide part the log-normal's p90 can fall below it). The
+component with the largest share of the sum's variance is the one that dominates the uncertainty. Stdlib only.
 """
 
 from __future__ import annotations
@@ -75,4 +76,6 @@ def combine(parts: Sequence[Part]) -> Combined:
     mu = math.log(mean) - s2 / 2
     sigma = math.sqrt(s2)
     top = max(known, key=lambda p: p.variance)
-    return Combined(math.exp(mu - Z80 * sigma), math.exp(mu), math.exp(mu + Z80 * sigma), top.name, top.variance / var)
+    shown = math.fsum(p.ms for p in known)  # the figure the range qualifies: Σ medians, as the budget shows it
+    low, high = min(math.exp(mu - Z80 * sigma), shown), max(math.exp(mu + Z80 * sigma), shown)
+    return Combined(low, math.exp(mu), high, top.name, top.variance / var)

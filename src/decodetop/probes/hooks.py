@@ -127,7 +127,9 @@ class MeasuredSet:
     """Every measured point the curve engine can use (`decodetop.budget.curves.CurveEngine`): each key's time,
     the sweeps' points and the all-reduce at every size, rank count and implementation."""
 
-    def engine(self, hardware: Hardware | None, *, measure_hint: str = "", exact_only: bool = False) -> CurveEngine:
+    def engine(
+        self, hardware: Hardware | None, *, measure_hint: str = "", exact_only: bool = False, checked: bool = True
+    ) -> CurveEngine:
         """The curve engine over these points. Efficiencies are taken against `hardware` (a GPU's roofline, its
         matrix peak the measured one where the gemm probe measured it), or, on CPU ranks (None), against the
         measured copy bandwidth and matrix peak (ratios only). `exact_only`: answer exact points only."""
@@ -137,7 +139,7 @@ class MeasuredSet:
             hw = dataclasses.replace(hardware, bf16_dense_tflops=self.peak_tflops)
         else:
             hw = hardware
-        return CurveEngine(self.curve_points, hw, measure_hint=measure_hint, exact_only=exact_only)
+        return CurveEngine(self.curve_points, hw, measure_hint=measure_hint, exact_only=exact_only, checked=checked)
 
 
 @dataclass
