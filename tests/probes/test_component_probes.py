@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -154,6 +155,23 @@ def test_attention_gqa_mla_and_dsa(controller: ProbeController) -> None:
     assert gqa.metrics["kv_bytes"] == 2 * 2 * 65 * 32 * 2
     assert mla.metrics["kv_bytes"] == 65 * 48 * 2
     assert dsa.metrics["kv_bytes"] == 32 * 48 * 2 + 97 * (16 + 4)  # top-k latents + every FP8 index key
+
+
+def test_attention_grid_points_are_curve_points_of_the_best_kernel_only(controller: ProbeController) -> None:
+    from decodetop.budget.keys import AttentionKey, parse_key_id
+    from decodetop.probes.plan_hooks import measured_from_results
+
+    key = parse_key_id(GQA)
+    assert isinstance(key, AttentionKey)
+    grid = [dataclasses.replace(key, batch=2), dataclasses.replace(key, context=key.context * 4)]
+    res = _run(controller, "attention", {"keys": [GQA], "curve_keys": [k.key_id for k in grid]})
+    curve = [m for m in res.measurements if m.params["role"] == "curve"]
+    assert [m.params["key"] for m in curve] == [k.key_id for k in grid]  # no torch form, no sweep beside them
+    for m in curve:
+        _ok(m)
+    measured = measured_from_results([res])
+    assert {p.key.key_id for p in measured.curve_points} >= {GQA, *(k.key_id for k in grid)}
+    assert set(measured.times) == {GQA}  # the grid is not a budget key
 
 
 def test_norms_every_op(controller: ProbeController) -> None:

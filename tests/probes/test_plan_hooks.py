@@ -111,10 +111,11 @@ def test_group_smaller_than_tp_leaves_collectives_out_and_says_so(tmp_path: Path
     assert sampling.params["allgather_bytes"] == []
     assert any("TP 2" in n and "1 rank" in n for n in notes)
     attention = next(r for r in reqs if r.probe == "attention")
-    assert len(attention.params["keys"]) > 20  # GPUs measure the batch × context × KV dtype grid
+    assert len(attention.params["curve_keys"]) > 20  # GPUs measure the batch × context × KV dtype grid
+    assert attention.params["keys"] == list(attention.keys) and attention.params["context_sweep"] == []
     no_sweeps, _ = plan_requests(build_plan(inv), inv, world_size=1, device_kind="cuda", sweeps=False)
     attention = next(r for r in no_sweeps if r.probe == "attention")
-    assert attention.params["keys"] == list(attention.keys)  # only the budget's own keys
+    assert attention.params["curve_keys"] == []  # only the budget's own keys
 
 
 def test_only_restricts_and_rejects_unknown_probes(tmp_path: Path) -> None:

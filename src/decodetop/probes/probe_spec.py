@@ -45,6 +45,8 @@ class ProbeSpec:
     """How its results become budget inputs (default: every `role` "budget" point gives its `key`'s time)."""
     plan_order: int = DEFAULT_PLAN_ORDER
     """Position in a plan run: cheap, global probes first (launch), the layer last (it reuses every kernel)."""
+    string_lists: tuple[str, ...] = ()
+    """List parameters whose default is empty but whose items are strings (an empty default list takes integers)."""
     latency_sensitive: bool = True
     """Its timings are µs-scale, so telemetry makes no costly NVML call (process lists, which hold the driver's
     lock for milliseconds: docs/reference/peers.md §3.8) while it runs, on every surface; False for a probe whose
@@ -57,7 +59,10 @@ class ProbeSpec:
             if key not in self.default_params:
                 known = ", ".join(sorted(self.default_params)) or "none"
                 raise UserInputError(f"probe {self.name!r} has no parameter {key!r} (known: {known})")
-            params[key] = _check_type(self.name, key, self.default_params[key], value)
+            default = self.default_params[key]
+            if key in self.string_lists and not default:
+                default = [""]
+            params[key] = _check_type(self.name, key, default, value)
         return params
 
 

@@ -1,9 +1,10 @@
 """Provides the `attention` probe's spec (no torch): decode attention against the KV cache.
 
-Plan: the plan's attention keys and, when sweeps are wanted, the curve plan's grid (batch × context × KV dtype at
-the scenario's shard, a coarser grid at the other TP shards' heads: `decodetop.budget.plan.build_curve_plan`); a
-plan without that grid (sweeps on, but nothing to add) keeps the context sweep on GPUs. Read: each key's time, and
-each context-sweep point as a curve point at its own context.
+Plan: the plan's attention keys and, when sweeps are wanted, the curve plan's grid as `curve_keys` (batch × context
+× KV dtype at the scenario's shard, a coarser grid at the other TP shards' heads: `decodetop.budget.plan.
+build_curve_plan`), timed with the best kernel only (no torch form beside them, no context sweep); a plan without
+that grid (sweeps on, but nothing to add) keeps the context sweep on GPUs. Read: each key's time (the fastest
+kernel class), and each grid and context-sweep point as a curve point at its own context.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def plan(ctx: PlanContext) -> Planned:
         return Planned()
     grid = ctx.curve_key_ids()
     sweep = list(ATTENTION_CONTEXTS_GPU) if ctx.cuda and ctx.sweeps and not grid else []
-    return Planned(ProbeRequest("attention", {"keys": [*ids, *grid], "context_sweep": sweep}, ids))
+    params = {"keys": list(ids), "context_sweep": sweep, "curve_keys": list(grid)}
+    return Planned(ProbeRequest("attention", params, ids))
 
 
 def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
@@ -49,11 +51,13 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
             into.offer(*found)
             continue
         kid, context, t = m.params.get("key"), m.params.get("context"), busiest(m)
-        if m.params.get("role") != "diagnostic" or not isinstance(kid, str) or t is None:
+        role = m.params.get("role")
+        if role not in ("diagnostic", "curve") or not isinstance(kid, str) or t is None:
             continue
         key = parse_key_id(kid)
         if isinstance(key, AttentionKey) and isinstance(context, int) and context >= 0:
-            into.offer_curve(dataclasses.replace(key, context=context), with_source(t, "attention probe (sweep)"))
+            source = "attention probe (grid)" if role == "curve" else "attention probe (sweep)"
+            into.offer_curve(dataclasses.replace(key, context=context), with_source(t, source))
 
 
 SPEC = ProbeSpec(
@@ -61,8 +65,9 @@ SPEC = ProbeSpec(
     description="decode attention against the KV cache: GQA (SDPA), absorbed MLA, DSA indexer + sparse MLA; KV GB/s",
     module="decodetop.probes.worker.attention",
     default_timeout_s=300.0,
-    default_params={"keys": [SMALL_GQA], "context_sweep": [], **COMPONENT_TIMING},
+    default_params={"keys": [SMALL_GQA], "context_sweep": [], "curve_keys": [], **COMPONENT_TIMING},
     plan=plan,
     read=read,
     plan_order=500,
+    string_lists=("curve_keys",),
 )

@@ -343,7 +343,8 @@ def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
 
 
 def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
-    """Each key at its context (best kernel, then the torch form beside it), then the context sweep (GPU only)."""
+    """Each key at its context (best kernel, then the torch form beside it), then the context sweep (GPU only); then
+    each of `curve_keys` (the curve plan's batch × context × KV-dtype grid) with the best kernel only, role "curve"."""
     opts = TimingOptions.from_params(ctx, params)
     keys = key_list(params, "attention")
     sweep = sorted({int(c) for c in params["context_sweep"]}) if ctx.is_cuda else []
@@ -371,5 +372,9 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
                     partial(attention_runner, key, ctx, rotate=opts.rotate, context=context),
                 )
             )
-    ctx.progress("done", len(keys), len(keys))
+    grid = key_list({"keys": params.get("curve_keys", [])}, "attention")
+    for kid, key in each_key(ctx, grid, AttentionKey):  # the curve plan's grid: the best kernel only
+        pt = {"what": "attention", "key": kid, "context": key.context, "role": "curve", "device": device}
+        out.append(measure(ctx, opts, kid, pt, partial(attention_runner, key, ctx, rotate=opts.rotate)))
+    ctx.progress("done", len(keys) + len(grid), len(keys) + len(grid))
     return RankOutput(measurements=tuple(out))
