@@ -72,6 +72,9 @@ DEFAULT_TRANSFER_SIGMA = math.log(1.35) / Z80
 LATENCY_BOUND = 0.25
 """A point that reached less than a quarter of the best efficiency seen on this host is latency-bound: its time is
 mostly the kernel's fixed cost, a floor for anything of its kind with less work."""
+CROSS_GPU_SIGMA = math.log(1.5) / Z80
+"""±50 % at 80 % for a figure carried to another GPU model from this host's curves: AIConfigurator's cross-profile
+leave-one-out errs 24–58 % (docs/reference/whatif.md §2), BLIS 13–16 % on unseen GPUs."""
 RUN_TO_RUN_SIGMA = 0.03
 """What a figure not measured in this very run may drift by between runs on one GPU (clocks, placement): two H200
 plans of the same shapes, hours apart, differed by 2–3 % median and 4–5 % p90 for GEMMs and attention
@@ -395,7 +398,8 @@ class CurveEngine:
     subset of the points, as a hold-out test builds, can take its parent's); `checked=False` skips it, the ranges
     then resting on the published defaults (a per-rank composition needs the figures, not their ranges).
     `exact_only` answers measured points only and refuses the rest (the roofline view of
-    `decodetop.pipeline.context.UNMEASURED_ROOFLINE`)."""
+    `decodetop.pipeline.context.UNMEASURED_ROOFLINE`). `target`: another GPU model to predict for from this host's
+    curves (every figure transferred, `CROSS_GPU_SIGMA` wide)."""
 
     def __init__(
         self,
@@ -406,10 +410,12 @@ class CurveEngine:
         self_check: SelfCheck | None = None,
         exact_only: bool = False,
         checked: bool = True,
+        target: Hardware | None = None,
     ) -> None:
         self.hardware = hardware
         self.exact_only = exact_only
         self.checked = checked
+        self.target = target
         self.measure_hint = measure_hint
         self._exact: dict[tuple[str, str], CurvePoint] = {}
         self._curves: dict[tuple[str, Identity], _Curve] = {}
@@ -468,7 +474,33 @@ class CurveEngine:
     # --- predicting -----------------------------------------------------------------------------------------
 
     def predict(self, key: ProbeKey, variant: str = "") -> Prediction | Refusal:
-        """The figure of one instance of `key` (see the module docstring), or why there is none."""
+        """The figure of one instance of `key` (see the module docstring), or why there is none; on `target`
+        hardware where one is set (`elsewhere`)."""
+        got = self._predict_here(key, variant)
+        if self.target is None or isinstance(got, Refusal):
+            return got
+        return self._elsewhere(key, got)
+
+    def _elsewhere(self, key: ProbeKey, got: Prediction) -> Prediction | Refusal:
+        """A figure of this host carried to another GPU model: the share of its time that is work (its efficiency
+        over the best this host reached) rescaled by the two rooflines, the rest (latency) kept; labelled
+        transferred, with `CROSS_GPU_SIGMA` added. The all-reduce does not carry (another interconnect)."""
+        assert self.target is not None
+        src, dst = self.hardware.gpu_name, self.target.gpu_name
+        if key.PROBE == "allreduce":
+            return self._refuse(key, f"all-reduce curves of {src} do not carry to {dst} (another interconnect)")
+        here, there = self.roofline_ms(key), roofline_ms(key, self.target)
+        work = min(1.0, here / got.ms / self._best) if got.ms > 0 else 1.0
+        ms = got.ms * (1 - work) + got.ms * work * there / here
+        sigma = math.sqrt(got.sigma_log**2 + CROSS_GPU_SIGMA**2)
+        label = f"transferred from {src}: {got.label}"
+        return dataclasses.replace(
+            got, ms=ms, p10_ms=ms * math.exp(-Z80 * sigma), p90_ms=ms * math.exp(Z80 * sigma), status="transferred",
+            label=label, sigma_log=sigma,
+        )  # fmt: skip
+
+    def _predict_here(self, key: ProbeKey, variant: str) -> Prediction | Refusal:
+        """The figure of `key` on this host."""
         exact = self._exact.get((key.key_id, variant))
         if exact is not None:
             return Prediction(
@@ -636,7 +668,11 @@ class CurveEngine:
         near, second = (0, 1) if i == 0 else (len(found) - 1, len(found) - 2)
         ra, a, ca = found[near]
         other = (found[second][0], found[second][1].ms) if 0 <= second < len(found) else None
-        ms, held = _beyond((ra, a.ms), rq, other, floor)
+        if other is None:  # one shape of its kind here (or another dtype's): its efficiency held, as AIConfigurator
+            ms = max(a.ms * rq / ra, min(floor.floor_ms, a.ms))
+            held = ms > a.ms * rq / ra
+        else:
+            ms, held = _beyond((ra, a.ms), rq, other, floor)
         return _Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held), ca
 
     # --- self-check -----------------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ class Deployment:
     """Speculative decoding (MTP): mean tokens accepted per step; None = off."""
     draft_tokens: int | None = None
     """Draft tokens verified per step (default: enough for the accept length, at least 1)."""
+    draft_model: bool = False
+    """Speculative decoding drafts with a separate draft model (`decodetop.budget.speculative`), not the model's own
+    MTP layers: the model's step is then the verification of 1 + drafts tokens alone."""
     launch_mode: str = "graph"
     """How kernels are launched: graph (CUDA-graph replay, as SGLang/vLLM decode by default) or eager."""
     allreduce: str = "auto"
@@ -137,8 +140,11 @@ class Deployment:
 
     def describe(self, spec: ModelSpec) -> str:
         """One line for the output."""
+        drafter = " by a draft model" if self.draft_model else ""
         spec_text = (
-            f", speculative: accept {self.accept_length:g} of {self.n_draft} draft(s)" if self.speculative else ""
+            f", speculative: accept {self.accept_length:g} of {self.n_draft} draft(s){drafter}"
+            if self.speculative
+            else ""
         )
         allreduce = f", all-reduce {self.allreduce}" if self.allreduce != "auto" else ""
         return (

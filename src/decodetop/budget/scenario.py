@@ -33,6 +33,7 @@ from pathlib import Path
 from decodetop.budget.deployment import DEFAULT_CONTEXT, Deployment
 from decodetop.budget.inventory import StepInventory, build_inventory
 from decodetop.budget.spec import ModelSpec, load_config, load_preset
+from decodetop.budget.speculative import with_draft_model
 from decodetop.errors import UserInputError
 
 GPU_LIST_HELP = "GPU indices: a comma list of indices and ranges, e.g. 0,1 or 0-3,5 (no negatives, no duplicates)"
@@ -190,6 +191,11 @@ class Scenario:
     deployment: Deployment
     tp_source: str
     """Where TP came from, in words (`TpChoice.source`)."""
+    model_variant: str = ""
+    """What a what-if changed of the model itself ('weights=fp8', 'draft model=…'; '' for the model as named): part of
+    the fingerprint, so a variant's results and inventory never pass for the model's."""
+    draft_spec: ModelSpec | None = field(default=None, compare=False, repr=False)
+    """The draft model of speculative decoding where it is not the model's MTP layers (`Deployment.draft_model`)."""
 
     @property
     def tp(self) -> int:
@@ -214,9 +220,10 @@ class Scenario:
         dep = self.deployment
         spec_text = "off" if dep.accept_length is None else f"accept={dep.accept_length:g},draft={dep.n_draft}"
         allreduce = f";allreduce={dep.allreduce}" if dep.allreduce != "auto" else ""
+        variant = f";variant={self.model_variant}" if self.model_variant else ""
         return (
             f"model={self.source.ref};tp={dep.tp};ep={dep.ep};batch={dep.batch};context={dep.context_len};"
-            f"kv={self.kv_dtype};launch={dep.launch_mode};spec={spec_text}{allreduce}"
+            f"kv={self.kv_dtype};launch={dep.launch_mode};spec={spec_text}{allreduce}{variant}"
         )
 
     @property
@@ -241,7 +248,10 @@ class Scenario:
 
 @functools.lru_cache(maxsize=32)
 def _inventory(scenario: Scenario) -> StepInventory:
-    return build_inventory(scenario.spec, scenario.deployment)
+    inventory = build_inventory(scenario.spec, scenario.deployment)
+    if scenario.deployment.draft_model and scenario.draft_spec is not None:
+        inventory = with_draft_model(inventory, scenario.draft_spec)
+    return inventory
 
 
 def build_scenario(

@@ -35,7 +35,7 @@ __all__ = ["Op", "StepInventory", "build_inventory", "expected_distinct_experts"
 def build_inventory(spec: ModelSpec, deployment: Deployment) -> StepInventory:
     """The ops of one decode step of `spec` served as `deployment`, on the busiest GPU."""
     deployment.validate(spec)
-    if deployment.speculative and spec.n_mtp_layers == 0:
+    if deployment.speculative and spec.n_mtp_layers == 0 and not deployment.draft_model:
         raise UserInputError(f"--accept-length: {spec.name} has no MTP layer (num_nextn_predict_layers) to draft with")
     b = OpBuilder(spec, deployment)
     dep = deployment
@@ -50,7 +50,7 @@ def build_inventory(spec: ModelSpec, deployment: Deployment) -> StepInventory:
     b.norm("final norm", "rmsnorm", Component.NORMS, None, m_main, d)
     _lm_head(b, m_main)
 
-    if dep.speculative:  # MTP draft: the MTP layer(s) run once per draft token at one token per sequence
+    if dep.speculative and not dep.draft_model:  # MTP draft: the MTP layer(s) run once per draft token at one token
         n = dep.n_draft
         m_d = dep.batch
         for j in range(spec.n_mtp_layers):
@@ -219,7 +219,7 @@ _REPLICATED = {"q_a_proj", "kv_a_proj", "indexer_wq_b", "indexer_wk", "indexer_w
 def _resident_bytes(spec: ModelSpec, dep: Deployment) -> float:
     """Weights one GPU holds (main model; MTP layers too when speculative decoding uses them)."""
     total = 0.0
-    mods = spec.modules + (spec.mtp_modules if dep.speculative else ())
+    mods = spec.modules + (spec.mtp_modules if dep.speculative and not dep.draft_model else ())
     for md in mods:
         if md.kind in _REPLICATED:
             total += md.bytes
@@ -272,7 +272,12 @@ def _assumptions(spec: ModelSpec, dep: Deployment, b: OpBuilder) -> tuple[str, .
             f"DSA: attention reads min(context, {spec.index_topk}) latents; the indexer reads every cached "
             "FP8 index key (+FP32 scale per 128) — layout assumed from DeepSeek-V3.2 (docs/reference/models.md §7)."
         )
-    if dep.speculative:
+    if dep.speculative and dep.draft_model:
+        out.append(
+            f"Speculative (draft model): the model verifies {dep.query_len} tokens per sequence; "
+            f"{dep.tokens_per_step:g} tokens accepted per step; the draft model's steps are added to it."
+        )
+    elif dep.speculative:
         out.append(
             f"Speculative (MTP): main model verifies {dep.query_len} tokens per sequence; the MTP layer runs "
             f"{dep.n_draft}× per step; {dep.tokens_per_step:g} tokens accepted per step."
