@@ -21,6 +21,7 @@ from decodetop.inert import guard_streams, inert
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("probe", "measure decode-step primitives and components on every GPU (headless)"),
     ("budget", "the per-token budget and roofline of a model on a deployment (no GPU needed)"),
+    ("whatif", "another deployment's step and tok/s, predicted from the curves measured on this host"),
     ("check", "host and GPU health checks; exit 0 ok, 1 warning, 2 critical, 3 unknown"),
     ("trace", "attribute a serving engine's profiler trace to the budget's components"),
     ("exporter", "serve telemetry, checks and probe results as Prometheus metrics (headless)"),

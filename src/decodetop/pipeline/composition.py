@@ -31,17 +31,20 @@ The rules (the same for every surface):
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from decodetop.budget.compose import Budget, Segment, compose_budget
+from decodetop.budget.curves import CurveEngine
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.gpus import find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import AllreduceKey
-from decodetop.budget.plan import build_plan
+from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
 from decodetop.budget.scenario import Scenario
 from decodetop.history import format_age
@@ -163,7 +166,7 @@ def compose(ctx: BudgetContext) -> Composition:
     plan = ctx.plan or build_plan(inventory)
     mode = inventory.deployment.launch_mode
     choice = inventory.deployment.allreduce
-    measured = measured_from_results(used, launch_mode=mode, plan=plan, allreduce=choice)
+    measured = _read(used, mode, plan, choice)
     notes.extend(measured.notes)
     roof: Roofline | None = None
     hw: Hardware | None = None
@@ -175,15 +178,25 @@ def compose(ctx: BudgetContext) -> Composition:
         if hw is not None:
             roof = roofline(inventory, hw)
     exact_only = ctx.unmeasured == UNMEASURED_ROOFLINE
-    engine = measured.engine(hw, measure_hint=measure_hint(scenario), exact_only=exact_only)
+    times = measured.times
+    target = _target(ctx, hw, notes)
+    estimate = hw
+    if target is not None and hw is not None:  # another GPU model: nothing was measured on it, all is carried
+        header = (
+            f"predicted for {target.gpu_name} from the curves measured on {hw.gpu_name}: every figure transferred "
+            "(±50 %), the all-reduce and the launch cost estimated for it"
+        )
+        roof, estimate, times = roofline(inventory, target), target, {}
+        hw_text = f"{target.gpu_name} ({ctx.target_gpu.how if ctx.target_gpu else ''})"
+    engine = _engine(measured, hw, measure_hint(scenario), exact_only, target)
     budget = compose_budget(
         inventory,
-        measured.times,
+        times,
         curves=engine,
         launch_mode=mode,
         target_tps=ctx.target_tps,
         roofline=roof,
-        estimate=hw,
+        estimate=estimate,
         observed=ctx.observed,
         hardware_text=hw_text,
         device_kind=kind,
@@ -206,9 +219,72 @@ def compose(ctx: BudgetContext) -> Composition:
         )
         for s in budget.segments
     )
-    ranks = compose_ranks(inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice)
+    ranks = None
+    if target is None and ctx.per_rank:
+        ranks = compose_ranks(
+            inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice
+        )
     budget = dataclasses.replace(budget, segments=segments, ranks=ranks, tp_source=scenario.tp_source)
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used), measured=measured)
+
+
+# --- what one set of results gives every composition of it (what-ifs compose many) -------------------------------
+
+_CACHE_SIZE = 8
+_cache_lock = threading.Lock()
+_reads: OrderedDict[tuple[object, ...], tuple[tuple[ProbeResult, ...], MeasuredSet]] = OrderedDict()
+_engines: OrderedDict[tuple[object, ...], tuple[MeasuredSet, CurveEngine]] = OrderedDict()
+
+
+def _read(used: Sequence[ProbeResult], mode: str, plan: ProbePlan, choice: str) -> MeasuredSet:
+    """`measured_from_results` of `used`, kept for the next composition of the same results read the same way
+    (the launch mode, the plan's TP group for the all-reduce, the all-reduce choice): a what-if composes each of its
+    variants from one set of results."""
+    held = tuple(used)
+    key = (tuple(id(r) for r in held), mode, plan.allreduce_ranks, choice)
+    with _cache_lock:
+        hit = _reads.get(key)
+        if hit is not None and all(a is b for a, b in zip(hit[0], held, strict=True)):
+            _reads.move_to_end(key)
+            return hit[1]
+    measured = measured_from_results(held, launch_mode=mode, plan=plan, allreduce=choice)
+    with _cache_lock:
+        _reads[key] = (held, measured)
+        while len(_reads) > _CACHE_SIZE:
+            _reads.popitem(last=False)
+    return measured
+
+
+def _target(ctx: BudgetContext, hw: Hardware | None, notes: list[str]) -> Hardware | None:
+    """The GPU model to predict for where `ctx.target_gpu` names one other than the results' (`hw`), at its
+    datasheet figures; None where it is the same model, not in the table, or the results come from CPU ranks."""
+    if ctx.target_gpu is None:
+        return None
+    row = find_gpu(ctx.target_gpu.name)
+    if hw is None:
+        notes.append(f"{ctx.target_gpu.name}: curves of CPU ranks do not carry to a GPU; the target GPU is ignored")
+        return None
+    if row is None or find_gpu(hw.gpu_name) is row:
+        return None
+    return hardware_for(row, gpu_name=row.name)
+
+
+def _engine(
+    measured: MeasuredSet, hw: Hardware | None, hint: str, exact_only: bool, target: Hardware | None = None
+) -> CurveEngine:
+    """The curve engine of `measured` against `hw`, kept with its self-check for the next composition of it."""
+    key = (id(measured), hw, hint, exact_only, target)
+    with _cache_lock:
+        hit = _engines.get(key)
+        if hit is not None and hit[0] is measured:
+            _engines.move_to_end(key)
+            return hit[1]
+    engine = measured.engine(hw, measure_hint=hint, exact_only=exact_only, target=target)
+    with _cache_lock:
+        _engines[key] = (measured, engine)
+        while len(_engines) > _CACHE_SIZE:
+            _engines.popitem(last=False)
+    return engine
 
 
 def measure_hint(scenario: Scenario) -> str:

@@ -112,6 +112,11 @@ class BudgetContext:
     """The scenario's probe plan (None: built from its inventory)."""
     unmeasured: str = UNMEASURED_CURVES
     """How figures of points not measured exactly are obtained (`UNMEASURED_WAYS`)."""
+    per_rank: bool = True
+    """Compose every rank's own budget too (the spread and the straggler); a what-if's variants leave it out."""
+    target_gpu: GpuHint | None = None
+    """Another GPU model to predict for than the one the results were measured on (a what-if): every figure carried
+    from the results' curves, labelled transferred (None: the results' own GPU)."""
 
     def __post_init__(self) -> None:
         if self.unmeasured not in UNMEASURED_WAYS:

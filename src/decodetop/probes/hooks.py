@@ -128,18 +128,27 @@ class MeasuredSet:
     the sweeps' points and the all-reduce at every size, rank count and implementation."""
 
     def engine(
-        self, hardware: Hardware | None, *, measure_hint: str = "", exact_only: bool = False, checked: bool = True
+        self,
+        hardware: Hardware | None,
+        *,
+        measure_hint: str = "",
+        exact_only: bool = False,
+        checked: bool = True,
+        target: Hardware | None = None,
     ) -> CurveEngine:
         """The curve engine over these points. Efficiencies are taken against `hardware` (a GPU's roofline, its
         matrix peak the measured one where the gemm probe measured it), or, on CPU ranks (None), against the
-        measured copy bandwidth and matrix peak (ratios only). `exact_only`: answer exact points only."""
+        measured copy bandwidth and matrix peak (ratios only). `exact_only`: answer exact points only; `checked`:
+        run the self-check; `target`: another GPU model to carry the figures to."""
         if hardware is None:
             hw = nominal_hardware(self.copy_gbps, self.peak_tflops)
         elif self.peak_tflops:
             hw = dataclasses.replace(hardware, bf16_dense_tflops=self.peak_tflops)
         else:
             hw = hardware
-        return CurveEngine(self.curve_points, hw, measure_hint=measure_hint, exact_only=exact_only, checked=checked)
+        return CurveEngine(
+            self.curve_points, hw, measure_hint=measure_hint, exact_only=exact_only, checked=checked, target=target
+        )
 
 
 @dataclass

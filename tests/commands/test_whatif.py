@@ -1,0 +1,82 @@
+"""`decodetop whatif`: the current deployment against variants, from a results file or the stored results of this
+host; text, JSON, the target and its reasons, and one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from decodetop.cli import main
+from decodetop.history import KIND_PROBE, History
+from decodetop.pipeline.fingerprints import fingerprint_of
+from decodetop.probes.results import load_results
+
+PLANS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "plans"
+LLAMA = str(PLANS / "plan_llama-3.1-70b-tp1-h200x1.json")
+SCENARIO = "model=preset:llama-3.1-70b;tp=1;ep=1;batch=1;context=4096;kv=bf16;launch=graph;spec=off"
+
+
+@pytest.fixture(autouse=True)
+def _own_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DECODETOP_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("COLUMNS", "240")
+
+
+def test_the_table_names_each_variant_its_range_limit_and_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, "--tp", "1"]
+    assert main([*argv, "--vary", "tp=2,4", "accept=1,2", "--target-tps", "100", "--observed-ms", "40"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("What-if: Llama-3.1-70B, TP 1 (--tp)")
+    assert f"predicted from the results in {LLAMA}" in out
+    assert "calibrated ×" in out and "observed 40 ms" in out
+    header = next(line for line in out.splitlines() if line.startswith("variant"))
+    for column in ("step ms", "80 % range", "calibrated", "tok/s/seq", "tok/s total", "limited by", "weakest figure"):
+        assert column in header
+    assert "tp=4 accept=2" in out and "no MTP layer to draft with" in out
+    assert "tok/s per sequence over the accept length (tp=2): 1 →" in out
+    assert "reach 100 tok/s per sequence: " in out and "cannot be served so" in out
+    assert "self-check (leave-one-out on this host's curves): " in out and "gemm: " in out
+
+
+def test_json_carries_every_variant_and_why_the_others_miss_the_target(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, "--tp", "1", "--vary", "tp=1,8", "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["now"]["label"] == "now" and [v["label"] for v in doc["variants"]] == ["tp=1", "tp=8"]
+    tp8 = doc["variants"][1]
+    assert tp8["step_ms"] < doc["now"]["step_ms"] and tp8["range_ms"][0] <= tp8["step_ms"] <= tp8["range_ms"][1]
+    assert tp8["budget"]["self_check"]["families"] and tp8["limiting"]
+    assert doc["calibration"] is None and "assumed" in doc["calibration_note"]
+    assert doc["not_reaching"][0]["variant"] == "tp=1" and "weights do not fit" in doc["not_reaching"][0]["why"]
+
+
+def test_without_results_it_takes_this_hosts_stored_ones(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["whatif", "--model", "llama-3.1-70b", "--tp", "1", "--vary", "batch=8"]
+    assert main(argv) == 2
+    assert "no probe results to predict from" in capsys.readouterr().err
+    history = History()
+    for r in load_results(LLAMA):
+        assert r.environment is not None
+        env = dataclasses.replace(r.environment, host="")  # measured on this host
+        fp = fingerprint_of(env, SCENARIO)
+        history.record(KIND_PROBE, r.probe, r.to_dict(), fingerprint=fp)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "predicted from stored results of this host for this scenario" in out and "batch=8" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--vary", "speed=2"], "--vary: unknown knob 'speed'"),
+        (["--vary", "tp"], "--vary 'tp': give KNOB=V1,V2"),
+        (["--gpu", "nonesuch"], "--gpu: unknown GPU 'nonesuch'"),
+    ],
+)
+def test_bad_flags_are_one_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
