@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from decodetop.budget.curves import ErrorStat
 from decodetop.budget.gpus import GPUS
 from decodetop.budget.roofline import hardware_for
+from decodetop.budget.selfcheck import ErrorStat
 from decodetop.probes.plan_hooks import measured_from_results
 from decodetop.probes.results import load_results
 

@@ -10,20 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decodetop.budget.curves import (
-    DEFAULT_TRANSFER_SIGMA,
-    Z80,
-    CurveEngine,
-    CurvePoint,
-    Prediction,
-    Refusal,
-    nominal_hardware,
-)
+from decodetop.budget.curves import CurveEngine, CurvePoint, Prediction, Refusal, nominal_hardware
 from decodetop.budget.gpus import GPUS
 from decodetop.budget.inventory import expected_distinct_experts
 from decodetop.budget.keys import AllreduceKey, AttentionKey, GemmKey, LaunchKey, MoeKey, NormKey, ProbeKey
 from decodetop.budget.keywork import roofline_ms
 from decodetop.budget.roofline import hardware_for
+from decodetop.budget.selfcheck import DEFAULT_TRANSFER_SIGMA, Z80
 
 H200 = hardware_for(GPUS["h200"])
 MS = (1, 2, 4, 8, 16, 32, 64, 128, 256)

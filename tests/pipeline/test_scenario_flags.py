@@ -64,8 +64,8 @@ def test_the_live_ui_takes_the_deployment_flags(capsys: pytest.CaptureFixture[st
     [
         (
             ["--json"],
-            "--json is a flag of decodetop probe, decodetop budget, decodetop whatif, decodetop check, decodetop trace, "
-            "not of ",
+            "--json is a flag of decodetop probe, decodetop budget, decodetop whatif, decodetop check, "
+            "decodetop trace, not of ",
         ),
         (["budget", "--server", "http://x"], "--server is a flag of decodetop (the live UI), decodetop trace, "),
         (

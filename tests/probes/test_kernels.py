@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from decodetop.budget.compose import KernelTime, MeasuredTime, compose_budget
+from decodetop.budget.compose import compose_budget
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import build_inventory
 from decodetop.budget.kernels import KernelClass, kernels_short
 from decodetop.budget.keys import AttentionKey, KvcastKey, NormKey
+from decodetop.budget.measured import KernelTime, MeasuredTime
 from decodetop.budget.spec import load_preset
 from decodetop.probes.controller import ProbeController
 from decodetop.probes.hooks import MeasuredSetBuilder, read_keyed_points

@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from decodetop.budget.compose import Curve, KernelTime, MeasuredTime
 from decodetop.budget.curves import FAMILIES, CurveEngine, CurvePoint, nominal_hardware
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import LaunchKey, MeasurementKeyError, ProbeKey, parse_key_id
+from decodetop.budget.measured import Curve, KernelTime, MeasuredTime
 from decodetop.budget.plan import CurvePlan, ProbePlan
 from decodetop.budget.roofline import Hardware
 from decodetop.probes.results import Measurement, MeasurementStatus, ProbeResult

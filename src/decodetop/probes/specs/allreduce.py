@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from decodetop.budget.compose import MeasuredTime
 from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
 from decodetop.budget.keys import AllreduceKey
+from decodetop.budget.measured import MeasuredTime
 from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest, with_source
 from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import MeasurementStatus, ProbeResult

@@ -6,7 +6,7 @@ mode: graph = the a + b·N fit's b (per node of a replayed CUDA graph), eager = 
 
 from __future__ import annotations
 
-from decodetop.budget.compose import MeasuredTime
+from decodetop.budget.measured import MeasuredTime
 from decodetop.probes.hooks import (
     MeasuredSetBuilder,
     PlanContext,
