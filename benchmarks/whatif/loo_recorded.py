@@ -6,6 +6,7 @@ family (inside the grid, per extrapolated octave, a shape left out) as the markd
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ def cell(stat: ErrorStat | None) -> str:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     hw = hardware_for(GPUS["h200"])
     print("| plan | GEMM inside | GEMM per octave | GEMM shape left out | attention inside | attention per octave "
           "| all-reduce inside |")  # fmt: skip

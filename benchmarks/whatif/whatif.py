@@ -16,7 +16,10 @@ For each model (default: Llama-3.1-70B and Mixtral-8x7B shapes, reduced to 4 lay
 
 Targets (the issue's acceptance): compute within 7 % median / 12 % worst; the direct figure inside the 80 % range
 in ≥ 80 % of the cases; leave-one-out GEMM ≤ 5 % / ≤ 15 %, attention ≤ 2 % / ≤ 8 % (median / p90).
-`--glm5-plan` also times the full GLM-5 plan at TP 2 with its curves (docs/benchmarks.md keeps it under 60 s).
+`--glm5-plan` also times the full GLM-5 plan at TP 2 with its curves (docs/benchmarks.md keeps it under 60 s), first,
+and `--glm5-results PATH` keeps its results (`decodetop whatif --model glm-5 --results PATH`). `--serving-json PATH`
+times the independent serving-form step (serving_step.py: plain torch, its own process) at `SERVING_SHAPES` of the
+dense model after its base plan, against the compute part predicted there.
 
     PYTHONPATH=src python3 benchmarks/whatif/whatif.py --json /tmp/whatif.json          # one H200
     PYTHONPATH=src python3 benchmarks/whatif/whatif.py --device cpu --tiny --context 64  # CPU smoke
@@ -80,6 +83,14 @@ SCENARIOS = (
     WhatIf("FP8 KV", {"kv_dtype": "fp8"}),
     WhatIf("EP 2 (TP 2)", {"tp": 2, "ep": 2}, moe_only=True),
 )
+
+
+SERVING_SHAPES = ((1, 16, 2, 1), (4, 4, 16, 1), (2, 24, 1, 2))
+"""(TP, batch, context × num / den of the base context) of the independent serving-form step (serving_step.py) of
+the dense model: shapes none of the scenarios above uses (at the base 4K: batch 16 at 8K, batch 4 at 64K on the
+TP-4 shard, batch 24 at 2K on the TP-2 shard)."""
+SERVING_TIMEOUT_S = 180.0
+"""Deadline of the serving-form step's process (three shapes, each captured and replayed)."""
 
 
 def model_spec(preset: str, layers: int, *, tiny: bool) -> ModelSpec:
@@ -172,8 +183,10 @@ def run_model(
         row = scenario_row(sc.name, predicted, direct.budget)
         rows.append(row)
         log(f"  {preset} {sc.name}: predicted {row['predicted_ms']:.3f} ms, direct {row['direct_ms']:.3f} ms")
+    serving = [] if spec.is_moe else serving_predictions(spec, base_dep, run.results, pc.layout.kind)
     return {
         "model": spec.name,
+        "serving": serving,
         "base_plan_s": round(base_s, 2),
         "base_points": len(run.measured.curve_points),
         "base_budget": run.budget.to_dict(),
@@ -183,16 +196,66 @@ def run_model(
     }
 
 
-def glm5_plan(runner: Any, pc: Any, *, log: Callable[[str], None]) -> dict[str, Any]:
-    """The full GLM-5 plan at TP 2 (one rank: the shard's shapes) with its curves: wall time and point count."""
+def serving_predictions(
+    spec: ModelSpec, base_dep: Deployment, results: Sequence[Any], group_kind: str
+) -> list[dict[str, Any]]:
+    """The compute part predicted from the base plan at each of `SERVING_SHAPES`, with the shape the independent
+    serving-form step builds (serving_step.py reads the model's widths from here, never decodetop's code)."""
+    from decodetop.pipeline.composition import compose
+    from decodetop.pipeline.context import BudgetContext
+
+    out = []
+    for tp, batch, num, den in SERVING_SHAPES:
+        dep = dataclasses.replace(base_dep, tp=tp, batch=batch, context_len=base_dep.context_len * num // den)
+        budget = compose(BudgetContext(_scenario(spec, dep), tuple(results), group_kind=group_kind)).budget
+        ms, lo, hi, complete = compute_part(budget)
+        shape = {"layers": spec.n_layers, "hidden": spec.d_model, "heads": spec.n_heads, "kv_heads": spec.n_kv_heads,
+                 "head_dim": spec.head_dim, "intermediate": spec.ffn_dense, "vocab": spec.vocab_size, "tp": tp,
+                 "batch": batch, "context": dep.context_len}  # fmt: skip
+        out.append({
+            "name": f"{spec.name}: batch {batch}, context {dep.context_len}, TP-{tp} shard",
+            "shape": shape, "predicted_ms": ms, "range_ms": [lo, hi], "complete": complete,
+            "weakest": budget.weakest,
+        })  # fmt: skip
+    return out
+
+
+def run_serving(doc: Mapping[str, Any], json_path: str, out_path: str, device: str, log: Callable[[str], None]) -> Any:
+    """The independent serving-form step (serving_step.py, its own process) at the shapes predicted in `doc`."""
+    import subprocess
+
+    script = Path(__file__).resolve().with_name("serving_step.py")
+    cmd = [sys.executable, str(script), "--predicted", json_path, "--json", out_path, "--device", device]
+    if device == "cpu":
+        cmd += ["--replays", "2", "--repeats", "3"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=SERVING_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        log(f"serving-form step: no result within {SERVING_TIMEOUT_S:.0f} s")
+        return None
+    log(done.stderr.rstrip())
+    if done.returncode != 0:
+        log(f"serving-form step: exit {done.returncode}")
+        return None
+    return json.loads(Path(out_path).read_text(encoding="utf-8"))
+
+
+def glm5_plan(runner: Any, pc: Any, results_path: str | None, *, log: Callable[[str], None]) -> dict[str, Any]:
+    """The full GLM-5 plan at TP 2 (one rank: the shard's shapes) with its curves: wall time and point count; its
+    results written to `results_path` (as `decodetop probe --json` writes them: `decodetop whatif --results`)."""
     from decodetop.budget.scenario import model_source
+    from decodetop.probes.results import results_to_json
 
     spec = load_preset("glm-5")
     scenario = Scenario(model_source("glm-5", None), spec, Deployment(tp=2), "the campaign's deployment")
     t0 = time.monotonic()
     run = _plan(runner, pc, scenario, sweeps=True, log=log)
+    plan_s = time.monotonic() - t0
+    if results_path:
+        write_text_atomic(Path(results_path), results_to_json(run.results))
     return {
-        "plan_s": round(time.monotonic() - t0, 2),
+        "plan_s": round(plan_s, 2),
+        "results": results_path,
         "points": len(run.measured.curve_points),
         "per_probe_s": {r.probe: round(r.duration_s, 2) for r in run.results},
         "statuses": {r.probe: r.status.value for r in run.results},
@@ -255,10 +318,30 @@ def table(doc: Mapping[str, Any]) -> str:
                     f"leave-one-out {m['model']} {probe}: {stat['median_pct']:.1f} % median / {stat['p90_pct']:.1f} "
                     f"% p90 ({stat['n']} points; target ≤ {tmed:g} / ≤ {tp90:g}: {'met' if ok else 'NOT met'})"
                 )
+    lines.extend(serving_lines(doc))
     if "glm5" in doc:
         g = doc["glm5"]
         lines.append(f"GLM-5 full plan at TP 2 with curves: {g['plan_s']} s, {g['points']} points ({g['per_probe_s']})")
     return "\n".join(lines)
+
+
+def serving_lines(doc: Mapping[str, Any]) -> list[str]:
+    """The independent serving-form step against the prediction, one line per shape, and the median / worst."""
+    measured = (doc.get("serving_measured") or {}).get("rows") or []
+    if not measured:
+        return []
+    head = "| serving-form step (compute of one rank) | independent ms | predicted ms | error | 80 % range | inside |"
+    lines = ["\n" + head, "|---|---|---|---|---|---|"]
+    errs = []
+    for r in measured:
+        m, p, (lo, hi) = r["measured"]["ms"], r["predicted_ms"], r["range_ms"]
+        errs.append(abs(p / m - 1))
+        lines.append(f"| {r['name']} | {m:.3f} | {p:.3f} | {(p / m - 1) * 100:+.1f} % | {lo:.3f}–{hi:.3f} | "
+                     f"{'yes' if lo <= m <= hi else 'no'} |")  # fmt: skip
+    lines.append(
+        f"serving-form step: median |error| {statistics.median(errs) * 100:.1f} %, worst {max(errs) * 100:.1f} %"
+    )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,6 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="probe ranks")
     ap.add_argument("--probe-timeout", type=float, default=None, help="deadline per probe, s")
     ap.add_argument("--glm5-plan", action="store_true", help="also time the full GLM-5 plan at TP 2 with curves")
+    ap.add_argument("--glm5-results", metavar="PATH", help="write the GLM-5 plan's results here (probe --json form)")
+    ap.add_argument(
+        "--serving-json", metavar="PATH", help="time the serving-form step too, its JSON here (needs --json)"
+    )
     ap.add_argument("--json", metavar="PATH", help="write everything as JSON (after each model)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
@@ -285,19 +372,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     with ProbeController(device=args.device, cpu_ranks=1) as pc:
         runner = PlanRunner(lambda: pc, timeout_s=args.probe_timeout)
         doc["device_kind"] = pc.layout.kind
-        for preset in [m for m in args.models.split(",") if m]:
-            doc["models"][preset] = run_model(runner, pc, preset, args, log=log)
-            doc["summary"] = summary(doc["models"])
-            dump(doc, args.json)
-        if args.glm5_plan and pc.layout.kind == "cuda":
-            doc["glm5"] = glm5_plan(runner, pc, log=log)
-        elif args.glm5_plan:
-            log("--glm5-plan: the full GLM-5 plan is timed on a GPU only (skipped on CPU ranks)")
+        campaign(runner, pc, args, doc, log)
     doc["summary"] = summary(doc["models"])
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     dump(doc, args.json)
     print(table(doc))
     return 0
+
+
+def campaign(runner: Any, pc: Any, args: argparse.Namespace, doc: dict[str, Any], log: Callable[[str], None]) -> None:
+    """The GLM-5 plan first (bounded, and its results feed `decodetop whatif`), then each model with its scenarios,
+    the serving-form step after the dense model's base plan; `doc` written after each part."""
+    if args.glm5_plan and pc.layout.kind == "cuda":
+        doc["glm5"] = glm5_plan(runner, pc, args.glm5_results, log=log)
+        dump(doc, args.json)
+    elif args.glm5_plan:
+        log("--glm5-plan: the full GLM-5 plan is timed on a GPU only (skipped on CPU ranks)")
+    for preset in [m for m in args.models.split(",") if m]:
+        doc["models"][preset] = run_model(runner, pc, preset, args, log=log)
+        doc["summary"] = summary(doc["models"])
+        doc.setdefault("serving", []).extend(doc["models"][preset]["serving"])
+        dump(doc, args.json)
+        if args.serving_json and args.json and doc["models"][preset]["serving"]:
+            measured = run_serving(doc, args.json, args.serving_json, pc.layout.kind, log)
+            if measured is not None:
+                doc["serving_measured"] = measured
+                dump(doc, args.json)
 
 
 def dump(doc: Mapping[str, Any], path: str | None) -> None:

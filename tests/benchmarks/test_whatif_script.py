@@ -22,7 +22,9 @@ def test_the_campaign_predicts_and_measures_every_scenario_on_cpu_ranks(
 ) -> None:
     out = tmp_path / "whatif.json"
     argv = ["--device", "cpu", "--tiny", "--layers", "1", "--context", "64", "--quiet", "--json", str(out)]
-    assert whatif.main([*argv, "--models", "llama-3.1-70b,mixtral-8x7b", "--glm5-plan"]) == 0
+    serving = tmp_path / "serving.json"
+    models = ["--models", "llama-3.1-70b,mixtral-8x7b", "--glm5-plan", "--serving-json", str(serving)]
+    assert whatif.main([*argv, *models]) == 0
     doc = json.loads(out.read_text())
     assert doc["device_kind"] == "cpu" and "glm5" not in doc  # timed on a GPU only
     llama, mixtral = doc["models"]["llama-3.1-70b"], doc["models"]["mixtral-8x7b"]
@@ -42,5 +44,13 @@ def test_the_campaign_predicts_and_measures_every_scenario_on_cpu_ranks(
     assert llama["loo"]["gemm"]["interior"]["n"] > 0  # the base plan's own self-check
     assert llama["base_points"] > 50  # the curve plan measured beside the budget's keys
     assert doc["summary"]["cases"] == len(llama["rows"]) + len(mixtral["rows"])
+    shapes = [r["shape"] for r in doc["serving"]]  # the dense model's only, each at a shape of its own
+    assert len(shapes) == len(whatif.SERVING_SHAPES) and {s["tp"] for s in shapes} == {1, 2, 4}
+    assert all(r["predicted_ms"] > 0 and r["complete"] for r in doc["serving"])
+    timed = doc["serving_measured"]["rows"]  # the independent step ran in its own process at every shape
+    assert [r["name"] for r in timed] == [r["name"] for r in doc["serving"]] and all(
+        r["measured"]["ms"] > 0 for r in timed
+    )
     text = capsys.readouterr().out
     assert "| model | scenario | direct ms | predicted ms |" in text and "80 % range in" in text
+    assert "| serving-form step (compute of one rank) |" in text and "serving-form step: median |error|" in text

@@ -1,0 +1,206 @@
+"""An independently written serving-form decode step of one rank's shard of a dense Llama-form model, in plain torch
+(no decodetop code): the reference the what-if predictions are checked against at shapes the acceptance table does
+not use.
+
+Per layer: RMSNorm (`F.rms_norm`), the fused QKV projection, rotary embedding of q and k, the new token's K and V
+written into a static cache, decode attention of the query heads grouped per KV head over the cached tokens (SDPA:
+the group folded into the query axis, as serving kernels read each KV head once), the output projection and the
+residual, RMSNorm, the fused gate/up projection, SiLU × up, the down projection and the residual; then the final
+norm, the shard's lm_head and a greedy argmax. The shard of TP t holds heads / t query heads, kv_heads / t KV heads,
+intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one rank). BF16 weights and cache.
+
+The step is captured in one CUDA graph and replayed (CUDA events around `--replays` replays, `--repeats` times, the
+median per step), as an engine runs decode; on CPU it runs eagerly at tiny widths (smoke test only).
+
+Shapes come from the campaign's JSON (`whatif.py` writes its predictions under "serving"):
+
+    python3 benchmarks/whatif/serving_step.py --predicted /tmp/w/whatif.json --json /tmp/w/serving.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812 - torch's own spelling
+
+ROPE_THETA = 500000.0
+"""Llama-3.1's rope_theta (its config.json); only the values of cos/sin depend on it, not the time."""
+
+
+class Shard:
+    """One rank's weights and KV cache of a dense Llama-form model at TP `tp`, and its decode step."""
+
+    def __init__(self, shape: Mapping[str, int], device: torch.device, dtype: torch.dtype) -> None:
+        tp = shape["tp"]
+        self.layers = shape["layers"]
+        self.hidden = shape["hidden"]
+        self.d = shape["head_dim"]
+        self.hq = shape["heads"] // tp
+        self.hkv = max(1, shape["kv_heads"] // tp)
+        inter = shape["intermediate"] // tp
+        vocab = -(-shape["vocab"] // tp)
+        self.batch, self.context = shape["batch"], shape["context"]
+        g = torch.Generator(device="cpu").manual_seed(0)
+
+        def w(*size: int) -> torch.Tensor:
+            return (torch.randn(*size, generator=g) * 0.02).to(device=device, dtype=dtype)
+
+        qkv_out = (self.hq + 2 * self.hkv) * self.d
+        self.wqkv = [w(qkv_out, self.hidden) for _ in range(self.layers)]
+        self.wo = [w(self.hidden, self.hq * self.d) for _ in range(self.layers)]
+        self.wgu = [w(2 * inter, self.hidden) for _ in range(self.layers)]
+        self.wdown = [w(self.hidden, inter) for _ in range(self.layers)]
+        self.norm1 = [torch.ones(self.hidden, device=device, dtype=dtype) for _ in range(self.layers)]
+        self.norm2 = [torch.ones(self.hidden, device=device, dtype=dtype) for _ in range(self.layers)]
+        self.final_norm = torch.ones(self.hidden, device=device, dtype=dtype)
+        self.lm_head = w(vocab, self.hidden)
+        self.embed = w(vocab, self.hidden)
+        cache = (self.batch, self.hkv, self.context + 1, self.d)
+        self.k_cache = [torch.randn(cache, device=device, dtype=dtype) for _ in range(self.layers)]
+        self.v_cache = [torch.randn(cache, device=device, dtype=dtype) for _ in range(self.layers)]
+        pos = torch.tensor([float(self.context)], device=device)
+        inv = 1.0 / ROPE_THETA ** (torch.arange(0, self.d, 2, device=device, dtype=torch.float32) / self.d)
+        ang = pos[:, None] * inv[None, :]
+        self.cos = torch.cat([ang.cos(), ang.cos()], dim=-1).to(dtype)
+        self.sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(dtype)
+        self.pos = self.context
+        self.tokens = torch.zeros(self.batch, dtype=torch.long, device=device)
+
+    def _rope(self, x: torch.Tensor) -> torch.Tensor:
+        half = self.d // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * self.cos + rotated * self.sin
+
+    def step(self) -> torch.Tensor:
+        """One decode step of the shard: the next token of each sequence."""
+        b, d = self.batch, self.d
+        x = F.embedding(self.tokens, self.embed)
+        for i in range(self.layers):
+            h = F.rms_norm(x, (self.hidden,), self.norm1[i], eps=1e-5)
+            qkv = h @ self.wqkv[i].t()
+            q, k, v = qkv.split([self.hq * d, self.hkv * d, self.hkv * d], dim=-1)
+            q = self._rope(q.view(b, self.hq, d))
+            k = self._rope(k.view(b, self.hkv, d))
+            self.k_cache[i][:, :, self.pos] = k
+            self.v_cache[i][:, :, self.pos] = v.view(b, self.hkv, d)
+            qg = q.view(b, self.hkv, self.hq // self.hkv, d)  # the group of a KV head as its query axis
+            att = F.scaled_dot_product_attention(qg, self.k_cache[i], self.v_cache[i])
+            x = x + att.reshape(b, self.hq * d) @ self.wo[i].t()
+            h = F.rms_norm(x, (self.hidden,), self.norm2[i], eps=1e-5)
+            gate, up = (h @ self.wgu[i].t()).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ self.wdown[i].t()
+        logits = F.rms_norm(x, (self.hidden,), self.final_norm, eps=1e-5) @ self.lm_head.t()
+        return logits.float().argmax(dim=-1)
+
+
+def time_graph(shard: Shard, replays: int, repeats: int) -> list[float]:
+    """ms per step of the captured step, one figure per repeat (CUDA events around `replays` replays)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm the kernels' choices before capture
+            shard.step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = shard.step()
+    for _ in range(5):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    del graph, out
+    return times
+
+
+def time_eager(shard: Shard, replays: int, repeats: int) -> list[float]:
+    """ms per step run eagerly (CPU smoke test: host clock around `replays` steps)."""
+    shard.step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(replays):
+            shard.step()
+        times.append((time.perf_counter() - t0) * 1000 / replays)
+    return times
+
+
+def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int) -> dict[str, Any]:
+    """One shape's step: median, p10 and p90 ms over the repeats, and how it was timed."""
+    shard = Shard(shape, device, torch.bfloat16)
+    times = sorted(
+        time_graph(shard, replays, repeats) if device.type == "cuda" else time_eager(shard, replays, repeats)
+    )
+    out = {
+        "ms": statistics.median(times),
+        "p10_ms": times[max(0, len(times) // 10)],
+        "p90_ms": times[min(len(times) - 1, (9 * len(times)) // 10)],
+        "timed": "CUDA graph replay, events" if device.type == "cuda" else "eager, host clock (smoke only)",
+    }
+    del shard
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def table(rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = [
+        "| serving-form step (compute of one rank) | independent ms | predicted ms | error | 80 % range | inside |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p, m, lo, hi = r["predicted_ms"], r["measured"]["ms"], *r["range_ms"]
+        lines.append(
+            f"| {r['name']} | {m:.3f} | {p:.3f} | {(p / m - 1) * 100:+.1f} % | {lo:.3f}–{hi:.3f} | "
+            f"{'yes' if lo <= m <= hi else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--predicted", required=True, help="the campaign's JSON (its 'serving' list: shapes, predictions)")
+    ap.add_argument("--json", metavar="PATH", help="write the shapes with their measured steps here")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args(argv)
+    name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    doc = json.loads(Path(args.predicted).read_text(encoding="utf-8"))
+    shapes = doc.get("serving") or []
+    if not shapes:
+        print(f"{args.predicted}: no 'serving' shapes to time", file=sys.stderr)
+        return 2
+    rows = []
+    for shape in shapes:
+        measured = measure(shape["shape"], device, args.replays, args.repeats)
+        rows.append({**shape, "measured": measured, "error": shape["predicted_ms"] / measured["ms"] - 1})
+        print(f"  {shape['name']}: {measured['ms']:.3f} ms measured, {shape['predicted_ms']:.3f} predicted",
+              file=sys.stderr, flush=True)  # fmt: skip
+    out = {"what": "serving-form step", "device": name, "rows": rows}
+    if device.type == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(device)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
