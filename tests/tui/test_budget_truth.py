@@ -114,10 +114,9 @@ async def _demo_screen(history: History | None, model: str) -> tuple[str, list[s
         _sources(_demo_budget(), history=history, telemetry=eight_gpu_frame()), Settings(model=model, tp=None)
     )
     async with app.run_test(size=SIZE) as pilot:
-        loaded = lambda: history is None or bool(app.probe_views)  # noqa: E731
-        await wait_until(pilot, _settled(app, loaded), "demo budget")
-        await pilot.pause(0.2)
-        await wait_until(pilot, _settled(app), "demo budget after history")
+        # the history's records taken (its handler asks for the recomposition in the same step), then that one shown
+        read = lambda: history is None or bool(app.stored.probes)  # noqa: E731
+        await wait_until(pilot, _settled(app, lambda: bool(app.probe_views) and read()), "demo budget after history")
         view = app.query_one(BudgetBar).budget
         assert view is not None
         return _budget_text(app), [s.provenance for s in view.components]
