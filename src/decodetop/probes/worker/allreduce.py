@@ -37,6 +37,10 @@ from decodetop.probes.worker.timing import Counts, plan_counts, time_graph, time
 from decodetop.textfmt import format_bytes
 
 MODES = ("pipelined", "graph", "synced")
+#: One all-gather into one output tensor. torch 2.13 renamed `all_gather_into_tensor` to `all_gather_single` (same
+#: arguments) and made the old name warn FutureWarning on every call (pytorch/pytorch#186124), which counted as two
+#: warnings of the ranks on every plan with an all-gather; older torch has only the old name.
+_all_gather_single = dist.all_gather_single if hasattr(dist, "all_gather_single") else dist.all_gather_into_tensor
 #: Ops used to estimate one op's time before planning the counts (not kept).
 _ESTIMATE_OPS = 3
 
@@ -71,7 +75,7 @@ def collective_runner(key: AllreduceKey, ctx: ProbeContext) -> OpRunner:
         out = torch.empty(numel * ctx.world_size, dtype=dt, device=ctx.device)
 
         def all_gather() -> None:
-            dist.all_gather_into_tensor(out, buf)
+            _all_gather_single(out, buf)
 
         return OpRunner(all_gather, key.bytes * (1 + ctx.world_size), 0.0)
     raise UnsupportedError(f"collective {key.collective!r} is not all_reduce or all_gather")
