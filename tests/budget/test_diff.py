@@ -253,17 +253,65 @@ def test_missing_data_has_no_delta() -> None:
     assert not diff.complete_after and any("current budget misses data" in n for n in diff.notes)
 
 
-def test_different_models_still_diff_with_a_note() -> None:
+@pytest.mark.parametrize(
+    ("before", "after", "differs"),
+    [
+        (
+            {"model": "Llama-3.1-70B", "deployment": "TP 2, EP 1"},
+            {"model": "GLM-5", "deployment": "TP 8, EP 1"},
+            ("model Llama-3.1-70B vs GLM-5", "TP 2 vs 8"),
+        ),
+        ({"deployment": "TP 2, EP 1, batch 1"}, {"deployment": "TP 4, EP 1, batch 1"}, ("TP 2 vs 4",)),
+        (
+            {"device_kind": "cpu", "hardware": "n/a on CPU"},
+            {"device_kind": "cuda", "hardware": "NVIDIA H200 141GB (--gpu)"},
+            ("device kind cpu vs cuda", "hardware n/a on CPU vs NVIDIA H200 141GB"),
+        ),
+        (
+            {"device_kind": "cuda", "hardware": "NVIDIA H200 141GB (the probe results' GPU)"},
+            {"device_kind": "cuda", "hardware": "NVIDIA H100 SXM5 80GB (--gpu)"},
+            ("hardware NVIDIA H200 141GB vs NVIDIA H100 SXM5 80GB",),
+        ),
+    ],
+    ids=["model-and-tp", "tp", "cpu-vs-h200-roofline", "hardware"],
+)
+def test_budgets_of_other_models_tp_hardware_or_device_kinds_are_not_comparable(
+    before: dict[str, str], after: dict[str, str], differs: tuple[str, ...]
+) -> None:
     diff = diff_budgets(
-        _budget(_seg("attention", 1.0), model="Llama-3.1-70B", deployment="TP 2"),
-        _budget(_seg("attention", 2.0), model="GLM-5", deployment="TP 8"),
+        {**_budget(_seg("attention", 1.0), _seg("routing", 0.5)), **before},
+        {**_budget(_seg("attention", 2.0), _seg("routed_experts", 3.0)), **after},
     )
-    assert diff.moved_most is not None and diff.moved_most.component == "attention"
+    assert not diff.comparable and diff.not_comparable == differs
+    assert diff.components == () and diff.moved_most is None and diff.moved == () and not diff.tail_moved
+    text = format_budget_diff(diff, "b.json")
+    assert (
+        text == f"vs baseline b.json: not comparable: {'; '.join(differs)} (baseline vs now): a per-component "
+        "diff needs the same model, TP, hardware and device kind\n"
+    )
+    assert "moved most" not in text and "routed experts" not in text
+    data = diff.to_dict()
+    assert data["comparable"] is False and data["not_comparable"] == list(differs) and data["moved_most"] is None
+
+
+def test_the_same_gpu_chosen_two_ways_and_other_deployment_fields_still_compare() -> None:
+    """How the GPU was chosen (NVML, --gpu, the results) is not the hardware; batch or context differences compare
+    with a note; a field one file does not hold (an older file) is not judged."""
+    diff = diff_budgets(
+        {
+            **_budget(_seg("attention", 1.0), deployment="TP 2, EP 1, batch 1, context 4096"),
+            "device_kind": "cuda",
+            "hardware": "NVIDIA H200 141GB (the probe results' GPU)",
+        },
+        {
+            **_budget(_seg("attention", 2.0), deployment="TP 2, EP 1, batch 1, context 32768"),
+            "hardware": "NVIDIA H200 141GB (--gpu)",
+        },
+    )
+    assert diff.comparable and diff.moved_most is not None and diff.moved_most.component == "attention"
     assert diff.notes == (
-        "different models: baseline Llama-3.1-70B, now GLM-5",
-        "different deployments: baseline TP 2, now TP 8",
+        "different deployments: baseline TP 2, EP 1, batch 1, context 4096, now TP 2, EP 1, batch 1, context 32768",
     )
-    assert "note: different models" in format_budget_diff(diff, "b.json")
 
 
 # --------------------------------------------------------------------------------------------- malformed input

@@ -256,6 +256,42 @@ def test_diff_against_a_roofline_only_budget(tmp_path: Path, capsys: pytest.Capt
     assert "moved most: dense MLP (+" in capsys.readouterr().out  # the largest weight stream, at half the bandwidth
 
 
+def test_diff_of_budgets_that_do_not_compare_says_what_differs_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Another model and TP, or a CPU-measured budget against an H200 roofline of the same model: one line naming
+    what differs, no table and no headline; the JSON says it too, with no component; exit 2."""
+    from tests.budget.test_diff import PLAN_X2
+
+    files = {}
+    for name, argv in {
+        "glm5-tp8": ["--model", "glm-5", "--tp", "8", "--gpu", "h200"],
+        "llama-tp2-h200": ["--model", "llama-3.1-70b", "--tp", "2", "--gpu", "h200"],
+    }.items():
+        assert main(["budget", *argv, "--json"]) == 0
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(capsys.readouterr().out)
+    cpu = json.loads(PLAN_X2.read_text())  # the same model and TP, measured on CPU ranks
+    cpu["budget"].update(device_kind="cpu", hardware="n/a on CPU")
+    files["llama-tp2-cpu"] = tmp_path / "cpu.json"
+    files["llama-tp2-cpu"].write_text(json.dumps(cpu))
+
+    assert main(["budget", "--diff", str(files["llama-tp2-h200"]), str(files["glm5-tp8"])]) == 2
+    out = capsys.readouterr().out
+    assert out == (
+        f"vs baseline {files['llama-tp2-h200']}: not comparable: model Llama-3.1-70B vs GLM-5; TP 2 vs 8 (baseline "
+        "vs now): a per-component diff needs the same model, TP, hardware and device kind\n"
+    )
+    assert main(["budget", "--diff", str(files["llama-tp2-cpu"]), str(files["llama-tp2-h200"])]) == 2
+    out = capsys.readouterr().out
+    assert "not comparable: device kind cpu vs cuda; hardware n/a on CPU vs NVIDIA H200 141GB" in out
+    assert "moved" not in out and "no component" not in out
+    assert main(["budget", "--diff", str(files["llama-tp2-cpu"]), str(files["llama-tp2-h200"]), "--json"]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert data["comparable"] is False and data["components"] == [] and data["moved_most"] is None
+    assert data["not_comparable"] == ["device kind cpu vs cuda", "hardware n/a on CPU vs NVIDIA H200 141GB"]
+
+
 def test_diff_bad_file_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tests.budget.test_diff import PLAN_X2
 

@@ -194,21 +194,31 @@ def test_bad_baseline_is_one_line_before_any_rank_starts(tmp_path: Path) -> None
     assert out.returncode == 2
     assert out.stderr.startswith("decodetop: error: --baseline needs --model or --config")
     assert out.stderr.count("\n") == 1
+    # a baseline of another model (Llama-3.1-70B on 2 × H200): refused before any rank starts
+    out = _cli("--config", str(cfg), "--tp", "2", "--cpu-ranks", "2", "--baseline", str(PLAN_X2), "norms", timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "measurements on" not in out.stderr
+    assert out.stderr.startswith(
+        f"decodetop: error: --baseline {PLAN_X2}: not comparable: model Llama-3.1-70B vs {tmp_path.name} (baseline "
+        "vs now)"
+    )
 
 
 @pytest.mark.slow
 def test_plan_run_with_a_baseline_prints_and_writes_the_diff(tmp_path: Path) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY_LLAMA))
-    path = tmp_path / "plan.json"
+    base, path = tmp_path / "base.json", tmp_path / "plan.json"
     args = ["--config", str(cfg), "--tp", "2", "--cpu-ranks", "2", "--context", "64", "--budget", "norms"]
-    out = _cli(*args, "--baseline", str(PLAN_X2), "--json", str(path), timeout=300)
+    out = _cli(*args, "--json", str(base), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    budget_at, diff_at = out.stdout.index("Budget: "), out.stdout.index(f"vs baseline {PLAN_X2} (")
+    out = _cli(*args, "--baseline", str(base), "--json", str(path), timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    budget_at, diff_at = out.stdout.index("Budget: "), out.stdout.index(f"vs baseline {base} (")
     assert budget_at < diff_at  # the diff comes after the budget
     diff_text = out.stdout[diff_at:]
     assert diff_text.splitlines()[1].split()[:5] == ["component", "before", "ms", "after", "ms"]
-    assert "note: different models: baseline Llama-3.1-70B, now " in diff_text
+    assert "note: different" not in diff_text and "not comparable" not in diff_text
     lines = diff_text.rstrip().splitlines()
     summary = [i for i, line in enumerate(lines) if line.startswith(("moved most: ", "no component "))]
     assert len(summary) == 1, diff_text  # one verdict, after the table and its notes
@@ -218,11 +228,9 @@ def test_plan_run_with_a_baseline_prints_and_writes_the_diff(tmp_path: Path) -> 
     assert all(line.startswith(after) for line in lines[summary[0] + 1 :]), diff_text
     doc = json.loads(path.read_text())
     diff = doc["baseline_diff"]
-    assert diff["baseline_path"] == str(PLAN_X2) and diff["baseline"]["model"] == "Llama-3.1-70B"
+    assert diff["baseline_path"] == str(base) and diff["comparable"] is True and diff["not_comparable"] == []
     rows = {c["component"]: c for c in diff["components"]}
-    assert set(rows) == {s["component"] for s in doc["budget"]["segments"]} | {
-        s["component"] for s in json.loads(PLAN_X2.read_text())["budget"]["segments"]
-    }
+    assert set(rows) == {s["component"] for s in doc["budget"]["segments"]}
     assert rows["norms"]["change"] == "changed" and rows["norms"]["delta_ms"] is not None  # measured both times
     assert rows["attention"]["change"] == "unknown" and rows["attention"]["delta_ms"] is None  # not run here
     # the document written with --baseline is a baseline itself
@@ -236,3 +244,16 @@ def test_plan_run_with_a_baseline_prints_and_writes_the_diff(tmp_path: Path) -> 
     )
     assert again.returncode == 0
     assert "no component moved beyond its noise" in again.stdout.splitlines()  # a straggler line may follow
+    # the hardware is known once the ranks ran: a baseline for another one is said after the budget; exit 2
+    other = json.loads(base.read_text())
+    other["budget"]["hardware"] = "NVIDIA H100 SXM5 80GB (the probe results' GPU)"
+    base.write_text(json.dumps(other))
+    out = _cli(*args, "--baseline", str(base), "--json", str(path), timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stdout.rstrip().endswith(
+        f"vs baseline {base}: not comparable: hardware NVIDIA H100 SXM5 80GB vs n/a on CPU (baseline vs now): a "
+        "per-component diff needs the same model, TP, hardware and device kind"
+    )
+    assert json.loads(path.read_text())["baseline_diff"]["not_comparable"] == [
+        "hardware NVIDIA H100 SXM5 80GB vs n/a on CPU"
+    ]

@@ -19,6 +19,13 @@ The all-reduce's kernel path (a segment's `path` / `path_text`, compose.Segment:
 compared too: when it changed between the two budgets the diff says so in one line, since a new path moves the
 all-reduce with nothing changed on the host. Older files without those fields say nothing.
 
+Comparable budgets only: two budgets of different models, tensor-parallel degrees, hardware (the GPU the figures
+are for) or device kinds (GPU vs CPU ranks) have different components and figures by construction, so no move
+between them says anything about the host. Such a pair is "not comparable: <what differs>" (`BudgetDiff.
+not_comparable`), with no component compared and nothing headlined; `budget --diff` and `probe --baseline` exit 2.
+A field an older file does not hold is not judged. Other deployment differences (batch, context, KV dtype) still
+compare, with a note.
+
 A component present on one side only counts as added (Δ = its ms) or removed (Δ = −its ms). A segment whose data
 is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts. A roofline
 estimate against a measurement (status "estimated" on one side only) has a Δ but never counts either: it says how
@@ -28,6 +35,7 @@ far the estimate was off, not that the host changed (two estimates, or two measu
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +61,67 @@ ABSENT = "absent"
 CHANGES = ("changed", "added", "removed", "unknown", "estimate")
 """How a component compares: on both sides; only in the current budget; only in the baseline; missing data; a
 roofline estimate on one side and a measurement on the other."""
+
+
+@dataclass(frozen=True)
+class BudgetIdentity:
+    """What makes two budgets comparable: the model, the tensor-parallel degree, the hardware the figures are for
+    and the device kind the measurements ran on ('' or None: the file does not say, so it is not judged)."""
+
+    model: str
+    tp: int | None
+    hardware: str
+    """The GPU's name without how it was chosen ('NVIDIA H200 141GB'), 'n/a on CPU', or ''."""
+    device_kind: str
+    """'cuda', 'cpu' or ''."""
+
+    @classmethod
+    def of(cls, budget: Mapping[str, Any]) -> BudgetIdentity:
+        """The identity a `Budget.to_dict()` mapping states (its model, 'TP n' deployment, hardware, device kind)."""
+        deployment = budget.get("deployment")
+        match = _TP_RE.match(deployment) if isinstance(deployment, str) else None
+        model, hardware, kind = (budget.get(k) for k in ("model", "hardware", "device_kind"))
+        return cls(
+            model=model if isinstance(model, str) else "",
+            tp=int(match.group(1)) if match else None,
+            hardware=hardware_name(hardware) if isinstance(hardware, str) else "",
+            device_kind=kind if isinstance(kind, str) else "",
+        )
+
+
+_TP_RE = re.compile(r"TP (\d+)\b")
+"""The tensor-parallel degree at the start of `Deployment.describe` ('TP 2, EP 1, batch 1, …')."""
+
+
+def hardware_name(text: str) -> str:
+    """The GPU a budget's hardware text names, without how it was chosen: 'NVIDIA H200 141GB (detected by NVML)' →
+    'NVIDIA H200 141GB'; 'X: not in the hardware table (…)' → 'X'."""
+    return text.split(" (", 1)[0].split(": not in the hardware table", 1)[0].strip()
+
+
+def not_comparable(baseline: BudgetIdentity, current: BudgetIdentity) -> tuple[str, ...]:
+    """What differs between two budgets' identities ('model Llama-3.1-70B vs GLM-5', 'TP 2 vs 8', 'device kind cpu
+    vs cuda', 'hardware n/a on CPU vs NVIDIA H200 141GB'; baseline first); empty when they compare. A field either
+    side leaves unsaid is not judged."""
+    out: list[str] = []
+    pairs: tuple[tuple[str, object, object], ...] = (
+        ("model", baseline.model, current.model),
+        ("TP", baseline.tp, current.tp),
+        ("device kind", baseline.device_kind, current.device_kind),
+        ("hardware", baseline.hardware, current.hardware),
+    )
+    for what, before, after in pairs:
+        if before not in (None, "") and after not in (None, "") and before != after:
+            out.append(f"{what} {before} vs {after}")
+    return tuple(out)
+
+
+def not_comparable_line(reasons: Sequence[str]) -> str:
+    """ "not comparable: model Llama-3.1-70B vs GLM-5; TP 2 vs 8 (baseline vs now): …" for `reasons`."""
+    return (
+        f"not comparable: {'; '.join(reasons)} (baseline vs now): a per-component diff needs the same model, TP, "
+        "hardware and device kind"
+    )
 
 
 @dataclass(frozen=True)
@@ -109,6 +178,14 @@ class BudgetDiff:
     """The baseline's all-reduce path in short words ('NCCL', 'custom one-shot ≤ 1 MiB, NCCL above'); '' when the
     file names none (older files, or no all-reduce)."""
     allreduce_path_after: str = ""
+    not_comparable: tuple[str, ...] = ()
+    """What differs between the two budgets' models, TP, hardware or device kinds (`not_comparable`); when any
+    does, no component is compared (`components` is empty) and nothing moved."""
+
+    @property
+    def comparable(self) -> bool:
+        """The two budgets share model, TP, hardware and device kind (as far as both files say)."""
+        return not self.not_comparable
 
     @property
     def allreduce_path_changed(self) -> bool:
@@ -152,6 +229,8 @@ class BudgetDiff:
                 "total_ms": self.total_after_ms,
                 "complete": self.complete_after,
             },
+            "comparable": self.comparable,
+            "not_comparable": list(self.not_comparable),
             "total_delta_ms": self.total_delta_ms,
             "moved_most": most.component if most is not None else None,
             "components": [
@@ -399,22 +478,26 @@ def diff_budgets(
 ) -> BudgetDiff:
     """Compare two budgets per component (`Budget.to_dict()` mappings, or documents holding one under "budget").
 
-    Different models or deployments still compare, with a note saying so. Malformed input raises a one-line
+    Different models, TP, hardware or device kinds do not compare (`BudgetDiff.not_comparable` says what differs,
+    no component is compared); other deployment differences compare with a note. Malformed input raises a one-line
     UserInputError naming `baseline_name` or `current_name` (file paths, in the CLI) and the problem."""
     old = _side(baseline, baseline_name)
     new = _side(current, current_name)
+    differs = not_comparable(
+        BudgetIdentity.of(find_budget(baseline, baseline_name)), BudgetIdentity.of(find_budget(current, current_name))
+    )
     now_straggler = straggler_in(find_budget(current, current_name))
     was_straggler = straggler_in(find_budget(baseline, baseline_name))
     before = {s.component: s for s in old.segments}
     after = {s.component: s for s in new.segments}
     order = [s.component for s in new.segments] + [s.component for s in old.segments if s.component not in after]
-    deltas = [_delta(c, before.get(c), after.get(c)) for c in order]
+    deltas = [] if differs else [_delta(c, before.get(c), after.get(c)) for c in order]
     rank = {c: i for i, c in enumerate(order)}
     deltas.sort(key=lambda d: (d.delta_ms is None, -(d.delta_ms or 0.0), rank[d.component]))
     notes: list[str] = []
-    if old.model != new.model:
+    if old.model != new.model and not differs:
         notes.append(f"different models: baseline {old.model or '?'}, now {new.model or '?'}")
-    if old.deployment != new.deployment:
+    if old.deployment != new.deployment and not differs:
         notes.append(f"different deployments: baseline {old.deployment or '?'}, now {new.deployment or '?'}")
     for side, what in ((old, "baseline"), (new, "current budget")):
         if side.missing:
@@ -441,9 +524,10 @@ def diff_budgets(
         straggler_before=was_straggler[0] if was_straggler is not None else "",
         mean_before_ms=mean_before,
         mean_after_ms=mean_after,
-        tail_moved=_tail_moved(old.total_ms, mean_before, new.total_ms, mean_after),
+        tail_moved=not differs and _tail_moved(old.total_ms, mean_before, new.total_ms, mean_after),
         allreduce_path_before=path_before,
         allreduce_path_after=path_after,
+        not_comparable=differs,
     )
 
 
@@ -579,6 +663,8 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
         ]
     )
     what = diff.current_model or diff.baseline_model
+    if not diff.comparable:
+        return f"vs baseline {baseline_name}: {not_comparable_line(diff.not_comparable)}\n"
     lines = [f"vs baseline {baseline_name}" + (f" ({what})" if what else "") + ": ms per decode step"]
     lines.append(table(["component", "before ms", "after ms", "Δ ms", "×", "noise ms", "note"], rows, "lrrrrrl"))
     lines.extend(f"note: {n}" for n in diff.notes)

@@ -143,13 +143,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _diff(old: str, new: str, *, as_json: bool) -> int:
-    """`decodetop budget --diff OLD NEW`: the per-component table (or JSON) and the component that moved most."""
+    """`decodetop budget --diff OLD NEW`: the per-component table (or JSON) and the component that moved most.
+
+    Two budgets of different models, TP, hardware or device kinds are not comparable: one line saying what differs
+    (the JSON says it under "not_comparable", with no component) and exit 2."""
     diff = diff_budget_files(old, new)
     if as_json:
         print(json.dumps({"baseline_path": old, "current_path": new, **diff.to_dict()}, indent=1, allow_nan=False))
     else:
         sys.stdout.write(fit_text(format_budget_diff(diff, old)))  # long notes wrap to the terminal
-    return 0
+    return 0 if diff.comparable else UserInputError.exit_code
 
 
 # --- output --------------------------------------------------------------------------------------------------

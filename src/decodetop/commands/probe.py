@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from decodetop.argtypes import check_cpu_ranks, output_path, positive_int
 from decodetop.atomic import write_text_atomic
-from decodetop.budget.diff import diff_budgets, format_budget_diff, load_budget_document
+from decodetop.budget.diff import (
+    BudgetIdentity,
+    diff_budgets,
+    find_budget,
+    format_budget_diff,
+    load_budget_document,
+    not_comparable,
+    not_comparable_line,
+)
+from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import build_plan
 from decodetop.commands._scenario_args import (
     add_gpus_argument,
@@ -267,6 +276,8 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     label = "GPUs" if layout.kind == "cuda" else "CPU ranks"
     scenario = scenario_from_args(args, layout.world_size, group_label=label)
     inventory = scenario.inventory()
+    if baseline is not None:  # what is known before any probe: the model, TP and device kind
+        _refuse_incomparable(baseline, baseline_path, inventory, layout.kind)
     plan = build_plan(inventory)
     only = tuple(args.names or ())
     plan_requests(plan, inventory, world_size=layout.world_size, device_kind=layout.kind, only=only)  # checks names
@@ -298,7 +309,19 @@ def run_plan_from_args(args: argparse.Namespace) -> int:
     if args.json:
         _write_plan_json(run, diff_doc, args.json)
     bad = [r for r in run.results if r.status in (ProbeStatus.FAILED, ProbeStatus.TIMED_OUT)]
+    if diff_doc is not None and not diff_doc["comparable"]:  # the hardware, known once the ranks ran
+        return UserInputError.exit_code
     return 1 if bad else 0
+
+
+def _refuse_incomparable(
+    baseline: Mapping[str, Any], baseline_path: str, inventory: StepInventory, device_kind: str
+) -> None:
+    """--baseline of another model, TP or device kind: one line before any probe runs (exit 2)."""
+    planned = BudgetIdentity(inventory.spec.name, inventory.deployment.tp, "", device_kind)
+    differs = not_comparable(BudgetIdentity.of(find_budget(baseline, baseline_path)), planned)
+    if differs:
+        raise UserInputError(f"--baseline {baseline_path}: {not_comparable_line(differs)}")
 
 
 def _result_printer(registry: ProbeRegistry, *, quiet: bool) -> Callable[[ProbeResult], None]:
