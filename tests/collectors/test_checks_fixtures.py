@@ -35,6 +35,7 @@ def _by_id(results: list[CheckResult]) -> dict[str, CheckResult]:
 
 def test_every_scenario_has_golden_findings_and_no_stray_ones() -> None:
     assert HOST_SCENARIOS == (
+        "epyc-driver-missing",
         "epyc-motivating",
         "epyc-well-tuned",
         "firecracker-h200-vm",

@@ -234,12 +234,68 @@ def test_nvlink_short_link_fails() -> None:
     [(NVML_ERROR_LIBRARY_NOT_FOUND, "not found"), (NVML_ERROR_DRIVER_NOT_LOADED, "driver not loaded")],
 )
 def test_no_nvml_is_one_info_result(tmp_path: Path, code: int, words: str) -> None:
+    """Without an NVIDIA GPU on the PCI bus a missing NVML is a fact, not a fault."""
     results = gpu_checks(_root(tmp_path), Nvml(NoNvmlBackend(code)))
     assert len(results) == 1
     assert results[0].status is Status.INFO
     assert words in results[0].observed
     assert DRIVER in results[0].observed  # the loaded module is named, from /sys/module/nvidia/version
     assert gpu_checks(None, Nvml(NoNvmlBackend(code)))[0].status is Status.INFO
+
+
+def _on_the_bus(root: HostRoot, bdf: str = BUS) -> HostRoot:
+    """`root` with an H200 on the PCI bus as sysfs shows it (vendor 0x10de, class 0x030200)."""
+    device = root.base / "sys/bus/pci/devices" / bdf
+    device.mkdir(parents=True, exist_ok=True)
+    for name, value in (("vendor", "0x10de"), ("device", "0x2335"), ("class", "0x030200")):
+        (device / name).write_text(value + "\n")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("code", "module", "words"),
+    [
+        (NVML_ERROR_DRIVER_NOT_LOADED, "", "NVIDIA driver not loaded (no nvidia kernel module loaded)"),
+        (NVML_ERROR_LIBRARY_NOT_FOUND, DRIVER, f"not found (kernel module {DRIVER} is loaded)"),
+    ],
+    ids=["driver-did-not-load", "library-missing"],
+)
+def test_gpus_on_the_pci_bus_without_nvml_are_critical(tmp_path: Path, code: int, module: str, words: str) -> None:
+    """The host decodetop is for, after a kernel upgrade the driver did not survive: NVIDIA GPUs on the bus and no
+    NVML is a failing N1 with the reason, never an info line."""
+    root = _on_the_bus(_root(tmp_path, module=module))
+    if not module:
+        (tmp_path / "sys/module/nvidia/version").unlink()
+        (tmp_path / "proc/driver/nvidia/version").unlink()
+    (only,) = gpu_checks(root, Nvml(NoNvmlBackend(code)))
+    assert only.check_id == "N1" and only.status is Status.FAIL
+    assert only.observed.startswith(f"1 NVIDIA GPU on the PCI bus ({BUS}) but NVML unavailable: ")
+    assert only.observed.endswith(words)
+    assert "dkms autoinstall" in only.fix and only.facts["pci_gpus"] == "1"
+
+
+def test_nvml_seeing_no_gpu_while_the_bus_has_one_fails(tmp_path: Path) -> None:
+    rec = load_recording("h200x1-idle").with_calls({"nvmlDeviceGetCount()": ok(0)})
+    (only,) = _run(rec, _on_the_bus(_root(tmp_path)), window_s=0)
+    assert only.status is Status.FAIL and only.observed.endswith(f"while 1 NVIDIA GPU on the PCI bus ({BUS})")
+
+
+def test_unknown_numa_node_and_link_maximum_never_pass(tmp_path: Path) -> None:
+    """NVML without a NUMA node and a sysfs without one: P6 is unknown on a multi-node host (info on one node); a
+    link whose maximum NVML does not give is not judged (P2 unknown)."""
+    no_node = {"nvmlDeviceGetNumaNodeId(gpu0)": err(3)}
+    root_two = _root(tmp_path / "two", nodes=2)
+    (tmp_path / "two" / f"sys/bus/pci/devices/{BUS}/numa_node").unlink()
+    p6 = _by_id(_run(load_recording("h200x1-idle").with_calls(no_node), root_two), "P6")
+    assert p6.status is Status.UNKNOWN and "NUMA node unknown" in p6.observed
+    assert "not reported by NVML or sysfs" in p6.observed
+    root_one = _root(tmp_path / "one", nodes=1)
+    (tmp_path / "one" / f"sys/bus/pci/devices/{BUS}/numa_node").unlink()
+    p6 = _by_id(_run(load_recording("h200x1-idle").with_calls(no_node), root_one), "P6")
+    assert p6.status is Status.INFO and "one NUMA node on this host" in p6.observed
+    no_max = {"nvmlDeviceGetMaxPcieLinkWidth(gpu0)": err(3), "nvmlDeviceGetMaxPcieLinkGeneration(gpu0)": err(3)}
+    p2 = _by_id(_run(load_recording("h200x1-idle").with_calls(no_max)), "P2")
+    assert p2.status is Status.UNKNOWN and "maximum is not readable" in p2.observed
 
 
 def test_library_module_mismatch_fails_n1(tmp_path: Path) -> None:

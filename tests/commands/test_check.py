@@ -29,6 +29,7 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dic
     ("name", "code"),
     [
         ("epyc-well-tuned", 0),
+        ("epyc-driver-missing", 2),
         ("epyc-motivating", 1),
         ("lxc-stale-uvm-major", 2),
         ("firecracker-h200-vm", 0),
@@ -38,6 +39,75 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, dic
 def test_exit_codes_on_fixtures(capsys: pytest.CaptureFixture[str], hosts: Path, name: str, code: int) -> None:
     got, document = _json(capsys, ["--root", str(hosts / name / "root")])
     assert got == code == document["exit_code"]
+
+
+def test_gpus_on_the_bus_without_nvml_or_driver_are_critical_with_the_reason(
+    capsys: pytest.CaptureFixture[str], hosts: Path
+) -> None:
+    """A copied GPU host whose driver did not load after a kernel upgrade (NVML's init, recorded when the tree was
+    collected, failed): exit 2, and the table says why on the N1 and C14 rows, failing rows first."""
+    assert main(["check", "--root", str(hosts / "epyc-driver-missing" / "root")]) == 2
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines()[3:] if line[:1].strip()]
+    assert [r.split()[:2] for r in rows[:2]] == [["C14", "FAIL"], ["N1", "FAIL"]]
+    code, document = _json(capsys, ["--root", str(hosts / "epyc-driver-missing" / "root")])
+    results = {r["check_id"]: r for r in document["results"]}  # type: ignore[union-attr]
+    assert code == 2 and results["N1"]["status"] == "fail"
+    assert results["N1"]["observed"] == (
+        "2 NVIDIA GPUs on the PCI bus (0000:03:00.0, 0000:04:00.0) but NVML unavailable: NVIDIA driver not loaded "
+        "(no nvidia kernel module loaded)"
+    )
+    assert "built for 6.11.0-29-generic" in results["C14"]["observed"]
+
+
+def test_a_tree_with_gpus_and_no_driver_fails_even_without_a_recorded_nvml_outcome(
+    capsys: pytest.CaptureFixture[str], hosts: Path, tmp_path: Path
+) -> None:
+    """An older or hand-made tree holds no `.nvml`: NVIDIA GPUs and no NVIDIA driver in it still fail N1; a tree
+    whose NVML answered when collected keeps the one info line."""
+    import shutil
+
+    tree = tmp_path / "root"
+    shutil.copytree(hosts / "epyc-driver-missing" / "root", tree, symlinks=True)
+    (tree / ".nvml").unlink()
+    code, document = _json(capsys, ["--root", str(tree)])
+    n1 = next(r for r in document["results"] if r["check_id"] == "N1")  # type: ignore[union-attr]
+    assert code == 2 and n1["status"] == "fail"
+    assert n1["observed"].endswith(
+        "but no NVIDIA driver in the tree (no /sys/module/nvidia, no "
+        "/proc/driver/nvidia/version): NVML and CUDA cannot work"
+    )
+    good = tmp_path / "good"
+    shutil.copytree(hosts / "epyc-well-tuned" / "root", good, symlinks=True)
+    (good / ".nvml").write_text("ok\n")
+    code, document = _json(capsys, ["--root", str(good)])
+    (skipped,) = [r for r in document["results"] if r["check_id"] == "N1-N11"]  # type: ignore[union-attr]
+    assert (
+        code == 0 and skipped["status"] == "info" and "NVML answered when the tree was collected" in skipped["observed"]
+    )
+
+
+def test_the_outcome_of_nvml_travels_in_a_collected_tree(tmp_path: Path, hosts: Path) -> None:
+    """What a recording root is told of NVML's init becomes the `.nvml` side file of the archive, and `--root` on
+    the archive reads it back."""
+    from decodetop.collectors.archive import RecordingRoot, unpack_collected, write_collect_tarball
+    from decodetop.collectors.checks.gpu import NVML_OUTCOME, tree_gpu_checks
+
+    recorder = RecordingRoot(hosts / "epyc-well-tuned" / "root")
+    recorder.record_outcome(NVML_OUTCOME, "unavailable 12 NVML library (libnvidia-ml.so.1) not found")
+    recorder.try_read_text("/sys/module/nvidia/version")
+    for gpu in ("0000:03:00.0", "0000:04:00.0"):
+        for name in ("vendor", "device", "class"):
+            recorder.try_read_text(f"/sys/bus/pci/devices/{gpu}/{name}")
+    recorder.try_listdir("/sys/bus/pci/devices")
+    archive = tmp_path / "c.tar.gz"
+    write_collect_tarball(recorder, archive, {})
+    tree = unpack_collected(archive, tmp_path / "unpacked")
+    assert (tree / ".nvml").read_text() == "unavailable 12 NVML library (libnvidia-ml.so.1) not found\n"
+    from decodetop.collectors.hostroot import HostRoot
+
+    (n1,) = tree_gpu_checks(HostRoot(tree))
+    assert n1.status.value == "fail" and "NVML unavailable: NVML library (libnvidia-ml.so.1) not found" in n1.observed
 
 
 def test_table_is_failing_first_and_verbose_adds_fix(capsys: pytest.CaptureFixture[str], hosts: Path) -> None:

@@ -52,8 +52,8 @@ def test_rows_of_one_check_and_status_collapse_in_status_order() -> None:
         ("P7", Status.UNKNOWN, 54),
         ("C3", Status.PASS, 1),
         ("N12", Status.PASS, 1),
-        ("C16", Status.INFO, 1),
         ("C5", Status.INFO, 1),
+        ("C16", Status.INFO, 1),
         ("P7", Status.INFO, 2),
     ]
     assert sum(len(g) for g in groups) == len(_host_checks())  # every check in exactly one row

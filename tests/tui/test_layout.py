@@ -167,3 +167,27 @@ def test_health_rows_put_info_after_pass() -> None:
     )
     checks += (CheckResult("W1", "W1", Status.WARN, "", ""),)
     assert [c.check_id for c in sorted_checks(checks)] == ["F1", "W1", "U1", "P1", "I1"]
+
+
+def test_health_rows_sort_ids_naturally_in_the_order_check_prints() -> None:
+    """C2 before C13 (not as text), a check's subjects in the order they came, and the very order of
+    `decodetop check`."""
+    from decodetop.collectors.checks.result import sort_for_display
+
+    checks = tuple(
+        CheckResult(cid, cid, status, "", "")
+        for cid, status in (
+            ("C13", Status.PASS),
+            ("N12", Status.PASS),
+            ("C2", Status.PASS),
+            ("P1:0000:3b:00.0", Status.PASS),
+            ("P1:0000:04:00.0", Status.PASS),
+            ("C1", Status.PASS),
+            ("N1", Status.PASS),
+            ("N1-N11", Status.INFO),
+            ("C16", Status.INFO),
+        )
+    )
+    order = [c.check_id for c in sorted_checks(checks)]
+    assert order == ["C1", "C2", "C13", "N1", "N12", "P1:0000:3b:00.0", "P1:0000:04:00.0", "C16", "N1-N11"]
+    assert order == [c.check_id for c in sort_for_display(list(checks))]

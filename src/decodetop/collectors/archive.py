@@ -38,6 +38,7 @@ from decodetop.collectors.hostroot import (
     LATER_DIR,
     MAX_FILE_BYTES,
     OPEN_SIDE_FILE,
+    OUTCOME_PREFIX,
     RDEV_SIDE_FILE,
     DeviceNumber,
     HostReadError,
@@ -66,6 +67,8 @@ class _Recording:
     opens: dict[str, OpenProbe] = field(default_factory=dict)
     kmsg: list[str] | None = None
     later: dict[str, bytes] = field(default_factory=dict)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """name → the one line `HostRoot.record_outcome` was given (NVML's init outcome)."""
 
 
 def _redact_environ(data: bytes) -> bytes:
@@ -180,6 +183,10 @@ class RecordingRoot(HostRoot):
         self.recording.opens[self._norm(rel).removeprefix("dev/")] = outcome
         return outcome
 
+    def record_outcome(self, name: str, line: str) -> None:
+        """Keep the outcome for the side file `.<name>`."""
+        self.recording.outcomes[name] = line
+
     def read_kmsg(self) -> list[str]:
         """Read and record the kernel log."""
         records = super().read_kmsg()
@@ -212,7 +219,7 @@ class RecordingRoot(HostRoot):
         return members
 
     def _side_files(self) -> dict[str, tuple[str, bytes | str]]:
-        """dev/.rdev, dev/.open and dev/kmsg: what plain files cannot carry (see hostroot)."""
+        """dev/.rdev, dev/.open, dev/kmsg and the `.<name>` outcomes: what plain files cannot carry (see hostroot)."""
         rec = self.recording
         out: dict[str, tuple[str, bytes | str]] = {}
         if rec.rdev:
@@ -223,6 +230,8 @@ class RecordingRoot(HostRoot):
             out[OPEN_SIDE_FILE] = ("file", ("\n".join(lines) + "\n").encode())
         if rec.kmsg is not None:
             out[KMSG_FILE] = ("file", ("\n".join(rec.kmsg) + "\n").encode())
+        for name, line in sorted(rec.outcomes.items()):
+            out[OUTCOME_PREFIX + name] = ("file", (line + "\n").encode())
         return out
 
 

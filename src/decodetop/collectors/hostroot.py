@@ -10,6 +10,8 @@ A root is either the live host (`/`) or a directory holding a copied host tree (
 - The cgroup-v2 open probe: `dev/.open` lists `NAME OUTCOME` where OUTCOME is `ok` or an errno name (`EPERM`).
 - The kernel log: `dev/kmsg` is a text file, one record per line, in /dev/kmsg's own format.
 - A second sample of counters (cpuidle `usage`): `.later/<path>` holds the value read one interval after `<path>`.
+- What the collecting host answered beyond its files (`record_outcome`/`recorded_outcome`): `.<name>` holds one line,
+  e.g. `.nvml` the outcome of NVML's init there (`ok`, or `unavailable CODE REASON`).
 
 Symlinks inside a copied tree are resolved against the tree, never against the real `/`: an absolute link target
 (`/sys/devices/...`) means that path under the root.
@@ -54,6 +56,8 @@ RDEV_SIDE_FILE = "dev/.rdev"
 OPEN_SIDE_FILE = "dev/.open"
 KMSG_FILE = "dev/kmsg"
 LATER_DIR = ".later"
+OUTCOME_PREFIX = "."
+"""A recorded outcome `name` lives in the side file `.<name>` at the top of a copied tree."""
 
 
 class HostReadError(OSError):
@@ -384,6 +388,21 @@ class HostRoot:
         if outcome.lower() == "ok":
             return OpenProbe(True, "")
         return OpenProbe(False, outcome.upper(), " ".join(fields[1:]))
+
+    # -- outcomes beyond the files -----------------------------------------------------------------------------
+
+    def record_outcome(self, name: str, line: str) -> None:
+        """What the live host answered to something that is not a file (NVML's init): nothing to keep here; a
+        recording root keeps it as the side file `.<name>`."""
+
+    def recorded_outcome(self, name: str) -> str | None:
+        """The outcome `name` recorded when a copied tree was collected (its side file's first line); None on the
+        live host (ask it instead) and where the tree has none (an older or hand-made tree)."""
+        if self.is_live:
+            return None
+        text = self.try_read_text(OUTCOME_PREFIX + name)
+        lines = (text or "").strip().splitlines()
+        return lines[0].strip() if lines else None
 
     # -- kernel log --------------------------------------------------------------------------------------------
 

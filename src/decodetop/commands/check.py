@@ -210,8 +210,8 @@ def _open_root(args: argparse.Namespace, stack: contextlib.ExitStack) -> HostRoo
 
 def _run(args: argparse.Namespace) -> int:
     from decodetop.collectors import baseline as bl
-    from decodetop.collectors.checks.host import run_all_checks, sort_for_display
-    from decodetop.collectors.checks.result import exit_code
+    from decodetop.collectors.checks.host import run_all_checks
+    from decodetop.collectors.checks.result import exit_code, sort_for_display
     from decodetop.collectors.pci import find_gpus
 
     plan = _plan(args)
@@ -244,7 +244,7 @@ def _write_outputs(
     """After the table: the --collect archive, the baseline, the notes, the textfile."""
     from decodetop.collectors import baseline as bl
     from decodetop.collectors.archive import RecordingRoot, write_collect_tarball
-    from decodetop.collectors.checks.host import sort_for_display
+    from decodetop.collectors.checks.result import sort_for_display
 
     if args.collect and isinstance(root, RecordingRoot):
         findings = {"exit_code": code, "results": bl.results_to_json(sort_for_display(results))}

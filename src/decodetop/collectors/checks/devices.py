@@ -131,12 +131,16 @@ def _open_problem(errno_name: str, major: int) -> str:
     return f"open: {errno_name}"
 
 
+CGROUP_UNREAD = "unreadable: the allow-list was not judged"
+"""How N12 says that the cgroup-v1 devices.list could not be read (the nodes' majors still are)."""
+
+
 def _cgroup_findings(ctx: HostContext, findings: list[NodeFinding]) -> tuple[list[NodeFinding], str]:
     """The findings with the device cgroup's verdict added (v1 devices.list, or the v2 open probe), and a note."""
     if ctx.root.is_dir("/sys/fs/cgroup/devices"):
         rules, where = _cgroup_v1_rules(ctx)
         if rules is None:
-            return findings, f"cgroup v1 but {where} unreadable"
+            return findings, f"cgroup v1 but {where} {CGROUP_UNREAD}"
         return [
             _with_problem(f, f"not allowed rw by {where}")
             if f.major >= 0 and not any(r.covers("c", f.major, f.minor, "rw") for r in rules)
@@ -180,6 +184,8 @@ def _judge_nodes(
             f"driver registered ({registered}) but no /dev/nvidia* nodes",
             "nvidia-modprobe -u -c0 creates the nodes; in a container, bind-mount them from the host.",
         )
+    if cgroup_note.endswith(CGROUP_UNREAD):  # the majors match, the allow-list is unknown: never a pass
+        return Status.UNKNOWN, f"{len(findings)} node(s) match live majors ({registered}); {cgroup_note}", ""
     return Status.PASS, f"{len(findings)} node(s) match live majors ({registered}); {cgroup_note}", ""
 
 

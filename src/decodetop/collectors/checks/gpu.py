@@ -2,9 +2,14 @@
 
 `gpu_checks(root, nvml)` takes two telemetry samples `window_s` apart (counters such as PCIe replays and the
 clock-event reason times need a window), reads the few host files it needs through `HostRoot`, and returns one
-`CheckResult` per check and subject (a GPU, a GPU pair, or the driver). Without NVML it returns one info result
-saying why (library not found, driver not loaded, no GPU), or a failing N1 when the library and the kernel module
-disagree (NVML_ERROR_LIB_RM_VERSION_MISMATCH).
+`CheckResult` per check and subject (a GPU, a GPU pair, or the driver). Without NVML it returns one result saying
+why (library not found, driver not loaded, no GPU): a failing N1 when NVIDIA GPUs are on the PCI bus (vendor 0x10de,
+class 0x03xx in sysfs) — the host decodetop is for, whose driver did not load after a kernel upgrade — or when the
+library and the kernel module disagree (NVML_ERROR_LIB_RM_VERSION_MISMATCH); info only where no GPU is there.
+
+Over a copied host tree NVML describes this machine, not that one: `tree_gpu_checks` reads the NVML outcome the
+collecting host recorded (`.nvml`, `HostRoot.recorded_outcome`) and judges it the same way, or, in a tree without
+one, fails N1 where the tree has NVIDIA GPUs and no NVIDIA driver.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from dataclasses import dataclass
 from decodetop.collectors.checks.parsers import format_cpulist, parse_cpulist
 from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.hostroot import HostRoot
-from decodetop.collectors.nvml import NVML_ERROR_LIB_RM_VERSION_MISMATCH, Nvml
+from decodetop.collectors.nvml import NOT_AN_NVML_ERROR, NVML_ERROR_LIB_RM_VERSION_MISMATCH, Nvml, NvmlStatus
+from decodetop.collectors.pci import PciDevice, find_gpus
 from decodetop.collectors.telemetry import (
     CLOCK_EVENT_BY_NAME,
     CLOCK_EVENT_REASONS,
@@ -134,6 +140,16 @@ N1_NO_NVML = GpuCheck(
     "Without NVML decodetop cannot read GPU clocks, links, power or errors; host checks still run.",
     "On a GPU host: install the NVIDIA driver (it ships libnvidia-ml.so.1) and nvidia-ml-py, and load the nvidia "
     "kernel module. Without a GPU there is nothing to fix.",
+)
+N1_GPUS_UNUSABLE = GpuCheck(
+    "N1",
+    "NVIDIA driver / NVML",
+    "NVML (libnvidia-ml.so.1 from the NVIDIA driver) answers for every NVIDIA GPU on the PCI bus",
+    "The GPUs are on the bus but nothing can use them: NVML, CUDA and every serving engine need the NVIDIA driver. "
+    "After a kernel upgrade this is the driver module DKMS did not rebuild for the new kernel.",
+    "Load the driver for the running kernel: dkms autoinstall -k $(uname -r) (or reinstall the driver package), then "
+    "modprobe nvidia, and read the kernel log for NVRM errors. Inside a container: start it with the GPUs and the "
+    "driver's libraries (the NVIDIA Container Toolkit: --gpus all, NVIDIA_VISIBLE_DEVICES).",
 )
 N1_NO_GPU = GpuCheck(
     "N1",
@@ -258,8 +274,9 @@ N9 = GpuCheck(
 # --- no NVML ------------------------------------------------------------------------------------------------
 
 
-def _no_nvml(root: HostRoot | None, nvml: Nvml) -> list[CheckResult]:
-    status = nvml.status()
+def _no_nvml(root: HostRoot | None, status: NvmlStatus) -> list[CheckResult]:
+    """N1 when NVML does not answer: fail where the library and the module disagree or where NVIDIA GPUs are on the
+    PCI bus (they cannot be used); info only on a host without them."""
     module = root.try_read_text("/sys/module/nvidia/version") if root is not None else None
     proc = root.try_read_text("/proc/driver/nvidia/version") if root is not None else None
     module_v = module.strip() if module else None
@@ -274,10 +291,99 @@ def _no_nvml(root: HostRoot | None, nvml: Nvml) -> list[CheckResult]:
                 facts=facts,
             )
         ]
+    driver = f"kernel module {module_v or proc_v} is loaded" if module_v or proc_v else "no nvidia kernel module loaded"
+    on_bus = _pci_gpus(root)
+    if on_bus:
+        facts["pci_gpus"] = str(len(on_bus))
+        return [
+            N1_GPUS_UNUSABLE.result(
+                Status.FAIL,
+                f"{_on_the_bus(on_bus)} but NVML unavailable: {status.reason} ({driver})",
+                subject="driver",
+                facts=facts,
+            )
+        ]
     observed = f"NVML unavailable: {status.reason}"
     if module_v or proc_v:
-        observed += f" (kernel module {module_v or proc_v} is loaded)"
+        observed += f" ({driver})"
     return [N1_NO_NVML.result(Status.INFO, observed, subject="driver", facts=facts)]
+
+
+def _pci_gpus(root: HostRoot | None) -> list[PciDevice]:
+    """The NVIDIA GPUs sysfs shows on the PCI bus (none where sysfs cannot be read)."""
+    if root is None:
+        return []
+    try:
+        return find_gpus(root)
+    except (OSError, ValueError):
+        return []
+
+
+def _on_the_bus(gpus: list[PciDevice]) -> str:
+    """'2 NVIDIA GPUs on the PCI bus (0000:03:00.0, 0000:04:00.0)'."""
+    names = ", ".join(g.bdf for g in gpus[:4]) + (f", … {len(gpus) - 4} more" if len(gpus) > 4 else "")
+    return f"{len(gpus)} NVIDIA GPU{'s' if len(gpus) != 1 else ''} on the PCI bus ({names})"
+
+
+NVML_OUTCOME = "nvml"
+"""The name NVML's init outcome is recorded under in a collected tree (`.nvml`: `ok`, or `unavailable CODE
+REASON`)."""
+
+
+def nvml_outcome_line(status: NvmlStatus) -> str:
+    """What a collected tree keeps of NVML's init: 'ok', or 'unavailable 9 NVIDIA driver not loaded'."""
+    if status.available:
+        return "ok"
+    code = status.code if status.code is not None else NOT_AN_NVML_ERROR
+    return f"unavailable {code} {' '.join(status.reason.split())}"
+
+
+def _recorded_status(line: str) -> NvmlStatus | None:
+    """The NVML outcome a tree recorded (`nvml_outcome_line`), None when the line is not one."""
+    if line == "ok":
+        return NvmlStatus(True, "", None, "recorded when the tree was collected")
+    word, _, rest = line.partition(" ")
+    code_text, _, reason = rest.partition(" ")
+    if word != "unavailable" or not code_text.lstrip("-").isdigit():
+        return None
+    return NvmlStatus(False, reason or "no reason recorded", int(code_text), "recorded when the tree was collected")
+
+
+def tree_gpu_checks(root: HostRoot) -> list[CheckResult]:
+    """N1 over a copied host tree: NVML's outcome as the collecting host recorded it, judged as on that host (a
+    failure with NVIDIA GPUs in the tree is critical); without a record, a tree with NVIDIA GPUs and no NVIDIA driver
+    fails; otherwise one info line (NVML describes this machine, not that tree)."""
+    line = root.recorded_outcome(NVML_OUTCOME)
+    status = _recorded_status(line) if line is not None else None
+    if status is not None and not status.available:
+        return _no_nvml(root, status)
+    on_bus = _pci_gpus(root)
+    no_driver = not root.exists("/sys/module/nvidia") and not root.exists("/proc/driver/nvidia/version")
+    if status is None and on_bus and no_driver:
+        return [
+            N1_GPUS_UNUSABLE.result(
+                Status.FAIL,
+                f"{_on_the_bus(on_bus)} but no NVIDIA driver in the tree (no /sys/module/nvidia, no "
+                "/proc/driver/nvidia/version): NVML and CUDA cannot work",
+                subject="driver",
+                facts={"pci_gpus": str(len(on_bus)), "module_version": "", "proc_version": ""},
+            )
+        ]
+    answered = "NVML answered when the tree was collected; " if status is not None else ""
+    return [gpu_checks_unavailable(answered + "NVML describes this machine, not a copied host tree")]
+
+
+def gpu_checks_unavailable(reason: str) -> CheckResult:
+    """The one info line that stands for N1-N11 and P2 when they cannot run."""
+    return CheckResult(
+        "N1-N11",
+        "GPU checks (NVML)",
+        Status.INFO,
+        f"skipped: {reason}",
+        "NVML readable for N1-N11 and P2",
+        "Driver, persistence, throttle reasons, ECC, row remapping, NVLink and P2P come from NVML.",
+        subject="GPUs",
+    )
 
 
 # --- N1 -----------------------------------------------------------------------------------------------------
@@ -309,6 +415,9 @@ def _check_driver(root: HostRoot | None, snap: TelemetrySnapshot, runtime_cuda: 
     elif root is None and status is Status.PASS:
         status = Status.INFO
         problems.append("kernel-module version not read (no host root)")
+    elif len(known) < 2 and status is Status.PASS:  # one version alone cannot be consistent or not
+        status = Status.INFO
+        problems.append("only one version readable: consistency not judged")
     if problems:
         observed += " (" + "; ".join(problems) + ")"
     return N1_DRIVER.result(status, observed, subject="driver", facts=facts)
@@ -499,6 +608,9 @@ def _check_pcie_link(g: GpuSnapshot, *, under_load: bool) -> CheckResult:
     )
     status = Status.PASS
     notes: list[str] = []
+    if g.pcie_width_max is None or g.pcie_gen_max is None:  # nothing to judge the link against: never a pass
+        status = Status.UNKNOWN
+        notes.append(f"the link's maximum is not readable ({_na(g, 'pcie_width_max')})")
     if g.pcie_width_max is not None and g.pcie_width < g.pcie_width_max:
         status = Status.FAIL
         notes.append(f"link trained to x{g.pcie_width} of x{g.pcie_width_max}")
@@ -547,7 +659,13 @@ def _numa_verdict(
     nvml_cpus, sys_cpus = cpus
     status = Status.UNKNOWN if nvml_cpus is None and sys_cpus is None else Status.PASS
     notes: list[str] = []
-    if numa == -1 and nodes is not None and nodes > 1:
+    if numa is None and nodes == 1:  # an unknown node never passes; on one node there is nothing to misplace
+        status = Status.INFO
+        notes.append("NUMA node not reported; one NUMA node on this host")
+    elif numa is None:
+        status = Status.UNKNOWN
+        notes.append("NUMA node not reported by NVML or sysfs: affinity not judged")
+    elif numa == -1 and nodes is not None and nodes > 1:
         status = Status.WARN
         notes.append(f"firmware gives no NUMA node on a {nodes}-node host")
     elif numa == -1:
@@ -686,7 +804,7 @@ def gpu_checks(
     """
     status = nvml.status()
     if not status.available:
-        return _no_nvml(root, nvml)
+        return _no_nvml(root, status)
     sampler = TelemetrySampler(nvml)
     first = sampler.sample(processes=False, processes_note="not needed by the checks")
     if window_s > 0:
@@ -696,10 +814,12 @@ def gpu_checks(
         second = first
     results: list[CheckResult] = []
     if not second.gpus:
+        on_bus = _pci_gpus(root)
         results.append(
             N1_NO_GPU.result(
-                Status.INFO,
-                f"NVML works (driver {second.system.driver_version or 'unknown'}) but sees no GPU",
+                Status.FAIL if on_bus else Status.INFO,
+                f"NVML works (driver {second.system.driver_version or 'unknown'}) but sees no GPU"
+                + (f", while {_on_the_bus(on_bus)}" if on_bus else ""),
                 subject="driver",
             )
         )
@@ -724,4 +844,12 @@ def gpu_checks(
     return results
 
 
-__all__ = ["CLOCK_EVENT_REASONS", "DEFAULT_WINDOW_S", "GpuCheck", "gpu_checks"]
+__all__ = [
+    "CLOCK_EVENT_REASONS",
+    "DEFAULT_WINDOW_S",
+    "NVML_OUTCOME",
+    "GpuCheck",
+    "gpu_checks",
+    "nvml_outcome_line",
+    "tree_gpu_checks",
+]

@@ -8,7 +8,12 @@ from collections.abc import Callable, Mapping
 from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S, HostContext, build_context
 from decodetop.collectors.checks.cpu import CPU_CHECKS
 from decodetop.collectors.checks.devices import DEVICE_CHECKS
-from decodetop.collectors.checks.gpu import gpu_checks
+from decodetop.collectors.checks.gpu import (
+    NVML_OUTCOME,
+    gpu_checks,
+    nvml_outcome_line,
+    tree_gpu_checks,
+)
 from decodetop.collectors.checks.kernel import KERNEL_CHECKS
 from decodetop.collectors.checks.pcie import PCIE_CHECKS
 from decodetop.collectors.checks.result import CheckResult, Status
@@ -62,28 +67,15 @@ def run_checks(ctx: HostContext) -> list[CheckResult]:
     return results
 
 
-def gpu_checks_unavailable(reason: str) -> CheckResult:
-    """The one info line that stands for N1-N11 and P2 when they cannot run."""
-    return CheckResult(
-        "N1-N11",
-        "GPU checks (NVML)",
-        Status.INFO,
-        f"skipped: {reason}",
-        "NVML readable for N1-N11 and P2",
-        "Driver, persistence, throttle reasons, ECC, row remapping, NVLink and P2P come from NVML.",
-        subject="GPUs",
-    )
-
-
 def run_gpu_checks(root: HostRoot, nvml: Nvml | None = None, *, under_load: bool = False) -> list[CheckResult]:
-    """The NVML checks N1-N11 and P2 on the live host; one info line over a copied tree (NVML describes this
-    machine, not that tree) and one unknown line if they crash.
-    """
+    """The NVML checks N1-N11 and P2 on the live host (NVML's init outcome recorded for a --collect tree); over a
+    copied tree, N1 from the outcome that tree recorded (`tree_gpu_checks`); one unknown line if they crash."""
     if not root.is_live:
-        return [gpu_checks_unavailable("NVML describes this machine, not a copied host tree")]
+        return tree_gpu_checks(root)
     if nvml is None:
         nvml = Nvml()
     try:
+        root.record_outcome(NVML_OUTCOME, nvml_outcome_line(nvml.status()))
         results = gpu_checks(root, nvml, under_load=under_load)
     except Exception as exc:
         return [
@@ -143,8 +135,3 @@ def merge_results(host: list[CheckResult], gpu: list[CheckResult]) -> list[Check
     gpu_ids = {r.check_id for r in gpu}
     kept = [r for r in host if _family(r.check_id) not in dropped and r.check_id not in gpu_ids]
     return kept + list(gpu)
-
-
-def sort_for_display(results: list[CheckResult]) -> list[CheckResult]:
-    """Failing first (fail, warn, unknown, info, pass), stable within a status."""
-    return sorted(results, key=lambda r: -r.status.severity)

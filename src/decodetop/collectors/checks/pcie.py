@@ -206,7 +206,9 @@ def check_payload(ctx: HostContext) -> list[CheckResult]:
                     f", {len(unread)} bridge(s) unreadable)" if unread else ")"
                 )
             problems = _payload_problems(pcie.mrrs_bytes, pcie.mps_bytes, None if unread else path_mps)
-            status = Status.WARN if problems else Status.PASS
+            # MaxPayload against a path with unreadable bridges is not judged: that half never passes
+            unjudged = bool(unread) or path_mps is None or pcie.mps_bytes is None
+            status = Status.WARN if problems else Status.UNKNOWN if unjudged else Status.PASS
             if problems:
                 observed += ": " + "; ".join(problems)
             results.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 
@@ -53,3 +54,27 @@ def exit_code(results: list[CheckResult]) -> int:
     if Status.UNKNOWN in statuses:
         return 3
     return 0
+
+
+_FAMILY_RE = re.compile(r"([A-Za-z]+)(\d*)")
+
+
+def _id_key(check_id: str) -> tuple[str, int]:
+    """The natural sort key of a check's family: 'C2' < 'C13', 'N1-N11' with N1; the subject is left out."""
+    match = _FAMILY_RE.match(check_id.partition(":")[0])
+    if match is None:
+        return (check_id, 0)
+    return (match.group(1), int(match.group(2)) if match.group(2) else 0)
+
+
+DISPLAY_ORDER = {Status.FAIL: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.PASS: 3, Status.INFO: 4}
+"""Row order of every surface: what needs action first, then what could not be checked, then passes; facts (info,
+reported only) last."""
+
+
+def sort_for_display(results: list[CheckResult] | tuple[CheckResult, ...]) -> list[CheckResult]:
+    """The one row order of every surface (`decodetop check`, its --json and --collect findings, the health
+    panel): by `DISPLAY_ORDER`, then by id in natural order (C1, C2, C13, N1, N12), then as the checks produced them
+    (a check's subjects in GPU and bridge order)."""
+    order = {id(r): i for i, r in enumerate(results)}
+    return sorted(results, key=lambda r: (DISPLAY_ORDER[r.status], *_id_key(r.check_id), order[id(r)]))

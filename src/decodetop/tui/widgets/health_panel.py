@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from decodetop.collectors.checks.result import CheckResult, Status
+from decodetop.collectors.checks.result import CheckResult, Status, sort_for_display
 from decodetop.tui.model import HealthView
 from decodetop.tui.screens.details import CheckGroupDetailScreen
 from decodetop.tui.widgets.cells import CellCache, ago
@@ -34,8 +34,6 @@ FLEX_COLUMNS = ("title", "observed")
 """The text columns that take the room a wider table has, in the proportion of their widths at 80 columns."""
 CELL_PADDING = 1
 """DataTable's default padding each side of a cell."""
-STATUS_ORDER = {Status.FAIL: 0, Status.WARN: 1, Status.UNKNOWN: 2, Status.PASS: 3, Status.INFO: 4}
-"""Row order: what needs action first, then what could not be checked, then passes; facts (info) last."""
 
 
 def column_widths(table_width: int) -> dict[str, int]:
@@ -61,8 +59,9 @@ def display_id(check_id: str) -> str:
 
 
 def sorted_checks(checks: tuple[CheckResult, ...]) -> list[CheckResult]:
-    """Failing first, then warnings, unknown, pass, info; stable by id within a status."""
-    return sorted(checks, key=lambda c: (STATUS_ORDER[c.status], c.check_id))
+    """The rows in `decodetop check`'s order (`sort_for_display`: fail, warn, unknown, pass, info; ids in natural
+    order, C2 before C13)."""
+    return sort_for_display(checks)
 
 
 def check_matches(check: CheckResult, text: str) -> bool:
