@@ -86,7 +86,8 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
     budget.write_text(json.dumps({"attention": 0.2, "launch": 1.0}))
     assert main(["trace", path, "--budget", str(budget)]) == 0
     out = capsys.readouterr().out
-    assert "probes vs server" in out and "attention: probes 0.2 ms, server" in out
+    assert "stored vs trace (budget from" in out and "attention: stored 0.2 ms, traced" in out  # a file: stored
+    assert "probed" not in out and "probes" not in out and "server" not in out
 
 
 def test_cli_with_model_builds_the_budget(capsys: pytest.CaptureFixture[str]) -> None:

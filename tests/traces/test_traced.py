@@ -72,13 +72,33 @@ def test_graph_kernels_attributed_share_and_by_which_rule() -> None:
 
 def test_planted_cast_is_the_largest_gap_named_with_its_place() -> None:
     """The planted whole-cache cast lands in attention (its place in the replay) and is the named largest gap."""
-    view = traced_view(analyze_trace(fixture("h200_graph_planted")), PROBED, observed_ms=12.0, layers=4)
+    sources = dict.fromkeys(PROBED, "probed")
+    view = traced_view(
+        analyze_trace(fixture("h200_graph_planted")), PROBED, observed_ms=12.0, layers=4, sources=sources
+    )
     assert view.gap_key == "attention"
     assert view.gap_text.startswith("attention: traced 0.954 ms vs probed 0.06 ms per step — top kernel ")
     assert "unrolled_elementwise_kernel<direct_copy_kernel_cuda>" in view.gap_text
     assert view.gap_text.endswith("via graph replay, attention block (a cast), 1 per layer")
     att = view.segment("attention")
     assert att is not None and CAST in att.kernels[0].name
+
+
+@pytest.mark.parametrize(
+    ("sources", "said"),
+    [
+        ({}, "vs budget 0.06 ms"),
+        ({"attention": "roofline"}, "vs roofline 0.06 ms"),
+        ({"attention": "stored"}, "vs stored"),
+    ],
+)
+def test_the_budget_figure_is_named_by_its_source_never_probed_for_an_estimate(
+    sources: dict[str, str], said: str
+) -> None:
+    """A roofline estimate is 'roofline', a figure read back is 'stored'; a figure of unknown source is 'budget'."""
+    view = traced_view(analyze_trace(fixture("h200_graph_planted")), PROBED, layers=4, sources=sources)
+    assert said in view.gap_text and "probed" not in view.gap_text
+    assert view.budget_source == (sources.get("attention") if len(set(sources.values())) == 1 else "budget")
 
 
 def test_eager_cast_named_with_its_host_op_chain() -> None:

@@ -4,10 +4,11 @@ their refusals, a missing profiler, a timeout and a trace over the size cap, eac
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from textual.widgets import DataTable
 from decodetop.budget.components import Component
 from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
+from decodetop.tui.model import BudgetView
 from decodetop.tui.screens.trace_kernels import TraceKernelsScreen
 from decodetop.tui.trace_source import TraceOptions
 from decodetop.tui.widgets.budget_bar import BudgetBar
@@ -72,6 +74,40 @@ async def test_trace_flag_gives_both_bars_and_the_named_gap() -> None:
         assert "unrolled_elementwise_kernel<direct_copy_kernel_cuda>" in text
         assert "traced step 1.6 ms" in text and PLANTED.name in text
         assert status(app).startswith("trace: ") and "--trace" in status(app)
+
+
+class RooflineBudget(FakeBudget):
+    """The small budget with every figure a roofline estimate, as before any probe ran."""
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        view = super().compose(settings, results, now_s)
+        estimated = tuple(
+            dataclasses.replace(s, status="estimated", provenance_kind="estimate") if s.status != "missing" else s
+            for s in view.segments
+        )
+        return dataclasses.replace(view, segments=estimated)
+
+
+async def test_a_trace_of_another_model_or_tp_is_said_and_estimates_are_called_roofline() -> None:
+    """The 4-layer one-GPU trace under Llama-3.1-70B at TP 8: one line under the bar's header names the layers and
+    the missing all-reduce; the budget beside it is roofline estimates, called so (never 'probed')."""
+    budget = RooflineBudget()
+    budget.scale = {c.value: 0.02 for c in Component}
+    sources = make_sources(budget=budget)
+    sources.trace = TraceOptions(path=PLANTED)
+    app = make_app(sources, Settings(model="llama-3.1-70b", tp=8, observed_ms=12.0))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, loaded(app), "the traced bar")
+        view = traced(app).view
+        assert view is not None and view.mismatch.startswith(
+            "the trace does not match Llama-3.1-70B at TP 8: 4 layers traced vs 80 ("
+        )
+        assert view.mismatch.endswith("; TP 8 given, the trace shows 1 rank and no all-reduce kernels")
+        lines = traced(app).render().plain.splitlines()
+        assert lines[1].startswith("the trace does not match Llama-3.1-70B at TP 8: 4 layers traced vs 80")
+        text = " ".join(lines)
+        assert "legend: roofline/traced ms" in text and "vs roofline " in view.gap_text
+        assert "probed" not in text
 
 
 async def test_enter_on_the_segment_lists_its_kernels() -> None:

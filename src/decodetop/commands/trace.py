@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +34,7 @@ from decodetop.textfmt import fit_text, format_duration_us, shorten, table
 if TYPE_CHECKING:
     # types only: the trace readers and analysis load at run time, so decodetop --help stays light
     from decodetop.traces.capture import CaptureResult
+    from decodetop.traces.mismatch import ModelShape
     from decodetop.traces.ranks import TraceSet
     from decodetop.traces.trace_report import BucketTime, Comparison, TraceReport
     from decodetop.traces.traced import TracedView
@@ -48,10 +49,12 @@ TRACE_HELPS = {
 
 @dataclass(frozen=True)
 class _ModelBudget:
-    """What --model/--config gives a trace: the model's budget on this deployment, its vocabulary and GEMM weight
-    shapes (attribution hints), a note saying what the budget is, and its decoder layers."""
+    """What --model/--config gives a trace: the model's budget on this deployment, what its step holds (for the
+    mismatch check), its vocabulary and GEMM weight shapes (attribution hints), a note saying what the budget is, and
+    its decoder layers."""
 
     budget: Budget
+    shape: ModelShape
     vocab_size: int
     gemm_shapes: dict[tuple[int, int], Component]
     note: str
@@ -106,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the command."""
-    from decodetop.traces.compare import budget_ms, compare, load_budget_json
+    from decodetop.traces.compare import budget_ms, budget_sources, compare, load_budget_json
+    from decodetop.traces.mismatch import mismatch_line, trace_mismatches
     from decodetop.traces.traced import traced_view
 
     if bool(args.file) == bool(args.server):
@@ -119,15 +123,24 @@ def run(args: argparse.Namespace) -> int:
     captured = _capture(args) if args.server else None
     traces, model = _read_traces(args, captured)
     report = traces.report
-    budget: Budget | dict[str, float | None] | None = model.budget if model is not None else file_budget
+    budget: Budget | Mapping[str, object] | None = model.budget if model is not None else file_budget
     budget_note = model.note if model is not None else f"budget from {args.budget}" if args.budget else ""
-    comparison = compare(report, budget) if budget is not None else None
-    layers = model.layers if model is not None else None
-    view = traced_view(traces, budget_ms(budget) if budget is not None else None, layers=layers)
+    mismatches = trace_mismatches(traces, model.shape) if model is not None else ()
+    sources = budget_sources(budget) if budget is not None else None
+    comparison = compare(report, budget, sources) if budget is not None else None
+    view = traced_view(
+        traces,
+        budget_ms(budget) if budget is not None else None,
+        layers=model.layers if model is not None else None,
+        sources=sources,
+        mismatch=mismatch_line(model.shape, mismatches) if model is not None else "",
+    )
     if not args.json:
         sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
         return 0
     out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
+    if model is not None:
+        out["mismatch"] = {"line": view.mismatch, "found": [{"what": m.what, "text": m.text} for m in mismatches]}
     if comparison is not None:
         out["comparison"] = comparison.to_json()
         out["budget_source"] = budget_note
@@ -228,6 +241,7 @@ def _budget_for(args: argparse.Namespace, report: TraceReport, *, n_ranks: int) 
     from decodetop.pipeline.observed import observed_step, trace_written_s, traced_step
     from decodetop.probes.results import load_results
     from decodetop.traces.analysis import gemm_shapes_from_inventory
+    from decodetop.traces.mismatch import ModelShape
 
     results = list(load_results(args.results)) if args.results else []
     env = next((r.environment for r in results if r.environment is not None), None)
@@ -261,7 +275,8 @@ def _budget_for(args: argparse.Namespace, report: TraceReport, *, n_ranks: int) 
     how = f"{budget.summary()}, from {args.results}" if results else "roofline-estimated; run probes for measured"
     note = f"budget of {scenario.spec.name} ({where}: {how}"
     spec = scenario.spec
-    return _ModelBudget(budget, spec.vocab_size, gemm_shapes_from_inventory(inv.ops), note, spec.n_layers)
+    shape = ModelShape.of(inv)
+    return _ModelBudget(budget, shape, spec.vocab_size, gemm_shapes_from_inventory(inv.ops), note, spec.n_layers)
 
 
 def render_text(
@@ -275,6 +290,8 @@ def render_text(
     lines: list[str] = []
     add = lines.append
     add(f"trace    {report.path}  ({report.events_total} events, {report.source}, {report.device})")
+    if view is not None and view.mismatch:
+        add(f"mismatch {view.mismatch}")
     add(f"steps    {len(report.steps)} decode steps; segmentation: {report.segmentation}")
     busy, idle = report.gpu_busy_us_mean, report.gpu_idle_us_mean
     frac = idle / (busy + idle) if busy + idle else 0.0
@@ -316,12 +333,16 @@ def render_text(
         lines.extend(f"note: {n}" for n in report.notes)
     if comparison is not None:
         add("")
-        add(f"probes vs server ({budget_note})" if budget_note else "probes vs server")
+        word = comparison.source
+        add(f"{word} vs trace ({budget_note})" if budget_note else f"{word} vs trace")
+        mixed = word == "budget"  # figures of several sources: each row says its own
         crow = [
             (r.label + (" (idle)" if r.key == LAUNCH_KEY else ""), r.probed_ms, r.traced_ms, r.delta_ms)
+            + ((r.source or "-",) if mixed else ())
             for r in comparison.rows
         ]
-        add(table(("component", "probes ms", "server ms", "Δ ms"), crow, align="lrrr"))
+        head = ("component", f"{word} ms", "traced ms", "Δ ms") + (("from",) if mixed else ())
+        add(table(head, crow, align="lrrr" + ("l" if mixed else "")))
         add("")
         for r in sorted(comparison.rows, key=lambda r: -abs(r.delta_ms if r.delta_ms is not None else r.traced_ms)):
             add(f"  {r.finding}")
@@ -343,7 +364,8 @@ def render_traced(view: TracedView) -> list[str]:
         )
         for s in view.segments
     ]
-    lines.append(table(("segment", "should cost ms", "does cost ms", "kernels"), rows, align="lrrr"))
+    cost = "should cost ms" + (f" ({view.budget_source})" if view.budget_source != "budget" else "")
+    lines.append(table(("segment", cost, "does cost ms", "kernels"), rows, align="lrrr"))
     if view.gap_text:
         lines.append(f"largest gap: {view.gap_text}")
     lines.append(view.attribution_text)

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from decodetop.budget.components import Component
 from decodetop.traces.classify import UNCLASSIFIED, RuleSet, bucket_key, bucket_label
 from decodetop.traces.hostcontext import Stack
+from decodetop.traces.layers import layer_pattern
 from decodetop.traces.reader import HOST_OP, NO_ID, Trace
 from decodetop.traces.trace_report import AttributionCount, BucketTime, KernelStat, StepSummary, TraceReport
 from decodetop.traces.units import Units
@@ -342,7 +343,16 @@ def attribute(
         attribution=_attribution(tally, per_step),
         graph_kernels_per_step=sum(units.graph[u] for members in steps for u in members) / per_step,
         events_skipped=trace.bad_times,
+        layer_pattern=layer_pattern([units.name[u] for u in steps[0]]) if steps else None,
+        world_size=_world_size(trace),
     )
+
+
+def _world_size(trace: Trace) -> int | None:
+    """`distributedInfo.world_size` of the trace (PyTorch's profiler writes it for a distributed run), if valid."""
+    info = trace.meta.get("distributedInfo")
+    size = info.get("world_size") if isinstance(info, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _gpu_name(trace: Trace, device_label: str) -> str | None:

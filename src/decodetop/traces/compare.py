@@ -2,7 +2,9 @@
 
 The budget may be a `decodetop.budget.compose.Budget`, the JSON that `decodetop budget --json` prints (or its
 "budget" member, `Budget.to_dict()`), or a plain mapping of component → ms. Whatever it is, the difference per
-component is the finding, and the biggest kernel behind a traced component is named in it.
+component is the finding, and the biggest kernel behind a traced component is named in it. Every budget figure is
+labelled by its source (`budget_sources`): probed (measured in this run), stored (measured earlier: the history or
+a file) or roofline (an estimate) — a roofline figure is never called probed.
 """
 
 from __future__ import annotations
@@ -114,6 +116,48 @@ def budget_kernels(budget: object) -> dict[str, str]:
     return out
 
 
+FIGURE_SOURCES = ("probed", "stored", "roofline")
+"""Where a budget figure came from, in the word every surface prints: measured in this run, measured earlier (the
+results history, a file), a roofline estimate."""
+
+
+def figure_source(status: object, provenance_kind: object, *, stored: bool) -> str:
+    """One segment's source word from its status and provenance kind (`decodetop.budget.compose`); `stored`: the
+    budget was read back (a file, the history), so what was measured then is stored now. '' for no figure."""
+    if status == "missing" or provenance_kind in ("missing", "not_applicable"):
+        return ""
+    if status == "estimated" or provenance_kind == "estimate":
+        return "roofline"
+    if stored or provenance_kind == "measured_earlier":
+        return "stored"
+    return "probed"
+
+
+def budget_sources(budget: object, *, stored: bool = False) -> dict[str, str]:
+    """Component → source word ('probed', 'stored', 'roofline'; '' without a figure) of a budget in any accepted
+    form; a JSON budget or a plain {component: ms} mapping is a file read back, so its measurements are stored."""
+    if isinstance(budget, Budget):
+        return {s.component: figure_source(s.status, s.provenance_kind, stored=stored) for s in budget.segments}
+    if isinstance(budget, Mapping):
+        if isinstance(budget.get("budget"), Mapping):
+            return budget_sources(budget["budget"], stored=True)
+        segs = budget.get("segments")
+        if isinstance(segs, list):
+            return {
+                str(seg["component"]): figure_source(seg.get("status"), seg.get("provenance_kind"), stored=True)
+                for seg in segs
+                if isinstance(seg, Mapping) and "component" in seg
+            }
+        return {str(k): "stored" for k in budget}
+    return {}
+
+
+def source_word(sources: Mapping[str, str]) -> str:
+    """The one source word of a budget's figures where they all agree, else 'budget' (a mix)."""
+    words = {w for w in sources.values() if w}
+    return words.pop() if len(words) == 1 else "budget"
+
+
 def _ms(value: object, where: str = "a component's ms") -> float | None:
     """A component's time from a budget: None where there is none; a number outside `COMPONENT_MS` (negative,
     NaN, 1e308, an integer no float holds) is a one-line `UserInputError` naming the component."""
@@ -122,8 +166,8 @@ def _ms(value: object, where: str = "a component's ms") -> float | None:
     return COMPONENT_MS.check(value, where)
 
 
-def load_budget_json(path: str | Path) -> dict[str, float | None]:
-    """Read a budget JSON file (see `budget_ms`) with one-line errors."""
+def load_budget_json(path: str | Path) -> Mapping[str, object]:
+    """Read a budget JSON file (any form `budget_ms` accepts, checked to give figures) with one-line errors."""
     try:
         data = jsonio.loads(jsonio.read_bounded(path), source=str(path))  # bounded; hostile JSON named
     except OSError as exc:
@@ -131,9 +175,12 @@ def load_budget_json(path: str | Path) -> dict[str, float | None]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserInputError(f"{path}: not a JSON budget ({exc})") from None
     try:
-        return budget_ms(data)
+        budget_ms(data)
     except UserInputError as exc:
         raise UserInputError(f"{path}: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise UserInputError(f"{path}: expected a JSON object with a budget")
+    return data
 
 
 def _fmt(ms: float | None) -> str:
@@ -153,10 +200,12 @@ def _named(top: tuple[KernelStat, ...], total_ms: float) -> str:
     return f", of which {_fmt(k_ms)} is `{short_name(k.name, 60)}`{via}"
 
 
-def compare(report: TraceReport, budget: object) -> Comparison:
-    """Row per component: probes' ms, the trace's ms per step, the difference and the finding."""
+def compare(report: TraceReport, budget: object, sources: Mapping[str, str] | None = None) -> Comparison:
+    """Row per component: the budget's ms (labelled by its source: `sources`, else `budget_sources(budget)`), the
+    trace's ms per step, the difference and the finding."""
     probed = budget_ms(budget)
     kernels = budget_kernels(budget)
+    sources = dict(sources) if sources is not None else budget_sources(budget)
     traced = report.traced_ms()
     rows: list[ComparisonRow] = []
     keys = [c.value for c in Component]
@@ -171,16 +220,18 @@ def compare(report: TraceReport, budget: object) -> Comparison:
             label = Component(key).label
         except ValueError:
             label = bucket.label if bucket else key
+        source = sources.get(key, "")
+        said = f"{source or 'budget'} {_fmt(p)}"
         if key == LAUNCH_KEY:
-            finding = f"{label}: probes {_fmt(p)}, server {_fmt(t)} of GPU idle inside the step (host-bound gaps" + (
+            finding = f"{label}: {said}, traced {_fmt(t)} of GPU idle inside the step (host-bound gaps" + (
                 f"; {report.kernels_per_step_mean:.0f} kernels per step)" if report.kernels_per_step_mean else ")"
             )
         elif key in {c.value for c in Component}:
             how = f" ({kernels[key]})" if key in kernels else ""
-            finding = f"{label}: probes {_fmt(p)}{how}, server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
+            finding = f"{label}: {said}{how}, traced {_fmt(t)}" + _named(bucket.top if bucket else (), t)
         else:
-            finding = f"{label}: not in the budget; server {_fmt(t)}" + _named(bucket.top if bucket else (), t)
-        rows.append(ComparisonRow(key, label, p, t, (t - p) if p is not None else None, finding))
+            finding = f"{label}: not in the budget; traced {_fmt(t)}" + _named(bucket.top if bucket else (), t)
+        rows.append(ComparisonRow(key, label, p, t, (t - p) if p is not None else None, finding, source))
     known = [v for k, v in probed.items() if v is not None and k != UNEXPLAINED_KEY]
     notes = []
     if any(v is None for k, v in probed.items() if k != UNEXPLAINED_KEY):
@@ -193,4 +244,5 @@ def compare(report: TraceReport, budget: object) -> Comparison:
         traced_total_ms=sum(traced.values()),
         traced_step_ms=report.step_wall_us_mean / 1000,
         notes=tuple(notes),
+        source=source_word(sources),
     )

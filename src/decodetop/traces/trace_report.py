@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from decodetop.traces.layers import LayerPattern
+
 _NOT_ATTRIBUTED = ("unattributed (family known, component not)", "no rule (unclassified)")
 """`AttributionCount.rule` values that mean no component (the analysis's HOW_NONE and HOW_UNCLASSIFIED)."""
 
@@ -103,6 +105,10 @@ class TraceReport:
     """Kernels per step replayed by a CUDA graph launch (no host operators around them)."""
     events_skipped: int = 0
     """Events left out for a NaN, infinite or negative timestamp or duration."""
+    layer_pattern: LayerPattern | None = None
+    """The per-layer kernel pattern of the first decode step and how often it repeats (None: none found)."""
+    world_size: int | None = None
+    """The trace's own `distributedInfo.world_size` (the engine's ranks), when it says."""
 
     @property
     def attributed_share(self) -> float:
@@ -133,9 +139,13 @@ class ComparisonRow:
     key: str
     label: str
     probed_ms: float | None
+    """The budget's figure (whatever its source: `source`)."""
     traced_ms: float
     delta_ms: float | None
     finding: str
+    source: str = ""
+    """Where the budget's figure came from: 'probed' (measured in this run), 'stored' (measured earlier: the history
+    or a file), 'roofline' (an estimate), '' where it has none (`compare.budget_sources`)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +157,8 @@ class Comparison:
     traced_total_ms: float
     traced_step_ms: float
     notes: tuple[str, ...]
+    source: str = "budget"
+    """The budget's figures' source in one word: 'probed', 'stored' or 'roofline' where all agree, else 'budget'."""
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON-able form."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from decodetop.budget.components import Component
 from decodetop.traces.analysis import OVERLAP_NOTE
 from decodetop.traces.classify import UNATTRIBUTED_PREFIX
-from decodetop.traces.compare import short_name
+from decodetop.traces.compare import short_name, source_word
 from decodetop.traces.ranks import TraceSet
 from decodetop.traces.trace_report import LAUNCH_KEY, BucketTime, KernelStat, TraceReport
 
@@ -43,6 +43,8 @@ class TracedSegment:
     kernels_per_step: float
     kernels: tuple[KernelStat, ...]
     """The segment's kernels, largest time first (what Enter on the segment lists)."""
+    source: str = ""
+    """Where `probed_ms` came from: 'probed', 'stored', 'roofline' ('' without a figure; `compare.figure_source`)."""
 
     @property
     def gap_ms(self) -> float:
@@ -68,6 +70,11 @@ class TracedView:
     notes: tuple[str, ...]
     observed_is_trace: bool = False
     """The observed step is this trace's (nothing above it in the rule: no flag, setting or live server)."""
+    budget_source: str = "budget"
+    """The budget figures' source in one word ('probed', 'stored', 'roofline'; 'budget' for a mix)."""
+    mismatch: str = ""
+    """What the trace shows that the model or deployment does not have, in one line ('' when nothing was found:
+    `decodetop.traces.mismatch`)."""
 
     @property
     def unexplained_ms(self) -> float | None:
@@ -129,13 +136,17 @@ def traced_view(
     observed_ms: float | None = None,
     layers: int | None = None,
     observed_is_trace: bool = False,
+    sources: Mapping[str, str] | None = None,
+    mismatch: str = "",
 ) -> TracedView:
     """The traced bar of `traces` beside `probed` ({component: ms}, e.g. `BudgetView` segments or
     `compare.budget_ms`); `observed_ms` is the budget's observed step (`observed_is_trace`: it is this trace's),
-    `layers` the model's decoder layers (for 'per layer')."""
+    `layers` the model's decoder layers (for 'per layer'), `sources` each figure's source word
+    (`compare.budget_sources`; unsaid: 'budget'), `mismatch` the line of `traces.mismatch` to show with the bar."""
     report = traces.report if isinstance(traces, TraceSet) else traces
     ranks_text = traces.spread_line() if isinstance(traces, TraceSet) else ""
     probed = dict(probed or {})
+    sources = {k: v for k, v in (sources or {}).items() if k in probed and probed[k] is not None}
     step = report.step_wall_us_mean / 1000
     busy = min(report.gpu_busy_us_mean / 1000, step) if step > 0 else report.gpu_busy_us_mean / 1000
     kernel_ms = sum(b.time_us_per_step for b in report.buckets) / 1000
@@ -155,19 +166,23 @@ def traced_view(
     for comp in Component:
         if comp.value == LAUNCH_KEY:
             idle = max(0.0, step - kernel_ms * scale)  # the rest of the step: the GPU waited for the host
-            segments.append(TracedSegment(LAUNCH_KEY, IDLE_LABEL, idle, probed.get(LAUNCH_KEY), 0.0, ()))
+            launch = probed.get(LAUNCH_KEY)
+            segments.append(TracedSegment(LAUNCH_KEY, IDLE_LABEL, idle, launch, 0.0, (), sources.get(LAUNCH_KEY, "")))
             continue
         found = groups.get(comp.value)
         if found is None and probed.get(comp.value) is None:
             continue
         ms, kernels, top = _merge(found or [], scale)
-        segments.append(TracedSegment(comp.value, comp.label, ms, probed.get(comp.value), kernels, top))
+        segments.append(
+            TracedSegment(comp.value, comp.label, ms, probed.get(comp.value), kernels, top, sources.get(comp.value, ""))
+        )
     for key, label in ((COPIES_KEY, "copies & casts"), (OTHER_KEY, "unattributed kernels")):
         if key in groups:
             ms, kernels, top = _merge(groups[key], scale)
             segments.append(TracedSegment(key, label, ms, None, kernels, top))
     explained = sum(v for k, v in probed.items() if v is not None and k in {c.value for c in Component}) or None
-    gap_key, gap_text = _largest_gap(segments, layers, has_budget=bool(probed))
+    word = source_word(sources) if sources else "budget"
+    gap_key, gap_text = _largest_gap(segments, layers, has_budget=bool(probed), word=word)
     how = ", ".join(f"{a.rule} {a.share:.0%}" for a in report.attribution if a.share >= 0.005)
     attribution = f"kernel time attributed to a component: {report.attributed_share:.0%}" + (
         f" (by {how})" if how else ""
@@ -184,22 +199,26 @@ def traced_view(
         attribution_text=attribution,
         notes=tuple(notes),
         observed_is_trace=observed_is_trace,
+        budget_source=word,
+        mismatch=mismatch,
     )
 
 
-def _largest_gap(segments: list[TracedSegment], layers: int | None, *, has_budget: bool) -> tuple[str | None, str]:
+def _largest_gap(
+    segments: list[TracedSegment], layers: int | None, *, has_budget: bool, word: str
+) -> tuple[str | None, str]:
     """'attention: traced 1.90 ms vs probed 0.06 ms per step — top kernel `…` via aten::to>… (a cast), 1 per
-    layer' for the segment whose traced time exceeds its probed time the most (the largest segment without a
-    budget)."""
+    layer' for the segment whose traced time exceeds its budget figure the most (the largest segment without a
+    budget); the figure is named by its source (probed, stored, roofline; `word` where the segment has none)."""
     candidates = [s for s in segments if s.traced_ms > 0]
     if not candidates:
         return None, ""
     seg = max(candidates, key=(lambda s: s.gap_ms) if has_budget else (lambda s: s.traced_ms))
     if has_budget and seg.gap_ms <= 0:
-        return None, "no component costs more in the trace than in the probed budget"
+        return None, f"no component costs more in the trace than in the {word} budget"
     text = f"{seg.label}: traced {_ms(seg.traced_ms)}"
     if has_budget:
-        text += f" vs probed {_ms(seg.probed_ms or 0.0)}"
+        text += f" vs {seg.source or word} {_ms(seg.probed_ms or 0.0)}"
     text += " per step"
     if seg.key == LAUNCH_KEY:
         return seg.key, text + " — the GPU waits for the host between kernels (launch and Python overhead)"

@@ -44,7 +44,7 @@ class DecodetopApp(MessageHandlers):
         if self.age_refresh_s > 0:
             self.set_interval(self.age_refresh_s, self.refresh_ages)
         self.query_one(TracedBar).now_s = self.now()
-        self.query_one(TracedBar).start(self.settings.model)
+        self.query_one(TracedBar).start(self.settings.model, self.settings.tp)
         self.query_one(ProbeTable).focus()
 
     def _read_history(self) -> None:

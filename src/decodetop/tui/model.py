@@ -82,6 +82,8 @@ class BudgetSegment:
     kernels: str = ""
     """Which class of kernel the figure was timed with, and what torch ops would take
     (`decodetop.budget.compose.Segment.kernel_text`; '' where not said)."""
+    provenance_kind: str = ""
+    """The same as a kind: measured_now, measured_earlier, estimate … (`decodetop.budget.compose.PROVENANCE_KINDS`)."""
 
     @property
     def estimated(self) -> bool:

@@ -14,10 +14,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from decodetop.budget.deployment import Deployment
+from decodetop.budget.inventory import build_inventory
 from decodetop.budget.scenario import ModelSource, load_model
-from decodetop.budget.spec import load_preset
+from decodetop.budget.spec import ModelSpec, load_preset
 from decodetop.errors import UserInputError
 from decodetop.traces.capture import capture, detect_engine
+from decodetop.traces.mismatch import ModelShape, mismatch_line, trace_mismatches
 from decodetop.traces.ranks import TraceSet, analyze_path, trace_files
 from decodetop.traces.reader import MAX_TRACE_BYTES
 
@@ -61,6 +64,9 @@ class TraceLoad:
     origin: str
     """'--trace' or 'captured from URL (engine)'."""
     layers: int | None = None
+    mismatch: str = ""
+    """What the trace shows that the model and TP it was loaded for do not have, one line ('' when nothing was
+    found or no model was set: `decodetop.traces.mismatch`)."""
 
 
 def base_url(server: str) -> str:
@@ -84,25 +90,47 @@ def check_size(paths: list[Path], max_bytes: int) -> None:
         )
 
 
-def layers_of(model: ModelSource | str | None) -> int | None:
-    """The model's decoder layers (for 'N per layer'), or None where it names no model that reads: a `ModelSource`,
-    or the settings' preset name (`Settings.model`: a preset by its key, never guessed to be a path)."""
+def _spec_of(model: ModelSource | str | None) -> ModelSpec | None:
+    """The model a `ModelSource` or the settings' preset name (`Settings.model`: a preset by its key, never guessed
+    to be a path) names, or None where it names no model that reads."""
     if not model:
         return None
     try:
-        spec = load_model(model) if isinstance(model, ModelSource) else load_preset(model)
+        return load_model(model) if isinstance(model, ModelSource) else load_preset(model)
     except (UserInputError, OSError, ValueError):
         return None
-    return spec.n_layers
 
 
-def load(path: Path, options: TraceOptions, *, origin: str = "--trace", model: str | None = None) -> TraceLoad:
-    """Read and attribute a trace file or directory (blocking); one-line UserInputError on any problem."""
+def layers_of(model: ModelSource | str | None) -> int | None:
+    """The model's decoder layers (for 'N per layer'), or None where it names no model that reads."""
+    spec = _spec_of(model)
+    return spec.n_layers if spec is not None else None
+
+
+def mismatch_of(traces: TraceSet, model: ModelSource | str | None, tp: int | None) -> str:
+    """The one line of what `traces` shows that `model` at `tp` does not have ('' without a known model; TP not
+    judged where it is not set)."""
+    spec = _spec_of(model)
+    if spec is None:
+        return ""
+    try:
+        inventory = build_inventory(spec, Deployment(tp=tp or 1))
+    except UserInputError:  # a TP the model cannot split into: the budget says so, not the trace
+        return ""
+    shape = ModelShape.of(inventory, tp_known=tp is not None)
+    return mismatch_line(shape, trace_mismatches(traces, shape))
+
+
+def load(
+    path: Path, options: TraceOptions, *, origin: str = "--trace", model: str | None = None, tp: int | None = None
+) -> TraceLoad:
+    """Read and attribute a trace file or directory (blocking), checked against `model` at `tp`; one-line
+    UserInputError on any problem."""
     files = [f for _, f in trace_files(path)]
     check_size(files, options.max_bytes)  # the files on disk first; the reader counts what they unpack to
     traces = analyze_path(path, max_bytes=options.max_bytes)
     modified = max((f.stat().st_mtime for f in files if f.exists()), default=time.time())
-    return TraceLoad(traces, path, modified, origin, layers_of(model))
+    return TraceLoad(traces, path, modified, origin, layers_of(model), mismatch_of(traces, model, tp))
 
 
 def capture_dir(state_dir: Path | None, now_s: float) -> Path | None:
@@ -167,12 +195,15 @@ def capture_and_load(
     check_size(files, options.max_bytes)
     progress(f"trace: reading {len(files)} trace file{'s' if len(files) > 1 else ''}…")
     traces = analyze_path(files)
+    source = _source_of(scenario.get("model"))
+    tp = scenario.get("tp")
     return TraceLoad(
         traces,
         result.path if len(files) == 1 else result.output_dir,
         max(f.stat().st_mtime for f in files),
         f"captured from {url} ({result.engine})",
-        layers_of(_source_of(scenario.get("model"))),
+        layers_of(source),
+        mismatch_of(traces, source, tp if isinstance(tp, int) and not isinstance(tp, bool) else None),
     )
 
 

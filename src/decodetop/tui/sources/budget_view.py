@@ -29,6 +29,7 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
                 p90_ms=seg.p90_ms,
                 provenance=seg.provenance,
                 kernels=seg.kernel_text,
+                provenance_kind=seg.provenance_kind,
             )
         )
     estimates = any(s.estimated for s in budget.segments)

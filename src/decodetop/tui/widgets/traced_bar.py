@@ -31,7 +31,7 @@ from decodetop.errors import UserInputError
 from decodetop.history import format_age_coarse
 from decodetop.inert import inert, inert_data
 from decodetop.themes.palette import segment_variable
-from decodetop.traces.compare import short_name
+from decodetop.traces.compare import figure_source, short_name
 from decodetop.traces.trace_report import LAUNCH_KEY
 from decodetop.traces.traced import COPIES_KEY, OTHER_KEY, TracedSegment, TracedView, traced_view
 from decodetop.tui.model import BudgetView
@@ -68,6 +68,7 @@ def _css() -> str:
         "TracedBar > .traced-bar--title { text-style: bold; }",
         "TracedBar > .traced-bar--muted { color: $state-muted; }",
         "TracedBar > .traced-bar--gap { color: $state-warn; }",
+        "TracedBar > .traced-bar--mismatch { color: $state-bad; text-style: bold; }",
         "TracedBar > .traced-bar--copies { color: $state-warn; }",
         "TracedBar > .traced-bar--other { color: $seg-unexplained; }",
         "TracedBar > .traced-bar--selected { text-style: reverse; }",
@@ -139,6 +140,7 @@ class TracedBar(Widget, can_focus=True):
     | `traced-bar--seg-<component>` | A component's colour (the probed bar's theme variable). |
     | `traced-bar--copies` / `--other` | Copies & casts / unattributed kernels. |
     | `traced-bar--gap` | The largest gap line. |
+    | `traced-bar--mismatch` | What the trace shows that the model or TP does not have. |
     | `traced-bar--selected` | The segment Enter opens. |
     """
 
@@ -146,6 +148,7 @@ class TracedBar(Widget, can_focus=True):
         "traced-bar--title",
         "traced-bar--muted",
         "traced-bar--gap",
+        "traced-bar--mismatch",
         "traced-bar--selected",
         *_SEG_CLASSES.values(),
     }
@@ -184,21 +187,31 @@ class TracedBar(Widget, can_focus=True):
         if self._view_cache[0] is load and self._view_cache[1] is budget:
             return self._view_cache[2]
         probed: Mapping[str, float | None] | None = None
+        sources: dict[str, str] | None = None
         observed = None
         if budget is not None:
             probed = {s.key: s.ms for s in budget.components if s.status != "missing"}
+            sources = {s.key: figure_source(s.status, s.provenance_kind, stored=False) for s in budget.components}
             observed = budget.observed_ms
         from_trace = budget is not None and budget.observed_source == "trace"
-        view = traced_view(load.traces, probed, observed_ms=observed, layers=load.layers, observed_is_trace=from_trace)
+        view = traced_view(
+            load.traces,
+            probed,
+            observed_ms=observed,
+            layers=load.layers,
+            observed_is_trace=from_trace,
+            sources=sources,
+            mismatch=load.mismatch,
+        )
         view = inert_data(view)  # kernel and module names, the path: the trace's text, never a control sequence
         self._view_cache = (load, budget, view)
         return view
 
-    def start(self, model: str | None = None) -> None:
-        """Load --trace, if one was given (called once the app is mounted)."""
+    def start(self, model: str | None = None, tp: int | None = None) -> None:
+        """Load --trace, if one was given (called once the app is mounted), checked against `model` at `tp`."""
         if self.options.path is not None:
             self._begin(f"trace: reading {self.options.path}…")
-            self._load_worker(model)
+            self._load_worker(model, tp)
 
     def capture(self, scenario: Mapping[str, object]) -> None:
         """Capture N steps from --server in the background (the capture key)."""
@@ -217,11 +230,11 @@ class TracedBar(Widget, can_focus=True):
         self.post_message(TraceStatus(text))
 
     @work(thread=True, exit_on_error=False, group="trace", exclusive=True)
-    def _load_worker(self, model: str | None) -> None:
+    def _load_worker(self, model: str | None, tp: int | None) -> None:
         path = self.options.path
         assert path is not None
         try:
-            got = _watched(lambda _cancelled: load(path, self.options, model=model))
+            got = _watched(lambda _cancelled: load(path, self.options, model=model, tp=tp))
         except UserInputError as exc:
             self.post_message(TraceLoaded(None, str(exc)))
             return
@@ -320,9 +333,13 @@ class TracedBar(Widget, can_focus=True):
         where = f" · {inert(loaded.path.name)}" + (f" ({age} old)" if age else "")
         title.append(where, style=self._style("traced-bar--muted"))
         if not compact:
-            title.append(" · legend: probed/traced ms", style=self._style("traced-bar--muted"))
+            title.append(f" · legend: {view.budget_source}/traced ms", style=self._style("traced-bar--muted"))
         title.truncate(width, overflow="ellipsis")
-        lines = [title, self._bar_line(view, width)]
+        lines = [title]
+        if view.mismatch:  # the one line that says the trace is not of this model or deployment
+            mismatch = Text(view.mismatch, style=self._style("traced-bar--mismatch"))
+            lines.extend(mismatch.wrap(self.app.console, width)[: GAP_LINES[compact]])
+        lines.append(self._bar_line(view, width))
         gap = Text(f"largest gap: {view.gap_text}" if view.gap_text else "", style=self._style("traced-bar--gap"))
         if not compact:
             lines.extend(self._legend(view, width))
