@@ -119,3 +119,24 @@ def test_clock_snapshot_reads_nvml() -> None:
         }
     ]
     assert gpuinfo.clock_snapshot([]) == []
+
+
+def test_clock_snapshot_gives_each_process_its_sm_share_since_the_probe_started() -> None:
+    """NVML's per-process samples newer than the probe's start, averaged per pid (a GEMM neighbour at 97 % beside a
+    probe rank at 12 %); no samples (NVML_ERROR_NOT_FOUND) leaves the share out."""
+    samples = [
+        {"pid": 1306, "timeStamp": 5_000_001, "smUtil": 96, "memUtil": 40},
+        {"pid": 1306, "timeStamp": 5_100_001, "smUtil": 98, "memUtil": 41},
+        {"pid": 428, "timeStamp": 5_100_001, "smUtil": 12, "memUtil": 3},
+    ]
+    procs = [{"pid": 428, "usedGpuMemory": 1 << 30}, {"pid": 1306, "usedGpuMemory": 2 << 30}]
+    recording = load_recording("h200x1-load").with_calls(
+        {
+            "nvmlDeviceGetComputeRunningProcesses(gpu0)": ok(procs),
+            "nvmlDeviceGetProcessUtilization(gpu0,5000000)": ok(samples),
+        }
+    )
+    (row,) = gpuinfo.clock_snapshot(_gpus(1), nvml=fake_nvml(recording), since_us=5_000_000)
+    assert [(p["pid"], p.get("sm_util_pct")) for p in row["processes"]] == [(428, 12), (1306, 97)]
+    (row,) = gpuinfo.clock_snapshot(_gpus(1), nvml=fake_nvml(recording), since_us=6_000_000)  # no such samples
+    assert all("sm_util_pct" not in p for p in row["processes"])

@@ -176,6 +176,10 @@ class _RunStart:
     started_utc: str
     t0: float
     nvml_before: list[dict[str, Any]]
+    started_us: int = 0
+    """Wall clock at the start, µs since the epoch (NVML's clock for per-process utilisation samples)."""
+    group_pids: tuple[int, ...] = ()
+    """The group's processes when the probe started (a group respawned during the probe had others)."""
 
 
 @dataclass
@@ -276,6 +280,16 @@ class ProbeController:
         group = self._group
         return group.environment if group else None
 
+    def _group_pids(self) -> list[int]:
+        """The ranks' pids and their children's (a rank's helper processes hold GPU memory under its name too)."""
+        import psutil
+
+        pids = set(self.rank_pids())
+        for pid in list(pids):
+            with contextlib.suppress(psutil.Error):
+                pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        return sorted(pids)
+
     def rank_pids(self) -> list[int]:
         """PIDs of the live ranks (for tests and the UI's process list)."""
         group = self._group
@@ -329,7 +343,11 @@ class ProbeController:
                 raise DecodetopError("probe controller is closed")
             self._drain_wake()
             self._cancel.clear()
-            start = _RunStart(probe, resolved, _utc_now(), time.monotonic(), clock_snapshot(self.layout.gpus))
+            started_us = int(time.time() * 1e6)
+            before = clock_snapshot(self.layout.gpus)
+            start = _RunStart(
+                probe, resolved, _utc_now(), time.monotonic(), before, started_us, tuple(self._group_pids())
+            )
             if self._group is not None and (self._group.dead or not all(p.is_alive() for p in self._group.procs)):
                 self._stop_group(graceful=False)  # a rank died since the last probe: start afresh
             try:
@@ -372,7 +390,9 @@ class ProbeController:
             extra = dict(env.extra)
             if start.nvml_before:
                 extra["nvml_before"] = start.nvml_before
-                extra["nvml_after"] = clock_snapshot(self.layout.gpus)
+                extra["nvml_after"] = clock_snapshot(self.layout.gpus, since_us=start.started_us)
+                # the group's own processes, so a snapshot's other compute processes are someone else's
+                extra["probe_pids"] = sorted({*start.group_pids, *self._group_pids()})
             env = replace(env, time_utc=start.started_utc, extra=extra)
         return ProbeResult(
             probe=start.probe,

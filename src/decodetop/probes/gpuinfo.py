@@ -154,12 +154,14 @@ def compute_processes(
     return found
 
 
-def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[dict[str, Any]]:
+def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None, *, since_us: int = 0) -> list[dict[str, Any]]:
     """Clocks, clock-event reasons, temperature, power, PCIe link, NUMA node, utilisation and compute processes of
-    `gpus` now (read-only; empty without NVML).
+    `gpus` now (read-only; empty without NVML); each process with its mean SM utilisation over NVML's samples
+    newer than `since_us` (µs since the epoch, NVML's clock; 0: every sample the driver still holds).
 
     Taken before and after each probe so a result says whether the GPU ran at full clocks (architecture.md:
-    "every result records ... the clock-event reasons and clocks NVML saw during the run").
+    "every result records ... the clock-event reasons and clocks NVML saw during the run") and who else ran on it
+    meanwhile, and how much (the after snapshot reads the samples since the probe started).
     """
     source = _source(nvml) if gpus else None
     if source is None:
@@ -196,13 +198,32 @@ def clock_snapshot(gpus: Sequence[GpuInfo], nvml: Nvml | None = None) -> list[di
             row["gpu_util_pct"] = _ok_int(util.get("gpu"))  # before a probe the ranks are idle: busy is foreign work
         procs = source.query("nvmlDeviceGetComputeRunningProcesses", ref)
         if isinstance(procs, list):  # every process on the GPU, the probe's own ranks included
+            sm = _process_sm_util(source, ref, since_us)
             row["processes"] = [
-                {"pid": pid, "name": _process_name(pid), "used_memory_bytes": _ok_int(p.get("usedGpuMemory"))}
+                {
+                    "pid": pid,
+                    "name": _process_name(pid),
+                    "used_memory_bytes": _ok_int(p.get("usedGpuMemory")),
+                    **({"sm_util_pct": sm[pid]} if pid in sm else {}),
+                }
                 for p in procs
                 if isinstance(p, dict) and (pid := _ok_int(p.get("pid"))) is not None
             ]
         out.append(row)
     return out
+
+
+def _process_sm_util(source: Nvml, ref: GpuRef, since_us: int) -> dict[int, int]:
+    """pid → mean SM utilisation (%) over NVML's per-process samples newer than `since_us`; empty where NVML has no
+    sample (NVML_ERROR_NOT_FOUND) or the call is not supported."""
+    samples = source.query("nvmlDeviceGetProcessUtilization", ref, since_us)
+    seen: dict[int, list[int]] = {}
+    for sample in samples if isinstance(samples, list) else []:
+        pid = _ok_int(sample.get("pid")) if isinstance(sample, dict) else None
+        sm = _ok_int(sample.get("smUtil")) if isinstance(sample, dict) else None
+        if pid is not None and sm is not None and 0 <= sm <= 100:
+            seen.setdefault(pid, []).append(sm)
+    return {pid: round(sum(v) / len(v)) for pid, v in seen.items()}
 
 
 def _process_name(pid: int) -> str:
