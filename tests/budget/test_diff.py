@@ -450,3 +450,22 @@ def test_a_path_that_is_not_a_string_is_a_one_line_error() -> None:
     bad = _budget({**_seg("communication", 0.5), "path": 3})
     with pytest.raises(UserInputError, match="'communication': 'path' is 3, not a string"):
         diff_budgets(bad, _with_path(0.2, "custom one-shot", CUSTOM_TEXT))
+
+
+def test_the_current_runs_neighbour_is_named_under_the_diff() -> None:
+    """A budget measured beside another process carries it (`Budget.contention`); the diff names it after the moves,
+    in the text and the JSON; a clean file says nothing."""
+    from decodetop.budget.contention import Contention, GpuNeighbour
+
+    neighbour = Contention((GpuNeighbour(0, 1306, "python3", 97, ("gemm",)),))
+    before = {**_budget(_seg("dense_mlp", 1.45, 0.02)), "mean_total_ms": 2.45}
+    after = {**_budget(_seg("dense_mlp", 1.46, 0.02)), "mean_total_ms": 5.09, "contention": neighbour.to_dict()}
+    diff = diff_budgets(before, after)
+    text = format_budget_diff(diff, "clean.json")
+    assert diff.likely_cause == neighbour.line() and text.rstrip().endswith(neighbour.line())
+    assert "pid 1306 (python3, 97 % SM during the run)" in text
+    assert diff.to_dict()["likely_cause"] == neighbour.line()
+    assert (
+        diff_budgets(before, before).likely_cause == ""
+        and diff_budgets(before, before).to_dict()["likely_cause"] is None
+    )

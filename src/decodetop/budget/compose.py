@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.contention import Contention
 from decodetop.budget.curves import CurveEngine, Prediction, nominal_hardware
 from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.kernels import KernelClass, kernels_text
@@ -255,6 +256,9 @@ class Budget:
     """The component that dominates the total's uncertainty ('' when every figure is a point)."""
     self_check: SelfCheck | None = None
     """The curve engine's leave-one-out error per family on this host's data (None: no curve was used)."""
+    contention: Contention | None = None
+    """Other processes (or foreign load) on the probed GPUs during the measurements: the likely cause of their tails
+    and layer errors (`decodetop.budget.contention`; None or empty: nothing else ran, or nothing was measured)."""
 
     @property
     def mean_total_ms(self) -> float:
@@ -402,6 +406,7 @@ class Budget:
             "weakest": self.weakest,
             "dominant_uncertainty": self.dominant,
             "self_check": self.self_check.to_dict() if self.self_check is not None else None,
+            "contention": self.contention.to_dict() if self.contention else None,
         }
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from decodetop import jsonio
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
+from decodetop.budget.contention import contention_in
 from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.budget.ranks import straggler_in
 from decodetop.errors import UserInputError
@@ -181,6 +182,9 @@ class BudgetDiff:
     not_comparable: tuple[str, ...] = ()
     """What differs between the two budgets' models, TP, hardware or device kinds (`not_comparable`); when any
     does, no component is compared (`components` is empty) and nothing moved."""
+    likely_cause: str = ""
+    """The current budget's likely-cause line when other processes ran on its GPUs during the measurements
+    (`decodetop.budget.contention`; '' for a clean run or an older file)."""
 
     @property
     def comparable(self) -> bool:
@@ -259,6 +263,7 @@ class BudgetDiff:
             "allreduce_path_before": self.allreduce_path_before or None,
             "allreduce_path_after": self.allreduce_path_after or None,
             "allreduce_path_changed": self.allreduce_path_changed,
+            "likely_cause": self.likely_cause or None,
         }
 
 
@@ -528,6 +533,7 @@ def diff_budgets(
         allreduce_path_before=path_before,
         allreduce_path_after=path_after,
         not_comparable=differs,
+        likely_cause=contention_in(find_budget(current, current_name)),
     )
 
 
@@ -673,6 +679,8 @@ def format_budget_diff(diff: BudgetDiff, baseline_name: str) -> str:
         lines.append(allreduce_path_line(diff))
     if tail_line(diff):
         lines.append(tail_line(diff))
+    if diff.likely_cause:  # what the moves above most likely measure
+        lines.append(diff.likely_cause)
     if diff.straggler:
         lines.append(
             diff.straggler + (f" (the baseline's too: {diff.straggler_before})" if diff.straggler_before else "")
