@@ -18,3 +18,15 @@ step() {  # step NAME TIMEOUT CMD...: run CMD with a deadline into $W/NAME.txt; 
   echo "=== $name rc=$? in $((SECONDS - t0)) s" | tee -a "$LOG"
   tar czf "$TGZ" -C "$W" .  # what finished survives a cut-off call
 }
+
+reduced_config() {  # reduced_config DIR MODEL LAYERS: MODEL with LAYERS layers (benchmarks/fidelity's reduced config)
+  python3 - "$@" <<'PY'
+import json, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks/fidelity")
+from fidelity import reduced_config
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text(json.dumps(reduced_config(sys.argv[2], int(sys.argv[3])), indent=1))
+PY
+}

@@ -19,15 +19,7 @@ mkdir -p "$OUT"
 NAMES=${NAMES:-"launch gemm norms allreduce layer"}
 T_RUN=${T_RUN:-100}
 CFG=$OUT/llama-3.1-70b-4l
-python3 - "$CFG" <<'EOF'
-import json, sys
-from pathlib import Path
-sys.path.insert(0, "benchmarks/fidelity")
-from fidelity import reduced_config
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text(json.dumps(reduced_config("llama-3.1-70b", 4), indent=1))
-EOF
+reduced_config "$CFG" llama-3.1-70b 4
 
 probe() {  # probe NAME [ARGS...]: one plan run into $OUT/NAME.json and NAME.txt
   local name=$1 t0=$SECONDS

@@ -31,15 +31,7 @@ T_RUN=${T_RUN:-150}
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 TP=${TP:-$((GPUS > 1 ? GPUS : 1))}
 CFG=$W/llama-3.1-70b-4l
-python3 - "$CFG" <<'EOF'
-import json, sys
-from pathlib import Path
-sys.path.insert(0, "benchmarks/fidelity")
-from fidelity import reduced_config
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-(out / "config.json").write_text(json.dumps(reduced_config("llama-3.1-70b", 4), indent=1))
-EOF
+reduced_config "$CFG" llama-3.1-70b 4
 
 run() {  # run NAME MODE [ENV=VALUE...]: one plan run into $W/NAME.json and NAME.txt
   local name=$1 mode=$2
