@@ -132,6 +132,9 @@ class BudgetView:
     """Every rank's composed total and the spread ('' for one rank): `decodetop.budget.ranks.RankSpread.short_line`."""
     straggler: str = ""
     """The straggler line, when one rank stands out beyond the noise ('straggler: GPU 1 (+2.4 ms …; likely: …)')."""
+    contention: str = ""
+    """The likely-cause line when other processes ran on the probed GPUs during the measurements ('likely cause:
+    another process on the probed GPU — GPU 0: pid 1306 (python3, 97 % SM during the run): …'), else ''."""
 
     @property
     def components(self) -> tuple[BudgetSegment, ...]:

@@ -51,6 +51,8 @@ def budget_details_text(details: BudgetDetails, now_s: float) -> Text:
             add(f"{line}\n")
         if view.observed_text:
             add(f"observed step: {view.observed_text}\n")
+        if view.contention:
+            add(f"{view.contention}\n", style="bold")
         add("\nwhere each figure comes from:\n", style="bold")
         for seg in view.components:
             add(f"  {seg.label}: ")

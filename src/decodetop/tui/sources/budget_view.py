@@ -58,6 +58,7 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         hardware_text=budget.hardware_text,
         ranks_text=budget.ranks.short_line() if budget.ranks is not None else "",
         straggler=budget.ranks.straggler.text if budget.ranks is not None and budget.ranks.straggler else "",
+        contention=budget.contention.line() if budget.contention else "",
     )
     return dataclasses.replace(
         view,

@@ -284,10 +284,9 @@ class BudgetBar(Widget):
         if budget.ranks_text:
             cut = budget.ranks_text if len(budget.ranks_text) <= width else budget.ranks_text[: width - 1] + "…"
             lines.append(Text(cut, style=self._style("budget-bar--muted")))
-        if budget.straggler:
+        for said in (budget.straggler, budget.contention):  # who else ran on the GPUs: before any figure is read
             lines += [
-                Text(line, style=self._style("budget-bar--header"))
-                for line in textwrap.wrap(budget.straggler, max(20, width))
+                Text(line, style=self._style("budget-bar--header")) for line in textwrap.wrap(said, max(20, width))
             ]
         if budget.verdict:
             lines += [
