@@ -86,6 +86,8 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     lines.append(b.summary() + (f"; estimates for {b.hardware_text}" if any(s.estimated for s in b.segments) else ""))
     lines.extend(range_lines(b))
     lines.extend(line for line in (mean_line(b), *rank_lines(b)) if line)
+    if b.contention:  # what the figures above measure besides the host
+        lines.append(b.contention.line())
     return lines
 
 

@@ -50,6 +50,7 @@ from decodetop.budget.scenario import Scenario
 from decodetop.history import format_age
 from decodetop.pipeline.context import UNMEASURED_ROOFLINE, BudgetContext, GpuHint, assumed_gpu
 from decodetop.pipeline.ranks import compose_ranks
+from decodetop.probes.contention import contention_of
 from decodetop.probes.hooks import MeasuredSet
 from decodetop.probes.plan_hooks import measured_from_results
 from decodetop.probes.results import Environment, ProbeResult
@@ -224,7 +225,9 @@ def compose(ctx: BudgetContext) -> Composition:
         ranks = compose_ranks(
             inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice
         )
-    budget = dataclasses.replace(budget, segments=segments, ranks=ranks, tp_source=scenario.tp_source)
+    budget = dataclasses.replace(
+        budget, segments=segments, ranks=ranks, tp_source=scenario.tp_source, contention=contention_of(used)
+    )
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used), measured=measured)
 
 

@@ -9,6 +9,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from decodetop.budget.contention import contention_error
 from decodetop.budget.text import format_budget_table
 from decodetop.pipeline.plan_runner import PlanRun
 from decodetop.probes.results import RESULTS_FORMAT_VERSION
@@ -45,6 +46,7 @@ def plan_run_to_dict(run: PlanRun, baseline_diff: Mapping[str, Any] | None = Non
                 "sum_parts_us": lc.sum_parts_us,
                 "layer_us": lc.layer_us,
                 "error_pct": lc.error_pct,
+                "error_text": contention_error(lc.error_pct, run.budget.contention),
                 "eager_us": lc.eager_us,
                 "note": lc.note,
             }
@@ -78,7 +80,7 @@ def format_budget(run: PlanRun) -> str:
             extra = f", eager {format_number(lc.eager_us)} µs" if lc.eager_us is not None else ""
             lines.append(
                 f"  {lc.layer} layer [{lc.mode}]: parts {format_number(lc.sum_parts_us)} µs vs layer "
-                f"{format_number(lc.layer_us)} µs → error {lc.error_pct:+.1f}%{extra}"
+                f"{format_number(lc.layer_us)} µs → error {contention_error(lc.error_pct, b.contention)}{extra}"
                 + (f" ({lc.note})" if lc.note else "")
             )
     for note in run.notes:
