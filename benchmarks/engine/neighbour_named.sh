@@ -30,7 +30,7 @@ probe() {  # probe NAME [ARGS...]: one plan run into $OUT/NAME.json and NAME.txt
   echo "run $name rc=$? $((SECONDS - t0)) s" | tee -a "$OUT/log.txt"
 }
 
-probe clean
+probe clean --force  # --force: the GPU guard of each run sees the ranks of the run before it
 ready=$OUT/neighbour.ready
 python3 benchmarks/engine/neighbour.py gemm --gpu 0 --seconds $((T_RUN + 30)) --ready "$ready" >"$OUT/neighbour.log" 2>&1 &
 pid=$!
