@@ -91,7 +91,7 @@ def test_the_outcome_of_nvml_travels_in_a_collected_tree(tmp_path: Path, hosts: 
     """What a recording root is told of NVML's init becomes the `.nvml` side file of the archive, and `--root` on
     the archive reads it back."""
     from decodetop.collectors.archive import RecordingRoot, unpack_collected, write_collect_tarball
-    from decodetop.collectors.checks.gpu import NVML_OUTCOME, tree_gpu_checks
+    from decodetop.collectors.checks.gpu_driver import NVML_OUTCOME, tree_gpu_checks
 
     recorder = RecordingRoot(hosts / "epyc-well-tuned" / "root")
     recorder.record_outcome(NVML_OUTCOME, "unavailable 12 NVML library (libnvidia-ml.so.1) not found")

@@ -8,12 +8,8 @@ from collections.abc import Callable, Mapping
 from decodetop.collectors.checks.context import DEFAULT_SAMPLE_INTERVAL_S, HostContext, build_context
 from decodetop.collectors.checks.cpu import CPU_CHECKS
 from decodetop.collectors.checks.devices import DEVICE_CHECKS
-from decodetop.collectors.checks.gpu import (
-    NVML_OUTCOME,
-    gpu_checks,
-    nvml_outcome_line,
-    tree_gpu_checks,
-)
+from decodetop.collectors.checks.gpu import gpu_checks
+from decodetop.collectors.checks.gpu_driver import NVML_OUTCOME, nvml_outcome_line, tree_gpu_checks
 from decodetop.collectors.checks.kernel import KERNEL_CHECKS
 from decodetop.collectors.checks.pcie import PCIE_CHECKS
 from decodetop.collectors.checks.result import CheckResult, Status
