@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from decodetop.argtypes import positive_int, server_url
 from decodetop.budget.components import Component
-from decodetop.budget.compose import Budget
+from decodetop.budget.compose import Budget, ObservedStep
 from decodetop.budget.gpus import GPUS, find_gpu
 from decodetop.commands._scenario_args import add_scenario_arguments, flags_from_args
 from decodetop.errors import UserInputError
@@ -128,17 +128,21 @@ def run(args: argparse.Namespace) -> int:
     mismatches = trace_mismatches(traces, model.shape) if model is not None else ()
     sources = budget_sources(budget) if budget is not None else None
     comparison = compare(report, budget, sources) if budget is not None else None
+    observed = _observed(args, report, model)
     view = traced_view(
         traces,
         budget_ms(budget) if budget is not None else None,
+        observed_ms=observed.ms if budget is not None else None,
         layers=model.layers if model is not None else None,
+        observed_is_trace=observed.source == "trace",
         sources=sources,
         mismatch=mismatch_line(model.shape, mismatches) if model is not None else "",
     )
     if not args.json:
-        sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view)))  # long lines wrap
+        sys.stdout.write(fit_text(render_text(report, comparison, budget_note, view, observed.text)))  # lines wrap
         return 0
     out: dict[str, Any] = {"trace": report.to_json(), "traced": _view_json(view), "ranks": _ranks_json(traces)}
+    out["observed"] = observed.to_dict()
     if model is not None:
         out["mismatch"] = {"line": view.mismatch, "found": [{"what": m.what, "text": m.text} for m in mismatches]}
     if comparison is not None:
@@ -150,6 +154,18 @@ def run(args: argparse.Namespace) -> int:
         out["captured"] = {"path": str(captured.path), "engine": captured.engine}
     print(json.dumps(finite(out), indent=1, allow_nan=False))
     return 0
+
+
+def _observed(args: argparse.Namespace, report: TraceReport, model: _ModelBudget | None) -> ObservedStep:
+    """The observed step by the one rule (`decodetop.pipeline.observed`): the model's budget's (--observed-ms, else
+    the trace's decode steps); beside a --budget file or no budget, the same rule over the trace. The default, said
+    as assumed, only where the trace holds no decode step."""
+    if model is not None:
+        return model.budget.observed_step
+    from decodetop.pipeline.observed import observed_step, trace_written_s, traced_step
+
+    traced = traced_step(report, written_s=trace_written_s(report.path))
+    return observed_step(flag_ms=flags_from_args(args).observed_flag_ms(), trace=traced, now_s=time.time())
 
 
 def _read_traces(args: argparse.Namespace, captured: CaptureResult | None) -> tuple[TraceSet, _ModelBudget | None]:
@@ -280,10 +296,14 @@ def _budget_for(args: argparse.Namespace, report: TraceReport, *, n_ranks: int) 
 
 
 def render_text(
-    report: TraceReport, comparison: Comparison | None = None, budget_note: str = "", view: TracedView | None = None
+    report: TraceReport,
+    comparison: Comparison | None = None,
+    budget_note: str = "",
+    view: TracedView | None = None,
+    observed: str = "",
 ) -> str:
     """The headless report: steps, per-component bar, top kernels, the comparison when there is one, and the
-    traced bar as the live UI shows it (the same `traced_view`)."""
+    traced bar as the live UI shows it (the same `traced_view`); `observed` is the observed step in words."""
     from decodetop.traces.compare import VIA_CHARS, short_name
     from decodetop.traces.trace_report import LAUNCH_KEY
 
@@ -300,6 +320,8 @@ def render_text(
         f"GPU idle inside the step {format_duration_us(idle)} ({frac:.0%}: host overhead), "
         f"{report.kernels_per_step_mean:.0f} kernels"
     )
+    if comparison is not None and observed:
+        add(f"observed {observed}")
     add("")
     add("per component, per step")
     rows: list[tuple[object, ...]] = [

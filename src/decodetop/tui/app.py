@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from textual import work
 
+from decodetop.budget.scenario import ModelSource
 from decodetop.tui import layout
 from decodetop.tui.handlers import MessageHandlers
 from decodetop.tui.widgets.budget_bar import BudgetBar
@@ -44,7 +45,7 @@ class DecodetopApp(MessageHandlers):
         if self.age_refresh_s > 0:
             self.set_interval(self.age_refresh_s, self.refresh_ages)
         self.query_one(TracedBar).now_s = self.now()
-        self.query_one(TracedBar).start(self.settings.model, self.settings.tp)
+        self.query_one(TracedBar).start(ModelSource(*self.settings.model_ref), self.settings.tp)
         self.query_one(ProbeTable).focus()
 
     def _read_history(self) -> None:

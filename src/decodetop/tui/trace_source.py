@@ -122,7 +122,12 @@ def mismatch_of(traces: TraceSet, model: ModelSource | str | None, tp: int | Non
 
 
 def load(
-    path: Path, options: TraceOptions, *, origin: str = "--trace", model: str | None = None, tp: int | None = None
+    path: Path,
+    options: TraceOptions,
+    *,
+    origin: str = "--trace",
+    model: ModelSource | str | None = None,
+    tp: int | None = None,
 ) -> TraceLoad:
     """Read and attribute a trace file or directory (blocking), checked against `model` at `tp`; one-line
     UserInputError on any problem."""

@@ -471,8 +471,8 @@ def _render_budget(budget: Budget, out: _Out) -> None:
     )
     lines = out.gauge(
         "budget_step_seconds",
-        "Decode step lines: sum of the components, observed (source: flag, settings, server, or default = assumed, "
-        "not observed), target (from the target throughput), roofline.",
+        "Decode step lines: sum of the components, observed (source: flag, settings, server, trace, or default = "
+        "assumed, not observed), target (from the target throughput), roofline.",
         ["model", "line", "source"],
     )
     lines.add([model, "sum", "probes"], budget.total_ms * _MS_TO_S)

@@ -335,6 +335,8 @@ class BudgetBar(Widget):
         text.append(f"{format_ms(observed)} ms")
         if budget.observed_assumed:
             text.append(" assumed, not observed", style=self._style("budget-bar--assumed"))
+        elif budget.observed_source == "trace":  # the engine's steps in the loaded trace: the traced bar's file
+            text.append(" in the trace", style=self._style("budget-bar--muted"))
         text.append(" · target ", style=self._style("budget-bar--mark-target"))
         text.append(f"{format_ms(budget.target_ms)} ms ({1000.0 / budget.target_ms:.0f} tok/s)")
         if budget.roofline_ms is not None:

@@ -27,6 +27,7 @@ from textual.widget import Widget
 from textual.worker import get_current_worker
 
 from decodetop.budget.components import Component
+from decodetop.budget.scenario import ModelSource
 from decodetop.errors import UserInputError
 from decodetop.history import format_age_coarse
 from decodetop.inert import inert, inert_data
@@ -207,8 +208,9 @@ class TracedBar(Widget, can_focus=True):
         self._view_cache = (load, budget, view)
         return view
 
-    def start(self, model: str | None = None, tp: int | None = None) -> None:
-        """Load --trace, if one was given (called once the app is mounted), checked against `model` at `tp`."""
+    def start(self, model: ModelSource | str | None = None, tp: int | None = None) -> None:
+        """Load --trace, if one was given (called once the app is mounted), checked against `model` (the settings'
+        preset or config) at `tp`."""
         if self.options.path is not None:
             self._begin(f"trace: reading {self.options.path}…")
             self._load_worker(model, tp)
@@ -230,7 +232,7 @@ class TracedBar(Widget, can_focus=True):
         self.post_message(TraceStatus(text))
 
     @work(thread=True, exit_on_error=False, group="trace", exclusive=True)
-    def _load_worker(self, model: str | None, tp: int | None) -> None:
+    def _load_worker(self, model: ModelSource | str | None, tp: int | None) -> None:
         path = self.options.path
         assert path is not None
         try:
