@@ -88,23 +88,43 @@ class RooflineBudget(FakeBudget):
         return dataclasses.replace(view, segments=estimated)
 
 
-async def test_a_trace_of_another_model_or_tp_is_said_and_estimates_are_called_roofline() -> None:
-    """The 4-layer one-GPU trace under Llama-3.1-70B at TP 8: one line under the bar's header names the layers and
-    the missing all-reduce; the budget beside it is roofline estimates, called so (never 'probed')."""
+@pytest.mark.parametrize(
+    ("model", "findings"),
+    [
+        (
+            "llama-3.1-70b",
+            ("4 layers traced vs 80 (", "; TP 8 given, the trace shows 1 rank and no all-reduce kernels"),
+        ),
+        (
+            "glm-5",
+            (
+                "4 layers traced vs 78 (",
+                "; no expert or routing kernels for a MoE model (75 MoE layers)",
+                "; TP 8 given, the trace shows 1 rank and no all-reduce kernels",
+            ),
+        ),
+    ],
+)
+async def test_a_trace_of_another_model_or_tp_is_said_and_estimates_are_called_roofline(
+    model: str, findings: tuple[str, ...]
+) -> None:
+    """The 4-layer one-GPU dense trace under a model of 80 layers (or GLM-5, a MoE) at TP 8: one line under the bar's
+    header names the layers, the missing experts and the missing all-reduce, as `decodetop trace` does; the budget
+    beside it is roofline estimates, called so (never 'probed')."""
     budget = RooflineBudget()
     budget.scale = {c.value: 0.02 for c in Component}
     sources = make_sources(budget=budget)
     sources.trace = TraceOptions(path=PLANTED)
-    app = make_app(sources, Settings(model="llama-3.1-70b", tp=8, observed_ms=12.0))
+    app = make_app(sources, Settings(model=model, tp=8, observed_ms=12.0))
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_until(pilot, loaded(app), "the traced bar")
         view = traced(app).view
-        assert view is not None and view.mismatch.startswith(
-            "the trace does not match Llama-3.1-70B at TP 8: 4 layers traced vs 80 ("
-        )
-        assert view.mismatch.endswith("; TP 8 given, the trace shows 1 rank and no all-reduce kernels")
+        assert view is not None and "\n" not in view.mismatch
+        name = {"llama-3.1-70b": "Llama-3.1-70B", "glm-5": "GLM-5"}[model]
+        assert view.mismatch.startswith(f"the trace does not match {name} at TP 8: {findings[0]}")
+        assert view.mismatch.endswith(findings[-1]) and all(f in view.mismatch for f in findings)
         lines = traced(app).render().plain.splitlines()
-        assert lines[1].startswith("the trace does not match Llama-3.1-70B at TP 8: 4 layers traced vs 80")
+        assert lines[1].startswith(f"the trace does not match {name} at TP 8: 4 layers traced vs")
         text = " ".join(lines)
         assert "legend: roofline/traced ms" in text and "vs roofline " in view.gap_text
         assert "probed" not in text
