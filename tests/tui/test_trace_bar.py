@@ -130,6 +130,29 @@ async def test_a_trace_of_another_model_or_tp_is_said_and_estimates_are_called_r
         assert "probed" not in text
 
 
+async def test_a_new_tp_or_model_checks_the_loaded_trace_again() -> None:
+    """`p` or `m` change the scenario for the session: the traced bar's mismatch line follows it (TP 8 → 1 leaves only
+    the layers; a model of 4 layers, nothing), as the budget beside it does."""
+    sources = make_sources(budget=small_budget())
+    sources.trace = TraceOptions(path=PLANTED)
+    app = make_app(sources, Settings(model="llama-3.1-70b", tp=8, observed_ms=12.0))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, loaded(app), "the traced bar")
+        view = traced(app).view
+        assert view is not None and "TP 8 given" in view.mismatch
+        app.change_scenario(dataclasses.replace(app.settings, tp=1), "TP 1", "--tp")
+
+        def rechecked() -> bool:
+            now = traced(app).view
+            return now is not None and "at TP 1:" in now.mismatch
+
+        await wait_until(pilot, rechecked, "the trace checked at TP 1")
+        view = traced(app).view
+        assert view is not None and view.mismatch.startswith("the trace does not match Llama-3.1-70B at TP 1: 4 layers")
+        assert "TP 8" not in view.mismatch and "all-reduce" not in view.mismatch
+        assert traced(app).render().plain.splitlines()[1] == view.mismatch
+
+
 async def test_enter_on_the_segment_lists_its_kernels() -> None:
     app = trace_app(TraceOptions(path=PLANTED))
     async with app.run_test(size=(160, 48)) as pilot:

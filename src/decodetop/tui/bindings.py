@@ -10,6 +10,7 @@ from textual import events, work
 from textual.binding import Binding, BindingType
 from textual.widgets import Input, TabbedContent
 
+from decodetop.budget.scenario import ModelSource
 from decodetop.errors import UserInputError
 from decodetop.settings import Settings, save_changes
 from decodetop.themes import next_theme
@@ -199,6 +200,7 @@ class KeyActions(AppBase):
         self.runner.forget_results()
         self.recompose_budget()
         self.plan_probes()
+        self.query_one(TracedBar).recheck(ModelSource(*settings.model_ref), settings.tp)
         self.notify(f"{what} for this session, not saved: {flag} or settings.toml keeps it", timeout=4)
         self.set_status()
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, TypeVar
 
 from rich.style import Style
@@ -36,7 +36,7 @@ from decodetop.traces.compare import figure_source, short_name
 from decodetop.traces.trace_report import LAUNCH_KEY
 from decodetop.traces.traced import COPIES_KEY, OTHER_KEY, TracedSegment, TracedView, traced_view
 from decodetop.tui.model import BudgetView
-from decodetop.tui.trace_source import TraceLoad, TraceOptions, capture_and_load, load
+from decodetop.tui.trace_source import TraceLoad, TraceOptions, capture_and_load, layers_of, load, mismatch_of
 from decodetop.tui.widgets.budget_bar import SHORT_LABELS as BUDGET_SHORT_LABELS
 
 T = TypeVar("T")
@@ -91,6 +91,14 @@ class TraceLoaded(Message):
 
     load: TraceLoad | None
     problem: str = ""
+
+
+@dataclass
+class TraceRechecked(Message):
+    """The loaded trace checked again against the session's new model or TP (`checked` replaces `was`)."""
+
+    was: TraceLoad
+    checked: TraceLoad
 
 
 @dataclass
@@ -271,6 +279,23 @@ class TracedBar(Widget, can_focus=True):
             return
         if got is not None:
             self.post_message(TraceLoaded(got))
+
+    def recheck(self, model: ModelSource | str | None, tp: int | None) -> None:
+        """Check the loaded trace again against a new model or TP of the session (`m`, `p`): its mismatch line and
+        'per layer' follow the scenario the budget beside it is composed for."""
+        if self.load is not None:
+            self._recheck_worker(self.load, model, tp)
+
+    @work(thread=True, exit_on_error=False, group="trace-check", exclusive=True)
+    def _recheck_worker(self, was: TraceLoad, model: ModelSource | str | None, tp: int | None) -> None:
+        checked = replace(was, layers=layers_of(model), mismatch=mismatch_of(was.traces, model, tp))
+        self.post_message(TraceRechecked(was, checked))
+
+    @on(TraceRechecked)
+    def _rechecked(self, message: TraceRechecked) -> None:
+        message.stop()
+        if self.load is message.was:  # a newer load or capture wins
+            self.load = message.checked
 
     @on(TraceLoaded)
     def _loaded(self, message: TraceLoaded) -> None:
