@@ -12,6 +12,8 @@ from typing import Any
 
 from decodetop.budget.components import Component
 from decodetop.collectors.checks.result import CheckResult, Status
+from decodetop.pipeline.context import BudgetContext, gpu_hint
+from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.settings import Settings
 from decodetop.tui.model import (
     BudgetSegment,
@@ -25,6 +27,7 @@ from decodetop.tui.model import (
     Series,
     TelemetryFrame,
 )
+from decodetop.tui.probe_group import GroupInfo, scenario_for
 from decodetop.tui.sources import ProbeOutcome, ProgressCallback, Sources
 
 NOW_S = 1_800_000_000.0
@@ -276,6 +279,12 @@ class FakeBudget:
     def accepts(self, fingerprint: object, settings: Settings) -> bool:
         """Every stored record feeds the fixed budget (the real source's rules are tested on PresetBudget)."""
         return True
+
+    def context(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetContext:
+        """The fixed budget composes no results: the what-if screen over it predicts the settings' scenario from the
+        roofline of the 8 fake H200s."""
+        scenario = scenario_for(settings, GroupInfo(8, "cuda", "fake GPUs", "of the demo"), ScenarioFlags())
+        return BudgetContext(scenario, (), gpu=gpu_hint(seen="NVIDIA H200"), now_s=now_s)
 
     def curves(self, results: Mapping[str, object]) -> ProbeCurves:
         if "allreduce" not in results:

@@ -21,6 +21,7 @@ from decodetop.tui.screens.budget_details import BudgetDetails, BudgetDetailsScr
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.model_picker import ModelPickerScreen
 from decodetop.tui.screens.tp_picker import TpChoice, TpPickerScreen, tp_options
+from decodetop.tui.screens.whatif import open_whatif
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
@@ -35,6 +36,7 @@ BINDINGS: list[BindingType] = [
     Binding("R", "rerun_all", "all", key_display="R"),
     Binding("x", "cancel_probe", "cancel"),
     Binding("s", "save_baseline", "baseline"),
+    Binding("w", "whatif", "what-if", show=False),
     Binding("m", "pick_model", "model"),
     Binding("p", "pick_tp", "TP"),
     Binding("t", "cycle_theme", "theme"),
@@ -52,6 +54,8 @@ HELP_TEXT = {
     "rerun": "re-run the selected probe (asks first where other processes hold the GPUs: a serving engine)",
     "rerun_all": "re-run every probe of the plan (asks first where other processes hold the GPUs)",
     "budget_details": "budget details: where each figure came from, other scenarios stored (never mixed in)",
+    "whatif": "what-if: TP, EP, batch, context, KV dtype, weights, accept length, launch, all-reduce, GPU model "
+    "turned by keys, predicted from this host's curves (no probing); escape returns",
     "cancel_probe": "cancel the running probe and empty the queue",
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model for this session: the plan and the budget follow (not saved: --model or "
@@ -155,6 +159,10 @@ class KeyActions(AppBase):
             others=self.stored.others,
         )
         self.push_screen(BudgetDetailsScreen(details, self.now()))
+
+    def action_whatif(self) -> None:
+        """`w`: the what-if screen over the budget's scenario and results as they are now."""
+        self.push_screen(open_whatif(self.sources.budget, self.settings, dict(self.runner.results), self.now()))
 
     def action_cancel_probe(self) -> None:
         """`x`: cancel the running probe and everything queued."""

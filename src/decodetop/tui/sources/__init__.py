@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.history import Fingerprint, History
+from decodetop.pipeline.context import BudgetContext
 from decodetop.pipeline.gpu_guard import GpuGuard
 from decodetop.pipeline.observed import TracedStep
 from decodetop.settings import Settings
@@ -88,6 +89,9 @@ class BudgetSource(Protocol):
 
     def note_trace(self, traced: TracedStep | None) -> None:
         """A loaded trace's decode steps (any thread): an observation too (`decodetop.pipeline.observed`)."""
+
+    def context(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetContext:
+        """What the composition of the budget for `settings` reads: the what-if screen predicts variants from it."""
 
     def accepts(self, fingerprint: Fingerprint | None, settings: Settings) -> bool:
         """Whether a stored record with `fingerprint` may feed the budget for `settings` (same host, devices,

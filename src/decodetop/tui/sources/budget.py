@@ -111,8 +111,14 @@ class PresetBudget:
         )
         return observed, server_header(answer)
 
-    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
-        """The budget for `settings` from the probe results so far (this session's and the history's)."""
+    def context(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetContext:
+        """What the one composition of the budget for `settings` reads (the what-if screen predicts from it)."""
+        return self._context(settings, results, now_s)[0]
+
+    def _context(
+        self, settings: Settings, results: Mapping[str, object], now_s: float
+    ) -> tuple[BudgetContext, str, dict[str, float]]:
+        """The composition's context, the server's header line and when each probe's result was taken."""
         group = self.group() if self.group is not None else None
         scenario = scenario_for(settings, group, self.flags, self.tp_from)
         good = [r for r in results.values() if isinstance(r, ProbeResult) and r.ok]
@@ -130,8 +136,13 @@ class PresetBudget:
             stored_at_s=stored,
             now_s=now_s,
         )
+        return ctx, header, measured_at({r.probe: r for r in good})
+
+    def compose(self, settings: Settings, results: Mapping[str, object], now_s: float) -> BudgetView:
+        """The budget for `settings` from the probe results so far (this session's and the history's)."""
+        ctx, header, taken = self._context(settings, results, now_s)
         budget = compose(ctx).budget
-        view = budget_view(budget, scenario.title, measured_at({r.probe: r for r in good}), scenario.tp_text)
+        view = budget_view(budget, ctx.scenario.title, taken, ctx.scenario.tp_text)
         if header:
             view = replace(view, header="\n".join(h for h in (view.header, header) if h))
         return view

@@ -1,0 +1,57 @@
+"""Provides `WhatIfPredictor`, the what-if screen's source: the current deployment and its variants predicted from
+the curves of the results the budget composes from (`decodetop.pipeline.whatif.predict`, the one composition; no
+probe runs), each kept by its knobs so a knob turned back, a chart point or a neighbour predicted ahead answers at
+once. Called from the screen's worker thread only (a new deployment's inventory and plan take 10–300 ms)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+from decodetop.budget.calibration import Calibration, calibration_of
+from decodetop.pipeline.context import BudgetContext
+from decodetop.pipeline.whatif import Variant, predict
+
+KEPT_VARIANTS = 64
+"""Predictions kept per base (a knob's neighbours, a chart's points and the way back: a few dozen)."""
+
+
+class WhatIfPredictor:
+    """Variants of one base context (the budget's scenario and results when the screen opened), kept by knobs."""
+
+    def __init__(self, base: BudgetContext) -> None:
+        self.base = base
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[tuple[str, str], ...], Variant] = OrderedDict()
+        now = predict(base, {})
+        assert now.budget is not None  # the current deployment is the scenario the budget composed
+        self.calibration: Calibration | None
+        self.calibration, self.calibration_note = calibration_of(now.budget)
+        self.now = dataclasses.replace(now, calibration=self.calibration)
+        self._kept[()] = self.now
+
+    def variant(self, knobs: Mapping[str, str]) -> Variant:
+        """The prediction of the current deployment with `knobs` turned (a refusal carries its reason)."""
+        key = tuple(knobs.items())
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is not None:
+                self._kept.move_to_end(key)
+                return hit
+        found = predict(self.base, knobs, calibration=self.calibration)
+        with self._lock:
+            self._kept[key] = found
+            while len(self._kept) > KEPT_VARIANTS:
+                self._kept.popitem(last=False)
+        return found
+
+    def is_kept(self, knobs: Mapping[str, str]) -> bool:
+        """Whether `knobs` was predicted already (a key press for it answers without composing)."""
+        with self._lock:
+            return tuple(knobs.items()) in self._kept
+
+    def along(self, points: Sequence[Mapping[str, str]]) -> list[Variant]:
+        """The predictions of `points` (a chart's axis), in order."""
+        return [self.variant(knobs) for knobs in points]

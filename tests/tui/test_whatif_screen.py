@@ -1,0 +1,164 @@
+"""The what-if screen (`w`) over the real budget source and a recorded plan run in the history: each knob key
+changes the variant, its Δ and the chart, every figure the one composition's (`decodetop.pipeline.whatif.predict`
+on the budget's own context), escape returns; no probe runs from it (the main screen's probe keys do not reach
+through); CPU results say CPU, no results say roofline; the live UI's scenario flags are the screen's current
+deployment. SVG snapshots at 80×24 and 160×48 (review the report before `--snapshot-update`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from decodetop.cli import build_parser
+from decodetop.commands._scenario_args import flags_from_args
+from decodetop.pipeline.whatif import predict
+from decodetop.tui.app import DecodetopApp
+from decodetop.tui.screens.help import HelpScreen
+from decodetop.tui.screens.whatif import WhatIfScreen
+from decodetop.tui.widgets.whatif_compare import WhatIfCompare
+
+from .conftest import wait_until
+from .whatif_app import CPU_PLAN, CPUS, CountingProbes, whatif_app
+
+WAIT_S = 60.0
+"""A first composition of the plan on two loaded cores takes a few seconds; a failure waits this long at most."""
+
+
+def _screen(app: DecodetopApp) -> WhatIfScreen:
+    screen = app.screen
+    assert isinstance(screen, WhatIfScreen)
+    return screen
+
+
+async def _open(pilot: Pilot[object], app: DecodetopApp, results: bool = True) -> WhatIfScreen:
+    """The main screen with the stored results read back, then `w`, until the screen shows its first prediction."""
+    await wait_until(pilot, lambda: app.budget_settled and (bool(app.results) or not results), "results", WAIT_S)
+    await pilot.press("w")
+    await wait_until(pilot, lambda: isinstance(app.screen, WhatIfScreen) and app.screen.settled, "what-if", WAIT_S)
+    return _screen(app)
+
+
+async def _press(pilot: Pilot[object], screen: WhatIfScreen, *keys: str) -> None:
+    for key in keys:
+        await pilot.press(key)
+    await wait_until(pilot, lambda: screen.settled, "the prediction of the last key", WAIT_S)
+
+
+async def test_knob_keys_change_the_variant_its_delta_and_the_chart_then_escape_returns(tmp_path: Path) -> None:
+    app = whatif_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open(pilot, app)
+        assert screen.view is not None and screen.series is not None and screen.predictor is not None
+        base = screen.predictor.base
+        now = screen.view.now
+        assert now.step_ms == predict(base, {}).step_ms  # the one composition of the budget's own context
+        assert screen.view.variant.delta_pct is None and screen.view.variant.knobs.startswith("as now")
+        assert screen.series.title == "tok/s over batch" and screen.series.variant_index == 0
+
+        await _press(pilot, screen, "B", "B")  # batch 1 → 2 → 4
+        assert screen.state is not None and dict(screen.state.turned) == {"batch": "4"}
+        variant = screen.view.variant
+        expected = predict(base, {"batch": "4"})
+        assert variant.knobs == "batch=4" and variant.step_ms == expected.step_ms
+        assert variant.tokens_per_s_total == expected.tokens_per_s_total
+        assert variant.delta_pct is not None and variant.delta_pct > 0  # four sequences: a longer step
+        assert screen.series.variant_index == screen.series.values.index("4")
+
+        await _press(pilot, screen, "p")  # TP 2 → 1 (the chart's points follow the variant's other knobs)
+        assert screen.view.variant.knobs == "tp=1 batch=4"
+        assert screen.view.variant.step_ms == predict(base, {"tp": "1", "batch": "4"}).step_ms
+        assert screen.series.tokens_per_s[0] == predict(base, {"tp": "1"}).tokens_per_s
+
+        await _press(pilot, screen, "K", "x")  # KV dtype up (BF16 → FP16), the chart over the next knob
+        assert screen.view.variant.knobs == "tp=1 batch=4 kv=fp16"
+        assert screen.series.title == "tok/s over context" and "128K" in screen.series.values
+
+        await _press(pilot, screen, "0", "G")  # another GPU model: every figure carried from this host's curves
+        assert screen.view.variant.knobs == "gpu=rtx-pro-6000" and "transferred" in screen.view.variant.labels
+        assert screen.view.variant.step_ms == predict(base, {"gpu": "rtx-pro-6000"}).step_ms
+
+        await _press(pilot, screen, "0")
+        assert screen.view.variant.knobs.startswith("as now") and screen.view.variant.step_ms == now.step_ms
+        await pilot.press("question_mark")  # this screen's keys, over it
+        await wait_until(pilot, lambda: isinstance(app.screen, HelpScreen), "the what-if keys")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: app.screen is screen, "back on the what-if screen")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, WhatIfScreen), "back on the main screen")
+
+
+async def test_no_probe_runs_from_the_screen_while_the_main_screens_keys_would(tmp_path: Path) -> None:
+    probes = CountingProbes()
+    app = whatif_app(tmp_path, probes=probes)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await _open(pilot, app)
+        # every knob both ways, the axis, the reset; r and R re-run probes on the main screen
+        await _press(pilot, screen, *"pPeEbBcCkKfFaAlLrRgGx0")
+        assert probes.runs == [] and app.running_probe is None and len(app.queue) == 0
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, WhatIfScreen), "back on the main screen")
+        await pilot.press("R")  # the control: the same key on the main screen does run the plan
+        await wait_until(pilot, lambda: len(probes.runs) > 0, "a probe run from the main screen", WAIT_S)
+
+
+async def test_cpu_results_are_labelled_cpu(tmp_path: Path) -> None:
+    app = whatif_app(tmp_path, group=CPUS, plan=CPU_PLAN)
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await _open(pilot, app)
+        assert screen.view is not None
+        assert screen.view.lines[0] == "CPU ranks (gloo): timings show the method, not a GPU"
+        assert "CPU" in screen.view.now.labels and "H200" not in " ".join(screen.view.lines)
+        # CPU ranks time no kernel launch: the step is a lower bound, said so, never a tok/s
+        assert screen.view.now.step_ms is None and "incomplete" in screen.view.now.problem
+        text = "\n".join(line.plain for line in screen.query_one(WhatIfCompare)._lines(150))
+        assert "step ≥ " in text and "CPU" in text
+
+
+async def test_no_results_say_every_figure_is_a_roofline_estimate(tmp_path: Path) -> None:
+    app = whatif_app(tmp_path, plan=None)
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await _open(pilot, app, results=False)
+        assert screen.view is not None
+        assert any(
+            line.startswith("no probe results yet: every figure is a roofline estimate") for line in screen.view.lines
+        )
+        assert "roofline" in screen.view.now.labels and screen.view.now.step_ms is not None
+        await _press(pilot, screen, "B")
+        assert "roofline" in screen.view.variant.labels and screen.view.variant.delta_pct is not None
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--batch", "8", "--context", "32768", "--kv-dtype", "fp8"], {"batch": "8", "context": "32768", "kv": "fp8"}),
+        (["--model", "deepseek-v3", "--accept-length", "2"], {"accept": "2"}),
+    ],
+)
+async def test_the_live_uis_scenario_flags_are_the_screens_current_deployment(
+    tmp_path: Path, argv: list[str], expected: dict[str, str]
+) -> None:
+    flags = flags_from_args(build_parser().parse_args(argv))  # `decodetop --batch 8 …`: the live UI's command line
+    app = whatif_app(tmp_path, plan=None, flags=flags, model=flags.model or "llama-3.1-70b")
+    async with app.run_test(size=(100, 30)) as pilot:
+        screen = await _open(pilot, app, results=False)
+        assert screen.state is not None
+        assert {k: screen.state.now[k] for k in expected} == expected
+
+
+SIZES = [(80, 24), (160, 48)]
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_snapshot_whatif_screen(snap_compare: Callable[..., bool], size: tuple[int, int], tmp_path: Path) -> None:
+    """Llama-3.1-70B at TP 2 from the 2 × H200 plan; the variant TP 1, batch 4: weights that do not fit, its bar
+    longer on the shared scale, Δ, the extrapolated and transferred labels, the chart over batch."""
+    app = whatif_app(tmp_path)
+
+    async def run_before(pilot: Pilot[object]) -> None:
+        screen = await _open(pilot, app)
+        await _press(pilot, screen, "B", "B", "p")
+
+    assert snap_compare(app, terminal_size=size, run_before=run_before)
