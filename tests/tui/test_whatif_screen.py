@@ -15,6 +15,7 @@ from textual.pilot import Pilot
 from decodetop.cli import build_parser
 from decodetop.commands._scenario_args import flags_from_args
 from decodetop.pipeline.whatif import predict
+from decodetop.textfmt import format_number
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.whatif import WhatIfScreen
@@ -128,6 +129,20 @@ async def test_no_results_say_every_figure_is_a_roofline_estimate(tmp_path: Path
         assert "roofline" in screen.view.now.labels and screen.view.now.step_ms is not None
         await _press(pilot, screen, "B")
         assert "roofline" in screen.view.variant.labels and screen.view.variant.delta_pct is not None
+
+
+async def test_an_observed_step_calibrates_every_variant_beside_its_uncalibrated_figure(tmp_path: Path) -> None:
+    app = whatif_app(tmp_path, observed_ms=30.0)  # `decodetop --observed-ms 30`
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen = await _open(pilot, app)
+        assert screen.view is not None and screen.predictor is not None
+        cal = screen.predictor.calibration
+        assert cal is not None and any(line.startswith("calibrated ×") for line in screen.view.lines)
+        await _press(pilot, screen, "B")
+        variant = screen.view.variant
+        assert variant.step_ms is not None and variant.calibrated_ms == pytest.approx(cal.scale(variant.step_ms))
+        text = "\n".join(line.plain for line in screen.query_one(WhatIfCompare)._lines(150))
+        assert f"calibrated {format_number(variant.calibrated_ms)} ms" in text
 
 
 @pytest.mark.parametrize(

@@ -80,15 +80,19 @@ def whatif_app(
     flags: ScenarioFlags | None = None,
     probes: CountingProbes | None = None,
     model: str = MODEL,
+    observed_ms: float | None = None,
 ) -> DecodetopApp:
     """The app over `PresetBudget` on `group` for `model` at TP 2, with `plan`'s results stored (None: no results
-    at all)."""
+    at all); `observed_ms`: the step observed by the engine, as `--observed-ms` gives it."""
     flags = flags or ScenarioFlags()
     history = History(state_dir / "history.jsonl", clock=fixed_clock)
     if plan is not None:
         record(history, plan_results(plan, group), group, flags, model)
     gpu = "NVIDIA H200" if group.kind == "cuda" else None
-    budget = PresetBudget(lambda: gpu, group=lambda: group, flags=flags, session_start_s=NOW_S)
+    observed_from = "flag" if observed_ms is not None else "default"
+    budget = PresetBudget(
+        lambda: gpu, group=lambda: group, flags=flags, session_start_s=NOW_S, observed_from=observed_from
+    )
     sources = Sources(
         telemetry=FakeTelemetry([eight_gpu_frame()] if gpu else []),
         probes=probes or CountingProbes(),
@@ -98,4 +102,7 @@ def whatif_app(
         clock=fixed_clock,
         run_probes_at_start=False,
     )
-    return make_app(sources, Settings(model=model, tp=2))
+    settings = Settings(model=model, tp=2)
+    if observed_ms is not None:
+        settings = dataclasses.replace(settings, observed_ms=observed_ms)
+    return make_app(sources, settings)

@@ -143,7 +143,7 @@ class WhatIfScreen(ModalScreen[None]):
         if self.size.height < COMPACT_BELOW_ROWS:
             cut = []
             for line in lines[:MAX_COMPACT_LINES]:
-                part = Text(line)
+                part = Text(line.split(" (", 1)[0] if line.endswith(")") else line)  # the flags: on a taller terminal
                 part.truncate(max(10, self.size.width - 2), overflow="ellipsis")
                 cut.append(part)
             text = Text("\n").join(cut)

@@ -158,8 +158,8 @@ def source_line(predictor: WhatIfPredictor) -> str:
     if not results:
         return NO_RESULTS.format(hardware=b.hardware_text or CPU_HARDWARE)
     stored = sum(1 for r in results if r.probe in base.stored_at_s)
-    where = f"{len(results)} probe results" + (f" ({stored} stored)" if stored else "")
-    return f"from the curves of {where} of this host; nothing is probed here"
+    where = f"{len(results)} probe results of this host" + (f" ({stored} stored)" if stored else "")
+    return f"from the curves of {where}; no probing here"
 
 
 def tick_label(value: str) -> str:

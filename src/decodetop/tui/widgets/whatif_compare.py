@@ -61,6 +61,11 @@ class WhatIfCompare(Widget):
     compact: reactive[bool] = reactive(False, layout=True)
     """Short terminals: no knob list (the knobs above say it), no weakest figure, a reason's head only, no scale."""
 
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._tallest: dict[tuple[int, bool], int] = {}
+        """(width, compact) → the most lines the rows took at it."""
+
     def _style(self, role: str) -> Style:
         cls = role if role.startswith("whatif-compare--") else f"whatif-compare--{role}"
         return self.get_component_rich_style(cls, partial=True)
@@ -68,10 +73,9 @@ class WhatIfCompare(Widget):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         """As many lines as the two rows need at this width, and never fewer than the most they needed at it: the
         chart below keeps its size (and is not redrawn) as knobs turn back and forth."""
-        lines = len(self._lines(width))
-        tallest = self.__dict__.setdefault("_tallest", {})
-        tallest[(width, self.compact)] = max(lines, tallest.get((width, self.compact), 0))
-        return int(tallest[(width, self.compact)])
+        key = (width, self.compact)
+        self._tallest[key] = max(len(self._lines(width)), self._tallest.get(key, 0))
+        return self._tallest[key]
 
     def render(self) -> Text:
         """Both rows, flowed to the width."""
