@@ -118,6 +118,21 @@ def test_group_smaller_than_tp_leaves_collectives_out_and_says_so(tmp_path: Path
     assert attention.params["curve_keys"] == []  # only the budget's own keys
 
 
+def test_a_tp1_plan_on_several_ranks_sweeps_the_all_reduce_for_the_curves(tmp_path: Path) -> None:
+    """TP 1 has no collectives, but a what-if at TP 2 on this host needs the all-reduce curve: swept on the group."""
+    inv = tiny_inventory(tmp_path, tp=1)
+    plan = build_plan(inv)
+    assert plan.by_probe("allreduce") == ()
+    reqs, notes = plan_requests(plan, inv, world_size=2, device_kind="cpu")
+    ar = next(r for r in reqs if r.probe == "allreduce")
+    assert ar.keys == () and ar.params["extra_sizes"] == []
+    assert 256 * 2 in ar.params["sizes"] and max(ar.params["sizes"]) <= 1024 * 1024  # a row of hidden 256, capped
+    assert any("TP 1 (no collectives) on a group of 2 ranks" in n for n in notes)
+    alone, _ = plan_requests(plan, inv, world_size=1, device_kind="cuda")
+    no_sweeps, _ = plan_requests(plan, inv, world_size=2, device_kind="cpu", sweeps=False)
+    assert "allreduce" not in [r.probe for r in (*alone, *no_sweeps)]
+
+
 def test_only_restricts_and_rejects_unknown_probes(tmp_path: Path) -> None:
     inv = tiny_inventory(tmp_path)
     reqs, _ = plan_requests(build_plan(inv), inv, world_size=2, device_kind="cpu", only=("norms", "gemm"))

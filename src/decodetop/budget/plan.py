@@ -117,6 +117,15 @@ def _pow2_sizes(lo: int, hi: int) -> list[int]:
     return out
 
 
+def allreduce_sweep_sizes(inventory: StepInventory) -> tuple[int, ...]:
+    """The all-reduce curve's message sizes: powers of two from `ALLREDUCE_SWEEP_MIN_BYTES` to
+    `ALLREDUCE_SWEEP_MAX_BYTES`, plus one activation row of the model at each of `EXACT_TOKEN_SIZES` tokens."""
+    d = inventory.spec.d_model
+    sizes = set(_pow2_sizes(ALLREDUCE_SWEEP_MIN_BYTES, ALLREDUCE_SWEEP_MAX_BYTES))
+    sizes |= {d * ACTIVATION_BYTES * t for t in EXACT_TOKEN_SIZES}
+    return tuple(sorted(sizes))
+
+
 def build_plan(inventory: StepInventory, *, sweep_m: tuple[int, ...] = DEFAULT_SWEEP_M) -> ProbePlan:
     """The distinct measurements `inventory` needs, plus the sweeps."""
     seen: dict[str, ProbeKey] = {}
@@ -143,9 +152,7 @@ def build_plan(inventory: StepInventory, *, sweep_m: tuple[int, ...] = DEFAULT_S
             sweeps[sweep.curve_id] = sweep
 
     tp = inventory.deployment.tp
-    d = inventory.spec.d_model
-    sizes = set(_pow2_sizes(ALLREDUCE_SWEEP_MIN_BYTES, ALLREDUCE_SWEEP_MAX_BYTES))
-    sizes |= {d * ACTIVATION_BYTES * t for t in EXACT_TOKEN_SIZES}
+    sizes = set(allreduce_sweep_sizes(inventory))
     sizes |= {k.bytes for k in seen.values() if isinstance(k, AllreduceKey)}
 
     groups = []

@@ -2,7 +2,8 @@
 
 Plan: on a group of exactly the plan's TP ranks, the plan's sweep sizes (up to `CPU_ALLREDUCE_MAX_BYTES` on CPU
 ranks) plus the exact sizes the step needs; on a larger group, with sweeps wanted, the same sweep at the group's
-size (curve points for the curve engine, which predicts the plan's collectives from them, labelled); on a smaller
+size (curve points for the curve engine, which predicts the plan's collectives from them, labelled; a TP-1 plan
+without collectives too, for what-ifs at a larger TP); on a smaller
 group the collectives stay missing and a note says why.
 Read: the all-reduce `Curve` (time vs bytes) in the mode matching the launch mode (graph replay for graph,
 pipelined for eager; pipelined when that mode was not measured, with a note), only at the plan's rank count.
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
 from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.measured import MeasuredTime
+from decodetop.budget.plan import allreduce_sweep_sizes
 from decodetop.probes.hooks import MeasuredSetBuilder, PlanContext, Planned, ProbeRequest, busiest, with_source
 from decodetop.probes.probe_spec import ProbeSpec
 from decodetop.probes.results import MeasurementStatus, ProbeResult
@@ -49,7 +51,7 @@ def plan(ctx: PlanContext) -> Planned:
     keys = [k for k in ctx.plan.by_probe("allreduce") if isinstance(k, AllreduceKey)]
     reduces = [k for k in keys if k.collective == "all_reduce"]
     if not keys:
-        return Planned()
+        return _curve_only(ctx)
     tp = ctx.plan.allreduce_ranks
     exact = sorted({k.bytes for k in reduces})
     sweep = [s for s in ctx.plan.allreduce_sweep_bytes if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
@@ -73,6 +75,23 @@ def plan(ctx: PlanContext) -> Planned:
             f"{tp} shard)",
         )
     )
+
+
+def _curve_only(ctx: PlanContext) -> Planned:
+    """A plan without collectives (TP 1) on a group of several ranks, with sweeps wanted: the sweep at the group's
+    size, so a what-if for a larger TP on this host predicts its all-reduce from a curve measured here, not from
+    the spec sheet; nothing on a group of one rank or without sweeps."""
+    if not ctx.sweeps or ctx.world_size < 2:
+        return Planned()
+    sweep = [s for s in allreduce_sweep_sizes(ctx.inventory) if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
+    params: dict[str, object] = {"sizes": sweep, "extra_sizes": [], "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
+    if not ctx.cuda:
+        params["synced_ops"] = CPU_PLAN_SYNCED_OPS
+    why = (
+        f"the plan is TP {ctx.plan.allreduce_ranks} (no collectives) on a group of {ctx.world_size} ranks: the "
+        f"all-reduce is swept on all {ctx.world_size} for the curves a what-if at a larger TP predicts from"
+    )
+    return Planned(ProbeRequest("allreduce", params, ()), (why,))
 
 
 @dataclass
