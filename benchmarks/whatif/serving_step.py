@@ -4,8 +4,9 @@ not use.
 
 Per layer: RMSNorm (`F.rms_norm`), the fused QKV projection, rotary embedding of q and k, the new token's K and V
 written into a static cache, decode attention of the query heads grouped per KV head over the cached tokens (SDPA:
-the group folded into the query axis, as serving kernels read each KV head once), the output projection and the
-residual, RMSNorm, the fused gate/up projection, SiLU × up, the down projection and the residual; then the final
+the group folded into the query axis, as serving kernels read each KV head once; and batched matmuls around a
+softmax, which spread a long context over the GPU as split-KV kernels do: the faster counts), the output projection
+and the residual, RMSNorm, the fused gate/up projection, SiLU × up, the down projection and the residual; then the final
 norm, the shard's lm_head and a greedy argmax. The shard of TP t holds heads / t query heads, kv_heads / t KV heads,
 intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one rank). BF16 weights and cache.
 
@@ -31,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
+ATTENTION_FORMS = ("sdpa", "bmm")
+"""The decode attention timed: SDPA over the grouped queries, and batched matmuls around a softmax."""
 ROPE_THETA = 500000.0
 """Llama-3.1's rope_theta (its config.json); only the values of cos/sin depend on it, not the time."""
 
@@ -38,7 +41,14 @@ ROPE_THETA = 500000.0
 class Shard:
     """One rank's weights and KV cache of a dense Llama-form model at TP `tp`, and its decode step."""
 
-    def __init__(self, shape: Mapping[str, int], device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        shape: Mapping[str, int],
+        device: torch.device,
+        dtype: torch.dtype,
+        attention: str = "sdpa",
+    ) -> None:
+        self.attention = attention
         tp = shape["tp"]
         self.layers = shape["layers"]
         self.hidden = shape["hidden"]
@@ -79,6 +89,15 @@ class Shard:
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * self.cos + rotated * self.sin
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Decode attention of the grouped queries over the whole cache: SDPA (flash: one block per batch × KV head,
+        no split over the context), or two batched matmuls around a softmax (cuBLAS spreads the context over the
+        GPU: what a split-KV decode kernel does)."""
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v)
+        scores = (q @ k.transpose(-1, -2)).float() * self.d**-0.5
+        return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+
     def step(self) -> torch.Tensor:
         """One decode step of the shard: the next token of each sequence."""
         b, d = self.batch, self.d
@@ -92,7 +111,7 @@ class Shard:
             self.k_cache[i][:, :, self.pos] = k
             self.v_cache[i][:, :, self.pos] = v.view(b, self.hkv, d)
             qg = q.view(b, self.hkv, self.hq // self.hkv, d)  # the group of a KV head as its query axis
-            att = F.scaled_dot_product_attention(qg, self.k_cache[i], self.v_cache[i])
+            att = self._attend(qg, self.k_cache[i], self.v_cache[i])
             x = x + att.reshape(b, self.hq * d) @ self.wo[i].t()
             h = F.rms_norm(x, (self.hidden,), self.norm2[i], eps=1e-5)
             gate, up = (h @ self.wgu[i].t()).chunk(2, dim=-1)
@@ -117,7 +136,10 @@ def time_graph(shard: Shard, replays: int, repeats: int) -> list[float]:
     torch.cuda.synchronize()
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         start.record()
         for _ in range(replays):
             graph.replay()
@@ -141,21 +163,24 @@ def time_eager(shard: Shard, replays: int, repeats: int) -> list[float]:
 
 
 def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int) -> dict[str, Any]:
-    """One shape's step: median, p10 and p90 ms over the repeats, and how it was timed."""
-    shard = Shard(shape, device, torch.bfloat16)
-    times = sorted(
-        time_graph(shard, replays, repeats) if device.type == "cuda" else time_eager(shard, replays, repeats)
-    )
-    out = {
-        "ms": statistics.median(times),
-        "p10_ms": times[max(0, len(times) // 10)],
-        "p90_ms": times[min(len(times) - 1, (9 * len(times)) // 10)],
-        "timed": "CUDA graph replay, events" if device.type == "cuda" else "eager, host clock (smoke only)",
-    }
-    del shard
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return out
+    """One shape's step with each attention form (`ATTENTION_FORMS`): median, p10 and p90 ms over the repeats; the
+    faster form's figures are the step's (an engine runs its fastest decode kernel)."""
+    forms: dict[str, dict[str, float]] = {}
+    for form in ATTENTION_FORMS:
+        shard = Shard(shape, device, torch.bfloat16, attention=form)
+        timer = time_graph if device.type == "cuda" else time_eager
+        times = sorted(timer(shard, replays, repeats))
+        forms[form] = {
+            "ms": statistics.median(times),
+            "p10_ms": times[max(0, len(times) // 10)],
+            "p90_ms": times[min(len(times) - 1, (9 * len(times)) // 10)],
+        }
+        del shard
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    best = min(forms, key=lambda f: forms[f]["ms"])
+    timed = "CUDA graph replay, events" if device.type == "cuda" else "eager, host clock (smoke only)"
+    return {**forms[best], "attention": best, "forms": forms, "timed": timed}
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -174,7 +199,11 @@ def table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--predicted", required=True, help="the campaign's JSON (its 'serving' list: shapes, predictions)")
+    ap.add_argument(
+        "--predicted",
+        required=True,
+        help="the campaign's JSON (its 'serving' list: shapes, predictions)",
+    )
     ap.add_argument("--json", metavar="PATH", help="write the shapes with their measured steps here")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--replays", type=int, default=20)
@@ -190,7 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for shape in shapes:
         measured = measure(shape["shape"], device, args.replays, args.repeats)
-        rows.append({**shape, "measured": measured, "error": shape["predicted_ms"] / measured["ms"] - 1})
+        rows.append(
+            {
+                **shape,
+                "measured": measured,
+                "error": shape["predicted_ms"] / measured["ms"] - 1,
+            }
+        )
         print(f"  {shape['name']}: {measured['ms']:.3f} ms measured, {shape['predicted_ms']:.3f} predicted",
               file=sys.stderr, flush=True)  # fmt: skip
     out = {"what": "serving-form step", "device": name, "rows": rows}

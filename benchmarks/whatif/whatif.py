@@ -51,7 +51,16 @@ import fidelity  # the reduced configs of the fidelity proof (benchmarks/fidelit
 
 DEFAULT_MODELS = ("llama-3.1-70b", "mixtral-8x7b")
 #: The plan's probes: all but `layer` (its composition check is a separate figure) and the all-reduce (one GPU).
-PROBES = ("launch", "gemm", "moe", "routing", "attention", "kvcast", "norms", "sampling")
+PROBES = (
+    "launch",
+    "gemm",
+    "moe",
+    "routing",
+    "attention",
+    "kvcast",
+    "norms",
+    "sampling",
+)
 TARGET_MEDIAN, TARGET_WORST, TARGET_COVERAGE = 0.07, 0.12, 0.80
 TARGET_LOO = {"gemm": (5.0, 15.0), "attention": (2.0, 8.0)}
 COMMUNICATION = "communication"
@@ -102,7 +111,12 @@ def compute_part(budget: Budget) -> tuple[float, float, float, bool]:
     """(ms, 80 % p10, p90, complete) of every row but the all-reduce."""
     segs = [s for s in budget.segments if s.component != COMMUNICATION]
     total = segments_range(segs)
-    return sum(s.ms or 0.0 for s in segs), total.p10_ms, total.p90_ms, all(s.status != "missing" for s in segs)
+    return (
+        sum(s.ms or 0.0 for s in segs),
+        total.p10_ms,
+        total.p90_ms,
+        all(s.status != "missing" for s in segs),
+    )
 
 
 def scenario_row(name: str, predicted: Budget, direct: Budget) -> dict[str, Any]:
@@ -143,7 +157,14 @@ def _scenario(spec: ModelSpec, deployment: Deployment) -> Scenario:
     return fidelity.scenario_of(build_inventory(spec, deployment), deployment.launch_mode)
 
 
-def _plan(runner: Any, pc: Any, scenario: Scenario, *, sweeps: bool, log: Callable[[str], None]) -> Any:
+def _plan(
+    runner: Any,
+    pc: Any,
+    scenario: Scenario,
+    *,
+    sweeps: bool,
+    log: Callable[[str], None],
+) -> Any:
     """A model plan of `scenario` on the group (`decodetop.pipeline.plan_runner.run_model_plan`)."""
     from decodetop.pipeline.context import BudgetContext
     from decodetop.pipeline.plan_runner import run_model_plan
@@ -155,9 +176,16 @@ def _plan(runner: Any, pc: Any, scenario: Scenario, *, sweeps: bool, log: Callab
 
 
 def run_model(
-    runner: Any, pc: Any, preset: str, args: argparse.Namespace, *, log: Callable[[str], None]
+    runner: Any,
+    pc: Any,
+    preset: str,
+    args: argparse.Namespace,
+    *,
+    log: Callable[[str], None],
+    on_update: Callable[[dict[str, Any]], None] = lambda _doc: None,
 ) -> dict[str, Any]:
-    """The base plan with its curves, then every scenario predicted and measured."""
+    """The base plan with its curves (and the serving-form shapes predicted from it), then every scenario predicted
+    and measured; `on_update` gets the model's document after the base plan and after each scenario."""
     from decodetop.pipeline.composition import compose
     from decodetop.pipeline.context import BudgetContext
 
@@ -166,9 +194,18 @@ def run_model(
     base_dep = Deployment(tp=1, batch=1, context_len=args.context, kv_dtype="bf16", launch_mode=mode)
     t0 = time.monotonic()
     run = _plan(runner, pc, _scenario(spec, base_dep), sweeps=True, log=log)
-    base_s = time.monotonic() - t0
     rows: list[dict[str, Any]] = []
-    loo: dict[str, Any] = {}
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "serving": [] if spec.is_moe else serving_predictions(spec, base_dep, run.results, pc.layout.kind),
+        "base_plan_s": round(time.monotonic() - t0, 2),
+        "base_points": len(run.measured.curve_points),
+        "base_budget": run.budget.to_dict(),
+        "rows": rows,
+        "loo": {},
+        "notes": list(run.notes),
+    }
+    on_update(out)
     for sc in SCENARIOS:
         if sc.moe_only and not spec.is_moe:
             continue
@@ -178,22 +215,13 @@ def run_model(
             rows.append({"scenario": sc.name, "skipped": str(exc)})
             continue
         predicted = compose(BudgetContext(scenario, run.results, group_kind=pc.layout.kind)).budget
-        loo = loo or loo_rows(predicted)
+        out["loo"] = out["loo"] or loo_rows(predicted)
         direct = _plan(runner, pc, scenario, sweeps=False, log=log)
         row = scenario_row(sc.name, predicted, direct.budget)
         rows.append(row)
         log(f"  {preset} {sc.name}: predicted {row['predicted_ms']:.3f} ms, direct {row['direct_ms']:.3f} ms")
-    serving = [] if spec.is_moe else serving_predictions(spec, base_dep, run.results, pc.layout.kind)
-    return {
-        "model": spec.name,
-        "serving": serving,
-        "base_plan_s": round(base_s, 2),
-        "base_points": len(run.measured.curve_points),
-        "base_budget": run.budget.to_dict(),
-        "rows": rows,
-        "loo": loo,
-        "notes": list(run.notes),
-    }
+        on_update(out)
+    return out
 
 
 def serving_predictions(
@@ -220,12 +248,27 @@ def serving_predictions(
     return out
 
 
-def run_serving(doc: Mapping[str, Any], json_path: str, out_path: str, device: str, log: Callable[[str], None]) -> Any:
+def run_serving(
+    doc: Mapping[str, Any],
+    json_path: str,
+    out_path: str,
+    device: str,
+    log: Callable[[str], None],
+) -> Any:
     """The independent serving-form step (serving_step.py, its own process) at the shapes predicted in `doc`."""
     import subprocess
 
     script = Path(__file__).resolve().with_name("serving_step.py")
-    cmd = [sys.executable, str(script), "--predicted", json_path, "--json", out_path, "--device", device]
+    cmd = [
+        sys.executable,
+        str(script),
+        "--predicted",
+        json_path,
+        "--json",
+        out_path,
+        "--device",
+        device,
+    ]
     if device == "cpu":
         cmd += ["--replays", "2", "--repeats", "3"]
     try:
@@ -352,27 +395,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny widths (CPU smoke test)")
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="probe ranks")
     ap.add_argument("--probe-timeout", type=float, default=None, help="deadline per probe, s")
-    ap.add_argument("--glm5-plan", action="store_true", help="also time the full GLM-5 plan at TP 2 with curves")
-    ap.add_argument("--glm5-results", metavar="PATH", help="write the GLM-5 plan's results here (probe --json form)")
     ap.add_argument(
-        "--serving-json", metavar="PATH", help="time the serving-form step too, its JSON here (needs --json)"
+        "--glm5-plan",
+        action="store_true",
+        help="also time the full GLM-5 plan at TP 2 with curves",
+    )
+    ap.add_argument(
+        "--glm5-results",
+        metavar="PATH",
+        help="write the GLM-5 plan's results here (probe --json form)",
+    )
+    ap.add_argument(
+        "--serving-json",
+        metavar="PATH",
+        help="time the serving-form step too, its JSON here (needs --json)",
     )
     ap.add_argument("--json", metavar="PATH", help="write everything as JSON (after each model)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
-    from decodetop.pipeline.plan_runner import PlanRunner
-    from decodetop.probes.controller import ProbeController
 
     def log(text: str) -> None:
         if not args.quiet:
             print(text, file=sys.stderr, flush=True)
 
-    doc: dict[str, Any] = {"what": "whatif", "layers": args.layers, "context": args.context, "models": {}}
+    doc: dict[str, Any] = {
+        "what": "whatif",
+        "layers": args.layers,
+        "context": args.context,
+        "models": {},
+    }
     t0 = time.monotonic()
-    with ProbeController(device=args.device, cpu_ranks=1) as pc:
-        runner = PlanRunner(lambda: pc, timeout_s=args.probe_timeout)
-        doc["device_kind"] = pc.layout.kind
-        campaign(runner, pc, args, doc, log)
+    campaign(args, doc, log)
     doc["summary"] = summary(doc["models"])
     doc["wall_s"] = round(time.monotonic() - t0, 1)
     dump(doc, args.json)
@@ -380,29 +433,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def campaign(runner: Any, pc: Any, args: argparse.Namespace, doc: dict[str, Any], log: Callable[[str], None]) -> None:
+def campaign(args: argparse.Namespace, doc: dict[str, Any], log: Callable[[str], None]) -> None:
     """The GLM-5 plan first (bounded, and its results feed `decodetop whatif`), then each model with its scenarios,
-    the serving-form step after the dense model's base plan; `doc` written after each part."""
-    if args.glm5_plan and pc.layout.kind == "cuda":
-        doc["glm5"] = glm5_plan(runner, pc, args.glm5_results, log=log)
-        dump(doc, args.json)
-    elif args.glm5_plan:
-        log("--glm5-plan: the full GLM-5 plan is timed on a GPU only (skipped on CPU ranks)")
-    for preset in [m for m in args.models.split(",") if m]:
-        doc["models"][preset] = run_model(runner, pc, preset, args, log=log)
+    the serving-form step right after the dense model's base plan; each part on ranks of its own (a kernel that
+    faults poisons its process's CUDA context, not the next part's); `doc` written after each step."""
+    from decodetop.pipeline.plan_runner import PlanRunner
+    from decodetop.probes.controller import ProbeController
+
+    def on_update(model_doc: dict[str, Any]) -> None:
+        preset = model_doc["preset"]
+        doc["models"][preset] = model_doc
         doc["summary"] = summary(doc["models"])
-        doc.setdefault("serving", []).extend(doc["models"][preset]["serving"])
         dump(doc, args.json)
-        if args.serving_json and args.json and doc["models"][preset]["serving"]:
-            measured = run_serving(doc, args.json, args.serving_json, pc.layout.kind, log)
-            if measured is not None:
-                doc["serving_measured"] = measured
+        if model_doc["serving"] and not doc.get("serving") and args.serving_json and args.json:
+            doc["serving"] = model_doc["serving"]
+            dump(doc, args.json)
+            doc["serving_measured"] = run_serving(doc, args.json, args.serving_json, doc["device_kind"], log)
+            dump(doc, args.json)
+
+    parts: list[str] = (["glm-5"] if args.glm5_plan else []) + [m for m in args.models.split(",") if m]
+    for preset in parts:
+        with ProbeController(device=args.device, cpu_ranks=1) as pc:
+            runner = PlanRunner(lambda pc=pc: pc, timeout_s=args.probe_timeout)
+            doc["device_kind"] = pc.layout.kind
+            if preset == "glm-5" and args.glm5_plan:
+                if pc.layout.kind != "cuda":
+                    log("--glm5-plan: the full GLM-5 plan is timed on a GPU only (skipped on CPU ranks)")
+                    continue
+                doc["glm5"] = glm5_plan(runner, pc, args.glm5_results, log=log)
                 dump(doc, args.json)
+                continue
+
+            def update(model_doc: dict[str, Any], preset: str = preset) -> None:
+                on_update({**model_doc, "preset": preset})
+
+            run_model(runner, pc, preset, args, log=log, on_update=update)
 
 
 def dump(doc: Mapping[str, Any], path: str | None) -> None:
     if path:
-        write_text_atomic(Path(path), json.dumps(doc, indent=1, allow_nan=False, default=_finite) + "\n")
+        write_text_atomic(
+            Path(path),
+            json.dumps(doc, indent=1, allow_nan=False, default=_finite) + "\n",
+        )
 
 
 def _finite(value: object) -> object:

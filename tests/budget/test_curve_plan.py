@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import build_inventory
 from decodetop.budget.keys import AttentionKey, GemmKey, MoeKey, NormKey, SamplingKey
-from decodetop.budget.keywork import key_work
+from decodetop.budget.keywork import attention_cache_bytes, key_work
 from decodetop.budget.plan import (
     CPU_POINT_BYTES,
     GPU_POINT_BYTES,
@@ -84,3 +86,12 @@ def test_the_plan_of_the_largest_preset_stays_bounded() -> None:
     others = sum(len(keys) for probe, keys in plan.groups if probe != "gemm")
     assert gemm <= 400 and others <= 300, (gemm, others)
     assert plan.to_dict()["sweep_m"] == list(plan.sweep_m)
+
+
+def test_a_sparse_attention_point_holds_its_whole_cache_under_the_cap() -> None:
+    plan = _plan("glm-5", tp=2)  # DSA: reads its top-k 2048 tokens, holds (and indexes) every token
+    points = [k for k in plan.by_probe("attention") if isinstance(k, AttentionKey)]
+    assert points and all(attention_cache_bytes(k) <= GPU_POINT_BYTES for k in points)
+    assert max(k.batch * k.context for k in points if k.kv_dtype == "fp8") < 64 * 65536  # 2.4 GB of latents
+    big = dataclasses.replace(points[0], batch=64, context=65536, kv_dtype="fp8")
+    assert key_work(big).moved_bytes <= GPU_POINT_BYTES < attention_cache_bytes(big)  # what the cap now catches

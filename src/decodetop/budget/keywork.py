@@ -130,6 +130,19 @@ def _attention_work(key: AttentionKey) -> KeyWork:
     return KeyWork(kv + index + io, flops)
 
 
+def attention_cache_bytes(key: AttentionKey) -> int:
+    """Bytes of KV cache (and DSA index keys) an attention probe holds for `key`: every sequence's whole context,
+    whatever a window or a top-k lets the kernel read (what the point costs in memory, and what its offsets span)."""
+    kvb = KV_BYTES.get(key.kv_dtype, 2)
+    tokens = key.batch * (key.context + key.q_len)
+    if key.kind == "gqa":
+        return tokens * 2 * key.kv_heads * key.head_dim * kvb
+    per_token = key.head_dim * kvb
+    if key.index_topk:
+        per_token += key.index_head_dim + 4 * math.ceil(key.index_head_dim / DSA_INDEX_SCALE_GROUP)
+    return tokens * per_token
+
+
 def _moe_work(key: MoeKey) -> KeyWork:
     """The touched experts' gate_up and down weights, the tokens in and out; FLOPs of every routed token (an upper
     bound under EP, where only the local share of the routed tokens lands here: decode MoE is memory-bound)."""

@@ -28,7 +28,7 @@ from decodetop.budget.keys import (
     RoutingKey,
     SamplingKey,
 )
-from decodetop.budget.keywork import key_work
+from decodetop.budget.keywork import attention_cache_bytes, key_work
 from decodetop.budget.spec import ModelSpec
 from decodetop.errors import UserInputError
 
@@ -189,8 +189,8 @@ ATTENTION_QUERY_LENGTHS: tuple[int, ...] = (2, 4)
 """Verification steps of speculative decoding attend with 1 + drafts query tokens per sequence."""
 ATTENTION_KV_DTYPES: tuple[str, ...] = ("bf16", "fp8")
 GPU_POINT_BYTES = 1 << 30
-"""Largest KV cache one attention curve point reads on a GPU: 1 GiB is ~0.25 ms on an H200, and the grid's points
-beyond it are bandwidth-bound, where the engine's extrapolation is accurate. Routed-expert points are not capped
+"""Largest KV cache one attention curve point reads or holds on a GPU: 1 GiB is ~0.25 ms on an H200, and the grid's
+points beyond it are bandwidth-bound, where the engine's extrapolation is accurate. Routed-expert points are not capped
 on GPUs: the moe probe holds every local expert for the budget's own key already."""
 CPU_POINT_BYTES = 16 << 20
 """On CPU ranks (2 cores in CI) a curve point reads at most 16 MiB: ~10 ms on a laptop core."""
@@ -295,7 +295,9 @@ def _gemm_shard_keys(variants: Sequence[StepInventory]) -> list[ProbeKey]:
 
 def _attention_grid(variants: Sequence[StepInventory], *, cap: int, cpu: bool) -> list[ProbeKey]:
     """Attention over batch × context × KV dtype at the scenario's shard (× 2 contexts at batch 1, × 4 above), a
-    coarser grid at the other shards' heads, and verification query lengths; each point under `cap` KV bytes."""
+    coarser grid at the other shards' heads, and verification query lengths; each point under `cap` bytes read and
+    `cap` bytes of cache held (a DSA key reads its top-k but holds, and indexes, every token: GLM-5's latent cache
+    at batch 64 × 64K is 2.4 GB, past the 2³¹ offsets a kernel's int32 arithmetic spans)."""
     own = variants[0].deployment
     out: list[ProbeKey] = []
     for index, inv in enumerate(variants):
@@ -309,7 +311,7 @@ def _attention_grid(variants: Sequence[StepInventory], *, cap: int, cpu: bool) -
                 grid = [(1, b, c, key.kv_dtype) for b in ATTENTION_SHARD_BATCHES for c in ATTENTION_COARSE_CONTEXTS]
             for q_len, batch, context, kv in grid:
                 point = dataclasses.replace(key, q_len=q_len, batch=batch, context=context, kv_dtype=kv)
-                if key_work(point).moved_bytes <= cap:
+                if max(key_work(point).moved_bytes, attention_cache_bytes(point)) <= cap:
                     out.append(point)
     return out
 
