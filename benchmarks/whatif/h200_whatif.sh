@@ -10,8 +10,9 @@
 #   WHATIF_ARGS="--device cpu --tiny --layers 1 --context 64" OUT=/tmp/w bash benchmarks/whatif/h200_whatif.sh  # CPU
 #
 # Files under $OUT: whatif.json (everything, written after each part), glm5_results.json (the GLM-5 plan's results,
-# probe --json form), serving.json (the serving-form step), whatif.log (progress), whatif.txt, whatif_env.txt; the
-# table (predicted vs direct, 80 % range, inside, leave-one-out per family) prints last. One deadline for the whole
+# probe --json form), <preset>_base.json (each model's base-plan results), serving.json (the serving-form step),
+# whatif.log (progress), whatif.txt, whatif_env.txt; the table (predicted vs direct, 80 % range, inside,
+# leave-one-out per family) prints last. One deadline for the whole
 # run (T_WHATIF, default 450 s). Never changes GPU settings; NVLink multicast off.
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,7 +29,7 @@ mkdir -p "$OUT"
 } >"$OUT/whatif_env.txt" 2>&1
 t0=$SECONDS
 timeout -k 10 "${T_WHATIF:-450}" "$PY" benchmarks/whatif/whatif.py --glm5-plan --json "$OUT/whatif.json" \
-  --glm5-results "$OUT/glm5_results.json" --serving-json "$OUT/serving.json" \
+  --glm5-results "$OUT/glm5_results.json" --serving-json "$OUT/serving.json" --results-dir "$OUT" \
   ${WHATIF_ARGS:-} >"$OUT/whatif.txt" 2>"$OUT/whatif.log"
 rc=$?
 echo "whatif rc=$rc in $((SECONDS - t0)) s" | tee -a "$OUT/whatif.log"

@@ -194,6 +194,10 @@ def run_model(
     base_dep = Deployment(tp=1, batch=1, context_len=args.context, kv_dtype="bf16", launch_mode=mode)
     t0 = time.monotonic()
     run = _plan(runner, pc, _scenario(spec, base_dep), sweeps=True, log=log)
+    if args.results_dir:  # the base plan's results: predictions can be re-made from them on any machine
+        from decodetop.probes.results import results_to_json
+
+        write_text_atomic(Path(args.results_dir) / f"{preset}_base.json", results_to_json(run.results))
     rows: list[dict[str, Any]] = []
     out: dict[str, Any] = {
         "model": spec.name,
@@ -409,6 +413,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--serving-json",
         metavar="PATH",
         help="time the serving-form step too, its JSON here (needs --json)",
+    )
+    ap.add_argument(
+        "--results-dir", metavar="DIR", help="write each model's base-plan results here (<preset>_base.json)"
     )
     ap.add_argument("--json", metavar="PATH", help="write everything as JSON (after each model)")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
