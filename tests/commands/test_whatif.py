@@ -80,3 +80,23 @@ def test_bad_flags_are_one_line(extra: list[str], message: str, capsys: pytest.C
     assert main(["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_without_vary_it_compares_the_default_grid_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, "--tp", "1", "--target-tps", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "variants: the default grid --vary tp=1,2,4,8 weights=bf16,fp8,nvfp4\n" in out  # no MTP: no accept axis
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith("tp=")]
+    assert rows[:3] == ["tp=1", "tp=1", "tp=1"] and len(rows) == 12
+    assert "reach 50 tok/s per sequence: " in out and "weights do not fit" in out
+
+
+def test_the_default_grid_turns_mtp_on_and_off_where_the_model_has_it() -> None:
+    from decodetop.budget.deployment import Deployment
+    from decodetop.budget.scenario import Scenario, model_source
+    from decodetop.budget.spec import load_preset
+    from decodetop.pipeline.whatif import default_axes
+
+    spec = load_preset("glm-5")
+    axes = dict(default_axes(Scenario(model_source("glm-5", None), spec, Deployment(tp=8), "test")))
+    assert axes == {"tp": ("1", "2", "4", "8"), "weights": ("bf16", "fp8", "nvfp4"), "accept": ("1", "3")}

@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="KNOB=V1,V2",
         default=[],
         help="the variants: one axis or a grid of several (knobs: tp, ep, batch, context, kv, weights, launch, "
-        "allreduce, accept, draft, gpu), e.g. --vary tp=1,2,4,8 batch=1,8",
+        "allreduce, accept, draft, gpu), e.g. --vary tp=1,2,4,8 batch=1,8; default: the TP degrees the model "
+        "splits by (1, 2, 4, 8) × the weight precisions at or below its own (bf16, fp8, nvfp4) × accept=1,3 where "
+        "it has MTP layers",
     )
     parser.add_argument(
         "--results",
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the command."""
     from decodetop.pipeline.composition import stored_times
     from decodetop.pipeline.context import BudgetContext, gpu_hint
-    from decodetop.pipeline.whatif import compare, parse_vary, vary_grid
+    from decodetop.pipeline.whatif import compare, default_axes, parse_vary, vary_grid
 
     axes = parse_vary(args.vary)
     results, source = _results(args)
@@ -93,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         stored_at_s=stored_times(results),
         target_gpu=hint if elsewhere else None,
     )
-    report = compare(ctx, vary_grid(axes) if axes else [])
+    if not axes:  # the knobs a deployment is usually changed by, said on the output
+        axes = default_axes(scenario)
+        source += "; variants: the default grid --vary " + " ".join(f"{n}={','.join(v)}" for n, v in axes)
+    report = compare(ctx, vary_grid(axes))
     if args.json:
         print(json.dumps(report_dict(report, source), indent=1, allow_nan=False))
     else:

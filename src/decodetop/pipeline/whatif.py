@@ -260,6 +260,33 @@ def compare(ctx: BudgetContext, variants: Sequence[Mapping[str, str]]) -> WhatIf
     return WhatIf(now, out, cal, why, ctx.target_tps)
 
 
+DEFAULT_TP_DEGREES = (1, 2, 4, 8)
+"""TP degrees of the default grid: one node's GPUs, where a decode deployment's TP usually stops."""
+DEFAULT_ACCEPT = ("1", "3")
+"""Accept lengths of the default grid where the model has MTP layers: off, and 3 (two drafts kept of three, a
+typical MTP accept length on chat traffic)."""
+
+
+def default_axes(scenario: Scenario) -> list[tuple[str, tuple[str, ...]]]:
+    """The variants a what-if without `--vary` compares: the TP degrees the model can be split by, each weight
+    precision at or below the checkpoint's (BF16, FP8, NVFP4), and MTP speculation off / on where the model has it."""
+    spec, dep = scenario.spec, scenario.deployment
+    tps = []
+    for tp in DEFAULT_TP_DEGREES:
+        try:
+            dataclasses.replace(dep, tp=tp).validate(spec)
+        except UserInputError:
+            continue
+        tps.append(str(tp))
+    own = spec.quant.weight_format if spec.quant.quantized else spec.quant.base_format
+    order = ("bf16", "fp8", "nvfp4")
+    rank = next((i for i, w in enumerate(order) if WEIGHT_CHOICES[w].probe_dtype == own.probe_dtype), 0)
+    axes: list[tuple[str, tuple[str, ...]]] = [("tp", tuple(tps)), ("weights", order[rank:])]
+    if spec.n_mtp_layers > 0:
+        axes.append(("accept", DEFAULT_ACCEPT))
+    return [(name, values) for name, values in axes if values]
+
+
 def vary_grid(axes: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]:
     """Every combination of the axes' values ('tp=1,2 batch=1,8' → four variants), in the given order."""
     grid: list[dict[str, str]] = [{}]
