@@ -29,7 +29,7 @@ from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.contention import Contention
-from decodetop.budget.curves import CurveEngine, Prediction, nominal_hardware
+from decodetop.budget.curves import CROSS_GPU_SIGMA, CurveEngine, Prediction, nominal_hardware
 from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.kernels import KernelClass, kernels_text
 from decodetop.budget.keys import AllreduceKey, LaunchKey
@@ -171,6 +171,9 @@ class Segment:
     """The 80 % range of the figure (`decodetop.budget.uncertainty`): the repeat spread where every op was measured,
     wider where the curve engine predicted an op (None with `ms`)."""
     range_p90_ms: float | None = None
+    shared_sigma_log: float = 0.0
+    """The part of its range (σ in log space) every figure carried to another GPU model shares (one GPU-to-GPU ratio
+    for all of them): the total's range keeps it whole instead of averaging it away over the components."""
     curve_label: str = ""
     """The weakest label among its ops ('interpolated', 'extrapolated 2 octaves', 'transferred from gemm:…');
     '' where every op was measured."""
@@ -687,6 +690,10 @@ def compose_budget(
     if hw_text is None:
         hw_text = _hardware_name(estimate or (roofline.hardware if roofline is not None else None))
     segments = _segments(inventory, measured, curves, estimate, mode, hw_text or "the assumed GPU")
+    if curves.target is not None:  # carried to another GPU model: one ratio shared by every transferred figure
+        segments = [
+            replace(seg, shared_sigma_log=CROSS_GPU_SIGMA) if seg.status == "transferred" else seg for seg in segments
+        ]
     missing_components = [seg.component for seg in segments if seg.status == "missing"]
     total = sum(s.ms for s in segments if s.ms is not None)
     tokens = inventory.tokens_per_step
@@ -744,7 +751,7 @@ def segments_range(segments: Sequence[Segment]) -> Combined:
     return combine(
         [
             Part(s.component, s.ms, s.range_p10_ms if s.range_p10_ms is not None else s.ms,
-                 s.range_p90_ms if s.range_p90_ms is not None else s.ms)
+                 s.range_p90_ms if s.range_p90_ms is not None else s.ms, s.shared_sigma_log)
             for s in segments
             if s.ms is not None
         ]
