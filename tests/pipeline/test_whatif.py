@@ -166,3 +166,20 @@ def _small_llama() -> dict[str, object]:
         "tie_word_embeddings": False,
         "rope_theta": 500000.0,
     }
+
+
+def test_a_variant_carries_the_drift_between_runs_and_the_measured_scenario_does_not() -> None:
+    import math
+
+    from decodetop.budget.curves import RUN_TO_RUN_SIGMA
+    from decodetop.budget.selfcheck import Z80
+
+    ctx = ctx_for("llama-3.1-70b", LLAMA, tp=1)
+    now, longer = predict(ctx, {}).budget, predict(ctx, {"context": "32768"}).budget
+    assert now is not None and longer is not None
+    assert all(s.shared_sigma_log == 0.0 for s in now.segments)  # every op of its scenario measured in that run
+    shared = [s for s in longer.segments if s.ms is not None and s.status not in ("estimated", "missing")]
+    assert shared and all(s.shared_sigma_log == pytest.approx(RUN_TO_RUN_SIGMA) for s in shared)
+    assert longer.range_p10_ms is not None and longer.range_p90_ms is not None
+    drift_band = math.exp(2 * Z80 * RUN_TO_RUN_SIGMA)  # one factor for every figure: the total keeps it whole
+    assert longer.range_p90_ms / longer.range_p10_ms >= drift_band * 0.999

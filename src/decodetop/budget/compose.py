@@ -29,7 +29,7 @@ from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.contention import Contention
-from decodetop.budget.curves import CROSS_GPU_SIGMA, CurveEngine, Prediction, nominal_hardware
+from decodetop.budget.curves import CROSS_GPU_SIGMA, RUN_TO_RUN_SIGMA, CurveEngine, Prediction, nominal_hardware
 from decodetop.budget.inventory import Op, StepInventory
 from decodetop.budget.kernels import KernelClass, kernels_text
 from decodetop.budget.keys import AllreduceKey, LaunchKey
@@ -690,10 +690,8 @@ def compose_budget(
     if hw_text is None:
         hw_text = _hardware_name(estimate or (roofline.hardware if roofline is not None else None))
     segments = _segments(inventory, measured, curves, estimate, mode, hw_text or "the assumed GPU")
-    if curves.target is not None:  # carried to another GPU model: one ratio shared by every transferred figure
-        segments = [
-            replace(seg, shared_sigma_log=CROSS_GPU_SIGMA) if seg.status == "transferred" else seg for seg in segments
-        ]
+    reused = any(op.key.key_id not in measured for op in inventory.ops if not op.is_collective)
+    segments = [_shared(seg, cross=curves.target is not None, drift=reused) for seg in segments]
     missing_components = [seg.component for seg in segments if seg.status == "missing"]
     total = sum(s.ms for s in segments if s.ms is not None)
     tokens = inventory.tokens_per_step
@@ -743,6 +741,26 @@ def _segments(  # noqa: PLR0917 - private; the composition's lookup context
         replace(seg, provenance=_estimate_text(seg, hw_text)) if seg.provenance_kind == "estimate" else seg
         for seg in segments
     ]
+
+
+def _shared(seg: Segment, *, cross: bool, drift: bool) -> Segment:
+    """`seg` with the share of its range every figure of the budget has in common: another GPU model's ratio
+    (`CROSS_GPU_SIGMA`, transferred figures) and, where the budget is for another scenario than the one measured
+    (some op's key not measured in the results), the drift between that run and the scenario's own
+    (`RUN_TO_RUN_SIGMA`: one GPU's clocks and placement move every kernel of a run together). An exactly measured
+    segment's repeat spread is widened by the drift; a predicted one carries it already (the curve engine's)."""
+    if seg.ms is None or seg.status in ("estimated", "missing"):
+        return seg
+    shared = math.hypot(CROSS_GPU_SIGMA if cross and seg.status == "transferred" else 0.0,
+                        RUN_TO_RUN_SIGMA if drift else 0.0)  # fmt: skip
+    if shared == 0.0:
+        return seg
+    if not drift or seg.status != "measured" or seg.range_p10_ms is None or seg.range_p90_ms is None:
+        return replace(seg, shared_sigma_log=shared)
+    lo, hi = seg.range_p10_ms, seg.range_p90_ms
+    own = math.log(hi / lo) / (2 * Z80) if 0 < lo < hi else 0.0
+    widen = math.exp(Z80 * (math.hypot(own, RUN_TO_RUN_SIGMA) - own))
+    return replace(seg, range_p10_ms=lo / widen, range_p90_ms=hi * widen, shared_sigma_log=shared)
 
 
 def segments_range(segments: Sequence[Segment]) -> Combined:

@@ -184,8 +184,9 @@ def compose(ctx: BudgetContext) -> Composition:
     estimate = hw
     if target is not None and hw is not None:  # another GPU model: nothing was measured on it, all is carried
         header = (
-            f"predicted for {target.gpu_name} from the curves measured on {hw.gpu_name}: every figure transferred "
-            "(±50 %), the all-reduce and the launch cost estimated for it"
+            f"predicted for {target.gpu_name} from the curves measured on {hw.gpu_name} (no curves from such a GPU): "
+            "every figure transferred (±50 %, one ratio for all: the total's range keeps it), the all-reduce and the "
+            f"launch cost roofline estimates for {target.gpu_name}"
         )
         roof, estimate, times = roofline(inventory, target), target, {}
         hw_text = f"{target.gpu_name} ({ctx.target_gpu.how if ctx.target_gpu else ''})"
