@@ -37,14 +37,12 @@ from decodetop.probes.results import load_results
 from decodetop.quantity import OBSERVED_MS
 from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
-from decodetop.tui.launch import LaunchOptions, build_sources
 from decodetop.tui.messages import BaselineSaved, HistoryLoaded
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen
 from decodetop.tui.screens.details import CheckDetailScreen, ProbeDetailScreen
 from decodetop.tui.screens.gpu_details import GpuDetailScreen
 from decodetop.tui.screens.trace_kernels import TraceKernelsScreen
 from decodetop.tui.sources.server import ServerPoller
-from decodetop.tui.sources.telemetry import ReplayTelemetry
 from decodetop.tui.taps import Taps
 from decodetop.tui.trace_source import TraceOptions
 from decodetop.tui.widgets.gpu_table import GpuTable
@@ -54,11 +52,10 @@ from tests.helpers.hostile_text import ESCAPES, assert_inert, hostile_text
 
 from .conftest import MessageLog, make_app, wait_until
 from .fakes import NOW_S, FakeBudget, make_sources
+from .test_replay_snapshot import H200_RESULTS, T0_UNIX_S, _replay_app
 
 ROOT = Path(__file__).resolve().parents[2]
-H200_RESULTS = ROOT / "benchmarks" / "results" / "primitives" / "h200x1.json"
 PLANTED = ROOT / "tests" / "fixtures" / "traces" / "h200_graph_planted.trace.json.gz"
-T0_UNIX_S = 1_796_000_000.0
 SIZE = (200, 60)
 HOSTILE = "[bold red]RED[/bold red][/oops]" + ESCAPES[0] + ESCAPES[1] + ESCAPES[4]
 """Markup (a stray closing tag among it) and escapes: OSC 0 (the window title), CSI 2J (clear), a C1 CSI."""
@@ -104,13 +101,6 @@ def _hostile_recording(path: Path, text: str) -> Path:
     taps.on_checks([check], T0_UNIX_S)
     taps.close()
     return path
-
-
-def _replay_app(path: Path) -> DecodetopApp:
-    sources = build_sources(Settings(model="glm-5", tp=8, tick_s=0.25), LaunchOptions(replay=path))
-    assert isinstance(sources.telemetry, ReplayTelemetry)
-    once = ReplayTelemetry(sources.telemetry.snapshots, interval_s=0.25, loop=False)
-    return make_app(dataclasses.replace(sources, telemetry=once, clock=lambda: T0_UNIX_S + 3600))
 
 
 async def _open(pilot: Pilot[object], table: DataTable[object], screen: type, what: str) -> None:
