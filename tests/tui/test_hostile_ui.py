@@ -13,6 +13,7 @@ import dataclasses
 import gzip
 import html
 import json
+import re
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +32,7 @@ from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ServerStepSource
 from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.recording import Recorder
-from decodetop.history import KIND_BASELINE, History
+from decodetop.history import KIND_BASELINE, KIND_PROBE, Fingerprint, History
 from decodetop.inert import inert
 from decodetop.probes.results import load_results
 from decodetop.quantity import OBSERVED_MS
@@ -64,8 +65,11 @@ SHOWN = inert(HOSTILE)
 
 
 def screen_text(app: DecodetopApp) -> str:
-    """Everything on the app's screen now, as the terminal would get it (the SVG export's text, unescaped)."""
-    return html.unescape(app.export_screenshot()).replace("\xa0", " ")
+    """Everything on the app's screen now, as the terminal would get it: the SVG export's text, unescaped (runs of
+    spaces between styled runs may be lost: needles hold none)."""
+    svg = app.export_screenshot()
+    body = svg[svg.index("<g class=") :] if "<g class=" in svg else svg  # the terminal's text, not the styles
+    return html.unescape(re.sub(r"<[^>]*>", "", body)).replace("\xa0", " ")
 
 
 def assert_shown_inert(app: DecodetopApp, *needles: str) -> None:
@@ -295,3 +299,54 @@ async def test_a_history_line_no_float_holds_still_lets_s_save_a_baseline(tmp_pa
         (saved,) = log.of(BaselineSaved)
         assert isinstance(saved, BaselineSaved) and saved.entry is not None, saved
     assert "default" in History(path).latest(KIND_BASELINE)
+
+
+async def test_a_hostile_start_profile_refusal_reaches_the_status_line_inert(tmp_path: Path) -> None:
+    """Main: key `c` against a server whose /start_profile refusal body held escapes put them in the status line
+    as they were (the pane title set, the screen cleared)."""
+    from .test_trace_bar import Handler, capture_with, sglang, status, trace_app, url
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    srv.calls = []  # type: ignore[attr-defined]
+    srv.routes = {}  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        sglang(srv, lambda h, _b: h.reply(400, "refused " + HOSTILE))
+        app = trace_app(TraceOptions(server=url(srv), state_dir=tmp_path / "s", timeout_s=20))
+        async with app.run_test(size=SIZE) as pilot:
+            await capture_with(app, pilot)
+            await wait_until(pilot, lambda: "refused (400)" in status(app), "the refusal", timeout_s=30)
+            assert "[bold red]RED[/bold red][/oops]␛]0;PWNED␇" in status(app)
+            assert_shown_inert(app)
+            assert app.is_running
+        assert app.crash_report.crash is None
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+class _OtherHostBudget(FakeBudget):
+    """Takes only this host's records: the history's other fingerprints are listed under "other scenarios" (b)."""
+
+    def accepts(self, fingerprint: object, settings: Settings) -> bool:
+        return fingerprint is None
+
+
+async def test_hostile_fingerprint_fields_in_the_history_show_inert_under_b(tmp_path: Path) -> None:
+    """Main: a history entry's fingerprint (host name, GPU name, versions) went to the `b` screen as it was: its
+    escapes reached the terminal."""
+    path = tmp_path / "history.jsonl"
+    fingerprint = Fingerprint(HOSTILE, "cuda", HOSTILE, 2, HOSTILE, HOSTILE, HOSTILE, None, HOSTILE, "model=preset:x")
+    History(path).record(KIND_PROBE, "gemm", {"value": "1.0"}, recorded_at_s=NOW_S - 60, fingerprint=fingerprint)
+    sources = make_sources(history=History(path, clock=lambda: NOW_S), budget=_OtherHostBudget())
+    app = make_app(sources)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: (app.stored.baseline is None and bool(app.status_notes)) or True, "start")
+        await pilot.pause(0.2)
+        await pilot.press("b")
+        await wait_until(pilot, lambda: isinstance(app.screen, BudgetDetailsScreen), "budget details")
+        await wait_until(pilot, lambda: "other scenarios: " in screen_text(app), "the other scenario listed")
+        assert_shown_inert(app, "[bold red]RED[/bold red][/oops]␛]0;PWNED␇")
+        await pilot.press("escape")
+        assert app.is_running
