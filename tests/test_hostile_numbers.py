@@ -132,3 +132,14 @@ def test_trace_budget_with_huge_numbers_is_one_line(
     assert main(["trace", str(trace), "--budget", str(budget)]) == 2
     err = capsys.readouterr().err
     assert "budget.json" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("ms", [BIG, "1e308"], ids=["400-digits", "1e308"])
+def test_probe_baseline_with_huge_numbers_is_one_line_before_any_rank(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ms: str
+) -> None:
+    baseline = _budget(tmp_path / "baseline.json", ms)
+    argv = ["probe", "--model", "llama-3.1-8b", "--cpu-ranks", "1", "--baseline", str(baseline)]
+    assert main(argv) == 2  # main: a traceback (OverflowError), exit 1
+    err = capsys.readouterr().err
+    assert "baseline.json" in err and err.count("\n") == 1 and "Traceback" not in err
