@@ -468,6 +468,12 @@ def test_sigint_while_probing_ends_every_rank(tmp_path: Path) -> None:
             proc.wait(10)
 
 
+def _budget_hardware(page: str) -> str:
+    """The `hardware` label of the page's `decodetop_budget_info` ('' where it has none yet)."""
+    families = text_string_to_metric_families(page)
+    return next((s.labels["hardware"] for f in families for s in f.samples if s.name == "decodetop_budget_info"), "")
+
+
 def test_exporter_takes_a_config_like_every_command(tmp_path: Path) -> None:
     """`exporter --config PATH` (the shared scenario flags): its budget is exported with provenance labels."""
     config = tmp_path / "tiny" / "config.json"
@@ -482,11 +488,13 @@ def test_exporter_takes_a_config_like_every_command(tmp_path: Path) -> None:
         text=True,
     )
     try:
+        # the first budget may be composed before telemetry has seen the demo's GPUs (the assumed GPU, said so):
+        # wait for the budget's own hardware label, not for the GPU's name anywhere on the page
         text = _scrape_when(
             proc,
             f"http://127.0.0.1:{port}/metrics",
-            lambda page: "NVIDIA H200" in page and "decodetop_budget_segment_seconds" in page,
-            "the budget on the H200",
+            lambda page: "NVIDIA H200" in _budget_hardware(page) and "decodetop_budget_segment_seconds" in page,
+            "the budget composed for the H200",
         )
         series = [s for f in text_string_to_metric_families(text) for s in f.samples]
         (info,) = [s for s in series if s.name == "decodetop_budget_info"]
