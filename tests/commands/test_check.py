@@ -347,3 +347,35 @@ def test_save_baseline_that_cannot_be_written_is_a_note(
     err = capsys.readouterr().err
     assert "baseline not saved" in err and "internal error" not in err  # main: wrote through the link
     assert victim.read_text() == before
+
+
+def test_a_kernel_log_unreadable_at_collect_time_is_unreadable_on_replay(
+    tmp_path: Path, hosts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """/dev/kmsg refused (no CAP_SYSLOG, a private user namespace): the archive carries the refusal, so `--root` says
+    the log was unreadable, as the live run did, never 'no Xid in 0 kernel-log records'."""
+    import errno
+
+    from decodetop.collectors import hostroot
+    from decodetop.collectors.archive import RecordingRoot, unpack_collected, write_collect_tarball
+    from decodetop.collectors.checks.host import run_host_checks
+
+    def refused(self: hostroot.HostRoot) -> list[str]:
+        raise hostroot.KmsgUnreadableError(errno.EPERM, "cannot read /dev/kmsg: Operation not permitted")
+
+    recorder = RecordingRoot(hosts / "epyc-motivating" / "root")
+    with monkeypatch.context() as patch:
+        patch.setattr(hostroot.HostRoot, "read_kmsg", refused)
+        before = {r.check_id: (r.status, r.observed) for r in run_host_checks(recorder, sample_interval_s=0.0)}
+    archive = tmp_path / "c.tar.gz"
+    write_collect_tarball(recorder, archive, {"n": len(before)})
+    tree = unpack_collected(archive, tmp_path / "unpacked")
+    assert (
+        tree / hostroot.KMSG_UNREADABLE_FILE
+    ).read_text() == "EPERM cannot read /dev/kmsg: Operation not permitted\n"
+    after = {
+        r.check_id: (r.status, r.observed) for r in run_host_checks(hostroot.HostRoot(tree), sample_interval_s=0.0)
+    }
+    assert before["N8"][1] == "kernel log unreadable: cannot read /dev/kmsg: Operation not permitted"
+    assert after["N8"] == before["N8"]
+    assert after == before

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from decodetop.collectors.hostroot import (
     KMSG_FILE,
+    KMSG_UNREADABLE_FILE,
     LATER_DIR,
     MAX_FILE_BYTES,
     OPEN_SIDE_FILE,
@@ -43,6 +44,7 @@ from decodetop.collectors.hostroot import (
     DeviceNumber,
     HostReadError,
     HostRoot,
+    KmsgUnreadableError,
     OpenProbe,
 )
 from decodetop.errors import UserInputError
@@ -66,6 +68,8 @@ class _Recording:
     rdev: dict[str, DeviceNumber] = field(default_factory=dict)
     opens: dict[str, OpenProbe] = field(default_factory=dict)
     kmsg: list[str] | None = None
+    kmsg_error: str | None = None
+    """`ERRNO message` where the host's kernel log could not be read (packed as KMSG_UNREADABLE_FILE)."""
     later: dict[str, bytes] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     """name → the one line `HostRoot.record_outcome` was given (NVML's init outcome)."""
@@ -188,8 +192,13 @@ class RecordingRoot(HostRoot):
         self.recording.outcomes[name] = line
 
     def read_kmsg(self) -> list[str]:
-        """Read and record the kernel log."""
-        records = super().read_kmsg()
+        """Read and record the kernel log, or why it could not be read (a replay says the same)."""
+        try:
+            records = super().read_kmsg()
+        except KmsgUnreadableError as exc:
+            name = errno_mod.errorcode.get(exc.errno or 0, "EIO")
+            self.recording.kmsg_error = f"{name} {exc}"
+            raise
         self.recording.kmsg = records
         return records
 
@@ -212,6 +221,8 @@ class RecordingRoot(HostRoot):
         for path, kind in rec.placeholders.items():
             if path and path not in members and path + ".hex" not in members:
                 members[path] = ("dir", "") if kind == "dir" else ("file", b"")
+        if rec.kmsg is None and members.get(KMSG_FILE) == ("file", b""):
+            del members[KMSG_FILE]  # the device node seen in a listing is no empty log: a replay says "not collected"
         members.update(self._side_files())
         for path, data in rec.later.items():
             members[f"{LATER_DIR}/{path}"] = ("file", data)
@@ -232,6 +243,8 @@ class RecordingRoot(HostRoot):
             out[KMSG_FILE] = ("file", ("\n".join(rec.kmsg) + "\n").encode())
         for name, line in sorted(rec.outcomes.items()):
             out[OUTCOME_PREFIX + name] = ("file", (line + "\n").encode())
+        if rec.kmsg_error is not None:
+            out[KMSG_UNREADABLE_FILE] = ("file", (rec.kmsg_error.replace("\n", " ") + "\n").encode())
         return out
 
 

@@ -8,7 +8,8 @@ A root is either the live host (`/`) or a directory holding a copied host tree (
   and review tarballs carry text better than binary.
 - Device numbers: `dev/.rdev` lists `NAME TYPE MAJOR MINOR` per node (`nvidia-uvm c 510 0`), NAME relative to /dev.
 - The cgroup-v2 open probe: `dev/.open` lists `NAME OUTCOME` where OUTCOME is `ok` or an errno name (`EPERM`).
-- The kernel log: `dev/kmsg` is a text file, one record per line, in /dev/kmsg's own format.
+- The kernel log: `dev/kmsg` is a text file, one record per line, in /dev/kmsg's own format; where the host could not
+  read it, `dev/.kmsg-unreadable` holds `ERRNO message` instead, and a replay raises that same error.
 - A second sample of counters (cpuidle `usage`): `.later/<path>` holds the value read one interval after `<path>`.
 - What the collecting host answered beyond its files (`record_outcome`/`recorded_outcome`): `.<name>` holds one line,
   e.g. `.nvml` the outcome of NVML's init there (`ok`, or `unavailable CODE REASON`).
@@ -55,6 +56,9 @@ _FILE_KINDS = (
 RDEV_SIDE_FILE = "dev/.rdev"
 OPEN_SIDE_FILE = "dev/.open"
 KMSG_FILE = "dev/kmsg"
+KMSG_UNREADABLE_FILE = "dev/.kmsg-unreadable"
+"""Why /dev/kmsg could not be read on the host (`ERRNO message`, one line): a replay says the same, never that
+the log held no record."""
 LATER_DIR = ".later"
 OUTCOME_PREFIX = "."
 """A recorded outcome `name` lives in the side file `.<name>` at the top of a copied tree."""
@@ -65,6 +69,10 @@ class HostReadError(OSError):
 
     def __str__(self) -> str:
         return str(self.strerror) if self.strerror else super().__str__()
+
+
+class KmsgUnreadableError(HostReadError):
+    """The kernel log could not be read on the host itself: live, or as a collected archive recorded it."""
 
 
 @dataclass(frozen=True)
@@ -412,11 +420,14 @@ class HostRoot:
         Raises HostReadError when the log is not readable (no CAP_SYSLOG with dmesg_restrict=1, no /dev/kmsg).
         """
         if not self.is_live:
+            self._raise_recorded_kmsg_error()
             return self.read_text(KMSG_FILE).splitlines()
         try:
             fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
-            raise HostReadError(exc.errno or errno_mod.EIO, f"cannot read /dev/kmsg: {exc.strerror or exc}") from exc
+            raise KmsgUnreadableError(
+                exc.errno or errno_mod.EIO, f"cannot read /dev/kmsg: {exc.strerror or exc}"
+            ) from exc
         records: list[str] = []
         try:
             while len(records) < _KMSG_MAX_RECORDS:
@@ -429,7 +440,7 @@ class HostRoot:
                         continue
                     if exc.errno == errno_mod.EINVAL and records:
                         break
-                    raise HostReadError(
+                    raise KmsgUnreadableError(
                         exc.errno or errno_mod.EIO, f"cannot read /dev/kmsg: {exc.strerror or exc}"
                     ) from exc
                 if not chunk:
@@ -439,3 +450,15 @@ class HostRoot:
         finally:
             os.close(fd)
         return records
+
+    def _raise_recorded_kmsg_error(self) -> None:
+        """Under a collected tree: the host's own failure to read /dev/kmsg, where the archive recorded one."""
+        try:
+            recorded = self.path(KMSG_UNREADABLE_FILE).is_file()
+        except OSError:
+            recorded = False
+        if not recorded:
+            return
+        name, _, message = self.read_text(KMSG_UNREADABLE_FILE).strip().partition(" ")
+        code = getattr(errno_mod, name, errno_mod.EIO) if name.isupper() else errno_mod.EIO
+        raise KmsgUnreadableError(code, message or "cannot read /dev/kmsg")

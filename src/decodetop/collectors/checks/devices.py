@@ -18,6 +18,7 @@ from decodetop.collectors.checks.parsers import (
     parse_xids,
 )
 from decodetop.collectors.checks.result import CheckResult, Status
+from decodetop.collectors.hostroot import KmsgUnreadableError
 
 NVIDIA_FIXED_MAJOR = 195
 """nvidia and nvidiactl use the fixed major 195; nvidia-modprobe hard-codes it ([NCT-324])."""
@@ -298,13 +299,14 @@ def check_xids(ctx: HostContext) -> list[CheckResult]:
     try:
         records = ctx.root.read_kmsg()
     except OSError as exc:
-        where = "/dev/kmsg" if ctx.root.is_live else "dev/kmsg (not collected)"
+        # unreadable on the host itself (live, or as the archive recorded it) reads the same; else not collected
+        on_host = ctx.root.is_live or isinstance(exc, KmsgUnreadableError)
         return [
             CheckResult(
                 "N8",
                 title,
                 Status.UNKNOWN if ctx.gpus else Status.INFO,
-                f"kernel log unreadable: {exc}" if ctx.root.is_live else f"{where}: {exc}",
+                f"kernel log unreadable: {exc}" if on_host else f"dev/kmsg (not collected): {exc}",
                 expected,
                 "Reading the kernel log needs CAP_SYSLOG when kernel.dmesg_restrict=1.",
                 unless_root(ctx.root, "Run as root, or check", "Check") + " `journalctl -k | grep Xid` on the host.",
