@@ -52,13 +52,19 @@ class DecodetopApp(MessageHandlers):
         self.post_message(self.stored.read())
 
     def refresh_ages(self) -> None:
-        """Once a second: the ages beside stored figures and probe rows."""
+        """Once a second: the ages beside stored figures and probe rows (nothing while the app shuts down: its
+        widgets may be gone before the timer stops)."""
+        if self.closing:
+            return
         now = self.now()
         if self.consent.held is not None:
             self.show_held()
-        self.query_one(BudgetBar).tick(now)
-        self.query_one(TracedBar).now_s = now
-        self.query_one(ProbeTable).refresh_ages(now)
+        for bar in self.query(BudgetBar):
+            bar.tick(now)
+        for traced in self.query(TracedBar):
+            traced.now_s = now
+        for table in self.query(ProbeTable):
+            table.refresh_ages(now)
 
     # -- the end ---------------------------------------------------------------------------------------------------
 

@@ -186,11 +186,12 @@ class ProbeTable(DataTable[Text]):
         self._rebuild_rows()
 
     def refresh_ages(self, now_s: float) -> None:
-        """Redraw the age column against `now_s`."""
+        """Redraw the age column of the rows shown (a filter hides the others: they have no cell) against `now_s`."""
         self.now_s = now_s
-        for view in self.views.values():
+        for probe_id in self._rows:
+            view = self.views[probe_id]
             if view.measured_at_s is not None:
-                self._cache.set(self, view.probe_id, "age", self._cells(view)["age"], fixed_width=True)
+                self._cache.set(self, probe_id, "age", self._cells(view)["age"], fixed_width=True)
 
     @property
     def selected_id(self) -> str | None:
