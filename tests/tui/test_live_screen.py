@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from decodetop.settings import Settings
 from decodetop.tui.app import DecodetopApp
+from decodetop.tui.probe_group import GroupInfo
+from decodetop.tui.screens.budget_details import BudgetDetailsScreen
+from decodetop.tui.sources import Sources
+from decodetop.tui.sources.budget import PresetBudget
+from decodetop.tui.sources.probes import NoProbes
 from decodetop.tui.model import ProbeState
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
@@ -15,7 +21,7 @@ from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.process_table import ProcessTable
 
 from .conftest import make_app, wait_until
-from .fakes import NOW_S, FakeTelemetry, eight_gpu_frame, make_sources
+from .fakes import NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock, make_sources
 
 
 class Clock:
@@ -104,3 +110,34 @@ def test_the_command_prints_one_line_and_exits_non_zero_after_a_crash(
         f"decodetop: error: the live UI stopped on an internal error (RuntimeError: planted); "
         f"the traceback is in {tmp_path / 'ui.log'}"
     ]
+
+
+def screen_text(app: DecodetopApp) -> str:
+    """What the terminal shows now (the active screen, modals included)."""
+    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
+
+
+def demo_sources(budget: PresetBudget | None = None) -> Sources:
+    """The `--demo` host (8 fake H200s, no probes) over the real budget source."""
+    demo = GroupInfo(8, "cuda", "fake GPUs", "of the demo")
+    return Sources(
+        telemetry=FakeTelemetry([eight_gpu_frame()]),
+        probes=NoProbes("demo: no probes unless --cpu-ranks is given"),
+        budget=budget or PresetBudget(lambda: "NVIDIA H200", group=lambda: demo, gpu_how="fake NVML of the demo"),
+        checks=FakeChecks(),
+        clock=fixed_clock,
+        run_probes_at_start=False,
+    )
+
+
+async def test_weights_that_do_not_fit_are_said_on_the_main_screen_and_in_b() -> None:
+    app = make_app(demo_sources(), Settings(model="glm-5", tp=8))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, lambda: app.budget_settled and app.composer.view is not None, "the budget")
+        text = " ".join(screen_text(app).split())
+        assert "of weights per GPU do not fit in the 141 GiB" in text
+        assert "no kernel tuning reaches it" not in text  # no tuning verdict for a deployment that cannot load
+        await pilot.press("b")
+        await wait_until(pilot, lambda: isinstance(app.screen, BudgetDetailsScreen), "budget details")
+        await pilot.pause()
+        assert "do not fit in the 141 GiB" in " ".join(screen_text(app).split())

@@ -247,6 +247,9 @@ class Budget:
     """What the composition could not do and why (one line each)."""
     tp_source: str = ""
     """Where the deployment's TP came from, in words (`Scenario.tp_source`)."""
+    warnings: tuple[str, ...] = ()
+    """What makes the figures moot, first on every surface ('190 GB of weights per GPU do not fit in the 141 GiB of a
+    NVIDIA H200 …'); set by `decodetop.probes.budgeting.compose_inventory`."""
     ranks: RankSpread | None = None
     """Every rank's own composed total, the spread, the step bound and the straggler (None: one rank, or the results
     carry no per-rank series); set by `decodetop.pipeline.composition.compose`."""
@@ -394,6 +397,7 @@ class Budget:
             "hardware": self.hardware_text,
             "device_kind": self.device_kind,
             "header": self.header,
+            "warnings": list(self.warnings),
             "scenario": self.scenario,
             "tp_source": self.tp_source,
             "verdict": self.verdict,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decodetop.budget.gpus import GPUS, INTERCONNECTS, GpuModel
+from decodetop.budget.gpus import GPUS, INTERCONNECTS, GpuModel, find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.errors import UserInputError
 
@@ -177,4 +177,19 @@ def roofline(inventory: StepInventory, hardware: Hardware) -> Roofline:
         tokens_per_step=inventory.tokens_per_step,
         batch=inventory.deployment.batch,
         terms=tuple(terms),
+    )
+
+
+def weights_fit_warning(inventory: StepInventory, gpu_name: str) -> str:
+    """The warning every surface shows when the busiest GPU's weights alone exceed its memory (before any KV cache):
+    such a deployment cannot load, so no timing of it is worth tuning. '' when they fit, or when the GPU is not in
+    the hardware table (its memory is not known)."""
+    gpu = find_gpu(gpu_name)
+    resident = inventory.resident_weight_bytes
+    if gpu is None or resident <= gpu.memory_gib * 2**30:
+        return ""
+    held = f"{resident / 1e9:.3g} GB" if resident >= 1e8 else f"{resident / 1e6:.3g} MB"
+    return (
+        f"{held} of weights per GPU do not fit in the {gpu.memory_gib:g} GiB of a {gpu.name} (before any KV cache): "
+        "use more GPUs or fewer bits"
     )

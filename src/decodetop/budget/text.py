@@ -76,9 +76,7 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
     rest.append(un.reason + ("; the observed step is assumed, not observed" if b.observed_step.assumed else ""))
     rows += [total, rest]
     headers = ["component", "ms", "of observed", "status", *(["bar"] if bars else []), "where it came from"]
-    lines: list[str] = []
-    if b.header:
-        lines.append(b.header)
+    lines: list[str] = [line for line in (b.header, *b.warnings) if line]
     lines.append(table(headers, rows, align="lrrl" + ("l" if bars else "") + "l"))
     lines.append(observed_line(b))
     if b.verdict:

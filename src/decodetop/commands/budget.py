@@ -136,8 +136,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_as_json(scenario, comp, plan=plan), indent=1, allow_nan=False))
     else:
-        row = find_gpu(comp.hardware.gpu_name) if comp.hardware is not None else None
-        text = _as_text(scenario, comp, plan=plan, gpu_memory_gib=row.memory_gib if row else None)
+        text = _as_text(scenario, comp, plan=plan)
         sys.stdout.write(fit_text(text))  # tables fit already; long notes wrap to the terminal
     return 0
 
@@ -245,13 +244,11 @@ def _as_json(scenario: Scenario, comp: Composition, *, plan: ProbePlan | None) -
     }
 
 
-def _as_text(
-    scenario: Scenario, comp: Composition, *, plan: ProbePlan | None, gpu_memory_gib: float | None = None
-) -> str:
+def _as_text(scenario: Scenario, comp: Composition, *, plan: ProbePlan | None) -> str:
     """The human report: the model and deployment, the roofline, the budget, the assumptions, the inventory by
     component and (with --plan) the probe plan."""
     inv = scenario.inventory()
-    lines = _model_lines(scenario, comp, gpu_memory_gib)
+    lines = _model_lines(scenario, comp)
     lines.append("")
     lines += _roofline_lines(comp)
     lines.append("")
@@ -267,9 +264,9 @@ def _as_text(
     return "\n".join(lines) + "\n"
 
 
-def _model_lines(scenario: Scenario, comp: Composition, gpu_memory_gib: float | None) -> list[str]:
+def _model_lines(scenario: Scenario, comp: Composition) -> list[str]:
     """The model, its weights, the deployment and what the busiest GPU holds and reads per step."""
-    spec, inv, roof = scenario.spec, scenario.inventory(), comp.roofline
+    spec, inv = scenario.spec, scenario.inventory()
     lines: list[str] = []
     add = lines.append
     add(f"{spec.name}  ({spec.model_type}; {spec.source})")
@@ -284,11 +281,8 @@ def _model_lines(scenario: Scenario, comp: Composition, gpu_memory_gib: float | 
         f"  busiest GPU  holds {_gb(inv.resident_weight_bytes)} of weights; reads {_gb(inv.weight_bytes)} weights + "
         f"{_gb(inv.kv_bytes)} KV per step = {_gb(per_token)} per token"
     )
-    if roof is not None and gpu_memory_gib is not None and inv.resident_weight_bytes > gpu_memory_gib * 2**30:
-        add(
-            f"  warning      {_gb(inv.resident_weight_bytes)} of weights per GPU do not fit in the "
-            f"{gpu_memory_gib:g} GiB of a {roof.hardware.gpu_name} (before any KV cache): use more GPUs or fewer bits"
-        )
+    for warning in comp.budget.warnings:
+        add(f"  warning      {warning}")
     ar = inv.collective_sizes("all_reduce")
     ag = inv.collective_sizes("all_gather")
     ar_text = ", ".join(f"{n} × {format_bytes(size)}" for size, n in sorted(ar.items())) or "none (TP 1)"
@@ -336,7 +330,7 @@ def _budget_lines(comp: Composition) -> list[str]:
         budget_lines = format_budget_table(budget, bars=False)
     return [
         f"{title}, ms per step",
-        _indent("\n".join(line for line in budget_lines if line != budget.header)),
+        _indent("\n".join(line for line in budget_lines if line not in (budget.header, *budget.warnings))),
         *(f"  note: {note}" for note in budget.notes),
     ]
 

@@ -45,7 +45,7 @@ from decodetop.budget.gpus import find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.plan import ProbePlan, build_plan
-from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline
+from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline, weights_fit_warning
 from decodetop.budget.scenario import Scenario
 from decodetop.history import format_age
 from decodetop.pipeline.context import UNMEASURED_ROOFLINE, BudgetContext, GpuHint, assumed_gpu
@@ -159,6 +159,12 @@ def _usable(ctx: BudgetContext) -> tuple[list[ProbeResult], Environment | None, 
     return used, env, kind, notes
 
 
+def _warnings(inventory: StepInventory, hw: Hardware | None) -> tuple[str, ...]:
+    """What makes a GPU budget's figures moot (weights that do not fit the GPU's memory)."""
+    fit = weights_fit_warning(inventory, hw.gpu_name) if hw is not None else ""
+    return (fit,) if fit else ()
+
+
 def compose(ctx: BudgetContext) -> Composition:
     """The budget of `ctx.scenario` from `ctx.results` (see the module docstring for the rules)."""
     scenario = ctx.scenario
@@ -227,7 +233,12 @@ def compose(ctx: BudgetContext) -> Composition:
             inventory, used, launch_mode=mode, plan=plan, estimate=hw, device_kind=kind, allreduce=choice
         )
     budget = dataclasses.replace(
-        budget, segments=segments, ranks=ranks, tp_source=scenario.tp_source, contention=contention_of(used)
+        budget,
+        segments=segments,
+        ranks=ranks,
+        tp_source=scenario.tp_source,
+        contention=contention_of(used),
+        warnings=_warnings(inventory, hw),
     )
     return Composition(budget=budget, roofline=roof, hardware=hw, used=tuple(used), measured=measured)
 

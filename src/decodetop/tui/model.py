@@ -135,6 +135,8 @@ class BudgetView:
     contention: str = ""
     """The likely-cause line when other processes ran on the probed GPUs during the measurements ('likely cause:
     another process on the probed GPU — GPU 0: pid 1306 (python3, 97 % SM during the run): …'), else ''."""
+    warnings: tuple[str, ...] = ()
+    """What makes the figures moot, shown first ('190 GB of weights per GPU do not fit …'): `Budget.warnings`."""
 
     @property
     def components(self) -> tuple[BudgetSegment, ...]:

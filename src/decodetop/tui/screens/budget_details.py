@@ -46,6 +46,8 @@ def budget_details_text(details: BudgetDetails, now_s: float) -> Text:
     if details.held_line:
         add(f"{details.held_line}\n\n", style="bold")
     if view is not None:
+        for warning in view.warnings:
+            add(f"{warning}\n\n", style="bold")
         add(f"{view.title}\n", style="bold")
         for line in view.header.splitlines():
             add(f"{line}\n")

@@ -59,6 +59,7 @@ def budget_view(budget: Budget, title: str, measured_s: Mapping[str, float], tp_
         ranks_text=budget.ranks.short_line() if budget.ranks is not None else "",
         straggler=budget.ranks.straggler.text if budget.ranks is not None and budget.ranks.straggler else "",
         contention=budget.contention.line() if budget.contention else "",
+        warnings=budget.warnings,
     )
     return dataclasses.replace(
         view,

@@ -81,6 +81,7 @@ def _css() -> str:
         "BudgetBar > .budget-bar--muted { color: $state-muted; }",
         "BudgetBar > .budget-bar--missing { color: $state-muted; text-style: italic; }",
         "BudgetBar > .budget-bar--header { color: $state-warn; text-style: bold; }",
+        "BudgetBar > .budget-bar--warning { color: $state-bad; text-style: bold; }",
         "BudgetBar > .budget-bar--assumed { color: $state-warn; text-style: bold; }",
         "BudgetBar > .budget-bar--moved-up { color: $state-bad; text-style: bold; }",
         "BudgetBar > .budget-bar--moved-down { color: $state-ok; text-style: bold; }",
@@ -206,6 +207,7 @@ class BudgetBar(Widget):
     | `budget-bar--missing` | Components with no figure yet. |
     | `budget-bar--title` | The first line. |
     | `budget-bar--header` | The line above the figures that must not be missed (CPU ranks, server unreachable). |
+    | `budget-bar--warning` | What makes the figures moot (the weights do not fit the GPU's memory). |
     | `budget-bar--assumed` | "assumed, not observed" beside a default observed step. |
     | `budget-bar--moved-up` / `-down` | The Δ of a component slower / faster than at the baseline. |
     """
@@ -215,6 +217,7 @@ class BudgetBar(Widget):
         "budget-bar--muted",
         "budget-bar--missing",
         "budget-bar--header",
+        "budget-bar--warning",
         "budget-bar--assumed",
         *_SEGMENT_CLASSES.values(),
         *_MARK_CLASSES,
@@ -288,7 +291,11 @@ class BudgetBar(Widget):
             lines += [
                 Text(line, style=self._style("budget-bar--header")) for line in textwrap.wrap(said, max(20, width))
             ]
-        if budget.verdict:
+        for warning in budget.warnings:  # the deployment cannot load: no tuning verdict, the reason instead
+            lines += [
+                Text(line, style=self._style("budget-bar--warning")) for line in textwrap.wrap(warning, max(20, width))
+            ]
+        if budget.verdict and not budget.warnings:
             lines += [
                 Text(line, style=self._style("budget-bar--mark-roofline"))
                 for line in textwrap.wrap(budget.verdict, max(20, width))
