@@ -232,6 +232,23 @@ def format_number(value: float, digits: int = 3) -> str:
     return f"{value:.{decimals}f}"
 
 
+def format_ms(value_ms: float, *, space: bool = True) -> str:
+    """A duration given in ms, in the unit that reads best and never in scientific notation: "0.412 ms", "95.0 ms",
+    "1.99 s" (from 1000 ms), "39.3 µs" (below 0.01 ms), "5.00 ns"; `space=False` gives the compact "0.412ms"."""
+    if not math.isfinite(value_ms):
+        return "-"
+    size = abs(value_ms)
+    if size >= 1000:
+        number, unit = value_ms / 1000, "s"
+    elif size >= 0.01 or size == 0:
+        number, unit = value_ms, "ms"
+    elif size >= 1e-5:
+        number, unit = value_ms * 1000, "µs"
+    else:
+        number, unit = value_ms * 1e6, "ns"
+    return f"{format_number(number)}{' ' if space else ''}{unit}"
+
+
 def format_bytes(n_bytes: float) -> str:
     """Binary units: 8 B, 12 KiB, 256 MiB (never raises: a value no float holds prints as "inf B")."""
     try:

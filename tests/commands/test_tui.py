@@ -75,6 +75,9 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
     seen: dict[str, object] = {}
 
     class FakeApp:
+        crash = None
+        return_code = 0
+
         def __init__(self, sources: object, settings: Settings, path: Path, *, save_theme: bool) -> None:
             seen.update(settings=settings, path=path, save_theme=save_theme)
             self.crash_report = CrashReport()

@@ -127,7 +127,7 @@ def test_header_says_how_much_of_the_unexplained_the_trace_accounts_for() -> Non
     assert view.accounted_ms == pytest.approx(view.step_ms - explained)
     share = view.accounted_ms / view.unexplained_ms  # type: ignore[operator]
     assert view.header() == (
-        f"traced step {view.step_ms:.3g} ms · accounts for {view.accounted_ms:.3g} of the "
+        f"traced step {view.step_ms:.3g} ms · accounts for {view.accounted_ms:.3g} ms of the "
         f"{view.unexplained_ms:.3g} ms unexplained ({share:.0%})"
     )
 

@@ -3,18 +3,23 @@ the app with a non-zero exit and one line, and the faults found in a quarter tmu
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+from textual.binding import Binding
+from textual.widgets import TabbedContent
 
 from decodetop.settings import Settings
+from decodetop.themes import THEME_NAMES
 from decodetop.tui.app import DecodetopApp
+from decodetop.tui.model import ProbeState
 from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen
+from decodetop.tui.screens.model_picker import ModelPickerScreen
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget
 from decodetop.tui.sources.probes import NoProbes
-from decodetop.tui.model import ProbeState
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
@@ -22,6 +27,9 @@ from decodetop.tui.widgets.process_table import ProcessTable
 
 from .conftest import make_app, wait_until
 from .fakes import NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock, make_sources
+from .screens import PLAN, PlanProbes, bare_numbers, screen_text
+from .screens import ready as _ready
+from .screens import rows_shown as _rows_shown
 
 
 class Clock:
@@ -112,11 +120,6 @@ def test_the_command_prints_one_line_and_exits_non_zero_after_a_crash(
     ]
 
 
-def screen_text(app: DecodetopApp) -> str:
-    """What the terminal shows now (the active screen, modals included)."""
-    return "\n".join("".join(seg.text for seg in strip) for strip in app.screen._compositor.render_strips())
-
-
 def demo_sources(budget: PresetBudget | None = None) -> Sources:
     """The `--demo` host (8 fake H200s, no probes) over the real budget source."""
     demo = GroupInfo(8, "cuda", "fake GPUs", "of the demo")
@@ -141,3 +144,120 @@ async def test_weights_that_do_not_fit_are_said_on_the_main_screen_and_in_b() ->
         await wait_until(pilot, lambda: isinstance(app.screen, BudgetDetailsScreen), "budget details")
         await pilot.pause()
         assert "do not fit in the 141 GiB" in " ".join(screen_text(app).split())
+
+
+async def test_after_m_the_old_models_figures_leave_the_rows() -> None:
+    app = make_app(make_sources(run_probes=True))
+    async with app.run_test(size=(100, 30)) as pilot:
+        done = lambda: all(v.state is ProbeState.DONE for v in app.probe_views.values())  # noqa: E731
+        await wait_until(pilot, lambda: bool(app.probe_views) and done(), "glm-5's probes measured")
+        assert app.probe_views["allreduce"].value_text
+        app.sources.run_probes_at_start = False  # the new model's plan waits for R
+        await pilot.press("m")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPickerScreen), "picker")
+        await pilot.press("down", "enter")
+        await wait_until(pilot, lambda: app.settings.model == "llama-3.1-70b" and app.budget_settled, "new model")
+        await pilot.pause(0.2)
+        assert all(not v.value_text and v.measured_at_s is None for v in app.probe_views.values())
+        table = app.query_one(ProbeTable)
+        assert all(str(table.get_cell(pid, "value")) == "" for pid in app.probe_views)
+        assert app.results == {}
+
+
+def test_the_ranks_line_waits_for_a_figure() -> None:
+    from decodetop.budget.ranks import RankSpread, RankTotal
+
+    def spread(*totals: float, label: str = "GPU") -> RankSpread:
+        ranks = tuple(RankTotal(r, f"{label} {r}", ms, ms, ms, ms) for r, ms in enumerate(totals))
+        return RankSpread(ranks, max(totals), max(totals), 0)
+
+    none = spread(0.0, 0.0, label="CPU rank")
+    assert none.short_line() == ""  # "CPU rank 0 0 · spread 0 ms" before any figure
+    some = spread(1.23, 1.45)
+    assert some.short_line().startswith("ranks GPU 0 1.23ms · GPU 1 1.45ms · spread 0.220ms")
+
+
+async def test_4_shows_the_charts_from_every_tab() -> None:
+    app = make_app(make_sources(telemetry=FakeTelemetry([eight_gpu_frame(processes=True)])))
+    async with app.run_test(size=(160, 48)) as pilot:  # the processes show, and take focus from the GPU table
+        tabs = app.query_one(TabbedContent)
+        for start in ("1", "2", "3"):
+            await pilot.press(start)
+            await pilot.press("4")
+            await wait_until(pilot, lambda: tabs.active == "charts", f"charts from tab {start}")
+            await pilot.pause(0.2)
+            assert tabs.active == "charts"
+
+
+async def test_the_palette_offers_decodetops_actions_and_themes_only() -> None:
+    from textual.command import CommandPalette
+
+    app = make_app(make_sources())
+    async with app.run_test(size=(100, 30)) as pilot:
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert "Fold the budget box (f)" in titles and "Maximise the tab (z)" in titles
+        assert [t for t in titles if t.startswith("Theme")] == [f"Theme {n}" for n in THEME_NAMES]
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+        await pilot.press(*"fold", "enter")
+        await wait_until(pilot, lambda: app.folded, "folded from the palette")
+
+
+@pytest.mark.parametrize("size", [(60, 16), (80, 24)], ids=lambda s: f"{s[0]}x{s[1]}")
+async def test_f_folds_the_budget_box_to_one_line_and_z_maximises_the_table(size: tuple[int, int]) -> None:
+    probes = PlanProbes()
+    app = make_app(make_sources(probes=probes, run_probes=True, telemetry=FakeTelemetry([eight_gpu_frame()])))
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: _ready(app), "the plan measured")
+        box = app.query_one("#budget-box")
+        before = box.outer_size.height
+        await pilot.press("f")
+        await wait_until(pilot, lambda: box.outer_size.height == 1, "one line")
+        line = screen_text(app).splitlines()[0]
+        assert "explained" in line and "observed" in line and "target" in line
+        assert _rows_shown(app) > 3 and before > 1
+        await pilot.press("f")
+        await wait_until(pilot, lambda: box.outer_size.height == before, "unfolded")
+        await pilot.press("z")
+        await wait_until(pilot, lambda: app.screen.maximized is not None, "maximised")
+        assert _rows_shown(app) == len(PLAN)  # the whole plan
+        assert "explained" not in screen_text(app)
+        await pilot.press("z")
+        await wait_until(pilot, lambda: app.screen.maximized is None, "back")
+
+
+def test_numbers_without_a_unit_are_found() -> None:
+    """The scanner the size snapshots use: it finds a bare figure and lets units, ranges and names through."""
+    assert bare_numbers("█ attention 1.20 1.3% ▄ all-reduce 6.55ms") == ["1.20"]
+    assert bare_numbers("zoom 12.2 │ unexplained 79.0 ms (83%) · 1.99e+03") == ["12.2", "1.99e+03"]
+    assert bare_numbers("0–95.0ms glm-5 · TP8 · GPU 1 1.23ms 29.4× over target (309 tok/s) 2m ↺ Δ+0.61ms") == []
+
+
+def _readme_keys() -> set[str]:
+    """The keys README's key table names (a range like `1`–`4` names every key in it)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("| key | action |") :].split("\n\n", 1)[0]
+    keys: set[str] = set()
+    for row in table.splitlines()[2:]:
+        first = row.split("|")[1]
+        named = re.findall(r"`([^`]+)`", first)
+        keys.update(k.strip() for name in named for k in name.split(","))
+        if "–" in first and len(named) == 2 and all(n.isdigit() for n in named):
+            keys.update(str(n) for n in range(int(named[0]), int(named[1]) + 1))
+    return keys
+
+
+def test_readme_and_question_mark_list_every_key() -> None:
+    from decodetop.tui import layout
+    from decodetop.tui.bindings import BINDINGS, help_keys
+
+    shown = {key for key, _ in help_keys()}
+    readme = _readme_keys()
+    for binding in BINDINGS:
+        assert isinstance(binding, Binding)
+        if binding.action.startswith("show_panel(") and int(binding.key) > len(layout.panels()):
+            continue  # no panel in that place
+        key = binding.key_display or binding.key
+        assert key in shown, key
+        assert key in readme, key
+    assert {"f", "z", "↺", "ctrl+p"} <= shown and {"f", "z", "ctrl+p"} <= readme

@@ -78,7 +78,9 @@ async def test_the_command_palette_offers_only_decodetop_themes() -> None:
     async with app.run_test(size=(100, 30)):
         assert set(app.available_themes) == set(BUILTIN_THEMES)
         names = {c.title for c in app.get_system_commands(app.screen)}
-        assert "Theme" in names  # still there, over decodetop's themes alone
+        assert {f"Theme {name}" for name in THEME_NAMES} <= names  # decodetop's three, one entry each
+        assert "Theme" not in names and "Keys" not in names  # none of Textual's stock entries
+        assert {"Fold the budget box (f)", "Maximise the tab (z)", "Keys (?)", "Quit (q)"} <= names
     assert THEME_NAMES[0] == app.theme
 
 

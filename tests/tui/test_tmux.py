@@ -3,10 +3,12 @@ no decodetop process (nor probe rank) is left behind."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -83,5 +85,74 @@ def test_decodetop_in_tmux(tmp_path: Path, width: int, height: int, flags: list[
         gone, alive = psutil.wait_procs(tree, timeout=10)
         assert not alive, f"left running after q: {[p.pid for p in alive]}"
         assert all(p.pid not in {c.pid for c in _descendants(pane_pid)} for p in gone)
+    finally:
+        _tmux(tmux, sock, "kill-server")
+
+
+def _gone(tmux: str, sock: Path, needle: str, timeout_s: float) -> str:
+    """Wait until `needle` is no longer on screen; the screen then."""
+
+    def away() -> str:
+        screen = _tmux(tmux, sock, "capture-pane", "-p", "-t", "dt")
+        return screen if needle not in screen else ""
+
+    return wait_for(away, f"{needle!r} off the screen", timeout_s=timeout_s, interval_s=0.2)
+
+
+@pytest.mark.slow
+def test_filter_fold_and_maximise_in_a_quarter_pane(tmp_path: Path) -> None:
+    """80×24, a fake 8-GPU host: `/` filters every table through several age refreshes without a crash, `f` folds
+    the budget box to its one-line verdict, `z` gives the GPU tab (GPUs and processes) the whole pane, `q` exits 0."""
+    tmux = require_tool("tmux")
+    sock = tmp_path / "tmux.sock"
+    env = {
+        "HOME": str(tmp_path / "home"),
+        "DECODETOP_STATE_DIR": str(tmp_path / "state"),
+        "DECODETOP_CONFIG_DIR": str(tmp_path / "config"),
+        "TERM": "xterm-256color",
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+    }
+    command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "decodetop", "--demo"])
+    _tmux(
+        tmux,
+        sock,
+        "new-session",
+        "-d",
+        "-s",
+        "dt",
+        "-x",
+        "80",
+        "-y",
+        "24",
+        f"{command}; echo DECODETOP-EXIT $?; sleep 300",
+    )
+    keys = functools.partial(_tmux, tmux, sock, "send-keys", "-t", "dt")
+    try:
+        _wait_for(tmux, sock, "▲", START_TIMEOUT_S)
+        keys("/")
+        _wait_for(tmux, sock, "filter: GPU", 20)  # the filter box has the keys now
+        keys("-l", "xid")  # hides every probe row and most checks
+        _gone(tmux, sock, "filter: GPU", 20)
+        keys("Enter")
+        # the age refresh is the app's 1 s wall-clock timer, with nothing on screen to wait for: let three go by
+        time.sleep(3.5)
+        screen = _tmux(tmux, sock, "capture-pane", "-p", "-t", "dt")
+        assert "DECODETOP-EXIT" not in screen and "xid" in screen, screen
+        keys("f")  # (an escape just before would reach the app as alt+f)
+        screen = _gone(tmux, sock, "╭", 20)  # no border: the box is one line
+        first = screen.splitlines()[0]
+        assert "explained" in first and "observed" in first and "target" in first, screen
+        keys("f")
+        _wait_for(tmux, sock, "╭", 20)
+        keys("2")
+        keys("z")
+        screen = _gone(tmux, sock, "explained", 20)
+        assert "GPU" in screen and "processes" in screen, screen  # the GPUs and their processes fill the pane
+        keys("z")
+        _wait_for(tmux, sock, "explained", 20)
+        keys("q")
+        screen = _wait_for(tmux, sock, "DECODETOP-EXIT", QUIT_TIMEOUT_S)
+        assert "DECODETOP-EXIT 0" in screen, screen
     finally:
         _tmux(tmux, sock, "kill-server")

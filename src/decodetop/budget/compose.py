@@ -41,6 +41,7 @@ from decodetop.budget.uncertainty import RANGE_METHOD, Combined, Part, combine
 from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.quantity import OBSERVED_MS, TARGET_TPS
+from decodetop.textfmt import format_ms
 
 LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
 """Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
@@ -105,7 +106,7 @@ class ObservedStep:
     @property
     def text(self) -> str:
         """One line: '95 ms assumed, not observed (the default; …)' or '12.3 ms observed (server …)'."""
-        ms = f"{self.ms:.3g} ms"
+        ms = format_ms(self.ms)
         if self.assumed:
             why = self.detail or "the default: no --observed-ms and no --server"
             return f"{ms} assumed, not observed ({why})"
@@ -122,12 +123,25 @@ def default_observed(detail: str = "") -> ObservedStep:
     return ObservedStep(DEFAULT_OBSERVED_MS, "default", detail)
 
 
+EXCEEDS_OBSERVED = "the components exceed the observed step by"
+"""How every surface says a negative unexplained remainder (the parts add up to more than the observed step: a slower
+host than the server's, CPU ranks, an assumed observed step): never as a negative number or a clamped 0."""
+
+
+def remainder_text(unexplained_ms: float, *, complete: bool = True) -> str:
+    """The unexplained remainder in words, the same on every surface: "unexplained 79.0 ms" ("at most …" when some
+    components have no figure), or "the components exceed the observed step by 12.4 s"."""
+    if unexplained_ms < 0:
+        return f"{EXCEEDS_OBSERVED} {format_ms(-unexplained_ms)}"
+    return f"unexplained {'' if complete else 'at most '}{format_ms(unexplained_ms)}"
+
+
 def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
     """The one sentence every surface prints when the target is out of reach of any kernel tuning ('' otherwise)."""
     if roofline_ms is None or target_ms >= roofline_ms:
         return ""
     return (
-        f"the target is below this deployment's roofline ({roofline_ms:.3g} ms): no kernel tuning reaches it; it "
+        f"the target is below this deployment's roofline ({format_ms(roofline_ms)}): no kernel tuning reaches it; it "
         "needs fewer bytes per GPU (more GPUs, lower precision, speculative decoding)"
     )
 

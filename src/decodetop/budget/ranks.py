@@ -42,6 +42,7 @@ from typing import Any
 from decodetop.budget.components import Component
 from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.errors import UserInputError
+from decodetop.textfmt import format_ms
 
 STRAGGLER_FLOOR_MS = NOISE_FLOOR_MS
 """Absolute floor of the straggler rule, ms per step: the budget diff's noise floor (same source)."""
@@ -204,12 +205,14 @@ class RankSpread:
         )
 
     def short_line(self) -> str:
-        """The line for narrow surfaces (the live budget bar): 'ranks GPU 0 1.23 · GPU 1 1.45 ms · spread 0.22 ms
-        (18 %) · step bound 1.45 ms'."""
-        parts = " · ".join(f"{r.label} {r.total_ms:.3g}" for r in self.ranks)
+        """The line for narrow surfaces (the live budget bar), every figure with its unit: 'ranks GPU 0 1.23ms · GPU 1
+        1.45ms · spread 0.22ms (18 %) · step bound 1.45ms'; '' while no rank has a figure."""
+        if not any(r.total_ms > 0 for r in self.ranks):
+            return ""
+        parts = " · ".join(f"{r.label} {format_ms(r.total_ms, space=False)}" for r in self.ranks)
         return (
-            f"ranks {parts} ms · spread {self.spread_ms:.2g} ms ({self.spread_pct:.0f} %) · step bound "
-            f"{self.step_bound_ms:.3g} ms"
+            f"ranks {parts} · spread {format_ms(self.spread_ms, space=False)} ({self.spread_pct:.0f} %) · step bound "
+            f"{format_ms(self.step_bound_ms, space=False)}"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,7 +4,7 @@ remainder; the observed / target / roofline line and the verdict; the mean step 
 
 from __future__ import annotations
 
-from decodetop.budget.compose import Budget
+from decodetop.budget.compose import Budget, remainder_text
 from decodetop.budget.kernels import kernels_short
 from decodetop.budget.ranks import STRAGGLER_RULE
 from decodetop.textfmt import format_number, table
@@ -63,17 +63,20 @@ def format_budget_table(budget: Budget, *, bars: bool = True) -> list[str]:
         "",
     ]
     un = b.unexplained
+    left = un.ms or 0.0
+    over = left < 0  # the parts exceed the observed step: said in words, never as a negative remainder
     rest: list[object] = [
-        "unexplained" + ("" if b.complete else " (≤)"),
-        format_number(un.ms or 0.0),
-        f"{(un.ms or 0.0) / b.observed_ms * 100:.1f}%",
+        "over observed" if over else "unexplained" + ("" if b.complete else " (≤)"),
+        format_number(abs(left)),
+        f"{abs(left) / b.observed_ms * 100:.1f}%",
         un.status,
     ]
     if bars:
         total.append(_bar(b.total_ms, scale, MEASURED_CHAR))
         rest.append(_bar(max(un.ms or 0.0, 0.0), scale, REMAINDER_CHAR))
     total.append("")
-    rest.append(un.reason + ("; the observed step is assumed, not observed" if b.observed_step.assumed else ""))
+    reason = remainder_text(left, complete=b.complete) if over else un.reason
+    rest.append(reason + ("; the observed step is assumed, not observed" if b.observed_step.assumed else ""))
     rows += [total, rest]
     headers = ["component", "ms", "of observed", "status", *(["bar"] if bars else []), "where it came from"]
     lines: list[str] = [line for line in (b.header, *b.warnings) if line]

@@ -12,7 +12,6 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from decodetop.budget.diff import diff_budget_files, format_budget_diff
-from decodetop.budget.gpus import find_gpu
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.scenario import Scenario

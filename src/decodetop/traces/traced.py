@@ -92,17 +92,16 @@ class TracedView:
         return max(0.0, min(self.step_ms, self.observed_ms) - self.explained_ms)
 
     def header(self) -> str:
-        """'traced step 93.1 ms · accounts for 84.1 of the 86.0 ms unexplained (98%)'; where the trace is the observed
-        step: 'traced step 2.84 ms, the observed step · unexplained 0.468 of 2.84 ms (16%)'."""
+        """'traced step 93.1 ms · accounts for 84.1 ms of the 86.0 ms unexplained (98%)'; where the trace is the
+        observed step: 'traced step 2.84 ms, the observed step · unexplained 0.468 ms of 2.84 ms (16%)'."""
         text = f"traced step {_ms(self.step_ms)}"
         unexplained, accounted = self.unexplained_ms, self.accounted_ms
         if self.observed_is_trace and unexplained is not None:
             share = unexplained / self.step_ms if self.step_ms > 0 else 0.0
-            rest = _ms(unexplained).removesuffix(" ms")
-            return f"{text}, the observed step · unexplained {rest} of {_ms(self.step_ms)} ({share:.0%})"
+            return f"{text}, the observed step · unexplained {_ms(unexplained)} of {_ms(self.step_ms)} ({share:.0%})"
         if unexplained is not None and accounted is not None and unexplained > 0:
             text += (
-                f" · accounts for {_ms(accounted).removesuffix(' ms')} of the {_ms(unexplained)} unexplained "
+                f" · accounts for {_ms(accounted)} of the {_ms(unexplained)} unexplained "
                 f"({accounted / unexplained:.0%})"
             )
         elif self.observed_ms is not None:

@@ -28,6 +28,8 @@ class DecodetopApp(MessageHandlers):
     CSS_PATH = "app.tcss"
     TITLE = "decodetop"
     ENABLE_COMMAND_PALETTE = True
+    ALLOW_IN_MAXIMIZED_VIEW = "Footer, StatusLine, #filter"
+    """A maximised tab keeps the status line, the filter box and the keys."""
 
     def on_mount(self) -> None:
         """Draw the empty frame at once, then start everything in the background."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from textual.app import App, ComposeResult
+from textual.geometry import Size
 from textual.notifications import SeverityLevel
 from textual.widgets import Static, TabbedContent
 
@@ -94,6 +95,8 @@ class AppBase(App[int]):
         self.charts: Charts | None = None
         """The charts, once their tab was first shown."""
         self._held_text = ""
+        self.folded = False
+        """The budget box folded to its one-line verdict (the fold key)."""
         self._gpu_note: str | None = None
         self._sources_closed = False
         register_themes(self)
@@ -191,6 +194,13 @@ class AppBase(App[int]):
         if view is not None:
             self.query_one(BudgetBar).budget = dataclasses.replace(view, moved=budget_moves(view, self.stored.baseline))
             self.query_one(TracedBar).budget = view
+            self.query_one("#budget-box").border_title = f"per-token budget · {view.title}"
+            self.fit_box()
+
+    def fit_box(self, size: Size | None = None) -> None:
+        """Give the budget box the rows its tiers earn on this screen (`tui.layout.fit_budget_box`)."""
+        note_rows = self._held_text.count("\n") + 1 if self._held_text else 0
+        layout.fit_budget_box(self, size, folded=self.folded, note_rows=note_rows)
 
     def show_health(self, problem: str = "") -> None:
         """The health table (and its side copy), with the checks changed since the baseline marked."""
@@ -215,6 +225,7 @@ class AppBase(App[int]):
             note = self.query_one("#held-note", Static)
             note.update(inert_text(text, lines=True))  # process names: any user picks them
             note.display = bool(text)
+            self.fit_box()
 
     def set_status(self) -> None:
         """The status line, redrawn only when its text changes."""

@@ -4,16 +4,20 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
+from functools import partial
 from typing import ClassVar
 
 from textual import events, work
+from textual.app import SystemCommand
 from textual.binding import Binding, BindingType
+from textual.screen import Screen
 from textual.widgets import Input, TabbedContent
 
 from decodetop.budget.scenario import ModelSource
 from decodetop.errors import UserInputError
 from decodetop.settings import Settings, save_changes
-from decodetop.themes import next_theme
+from decodetop.themes import THEME_NAMES, next_theme
 from decodetop.tui import layout
 from decodetop.tui.app_base import AppBase
 from decodetop.tui.baseline import baseline_payload
@@ -42,6 +46,8 @@ BINDINGS: list[BindingType] = [
     Binding("t", "cycle_theme", "theme"),
     Binding("c", "capture_trace", "trace", show=False),
     Binding("b", "budget_details", "budget", show=False),
+    Binding("f", "fold_budget", "fold", show=False),
+    Binding("z", "maximise", "zoom table", show=False),
     *(Binding(str(n), f"show_panel({n})", f"tab {n}", show=False) for n in range(1, layout.MAX_PANELS + 1)),
     Binding("o", "cycle_sort", "sort", show=False),
     Binding("slash", "filter", "filter", key_display="/", show=False),
@@ -66,6 +72,8 @@ HELP_TEXT = {
     "or settings.toml keeps one)",
     "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
     "filter": "filter the probe, GPU, process and health tables (enter keeps it, escape clears it)",
+    "fold_budget": "fold the budget box to its one-line verdict (again: unfold)",
+    "maximise": "maximise the tab on screen to the whole terminal, its table first (again or escape: back)",
 }
 """What `?` says for each binding (the footer keeps the short descriptions)."""
 
@@ -76,6 +84,35 @@ EXTRA_KEYS: tuple[tuple[str, str], ...] = (
     ("ctrl+p", "command palette"),
 )
 """Keys that belong to the widgets (tables, focus, palette), listed by `?` after the app's own."""
+
+MARKS: tuple[tuple[str, str], ...] = (
+    ("↺", "a figure or row from an earlier session (read back from the history)"),
+    ("~", "interpolated between measured points"),
+    ("≈", "a roofline estimate, not measured"),
+    ("Δ", "moved beyond its noise since the baseline (s)"),
+    ("%", "share of the observed step (of the assumed one when no step was observed)"),
+    ("…", "cut to the width: enter or b shows it whole"),
+)
+"""What the marks beside figures mean, listed by `?` after the keys."""
+
+
+PALETTE_TITLES = {
+    "rerun": "Re-run the selected probe",
+    "rerun_all": "Re-run every probe",
+    "cancel_probe": "Cancel probes",
+    "save_baseline": "Save the baseline",
+    "pick_model": "Choose the model",
+    "pick_tp": "Choose the TP degree",
+    "budget_details": "Budget details",
+    "fold_budget": "Fold the budget box",
+    "maximise": "Maximise the tab",
+    "filter": "Filter the tables",
+    "cycle_sort": "Sort the GPU table",
+    "capture_trace": "Capture a trace",
+    "help": "Keys",
+    "quit": "Quit",
+}
+"""The command palette's (ctrl+p) entries: decodetop's own actions, by the names `?` explains."""
 
 
 def help_keys() -> list[tuple[str, str]]:
@@ -93,6 +130,7 @@ def help_keys() -> list[tuple[str, str]]:
         what = HELP_TEXT.get(binding.action, binding.description or binding.action)
         keys.append((binding.key_display or binding.key, what))
     keys.extend(EXTRA_KEYS)
+    keys.extend(MARKS)
     return keys
 
 
@@ -100,6 +138,24 @@ class KeyActions(AppBase):
     """What each key does."""
 
     BINDINGS: ClassVar[list[BindingType]] = BINDINGS
+
+    def get_system_commands(self, screen: Screen[object]) -> Iterable[SystemCommand]:
+        """The command palette (ctrl+p): decodetop's actions with their keys, its tabs and its three themes; none of
+        Textual's stock entries (their theme picker, their keys panel)."""
+        keys = {b.action: b.key_display or b.key for b in BINDINGS if isinstance(b, Binding)}
+        for action, title in PALETTE_TITLES.items():
+            yield SystemCommand(f"{title} ({keys[action]})", HELP_TEXT[action], partial(self.run_action, action))
+        for number, panel in enumerate(layout.panels(), 1):
+            yield SystemCommand(f"{panel.title} tab ({number})", panel.help, partial(self.show_tab, panel.id))
+        for name in THEME_NAMES:
+            yield SystemCommand(f"Theme {name}", "decodetop's colours (t cycles them)", partial(self.use_theme, name))
+
+    def use_theme(self, name: str) -> None:
+        """Switch to decodetop's theme `name`, remembered as `t` does."""
+        self.theme = name
+        self.settings = dataclasses.replace(self.settings, theme=name)
+        self.query_one(BudgetBar).refresh()
+        self._save_settings({"theme": name})
 
     def action_help(self) -> None:
         """`?`: list every key."""
@@ -114,8 +170,11 @@ class KeyActions(AppBase):
     def show_tab(self, tab: str) -> None:
         """Switch to tab `tab` and focus the widget its panel names."""
         tabs = self.query_one(TabbedContent)
-        tabs.active = tab
         panel = next((p for p in layout.panels() if p.id == tab), None)
+        if panel is not None and not panel.focus:
+            # nothing there takes focus (the charts): a table left focused in the tab before would take its tab back
+            self.set_focus(None)
+        tabs.active = tab
         if panel is not None and panel.focus:
             self.query_one(f"#{tab}").query_one(panel.focus).focus()
 
@@ -219,6 +278,22 @@ class KeyActions(AppBase):
             order = table.cycle_sort()
         self.notify(f"GPUs sorted by {order}", timeout=2)
 
+    def action_fold_budget(self) -> None:
+        """`f`: fold the budget box to its one-line verdict, or unfold it."""
+        self.folded = not self.folded
+        self.fit_box()
+
+    def action_maximise(self) -> None:
+        """`z`: the tab on screen fills the terminal (its table, and the GPUs' processes with them), or back."""
+        screen = self.screen
+        if screen.maximized is not None:
+            screen.minimize()
+            return
+        active = self.query_one(TabbedContent).active
+        if active:
+            screen.maximized = self.query_one(f"#{active}")
+            self.show_tab(active)
+
     def action_filter(self) -> None:
         """`/`: type a filter for the probe, GPU, process and health tables."""
         box = self.query_one("#filter", Input)
@@ -251,11 +326,8 @@ class KeyActions(AppBase):
 
     def action_cycle_theme(self) -> None:
         """`t`: next theme, remembered in the settings file."""
-        self.theme = next_theme(self.theme)
-        self.settings = dataclasses.replace(self.settings, theme=self.theme)
-        self.query_one(BudgetBar).refresh()
+        self.use_theme(next_theme(self.theme))
         self.notify(f"theme {self.theme}", timeout=2)
-        self._save_settings({"theme": self.theme})
 
     @work(thread=True, exit_on_error=False, group="files")
     def _save_settings(self, changed: dict[str, object]) -> None:

@@ -47,6 +47,7 @@ class MessageHandlers(KeyActions):
         layout.fit_layout(self, event.size)
         if self.consent.held is not None:
             self.show_held()
+        self.fit_box(event.size)
 
     # -- telemetry and the server --------------------------------------------------------------------------------
 
@@ -66,6 +67,8 @@ class MessageHandlers(KeyActions):
         self.query_one(ProcessTable).show(frame)
         for table in self.query(GpuTable):
             table.show(frame)
+        if first_gpus:
+            self.fit_box()
         self.telemetry.add(frame)
         note = frame.source_note
         if not frame.gpus:
@@ -130,6 +133,7 @@ class MessageHandlers(KeyActions):
         self.recompose_budget()
         self.show_held()
         self.set_status()
+        self.fit_box()
 
     @on(GpusLooked)
     def _gpus_looked(self, message: GpusLooked) -> None:
@@ -171,6 +175,7 @@ class MessageHandlers(KeyActions):
             return
         self.checks = message.checks
         self.show_health(problem=message.problem)
+        self.fit_box()
 
     @on(BaselineSaved)
     def _baseline_saved(self, message: BaselineSaved) -> None:
@@ -205,6 +210,7 @@ class MessageHandlers(KeyActions):
     def _trace_status(self, message: TraceStatus) -> None:
         self.trace_note = message.text
         self.set_status()
+        self.fit_box()
 
     @on(TraceLoaded)
     def _trace_loaded(self, message: TraceLoaded) -> None:
@@ -241,7 +247,9 @@ class MessageHandlers(KeyActions):
 
     @on(TabbedContent.TabActivated)
     async def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        """The charts are built the first time their tab shows, and re-plotted each time it does."""
+        """The budget box fits the tab shown; the charts are built the first time their tab shows, and re-plotted
+        each time it does."""
+        self.fit_box()
         if event.pane.id != "charts":
             return
         curves = self.composer.curves
@@ -258,9 +266,11 @@ class MessageHandlers(KeyActions):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.apply_filter(event.value)
+        self.fit_box()
 
     @on(Input.Submitted, "#filter")
     def _filter_kept(self, event: Input.Submitted) -> None:
         if not event.value:
             event.input.remove_class("-shown")
         self.show_tab(self.query_one(TabbedContent).active)
+        self.fit_box()

@@ -16,10 +16,11 @@ from textual.app import App, ComposeResult
 from textual.containers import Container, Horizontal, Vertical
 from textual.geometry import Size
 from textual.widget import Widget
-from textual.widgets import Footer, Input, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Footer, Input, Static, TabbedContent, TabPane
 
 from decodetop.tui.launch import HEADLESS_HINT, MIN_COLUMNS, MIN_ROWS
 from decodetop.tui.sources import Sources
+from decodetop.tui.widgets import tiers
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
@@ -43,6 +44,8 @@ class Panel:
     """Selector (inside the pane) of the widget that takes focus when the tab is shown; "" leaves focus alone."""
     what: str = ""
     """What `?` says of its number key ("" says "<title> tab")."""
+    chrome_rows: int = 1
+    """Rows the pane shows besides its table's rows (a header, a summary line)."""
 
     @property
     def help(self) -> str:
@@ -72,8 +75,8 @@ def _chart_widgets(sources: Sources) -> Iterable[Widget]:
 PANELS: tuple[Panel, ...] = (
     Panel("probes", "Probes", _probe_widgets, "#probe-table", "probes tab"),
     Panel("gpus", "GPUs", _gpu_widgets, "#gpu-table", "GPUs tab"),
-    Panel("health", "Health", _health_widgets, "#health-table", "health tab"),
-    Panel("charts", "Charts", _chart_widgets, what="charts tab"),
+    Panel("health", "Health", _health_widgets, "#health-table", "health tab", chrome_rows=2),
+    Panel("charts", "Charts", _chart_widgets, what="charts tab", chrome_rows=0),
 )
 """The tabs, in order. Read at call time (a test may add one)."""
 
@@ -154,3 +157,65 @@ def fit_layout(app: App[int], size: Size) -> None:
         if too_small
         else ""
     )
+
+
+TALL_FROM_ROWS = WIDE_FROM[1]
+"""From this height the tab strip has its underline (two rows; one below, app.tcss)."""
+CHART_ROWS = 10
+"""Rows a tab without a table (the charts) claims, as a table claims its rows."""
+BOX_BORDER_ROWS = 2
+"""The budget box's border (top with its title, bottom); none when folded."""
+
+
+def _focused_table_rows(app: App[int]) -> tuple[int, int]:
+    """(rows its pane shows besides the table's rows, the table's rows) of the tab on screen."""
+    active = app.query_one(TabbedContent).active
+    panel = next((p for p in panels() if p.id == active), None)
+    if panel is None:
+        return 0, tiers.TABLE_FIRST_ROWS
+    pane = app.query_one(f"#{active}")
+    chrome = panel.chrome_rows + sum(
+        1 for note in pane.query(".gpu-note") if note.display and note.styles.display != "none"
+    )
+    if not panel.focus:
+        return chrome, CHART_ROWS
+    found = pane.query(panel.focus)
+    table = found.first() if found else None
+    return chrome, table.row_count if isinstance(table, DataTable) else tiers.TABLE_FIRST_ROWS
+
+
+def _rows_outside_box(app: App[int], size: Size) -> int:
+    """Status line and footer, the tab strip, the filter box when shown."""
+    rows = 2 + (2 if size.height >= TALL_FROM_ROWS else 1)
+    if app.query_one("#filter", Input).has_class("-shown"):
+        rows += 1
+    return rows
+
+
+def fit_budget_box(app: App[int], size: Size | None = None, *, folded: bool = False, note_rows: int = 0) -> None:
+    """Hand the screen's rows out by priority (`tui.widgets.tiers`): the verdict, the bar, the traced bar, the focused
+    table's first rows, the legend, the trace's gap, more table rows, the zoomed bar, the details; the table takes
+    what is left. Folded, the box is its one-line verdict. `note_rows`: the serving-time note's rows (first of all)."""
+    size = size or app.size
+    bar, traced = app.query_one(BudgetBar), app.query_one(TracedBar)
+    box = app.query_one("#budget-box")
+    box.set_class(folded, "-folded")
+    bar.folded = folded
+    if folded:
+        traced.max_lines = 0
+        return
+    width = max(10, size.width - BOX_BORDER_ROWS - 2)  # the border, the bars' padding
+    claims = [(tier, n, "budget") for tier, n in tiers.tier_counts(bar.tiered_lines(width)).items()]
+    if traced.display:
+        claims += [(tier, n, "traced") for tier, n in tiers.tier_counts(traced.tiered_lines(max(20, width))).items()]
+    chrome, rows = _focused_table_rows(app)
+    claims.append((tiers.TABLE_FIRST, chrome + min(rows, tiers.TABLE_FIRST_ROWS), "table"))
+    claims.append((tiers.TABLE_MORE, max(0, min(rows, tiers.TABLE_MORE_ROWS) - tiers.TABLE_FIRST_ROWS), "table"))
+    left = size.height - _rows_outside_box(app, size) - BOX_BORDER_ROWS - note_rows
+    given = {"budget": 0, "traced": 0, "table": 0}
+    for _tier, count, who in sorted(claims):
+        take = max(0, min(count, left))
+        given[who] += take
+        left -= take
+    bar.max_lines = max(1, given["budget"])
+    traced.max_lines = given["traced"]

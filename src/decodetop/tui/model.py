@@ -86,6 +86,11 @@ class BudgetSegment:
     """The same as a kind: measured_now, measured_earlier, estimate … (`decodetop.budget.compose.PROVENANCE_KINDS`)."""
 
     @property
+    def stored(self) -> bool:
+        """Measured in an earlier session (read back from the history): the legend marks it "↺"."""
+        return self.provenance_kind == "measured_earlier"
+
+    @property
     def estimated(self) -> bool:
         """True for a roofline estimate (drawn with its own fill, never marked as moved since the baseline)."""
         return self.status == "estimated"

@@ -58,6 +58,10 @@ class ProbeRunner:
         self.queue = ProbeQueue()
         self.running: str | None = None
         """The probe the worker runs now (None when idle)."""
+        self.generation = 0
+        """Counts scenario changes: a run started before the latest change is another scenario's result."""
+        self._started_in: dict[str, int] = {}
+        """The generation each run started in (probe thread writes, event loop reads)."""
 
     # -- the plan --------------------------------------------------------------------------------------------------
 
@@ -92,8 +96,13 @@ class ProbeRunner:
         return list(self.views.values())
 
     def forget_results(self) -> None:
-        """A new scenario (model, TP): no result of the old one feeds its budget."""
+        """A new scenario (model, TP): no result of the old one feeds its budget or shows in its rows (a run in
+        flight is cancelled, and its result, stored under the old scenario, never shows)."""
+        self.generation += 1
+        self.cancel_all()
         self.results = {}
+        for probe_id, view in list(self.views.items()):
+            self.update(ProbeView(probe_id=probe_id, title=view.title))
 
     # -- rows ------------------------------------------------------------------------------------------------------
 
@@ -161,6 +170,7 @@ class ProbeRunner:
             if probe_id is None:
                 continue
             self.running = probe_id
+            self._started_in[probe_id] = self.generation
             self.app.post_message(ProbeStarted(probe_id))
             try:
                 outcome = self._run_one(probe_id)
@@ -193,21 +203,30 @@ class ProbeRunner:
 
     # -- what the thread posted ------------------------------------------------------------------------------------
 
+    def _stale(self, probe_id: str) -> bool:
+        """Whether the run of `probe_id` started before the latest scenario change."""
+        return self._started_in.get(probe_id, self.generation) != self.generation
+
     def started(self, message: ProbeStarted) -> None:
         """A probe began: its row says running."""
         view = self.views.get(message.probe_id)
-        if view is not None:
+        if view is not None and not self._stale(message.probe_id):
             self.update(dataclasses.replace(view, state=ProbeState.RUNNING, progress=0.0, progress_note=""))
 
     def progressed(self, message: ProbeProgress) -> None:
         """The running probe's progress bar and note."""
         view = self.views.get(message.probe_id)
-        if view is not None and view.state is ProbeState.RUNNING:
+        if view is not None and view.state is ProbeState.RUNNING and not self._stale(message.probe_id):
             self.update(dataclasses.replace(view, progress=message.fraction, progress_note=message.note))
 
     def finished(self, message: ProbeFinished) -> bool:
         """A probe ended: its row shows the outcome (the last good value stays, with its age, under a failure).
         True when a good result came, which the budget composes from."""
+        if self._started_in.pop(message.probe_id, self.generation) != self.generation:
+            view = self.views.get(message.probe_id)  # started before the scenario changed: another scenario's figure
+            if view is not None and view.state is ProbeState.RUNNING:
+                self.update(ProbeView(probe_id=view.probe_id, title=view.title))
+            return False
         outcome = message.outcome
         old = self.views.get(message.probe_id)
         view = outcome.view

@@ -30,26 +30,29 @@ class StatusState:
 
 
 def status_text(state: StatusState) -> str:
-    """The parts that apply, joined by " · "."""
-    parts = [f"model {state.settings.model}"]
-    if state.settings.tp is not None:
-        parts.append(f"tp {state.settings.tp}")
+    """The parts that apply, joined by " · ", what changes first (the line ends in "…" where it is cut): the probe
+    running and the queue, why probes wait, the trace's and the server's last word, the latest notes, other
+    scenarios stored, NVML's cost per tick, then the model and TP (the budget box's title says them too)."""
+    parts = []
     if state.running_probe:
         parts.append(f"probing {state.running_probe}")
     if state.queued:
         parts.append(f"{state.queued} queued")
+    if state.held:
+        parts.append("GPUs in use: probes wait for R")
+    if state.trace_note:
+        parts.append(state.trace_note)
+    if state.server_note:
+        parts.append(state.server_note)
+    parts.extend(state.notes[-NOTES_SHOWN:])
+    if state.others:
+        parts.append(f"{others_summary(state.others)} (b)")
     frame = state.frame
     if frame is not None and not frame.gpus:
         parts.append("no GPU telemetry")
     elif frame is not None and frame.sample_ms is not None:
         parts.append(f"NVML {frame.sample_ms:.1f} ms/tick")
-    if state.held:
-        parts.append("GPUs in use: probes wait for R")
-    if state.others:
-        parts.append(f"{others_summary(state.others)} (b)")
-    if state.server_note:
-        parts.append(state.server_note)
-    if state.trace_note:
-        parts.append(state.trace_note)
-    parts.extend(state.notes[-NOTES_SHOWN:])
+    parts.append(f"model {state.settings.model}")
+    if state.settings.tp is not None:
+        parts.append(f"tp {state.settings.tp}")
     return " · ".join(parts)

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from decodetop import __version__
-from decodetop.budget.compose import Budget
+from decodetop.budget.compose import EXCEEDS_OBSERVED, Budget
 from decodetop.collectors.checks.result import CheckResult, Status, exit_code
 from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS, GpuSnapshot, TelemetrySnapshot
@@ -442,7 +442,8 @@ def _render_budget(budget: Budget, out: _Out) -> None:
     ).add([model, budget.deployment, budget.hardware_text, budget.device_kind, budget.header], 1)
     fam = out.gauge(
         "budget_segment_seconds",
-        "Per-step decode time of each component (one series each) and 'unexplained' (observed minus their sum). "
+        "Per-step decode time of each component (one series each) and 'unexplained' (observed minus their sum; "
+        f"negative: {EXCEEDS_OBSERVED} that much). "
         "status: measured, interpolated, estimated or missing (NaN: no figure); provenance: measured_now, "
         "measured_earlier, measured, estimate, not_applicable or missing.",
         ["model", "component", "status", "provenance"],

@@ -11,6 +11,10 @@ other cell, "·" between, dimmed), so also without colour; it keeps its "≈" in
 estimate moves with its assumptions, not with the host). Above the bar: the header that must not be missed (CPU
 ranks, an unreachable server), the observed step marked "assumed, not observed" when it is the default, and the
 roofline verdict in the CLI's words.
+
+Every line has a priority tier (`tui.widgets.tiers`): given fewer rows (`max_lines`, from the app's layout) the bar
+keeps the one-line verdict, then the bar, then the legend, then the rest; folded (`folded`) it is the verdict alone.
+Every number carries its unit ("1.20ms", "0–95.0ms", "Δ+0.61ms"), and every cut ends in an ellipsis.
 """
 
 from __future__ import annotations
@@ -27,9 +31,14 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from decodetop.budget.compose import EXCEEDS_OBSERVED
 from decodetop.history import format_age_coarse
+from decodetop.textfmt import format_ms as format_duration
+from decodetop.textfmt import format_number
 from decodetop.themes.palette import SEGMENT_KEYS, segment_pattern, segment_variable
 from decodetop.tui.model import BudgetSegment, BudgetView
+from decodetop.tui.widgets import tiers
+from decodetop.tui.widgets.tiers import TieredLines
 
 STALE_AFTER_S = 600.0
 """Values older than this (10 min) are drawn muted: the host may have changed since."""
@@ -57,6 +66,7 @@ SHORT_LABELS = {
     "lm_head": "lm_head",
     "launch": "launch",
     "unexplained": "unexplained",
+    "over_observed": "over obs.",
 }
 """Labels of at most COMPACT_LABEL_WIDTH characters: what a legend column too narrow for the whole label shows (a word
 the reader knows, not a cut one)."""
@@ -113,14 +123,34 @@ def format_ms(value_ms: float) -> str:
 
 
 def format_delta_ms(delta_ms: float, compact: bool = False) -> str:
-    """A signed change: "Δ+0.612 ms" ("Δ+0.61" compact: six characters, the width of the share it replaces)."""
+    """A signed change: "Δ+0.612 ms" ("Δ+0.61ms" compact: two decimals at most, the unit kept)."""
     sign = "-" if delta_ms < 0 else "+"
     size = abs(delta_ms)
     if not compact:
-        return f"Δ{sign}{format_ms(size)} ms"
+        return f"Δ{sign}{format_duration(size)}"
+    if size >= 1000:
+        return f"Δ{sign}{format_duration(size, space=False)}"
     if size >= 100:
-        return f"Δ{sign}{size:.0f}"
-    return f"Δ{sign}{size:.1f}" if size >= 10 else f"Δ{sign}{size:.2f}"
+        return f"Δ{sign}{size:.0f}ms"
+    return f"Δ{sign}{size:.1f}ms" if size >= 10 else f"Δ{sign}{size:.2f}ms"
+
+
+def ms_text(value_ms: float) -> str:
+    """A figure of the budget box with its unit, compact: "1.20ms", "0.412ms", "9.30µs", "12.4s"."""
+    return format_duration(value_ms, space=False)
+
+
+def short_ms_text(value_ms: float) -> str:
+    """A figure of the compact legend, six cells at most below 1000 ms: "1.20ms", "0.41ms", "79.0ms", "112ms",
+    "24.0µs" (below 0.1 ms), "12.4s"."""
+    size = abs(value_ms)
+    if 0 < size < 0.1:
+        return f"{format_number(value_ms * 1000)}µs"
+    if size >= 1000:
+        return ms_text(value_ms)
+    if size >= 100:
+        return f"{value_ms:.0f}ms"
+    return f"{value_ms:.1f}ms" if size >= 10 else f"{value_ms:.2f}ms"
 
 
 LEGEND_GAP = 2
@@ -231,6 +261,10 @@ class BudgetBar(Widget):
     """The wall-clock time ages are measured against (set by the app once a second)."""
     compact: reactive[bool] = reactive(False, layout=True)
     """Short legend (three columns, no ages: stale values are muted instead); the app sets it on short screens."""
+    max_lines: reactive[int | None] = reactive(None, layout=True)
+    """The rows the layout gives the bar (None: as many as it has); lines go by tier (`tui.widgets.tiers`)."""
+    folded: reactive[bool] = reactive(False, layout=True)
+    """Folded to its one-line verdict (the fold key)."""
 
     def _style(self, name: str) -> Style:
         """A component style, looked up once per render (the bar asks for one per cell); a name ending in
@@ -277,86 +311,148 @@ class BudgetBar(Widget):
     # -- drawing -------------------------------------------------------------------------------------------------
 
     def _lines(self, width: int) -> list[Text]:
+        """The lines that fit the rows given, lowest tiers first, in display order."""
+        if self.folded:
+            return [self._folded_line(width)]
+        return tiers.keep_lines(self.tiered_lines(width), self.max_lines, self._style("budget-bar--muted"))
+
+    def _folded_line(self, width: int) -> Text:
+        """The box's one line: the model and the verdict (the model left out where it would cut the verdict); a
+        warning that makes the figures moot comes first."""
         budget = self.budget
         if budget is None:
-            return [Text("composing the budget…", style=self._style("budget-bar--muted"))]
-        lines = [
-            Text(line[:width], style=self._style("budget-bar--header")) for line in budget.header.splitlines() if line
-        ]
-        lines += self._title_lines(budget, width)
-        if budget.ranks_text:
-            cut = budget.ranks_text if len(budget.ranks_text) <= width else budget.ranks_text[: width - 1] + "…"
-            lines.append(Text(cut, style=self._style("budget-bar--muted")))
-        for said in (budget.straggler, budget.contention):  # who else ran on the GPUs: before any figure is read
-            lines += [
-                Text(line, style=self._style("budget-bar--header")) for line in textwrap.wrap(said, max(20, width))
-            ]
+            return Text("composing the budget…", style=self._style("budget-bar--muted"))
+        if budget.warnings:
+            return _cut(Text(budget.warnings[0], style=self._style("budget-bar--warning")), width)
+        title = Text(f"{budget.title} · ", style=self._style("budget-bar--title"))
+        verdict = self._verdict_line(budget, width)
+        if self._verdict_line(budget, width - title.cell_len).plain == verdict.plain:
+            return title + verdict  # the model too, where it costs the verdict no word
+        return verdict
+
+    def tiered_lines(self, width: int) -> TieredLines:
+        """Every line the bar has at `width`, each with its tier, in display order."""
+        budget = self.budget
+        muted = self._style("budget-bar--muted")
+        if budget is None:
+            return [(tiers.VERDICT, Text("composing the budget…", style=muted))]
+        out: TieredLines = []
+        header = self._style("budget-bar--header")
+        out += [(tiers.VERDICT, _cut(Text(line, style=header), width)) for line in budget.header.splitlines() if line]
         for warning in budget.warnings:  # the deployment cannot load: no tuning verdict, the reason instead
-            lines += [
-                Text(line, style=self._style("budget-bar--warning")) for line in textwrap.wrap(warning, max(20, width))
+            out += [
+                (tiers.VERDICT, Text(line, style=self._style("budget-bar--warning"))) for line in _wrap(warning, width)
             ]
+        out.append((tiers.VERDICT, self._verdict_line(budget, width)))
+        out.append((tiers.DETAIL, self._detail_line(budget, width)))
+        if budget.ranks_text:
+            out.append((tiers.DETAIL, _cut(Text(budget.ranks_text, style=muted), width)))
+        for said in (budget.straggler, budget.contention):  # who else ran on the GPUs: before any figure is read
+            out += [(tiers.DETAIL, Text(line, style=header)) for line in _wrap(said, width) if said]
         if budget.verdict and not budget.warnings:
-            lines += [
-                Text(line, style=self._style("budget-bar--mark-roofline"))
-                for line in textwrap.wrap(budget.verdict, max(20, width))
-            ]
+            roof = self._style("budget-bar--mark-roofline")
+            out += [(tiers.DETAIL, Text(line, style=roof)) for line in _wrap(budget.verdict, width)]
         full_scale = max(budget.observed_ms, budget.explained_ms, budget.target_ms, budget.roofline_ms or 0.0)
         markers = self._markers(budget)
         label_width = 11
         bar_width = max(10, width - label_width)
-        lines.append(self._bar_line(budget, f"0–{format_ms(full_scale)} ms", label_width, bar_width, full_scale, True))
-        lines.append(self._marker_line(markers, label_width, bar_width, full_scale))
+        full_label = f"0–{ms_text(full_scale)}"
+        out.append((tiers.BAR, self._bar_line(budget, full_label, label_width, bar_width, full_scale, True)))
+        out.append((tiers.BAR, self._marker_line(markers, label_width, bar_width, full_scale)))
         zoom_scale = ZOOM_HEADROOM * max(budget.explained_ms, budget.target_ms, budget.roofline_ms or 0.0)
         if zoom_scale > 0 and full_scale >= ZOOM_WORTH_IT * zoom_scale:
-            zoom_label = f"zoom {format_ms(zoom_scale)}"
-            lines.append(self._bar_line(budget, zoom_label, label_width, bar_width, zoom_scale, False))
-            lines.append(self._marker_line(markers, label_width, bar_width, zoom_scale))
-        lines.extend(self._legend(budget, width))
-        for note in budget.note.splitlines():
-            cut = note if len(note) <= width else note[: width - 1] + "…"
-            lines.append(Text(cut, style=self._style("budget-bar--muted")))
-        return lines
+            zoom_label = f"0–{ms_text(zoom_scale)}"
+            out.append((tiers.ZOOM, self._bar_line(budget, zoom_label, label_width, bar_width, zoom_scale, False)))
+            out.append((tiers.ZOOM, self._marker_line(markers, label_width, bar_width, zoom_scale)))
+        out += [(tiers.LEGEND, line) for line in self._legend(budget, width)]
+        out.append((tiers.DETAIL, self._key_line(budget, width)))
+        out += [(tiers.DETAIL, _cut(Text(note, style=muted), width)) for note in budget.note.splitlines()]
+        return out
 
-    def _title_lines(self, budget: BudgetView, width: int) -> list[Text]:
-        observed = budget.observed_ms
-        unexplained = budget.unexplained_ms
-        share = 100.0 * unexplained / observed if observed > 0 else 0.0
-        text = Text()
-        text.append(budget.title, style=self._style("budget-bar--title"))
-        text.append("  explained ")
-        text.append(f"{format_ms(budget.explained_ms)} ms", style="bold")
-        over = budget.explained_ms - observed
+    def _verdict_line(self, budget: BudgetView, width: int) -> Text:
+        """Explained, unexplained, observed and target with their units, in the longest form that fits `width`."""
+        observed, explained = budget.observed_ms, budget.explained_ms
+        over = explained - observed
+        assumed = budget.observed_assumed
+        share = 100.0 * budget.unexplained_ms / observed if observed > 0 else 0.0
+        of = f"of the {'assumed ' if assumed else ''}observed step"
+        tps = f" ({1000.0 / budget.target_ms:.0f} tok/s)" if budget.target_ms > 0 else ""
+        styles = {
+            "explained": Style(bold=True),
+            "rest": self._style(_SEGMENT_CLASSES["unexplained"]),
+            "over": self._style("budget-bar--mark-observed"),
+            "observed": self._style("budget-bar--mark-observed"),
+            "assumed": self._style("budget-bar--assumed"),
+            "target": self._style("budget-bar--mark-target"),
+        }
+
+        def form(spaced: bool, rest: str, obs: tuple[str, str], target_note: str) -> Text:
+            """One wording: `obs` is the observed step's label and its note ("(assumed)"), `target_note` follows the
+            target ("(309 tok/s) · roofline 2.10 ms")."""
+            ms = format_duration if spaced else ms_text
+            text = Text()
+            text.append("explained ")
+            text.append(ms(explained), style=styles["explained"])
+            if rest:
+                text.append(" · ")
+                text.append(rest, style=styles["over" if over > 0 else "rest"])
+            text.append(" · ")
+            text.append(f"{obs[0]} ", style=styles["observed"])
+            text.append(ms(observed))
+            if obs[1]:
+                text.append(f" {obs[1]}", style=styles["assumed"])
+            text.append(" · ")
+            text.append("target ", style=styles["target"])
+            text.append(ms(budget.target_ms) + target_note)
+            return text
+
         if over > 0:
-            # the parts add up to more than the observed step (slower hardware than the server's, CPU ranks…)
-            text.append(" · exceeds observed by ")
-            text.append(f"{format_ms(over)} ms", style=self._style("budget-bar--mark-observed"))
+            rests = [f"{EXCEEDS_OBSERVED} {format_duration(over)}", f"exceeds observed by {ms_text(over)}"]
         else:
-            text.append(" · unexplained ")
-            text.append(
-                f"{format_ms(unexplained)} ms ({share:.0f}%)", style=self._style(_SEGMENT_CLASSES["unexplained"])
-            )
-        text.truncate(width, overflow="ellipsis")
-        second = Text()
-        text, first = second, text
-        text.append("observed ", style=self._style("budget-bar--mark-observed"))
-        text.append(f"{format_ms(observed)} ms")
-        if budget.observed_assumed:
-            text.append(" assumed, not observed", style=self._style("budget-bar--assumed"))
-        elif budget.observed_source == "trace":  # the engine's steps in the loaded trace: the traced bar's file
-            text.append(" in the trace", style=self._style("budget-bar--muted"))
-        text.append(" · target ", style=self._style("budget-bar--mark-target"))
-        text.append(f"{format_ms(budget.target_ms)} ms ({1000.0 / budget.target_ms:.0f} tok/s)")
+            left = budget.unexplained_ms
+            rests = [f"unexplained {format_duration(left)} ({share:.0f}% {of})", f"unexplained {ms_text(left)}"]
+        traced = budget.observed_source == "trace"  # the engine's steps in the loaded trace: the traced bar's file
+        long_obs = ("observed", "assumed, not observed" if assumed else "in the trace" if traced else "")
+        obs = ("observed", "(assumed)" if assumed else "in the trace" if traced else "")
+        short_obs = ("obs", "(assumed)" if assumed else "")
+        forms = [
+            form(True, rests[0], long_obs, tps),
+            form(True, rests[0], obs, tps),
+            form(False, rests[1], obs, tps),
+            form(False, rests[1], obs, ""),
+            form(False, "", obs, ""),
+            form(False, "", short_obs, ""),
+        ]
+        for text in forms:
+            if text.cell_len <= width:
+                return text
+        return _cut(forms[-1], width)
+
+    def _detail_line(self, budget: BudgetView, width: int) -> Text:
+        """Where the observed step came from, the roofline and how far the target is."""
+        text = Text()
         if budget.roofline_ms is not None:
-            text.append(" · roofline ", style=self._style("budget-bar--mark-roofline"))
-            text.append(f"{format_ms(budget.roofline_ms)} ms")
+            text.append("roofline ", style=self._style("budget-bar--mark-roofline"))
+            text.append(format_duration(budget.roofline_ms))
         elif budget.hardware_text:
-            text.append(" · roofline ", style=self._style("budget-bar--mark-roofline"))
+            text.append("roofline ", style=self._style("budget-bar--mark-roofline"))
             text.append(budget.hardware_text if budget.hardware_text.startswith("n/a") else "n/a")
-        gap = observed / budget.target_ms if budget.target_ms > 0 else 0.0
+        gap = budget.observed_ms / budget.target_ms if budget.target_ms > 0 else 0.0
         if gap > 1:
-            text.append(f" · {gap:.1f}× over target", style=self._style("budget-bar--muted"))
-        text.truncate(width, overflow="ellipsis")
-        return [first, text]
+            text.append(f"{' · ' if text else ''}{gap:.1f}× over target", style=self._style("budget-bar--muted"))
+        if budget.observed_text:
+            text.append(f"{' · ' if text else ''}step {budget.observed_text}", style=self._style("budget-bar--muted"))
+        return _cut(text, width)
+
+    def _key_line(self, budget: BudgetView, width: int) -> Text:
+        """What the legend's figures are: ms per decode step, % of the (assumed) observed step, and its marks."""
+        of = "the assumed observed step" if budget.observed_assumed else "the observed step"
+        text = Text(
+            f"ms per decode step · % of {of} · ~ interpolated · ≈ roofline estimate · ↺ from an earlier session"
+            " · Δ since the baseline",
+            style=self._style("budget-bar--muted"),
+        )
+        return _cut(text, width)
 
     def _markers(self, budget: BudgetView) -> list[_Marker]:
         markers = [
@@ -414,7 +510,7 @@ class BudgetBar(Widget):
             cells[col] = (marker.glyph, marker.style_class)
             placed.append((col, marker))
         for col, marker in placed:
-            for label in (f"{marker.label} {format_ms(marker.position_ms)}", marker.label, marker.label[0]):
+            for label in (f"{marker.label} {ms_text(marker.position_ms)}", marker.label, marker.label[0]):
                 start = self._label_start(cells, col, len(label))
                 if start is not None:
                     for offset, char in enumerate(label):
@@ -449,7 +545,12 @@ class BudgetBar(Widget):
                 missing.append(segment.label)
             else:
                 entries.append(self._legend_parts(budget, segment))
-        remainder = BudgetSegment(key="unexplained", label="unexplained", ms=budget.unexplained_ms, status="remainder")
+        over = budget.explained_ms - budget.observed_ms
+        remainder = (  # the parts exceed the observed step: by how much, never a clamped 0
+            BudgetSegment(key="over_observed", label="over observed", ms=over, status="remainder")
+            if over > 0
+            else BudgetSegment(key="unexplained", label="unexplained", ms=budget.unexplained_ms, status="remainder")
+        )
         entries.append(self._legend_parts(budget, remainder))
         narrowest = COMPACT_ENTRY_WIDTH if self.compact else LEGEND_ENTRY_WIDTH
         gap = COMPACT_GAP if self.compact else LEGEND_GAP
@@ -467,8 +568,7 @@ class BudgetBar(Widget):
                 if row < len(group):
                     line.append_text(self._legend_entry(group[row], column))
             line.rstrip()
-            line.truncate(width)
-            lines.append(line)
+            lines.append(_cut(line, width))
         if missing:
             text = Text("no figure yet: " + ", ".join(missing), style=self._style("budget-bar--missing"))
             text.truncate(width, overflow="ellipsis")
@@ -496,8 +596,9 @@ class BudgetBar(Widget):
         return [dataclasses.replace(c, label_cells=cells) for c, cells in zip(fixed, labels, strict=True)]
 
     def _legend_parts(self, budget: BudgetView, segment: BudgetSegment) -> LegendEntry:
-        """One segment's glyph, figure and tail: "0.500" then "ms  0.5% 10m" (compact: "≈0.500" then "0.5%"); a
-        component that moved since the baseline shows its signed change in place of the share and age."""
+        """One segment's glyph, figure and tail: "0.500ms" then "0.5% 10m" (compact: "≈0.500ms" then "0.5%"); a
+        figure from an earlier session ends in "↺"; a component that moved since the baseline shows its signed change
+        in place of the share and age."""
         cls = _SEGMENT_CLASSES.get(segment.key, _SEGMENT_CLASSES["unexplained"])
         glyph = UNEXPLAINED_GLYPH if segment.status == "remainder" else self._glyph(segment.key)
         share = 100.0 * segment.ms / budget.observed_ms if budget.observed_ms > 0 else 0.0
@@ -506,26 +607,25 @@ class BudgetBar(Widget):
         mark = STATUS_MARKS.get(segment.status, "")
         move = None if segment.estimated else budget.move(segment.key)  # an estimate keeps its ≈, never a Δ
         move_style = self._style(_MOVED_CLASSES[0] if move is not None and move.delta_ms > 0 else _MOVED_CLASSES[1])
+        stored = "↺" if segment.stored else ""
         tail = Text()
         if self.compact:
             if move is not None:  # the change since the baseline says more than the share (and the status mark)
-                value = Text(format_ms(segment.ms), style=value_style)
+                value = Text(short_ms_text(segment.ms), style=value_style)
                 tail.append(format_delta_ms(move.delta_ms, compact=True), style=move_style)
             else:
-                value = Text(mark + format_ms(segment.ms), style=value_style)
+                value = Text(mark + short_ms_text(segment.ms), style=value_style)
                 pct = f"{share:.1f}%" if share < 10 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">1k%"
-                tail.append(f"{pct:>4}", style=value_style)
+                tail.append(f"{pct:>4}{stored}", style=value_style)
             return LegendEntry(segment, Text(glyph, style=self._style(cls)), value, tail)
-        value = Text(format_ms(segment.ms), style=value_style)
-        tail.append("ms", style=value_style)
+        value = Text(ms_text(segment.ms), style=value_style)
         if move is not None:  # "Δ+0.612 ms" over the share and the age: what changed since the baseline
-            tail.append(" ")
             tail.append(format_delta_ms(move.delta_ms), style=move_style)
         else:
             pct = f"{share:.1f}%" if share < 100 else f"{share:.0f}%" if share < MAX_SHARE_PCT else ">999%"
-            tail.append(f" {pct:>5}", style=value_style)
+            tail.append(f"{pct:>5}", style=value_style)
             age = format_age_coarse(self.now_s - segment.measured_at_s) if segment.measured_at_s is not None else ""
-            age = mark + age  # "~" interpolated between measured points, "≈" a roofline estimate
+            age = mark + age + stored  # "~" interpolated between measured points, "≈" a roofline estimate
             if age:
                 tail.append(f" {age}", style=self._style("budget-bar--muted"))
         return LegendEntry(segment, Text(glyph, style=self._style(cls)), value, tail)
@@ -554,3 +654,16 @@ class BudgetBar(Widget):
         width = max(10, self.content_region.width or self.size.width)
         height = len(self._lines(width))
         self.refresh(layout=height != self.content_region.height)
+
+
+def _cut(text: Text, width: int) -> Text:
+    """`text` cut to `width` cells, ending in an ellipsis where it was longer."""
+    if text.cell_len > width:
+        text = text.copy()
+        text.truncate(width, overflow="ellipsis")
+    return text
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` wrapped to `width` (at least 20) columns."""
+    return textwrap.wrap(text, max(20, width))

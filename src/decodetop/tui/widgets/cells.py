@@ -14,6 +14,13 @@ def ago(age_s: float) -> str:
     return format_ago(age_s)
 
 
+def cut_with_ellipsis(text: Text) -> Text:
+    """`text` drawn on one line, ending in "…" where its column is narrower (DataTable cuts it silently otherwise)."""
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
 class CellCache:
     """The last text written to each (row, column) of one table."""
 
@@ -22,7 +29,8 @@ class CellCache:
 
     def set(self, table: DataTable[Text], row: str, col: str, text: Text, *, fixed_width: bool = False) -> bool:
         """Write `text` if it differs from what the cell shows; returns True if it wrote. With `fixed_width` the
-        column is never re-measured (no layout pass at all)."""
+        column is never re-measured (no layout pass at all). A cell wider than its column ends in "…"."""
+        cut_with_ellipsis(text)
         old = self._cells.get((row, col))
         if old is not None and old.plain == text.plain and old.spans == text.spans and old.style == text.style:
             return False
@@ -32,7 +40,8 @@ class CellCache:
         return True
 
     def remember(self, row: str, col: str, text: Text) -> None:
-        """Record a cell written by `add_row`."""
+        """Record a cell written by `add_row` (drawn with an ellipsis where it is cut, as `set` does)."""
+        cut_with_ellipsis(text)
         self._cells[(row, col)] = text
 
     def forget_row(self, row: str) -> None:

@@ -32,6 +32,8 @@ SCROLLBAR_CELLS = 2
 VALUE_MIN = 12
 """The value column never gets narrower than this (beside the side panels the tab is ~68 columns wide), so the age
 column stays in view."""
+NARROW_MIN = {"probe": 12, "state": 10}
+"""Where even that leaves no room (60 columns), the probe and state columns give way down to these (cut with "…")."""
 
 
 def probe_matches(view: ProbeView, text: str) -> bool:
@@ -48,6 +50,10 @@ def column_widths(table_width: int, probe_width: int = COLUMN_WIDTHS["probe"]) -
     widths["probe"] = min(COLUMN_WIDTHS["probe"], max(len("probe"), probe_width))
     others = sum(w for k, w in widths.items() if k != "value")
     room = table_width - others - 2 * CELL_PADDING * len(COLUMN_WIDTHS) - SCROLLBAR_CELLS
+    for key, least in NARROW_MIN.items():  # a narrow pane: the title and state give way before the value
+        give = max(0, min(VALUE_MIN - room, widths[key] - least))
+        widths[key] -= give
+        room += give
     widths["value"] = max(VALUE_MIN, room)
     return widths
 

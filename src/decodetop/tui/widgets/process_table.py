@@ -9,6 +9,7 @@ from textual.widgets import DataTable
 
 from decodetop.textfmt import format_bytes
 from decodetop.tui.model import GpuProcessView, GpuView, TelemetryFrame
+from decodetop.tui.widgets.cells import cut_with_ellipsis
 from decodetop.tui.widgets.gpu_table import matches
 
 COLUMNS = (("gpu", "GPU", 3), ("pid", "pid", 8), ("user", "user", 10), ("mem", "GPU mem", 9), ("sm", "SM%", 4))
@@ -103,5 +104,5 @@ class ProcessTable(DataTable[Text]):
             return
         self.clear()
         for gpu_pid, cells in zip(process_rows(frame, self.filter_text), rows, strict=True):
-            self.add_row(*(Text(c) for c in cells), key=f"pid-{gpu_pid[0].index}-{gpu_pid[1].pid}")
+            self.add_row(*(cut_with_ellipsis(Text(c)) for c in cells), key=f"pid-{gpu_pid[0].index}-{gpu_pid[1].pid}")
         self._shown = rows

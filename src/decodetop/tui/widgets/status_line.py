@@ -21,5 +21,9 @@ class StatusLine(Widget):
     """What the line says (cut at the width)."""
 
     def render(self) -> Text:
-        """The text, without wrapping."""
-        return Text(inert(self.text), no_wrap=True, overflow="ellipsis")  # server and file text: controls marked
+        """The text on one line, ending in "…" where it is cut (server and file text: controls marked)."""
+        text = Text(inert(self.text), no_wrap=True, overflow="ellipsis")
+        width = self.content_region.width
+        if width and text.cell_len > width:
+            text.truncate(width, overflow="ellipsis")
+        return text

@@ -37,7 +37,10 @@ from decodetop.traces.trace_report import LAUNCH_KEY
 from decodetop.traces.traced import COPIES_KEY, OTHER_KEY, TracedSegment, TracedView, traced_view
 from decodetop.tui.model import BudgetView
 from decodetop.tui.trace_source import TraceLoad, TraceOptions, capture_and_load, layers_of, load, mismatch_of
+from decodetop.tui.widgets import tiers
 from decodetop.tui.widgets.budget_bar import SHORT_LABELS as BUDGET_SHORT_LABELS
+from decodetop.tui.widgets.budget_bar import short_ms_text
+from decodetop.tui.widgets.tiers import TieredLines
 
 T = TypeVar("T")
 
@@ -109,14 +112,6 @@ class OpenTraceKernels(Message):
     trace_path: str
 
 
-def _ms(value: float) -> str:
-    if value <= 0:
-        return "0"
-    if value >= 100:
-        return f"{value:.0f}"
-    return f"{value:.{min(3, max(0, 2 - math.floor(math.log10(value))))}f}"
-
-
 def _watched(run: Callable[[Callable[[], bool]], T]) -> T | None:
     """Run `run(cancelled)` on a daemon thread and wait for it from the calling worker; None once the worker is
     cancelled (the daemon thread is left to finish or time out on its own, so quitting never waits for it)."""
@@ -173,6 +168,8 @@ class TracedBar(Widget, can_focus=True):
     compact: reactive[bool] = reactive(False, layout=True)
     now_s: reactive[float] = reactive(0.0)
     selected: reactive[int] = reactive(0)
+    max_lines: reactive[int | None] = reactive(None, layout=True)
+    """The rows the layout gives the bar (None: as many as it has; 0: none, as when the budget box is folded)."""
 
     def __init__(self, options: TraceOptions | None = None, *, id: str | None = None) -> None:
         super().__init__(id=id)
@@ -350,9 +347,16 @@ class TracedBar(Widget, can_focus=True):
         return scale if scale > 0 else 1.0
 
     def _lines(self, width: int) -> list[Text]:
+        """The lines that fit the rows given, lowest tiers first, in display order."""
+        return tiers.keep_lines(self.tiered_lines(width), self.max_lines, self._style("traced-bar--muted"))
+
+    def tiered_lines(self, width: int) -> TieredLines:
+        """Every line the bar has at `width`, each with its tier (`tui.widgets.tiers`), in display order."""
         view, loaded = self.view, self.load
         if view is None or loaded is None:
-            return [Text("no trace: press c to capture from --server, or start with --trace FILE", style="dim")]
+            note = Text("no trace: press c to capture from --server, or start with --trace FILE", style="dim")
+            note.truncate(width, overflow="ellipsis")
+            return [(tiers.TRACE_BAR, note)]
         compact = self.compact or self.app.size.height < COMPACT_BELOW_ROWS
         title = Text()
         title.append(view.header(), style=self._style("traced-bar--title"))
@@ -362,29 +366,31 @@ class TracedBar(Widget, can_focus=True):
         if not compact:
             title.append(f" · legend: {view.budget_source}/traced ms", style=self._style("traced-bar--muted"))
         title.truncate(width, overflow="ellipsis")
-        lines = [title]
+        lines: TieredLines = [(tiers.TRACE_GAP, title)]
         if view.mismatch:  # the one line that says the trace is not of this model or deployment
             mismatch = Text(view.mismatch, style=self._style("traced-bar--mismatch"))
-            lines.extend(mismatch.wrap(self.app.console, width)[: GAP_LINES[compact]])
-        lines.append(self._bar_line(view, width))
+            lines.extend(
+                (tiers.TRACE_GAP, line) for line in mismatch.wrap(self.app.console, width)[: GAP_LINES[compact]]
+            )
+        lines.append((tiers.TRACE_BAR, self._bar_line(view, width)))
         gap = Text(f"largest gap: {view.gap_text}" if view.gap_text else "", style=self._style("traced-bar--gap"))
         if not compact:
-            lines.extend(self._legend(view, width))
+            lines.extend((tiers.TRACE_DETAIL, line) for line in self._legend(view, width))
         if view.gap_text:
             wrapped = list(gap.wrap(self.app.console, width))
             if len(wrapped) > GAP_LINES[compact]:
                 wrapped = wrapped[: GAP_LINES[compact]]
                 wrapped[-1].truncate(width - 1)
                 wrapped[-1].append("…")
-            lines.extend(wrapped)
+            lines.extend((tiers.TRACE_GAP, line) for line in wrapped)
         if view.ranks_text:
             ranks = Text(view.ranks_text, style=self._style("traced-bar--muted"))
             ranks.truncate(width, overflow="ellipsis")
-            lines.append(ranks)
+            lines.append((tiers.TRACE_DETAIL, ranks))
         if not compact:
             how = Text(view.attribution_text, style=self._style("traced-bar--muted"))
             how.truncate(width, overflow="ellipsis")
-            lines.append(how)
+            lines.append((tiers.TRACE_DETAIL, how))
         return lines
 
     def _bar_line(self, view: TracedView, width: int) -> Text:
@@ -432,7 +438,8 @@ class TracedBar(Widget, can_focus=True):
         text = Text()
         text.append(_GLYPHS.get(seg.key, "█"), style=self._style(cls))
         label = SHORT_LABELS.get(seg.key) or short_name(seg.label, 14)
-        figures = f"{'-' if seg.probed_ms is None else _ms(seg.probed_ms)}/{_ms(seg.traced_ms)}"
+        probed = "–" if seg.probed_ms is None else short_ms_text(seg.probed_ms)
+        figures = f"{probed}/{short_ms_text(seg.traced_ms)}"  # probed/traced, each with its unit
         body = f" {label[: width - len(figures) - 3]:<{width - len(figures) - 3}}{figures} "
         selected = index == self.selected and self.has_focus
         text.append(body, style=self._style("traced-bar--selected") if selected else "")
