@@ -42,12 +42,23 @@ class _OneLineErrorParser(argparse.ArgumentParser):
     """Flag → the commands that take it (set on the top parser by `build_parser`): a flag given where it does not
     belong is said with where it does."""
 
+    given: Sequence[str] = ()
+    """The arguments being parsed (the top parser's): a flag of a subcommand given before any subcommand takes its
+    value for the command name (`decodetop --rounds 3`), and the error says where the flag belongs instead."""
+
     def error(self, message: str) -> NoReturn:
         """Print ``decodetop: error: --flag: <problem> (see <prog> --help)`` and exit 2, without the usage block."""
+        if "COMMAND: invalid choice" in message:
+            foreign = [
+                a for a in self.given if a.startswith("--") and a.split("=", 1)[0] not in self._option_string_actions
+            ]
+            if foreign and self.flag_homes is not None:
+                message = self._misplaced(foreign, None)
         self.exit(2, f"decodetop: error: {message.removeprefix('argument ')} (see {self.prog} --help)\n")
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # type: ignore[override]
         """`parse_known_args`, then one line for what is left over: a flag of another command says which."""
+        self.given = list(sys.argv[1:] if args is None else args)
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             self.error(self._misplaced(extras, getattr(parsed, "command", None)))

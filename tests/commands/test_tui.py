@@ -101,3 +101,21 @@ def test_flags_override_the_settings_file(tmp_path: Path, monkeypatch: pytest.Mo
         "decodetop-contrast",
     )
     assert seen["path"] == path and seen["save_theme"] is True and seen["closed"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--timeout", "3"], "--timeout is a flag of decodetop probe, decodetop trace, not of decodetop (the live UI)"),
+        (["--tick", "1", "--set", "x=1"], "--set is a flag of decodetop probe"),
+    ],
+)
+def test_a_headless_flag_with_a_value_says_where_it_belongs(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its value used to be read as the command's name: "COMMAND: invalid choice: '3'"."""
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "invalid choice" not in err[0]
