@@ -1,5 +1,6 @@
-"""The Charts tab at 120×40 over the fake NVML: the H200 recording replicated to 8 GPUs, sampled for twelve ticks,
-drawn as per-GPU history (utilisation, memory, SM clock, PCIe, power, temperature)."""
+"""The Charts tab maximised at 120×64 over the fake NVML: the H200 recording replicated to 8 GPUs, sampled for twelve
+ticks, drawn as per-GPU history (utilisation, memory, SM clock, PCIe, power, temperature), beneath the probe curves
+and the observed step and the components over time."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def test_snapshot_charts_with_fake_nvml_history(snap_compare: Callable[..., bool
             await wait_until(pilot, lambda frame=frame: app.last_frame is frame, "the tick shown")
         await pilot.press("4")
         await wait_until(pilot, lambda: _charts_drawn(app), "charts with twelve ticks on every GPU")
+        await pilot.press("z")  # the charts maximised: four rows of plots, the GPUs' history among them
         await pilot.pause()
 
-    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+    assert snap_compare(app, terminal_size=(120, 64), run_before=run_before)

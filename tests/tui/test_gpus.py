@@ -20,7 +20,7 @@ from decodetop.tui.app import DecodetopApp
 from decodetop.tui.messages import TelemetryReady
 from decodetop.tui.screens.gpu_details import GpuDetailScreen, gpu_detail_text
 from decodetop.tui.screens.tp_picker import TpPickerScreen, tp_options
-from decodetop.tui.sources.telemetry_views import telemetry_frame
+from decodetop.tui.sources.telemetry_views import ProcessInfo, telemetry_frame
 from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable, fit_columns, sparkline
 from decodetop.tui.widgets.probe_table import ProbeTable, column_widths
@@ -31,11 +31,14 @@ from .fakes import FakeTelemetry, eight_gpu_frame, make_sources
 
 SIZES = [(80, 24), (120, 40), (200, 50)]
 UTIL_HISTORY = (0.0, 10.0, 40.0, 90.0, 100.0, 60.0, 20.0)
+TICK_S = 90.0
+"""The history's ticks are 90 s apart: seven span nine minutes of the ten the sparklines show."""
 
 
 def _history_frames() -> list[object]:
     """GPU 0's utilisation over seven ticks, the last one with the processes."""
-    frames = [eight_gpu_frame(1_800_000_000.0 - len(UTIL_HISTORY) + i, util=u) for i, u in enumerate(UTIL_HISTORY)]
+    n = len(UTIL_HISTORY)
+    frames = [eight_gpu_frame(1_800_000_000.0 - TICK_S * (n - 1 - i), util=u) for i, u in enumerate(UTIL_HISTORY)]
     last = eight_gpu_frame(processes=True, util=UTIL_HISTORY[-1])
     return [*frames[:-1], last]
 
@@ -101,7 +104,7 @@ def test_fake_nvml_processes_and_distinct_bus_ids_reach_the_frame() -> None:
     # a recording's pids belong to another host: never looked up here
     assert {p.command for p in procs} == {"(recorded on another host)"}
     live = telemetry_frame(
-        dataclasses.replace(snapshot, source="nvml"), lambda pid: ("alice", f"python serve.py {pid}")
+        dataclasses.replace(snapshot, source="nvml"), lambda pid: ProcessInfo("alice", f"python serve.py {pid}")
     )
     first = live.gpus[0].processes
     assert first is not None and first[0].user == "alice" and first[0].command.startswith("python serve.py")
@@ -111,7 +114,8 @@ def test_process_rows_largest_memory_first_and_filtered() -> None:
     frame = eight_gpu_frame(processes=True)
     rows = process_rows(frame)
     assert [p.pid for _, p in rows] == [4242, 4243, 5150, 5151]
-    assert [p.user for _, p in process_rows(frame, "alice")] == ["alice", "bob"]  # GPU 2 matches: its processes
+    assert [p.user for _, p in process_rows(frame, "alice")] == ["alice"]  # the process matches, as nvitop filters
+    assert [p.user for _, p in process_rows(frame, "02:06")] == ["alice", "bob"]  # GPU 2's bus: all its processes
 
 
 def test_gpu_detail_text_has_clocks_throttle_history_pcie_nvlink_and_processes() -> None:
@@ -147,7 +151,9 @@ async def test_process_list_and_sparklines_on_the_gpus_tab() -> None:
         assert str(procs.get_cell("pid-0-4242", "sm")) == "71%"
         assert str(procs.get_cell("pid-2-5151", "sm")) == "–"  # no SM figure from NVML: said, not invented
         table = app.query_one("#gpu-table", GpuTable)
-        assert str(table.get_cell("gpu-0", "util_hist")) == sparkline(list(UTIL_HISTORY), 100.0)
+        # nine slices of 67 s over the last ten minutes: a space where no tick fell, 0 % ▁ … 100 % █
+        assert str(table.get_cell("gpu-0", "util_hist")) == "▁ ▂▄▇ █▅▂"
+        assert str(table.get_cell("gpu-0", "util_bar")) == "█    "  # 20 % of five cells
         assert str(table.get_cell("gpu-0", "bus")) == "00:06.0"
         assert str(table.get_cell("gpu-7", "bus")) == "07:06.0"
 
@@ -166,7 +172,7 @@ async def test_sort_by_utilisation_then_filter_then_clear() -> None:
         await pilot.press(*"alice")
         await pilot.pause()
         assert [str(k.value) for k in table.rows] == ["gpu-2"]
-        assert [str(k.value) for k in app.query_one(ProcessTable).rows] == ["pid-2-5150", "pid-2-5151"]
+        assert [str(k.value) for k in app.query_one(ProcessTable).rows] == ["pid-2-5150"]  # alice's alone
         assert app.query_one(ProbeTable).row_count == 0  # no probe mentions alice
         await pilot.press("escape")
         await pilot.pause()

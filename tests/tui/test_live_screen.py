@@ -3,6 +3,7 @@ the app with a non-zero exit and one line, and the faults found in a quarter tmu
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from textual.widgets import TabbedContent
 from decodetop.settings import Settings
 from decodetop.themes import THEME_NAMES
 from decodetop.tui.app import DecodetopApp
+from decodetop.tui.messages import TelemetryReady
 from decodetop.tui.model import ProbeState
 from decodetop.tui.probe_group import GroupInfo
 from decodetop.tui.screens.budget_details import BudgetDetailsScreen
@@ -261,3 +263,129 @@ def test_readme_and_question_mark_list_every_key() -> None:
         assert key in shown, key
         assert key in readme, key
     assert {"f", "z", "↺", "ctrl+p"} <= shown and {"f", "z", "ctrl+p"} <= readme
+
+
+def test_gpu_history_spans_ten_minutes_downsampled() -> None:
+    from decodetop.tui.widgets.telemetry_history import HISTORY_POINTS, TelemetryHistory
+
+    trend = TelemetryHistory()
+    for second in range(1800):  # half an hour of 1 s ticks
+        trend.add(eight_gpu_frame(NOW_S - 1800 + second, util=float(second % 100)))
+    ring = trend.series["util"][0]
+    points = ring.points()
+    assert len(points) <= HISTORY_POINTS
+    assert NOW_S - points[0][0] >= 20 * 60  # more than the ten minutes the screen shows
+    cells = trend.means("util", 0, NOW_S, 600.0, 9)
+    assert all(c is not None for c in cells)  # every slice of the last ten minutes has a value
+
+
+async def test_gpu_table_has_bars_ten_minute_sparklines_and_a_reversible_sort() -> None:
+    frames = [eight_gpu_frame(NOW_S - 600 + 60 * k, processes=True, util=10.0 * k) for k in range(11)]
+    app = make_app(make_sources(telemetry=FakeTelemetry([])))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("2")
+        table = app.query_one("#gpu-table", GpuTable)
+        for frame in frames:  # one tick at a time (a newer frame still queued would replace it)
+            app.post_message(TelemetryReady(frame))
+            await wait_until(pilot, lambda f=frame: table.frame is f, "the tick shown")
+        assert str(table.get_cell("gpu-0", "util_bar")).startswith("█████")  # 100 %
+        assert str(table.get_cell("gpu-1", "mem_bar")).startswith("████")  # 118 of 141 GiB
+        spark = str(table.get_cell("gpu-0", "util_hist"))
+        assert spark[0] != " " and spark[0] != spark[-1]  # ten minutes, from 0 % to 100 %
+        await pilot.press("o")  # by utilisation, largest first: ▼
+        await wait_until(pilot, lambda: table.sort_key == "util", "sorted by util")
+        assert "▼" in str(table.columns["util"].label)  # type: ignore[index]
+        await pilot.press("O")
+        await wait_until(pilot, lambda: table.sort_reverse, "reversed")
+        assert "▲" in str(table.columns["util"].label)  # type: ignore[index]
+        assert next(str(k.value) for k in table.rows) != "gpu-0"  # smallest first now
+
+
+async def test_process_list_at_nvitops_level_sortable_and_filterable() -> None:
+    from decodetop.tui.model import GpuProcessView
+
+    frame = eight_gpu_frame(processes=True)
+    gpus = list(frame.gpus)
+    gpus[2] = dataclasses.replace(
+        gpus[2],
+        processes=(
+            GpuProcessView(5150, 3 * 2**30, "compute", "alice", "python train.py", 4.0, 180.0, 6 * 2**30, NOW_S - 7200),
+            GpuProcessView(5151, 2**29, "compute", "bob", "jupyter-lab", None, 2.0, 2**28, NOW_S - 90),
+        ),
+    )
+    frame = dataclasses.replace(frame, gpus=tuple(gpus))
+    app = make_app(make_sources(telemetry=FakeTelemetry([frame])))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.press("2")
+        procs = app.query_one(ProcessTable)
+        await wait_until(pilot, lambda: procs.row_count == 4, "four processes")
+        labels = [str(c.label).rstrip("▼▲") for c in procs.columns.values()]
+        assert {"GPU", "pid", "user", "GPU mem", "CPU%", "command"} <= set(labels)  # a 68-column pane: by priority
+        await pilot.press("z")  # maximised: the whole width, every column
+        await wait_until(pilot, lambda: "rss" in procs.columns, "every column")
+        labels = [str(c.label) for c in procs.columns.values()]
+        assert {"SM%", "CPU%", "RSS", "time", "user", "command"} <= {label.rstrip("▼▲") for label in labels}
+        assert str(procs.get_cell("pid-2-5150", "cpu")) == "180%"
+        assert str(procs.get_cell("pid-2-5150", "rss")) == "6 GiB"
+        assert str(procs.get_cell("pid-2-5150", "elapsed")) == "2h"
+        assert "GPU mem▼" in labels  # largest GPU memory first, said in the header
+        procs.focus()
+        for _ in range(5):  # mem → gpu → pid → user → sm → cpu
+            await pilot.press("o")
+        await wait_until(pilot, lambda: procs.sort_key == "cpu", "sorted by CPU")
+        assert next(str(k.value) for k in procs.rows) == "pid-2-5150"  # 180 % first
+        await pilot.press("O")
+        await wait_until(pilot, lambda: procs.sort_reverse, "reversed")
+        assert "CPU%▲" in [str(c.label) for c in procs.columns.values()]
+        await pilot.press("slash", *"bob", "enter")
+        await wait_until(pilot, lambda: procs.row_count == 1, "only bob's process")
+        assert [str(k.value) for k in procs.rows] == ["pid-2-5151"]
+
+
+def test_the_host_names_its_own_process_with_cpu_rss_and_start() -> None:
+    import os
+    import time
+
+    from decodetop.tui.sources.telemetry_views import LocalProcesses
+
+    processes = LocalProcesses()
+    first = processes(os.getpid())
+    assert first.cpu_pct is None  # one reading: no share yet
+    assert first.rss_bytes and first.rss_bytes > 0 and first.started_at_s is not None
+    assert first.started_at_s <= time.time() and first.command
+    sum(i * i for i in range(200_000))  # some CPU time between the two ticks
+    second = processes(os.getpid())
+    assert second.cpu_pct is not None and second.cpu_pct >= 0
+    assert processes(2**22 + 12345).command == "(exited)"  # no such pid
+
+
+async def test_charts_that_do_not_mislead(tmp_path: Path) -> None:
+    from decodetop.history import History
+    from decodetop.tui.widgets.charts import Charts
+
+    frames = [eight_gpu_frame(NOW_S - 60 + t, util=99.0 + (t % 2)) for t in range(60)]  # 99–100 % noise
+    history = History(tmp_path / "history.jsonl", clock=lambda: NOW_S)
+    app = make_app(make_sources(telemetry=FakeTelemetry(frames), run_probes=True, history=history))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_until(pilot, lambda: "allreduce" in app.results and app.budget_settled, "probes and budget")
+        await pilot.press("s")
+        await wait_until(pilot, lambda: app.baseline is not None, "baseline")
+        await pilot.press("4")
+        await wait_until(pilot, lambda: bool(list(app.query(Charts))), "charts")
+        await pilot.pause(0.3)
+        charts = app.query_one(Charts)
+        charts.replot()
+        util = charts.query_one("#chart-util")
+        util_text = util.render().plain  # type: ignore[union-attr]
+        assert "100┤" in util_text and " 0┤" in util_text and " 50┤" in util_text  # 0–100: noise stays flat
+        assert "GPU0" not in util_text and "GPU0" in str(util.border_subtitle)  # the legend is under the curves
+        assert "minutes ago" in util_text and "%" in util_text  # axis names with their units
+        gemm = charts.query_one("#chart-gemm").render().plain  # type: ignore[union-attr]
+        assert "M (rows)" in gemm and "GB/s" in gemm
+        assert re.search(r"\b1\s+2\s+4\s+8\s+16\b", gemm) and not re.search(r"\d\.\d", gemm.split("┘")[-1])
+        step = charts.query_one("#chart-step").render().plain  # type: ignore[union-attr]
+        assert "tok/s" in step and "minutes ago" in step
+        components = charts.query_one("#chart-components")
+        assert "minutes since the baseline" in components.render().plain  # type: ignore[union-attr]
+        assert "attention" in str(components.border_subtitle)
+        assert charts.budgets.baseline_at_s == app.baseline.recorded_at_s  # type: ignore[union-attr]

@@ -35,6 +35,7 @@ from decodetop.tui.sources import Sources
 from decodetop.tui.status import StatusState, status_text
 from decodetop.tui.stored_results import StoredResults
 from decodetop.tui.widgets.budget_bar import BudgetBar
+from decodetop.tui.widgets.budget_history import BudgetHistory
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
 from decodetop.tui.widgets.status_line import StatusLine
@@ -82,6 +83,8 @@ class AppBase(App[int]):
         """The first exception nothing handled: its log, and the one line `decodetop` ends with (tui/crash.py)."""
         self.checks: list[CheckResult] = []
         self.telemetry = TelemetryHistory()
+        self.budgets = BudgetHistory()
+        """The observed step and each component over time (the charts)."""
         self.last_frame: TelemetryFrame | None = None
         self.closing = False
         self.status_notes: list[str] = list(sources.notes)
@@ -250,6 +253,11 @@ class AppBase(App[int]):
         if self.charts is not None and self.query_one(TabbedContent).active == "charts":
             return self.charts
         return None
+
+    def telemetry_now(self) -> float:
+        """The newest telemetry frame's time (a replay's frames keep theirs), else the clock: where the GPU history
+        ends."""
+        return self.last_frame.taken_at_s if self.last_frame is not None else self.now()
 
     # -- checks ------------------------------------------------------------------------------------------------
 

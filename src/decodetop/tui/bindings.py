@@ -50,6 +50,7 @@ BINDINGS: list[BindingType] = [
     Binding("z", "maximise", "zoom table", show=False),
     *(Binding(str(n), f"show_panel({n})", f"tab {n}", show=False) for n in range(1, layout.MAX_PANELS + 1)),
     Binding("o", "cycle_sort", "sort", show=False),
+    Binding("O", "reverse_sort", "reverse sort", key_display="O", show=False),
     Binding("slash", "filter", "filter", key_display="/", show=False),
 ]
 """Every key of the main screen (number keys switch to the panel in that place)."""
@@ -70,7 +71,9 @@ HELP_TEXT = {
     "capture_trace": "capture a profiler trace of a few decode steps from --server: the traced bar (enter: kernels)",
     "pick_tp": "choose the tensor-parallel degree for this session: the plan and the budget follow (not saved: --tp "
     "or settings.toml keeps one)",
-    "cycle_sort": "sort the GPU table: by GPU, utilisation, memory, power, temperature (or click a header)",
+    "cycle_sort": "sort the GPU table (GPU, utilisation, memory, power, temperature) or, focused, the process list "
+    "(GPU memory, GPU, pid, user, SM %, CPU %, RSS, time); a header click sorts too, ▼/▲ shows how",
+    "reverse_sort": "the same sort the other way round (a second click on the header does it too)",
     "filter": "filter the probe, GPU, process and health tables (enter keeps it, escape clears it)",
     "fold_budget": "fold the budget box to its one-line verdict (again: unfold)",
     "maximise": "maximise the tab on screen to the whole terminal, its table first (again or escape: back)",
@@ -107,7 +110,8 @@ PALETTE_TITLES = {
     "fold_budget": "Fold the budget box",
     "maximise": "Maximise the tab",
     "filter": "Filter the tables",
-    "cycle_sort": "Sort the GPU table",
+    "cycle_sort": "Sort the GPU table or the process list",
+    "reverse_sort": "Reverse the sort",
     "capture_trace": "Capture a trace",
     "help": "Keys",
     "quit": "Quit",
@@ -272,10 +276,23 @@ class KeyActions(AppBase):
         self.set_status()
 
     def action_cycle_sort(self) -> None:
-        """`o`: the next sort order of the GPU tables."""
+        """`o`: the next sort order of the process list where it has focus, else of the GPU tables."""
+        if isinstance(self.focused, ProcessTable):
+            self.notify(f"processes sorted by {self.focused.cycle_sort()}", timeout=2)
+            return
         order = ""
         for table in self.query(GpuTable):
             order = table.cycle_sort()
+        self.notify(f"GPUs sorted by {order}", timeout=2)
+
+    def action_reverse_sort(self) -> None:
+        """`O`: the same sort order the other way round (the process list where it has focus, else the GPUs)."""
+        if isinstance(self.focused, ProcessTable):
+            self.notify(f"processes sorted by {self.focused.reverse_sort()}", timeout=2)
+            return
+        order = ""
+        for table in self.query(GpuTable):
+            order = table.reverse_sort()
         self.notify(f"GPUs sorted by {order}", timeout=2)
 
     def action_fold_budget(self) -> None:

@@ -64,12 +64,12 @@ class MessageHandlers(KeyActions):
         self.last_frame = frame
         if first_gpus:
             self.recompose_budget()  # the roofline can use the GPU's own figures now
+        self.telemetry.add(frame)
         self.query_one(ProcessTable).show(frame)
         for table in self.query(GpuTable):
-            table.show(frame)
+            table.show(frame, self.telemetry)
         if first_gpus:
             self.fit_box()
-        self.telemetry.add(frame)
         note = frame.source_note
         if not frame.gpus:
             note = f"no GPU telemetry: {frame.unavailable_reason or 'no GPU found'}"
@@ -80,7 +80,7 @@ class MessageHandlers(KeyActions):
                 static.set_class(bool(frame.gpus), "-source")  # only where the data comes from: can give way
         charts = self.charts_shown()
         if charts is not None:
-            charts.show_history(self.telemetry, frame.taken_at_s)
+            charts.show_history(self.telemetry, frame.taken_at_s, self.budgets, self.now())
         self.set_status()
 
     def post_server_answer(self, answer: ServerStep | ServerStatus) -> None:
@@ -113,6 +113,7 @@ class MessageHandlers(KeyActions):
             self.status_notes.append(message.problem)
             self.notify(message.problem, title="history", severity="warning", timeout=15)
         self.stored.take(message)
+        self.budgets.start_from(self.stored.baseline)
         self.restore_stored()
         self.recompose_budget()
         self.show_health()
@@ -185,6 +186,7 @@ class MessageHandlers(KeyActions):
             self.notify(message.problem, severity="error")
             return
         self.stored.baseline = message.entry
+        self.budgets.start_from(message.entry)
         self.show_health()
         self.mark_budget()
         self.notify(f"baseline saved ({len(self.checks)} checks)", timeout=3)
@@ -198,11 +200,14 @@ class MessageHandlers(KeyActions):
             self.set_status()
             return
         self.composer.take(message)
+        self.budgets.add(message.view, self.now())
         self.query_one(BudgetBar).now_s = self.now()
         self.mark_budget()
         charts = self.charts_shown()
-        if message.curves is not None and charts is not None:
-            charts.show_curves(message.curves)
+        if charts is not None:
+            if message.curves is not None:
+                charts.curves = message.curves
+            charts.show_history(self.telemetry, self.telemetry_now(), self.budgets, self.now())
 
     # -- the traced bar --------------------------------------------------------------------------------------------
 
@@ -238,7 +243,8 @@ class MessageHandlers(KeyActions):
         elif isinstance(table, GpuTable):
             gpu = table.selected_gpu
             if gpu is not None:
-                self.push_screen(GpuDetailScreen(gpu, list(table.history.get(gpu.index, ()))))
+                now = table.frame.taken_at_s if table.frame is not None else self.now()
+                self.push_screen(GpuDetailScreen(gpu, list(table.history.get(gpu.index, ())), table.trend, now))
         elif table.id == "health-table" and isinstance(table.parent, HealthPanel):
             check = table.parent.selected
             if check is not None:
@@ -256,12 +262,14 @@ class MessageHandlers(KeyActions):
         if self.charts is None:
             from decodetop.tui.widgets.charts import Charts
 
-            self.charts = Charts(curves, self.telemetry, self.now(), id="charts-grid")
+            self.charts = Charts(
+                curves, self.telemetry, self.telemetry_now(), self.budgets, self.now(), id="charts-grid"
+            )
             await self.query_one("#charts-placeholder").remove()
             await event.pane.mount(self.charts)
             return
-        self.charts.show_curves(curves)
-        self.charts.show_history(self.telemetry, self.now())
+        self.charts.curves = curves
+        self.charts.show_history(self.telemetry, self.telemetry_now(), self.budgets, self.now())
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:

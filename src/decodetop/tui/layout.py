@@ -203,6 +203,7 @@ def fit_budget_box(app: App[int], size: Size | None = None, *, folded: bool = Fa
     bar.folded = folded
     if folded:
         traced.max_lines = 0
+        _fit_processes(app, size.height - _rows_outside_box(app, size) - 1 - note_rows)
         return
     width = max(10, size.width - BOX_BORDER_ROWS - 2)  # the border, the bars' padding
     claims = [(tier, n, "budget") for tier, n in tiers.tier_counts(bar.tiered_lines(width)).items()]
@@ -219,3 +220,16 @@ def fit_budget_box(app: App[int], size: Size | None = None, *, folded: bool = Fa
         left -= take
     bar.max_lines = max(1, given["budget"])
     traced.max_lines = given["traced"]
+    _fit_processes(app, given["table"] + max(0, left))
+
+
+PROCESS_ROWS = 4
+"""The process list's least: its border, its header and two processes."""
+
+
+def _fit_processes(app: App[int], tab_rows: int) -> None:
+    """The process list shows under the GPUs wherever the GPU tab has the rows for both (the screen's
+    `-processes-fit` class, app.tcss): from 40 rows, or folded, or maximised at 80×24."""
+    gpus = app.query_one("#gpu-table", DataTable).row_count
+    chrome = sum(1 for note in app.query_one("#gpus").query(".gpu-note") if note.display)
+    app.screen.set_class(tab_rows >= chrome + 1 + gpus + PROCESS_ROWS, "-processes-fit")

@@ -245,6 +245,12 @@ class GpuProcessView:
     """The command line, or why it is unknown ("not on this host" for a recording)."""
     sm_util_pct: float | None = None
     """The process's share of SM time over the last sample period, where NVML gives it."""
+    cpu_pct: float | None = None
+    """CPU % since the previous tick (100 = one core), where the host says (None: not known, or its first tick)."""
+    rss_bytes: int | None = None
+    """Resident host memory."""
+    started_at_s: float | None = None
+    """When the process started (Unix time): its elapsed time."""
 
 
 @dataclass(frozen=True)

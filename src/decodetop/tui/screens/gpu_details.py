@@ -13,9 +13,10 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from decodetop.tui.model import GpuView
-from decodetop.tui.widgets.gpu_table import GIB, display_bus_id, history_cells
+from decodetop.tui.model import GpuView, TelemetryFrame
+from decodetop.tui.widgets.gpu_table import GIB, SPARK_POINTS, SPARK_WINDOW_S, display_bus_id, history_cells
 from decodetop.tui.widgets.process_table import process_cells
+from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 PERCENT = 100.0
 
@@ -28,8 +29,21 @@ def _of(now: float | None, top: float | None, unit: str) -> str:
     return f"{now:.0f} / {top:.0f} {unit} ({PERCENT * now / top:.0f} %)"
 
 
-def gpu_detail_text(gpu: GpuView, history: Sequence[GpuView]) -> Text:
-    """The body of the GPU detail screen (pure, for tests); `history` is the GPU's recent views, oldest first."""
+def _recent(history: Sequence[GpuView], now_s: float) -> TelemetryHistory:
+    """A history of the recent views alone, one a sparkline cell (where no longer history is at hand)."""
+    trend = TelemetryHistory()
+    step = SPARK_WINDOW_S / SPARK_POINTS
+    recent = list(history[-SPARK_POINTS:])
+    for age, view in enumerate(reversed(recent)):  # the newest at `now_s`
+        trend.add(TelemetryFrame(taken_at_s=now_s - age * step, gpus=(view,)))
+    return trend
+
+
+def gpu_detail_text(
+    gpu: GpuView, history: Sequence[GpuView], trend: TelemetryHistory | None = None, now_s: float = 0.0
+) -> Text:
+    """The body of the GPU detail screen (pure, for tests); `history` is the GPU's recent views, oldest first;
+    `trend` the per-GPU history the sparklines show, the ten minutes up to `now_s` (without it: `history`)."""
     text = Text()
     text.append(f"GPU {gpu.index}  {gpu.name or '?'}  bus {display_bus_id(gpu.bus_id) or '?'}\n", style="bold")
     text.append("\nclocks\n", style="bold")
@@ -43,9 +57,10 @@ def gpu_detail_text(gpu: GpuView, history: Sequence[GpuView]) -> Text:
     elif not gpu.processes:
         text.append("  none\n")
     for proc in gpu.processes or ():
-        cells = process_cells(gpu, proc)
+        cells = process_cells(gpu, proc, now_s or None)
         text.append(
-            f"  {cells['pid']:>8}  {cells['user']:<10} {cells['mem']:>9}  SM {cells['sm']:>4}  {cells['command']}\n"
+            f"  {cells['pid']:>8}  {cells['user']:<10} {cells['mem']:>9}  SM {cells['sm']:>4}  CPU {cells['cpu']:>4}  "
+            f"RSS {cells['rss']:>9}  {cells['elapsed']:>4}  {cells['command']}\n"
         )
     text.append(f"\nclock events over the last {len(history)} ticks\n", style="bold")
     for first, last, reasons in clock_event_runs(history):
@@ -54,8 +69,8 @@ def gpu_detail_text(gpu: GpuView, history: Sequence[GpuView]) -> Text:
     if gpu.clock_event_share:
         shares = ", ".join(f"{name} {PERCENT * share:.0f} %" for name, share in gpu.clock_event_share if share > 0)
         text.append(f"  share of the last tick: {shares or 'none'}\n")
-    spark = history_cells(list(history))
-    text.append("\nhistory\n", style="bold")
+    spark = history_cells(gpu, trend if trend is not None else _recent(history, now_s), now_s)
+    text.append("\nhistory, last ten minutes\n", style="bold")
     for label, key in (("util", "util_hist"), ("memory", "mem_hist"), ("power", "power_hist"), ("temp", "temp_hist")):
         text.append(f"  {label:<8} {spark[key] or '–'}\n")
     text.append("\nPCIe\n", style="bold")
@@ -116,16 +131,20 @@ class GpuDetailScreen(ModalScreen[None]):
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,q,enter", "close", "close", show=False)]
 
-    def __init__(self, gpu: GpuView, history: Sequence[GpuView]) -> None:
+    def __init__(
+        self, gpu: GpuView, history: Sequence[GpuView], trend: TelemetryHistory | None = None, now_s: float = 0.0
+    ) -> None:
         super().__init__()
         self.gpu = gpu
         self.history = list(history)
+        self.trend = trend
+        self.now_s = now_s
 
     def compose(self) -> ComposeResult:
         """The text in a scrollable box."""
         with VerticalScroll() as box:
             box.border_title = f"GPU {self.gpu.index} (escape closes)"
-            yield Static(gpu_detail_text(self.gpu, self.history), id="gpu-detail")
+            yield Static(gpu_detail_text(self.gpu, self.history, self.trend, self.now_s), id="gpu-detail")
 
     def action_close(self) -> None:
         """Close."""

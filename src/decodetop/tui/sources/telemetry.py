@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.telemetry import TelemetryCollector, TelemetrySnapshot
 from decodetop.tui.model import TelemetryFrame
-from decodetop.tui.sources.telemetry_views import describe_local_process, telemetry_frame
+from decodetop.tui.sources.telemetry_views import LocalProcesses, telemetry_frame
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,8 @@ class CollectorTelemetry:
         self.extra_listener = on_snapshot
         """Also called with every raw snapshot (the recorder, the Prometheus exporter)."""
         self._on_frame: Callable[[TelemetryFrame], None] | None = None
+        self._processes = LocalProcesses()
+        """Names the processes on the GPUs, with their CPU share since the previous tick."""
         self.collector: TelemetryCollector = TelemetryCollector(nvml, interval_s=interval_s, on_snapshot=self._snap)
 
     def _snap(self, snapshot: TelemetrySnapshot) -> None:
@@ -35,7 +37,8 @@ class CollectorTelemetry:
             except Exception:  # a recorder or exporter error must not stop telemetry
                 log.exception("telemetry listener failed")
         if self._on_frame is not None:
-            self._on_frame(telemetry_frame(snapshot, describe_local_process))
+            self._processes.keep_only({p.pid for g in snapshot.gpus for p in g.processes or ()})
+            self._on_frame(telemetry_frame(snapshot, self._processes))
 
     def start(self, on_frame: Callable[[TelemetryFrame], None]) -> None:
         """Start the collector's thread."""

@@ -1,9 +1,10 @@
 """Provides the telemetry's view types: a `TelemetrySnapshot` (and each GPU in it) as the frame and rows the UI draws,
-with the processes on each GPU named by user and command line."""
+with the processes on each GPU named by user and command line, their CPU share, resident memory and age."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from decodetop.collectors.telemetry import GpuSnapshot, TelemetrySnapshot
 from decodetop.inert import inert_data
@@ -12,28 +13,61 @@ from decodetop.tui.model import GpuProcessView, GpuView, TelemetryFrame
 BYTES_PER_GB = 1e9
 
 
-ProcessDescriber = Callable[[int], tuple[str, str]]
-"""pid → (user, command line) of a process on this host."""
+@dataclass(frozen=True)
+class ProcessInfo:
+    """What the host says of one process: who runs it, its command line, and (as nvitop shows them) its CPU share
+    since the previous tick, its resident memory and when it started (None where not known)."""
+
+    user: str
+    command: str
+    cpu_pct: float | None = None
+    rss_bytes: int | None = None
+    started_at_s: float | None = None
+
+
+ProcessDescriber = Callable[[int], ProcessInfo]
+"""pid → what the host says of that process."""
 COMMAND_CHARS = 200
 """Command lines are kept to this many characters (the list cuts them to its width; details show them whole)."""
+FOREIGN = ProcessInfo("?", "(recorded on another host)")
 
 
-def describe_local_process(pid: int) -> tuple[str, str]:
-    """(user, command line) of a process on this host, read through psutil; ("?", why) when it cannot be read."""
-    import psutil
+class LocalProcesses:
+    """`ProcessDescriber` of this host's processes, through psutil (collector thread). It keeps each process's psutil
+    handle between ticks, so the CPU % is over the time since the previous tick (its first tick has none)."""
 
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            user = proc.username()
-            command = " ".join(proc.cmdline()) or proc.name()
-    except psutil.NoSuchProcess:
-        return "?", "(exited)"
-    except psutil.AccessDenied:
-        return "?", "(not readable by this user)"
-    except (psutil.Error, OSError) as exc:
-        return "?", f"({type(exc).__name__})"
-    return user, command[:COMMAND_CHARS]
+    def __init__(self) -> None:
+        self._handles: dict[int, object] = {}
+
+    def __call__(self, pid: int) -> ProcessInfo:
+        import psutil  # third-party: only where the host's processes are named
+
+        proc = self._handles.get(pid)
+        try:
+            fresh = not isinstance(proc, psutil.Process) or not proc.is_running()
+            if fresh:
+                proc = psutil.Process(pid)
+                self._handles[pid] = proc
+            assert isinstance(proc, psutil.Process)
+            with proc.oneshot():
+                user = proc.username()
+                command = " ".join(proc.cmdline()) or proc.name()
+                cpu = proc.cpu_percent(None)
+                rss = int(proc.memory_info().rss)
+                started = float(proc.create_time())
+        except psutil.NoSuchProcess:
+            self._handles.pop(pid, None)
+            return ProcessInfo("?", "(exited)")
+        except psutil.AccessDenied:
+            return ProcessInfo("?", "(not readable by this user)")
+        except (psutil.Error, OSError) as exc:
+            return ProcessInfo("?", f"({type(exc).__name__})")
+        return ProcessInfo(user, command[:COMMAND_CHARS], None if fresh else cpu, rss, started)
+
+    def keep_only(self, pids: set[int]) -> None:
+        """Forget the handles of processes no longer on a GPU."""
+        for pid in set(self._handles) - pids:
+            del self._handles[pid]
 
 
 def _process_views(snapshot: GpuSnapshot, describe: ProcessDescriber | None) -> tuple[GpuProcessView, ...] | None:
@@ -41,15 +75,18 @@ def _process_views(snapshot: GpuSnapshot, describe: ProcessDescriber | None) -> 
         return None
     out = []
     for proc in snapshot.processes:
-        user, command = describe(proc.pid) if describe is not None else ("?", "(recorded on another host)")
+        info = describe(proc.pid) if describe is not None else FOREIGN
         out.append(
             GpuProcessView(
                 pid=proc.pid,
                 used_mem_bytes=proc.used_mem_bytes,
                 kind=proc.kind,
-                user=user,
-                command=command,
+                user=info.user,
+                command=info.command,
                 sm_util_pct=None if proc.sm_util_pct is None else float(proc.sm_util_pct),
+                cpu_pct=info.cpu_pct,
+                rss_bytes=info.rss_bytes,
+                started_at_s=info.started_at_s,
             )
         )
     return tuple(out)

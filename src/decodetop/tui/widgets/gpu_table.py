@@ -15,6 +15,7 @@ from textual.widgets import DataTable
 
 from decodetop.tui.model import GpuView, TelemetryFrame
 from decodetop.tui.widgets.cells import CellCache
+from decodetop.tui.widgets.telemetry_history import TelemetryHistory
 
 # docs/reference/healthchecks.md N3: HwSlowdown 0x8, HwThermal 0x40, HwPowerBrake 0x80 -> fail; SwThermal 0x20,
 # SwPowerCap 0x4 -> warn;
@@ -46,21 +47,27 @@ class GpuColumn:
     """Lower shows first: narrow terminals keep the columns that say most about a decode host."""
 
 
+BAR_CELLS = 5
+"""Width of the utilisation and memory bars (eighth-block steps: 40 levels)."""
+BAR_GLYPHS = " ▏▎▍▌▋▊▉█"
+
 COLUMNS: tuple[GpuColumn, ...] = (
     GpuColumn("gpu", "GPU", 3, 0),
     GpuColumn("name", "name", 10, 11),
     GpuColumn("bus", "bus", 7, 10),
     GpuColumn("util", "util", 4, 1),
-    GpuColumn("util_hist", "util hist", 9, 8),
+    GpuColumn("util_bar", "", BAR_CELLS, 9),
+    GpuColumn("util_hist", "util 10m", 9, 8),
     GpuColumn("mem", "mem GiB", 7, 2),
+    GpuColumn("mem_bar", "", BAR_CELLS, 9),
     GpuColumn("memutil", "mem%", 4, 14),
-    GpuColumn("mem_hist", "mem hist", 9, 16),
+    GpuColumn("mem_hist", "mem 10m", 9, 16),
     GpuColumn("sm", "SM MHz", 9, 3),
     GpuColumn("memclk", "memclk", 6, 18),
     GpuColumn("power", "power W", 7, 6),
-    GpuColumn("power_hist", "power hist", 10, 15),
+    GpuColumn("power_hist", "power 10m", 10, 15),
     GpuColumn("temp", "°C", 3, 4),
-    GpuColumn("temp_hist", "°C hist", 9, 17),
+    GpuColumn("temp_hist", "°C 10m", 9, 17),
     GpuColumn("pcie", "PCIe g×w", 9, 7),
     GpuColumn("txrx", "TX/RX GB/s", 10, 9),
     GpuColumn("nvlink", "NVLink", 6, 13),
@@ -76,7 +83,9 @@ CELL_PADDING = 1
 SCROLLBAR_CELLS = 2
 """Room kept for the vertical scrollbar, so a scrollbar never pushes a column out of view."""
 SPARK_POINTS = 9
-"""Ticks a sparkline shows (its column width)."""
+"""Recent views kept per GPU (the details screen's throttle history)."""
+SPARK_WINDOW_S = 600.0
+"""A sparkline spans the last ten minutes, each cell the mean of its slice (`TelemetryHistory`, downsampled)."""
 SPARK_GLYPHS = "▁▂▃▄▅▆▇█"
 SORTS: tuple[str, ...] = ("gpu", "util", "mem", "power", "temp")
 """Sort orders `o` cycles through (also chosen by clicking those column headers); all but "gpu" largest first."""
@@ -101,12 +110,21 @@ def fit_columns(table_width: int) -> tuple[GpuColumn, ...]:
     return tuple(out)
 
 
-def sparkline(values: list[float], top: float) -> str:
-    """Values as block glyphs from ▁ (0) to █ (`top` or more), newest last."""
+def sparkline(values: list[float | None], top: float) -> str:
+    """Values as block glyphs from ▁ (0) to █ (`top` or more), newest last; a slice without a value is a space."""
     if top <= 0:
         return ""
     steps = len(SPARK_GLYPHS) - 1
-    return "".join(SPARK_GLYPHS[max(0, min(steps, round(steps * v / top)))] for v in values)
+    return "".join(" " if v is None else SPARK_GLYPHS[max(0, min(steps, round(steps * v / top)))] for v in values)
+
+
+def bar(share: float | None, cells: int = BAR_CELLS) -> str:
+    """A horizontal bar of `share` (0..1) in `cells` cells, in eighths ("███▌ " for 0.7); "" when unknown."""
+    if share is None:
+        return ""
+    eighths = round(max(0.0, min(1.0, share)) * cells * 8)
+    full, part = divmod(eighths, 8)
+    return ("█" * full + (BAR_GLYPHS[part] if part else "")).ljust(cells)
 
 
 def _num(value: float | None, fmt: str = "{:.0f}") -> str:
@@ -164,20 +182,26 @@ def display_bus_id(bus_id: str) -> str:
     return bus_id.removeprefix("0000:")
 
 
-def history_cells(history: list[GpuView]) -> dict[str, str]:
-    """The sparkline columns from one GPU's recent views (oldest first)."""
-    last = history[-1] if history else None
-    util = [g.util_pct for g in history if g.util_pct is not None]
-    mem = [g.mem_used_bytes / GIB for g in history if g.mem_used_bytes is not None]
-    power = [g.power_w for g in history if g.power_w is not None]
-    temp = [g.temp_c for g in history if g.temp_c is not None]
-    mem_top = (last.mem_total_bytes or 0) / GIB if last is not None else 0.0
-    power_top = (last.power_limit_w or max(power, default=0.0)) if last is not None else 0.0
+def history_cells(gpu: GpuView, trend: TelemetryHistory, now_s: float) -> dict[str, str]:
+    """The bars and the sparkline columns of one GPU: the last ten minutes, each cell the mean of its slice."""
+
+    def means(name: str) -> list[float | None]:
+        return trend.means(name, gpu.index, now_s, SPARK_WINDOW_S, SPARK_POINTS)
+
+    util, mem, power, temp = means("util"), means("mem"), means("power"), means("temp")
+    mem_top = (gpu.mem_total_bytes or 0) / GIB or max((m for m in mem if m is not None), default=0.0)
+    power_top = gpu.power_limit_w or max((w for w in power if w is not None), default=0.0)
+    hot = max((c for c in temp if c is not None), default=0.0)
+    mem_share = None
+    if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
+        mem_share = gpu.mem_used_bytes / gpu.mem_total_bytes
     return {
+        "util_bar": bar(None if gpu.util_pct is None else gpu.util_pct / 100.0),
+        "mem_bar": bar(mem_share),
         "util_hist": sparkline(util, 100.0),
-        "mem_hist": sparkline(mem, mem_top or max(mem, default=0.0)),
+        "mem_hist": sparkline(mem, mem_top),
         "power_hist": sparkline(power, power_top),
-        "temp_hist": sparkline(temp, max(TEMP_SCALE_C, *temp) if temp else TEMP_SCALE_C),
+        "temp_hist": sparkline(temp, max(TEMP_SCALE_C, hot)),
     }
 
 
@@ -272,7 +296,11 @@ class GpuTable(DataTable[Text]):
         self.frame: TelemetryFrame | None = None
         """The frame shown."""
         self.sort_key = "gpu"
+        self.sort_reverse = False
+        """True: the other way round (the GPU order descending, the rest smallest first)."""
         self.filter_text = ""
+        self.trend = TelemetryHistory()
+        """The per-GPU history the sparklines draw from (the app hands its own)."""
 
     def on_mount(self) -> None:
         """Set up the columns."""
@@ -283,9 +311,11 @@ class GpuTable(DataTable[Text]):
             self.add_column(self._label(column), key=column.key, width=column.width)
 
     def _label(self, column: GpuColumn) -> str:
-        if column.key == self.sort_key and column.key != "gpu":
-            return column.label + "▼"
-        return column.label
+        """The header, with ▼ (largest first) or ▲ on the sorted column (the GPU order: only when reversed)."""
+        if column.key != self.sort_key or (column.key == "gpu" and not self.sort_reverse):
+            return column.label
+        descending = (column.key != "gpu") != self.sort_reverse
+        return column.label + ("▼" if descending else "▲")
 
     def on_resize(self, event: events.Resize) -> None:
         """Columns for the new width (from the event: never one resize behind)."""
@@ -306,11 +336,16 @@ class GpuTable(DataTable[Text]):
         if 0 <= row < self.row_count:
             self.move_cursor(row=row, scroll=False)
 
-    def set_sort(self, key: str) -> None:
-        """Sort by `key` (one of SORTS)."""
-        if key in SORTS and key != self.sort_key:
-            self.sort_key = key
+    def set_sort(self, key: str, *, reverse: bool = False) -> None:
+        """Sort by `key` (one of SORTS), the other way round with `reverse`."""
+        if key in SORTS and (key, reverse) != (self.sort_key, self.sort_reverse):
+            self.sort_key, self.sort_reverse = key, reverse
             self._rebuild()
+
+    def reverse_sort(self) -> str:
+        """The same order the other way round; returns what the header now says ("util ▲")."""
+        self.set_sort(self.sort_key, reverse=not self.sort_reverse)
+        return f"{self.sort_key} {'reversed' if self.sort_reverse else ''}".strip()
 
     def cycle_sort(self) -> str:
         """The next sort order; returns it."""
@@ -327,9 +362,9 @@ class GpuTable(DataTable[Text]):
     def on_data_table_header_selected(self, event: DataTable.HeaderSelected) -> None:
         """A click on a sortable header sorts by it."""
         key = str(event.column_key.value)
-        if key in SORTS:
+        if key in SORTS:  # a second click on the sorted column reverses it
             event.stop()
-            self.set_sort(key)
+            self.set_sort(key, reverse=not self.sort_reverse if key == self.sort_key else False)
 
     @property
     def selected_gpu(self) -> GpuView | None:
@@ -339,10 +374,15 @@ class GpuTable(DataTable[Text]):
         key = self._row_keys[self.cursor_row]
         return next((g for g in self.frame.gpus if f"gpu-{g.index}" == key), None)
 
-    def show(self, frame: TelemetryFrame) -> None:
-        """Show one telemetry frame: update rows in place, or one row saying why there is no GPU."""
+    def show(self, frame: TelemetryFrame, trend: TelemetryHistory | None = None) -> None:
+        """Show one telemetry frame: update rows in place, or one row saying why there is no GPU. `trend`: the
+        history the sparklines draw (the app's, already holding this frame); without it the table keeps its own."""
         for gpu in frame.gpus:
             self.history.setdefault(gpu.index, deque(maxlen=SPARK_POINTS)).append(gpu)
+        if trend is None:
+            self.trend.add(frame)
+        else:
+            self.trend = trend
         self.frame = frame
         self._draw(frame)
 
@@ -370,7 +410,7 @@ class GpuTable(DataTable[Text]):
             "muted": self.get_component_rich_style("gpu-table--muted", partial=True),
         }
         shown = [g for g in frame.gpus if matches(g, self.filter_text)]
-        reverse = self.sort_key != "gpu"
+        reverse = (self.sort_key != "gpu") != self.sort_reverse
         shown.sort(key=lambda g: (sort_value(g, self.sort_key), -g.index if reverse else g.index), reverse=reverse)
         order = [f"gpu-{g.index}" for g in shown]
         rebuild = order != self._row_keys
@@ -381,10 +421,11 @@ class GpuTable(DataTable[Text]):
         for gpu in shown:
             key = f"gpu-{gpu.index}"
             flags = classify(gpu)
-            plain = gpu_cells(gpu) | history_cells(list(self.history.get(gpu.index, ())))
+            plain = gpu_cells(gpu) | history_cells(gpu, self.trend, frame.taken_at_s)
             row_cells = {}
             for col in keys:
-                style = styles[flags[col]] if col in flags else (styles["muted"] if col.endswith("_hist") else "")
+                quiet = col.endswith(("_hist", "_bar"))
+                style = styles[flags[col]] if col in flags else (styles["muted"] if quiet else "")
                 row_cells[col] = Text(plain[col], style=style)
             if not rebuild:
                 for col, text in row_cells.items():
