@@ -389,3 +389,35 @@ async def test_charts_that_do_not_mislead(tmp_path: Path) -> None:
         assert "minutes since the baseline" in components.render().plain  # type: ignore[union-attr]
         assert "attention" in str(components.border_subtitle)
         assert charts.budgets.baseline_at_s == app.baseline.recorded_at_s  # type: ignore[union-attr]
+
+
+def test_the_demo_keeps_its_own_baseline(tmp_path: Path) -> None:
+    from decodetop.tui.launch import LaunchOptions, build_sources
+
+    demo = build_sources(Settings(), LaunchOptions(demo=True, no_probes=True, history_path=tmp_path / "h.jsonl"))
+    try:
+        assert demo.baseline_name == "demo"
+    finally:
+        demo.telemetry.close()
+
+
+async def test_after_s_on_this_host_the_demo_diffs_against_nothing(tmp_path: Path) -> None:
+    """`s` on the real host, then `--demo`: it used to diff the fake 8-GPU host against this host's baseline."""
+    from decodetop.history import KIND_BASELINE, KIND_PROBE, History
+
+    history = History(tmp_path / "history.jsonl", clock=lambda: NOW_S)
+    real = {"checks": {"N3": {"status": "pass", "observed": "none", "facts": {}}}, "probes": {}}
+    history.record(KIND_BASELINE, "default", real, recorded_at_s=NOW_S - 3600)
+    history.record(KIND_PROBE, "gemm", {"value": "2.50 TB/s @ M=1", "ms": 4.0}, recorded_at_s=NOW_S - 3600)
+    for name, found in (("default", True), ("demo", False)):
+        sources = make_sources(telemetry=FakeTelemetry([eight_gpu_frame()]), history=history)
+        sources.baseline_name = name
+        app = make_app(sources)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_until(pilot, lambda app=app: bool(app.checks and app.stored.probes), "checks and history")
+            assert (app.baseline is not None) is found  # this host's baseline is not the demo's
+            if name == "demo":
+                await pilot.press("s")
+                await wait_until(pilot, lambda app=app: app.baseline is not None, "the demo's baseline")
+    keys = [(e.kind, e.key) for e in history.load().entries if e.kind == KIND_BASELINE]
+    assert keys == [(KIND_BASELINE, "default"), (KIND_BASELINE, "demo")]  # this host's stays as it was

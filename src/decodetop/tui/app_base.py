@@ -76,7 +76,7 @@ class AppBase(App[int]):
         """False in tests and when the user passed --theme (a flag is not a preference to remember)."""
         self.age_refresh_s = age_refresh_s
         self.runner = ProbeRunner(self, sources, settings=lambda: self.settings, now=self.now, show=self.show_probe)
-        self.stored = StoredResults(sources.history, sources.budget.accepts)
+        self.stored = StoredResults(sources.history, sources.budget.accepts, sources.baseline_name)
         self.composer = BudgetComposer(self, sources.budget, self.now)
         self.consent = GpuConsent(self, sources.gpu_guard)
         self.crash_report = CrashReport()

@@ -15,6 +15,9 @@ from decodetop.tui.model import BudgetMove, BudgetView, ProbeView
 
 BASELINE_NAME = "default"
 """The history key of the one baseline the UI keeps (`s` replaces it)."""
+DEMO_BASELINE_NAME = "demo"
+"""The demo's own baseline: its fake 8-GPU host is never diffed against this host's baseline, nor this host's
+against the demo's."""
 
 
 def baseline_payload(

@@ -25,6 +25,7 @@ from decodetop.pipeline.result_history import ResultHistory
 from decodetop.pipeline.scenario_flags import ScenarioFlags, recorded_scenario, scenario_record
 from decodetop.probes.gpuinfo import GpuInfo
 from decodetop.settings import Settings
+from decodetop.tui.baseline import BASELINE_NAME, DEMO_BASELINE_NAME
 from decodetop.tui.probe_group import GroupInfo, group_of, scenario_for
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget
@@ -141,6 +142,7 @@ def build_sources(settings: Settings, options: LaunchOptions) -> Sources:
         server=_build_server(options),
         trace=options.trace,
         gpu_guard=guard,
+        baseline_name=DEMO_BASELINE_NAME if options.demo else BASELINE_NAME,
     )
 
 

@@ -23,9 +23,11 @@ Accepts = Callable[[Fingerprint | None, Settings], bool]
 class StoredResults:
     """The history's probe records and baseline, and which of the records feed the current budget."""
 
-    def __init__(self, history: History | None, accepts: Accepts) -> None:
+    def __init__(self, history: History | None, accepts: Accepts, baseline_name: str = BASELINE_NAME) -> None:
         self.history = history
         self.accepts = accepts
+        self.baseline_name = baseline_name
+        """The key of the baseline this session diffs against (the demo's is its own)."""
         self.probes: list[HistoryEntry] = []
         """Every stored probe result; only those whose fingerprint the budget accepts are restored."""
         self.baseline: HistoryEntry | None = None
@@ -44,7 +46,7 @@ class StoredResults:
         if self.history is None:
             return BaselineSaved(entry=None, problem="no history file in this session")
         try:
-            entry = self.history.record(KIND_BASELINE, BASELINE_NAME, payload, recorded_at_s=now_s)
+            entry = self.history.record(KIND_BASELINE, self.baseline_name, payload, recorded_at_s=now_s)
         except (OSError, ValueError) as exc:
             return BaselineSaved(entry=None, problem=f"baseline not saved: {exc}")
         return BaselineSaved(entry=entry)
@@ -53,7 +55,7 @@ class StoredResults:
         """Keep what was read: the probe records and the baseline (a newer baseline saved meanwhile stays)."""
         baseline: HistoryEntry | None = None
         for entry in message.entries:
-            if entry.kind == KIND_BASELINE and entry.key == BASELINE_NAME:
+            if entry.kind == KIND_BASELINE and entry.key == self.baseline_name:
                 baseline = entry
         self.probes = [e for e in message.entries if e.kind == KIND_PROBE]
         if baseline is not None:

@@ -21,6 +21,7 @@ from decodetop.pipeline.context import BudgetContext
 from decodetop.pipeline.gpu_guard import GpuGuard
 from decodetop.pipeline.observed import TracedStep
 from decodetop.settings import Settings
+from decodetop.tui.baseline import BASELINE_NAME
 from decodetop.tui.model import BudgetView, ProbeCurves, ProbeView, TelemetryFrame
 from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.taps import Taps
@@ -129,6 +130,8 @@ class Sources:
     gpu_guard: GpuGuard | None = None
     """Whether other processes (a serving engine) hold the probe group's GPUs, and the user's consent to probe
     them anyway; None where nothing runs on a GPU (CPU ranks, --no-probes, a replay)."""
+    baseline_name: str = BASELINE_NAME
+    """The history key of the baseline `s` saves and the screen marks changes against (the demo keeps its own)."""
     settings: Settings | None = None
     """The settings the sources were built for, where they differ from those given (a replay restores the scenario
     of its recording); None: the ones given."""
