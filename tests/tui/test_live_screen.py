@@ -22,6 +22,7 @@ from decodetop.tui.screens.model_picker import ModelPickerScreen
 from decodetop.tui.sources import Sources
 from decodetop.tui.sources.budget import PresetBudget
 from decodetop.tui.sources.probes import NoProbes
+from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.gpu_table import GpuTable
 from decodetop.tui.widgets.health_panel import HealthPanel
 from decodetop.tui.widgets.probe_table import ProbeTable
@@ -421,3 +422,29 @@ async def test_after_s_on_this_host_the_demo_diffs_against_nothing(tmp_path: Pat
                 await wait_until(pilot, lambda app=app: app.baseline is not None, "the demo's baseline")
     keys = [(e.kind, e.key) for e in history.load().entries if e.kind == KIND_BASELINE]
     assert keys == [(KIND_BASELINE, "default"), (KIND_BASELINE, "demo")]  # this host's stays as it was
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_components_over_the_observed_step_are_said_in_words_on_screen(size: tuple[int, int]) -> None:
+    """It read "0 ms 0.0%" (a clamped remainder) in the UI, "(≤) -12367" in the CLI, "-9.70" in the exporter."""
+    app = make_app(
+        make_sources(telemetry=FakeTelemetry([eight_gpu_frame()])), Settings(model="glm-5", tp=8, observed_ms=1.0)
+    )
+    async with app.run_test(size=size) as pilot:
+        await wait_until(pilot, lambda: app.budget_settled and app.query_one(BudgetBar).budget is not None, "budget")
+        await pilot.pause()
+        text = screen_text(app)
+        verdict = text.splitlines()[1]
+        assert (
+            "exceed" in verdict or "over by" in verdict
+        ) and "3.70" in verdict  # 4.70 ms of parts against 1 ms observed
+        assert not re.search(r"(?<!\w)-\d", text) and "unexplained 0" not in text
+
+
+def test_components_over_the_observed_step_are_said_in_words_by_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from decodetop.budget.compose import EXCEEDS_OBSERVED
+    from decodetop.cli import main
+
+    assert main(["budget", "--model", "glm-5", "--tp", "8", "--gpu", "h200", "--observed-ms", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert EXCEEDS_OBSERVED in out and not re.search(r"\(≤\)\s*-\d", out)

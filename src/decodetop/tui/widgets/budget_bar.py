@@ -407,10 +407,14 @@ class BudgetBar(Widget):
             return text
 
         if over > 0:
-            rests = [f"{EXCEEDS_OBSERVED} {format_duration(over)}", f"exceeds observed by {ms_text(over)}"]
+            rests = [
+                f"{EXCEEDS_OBSERVED} {format_duration(over)}",
+                f"exceeds observed by {ms_text(over)}",
+                f"over by {ms_text(over)}",  # at 80 columns: the excess still said, never left out
+            ]
         else:
             left = budget.unexplained_ms
-            rests = [f"unexplained {format_duration(left)} ({share:.0f}% {of})", f"unexplained {ms_text(left)}"]
+            rests = [f"unexplained {format_duration(left)} ({share:.0f}% {of})", *[f"unexplained {ms_text(left)}"] * 2]
         traced = budget.observed_source == "trace"  # the engine's steps in the loaded trace: the traced bar's file
         long_obs = ("observed", "assumed, not observed" if assumed else "in the trace" if traced else "")
         obs = ("observed", "(assumed)" if assumed else "in the trace" if traced else "")
@@ -420,6 +424,7 @@ class BudgetBar(Widget):
             form(True, rests[0], obs, tps),
             form(False, rests[1], obs, tps),
             form(False, rests[1], obs, ""),
+            form(False, rests[2], obs, ""),
             form(False, "", obs, ""),
             form(False, "", short_obs, ""),
         ]
