@@ -4,7 +4,6 @@ no decodetop process (nor probe rank) is left behind."""
 from __future__ import annotations
 
 import functools
-import os
 import shlex
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import require_tool
+from tests.helpers.env import isolated_dirs, subprocess_env
 from tests.helpers.waiting import wait_for
 
 START_TIMEOUT_S = 60.0
@@ -43,6 +43,13 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _decodetop_command(tmp_path: Path, *flags: str) -> str:
+    """`env … python -m decodetop FLAGS` for the pane's shell: HOME, the XDG dirs, the state and config dirs in this
+    test's temp dir (`tests.helpers.env.subprocess_env`), a colour terminal."""
+    env = subprocess_env(**isolated_dirs(tmp_path / "user"), TERM="xterm-256color")
+    return shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "decodetop", *flags])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("width", "height", "flags"),
@@ -52,16 +59,7 @@ def _descendants(pid: int) -> list[psutil.Process]:
 def test_decodetop_in_tmux(tmp_path: Path, width: int, height: int, flags: list[str]) -> None:
     tmux = require_tool("tmux")
     sock = tmp_path / "tmux.sock"
-    env = {
-        "HOME": str(tmp_path / "home"),
-        "DECODETOP_STATE_DIR": str(tmp_path / "state"),
-        "DECODETOP_CONFIG_DIR": str(tmp_path / "config"),
-        "TERM": "xterm-256color",
-        "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
-    }
-    env_args = [f"{k}={v}" for k, v in env.items()]
-    command = shlex.join(["env", *env_args, sys.executable, "-m", "decodetop", *flags])
+    command = _decodetop_command(tmp_path, *flags)
     shell = f"{command}; echo DECODETOP-EXIT $?; sleep 300"
     _tmux(tmux, sock, "new-session", "-d", "-s", "dt", "-x", str(width), "-y", str(height), shell)
     try:
@@ -105,15 +103,7 @@ def test_filter_fold_and_maximise_in_a_quarter_pane(tmp_path: Path) -> None:
     the budget box to its one-line verdict, `z` gives the GPU tab (GPUs and processes) the whole pane, `q` exits 0."""
     tmux = require_tool("tmux")
     sock = tmp_path / "tmux.sock"
-    env = {
-        "HOME": str(tmp_path / "home"),
-        "DECODETOP_STATE_DIR": str(tmp_path / "state"),
-        "DECODETOP_CONFIG_DIR": str(tmp_path / "config"),
-        "TERM": "xterm-256color",
-        "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
-    }
-    command = shlex.join(["env", *(f"{k}={v}" for k, v in env.items()), sys.executable, "-m", "decodetop", "--demo"])
+    command = _decodetop_command(tmp_path, "--demo")
     _tmux(
         tmux,
         sock,
