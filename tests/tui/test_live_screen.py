@@ -448,3 +448,22 @@ def test_components_over_the_observed_step_are_said_in_words_by_the_cli(capsys: 
     assert main(["budget", "--model", "glm-5", "--tp", "8", "--gpu", "h200", "--observed-ms", "0.5"]) == 0
     out = capsys.readouterr().out
     assert EXCEEDS_OBSERVED in out and not re.search(r"\(≤\)\s*-\d", out)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+async def test_a_notice_covers_neither_the_status_line_nor_the_verdict(size: tuple[int, int]) -> None:
+    from textual.widgets._toast import Toast
+
+    from decodetop.tui.widgets.status_line import StatusLine
+
+    app = make_app(make_sources(telemetry=FakeTelemetry([eight_gpu_frame(processes=True)])))
+    async with app.run_test(size=size, notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.query_one(BudgetBar).budget is not None, "budget")
+        await pilot.press("2", "o")  # "GPUs sorted by util"
+        await wait_until(pilot, lambda: bool(app.screen.query(Toast)), "the notice")
+        await pilot.pause()
+        toast = app.screen.query_one(Toast).region
+        status = app.query_one(StatusLine).region
+        verdict_row = app.query_one(BudgetBar).region.y  # the verdict is the bar's first line
+        assert not toast.overlaps(status), (toast, status)
+        assert not (toast.y <= verdict_row < toast.bottom), (toast, verdict_row)
