@@ -442,7 +442,7 @@ async def test_components_over_the_observed_step_are_said_in_words_on_screen(siz
 
 
 def test_components_over_the_observed_step_are_said_in_words_by_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from decodetop.budget.compose import EXCEEDS_OBSERVED
+    from decodetop.budget.remainder import EXCEEDS_OBSERVED
     from decodetop.cli import main
 
     assert main(["budget", "--model", "glm-5", "--tp", "8", "--gpu", "h200", "--observed-ms", "0.5"]) == 0

@@ -123,19 +123,6 @@ def default_observed(detail: str = "") -> ObservedStep:
     return ObservedStep(DEFAULT_OBSERVED_MS, "default", detail)
 
 
-EXCEEDS_OBSERVED = "the components exceed the observed step by"
-"""How every surface says a negative unexplained remainder (the parts add up to more than the observed step: a slower
-host than the server's, CPU ranks, an assumed observed step): never as a negative number or a clamped 0."""
-
-
-def remainder_text(unexplained_ms: float, *, complete: bool = True) -> str:
-    """The unexplained remainder in words, the same on every surface: "unexplained 79.0 ms" ("at most …" when some
-    components have no figure), or "the components exceed the observed step by 12.4 s"."""
-    if unexplained_ms < 0:
-        return f"{EXCEEDS_OBSERVED} {format_ms(-unexplained_ms)}"
-    return f"unexplained {'' if complete else 'at most '}{format_ms(unexplained_ms)}"
-
-
 def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
     """The one sentence every surface prints when the target is out of reach of any kernel tuning ('' otherwise)."""
     if roofline_ms is None or target_ms >= roofline_ms:

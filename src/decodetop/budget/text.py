@@ -4,9 +4,10 @@ remainder; the observed / target / roofline line and the verdict; the mean step 
 
 from __future__ import annotations
 
-from decodetop.budget.compose import Budget, remainder_text
+from decodetop.budget.compose import Budget
 from decodetop.budget.kernels import kernels_short
 from decodetop.budget.ranks import STRAGGLER_RULE
+from decodetop.budget.remainder import remainder_text
 from decodetop.textfmt import format_number, table
 
 TEXT_BAR_WIDTH = 40

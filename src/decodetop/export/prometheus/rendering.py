@@ -31,7 +31,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector, generate_late
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from decodetop import __version__
-from decodetop.budget.compose import EXCEEDS_OBSERVED, Budget
+from decodetop.budget.compose import Budget
+from decodetop.budget.remainder import EXCEEDS_OBSERVED
 from decodetop.collectors.checks.result import CheckResult, Status, exit_code
 from decodetop.collectors.serving import ServerStatus, ServerStep
 from decodetop.collectors.telemetry import CLOCK_EVENT_REASONS, GpuSnapshot, TelemetrySnapshot

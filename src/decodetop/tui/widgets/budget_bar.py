@@ -31,7 +31,7 @@ from textual.geometry import Size
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from decodetop.budget.compose import EXCEEDS_OBSERVED
+from decodetop.budget.remainder import EXCEEDS_OBSERVED
 from decodetop.history import format_age_coarse
 from decodetop.textfmt import format_ms as format_duration
 from decodetop.textfmt import format_number
