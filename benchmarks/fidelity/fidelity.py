@@ -13,7 +13,9 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
    (`ServingAttention`: SDPA with GQA in the kernel, absorbed MLA over the latent cache); with, in addition,
    every Llama-form RMSNorm as one `F.rms_norm` call; and, for MoE models, with in addition every MoE block's routed
    experts through the independent grouped Triton kernel of benchmarks/engine/moe_routed.py (`serving_moe.ServingMoE`:
-   reads only the routed experts, expert ids on the device; router, top-k and shared experts stay the model's).
+   reads only the routed experts, expert ids on the device, its tile tuned per expert shape; router, top-k and shared
+   experts stay the model's) and every residual add fused into the RMSNorm after it, the residual carried between
+   layers as engines carry it (`serving_norms.ServingNorms`, its own Triton kernel).
    Each swap computes what the stock model computes (tests/benchmarks/test_benchmark_scripts.py checks the logits on
    CPU, tests/benchmarks/test_fidelity_serving_moe.py the MoE blocks; on the GPU the serving-MoE form records its
    logits against the form before it, `check`);
@@ -30,6 +32,7 @@ with a message. Run on the GPU machine through `benchmarks/campaigns/h200_proof.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -69,7 +72,7 @@ OTHER_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
 SERVING_FORMS: tuple[tuple[str, str], ...] = (
     ("serving_attention", "model with serving-style attention"),
     ("serving_attention_norms", "… and fused RMSNorm"),
-    ("serving_moe", "… and serving MoE (grouped routed-experts kernel)"),
+    ("serving_moe", "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm)"),
 )
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
 #: figure, and it doubles the plan's time).
@@ -483,7 +486,8 @@ def time_model(
     """Build the model from `cfg` with random BF16 weights, prefill `context` tokens into a StaticCache and time one
     decode step eager and under a CUDA graph. Returns ms per step and how each figure was taken.
 
-    `serving_moe` (with `serving_attention`) adds the serving-MoE form: serving attention, fused RMSNorm and the
+    `serving_moe` (with `serving_attention`) adds the serving-MoE form: serving attention, fused RMSNorm, residual
+    adds fused into the norms (`serving_norms.ServingNorms`, where the layers are of the Llama form) and the
     routed experts through moe_routed.py's grouped kernel (`serving_moe.ServingMoE`; on CPU without Triton its torch
     reference path, said so in `what`). A model without experts of that layout records why under `skipped`."""
     import torch
@@ -632,6 +636,7 @@ def time_model(
     def measure_serving_moe() -> dict[str, Any]:
         """The serving-MoE form: its logits against the form before it (`check`), then both timing modes."""
         from serving_moe import ServingMoE
+        from serving_norms import ServingNorms
 
         try:
             moe = ServingMoE(model)
@@ -641,18 +646,20 @@ def time_model(
             kept = f" (left alone: {', '.join(moe.kept)})" if moe.kept else ""
             return {"skipped": f"no experts module of the gate_up/down layout{kept}"}
         attention = ServingAttention(model, norms=True)
+        fused = ServingNorms(model)
         try:
             with attention:
                 before = last_logits()
-                with moe:
+                with moe, fused if not fused.reason else contextlib.nullcontext():
                     after = last_logits()
                     res = measure_modes()
-            res["what"] = f"{attention.describe()}; {moe.describe()}"
+            res["what"] = f"{attention.describe()}; {moe.describe()}; {fused.describe()}"
             res["backend"] = moe.backend
             res["check"] = {
                 "logits_max_abs_diff_rel": float((after - before).abs().max() / before.abs().max().clamp_min(1e-12)),
                 "same_argmax": bool(torch.equal(after.argmax(-1), before.argmax(-1))),
-                "against": "serving attention + fused RMSNorm with the model's own experts, same cache and token",
+                "against": "serving attention + fused RMSNorm with the model's own experts and residual adds, same "
+                "cache and token",
             }
             return res
         except Exception as exc:
@@ -697,9 +704,15 @@ def time_model(
                     out["trace_serving"] = str(serving_path)
                 if serving_moe and out.get("serving_moe", {}).get("eager_ms") is not None:
                     from serving_moe import ServingMoE
+                    from serving_norms import ServingNorms
 
                     moe_path = trace_path.with_name(trace_path.stem + ".serving_moe.json")
-                    with ServingAttention(model, norms=True), ServingMoE(model):
+                    fused = ServingNorms(model)
+                    with (
+                        ServingAttention(model, norms=True),
+                        ServingMoE(model),
+                        fused if not fused.reason else contextlib.nullcontext(),
+                    ):
                         take_trace(moe_path)
                     out["trace_serving_moe"] = str(moe_path)
             except Exception as exc:

@@ -10,7 +10,11 @@ module, for one decode token (T = 1), by:
 
 - `routed_experts_triton`: `moe_routed._w13` (gate/up rows of each routed slot) then `moe_routed._w2` (SiLU·up, the
   down projection, weighted, added into an fp32 row with atomics), then one cast — the kernels the engine benchmark
-  uses as its independent routed-experts reference, code apart from decodetop's `moe` probe;
+  uses as its independent routed-experts reference, code apart from decodetop's `moe` probe — with the tile picked
+  per expert shape on the GPU as engines ship tuned configs per shape (`tune_tiles`: each of `TILE_CANDIDATES`
+  timed under CUDA-graph replay on the model's own weights when the form is entered; before, one fixed 32×128 tile
+  for every shape, which left the reference's routed experts 15 % slower than decodetop's tuned kernel at Mixtral:
+  docs/benchmarks.md, "Budget fidelity with these kernels");
 - `routed_experts_torch`: the same arithmetic in torch (index_select of the routed experts by the device ids, fp32
   accumulation, one cast): the fallback where there is no Triton GPU kernel (CPU) and the reference the CPU tests
   check the kernel and the stock block against.
@@ -33,6 +37,14 @@ SILU_CLASSES = ("SiLU", "SiLUActivation")
 
 #: What `ServingMoE.backend` can be.
 BACKENDS = ("triton", "torch")
+#: (rows, reduction elements) per program of moe_routed's two kernels that `tune_tiles` tries: the ranges vLLM's
+#: fused_moe configs use at small M (BLOCK_SIZE_N 16–64, BLOCK_SIZE_K 64–256), and 512 for long rows.
+TILE_CANDIDATES = ((32, 128), (16, 256), (32, 256), (16, 512), (64, 128), (8, 512))
+#: Calls per captured graph and replays timed per candidate (median).
+TUNE_CALLS = 8
+TUNE_REPLAYS = 5
+
+_TILES: dict[tuple[int, ...], tuple[int, int]] = {}
 
 
 def routed_kernels() -> types.ModuleType | None:
@@ -58,10 +70,60 @@ def routed_experts_triton(x: Any, gate_up: Any, down: Any, ids: Any, weights: An
     k_top, hidden, inter = ids.numel(), x.shape[0], down.shape[-1]
     h = torch.empty(k_top, 2 * inter, device=x.device, dtype=torch.float32)
     acc = torch.zeros(hidden, device=x.device, dtype=torch.float32)
-    bn, bk = mr.BLOCK_N, mr.BLOCK_K
+    bn, bk = _TILES.get(_shape(gate_up, k_top), (mr.BLOCK_N, mr.BLOCK_K))
     mr._w13[(k_top, triton.cdiv(2 * inter, bn))](x, gate_up, ids, h, hidden, 2 * inter, gate_up.stride(0), bn=bn, bk=bk)
     mr._w2[(k_top, triton.cdiv(hidden, bn))](h, down, ids, weights, acc, hidden, inter, down.stride(0), bn=bn, bk=bk)
     return acc.to(x.dtype)
+
+
+def _shape(gate_up: Any, k_top: int) -> tuple[int, ...]:
+    return (*gate_up.shape, k_top, gate_up.dtype.itemsize)
+
+
+def tune_tiles(gate_up: Any, down: Any, k_top: int) -> tuple[int, int]:
+    """The fastest (rows, reduction elements) of `TILE_CANDIDATES` for these experts at `k_top` routed slots (one
+    token, random ids on the device), timed under CUDA-graph replay and remembered per shape; a candidate that fails
+    is skipped."""
+    import statistics
+
+    import torch
+
+    key = _shape(gate_up, k_top)
+    if key in _TILES:
+        return _TILES[key]
+    dev = gate_up.device
+    x = torch.randn(gate_up.shape[-1], device=dev, dtype=gate_up.dtype)
+    ids = torch.randperm(gate_up.shape[0], device=dev)[:k_top].to(torch.int32)
+    wts = torch.rand(k_top, device=dev) + 0.1
+    timed: list[tuple[float, tuple[int, int]]] = []
+    for tile in TILE_CANDIDATES:
+        _TILES[key] = tile
+        try:
+            routed_experts_triton(x, gate_up, down, ids, wts)  # compile
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                routed_experts_triton(x, gate_up, down, ids, wts)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(TUNE_CALLS):
+                    routed_experts_triton(x, gate_up, down, ids, wts)
+            samples = []
+            for _ in range(TUNE_REPLAYS):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / TUNE_CALLS)
+            graph.reset()
+            timed.append((statistics.median(samples), tile))
+        except Exception:
+            torch.cuda.synchronize()
+            continue
+    _TILES[key] = min(timed)[1] if timed else (routed_kernels().BLOCK_N, routed_kernels().BLOCK_K)  # type: ignore[union-attr]
+    return _TILES[key]
 
 
 def routed_experts_torch(x: Any, gate_up: Any, down: Any, ids: Any, weights: Any) -> Any:
@@ -145,10 +207,17 @@ class ServingMoE:
         )
         device_type = next(model.parameters()).device.type
         self.backend = choose_backend(device_type, backend) if self.experts else "none"
+        self.tiles: dict[tuple[int, ...], tuple[int, int]] = {}
+        """Expert shape → the tile `tune_tiles` picked (GPU only)."""
 
     def __enter__(self) -> ServingMoE:
         if not self.experts:
             raise ValueError("no experts module of the gate_up/down layout: the serving MoE form does not apply")
+        if self.backend == "triton" and self.experts[0].gate_up_proj.is_cuda:
+            k_top = int(getattr(self.model.config, "num_experts_per_tok", 0) or 0)
+            for m in self.experts:
+                if k_top:
+                    self.tiles[_shape(m.gate_up_proj, k_top)] = tune_tiles(m.gate_up_proj, m.down_proj, k_top)
         for m in self.experts:
             m._decodetop_serving_backend = self.backend
             m.forward = types.MethodType(serving_experts_forward, m)
@@ -166,4 +235,9 @@ class ServingMoE:
             "torch": "the grouped kernel's torch reference path (no Triton GPU kernel here)",
         }.get(self.backend, "nothing")
         kept = f"; left alone: {', '.join(self.kept)}" if self.kept else ""
-        return f"routed experts of {len(self.experts)} MoE blocks through {path}; router and shared experts stock{kept}"
+        tiles = ", ".join(f"{bn}×{bk}" for bn, bk in dict.fromkeys(self.tiles.values()))
+        tuned = f", tiles tuned per shape: {tiles}" if tiles else ""
+        return (
+            f"routed experts of {len(self.experts)} MoE blocks through {path}{tuned}; router and shared experts "
+            f"stock{kept}"
+        )

@@ -1,16 +1,20 @@
-"""decodetop's kernels on one GPU, in one call: every Triton kernel checked against its torch form at real shapes,
-then each component timed under CUDA-graph replay (the probe's own runners and timer: `time_runner`, inputs
-rotated above 2× L2) beside the torch form, with the bytes each must move and the roofline (bytes / measured copy
-bandwidth). Prints a short table last and writes everything to --json as each section finishes.
+"""decodetop's kernels on one GPU, in one call: each component timed under CUDA-graph replay (the probe's own runners
+and timer: `time_runner`, inputs rotated above 2× L2) in every launch-shape variant — the first version's beside the
+new ones, so the table shows the change — each variant checked against its torch form at the timed shape before it
+is timed (the runners' own checks), then `tests/probes/kernel_checks.py --big` on the kernels whose code changed.
+With the bytes each must move and the roofline (bytes / measured copy bandwidth). Prints a short table last and
+writes everything to --json as each section finishes; one deadline for the whole run (--deadline), sections in
+order of what matters most.
 
-Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) over contexts
-0–128K; dense MLA at DeepSeek-V3's TP-8 (16 heads) and TP-1 (128 heads) shards; GQA at Llama-3.1-70B's shard with
-BF16 and FP8 KV; fused residual-add + RMSNorm and RMSNorm at hidden 4096–8192; fused rope + KV write; the fused-MoE
-kernel with its tiles tuned per shape (Mixtral-8x7B, Qwen3-235B-A22B, Qwen3-30B-A3B, DeepSeek-V3 TP 8) against the
-default tiles.
+Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K and 128K,
+the first version (11-bit radix digits) beside the new one (8-bit digits); GQA at Llama-3.1-70B's shard with an FP8
+KV cache over the sweep of `kernels.gqa.SWEEP` (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads)
+shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); the fused-MoE kernel with its tiles tuned over the new
+candidates (split reductions) against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2,
+Qwen3-235B-A22B, DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 \
-        PYTHONPATH=src python3 benchmarks/kernels/h200_kernels.py --json $OUT/kernels.json
+        PYTHONPATH=src python3 benchmarks/kernels/h200_kernels.py --json $OUT/kernels.json --deadline 90
 """
 
 from __future__ import annotations
@@ -31,20 +35,25 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "probes"))
 
-from decodetop.budget.keys import AttentionKey, MoeKey  # noqa: E402
-from decodetop.probes.worker import attention  # noqa: E402
+from decodetop.budget.keys import AttentionKey, KvcastKey, MoeKey  # noqa: E402
+from decodetop.probes.worker import attention, kvcast  # noqa: E402
 from decodetop.probes.worker import fused_moe as fm  # noqa: E402
+from decodetop.probes.worker.attention import AttentionVariant  # noqa: E402
 from decodetop.probes.worker.context import ProbeContext  # noqa: E402
+from decodetop.probes.worker.kernels import gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
+from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
 from decodetop.probes.worker.ops import OpRunner, time_runner  # noqa: E402
 from decodetop.probes.worker.timing import time_events  # noqa: E402
 
 CONTEXTS = (0, 4096, 16384, 32768, 65536, 131072)
-BUDGET_MS = 60.0
-SAMPLES = 40
+BUDGET_MS = 40.0
+SAMPLES = 30
 #: --smoke: CPU tensors under Triton's interpreter, tiny contexts and experts (the script's own paths, not timings).
 SMOKE = False
+#: time.monotonic() after which no further row starts (--deadline).
+DEADLINE = math.inf
 
 
 def dev() -> torch.device:
@@ -114,58 +123,74 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
     return AttentionKey(**base)
 
 
-def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each attention shape at each context: the best kernel (Triton here) and the torch form."""
-    rows: list[dict[str, Any]] = []
-    glm = {"index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
-    shapes: list[tuple[str, str, dict[str, Any], tuple[int, ...]]] = [
-        ("GLM-5 TP8 MLA+DSA", "mla+dsa", {"heads": 8, **glm}, contexts(CONTEXTS)),
-        ("DeepSeek-V3 TP8 MLA", "mla", {"heads": 16}, contexts(CONTEXTS)),
-        ("DeepSeek-V3 TP1 MLA", "mla", {"heads": 128}, contexts((4096, 32768, 131072))),
+FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11")
+NEW = AttentionVariant()
+
+
+def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], list[tuple[str, Any]]]]:
+    """(label, kind, key fields, contexts, [(variant name, AttentionVariant, or 'torch' for the torch form)])."""
+    glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
+    llama = {"heads": 64, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128}
+    gqa_sweep = [(f"split {c.label}", AttentionVariant(gqa=c)) for c in dict.fromkeys([gqa.DEFAULT, *gqa.SWEEP])]
+    mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
+    first_new = [("first: radix11 + first split", FIRST), ("new: radix8 + default split", NEW)]
+    return [
+        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 131072)), first_new),
+        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((4096,)), [*first_new, ("torch", "torch")]),
+        (
+            "GLM-5 TP8 MLA+DSA",
+            "mla+dsa",
+            glm,
+            contexts((4096, 131072)),
+            [("radix8 + first split", AttentionVariant(mla=mla.FIRST))],
+        ),
+        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768, 131072)), gqa_sweep),
+        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((4096,)), gqa_sweep[:2]),
+        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768,)), [("torch", "torch")]),
         (
             "Llama-70B GQA bf16",
             "gqa",
-            {"heads": 64, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128},
-            contexts(CONTEXTS),
+            llama,
+            contexts((32768, 131072)),
+            [("first split", FIRST), ("new split", NEW), ("torch", "torch")],
         ),
-        (
-            "Llama-70B GQA fp8",
-            "gqa",
-            {"heads": 64, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128, "kv_dtype": "fp8"},
-            contexts(CONTEXTS),
-        ),
-        (
-            "Llama-70B GQA fp8 b8",
-            "gqa",
-            {"batch": 8, "heads": 64, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128, "kv_dtype": "fp8"},
-            contexts((4096, 32768)),
-        ),
+        ("DeepSeek-V3 TP8 MLA", "mla", {"heads": 16}, contexts((131072,)), mla_sweep),
+        ("DeepSeek-V3 TP8 MLA", "mla", {"heads": 16}, contexts((4096, 32768)), mla_sweep[:2]),
+        ("DeepSeek-V3 TP1 MLA", "mla", {"heads": 128}, contexts((131072,)), mla_sweep[:2]),
     ]
-    torch_at = {0, 300, 4096, 32768, 131072}
-    for label, kind, kw, ctxs in shapes:
+
+
+def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each attention shape at each context in each variant (decodetop's Triton kernels, checked by their runners
+    before timing; 'torch': the torch form)."""
+    rows: list[dict[str, Any]] = []
+    for label, kind, kw, ctxs, variants in attention_shapes():
         for context in ctxs:
             key = att_key(kind, context, **kw)
-            row: dict[str, Any] = {"component": label, "context": context}
-            try:
-                best = attention.attention_runner(key, ctx(), rotate=True)
-                row.update(timed(best))
-                del best
-                free()
-                if context in torch_at and not (kind == "mla" and kw["heads"] == 128):
+            for name, variant in variants:
+                row: dict[str, Any] = {"component": label, "context": context, "variant": name}
+                if time.monotonic() > DEADLINE:
+                    row["error"] = "skipped: the run's deadline"
+                    rows.append(row)
+                    continue
+                try:
                     length = context + 1
-                    slow = attention.torch_attention_runner(key, ctx(), length, rotate=True)
-                    row["torch_us"] = timed(slow)["us"]
-                    del slow
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-                traceback.print_exc()
-            free()
-            if "us" in row:
-                row["roofline_us"] = row["moved_bytes"] / copy / 1e3
-                row["copy_pct"] = 100 * row["gbps"] / copy
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            out["attention"] = rows
+                    if variant == "torch":
+                        runner = attention.torch_attention_runner(key, ctx(), length, rotate=True)
+                    else:
+                        runner = attention.triton_attention_runner(key, ctx(), length, rotate=True, variant=variant)
+                    row.update(timed(runner))
+                    del runner
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    traceback.print_exc()
+                free()
+                if "us" in row:
+                    row["roofline_us"] = row["moved_bytes"] / copy / 1e3
+                    row["copy_pct"] = 100 * row["gbps"] / copy
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                out["attention"] = rows
     return rows
 
 
@@ -244,20 +269,51 @@ def rope_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+#: Last round's tuned tiles per shape (benchmarks/results/kernels/kernel_tiles_h200.json: gate_up, down).
+LAST_ROUND_TILES = {
+    "Mixtral-8x7B TP1": (Tiles(16, 512), Tiles(16, 512)),
+    "Qwen3-235B-A22B TP1": (Tiles(16, 512), Tiles(8, 256)),
+    "DeepSeek-V3 TP8": (Tiles(16, 512), Tiles(32, 256)),
+    "Mixtral-8x7B TP2": (Tiles(16, 512), Tiles(16, 512)),
+}
+
+
+def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None) -> dict[str, Any]:
+    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed."""
+    experts, bufs, w_bytes = fm._moe_tensors(key, ctx(), rotate=True)
+
+    def run(experts=experts, bufs=bufs) -> torch.Tensor:
+        w13, w2 = experts.next()
+        return fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
+
+    w13, w2 = experts.items[0]
+    bufs.out.fill_(float("nan"))
+    got = fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
+    want = fm.reference_moe(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
+    err = float((got - want).abs().max())
+    if not err <= fm.CHECK_RTOL * float(want.abs().max()):
+        raise RuntimeError(f"fused MoE with tiles {tiles} differs from the reference: max |Δ| {err:.3g}")
+    return timed(OpRunner(run, w_bytes, 0.0, len(experts), weight_bytes=w_bytes))
+
+
 def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each MoE shape: tiles tuned over the new candidates (the probe's runner, tile store under the state dir),
+    then last round's tiles and the default tiles through the same kernels."""
     rows = []
     shapes = [
         ("Mixtral-8x7B TP1", MoeKey(1, 2, 8, 2, 4096, 14336, "bf16", 0)),
         ("Qwen3-235B-A22B TP1", MoeKey(1, 8, 128, 8, 4096, 1536, "bf16", 0)),
-        ("Qwen3-30B-A3B TP1", MoeKey(1, 8, 128, 8, 2048, 768, "bf16", 0)),
         ("DeepSeek-V3 TP8", MoeKey(1, 8, 256, 8, 7168, 256, "bf16", 0)),
-        ("DeepSeek-V3 TP8 fp8", MoeKey(1, 8, 256, 8, 7168, 256, "fp8", 0)),
         ("Mixtral-8x7B TP2", MoeKey(1, 2, 8, 2, 4096, 7168, "bf16", 0)),
     ]
     if SMOKE:
         shapes = [("tiny", MoeKey(1, 2, 8, 2, 256, 128, "bf16", 0))]
     for label, key in shapes:
         row: dict[str, Any] = {"component": label, "weight_mib": 0.0}
+        if time.monotonic() > DEADLINE:
+            row["error"] = "skipped: the run's deadline"
+            rows.append(row)
+            continue
         try:
             t0 = time.time()
             tuned = fm.fused_moe_runner(key, ctx(), rotate=True)
@@ -265,17 +321,12 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(timed(tuned))
             del tuned
             free()
-            default_tiles = fm._moe_tensors
-            experts, bufs, w_bytes = default_tiles(key, ctx(), rotate=True)
-
-            def dflt(experts=experts, bufs=bufs) -> torch.Tensor:
-                w13, w2 = experts.next()
-                return fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, act=bufs.act, ys=bufs.ys, out=bufs.out)
-
-            row["default_tiles_us"] = timed(OpRunner(dflt, w_bytes, 0.0, len(experts)))["us"]
-            row["weight_mib"] = w_bytes / 2**20
-            row["copy_pct"] = 100 * (w_bytes / row["us"] / 1e3) / copy
-            del experts, bufs
+            if label in LAST_ROUND_TILES:
+                row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
+                free()
+            row["default_tiles_us"] = _moe_fixed(key, None)["us"]
+            row["weight_mib"] = row["weight_bytes"] / 2**20
+            row["copy_pct"] = 100 * (row["weight_bytes"] / row["us"] / 1e3) / copy
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             traceback.print_exc()
@@ -286,14 +337,44 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def kvcast_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rope + KV write as the kvcast probe times it for the inventory's one fused op (Triton, checked by its
+    runner; and the torch form)."""
+    rows = []
+    keys = [
+        ("rope + KV write Llama-70B bf16", KvcastKey("gqa", 1, 2048, 4096, "bf16")),
+        ("rope + KV write Llama-70B fp8", KvcastKey("gqa", 1, 2048, 4096, "fp8")),
+        ("rope + KV write GLM-5 MLA", KvcastKey("mla", 1, 576, 4096, "bf16")),
+    ]
+    for label, key in keys:
+        row: dict[str, Any] = {"component": label}
+        try:
+            row["us"] = timed(kvcast.triton_write_runner(key, ctx()))["us"]
+            row["torch_us"] = timed(kvcast.torch_write_runner(key, ctx()))["us"]
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out["kvcast"] = rows
+    return rows
+
+
+#: The checks of the kernels whose code changed this round (tests/probes/kernel_checks.py).
+CHANGED_CHECKS = ("dsa", "moe", "gqa", "mla")
+
+
 def checks(out: dict[str, Any], *, big: bool) -> None:
     import kernel_checks
 
     results = {}
-    for name, fn in kernel_checks.CHECKS.items():
+    for name in CHANGED_CHECKS:
+        if time.monotonic() > DEADLINE:
+            results[name] = "skipped: the run's deadline"
+            continue
         try:
             torch.manual_seed(sum(map(ord, name)))
-            fn(big)
+            kernel_checks.CHECKS[name](big)
             results[name] = "ok"
         except Exception as exc:
             results[name] = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
@@ -309,22 +390,21 @@ def table(out: dict[str, Any], copy: float) -> str:
     def f(v: Any, nd: int = 1) -> str:
         return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
-    lines.append("component                      ctx      µs   torch µs  roofline µs  %copy  kernel")
+    lines.append("component               ctx      µs  roof µs %copy  variant")
     for r in out.get("attention", []):
         lines.append(
-            f"{r['component']:<28} {r['context']:>7} {f(r.get('us')):>7} {f(r.get('torch_us')):>9} "
-            f"{f(r.get('roofline_us')):>11} {f(r.get('copy_pct'), 0):>5}  {r.get('error', r.get('kernel', ''))[:60]}"
-        )
-    for r in out.get("norms", []) + out.get("rope", []):
-        lines.append(
-            f"{r['component']:<28} {r.get('width', ''):>7} {f(r.get('us'), 2):>7} {f(r.get('torch_us'), 2):>9} "
-            f"{r.get('error', '')[:60]}"
+            f"{r['component']:<22} {r['context']:>6} {f(r.get('us')):>7} {f(r.get('roofline_us')):>7} "
+            f"{f(r.get('copy_pct'), 0):>4}  {r['variant'][:44]} {r.get('error', '')[:50]}"
         )
     for r in out.get("moe", []):
         lines.append(
-            f"{r['component']:<28} {f(r.get('weight_mib'), 0):>5}MiB {f(r.get('us')):>7} "
-            f"default {f(r.get('default_tiles_us'))} {f(r.get('copy_pct'), 0)}% "
-            f"{r.get('error', r.get('note', ''))[-80:]}"
+            f"{r['component']:<22} {f(r.get('weight_mib'), 0):>4}MiB {f(r.get('us')):>7} "
+            f"last {f(r.get('last_round_tiles_us'))} default {f(r.get('default_tiles_us'))} "
+            f"{f(r.get('copy_pct'), 0)}% {r.get('error', r.get('note', ''))[-70:]}"
+        )
+    for r in out.get("kvcast", []) + out.get("norms", []) + out.get("rope", []):
+        lines.append(
+            f"{r['component']:<30} {f(r.get('us'), 2):>7} torch {f(r.get('torch_us'), 2):>7} {r.get('error', '')}"
         )
     return "\n".join(lines)
 
@@ -332,11 +412,15 @@ def table(out: dict[str, Any], copy: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True)
-    ap.add_argument("--skip", default="", help="comma-separated sections to skip: checks,attention,norms,rope,moe")
+    ap.add_argument(
+        "--skip", default="norms,rope", help="comma-separated sections to skip: attention,moe,kvcast,checks,norms,rope"
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU tensors under TRITON_INTERPRET=1, tiny shapes")
+    ap.add_argument("--deadline", type=float, default=math.inf, help="seconds after which no further row starts")
     args = ap.parse_args(argv)
-    global SMOKE
+    global SMOKE, DEADLINE
     SMOKE = args.smoke
+    DEADLINE = time.monotonic() + args.deadline
     skip = set(filter(None, args.skip.split(",")))
     out: dict[str, Any] = {
         "gpu": "CPU (smoke)" if SMOKE else torch.cuda.get_device_name(0),
@@ -347,11 +431,12 @@ def main(argv: list[str] | None = None) -> int:
     out["copy_gbps"] = copy
     print(f"copy {copy:.0f} GB/s", flush=True)
     sections: list[tuple[str, Callable[[], object]]] = [
+        ("attention", lambda: attention_rows(copy, out)),
+        ("moe", lambda: moe_rows(copy, out)),
+        ("kvcast", lambda: kvcast_rows(out)),
         ("checks", lambda: checks(out, big=not SMOKE)),
         ("norms", lambda: norm_rows(out)),
         ("rope", lambda: rope_rows(out)),
-        ("attention", lambda: attention_rows(copy, out)),
-        ("moe", lambda: moe_rows(copy, out)),
     ]
     for name, run in sections:
         if name in skip:

@@ -60,9 +60,19 @@ def compose_h200x2(
 
 
 def test_composed_budget_matches_the_plan_file() -> None:
-    """The fixture really is the H200 run: composing its measured times gives the file's budget."""
-    file_segments = {s["component"]: s["ms"] for s in _plan_doc()["budget"]["segments"]}
-    assert {s.component: s.ms for s in compose_h200x2().segments} == pytest.approx(file_segments)
+    """The fixture really is the H200 run: composing its measured times gives the file's budget, less what the
+    inventory counts differently since the file was written: rotary is one op with the KV-cache write now (the
+    kvcast key's time), so each layer's rotary norm op and its launch are gone."""
+    doc = _plan_doc()
+    file_segments = {s["component"]: s["ms"] for s in doc["budget"]["segments"]}
+    layers = 80
+    rotary = next(t["median_ms"] for k, t in doc["measured"].items() if k.startswith("norms:op=rotary"))
+    per_launch = doc["measured"][f"launch:mode=graph,kernels={doc['budget']['kernels']}"]["median_ms"]
+    file_segments["norms"] -= layers * rotary
+    file_segments["launch"] -= layers * per_launch
+    budget = compose_h200x2()
+    assert budget.kernels == doc["budget"]["kernels"] - layers
+    assert {s.component: s.ms for s in budget.segments} == pytest.approx(file_segments)
 
 
 # --------------------------------------------------------------------------------------------- planted slowdowns

@@ -14,7 +14,8 @@ from collections.abc import Callable
 
 import torch
 
-from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope
+from decodetop.probes.worker import fused_moe
+from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope, tiles
 from decodetop.probes.worker.kernels.common import check_close, check_fp8_close
 
 BF16 = torch.bfloat16
@@ -30,91 +31,108 @@ def _fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def check_mla(big: bool = False) -> None:
-    """Dense and sparse, BF16 and FP8, one and two new tokens, heads within one block and across two."""
+    """Dense and sparse, BF16 and FP8, one and two new tokens, heads within one block and across two; every launch
+    shape of the sweep (`mla.SWEEP`) on the dense BF16 cases, the first and the default on all."""
     d = _dev()
     lora, rope_dim = (512, 64) if big else (64, 16)
     cases = [(1, 1, 8, 300, False, False), (2, 1, 20, 130, False, False), (1, 2, 8, 257, True, False)]
     cases += [(1, 1, 8, 500, False, True), (2, 2, 16, 400, True, True)]
     if big:
         cases = [(b, q, h, n * 40, f, s) for b, q, h, n, f, s in cases]
-    for batch, q_len, heads, length, fp8, sparse in cases:
-        q = torch.randn(batch * q_len, heads, lora + rope_dim, device=d).to(BF16)
-        raw = torch.randn(batch, length, lora + rope_dim, device=d)
-        scale = torch.tensor([0.25], device=d) if fp8 else None
-        cache = _fp8(raw, 0.25) if fp8 else raw.to(BF16)
-        idx = None
-        if sparse:
-            k = length // 3
-            idx = torch.stack([torch.randperm(length, device=d)[:k] for _ in range(batch * q_len)]).int()
-            idx[:, -5:] = -1  # fewer selected than slots: the padding is skipped
-        work = mla.mla_workspace(batch * q_len, heads, idx.shape[1] if idx is not None else length, d, lora=lora)
-        work.out.fill_(float("nan"))
-        got = mla.mla_decode(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale, work=work)
-        want = mla.reference_mla(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale)
-        check_close(got, want, f"mla {batch=} {q_len=} {heads=} {length=} {fp8=} {sparse=}")
+    for config in dict.fromkeys([mla.DEFAULT, *mla.SWEEP]):
+        for batch, q_len, heads, length, fp8, sparse in cases:
+            if (fp8 or sparse) and config not in (mla.FIRST, mla.DEFAULT):
+                continue
+            q = torch.randn(batch * q_len, heads, lora + rope_dim, device=d).to(BF16)
+            raw = torch.randn(batch, length, lora + rope_dim, device=d)
+            scale = torch.tensor([0.25], device=d) if fp8 else None
+            cache = _fp8(raw, 0.25) if fp8 else raw.to(BF16)
+            idx = None
+            if sparse:
+                k = length // 3
+                idx = torch.stack([torch.randperm(length, device=d)[:k] for _ in range(batch * q_len)]).int()
+                idx[:, -5:] = -1  # fewer selected than slots: the padding is skipped
+            total = idx.shape[1] if idx is not None else length
+            work = mla.mla_workspace(batch * q_len, heads, total, d, lora=lora, config=config)
+            work.out.fill_(float("nan"))
+            got = mla.mla_decode(
+                q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale, work=work
+            )
+            want = mla.reference_mla(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale)
+            what = f"mla [{config.label}] {batch=} {q_len=} {heads=} {length=} {fp8=} {sparse=}"
+            check_close(got, want, what)
 
 
 def check_dsa(big: bool = False) -> None:
     """Scores against the torch form; the selection exactly a top-k set (values equal to torch.topk's), every
-    index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU)."""
+    index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU), under
+    each radix digit scheme; negative weights give negative scores (the key's sign flip)."""
     d = _dev()
     dim = 128 if big else 64
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
     if big:
         cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
-    for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
-        tie = length == 3000 and topk == 1500
-        q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
-        w = torch.rand(batch * q_len, heads, device=d)
-        keys = torch.randn(batch, length, dim, device=d) * 2
-        if tie:  # most keys point away from every query: their scores are exactly 0, tied at the threshold
-            q = q.abs()
-            keys[:, 200:] = -keys[:, 200:].abs()
-        keys8 = keys.clamp(-448, 448).to(FP8)
-        ks = torch.rand(batch, length, device=d) + 0.5
-        work = dsa.dsa_workspace(batch * q_len, length, topk, d)
-        work.indices.fill_(-7)
-        idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
-        ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
-        check_close(work.scores, ref, f"dsa scores {length=}", rel=1e-2)
-        k = min(length, topk)
-        assert idx.shape == (batch * q_len, k)
-        assert int(idx.min()) >= 0 and int(idx.max()) < length, "an index out of range (or a slot left unwritten)"
-        for row in idx:
-            assert row.unique().numel() == k, "an index selected twice"
-        chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
-        best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
-        assert torch.equal(chosen, best), f"not a top-{k} set ({length=}, ties={tie})"
-    small = dsa.dsa_workspace(1, 100, 2048, d)  # fewer tokens than top-k: every token
-    idx = dsa.dsa_topk(
-        torch.randn(1, 16, dim, device=d).to(BF16),
-        torch.rand(1, 16, device=d),
-        torch.randn(1, 100, dim, device=d).to(FP8),
-        torch.ones(1, 100, device=d),
-        2048,
-        work=small,
-    )
-    assert idx.tolist() == [list(range(100))]
+    for scheme in dsa.SCHEMES:
+        for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
+            tie = length == 3000 and topk == 1500
+            q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
+            w = torch.rand(batch * q_len, heads, device=d) - (0.3 if length == 5000 else 0.0)
+            keys = torch.randn(batch, length, dim, device=d) * 2
+            if tie:  # most keys point away from every query: their scores are exactly 0, tied at the threshold
+                q = q.abs()
+                keys[:, 200:] = -keys[:, 200:].abs()
+            keys8 = keys.clamp(-448, 448).to(FP8)
+            ks = torch.rand(batch, length, device=d) + 0.5
+            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme)
+            if work.selects:
+                work.indices.fill_(-7)  # poisoned: every slot must be written
+            idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
+            what = f"dsa {scheme} {length=} {topk=}"
+            ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
+            check_close(work.scores, ref, what + " scores", rel=1e-2)
+            k = min(length, topk)
+            assert idx.shape == (batch * q_len, k), what
+            assert int(idx.min()) >= 0 and int(idx.max()) < length, f"{what}: an index out of range (or unwritten)"
+            for row in idx:
+                assert row.unique().numel() == k, f"{what}: an index selected twice"
+            chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
+            best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
+            assert torch.equal(chosen, best), f"{what}: not a top-{k} set (ties={tie})"
+        small = dsa.dsa_workspace(1, 100, 2048, d, scheme=scheme)  # fewer tokens than top-k: every token
+        idx = dsa.dsa_topk(
+            torch.randn(1, 16, dim, device=d).to(BF16),
+            torch.rand(1, 16, device=d),
+            torch.randn(1, 100, dim, device=d).to(FP8),
+            torch.ones(1, 100, device=d),
+            2048,
+            work=small,
+        )
+        assert idx.tolist() == [list(range(100))]
 
 
 def check_gqa(big: bool = False) -> None:
-    """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile."""
+    """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile; every launch
+    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the default on BF16 ones."""
     d = _dev()
     cases = [(1, 8, 2, 1, 300, 64, False), (2, 8, 8, 1, 100, 32, False), (1, 8, 2, 2, 500, 64, True)]
     cases += [(1, 16, 2, 1, 1000, 128, True)]
     if big:
         cases = [(1, 64, 8, 1, 32768, 128, True), (8, 64, 8, 1, 4096, 128, False), (1, 32, 8, 2, 65536, 128, True)]
-    for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
-        q = torch.randn(batch, heads, q_len, dim, device=d).to(BF16)
-        k = torch.randn(batch, kv_heads, length, dim, device=d)
-        v = torch.randn(batch, kv_heads, length, dim, device=d)
-        scales = torch.tensor([0.5, 0.25], device=d) if fp8 else None
-        k, v = (_fp8(k, 0.5), _fp8(v, 0.25)) if fp8 else (k.to(BF16), v.to(BF16))
-        work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d)
-        work.out.fill_(float("nan"))
-        got = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, work=work)
-        want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)
-        check_close(got, want, f"gqa {batch=} {heads=} {kv_heads=} {q_len=} {length=} {fp8=}")
+    for config in dict.fromkeys([gqa.DEFAULT, *gqa.SWEEP]):
+        for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
+            if not fp8 and config not in (gqa.FIRST, gqa.DEFAULT):
+                continue
+            q = torch.randn(batch, heads, q_len, dim, device=d).to(BF16)
+            k = torch.randn(batch, kv_heads, length, dim, device=d)
+            v = torch.randn(batch, kv_heads, length, dim, device=d)
+            scales = torch.tensor([0.5, 0.25], device=d) if fp8 else None
+            k, v = (_fp8(k, 0.5), _fp8(v, 0.25)) if fp8 else (k.to(BF16), v.to(BF16))
+            work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d, config=config)
+            work.out.fill_(float("nan"))
+            got = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, work=work)
+            want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)
+            what = f"gqa [{config.label}] {batch=} {heads=} {kv_heads=} {q_len=} {length=} {fp8=}"
+            check_close(got, want, what)
 
 
 def check_norms(big: bool = False) -> None:
@@ -182,12 +200,35 @@ def check_rope(big: bool = False) -> None:
             check_close(scales[slots], ref[3][slots], what + " scales", rel=1e-5)
 
 
+def check_moe(big: bool = False) -> None:
+    """The fused-MoE kernels with every tile the tuner tries (split reductions and tails included), BF16 and FP8
+    experts, against the torch reference."""
+    d = _dev()
+    shapes = [(1, 300, 80, 6, 2)]
+    if big:
+        shapes = [(1, 4096, 1536, 16, 8), (1, 7168, 256, 16, 8)]
+    for tokens, hidden, inter, n_exp, top_k in shapes:
+        for dtype in (BF16, FP8) if big else (BF16,):
+            x = torch.randn(tokens, hidden, device=d).to(BF16)
+            w13 = (torch.randn(n_exp, 2 * inter, hidden, device=d) * 0.05).to(dtype)
+            w2 = (torch.randn(n_exp, hidden, inter, device=d) * 0.05).to(dtype)
+            ids = fused_moe.routed_ids(tokens, top_k, n_exp, d)
+            wts = torch.rand(tokens, top_k, device=d) + 0.1
+            want = fused_moe.reference_moe(x, w13, w2, ids, wts).float()
+            for t in tiles.TILE_CANDIDATES:
+                out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
+                got = fused_moe.fused_moe(x, w13, w2, ids, wts, out=out, tiles=(t, t)).float()
+                err = float((got - want).abs().max())
+                assert err <= 0.02 * float(want.abs().max()), f"moe {t.text} {dtype} {hidden=} {inter=}: {err:.3g}"
+
+
 CHECKS: dict[str, Callable[[bool], None]] = {
     "mla": check_mla,
     "dsa": check_dsa,
     "gqa": check_gqa,
     "norms": check_norms,
     "rope": check_rope,
+    "moe": check_moe,
 }
 
 

@@ -55,7 +55,8 @@ def mla_ops(b: OpBuilder, i: int, m: int, q_len: int, count: int, prefix: str) -
 
 
 def mla_projections_ops(b: OpBuilder, i: int, m: int, count: int, prefix: str) -> None:
-    """The query and latent-KV projections up to rotary: q_a/kv_a (fused where one format), q_b or q, the norms."""
+    """The query and latent-KV projections up to rotary: q_a/kv_a (fused where one format), q_b or q, the norms
+    (rotary is fused with the latent cache write: `mla_attention_ops`)."""
     spec, tp = b.spec, b.dep.tp
     proj = Component.ATTENTION_PROJ
     kv_a = b.mod(i, "kv_a_proj")
@@ -72,7 +73,6 @@ def mla_projections_ops(b: OpBuilder, i: int, m: int, count: int, prefix: str) -
         b.linear(prefix + "kv_a_proj (replicated)", proj, i, m, [kv_a], 1.0, count=count)
         b.linear(prefix + "q_proj", proj, i, m, [b.mod(i, "q_proj")], 1 / tp, count=count)
     b.norm(prefix + "kv_a_layernorm", "rmsnorm", Component.NORMS, i, m, spec.kv_lora_rank, count)
-    b.norm(prefix + "rotary", "rotary", Component.NORMS, i, m, (b.h_rank + 1) * spec.qk_rope_head_dim, count)
 
 
 def dsa_indexer_ops(b: OpBuilder, i: int, m: int, ctx: int, count: int, prefix: str) -> tuple[float, float]:
@@ -94,11 +94,13 @@ def dsa_indexer_ops(b: OpBuilder, i: int, m: int, ctx: int, count: int, prefix: 
 
 
 def mla_attention_ops(b: OpBuilder, i: int, m: int, q_len: int, count: int, prefix: str) -> None:
-    """The latent KV-cache write and the latent attention over the context (top-k of it under DSA)."""
+    """Rotary on q_pe and k_pe fused with the latent KV-cache write, and the latent attention over the context (top-k
+    of it under DSA)."""
     spec, dep = b.spec, b.dep
     h, lora = b.h_rank, spec.kv_lora_rank
     latent = lora + spec.qk_rope_head_dim
-    b.kv_write(prefix + "kv cache write", i, "mla", m, latent, b.kvb, b.kv_dtype, count)
+    rope = (h + 1) * spec.qk_rope_head_dim
+    b.kv_write(prefix + "rotary + kv cache write", i, "mla", m, latent, b.kvb, b.kv_dtype, count, rope)
     ctx = dep.context_len + q_len
     kind = "mla"
     attended = ctx
@@ -168,9 +170,9 @@ def gqa_ops(b: OpBuilder, i: int, m: int, q_len: int, count: int, prefix: str) -
         b.linear(prefix + "v_proj", proj, i, m, [v], kv_share, count=count)
     if spec.qk_norm:
         b.norm(prefix + "q/k norm", "rmsnorm", Component.NORMS, i, m * (b.h_rank + b.kv_rank), hd, count)
-    b.norm(prefix + "rotary", "rotary", Component.NORMS, i, m, (b.h_rank + b.kv_rank) * spec.rotary_dim, count)
     width = 2 * b.kv_rank * hd
-    b.kv_write(prefix + "kv cache write", i, "gqa", m, width, b.kvb, b.kv_dtype, count)
+    rope = (b.h_rank + b.kv_rank) * spec.rotary_dim
+    b.kv_write(prefix + "rotary + kv cache write", i, "gqa", m, width, b.kvb, b.kv_dtype, count, rope)
     ctx = dep.context_len + q_len
     sliding = i in b.sliding_layers
     attended = min(ctx, spec.sliding_window) if sliding else ctx

@@ -192,20 +192,33 @@ class OpBuilder:
         self.add(op, layer)
 
     def kv_write(
-        self, name: str, layer: int, layout: str, tokens: int, width: int, kvb: float, kv_dtype: str, count: int = 1
+        self,
+        name: str,
+        layer: int,
+        layout: str,
+        tokens: int,
+        width: int,
+        kvb: float,
+        kv_dtype: str,
+        count: int = 1,
+        rope: int = 0,
     ) -> None:
+        """The cache write of `tokens` rows of `width`; with `rope` (values per token), the rotary embedding of the
+        query and key heads in the same op (one kernel: engines fuse them, and the kvcast probe times its gqa and
+        mla keys as decodetop's fused rope + KV write)."""
+        rope_io = tokens * rope * ACTIVATION_BYTES  # rotated in place: read and written
         op = Op(
             name,
             Component.ATTENTION,
             "kv_write",
-            f"[{tokens}×{width}] → cache",
+            f"[{tokens}×{width}] → cache" + (f", rope on {rope}" if rope else ""),
             kv_dtype,
             count,
             0.0,
             0.0,
-            tokens * width * ACTIVATION_BYTES,
-            tokens * width * kvb,
-            0.0,
+            tokens * width * ACTIVATION_BYTES + rope_io,
+            tokens * width * kvb + rope_io,
+            3.0 * tokens * rope,
             KERNELS_PER_OP["kv_write"],
             KvcastKey(layout, tokens, width, self.dep.context_len, kv_dtype),
             "-",

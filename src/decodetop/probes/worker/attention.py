@@ -52,6 +52,24 @@ from decodetop.probes.worker.timing import Rotation
 FP8_CACHE_SCALE = 1.0 / 64.0
 
 
+@dataclass(frozen=True)
+class AttentionVariant:
+    """The launch shapes decodetop's Triton attention kernels run with: the probe runs the defaults, the kernels
+    benchmark (benchmarks/kernels/h200_kernels.py) sweeps the others beside them."""
+
+    gqa: gqa.GqaConfig = gqa.DEFAULT
+    mla: mla.MlaConfig = mla.DEFAULT
+    dsa_scheme: str = dsa.SCHEMES[0]
+    """The DSA top-k's radix digits (`dsa.SCHEMES`)."""
+
+    def label(self, kind: str) -> str:
+        """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
+        if kind == "gqa":
+            return f"split {self.gqa.label}"
+        text = f"split {self.mla.label}"
+        return f"top-k {self.dsa_scheme}, {text}" if kind == "mla+dsa" else text
+
+
 def _cache(shape: tuple[int, ...], fp8: bool, device: torch.device) -> torch.Tensor:
     """A random cache of std 1 (FP8: stored ÷ FP8_CACHE_SCALE, inside e4m3's range)."""
     if not fp8:
@@ -204,14 +222,16 @@ def _mla_torch(m: _Mla) -> Callable[[], torch.Tensor]:
     return run
 
 
-def _mla_triton(m: _Mla, device: torch.device) -> tuple[Callable[[], torch.Tensor], dsa.DsaWorkspace | None]:
+def _mla_triton(
+    m: _Mla, device: torch.device, variant: AttentionVariant
+) -> tuple[Callable[[], torch.Tensor], dsa.DsaWorkspace | None]:
     """DSA scores + radix top-k (for mla+dsa), then the split-K MLA kernel, every buffer preallocated; the DSA
     workspace is returned for the check."""
     key, rows = m.key, m.q.shape[0]
     length = m.caches.items[0][0].shape[1]
     dsa_on = m.caches.items[0][1] is not None
-    work = mla.mla_workspace(rows, key.heads, m.attended, device, lora=m.lora)
-    dwork = dsa.dsa_workspace(rows, length, m.attended, device) if dsa_on else None
+    work = mla.mla_workspace(rows, key.heads, m.attended, device, lora=m.lora, config=variant.mla)
+    dwork = dsa.dsa_workspace(rows, length, m.attended, device, scheme=variant.dsa_scheme) if dsa_on else None
 
     def run() -> torch.Tensor:
         cache, index_keys, key_scales = m.caches.next()
@@ -284,15 +304,27 @@ def torch_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *,
     )
 
 
-def triton_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *, rotate: bool) -> OpRunner:
-    """decodetop's Triton kernels, checked once against the torch form."""
+def triton_attention_runner(
+    key: AttentionKey,
+    ctx: ProbeContext,
+    length: int,
+    *,
+    rotate: bool,
+    variant: AttentionVariant | None = None,
+) -> OpRunner:
+    """decodetop's Triton kernels (the default launch shapes unless `variant` says others), checked once against
+    the torch form."""
     reason = triton_unavailable(ctx.device)
     if reason:
         raise UnsupportedError(reason)
+    variant = variant or AttentionVariant()
     fp8 = " (FP8 cache read as FP8)" if key.kv_dtype == "fp8" else ""
+    shapes = variant.label(key.kind)
     if key.kind == "gqa":
         g = _gqa_inputs(key, ctx, length, rotate=rotate)
-        work = gqa.gqa_workspace(key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device)
+        work = gqa.gqa_workspace(
+            key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device, config=variant.gqa
+        )
 
         def split_k() -> torch.Tensor:
             k, v = g.caches.next()
@@ -303,15 +335,15 @@ def triton_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *
         got = split_k().clone()
         g.caches.rewind()
         check_close(got, gqa.reference_gqa(g.q, k0, v0, sm_scale=g.sm_scale, scales=g.scales), "Triton GQA decode")
-        return _gqa_runner(g, split_k, "", f"GQA decode split-K{fp8}", ctx)
+        return _gqa_runner(g, split_k, shapes, f"GQA decode split-K{fp8}", ctx)
     m = _mla_inputs(key, ctx, length, rotate=rotate)
-    run, dwork = _mla_triton(m, ctx.device)
+    run, dwork = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"
     if key.kind == "mla+dsa":
         name = f"DSA indexer over FP8 keys + radix top-k, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind)
     moved = m.kv_bytes + m.q.numel() * 2 * 2
-    return OpRunner(run, moved, m.flops, len(m.caches), kv_bytes=m.kv_bytes, kernel=triton_kernel(name))
+    return OpRunner(run, moved, m.flops, len(m.caches), shapes, kv_bytes=m.kv_bytes, kernel=triton_kernel(name))
 
 
 def engine_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *, rotate: bool) -> OpRunner:

@@ -7,12 +7,18 @@ probe (sort, grouped GEMM, SiLU-and-mul, grouped GEMM, combine) launches a dozen
 built for large M. At batch 1 the layer is a weight stream, so what matters is reading each routed expert once at
 full bandwidth. Three kernels do the whole routed-expert op:
 
-1. `gate_up`: one program per (token, routed slot) × block of the intermediate width: reads the expert id from the
-   device, streams that expert's gate and up rows against the token's activation (fp32 accumulation) and writes
-   SiLU(gate) · up;
-2. `down`: one program per routed slot × block of the hidden width: streams that expert's down-projection rows
-   against the slot's activation and writes the product, scaled by the router weight, as an fp32 row;
-3. `combine`: each token's top-k rows summed into its output (no atomics, deterministic; a few KB per token).
+1. `gate_up`: one program per (token, routed slot) × block of the intermediate width × part of the hidden width:
+   reads the expert id from the device, streams that expert's gate and up rows against the token's activation
+   (fp32 accumulation) and writes the gate and up sums as an fp32 row (added with atomics where the hidden width is
+   split over several programs);
+2. `down`: one program per routed slot × block of the hidden width × part of the intermediate width: streams that
+   expert's down-projection rows against SiLU(gate) · up (computed from the sums as each block is read) and writes
+   the product, scaled by the router weight, as an fp32 row (added with atomics where split);
+3. `combine`: each token's top-k rows summed into its output (deterministic; a few KB per token).
+
+Splitting the reduction (`Tiles.split_k`) gives a shape with few output rows per slot enough programs to keep
+HBM busy: DeepSeek-V3's TP-8 slice has 8 slots × 512 gate/up rows, 128 programs of 32 rows for 132 SMs, and read
+45 % of copy bandwidth on an H200 unsplit (docs/benchmarks.md, "Kernels").
 
 Expert ids and weights are tensors on the device, so the three are CUDA-graph replayable with any routing. Weights
 are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` stores them and as the torch path
@@ -72,17 +78,20 @@ if HAVE_TRITON:
         x_ptr,
         w13_ptr,
         ids_ptr,
-        act_ptr,
+        h_ptr,
         hidden,
         inter,
+        k_chunk,
         stride_we,
         stride_wn,
         top_k: tl.constexpr,
         block_n: tl.constexpr,
         block_k: tl.constexpr,
+        split: tl.constexpr,
     ):
         slot = tl.program_id(0)  # token · top_k + k
         nb = tl.program_id(1)
+        ks = tl.program_id(2)
         token = slot // top_k
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         offs_n = nb * block_n + tl.arange(0, block_n)
@@ -91,47 +100,62 @@ if HAVE_TRITON:
         w_up = w_gate + inter * stride_wn
         acc_g = tl.zeros([block_n], dtype=tl.float32)
         acc_u = tl.zeros([block_n], dtype=tl.float32)
-        for k0 in range(0, hidden, block_k):
+        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
+        for k0 in range(ks * k_chunk, k_end, block_k):
             offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < hidden
+            mask_k = offs_k < k_end
             xv = tl.load(x_ptr + token * hidden + offs_k, mask=mask_k, other=0.0).to(tl.float32)
             mask = mask_n[:, None] & mask_k[None, :]
             wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             acc_g += tl.sum(wg * xv[None, :], axis=1)
             acc_u += tl.sum(wu * xv[None, :], axis=1)
-        act = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-        tl.store(act_ptr + slot * inter + offs_n, act.to(act_ptr.dtype.element_ty), mask=mask_n)
+        row = h_ptr + slot * 2 * inter
+        if split:
+            tl.atomic_add(row + offs_n, acc_g, mask=mask_n)
+            tl.atomic_add(row + inter + offs_n, acc_u, mask=mask_n)
+        else:
+            tl.store(row + offs_n, acc_g, mask=mask_n)
+            tl.store(row + inter + offs_n, acc_u, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _down_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
-        act_ptr,
+        h_ptr,
         w2_ptr,
         ids_ptr,
         wts_ptr,
         ys_ptr,
         hidden,
         inter,
+        k_chunk,
         stride_we,
         stride_wn,
         block_n: tl.constexpr,
         block_k: tl.constexpr,
+        split: tl.constexpr,
     ):
         slot = tl.program_id(0)
         nb = tl.program_id(1)
+        ks = tl.program_id(2)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < hidden
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         weight = tl.load(wts_ptr + slot).to(tl.float32)
         w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
         acc = tl.zeros([block_n], dtype=tl.float32)
-        for k0 in range(0, inter, block_k):
+        k_end = tl.minimum(inter, (ks + 1) * k_chunk)
+        for k0 in range(ks * k_chunk, k_end, block_k):
             offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < inter
-            av = tl.load(act_ptr + slot * inter + offs_k, mask=mask_k, other=0.0).to(tl.float32)
+            mask_k = offs_k < k_end
+            g = tl.load(h_ptr + slot * 2 * inter + offs_k, mask=mask_k, other=0.0)
+            u = tl.load(h_ptr + slot * 2 * inter + inter + offs_k, mask=mask_k, other=0.0)
+            av = g / (1.0 + tl.exp(-g)) * u
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
-        tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+        if split:
+            tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+        else:
+            tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _combine_kernel(ys_ptr, out_ptr, hidden, top_k: tl.constexpr, block: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -212,7 +236,7 @@ def fused_moe(
     ids: torch.Tensor,
     weights: torch.Tensor,
     *,
-    act: torch.Tensor | None = None,
+    h: torch.Tensor | None = None,
     ys: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     sms: int | None = None,
@@ -220,10 +244,11 @@ def fused_moe(
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
-    w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `act`
-    [T·K, I], `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a captured graph allocates
-    nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1 on CPU tensors under
-    Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from `pick_block_n`)."""
+    w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `h`
+    [T·K, 2I] fp32 (the gate and up sums), `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a
+    captured graph allocates nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1
+    on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from
+    `pick_block_n`)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -237,8 +262,8 @@ def fused_moe(
         )
     if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
         raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
-    if act is None:
-        act = torch.empty(tokens * top_k, inter, device=x.device, dtype=x.dtype)
+    if h is None:
+        h = torch.empty(tokens * top_k, 2 * inter, device=x.device, dtype=torch.float32)
     if ys is None:
         ys = torch.empty(tokens * top_k, hidden, device=x.device, dtype=torch.float32)
     if out is None:
@@ -247,58 +272,86 @@ def fused_moe(
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     up_t, down_t = tiles if tiles is not None else (None, None)
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
-    launch_gate_up(x, w13, ids, act, grid)
-    launch_down(act, w2, ids, weights, ys, grid)
+    launch_gate_up(x, w13, ids, h, grid)
+    launch_down(h, w2, ids, weights, ys, grid)
     _combine_kernel[grid.combine](ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
     return out
 
 
-def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, act: torch.Tensor, grid: Grid) -> None:
-    """The gate_up kernel alone (the tuner times it by itself)."""
+def _k_chunk(width: int, tiles: Tiles) -> int:
+    """Reduction elements per split: whole steps of `block_k`, `split_k` parts covering `width`."""
+    steps = -(-width // tiles.block_k)
+    return -(-steps // max(1, tiles.split_k)) * tiles.block_k
+
+
+def _launch_options(tiles: Tiles) -> dict[str, int]:
+    options = {"num_warps": tiles.num_warps}
+    if tiles.num_stages:
+        options["num_stages"] = tiles.num_stages
+    return options
+
+
+def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: torch.Tensor, grid: Grid) -> None:
+    """The gate_up kernel alone (the tuner times it by itself); a split reduction zeroes `h` first."""
     tiles = grid.gate_up_tiles or Tiles(grid.gate_up_block_n)
     hidden = x.shape[1]
-    _gate_up_kernel[grid.gate_up](
+    chunk = _k_chunk(hidden, tiles)
+    splits = -(-hidden // chunk)
+    if splits > 1:
+        h.zero_()
+    launch = (*grid.gate_up, splits)
+    _gate_up_kernel[launch](
         x,
         w13,
         ids,
-        act,
+        h,
         hidden,
         w13.shape[1] // 2,
+        chunk,
         w13.stride(0),
         w13.stride(1),
         top_k=ids.shape[1],
         block_n=tiles.block_n,
         block_k=tiles.block_k,
-        num_warps=tiles.num_warps,
+        split=splits > 1,
+        **_launch_options(tiles),
     )
 
 
 def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
-    act: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ys: torch.Tensor, grid: Grid
+    h: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ys: torch.Tensor, grid: Grid
 ) -> None:
-    """The down kernel alone (the tuner times it by itself)."""
+    """The down kernel alone (the tuner times it by itself); a split reduction zeroes `ys` first."""
     tiles = grid.down_tiles or Tiles(grid.down_block_n)
-    _down_kernel[grid.down](
-        act,
+    inter = w2.shape[2]
+    chunk = _k_chunk(inter, tiles)
+    splits = -(-inter // chunk)
+    if splits > 1:
+        ys.zero_()
+    launch = (*grid.down, splits)
+    _down_kernel[launch](
+        h,
         w2,
         ids,
         weights,
         ys,
         w2.shape[1],
-        w2.shape[2],
+        inter,
+        chunk,
         w2.stride(0),
         w2.stride(1),
         block_n=tiles.block_n,
         block_k=tiles.block_k,
-        num_warps=tiles.num_warps,
+        split=splits > 1,
+        **_launch_options(tiles),
     )
 
 
 def reference_moe(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """The same computation in plain torch, slot by slot: fp32 accumulation, the SiLU-and-mul rounded to x's dtype
-    (as the kernel stores it), the weighted sum in fp32, the output in x's dtype."""
+    """The same computation in plain torch, slot by slot: fp32 accumulation, the SiLU-and-mul in fp32 (as the
+    kernel computes it from the fp32 gate and up sums), the weighted sum in fp32, the output in x's dtype."""
     tokens, _hidden = x.shape
     inter = w13.shape[1] // 2
     out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
@@ -307,7 +360,7 @@ def reference_moe(
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             h = w13[e].float() @ xt
-            a = (F.silu(h[:inter]) * h[inter:]).to(x.dtype).float()
+            a = F.silu(h[:inter]) * h[inter:]
             out[t] += float(weights[t, j]) * (w2[e].float() @ a)
     return out.to(x.dtype)
 
@@ -333,7 +386,7 @@ def _tile_choice(
 
         def go() -> None:
             w13, _ = experts.next()
-            launch_gate_up(bufs.x, w13, bufs.ids, bufs.act, grid)
+            launch_gate_up(bufs.x, w13, bufs.ids, bufs.h, grid)
 
         return go
 
@@ -342,7 +395,7 @@ def _tile_choice(
 
         def go() -> None:
             _, w2 = experts.next()
-            launch_down(bufs.act, w2, bufs.ids, bufs.wts, bufs.ys, grid)
+            launch_down(bufs.h, w2, bufs.ids, bufs.wts, bufs.ys, grid)
 
         return go
 
@@ -358,7 +411,8 @@ class _Buffers:
     x: torch.Tensor
     ids: torch.Tensor
     wts: torch.Tensor
-    act: torch.Tensor
+    h: torch.Tensor
+    """[T·K, 2I] fp32: the gate and up sums."""
     ys: torch.Tensor
     out: torch.Tensor
 
@@ -385,13 +439,11 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
 
     def fused() -> torch.Tensor:
         w13, w2 = experts.next()
-        return fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, act=bufs.act, ys=bufs.ys, out=bufs.out, tiles=tiles)
+        return fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
 
     w13_0, w2_0 = experts.items[0]
     bufs.out.fill_(float("nan"))  # poisoned: every element must be written
-    got = fused_moe(
-        bufs.x, w13_0, w2_0, bufs.ids, bufs.wts, act=bufs.act, ys=bufs.ys, out=bufs.out, tiles=tiles
-    ).float()
+    got = fused_moe(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
     want = reference_moe(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts).float()
     scale = float(want.abs().max()) or 1.0
     err = float((got - want).abs().max())
@@ -433,7 +485,7 @@ def _moe_tensors(
         randn((t, h), adtype, device, std=1.0),
         routed_ids(t, k_top, active, device),
         torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1,
-        torch.empty(t * k_top, inter, device=device, dtype=adtype),
+        torch.empty(t * k_top, 2 * inter, device=device, dtype=torch.float32),
         torch.empty(t * k_top, h, device=device, dtype=torch.float32),
         torch.empty(t, h, device=device, dtype=adtype),
     )

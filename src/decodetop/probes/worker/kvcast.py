@@ -4,7 +4,11 @@
   latent, or DSA index-key) entries to the cache dtype and copy them into a cache of `context` slots — what the
   budget's kvcast key means — with the best kernel this rank runs: decodetop's Triton KV write (`kernels.rope`, one
   launch: cast, FP8 scale — dynamic per 128 values for DSA index keys — and scatter to the slots), else the torch
-  form (cast, index_copy_), which is also timed beside the Triton kernel as an `alternative` point;
+  form (cast, index_copy_), which is also timed beside the Triton kernel as an `alternative` point. The gqa and
+  mla keys are the step's rotary + KV write (the inventory counts them as one op, as engines fuse them): the key
+  rows are rotated over 64 dims in the same launch (GQA: each row's first 64; MLA: the latent row's k_pe, its last
+  64), the torch form rotates them by cat first. The query heads' rotation rides in the same launch as more
+  programs, not timed here (0.2 µs or less of the fused kernel's 2.4–2.6 µs on an H200, docs/benchmarks.md);
 - diagnostics, over `read_contexts` (plus the key's own context): an FP8 cache of the key's width read as BF16
   by **whole-cache cast** (`cache.to(bf16)` of every cached token each step: the motivating case's culprit) and by
   **gather-then-cast** (gather the `gather_tokens` tokens a step needs — a DSA top-k, in 64-token blocks — then
@@ -30,9 +34,16 @@ from decodetop.probes.worker.kernels.common import (
     triton_kernel,
     triton_unavailable,
 )
-from decodetop.probes.worker.kernels.rope import RopeSpec, reference_rope_kv_write, rope_kv_write
+from decodetop.probes.worker.kernels.rope import RopeSpec, reference_rope_kv_write, rope_kv_write, rotate_half
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.tensors import FP8_E4M3_MAX, randn, require_free
+
+#: Rotary dims of the key rows of gqa and mla keys (64: DeepSeek's and GLM-5's qk_rope_head_dim, Llama's half head).
+ROPE_DIMS = 64
+#: Positions of the rotary tables.
+ROPE_POSITIONS = 4096
+#: Layouts whose write carries the step's rotary.
+ROPE_LAYOUTS = ("gqa", "mla")
 
 #: Tokens per KV-cache block when gathering blocks (SGLang/vLLM page sizes are 1-64; FlashMLA uses 64).
 KV_BLOCK_TOKENS = 64
@@ -49,9 +60,21 @@ def kvcast_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     ).runner
 
 
+def _rope_of(key: KvcastKey, ctx: ProbeContext, row: int) -> tuple[RopeSpec, torch.Tensor, torch.Tensor]:
+    """(rotary spec, cos and sin tables) of a key's rows of `row` values: `ROPE_DIMS` at the row's start (GQA) or
+    end (MLA's k_pe) for the gqa and mla layouts, none for the others or rows narrower than that."""
+    if key.layout not in ROPE_LAYOUTS or row < ROPE_DIMS:
+        one = torch.ones(1, 1, device=ctx.device)
+        return RopeSpec(0), one, one
+    cos = torch.rand(ROPE_POSITIONS, ROPE_DIMS // 2, device=ctx.device)
+    sin = torch.rand(ROPE_POSITIONS, ROPE_DIMS // 2, device=ctx.device)
+    return RopeSpec(ROPE_DIMS, 0, row - ROPE_DIMS if key.layout == "mla" else 0), cos, sin
+
+
 def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
-    """One launch: the new rows cast (FP8: a fixed scale, or for DSA index keys a dynamic one per 128 values) and
-    written to their slots; checked once against the torch form. GQA rows are K then V halves."""
+    """One launch: the new rows rotated (gqa and mla keys), cast (FP8: a fixed scale, or for DSA index keys a
+    dynamic one per 128 values) and written to their slots; checked once against the torch form. GQA rows are K
+    then V halves."""
     reason = triton_unavailable(ctx.device)
     if reason:
         raise UnsupportedError(reason)
@@ -69,14 +92,13 @@ def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     k_new = randn((key.tokens, heads, group), torch.bfloat16, device, std=1.0)
     v_new = randn((key.tokens, heads, group), torch.bfloat16, device, std=1.0) if halves == 2 else None
     where = torch.arange(key.context, slots, device=device)
-    pos = torch.zeros(key.tokens, dtype=torch.int64, device=device)
-    table = torch.ones(1, 1, device=device)
+    spec, cos, sin = _rope_of(key, ctx, group)
+    pos = torch.randint(0, cos.shape[0], (key.tokens,), device=device)
     scales: torch.Tensor | None = None
     if dynamic:
         scales = torch.ones(slots, heads, device=device)
     elif kv == torch.float8_e4m3fn:
         scales = torch.ones(2, device=device)
-    spec = RopeSpec(0)
 
     def write() -> None:
         rope_kv_write(
@@ -84,8 +106,8 @@ def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
             k_new,
             v_new,
             rope=spec,
-            cos=table,
-            sin=table,
+            cos=cos,
+            sin=sin,
             positions=pos,
             slots=where,
             k_cache=k_cache,
@@ -97,13 +119,15 @@ def triton_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     k_ref, v_ref = k_cache.clone(), v_cache.clone() if v_cache is not None else None
     s_ref = scales.clone() if scales is not None else None
     write()
-    reference_rope_kv_write(None, k_new, v_new, spec, table, table, pos, where, k_ref, v_ref, s_ref, dynamic)
+    reference_rope_kv_write(None, k_new, v_new, spec, cos, sin, pos, where, k_ref, v_ref, s_ref, dynamic)
     if kv == torch.float8_e4m3fn:
         check_fp8_close(k_cache[key.context :], k_ref[key.context :], "Triton KV write")
     else:
         check_close(k_cache[key.context :], k_ref[key.context :], "Triton KV write")
     moved = key.tokens * key.width * (2 + kv.itemsize)
     name = "KV write (cast and scatter, one launch)" + (", dynamic FP8 scale per 128 values" if dynamic else "")
+    if spec.rot:
+        name = "rope + KV write (rotary, cast and scatter, one launch)"
     return OpRunner(write, moved, 0.0, kernel=triton_kernel(name))
 
 
@@ -119,25 +143,36 @@ def torch_write_runner(key: KvcastKey, ctx: ProbeContext) -> OpRunner:
     where = torch.arange(key.context, slots, device=device)
     group = 128 if key.layout == "dsa_index" and key.width % 128 == 0 else 0
     scales = torch.ones(slots, max(1, key.width // 128), device=device) if group else None
+    k_width = key.width // 2 if key.layout == "gqa" and key.width % 2 == 0 else key.width
+    spec, cos, sin = _rope_of(key, ctx, k_width)
+    pos = torch.randint(0, cos.shape[0], (key.tokens,), device=device)
 
     # FP8 rows are copied through a uint8 view: index_copy_ has no Float8 kernel on CPU (same bytes, same work).
     raw = cache.view(torch.uint8) if kv.itemsize == 1 else cache
 
     def write() -> None:
+        rows = new
+        if spec.rot:  # rotary by cat on the key rows (the K half of GQA rows), as torch must
+            kv_rows = new.view(key.tokens, -1, k_width)
+            c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
+            rotated = rotate_half(kv_rows[:, :1], c, s, spec.offset_k, spec.rot)
+            rows = torch.cat((rotated, kv_rows[:, 1:]), dim=1).view(key.tokens, key.width)
         if kv == torch.float8_e4m3fn:
             if group and scales is not None:
-                blocks = new.float().view(key.tokens, -1, group)
-                s = blocks.abs().amax(dim=-1).clamp_(min=1e-6) / FP8_E4M3_MAX
-                q = (blocks / s.unsqueeze(-1)).view(key.tokens, key.width).to(kv)
+                blocks = rows.float().view(key.tokens, -1, group)
+                sc = blocks.abs().amax(dim=-1).clamp_(min=1e-6) / FP8_E4M3_MAX
+                q = (blocks / sc.unsqueeze(-1)).view(key.tokens, key.width).to(kv)
                 raw.index_copy_(0, where, q.view(torch.uint8))
-                scales.index_copy_(0, where, s)
+                scales.index_copy_(0, where, sc)
             else:
-                raw.index_copy_(0, where, new.to(kv).view(torch.uint8))
+                raw.index_copy_(0, where, rows.to(kv).view(torch.uint8))
         else:
-            cache.index_copy_(0, where, new.to(kv))
+            cache.index_copy_(0, where, rows.to(kv))
 
     moved = key.tokens * key.width * (2 + kv.itemsize)
     ops = "amax, div, cast, index_copy_" if group else "cast, index_copy_"
+    if spec.rot:
+        ops = "rotary (mul, sub, add, cat), " + ops
     return OpRunner(write, moved, 0.0, kernel=torch_kernel(ctx, ops))
 
 

@@ -6,13 +6,18 @@ and one fp32 scale per token (DeepSeek-V3.2's indexer cache: 128 FP8 values + a 
 them as FP8 too). The scores then pick the `topk` tokens the sparse MLA attends to.
 
 `torch.topk` of 2048 of 4096 alone takes 37 µs on an H200 under graph replay, more than the whole attention should,
-so the selection is a radix select on the scores' order-preserving 32-bit keys: three histogram passes
-(11 + 11 + 10 bits; each pass counts only the tokens still tied with the threshold, each program finds the
-threshold digit from the previous pass's histogram itself) and one compaction pass that writes the tokens above the
-threshold and as many tied at it as the count needs. The first histogram is taken in the scoring kernel. Five
-launches (with the workspace's memset) whatever the context, no sort, no host sync; the selected set equals
-torch.topk's (the order inside it does not matter to attention). Where the context holds no more than `topk`
-tokens every token is selected (as `min(context, topk)` in the torch form).
+so the selection is a radix select on the scores' order-preserving 32-bit keys: histogram passes over the key's
+digits (each pass counts only the tokens still tied with the threshold, each program finds the threshold digit of
+the earlier passes from their histograms itself), then one compaction pass that writes the tokens above the
+threshold and as many tied at it as the count needs. The first histogram is taken in the scoring kernel. No sort,
+no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
+context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
+
+Two digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), and `radix11`, three digits of
+11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
+element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200
+each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
+(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more.
 """
 
 from __future__ import annotations
@@ -36,10 +41,18 @@ from decodetop.probes.worker.kernels.common import (
 SCORE_BLOCK = 128
 #: Scores per program in the histogram and compaction passes.
 SELECT_BLOCK = 2048
-#: Histogram bins per pass: 11 + 11 + 10 bits cover a 32-bit key.
+#: Histogram bins per pass of the `radix11` scheme: 11 + 11 + 10 bits cover a 32-bit key.
 BINS = (2048, 2048, 1024)
-#: Workspace per row: the three histograms and two counters (above the threshold, tied at it).
+#: Workspace per row of `radix11`: the three histograms and two counters (above the threshold, tied at it).
 WORK_INTS = sum(BINS) + 2
+#: The `radix8` scheme: four digits of 8 bits, 256 bins each.
+DIGIT_BITS = 8
+DIGIT_BINS = 1 << DIGIT_BITS
+DIGITS = 32 // DIGIT_BITS
+#: Workspace per row of `radix8`: four histograms and the two counters.
+WORK8_INTS = DIGITS * DIGIT_BINS + 2
+#: The digit schemes, the default first.
+SCHEMES = ("radix8", "radix11")
 #: Scoring programs wanted per SM (each scores 1–16 tiles).
 SCORE_PROGRAMS_PER_SM = 2
 
@@ -81,6 +94,7 @@ if HAVE_TRITON:
         D: tl.constexpr,
         BLOCK: tl.constexpr,
         BINS1: tl.constexpr,
+        SHIFT1: tl.constexpr,
         F32_DOT: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -105,7 +119,7 @@ if HAVE_TRITON:
             logits = tl.dot(q, tl.trans(k)) * ks[None, :]
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
-            digit = (_key_of(score) >> 21).to(tl.int32)
+            digit = (_key_of(score) >> SHIFT1).to(tl.int32)
             hist += tl.histogram(digit, BINS1, mask=mask_l)
         bins = tl.arange(0, BINS1)
         tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
@@ -179,6 +193,72 @@ if HAVE_TRITON:
         tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
         tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < n_tied))
 
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _threshold8(base, k, LEVELS: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(the first LEVELS 8-bit digits of the `k`-th largest key as one uint32, count of keys strictly above
+        that prefix) from the first LEVELS histograms at `base`."""
+        prefix = tl.full([], 0, tl.uint32)
+        above = tl.full([], 0, tl.int32)
+        for level in tl.static_range(LEVELS):
+            b, up = _threshold_bin(base + level * 256, k - above, 256)
+            prefix = (prefix << 8) | b.to(tl.uint32)
+            above = above + up
+        return prefix, above
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _radix8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        LEVEL: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """Histogram of digit LEVEL (2–4, of 8 bits from the top) over the keys tied with the threshold's first
+        LEVEL − 1 digits."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        prefix, _ = _threshold8(base, k, LEVEL - 1)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < length
+        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
+        digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=tied)
+        tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _compact8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        idx_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """The positions of the keys above the threshold, then of as many tied at it as `k` needs."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        threshold, n_above = _threshold8(base, k, 4)
+        n_tied = k - n_above
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < length
+        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        over = valid & (key > threshold)
+        at = valid & (key == threshold)
+        over_i = over.to(tl.int32)
+        at_i = at.to(tl.int32)
+        start_over = tl.atomic_add(base + 4 * 256, tl.sum(over_i, 0))
+        start_at = tl.atomic_add(base + 4 * 256 + 1, tl.sum(at_i, 0))
+        pos_over = start_over + tl.cumsum(over_i, 0) - 1
+        pos_at = start_at + tl.cumsum(at_i, 0) - 1
+        tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
+        tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < n_tied))
+
 
 @dataclass
 class DsaWorkspace:
@@ -188,31 +268,42 @@ class DsaWorkspace:
     scores: torch.Tensor
     """[rows, length] fp32."""
     work: torch.Tensor
-    """[rows, WORK_INTS] int32: histograms and counters, zeroed each call."""
+    """[rows, work ints] int32: histograms and counters, zeroed each call."""
     indices: torch.Tensor
-    """[rows, min(length, topk)] int32."""
-    all_tokens: torch.Tensor | None
-    """When the context holds no more than `topk` tokens: every position (copied, no selection)."""
+    """[rows, min(length, topk)] int32; where the context holds no more than `topk` tokens, every position (filled
+    once: no selection runs)."""
+    selects: bool
+    """False when every token is selected."""
     tiles_per_program: int
     score_programs: int
+    scheme: str = SCHEMES[0]
+    """The radix digit scheme (`SCHEMES`)."""
 
 
-def dsa_workspace(rows: int, length: int, topk: int, device: torch.device, sms: int | None = None) -> DsaWorkspace:
+def dsa_workspace(
+    rows: int, length: int, topk: int, device: torch.device, sms: int | None = None, *, scheme: str = SCHEMES[0]
+) -> DsaWorkspace:
     """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"DSA radix scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
     k = min(length, topk)
     tiles = -(-length // SCORE_BLOCK)
     programs_wanted = max(1, -(-SCORE_PROGRAMS_PER_SM * (sms or sm_count(device)) // rows))
     per = max(1, -(-tiles // programs_wanted))
-    all_tokens = None
-    if length <= topk:
-        all_tokens = torch.arange(length, device=device, dtype=torch.int32).expand(rows, length).contiguous()
+    selects = length > topk
+    if selects:
+        indices = torch.empty(rows, k, device=device, dtype=torch.int32)
+    else:
+        indices = torch.arange(length, device=device, dtype=torch.int32).expand(rows, length).contiguous()
+    ints = WORK8_INTS if scheme == "radix8" else WORK_INTS
     return DsaWorkspace(
         torch.empty(rows, length, device=device, dtype=torch.float32),
-        torch.zeros(rows, WORK_INTS, device=device, dtype=torch.int32),
-        torch.empty(rows, k, device=device, dtype=torch.int32),
-        all_tokens,
+        torch.zeros(rows, ints, device=device, dtype=torch.int32),
+        indices,
+        selects,
         per,
         -(-tiles // per),
+        scheme,
     )
 
 
@@ -233,6 +324,7 @@ def dsa_scores(
     batch, length, kdim = keys.shape
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
+    radix8 = work.scheme == "radix8"
     _score_kernel[(work.score_programs, rows)](
         q,
         weights,
@@ -246,23 +338,29 @@ def dsa_scores(
         work.tiles_per_program,
         keys.stride(0),
         key_scales.stride(0),
-        WORK=WORK_INTS,
+        WORK=work.work.shape[1],
         HP=max(16, next_pow2(heads)),
         D=dim,
         BLOCK=SCORE_BLOCK,
-        BINS1=BINS[0],
+        BINS1=DIGIT_BINS if radix8 else BINS[0],
+        SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
         F32_DOT=interpreted(),
     )
     return work.scores
 
 
 def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
-    """The top-`topk` token positions of each row of `work.scores` into `work.indices` (after `dsa_scores`)."""
+    """The top-`topk` token positions of each row of `work.scores` into `work.indices` (after `dsa_scores`):
+    `DIGITS` − 1 more histogram passes and the compaction for `radix8`, two and the compaction for `radix11`."""
     rows, length = work.scores.shape
-    if work.all_tokens is not None:
-        work.indices.copy_(work.all_tokens)
+    if not work.selects:
         return work.indices
     grid = (-(-length // SELECT_BLOCK), rows)
+    if work.scheme == "radix8":
+        for level in range(2, DIGITS + 1):
+            _radix8_kernel[grid](work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=SELECT_BLOCK)
+        _compact8_kernel[grid](work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=SELECT_BLOCK)
+        return work.indices
     sizes = {"WORK": WORK_INTS, "BLOCK": SELECT_BLOCK, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
     _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=2, **sizes)
     _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=3, **sizes)

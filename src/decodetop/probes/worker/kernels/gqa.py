@@ -6,6 +6,15 @@ the 16 rows tl.dot needs) — and a chunk of the context, and keeps the online-s
 combines the chunks (the split-K "flash-decoding" of FlashAttention's decode path and vLLM's paged attention v2).
 An FP8 cache moves 1 byte per value from memory and is converted in registers, so its bytes halve against BF16.
 `reference_gqa` is the torch form: SDPA with enable_gqa over the cache (an FP8 cache cast to BF16 first).
+
+The launch shape is a `GqaConfig`. On an H200 the first version (`FIRST`: the query group as the MMA's 16-row M
+operand, FP8 converted to BF16, 64-token tiles, 4 programs per SM) ran an FP8 cache at the same time per tile as a
+BF16 one, 2.5× bytes / copy bandwidth at 32K (docs/benchmarks.md, "Kernels"): the tile loop, not memory, bounded
+it. The options: `f16` converts FP8 to FP16 (one `cvt.rn.f16x2.e4m3x2` per two values; BF16 takes a second
+conversion per value) and multiplies in FP16 (query and probabilities in FP16: queries beyond ±65504 would
+overflow, far outside what attention sees); `transposed` makes the K/V tile the MMA's M operand (64+ rows: Hopper's
+warpgroup MMA) and the query group its N, so the 8-row groups of Llama-70B stop padding a 16-row tile; bigger
+tiles, more pipeline stages and more programs per SM put more bytes in flight.
 """
 
 from __future__ import annotations
@@ -31,13 +40,56 @@ from decodetop.probes.worker.kernels.mla import LOG2E
 BLOCK_N = 64
 #: Programs per SM wanted for the split.
 PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class GqaConfig:
+    """The split kernel's launch shape and arithmetic."""
+
+    block_n: int = BLOCK_N
+    """Tokens per K/V tile."""
+    num_warps: int = 4
+    num_stages: int = 3
+    """Software-pipeline depth of the tile loop (3: Triton's default on Hopper)."""
+    programs_per_sm: int = PROGRAMS_PER_SM
+    f16: bool = False
+    """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
+    transposed: bool = False
+    """The K/V tile as the MMA's M operand, the query group as its N."""
+
+    @property
+    def label(self) -> str:
+        """'64 tok/4w/3st/4 per SM, fp16, transposed'."""
+        opts = [o for o, on in (("fp16", self.f16), ("transposed", self.transposed)) if on]
+        base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
+        return ", ".join([base, *opts])
+
+
+#: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
+FIRST = GqaConfig()
+#: The shape the probe runs (the H200 sweep of `benchmarks/kernels/h200_kernels.py` times it beside the others:
+#: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
+DEFAULT = GqaConfig(block_n=64, num_warps=4, num_stages=3, programs_per_sm=8, f16=True, transposed=True)
+#: The shapes the benchmark sweeps.
+SWEEP = (
+    FIRST,
+    GqaConfig(f16=True),
+    GqaConfig(f16=True, programs_per_sm=8),
+    GqaConfig(block_n=128, f16=True, num_warps=8),
+    GqaConfig(f16=True, transposed=True),
+    GqaConfig(f16=True, transposed=True, programs_per_sm=8),
+    GqaConfig(block_n=128, f16=True, transposed=True, num_warps=8),
+    GqaConfig(block_n=32, f16=True, num_warps=2, num_stages=4, programs_per_sm=8),
+    GqaConfig(f16=True, transposed=True, num_stages=4, programs_per_sm=8),
+    GqaConfig(block_n=128, f16=True, transposed=True, num_warps=4, programs_per_sm=4),
+)
 #: Split partials per combine step.
 COMBINE_BLOCK_S = 16
 
 if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _gqa_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+    def _gqa_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
         q_ptr,
         k_ptr,
         v_ptr,
@@ -60,6 +112,7 @@ if HAVE_TRITON:
         D: tl.constexpr,
         DV: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        F16: tl.constexpr,
         F32_DOT: tl.constexpr,
     ):
         bh = tl.program_id(0)
@@ -78,6 +131,8 @@ if HAVE_TRITON:
         )
         if F32_DOT:
             q = q.to(tl.float32)
+        elif F16:
+            q = q.to(tl.float16)
         k_scale = 1.0
         v_scale = 1.0
         if FP8:
@@ -99,6 +154,9 @@ if HAVE_TRITON:
             if F32_DOT:
                 kt = kt.to(tl.float32)
                 vt = vt.to(tl.float32)
+            elif F16:
+                kt = kt.to(tl.float16)
+                vt = vt.to(tl.float16)
             elif FP8:
                 kt = kt.to(tl.bfloat16)
                 vt = vt.to(tl.bfloat16)
@@ -115,6 +173,94 @@ if HAVE_TRITON:
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
         tl.store(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask=mask_g[:, None])
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gqa_split_t_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
+        q_ptr,
+        k_ptr,
+        v_ptr,
+        scale_ptr,
+        acc_ptr,
+        ml_ptr,
+        kv_heads,
+        group_rows,
+        length,
+        chunk,
+        n_splits,
+        stride_qb,
+        stride_kb,
+        stride_kh,
+        stride_vb,
+        stride_vh,
+        sm_scale,
+        FP8: tl.constexpr,
+        GP: tl.constexpr,
+        D: tl.constexpr,
+        DV: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        F16: tl.constexpr,
+        F32_DOT: tl.constexpr,
+    ):
+        """The split kernel with the K/V tile as the MMA's M operand: sᵀ = K·qᵀ [BLOCK_N, GP], accᵀ += Vᵀ·pᵀ
+        [DV, GP]; the softmax state runs along axis 0."""
+        bh = tl.program_id(0)
+        split = tl.program_id(1)
+        b = bh // kv_heads
+        h = bh % kv_heads
+        offs_g = tl.arange(0, GP)
+        mask_g = offs_g < group_rows
+        offs_d = tl.arange(0, D)
+        offs_dv = tl.arange(0, DV)
+        q = tl.load(
+            q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
+            mask=mask_g[:, None],
+            other=0.0,
+        )
+        if F32_DOT:
+            q = q.to(tl.float32)
+        elif F16:
+            q = q.to(tl.float16)
+        qt = tl.trans(q)
+        k_scale = 1.0
+        v_scale = 1.0
+        if FP8:
+            k_scale = tl.load(scale_ptr)
+            v_scale = tl.load(scale_ptr + 1)
+        qk_scale = sm_scale * k_scale
+        m_i = tl.full([GP], float("-inf"), tl.float32)
+        l_i = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([DV, GP], tl.float32)
+        start = split * chunk
+        end = tl.minimum(start + chunk, length)
+        k_base = k_ptr + b * stride_kb + h * stride_kh
+        v_base = v_ptr + b * stride_vb + h * stride_vh
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            kt = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+            vt = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None], other=0.0)
+            if F32_DOT:
+                kt = kt.to(tl.float32)
+                vt = vt.to(tl.float32)
+            elif F16:
+                kt = kt.to(tl.float16)
+                vt = vt.to(tl.float16)
+            elif FP8:
+                kt = kt.to(tl.bfloat16)
+                vt = vt.to(tl.bfloat16)
+            s = tl.dot(kt, qt)
+            s = tl.where(mask_n[:, None], s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[None, :])
+            l_i = l_i * alpha + tl.sum(p, 0)
+            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), p.to(vt.dtype))
+            m_i = m_new
+        part = (bh * n_splits + split) * GP + offs_g
+        tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
+        tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
+        tl.store(acc_ptr + part[None, :] * DV + offs_dv[:, None], acc * v_scale, mask=mask_g[None, :])
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -161,12 +307,14 @@ if HAVE_TRITON:
         tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
-def plan_splits(length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N) -> tuple[int, int]:
-    """(splits, tokens per split): splits × `programs_per_split` ≈ PROGRAMS_PER_SM × `sms`, whole tiles."""
-    if min(length, programs_per_split, sms, block_n) < 1:
+def plan_splits(
+    length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
+) -> tuple[int, int]:
+    """(splits, tokens per split): splits × `programs_per_split` ≈ `programs_per_sm` × `sms`, whole tiles."""
+    if min(length, programs_per_split, sms, block_n, programs_per_sm) < 1:
         raise ValueError(f"GQA split needs positive sizes: {length=}, {programs_per_split=}, {sms=}")
     tiles = -(-length // block_n)
-    splits = min(tiles, max(1, -(-PROGRAMS_PER_SM * sms // programs_per_split)))
+    splits = min(tiles, max(1, -(-programs_per_sm * sms // programs_per_split)))
     chunk = -(-tiles // splits) * block_n
     return -(-length // chunk), chunk
 
@@ -181,15 +329,26 @@ class GqaWorkspace:
     splits: int
     chunk: int
     group_pad: int
+    config: GqaConfig = DEFAULT
 
 
 def gqa_workspace(
-    batch: int, heads: int, kv_heads: int, q_len: int, length: int, v_dim: int, device: torch.device, sms: int = 0
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    q_len: int,
+    length: int,
+    v_dim: int,
+    device: torch.device,
+    sms: int = 0,
+    config: GqaConfig = DEFAULT,
 ) -> GqaWorkspace:
-    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones."""
+    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split for `config`."""
     group_rows = heads // kv_heads * q_len
     gp = max(16, next_pow2(group_rows))
-    splits, chunk = plan_splits(length, batch * kv_heads, sms or sm_count(device))
+    splits, chunk = plan_splits(
+        length, batch * kv_heads, sms or sm_count(device), config.block_n, config.programs_per_sm
+    )
     parts = batch * kv_heads * splits * gp
     return GqaWorkspace(
         torch.empty(parts * v_dim, device=device, dtype=torch.float32),
@@ -198,6 +357,7 @@ def gqa_workspace(
         splits,
         chunk,
         gp,
+        config,
     )
 
 
@@ -230,7 +390,9 @@ def gqa_decode(
     group_rows = heads // kv_heads * q_len
     qc = q.contiguous()
     scale = scales if scales is not None else work.ml
-    _gqa_split_kernel[(batch * kv_heads, work.splits)](
+    cfg = work.config
+    split_kernel = _gqa_split_t_kernel if cfg.transposed else _gqa_split_kernel
+    split_kernel[(batch * kv_heads, work.splits)](
         qc,
         k,
         v,
@@ -252,8 +414,11 @@ def gqa_decode(
         GP=work.group_pad,
         D=dim,
         DV=v_dim,
-        BLOCK_N=BLOCK_N,
-        F32_DOT=interpreted(),
+        BLOCK_N=cfg.block_n,
+        F16=cfg.f16 and fp8,
+        F32_DOT=interpreted() and not (cfg.f16 and fp8),  # fp16 dots run right under the interpreter
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     _gqa_combine_kernel[(batch * kv_heads * group_rows,)](
         work.acc,

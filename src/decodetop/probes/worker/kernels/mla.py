@@ -11,6 +11,10 @@ once and from L2 for the other blocks. With `indices` (DSA) the tiles are gather
 
 An FP8 cache (`float8_e4m3fn` with one scale) is read as FP8: 1 byte per value from memory, converted in
 registers. `reference_mla` is the torch form (bmm, softmax, bmm: the cache read twice, an FP8 cache cast first).
+
+The launch shape is an `MlaConfig` (tokens per tile, pipeline stages, warps, programs per SM). The first shape
+(`FIRST`: 64-token tiles, 2 stages, 4 warps, 2 programs per SM) holds 94 KB of shared memory per program (sm_90
+build), so two programs fit an SM; 32-token tiles (56 KB) fit four, 8 warps halve the registers per thread.
 """
 
 from __future__ import annotations
@@ -46,6 +50,38 @@ COMBINE_BLOCK_D = 128
 #: Split partials per combine step.
 COMBINE_BLOCK_S = 16
 LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """The split kernel's launch shape. A tile that does not fit this GPU's shared memory falls back along
+    `TILE_CHOICES`."""
+
+    block_n: int = BLOCK_N
+    num_stages: int = 2
+    num_warps: int = 4
+    programs_per_sm: int = PROGRAMS_PER_SM
+
+    @property
+    def label(self) -> str:
+        """'64 tok/2st/4w/2 per SM'."""
+        return f"{self.block_n} tok/{self.num_stages}st/{self.num_warps}w/{self.programs_per_sm} per SM"
+
+
+#: The first version's shape (H200: 72.4 µs, 49 % of copy bandwidth, at DeepSeek-V3's TP-8 shard and 128K;
+#: docs/benchmarks.md "Kernels").
+FIRST = MlaConfig()
+#: The shape the probe runs (the H200 sweep of `benchmarks/kernels/h200_kernels.py` times it beside the others:
+#: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
+DEFAULT = MlaConfig(block_n=32, num_stages=2, num_warps=4, programs_per_sm=4)
+#: The shapes the benchmark sweeps.
+SWEEP = (
+    FIRST,
+    MlaConfig(block_n=32, num_stages=2, num_warps=4, programs_per_sm=4),
+    MlaConfig(block_n=64, num_stages=2, num_warps=8, programs_per_sm=2),
+    MlaConfig(block_n=32, num_stages=3, num_warps=8, programs_per_sm=2),
+    MlaConfig(block_n=32, num_stages=2, num_warps=4, programs_per_sm=8),
+)
 
 if HAVE_TRITON:
 
@@ -174,13 +210,15 @@ if HAVE_TRITON:
         tl.store(out_ptr + row * stride_or + h * stride_oh + offs_d, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
-def plan_splits(total: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N) -> tuple[int, int]:
-    """(splits, tokens per split) so that splits × `programs_per_split` ≈ PROGRAMS_PER_SM × `sms` programs, each
+def plan_splits(
+    total: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
+) -> tuple[int, int]:
+    """(splits, tokens per split) so that splits × `programs_per_split` ≈ `programs_per_sm` × `sms` programs, each
     split a whole number of `block_n` tiles (≥ 1 tile, at most one split per tile)."""
-    if min(total, programs_per_split, sms, block_n) < 1:
+    if min(total, programs_per_split, sms, block_n, programs_per_sm) < 1:
         raise ValueError(f"MLA split needs positive sizes: {total=}, {programs_per_split=}, {sms=}, {block_n=}")
     tiles = -(-total // block_n)
-    want = max(1, -(-PROGRAMS_PER_SM * sms // programs_per_split))
+    want = max(1, -(-programs_per_sm * sms // programs_per_split))
     splits = min(tiles, want)
     chunk = -(-tiles // splits) * block_n
     return -(-total // chunk), chunk
@@ -195,18 +233,29 @@ class MlaWorkspace:
     out: torch.Tensor
     splits: int
     chunk: int
+    config: MlaConfig = DEFAULT
 
 
 def mla_workspace(
-    rows: int, heads: int, total: int, device: torch.device, *, lora: int = 512, sms: int | None = None
+    rows: int,
+    heads: int,
+    total: int,
+    device: torch.device,
+    *,
+    lora: int = 512,
+    sms: int | None = None,
+    config: MlaConfig = DEFAULT,
 ) -> MlaWorkspace:
-    """Buffers for `rows` query rows of `heads` heads over `total` tokens (dense context or selected indices)."""
+    """Buffers for `rows` query rows of `heads` heads over `total` tokens (dense context or selected indices). The
+    split is a whole number of the largest tile `TILE_CHOICES` may fall back from, so any fallback tiles it."""
     head_blocks = -(-heads // BLOCK_H)
-    splits, chunk = plan_splits(total, head_blocks * rows, sms or sm_count(device))
+    splits, chunk = plan_splits(
+        total, head_blocks * rows, sms or sm_count(device), config.block_n, config.programs_per_sm
+    )
     acc = torch.empty(rows * splits * heads * lora, device=device, dtype=torch.float32)
     ml = torch.empty(rows * splits * heads * 2, device=device, dtype=torch.float32)
     out = torch.empty(rows, heads, lora, device=device, dtype=torch.bfloat16)
-    return MlaWorkspace(acc, ml, out, splits, chunk)
+    return MlaWorkspace(acc, ml, out, splits, chunk, config)
 
 
 def mla_decode(
@@ -261,6 +310,7 @@ def mla_decode(
             sm_scale * LOG2E,
         ),
         {"SPARSE": indices is not None, "FP8": fp8, "BLOCK_H": BLOCK_H, "D_NOPE": lora, "D_ROPE": rope},
+        work.config,
     )
     out = work.out
     block_d = min(COMBINE_BLOCK_D, lora)
@@ -282,15 +332,19 @@ def mla_decode(
 _TILE_OK: dict[tuple[object, ...], tuple[int, int]] = {}
 
 
-def _launch_split(grid: tuple[int, int, int], args: tuple[object, ...], consts: dict[str, object]) -> None:
-    """The split kernel with the first tile of `TILE_CHOICES` this GPU compiles (shared memory differs by GPU),
-    remembered per kernel variant. The split sizes are whole multiples of every choice's tile."""
-    variant = tuple(sorted(consts.items()))
-    choices = [_TILE_OK[variant]] if variant in _TILE_OK else list(TILE_CHOICES)
+def _launch_split(
+    grid: tuple[int, int, int], args: tuple[object, ...], consts: dict[str, object], config: MlaConfig
+) -> None:
+    """The split kernel with the configured tile, else the first smaller one of `TILE_CHOICES` this GPU compiles
+    (shared memory differs by GPU), remembered per kernel variant. The split is a whole number of tiles of the
+    configured size, so of every smaller choice too."""
+    variant = (*sorted(consts.items()), config)
+    fallbacks = [(n, st) for n, st in TILE_CHOICES if n < config.block_n]
+    choices = [_TILE_OK[variant]] if variant in _TILE_OK else [(config.block_n, config.num_stages), *fallbacks]
     for index, (block_n, stages) in enumerate(choices):
         try:
             _mla_split_kernel[grid](
-                *args, **consts, BLOCK_N=block_n, F32_DOT=interpreted(), num_warps=4, num_stages=stages
+                *args, **consts, BLOCK_N=block_n, F32_DOT=interpreted(), num_warps=config.num_warps, num_stages=stages
             )
         except Exception as exc:
             if index == len(choices) - 1 or "resource" not in str(exc).lower():

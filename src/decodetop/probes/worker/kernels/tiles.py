@@ -2,10 +2,11 @@
 tile on the probe's own tensors, kept under the state directory (`decodetop.paths.state_dir()/kernel_tiles.json`),
 and read back on the next run, so a shape is tuned once per GPU model.
 
-The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps], "down": [...], "gate_up_us": …,
-"down_us": …, "tried": n}}}. Writes take an advisory lock beside the file, re-read and merge, then replace the file
-atomically, so two probe processes keep each other's entries; an unreadable or malformed store is ignored (the
-shape is tuned again) and left in place, never overwritten.
+The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits], "down": [...],
+"gate_up_us": …, "down_us": …, "tried": n}}} (entries of three numbers, from before stages and splits, read as
+Triton's default stages and one split). Writes take an advisory lock beside the file, re-read and merge, then
+replace the file atomically, so two probe processes keep each other's entries; an unreadable or malformed store is
+ignored (the shape is tuned again) and left in place, never overwritten.
 """
 
 from __future__ import annotations
@@ -34,19 +35,35 @@ BLOCK_K = 256
 
 @dataclass(frozen=True)
 class Tiles:
-    """Tile shape of one kernel: output rows per program, reduction elements per step, warps per program."""
+    """Tile shape of one kernel: output rows per program, reduction elements per step, warps per program, software
+    pipeline stages (0: Triton's default) and the parts the reduction is split into (each part a program, added
+    with atomics)."""
 
     block_n: int
     block_k: int = BLOCK_K
     num_warps: int = 4
+    num_stages: int = 0
+    split_k: int = 1
 
     def as_list(self) -> list[int]:
-        return [self.block_n, self.block_k, self.num_warps]
+        return [self.block_n, self.block_k, self.num_warps, self.num_stages, self.split_k]
+
+    @property
+    def text(self) -> str:
+        """'16×512/4w', '16×512/4w/4st', '16×256/4w split 4'."""
+        out = f"{self.block_n}×{self.block_k}/{self.num_warps}w"
+        if self.num_stages:
+            out += f"/{self.num_stages}st"
+        return out + (f" split {self.split_k}" if self.split_k > 1 else "")
 
 
-#: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–512
+#: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–1024
 #: elements per step, the ranges vLLM's fused_moe configs use at small M
-#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps.
+#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
+#: then longer steps and split reductions, for the projections that one tile in flight per program or too few
+#: programs left under copy bandwidth on an H200 (Mixtral's down projection at 67 %, DeepSeek-V3's TP-8 slice at
+#: 45 %: docs/benchmarks.md, "Kernels"). (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of
+#: this loop, whose products are reduced, not dotted.)
 TILE_CANDIDATES = (
     Tiles(8, 256),
     Tiles(16, 256),
@@ -56,6 +73,13 @@ TILE_CANDIDATES = (
     Tiles(64, 128),
     Tiles(32, 256, 8),
     Tiles(64, 256, 8),
+    Tiles(16, 1024),
+    Tiles(32, 512, 8),
+    Tiles(8, 512, 4, 0, 2),
+    Tiles(16, 512, 4, 0, 2),
+    Tiles(16, 256, 4, 0, 4),
+    Tiles(32, 256, 4, 0, 4),
+    Tiles(64, 256, 8, 0, 2),
 )
 
 
@@ -90,7 +114,7 @@ class TileChoice:
         tile store')."""
 
         def one(t: Tiles) -> str:
-            return f"{t.block_n}×{t.block_k}/{t.num_warps}w"
+            return t.text
 
         origin = "from the tile store" if self.cached else f"tuned over {self.tried} candidates"
         return (
@@ -99,9 +123,14 @@ class TileChoice:
         )
 
 
+#: The kernels' version in the store's keys: choices made for an earlier kernel (v1: SiLU in gate_up, no splits) are
+#: tuned again.
+KERNEL_VERSION = 2
+
+
 def shape_id(tokens: int, top_k: int, hidden: int, inter: int, dtype: str) -> str:
-    """The store's key of one shape."""
-    return f"tokens={tokens},top_k={top_k},hidden={hidden},inter={inter},dtype={dtype}"
+    """The store's key of one shape (with the kernels' version)."""
+    return f"tokens={tokens},top_k={top_k},hidden={hidden},inter={inter},dtype={dtype},kernel=v{KERNEL_VERSION}"
 
 
 def _read_store(path: Path) -> dict[str, Any]:
@@ -116,9 +145,11 @@ def _read_store(path: Path) -> dict[str, Any]:
 
 
 def _tiles(value: object) -> Tiles | None:
-    if isinstance(value, list) and len(value) == 3 and all(isinstance(v, int) and v > 0 for v in value):
-        return Tiles(value[0], value[1], value[2])
-    return None
+    if not isinstance(value, list) or len(value) not in (3, 5) or not all(isinstance(v, int) for v in value):
+        return None
+    if min(value[:3]) < 1 or (len(value) == 5 and (value[3] < 0 or value[4] < 1)):
+        return None
+    return Tiles(*value)
 
 
 def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
