@@ -14,8 +14,9 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
    every Llama-form RMSNorm as one `F.rms_norm` call; and, for MoE models, with in addition every MoE block's routed
    experts through the independent grouped Triton kernel of benchmarks/engine/moe_routed.py (`serving_moe.ServingMoE`:
    reads only the routed experts, expert ids on the device, its tile tuned per expert shape; router, top-k and shared
-   experts stay the model's) and every residual add fused into the RMSNorm after it, the residual carried between
-   layers as engines carry it (`serving_norms.ServingNorms`, its own Triton kernel).
+   experts stay the model's), every residual add fused into the RMSNorm after it, the residual carried between
+   layers as engines carry it (`serving_norms.ServingNorms`, its own Triton kernel), and the rotary of q and k in one
+   kernel (`serving_rope.ServingRope`, its own Triton kernel).
    Each swap computes what the stock model computes (tests/benchmarks/test_benchmark_scripts.py checks the logits on
    CPU, tests/benchmarks/test_fidelity_serving_moe.py the MoE blocks; on the GPU the serving-MoE form records its
    logits against the form before it, `check`);
@@ -44,7 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ OTHER_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
 SERVING_FORMS: tuple[tuple[str, str], ...] = (
     ("serving_attention", "model with serving-style attention"),
     ("serving_attention_norms", "… and fused RMSNorm"),
-    ("serving_moe", "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm)"),
+    ("serving_moe", "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm, fused rope)"),
 )
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
 #: figure, and it doubles the plan's time).
@@ -432,6 +433,25 @@ class ServingAttention:
         return what + (f"; {len(self.norms)} RMSNorms as one F.rms_norm each" if self.norms else "")
 
 
+def fused_forms(model: Any) -> list[Any]:
+    """The serving engine's fused residual-add + RMSNorm (`serving_norms.ServingNorms`) and fused rotary
+    (`serving_rope.ServingRope`) for `model`; one that does not apply says why in its `reason` and `describe`."""
+    from serving_norms import ServingNorms
+    from serving_rope import ServingRope
+
+    return [ServingNorms(model), ServingRope(model)]
+
+
+@contextlib.contextmanager
+def enter_applicable(forms: list[Any]) -> Iterator[None]:
+    """Every form of `forms` that applies (no `reason`), entered for the block and left after it."""
+    with contextlib.ExitStack() as stack:
+        for form in forms:
+            if not form.reason:
+                stack.enter_context(form)
+        yield
+
+
 def _hf_config(cfg: Mapping[str, Any]) -> Any:
     from transformers import AutoConfig
 
@@ -636,7 +656,6 @@ def time_model(
     def measure_serving_moe() -> dict[str, Any]:
         """The serving-MoE form: its logits against the form before it (`check`), then both timing modes."""
         from serving_moe import ServingMoE
-        from serving_norms import ServingNorms
 
         try:
             moe = ServingMoE(model)
@@ -646,20 +665,20 @@ def time_model(
             kept = f" (left alone: {', '.join(moe.kept)})" if moe.kept else ""
             return {"skipped": f"no experts module of the gate_up/down layout{kept}"}
         attention = ServingAttention(model, norms=True)
-        fused = ServingNorms(model)
+        fused = fused_forms(model)
         try:
             with attention:
                 before = last_logits()
-                with moe, fused if not fused.reason else contextlib.nullcontext():
+                with moe, enter_applicable(fused):
                     after = last_logits()
                     res = measure_modes()
-            res["what"] = f"{attention.describe()}; {moe.describe()}; {fused.describe()}"
+            res["what"] = "; ".join([attention.describe(), moe.describe(), *(f.describe() for f in fused)])
             res["backend"] = moe.backend
             res["check"] = {
                 "logits_max_abs_diff_rel": float((after - before).abs().max() / before.abs().max().clamp_min(1e-12)),
                 "same_argmax": bool(torch.equal(after.argmax(-1), before.argmax(-1))),
-                "against": "serving attention + fused RMSNorm with the model's own experts and residual adds, same "
-                "cache and token",
+                "against": "serving attention + fused RMSNorm with the model's own experts, residual adds and rotary, "
+                "same cache and token",
             }
             return res
         except Exception as exc:
@@ -704,15 +723,9 @@ def time_model(
                     out["trace_serving"] = str(serving_path)
                 if serving_moe and out.get("serving_moe", {}).get("eager_ms") is not None:
                     from serving_moe import ServingMoE
-                    from serving_norms import ServingNorms
 
                     moe_path = trace_path.with_name(trace_path.stem + ".serving_moe.json")
-                    fused = ServingNorms(model)
-                    with (
-                        ServingAttention(model, norms=True),
-                        ServingMoE(model),
-                        fused if not fused.reason else contextlib.nullcontext(),
-                    ):
+                    with ServingAttention(model, norms=True), ServingMoE(model), enter_applicable(fused_forms(model)):
                         take_trace(moe_path)
                     out["trace_serving_moe"] = str(moe_path)
             except Exception as exc:

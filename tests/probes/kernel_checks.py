@@ -66,13 +66,14 @@ def check_mla(big: bool = False) -> None:
 def check_dsa(big: bool = False) -> None:
     """Scores against the torch form; the selection exactly a top-k set (values equal to torch.topk's), every
     index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU), under
-    each radix digit scheme; negative weights give negative scores (the key's sign flip)."""
+    each radix digit scheme, with the selection in one program per row and spread over many (atomics between them);
+    negative weights give negative scores (the key's sign flip)."""
     d = _dev()
     dim = 128 if big else 64
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
     if big:
         cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
-    for scheme in dsa.SCHEMES:
+    for scheme, block in [(s, b) for s in dsa.SCHEMES for b in (0, 256)]:
         for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
             tie = length == 3000 and topk == 1500
             q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
@@ -83,11 +84,11 @@ def check_dsa(big: bool = False) -> None:
                 keys[:, 200:] = -keys[:, 200:].abs()
             keys8 = keys.clamp(-448, 448).to(FP8)
             ks = torch.rand(batch, length, device=d) + 0.5
-            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme)
+            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block)
             if work.selects:
                 work.indices.fill_(-7)  # poisoned: every slot must be written
             idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
-            what = f"dsa {scheme} {length=} {topk=}"
+            what = f"dsa {scheme} select {work.select_block} {length=} {topk=}"
             ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
             check_close(work.scores, ref, what + " scores", rel=1e-2)
             k = min(length, topk)
@@ -98,7 +99,8 @@ def check_dsa(big: bool = False) -> None:
             chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
             best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
             assert torch.equal(chosen, best), f"{what}: not a top-{k} set (ties={tie})"
-        small = dsa.dsa_workspace(1, 100, 2048, d, scheme=scheme)  # fewer tokens than top-k: every token
+        # fewer tokens than top-k: every token
+        small = dsa.dsa_workspace(1, 100, 2048, d, scheme=scheme, select_block=block)
         idx = dsa.dsa_topk(
             torch.randn(1, 16, dim, device=d).to(BF16),
             torch.rand(1, 16, device=d),

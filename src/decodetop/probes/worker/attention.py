@@ -61,13 +61,16 @@ class AttentionVariant:
     mla: mla.MlaConfig = mla.DEFAULT
     dsa_scheme: str = dsa.SCHEMES[0]
     """The DSA top-k's radix digits (`dsa.SCHEMES`)."""
+    dsa_select_block: int = 0
+    """Scores per program of the DSA selection passes (0: `dsa.auto_select_block`)."""
 
     def label(self, kind: str) -> str:
         """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
         if kind == "gqa":
             return f"split {self.gqa.label}"
         text = f"split {self.mla.label}"
-        return f"top-k {self.dsa_scheme}, {text}" if kind == "mla+dsa" else text
+        select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
+        return f"top-k {self.dsa_scheme}{select}, {text}" if kind == "mla+dsa" else text
 
 
 def _cache(shape: tuple[int, ...], fp8: bool, device: torch.device) -> torch.Tensor:
@@ -231,7 +234,11 @@ def _mla_triton(
     length = m.caches.items[0][0].shape[1]
     dsa_on = m.caches.items[0][1] is not None
     work = mla.mla_workspace(rows, key.heads, m.attended, device, lora=m.lora, config=variant.mla)
-    dwork = dsa.dsa_workspace(rows, length, m.attended, device, scheme=variant.dsa_scheme) if dsa_on else None
+    dwork = None
+    if dsa_on:
+        dwork = dsa.dsa_workspace(
+            rows, length, m.attended, device, scheme=variant.dsa_scheme, select_block=variant.dsa_select_block
+        )
 
     def run() -> torch.Tensor:
         cache, index_keys, key_scales = m.caches.next()

@@ -39,8 +39,13 @@ from decodetop.probes.worker.kernels.common import (
 
 #: Tokens per scoring tile (a [heads × 128] · [128 × tile] product).
 SCORE_BLOCK = 128
-#: Scores per program in the histogram and compaction passes.
+#: Scores per program in the histogram and compaction passes: at most this many (the first version's fixed size),
+#: at least `MIN_SELECT_BLOCK`, otherwise as few as give every SM `SELECT_PROGRAMS_PER_SM` programs. On an H200 the
+#: fixed 2048 left the passes on 2 programs at 4K and 64 at 128K, and the selection took 29 of 40 µs at 4K
+#: (docs/benchmarks.md, "Kernels").
 SELECT_BLOCK = 2048
+MIN_SELECT_BLOCK = 256
+SELECT_PROGRAMS_PER_SM = 2
 #: Histogram bins per pass of the `radix11` scheme: 11 + 11 + 10 bits cover a 32-bit key.
 BINS = (2048, 2048, 1024)
 #: Workspace per row of `radix11`: the three histograms and two counters (above the threshold, tied at it).
@@ -278,17 +283,37 @@ class DsaWorkspace:
     score_programs: int
     scheme: str = SCHEMES[0]
     """The radix digit scheme (`SCHEMES`)."""
+    select_block: int = SELECT_BLOCK
+    """Scores per program of the histogram and compaction passes."""
+
+
+def auto_select_block(rows: int, length: int, sms: int) -> int:
+    """Scores per selection program: the power of two in [MIN_SELECT_BLOCK, SELECT_BLOCK] nearest above what
+    spreads `rows` × `length` scores over SELECT_PROGRAMS_PER_SM programs per SM."""
+    want = -(-rows * length // max(1, SELECT_PROGRAMS_PER_SM * sms))
+    return min(SELECT_BLOCK, max(MIN_SELECT_BLOCK, next_pow2(want)))
 
 
 def dsa_workspace(
-    rows: int, length: int, topk: int, device: torch.device, sms: int | None = None, *, scheme: str = SCHEMES[0]
+    rows: int,
+    length: int,
+    topk: int,
+    device: torch.device,
+    sms: int | None = None,
+    *,
+    scheme: str = SCHEMES[0],
+    select_block: int = 0,
 ) -> DsaWorkspace:
-    """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`."""
+    """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`; `select_block` scores per
+    selection program (a power of two; 0: `auto_select_block`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"DSA radix scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
+    if select_block and (select_block < 16 or next_pow2(select_block) != select_block):
+        raise ValueError(f"DSA select block {select_block} is not a power of two ≥ 16")
+    sms = sms or sm_count(device)
     k = min(length, topk)
     tiles = -(-length // SCORE_BLOCK)
-    programs_wanted = max(1, -(-SCORE_PROGRAMS_PER_SM * (sms or sm_count(device)) // rows))
+    programs_wanted = max(1, -(-SCORE_PROGRAMS_PER_SM * sms // rows))
     per = max(1, -(-tiles // programs_wanted))
     selects = length > topk
     if selects:
@@ -304,6 +329,7 @@ def dsa_workspace(
         per,
         -(-tiles // per),
         scheme,
+        select_block or auto_select_block(rows, length, sms),
     )
 
 
@@ -355,13 +381,14 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     rows, length = work.scores.shape
     if not work.selects:
         return work.indices
-    grid = (-(-length // SELECT_BLOCK), rows)
+    block = work.select_block
+    grid = (-(-length // block), rows)
     if work.scheme == "radix8":
         for level in range(2, DIGITS + 1):
-            _radix8_kernel[grid](work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=SELECT_BLOCK)
-        _compact8_kernel[grid](work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=SELECT_BLOCK)
+            _radix8_kernel[grid](work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=block)
+        _compact8_kernel[grid](work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block)
         return work.indices
-    sizes = {"WORK": WORK_INTS, "BLOCK": SELECT_BLOCK, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
+    sizes = {"WORK": WORK_INTS, "BLOCK": block, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
     _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=2, **sizes)
     _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=3, **sizes)
     _compact_kernel[grid](work.scores, work.work, work.indices, length, topk, **sizes)
