@@ -58,7 +58,10 @@ class AttentionVariant:
     benchmark (benchmarks/kernels/h200_kernels.py) sweeps the others beside them."""
 
     gqa: gqa.GqaConfig = gqa.DEFAULT
+    dsa_mla: mla.MlaConfig = mla.SPARSE_DEFAULT
+    """The sparse MLA over the DSA top-k (before `mla`: that field's name hides the module below it)."""
     mla: mla.MlaConfig = mla.DEFAULT
+    """Dense MLA."""
     dsa_scheme: str = dsa.SCHEMES[0]
     """The DSA top-k's radix digits (`dsa.SCHEMES`)."""
     dsa_select_block: int = 0
@@ -68,7 +71,7 @@ class AttentionVariant:
         """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
         if kind == "gqa":
             return f"split {self.gqa.label}"
-        text = f"split {self.mla.label}"
+        text = f"split {(self.dsa_mla if kind == 'mla+dsa' else self.mla).label}"
         select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
         return f"top-k {self.dsa_scheme}{select}, {text}" if kind == "mla+dsa" else text
 
@@ -233,7 +236,8 @@ def _mla_triton(
     key, rows = m.key, m.q.shape[0]
     length = m.caches.items[0][0].shape[1]
     dsa_on = m.caches.items[0][1] is not None
-    work = mla.mla_workspace(rows, key.heads, m.attended, device, lora=m.lora, config=variant.mla)
+    config = variant.dsa_mla if dsa_on else variant.mla
+    work = mla.mla_workspace(rows, key.heads, m.attended, device, lora=m.lora, config=config)
     dwork = None
     if dsa_on:
         dwork = dsa.dsa_workspace(

@@ -69,9 +69,10 @@ class GqaConfig:
 FIRST = GqaConfig()
 #: The shape the probe runs (the H200 sweep of `benchmarks/kernels/h200_kernels.py` times it beside the others:
 #: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
-#: On an H200: 36.1 µs at 32K and 100.7 µs at 128K (Llama-3.1-70B, FP8 cache), the fastest of the sweep at 32K and
-#: within 2 % of the fastest at 128K; the transposed form ran 1.4–2× slower than the first.
-DEFAULT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=4, f16=True)
+#: On an H200 (Llama-3.1-70B, FP8 cache): 32.2 µs at 32K and 95.2 µs at 128K, the fastest of the sweep at both
+#: (the first shape 39.3 and 119.9); at 4K the split equals the 4-per-SM one's, 11.2 µs (docs/benchmarks.md,
+#: "Kernels"). The transposed form ran 1.3–2.3× slower than the first.
+DEFAULT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
 #: The shapes the benchmark sweeps.
 SWEEP = (
     FIRST,

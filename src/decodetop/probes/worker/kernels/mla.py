@@ -73,9 +73,13 @@ class MlaConfig:
 FIRST = MlaConfig()
 #: The shape the probe runs (the H200 sweep of `benchmarks/kernels/h200_kernels.py` times it beside the others:
 #: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
-#: The first shape stays: on an H200 it read DeepSeek-V3's TP-8 shard at 128K in 72.8 µs, where 32-token tiles at
-#: 4 programs per SM took 92.6 µs and 8 warps 73.8 µs.
-DEFAULT = FIRST
+#: On an H200 (DeepSeek-V3's TP-8 shard, 128K): 58.3 µs, 61 % of copy bandwidth, where the first shape took 72.9 µs
+#: and 32-token tiles at 4 programs per SM 92.9 (docs/benchmarks.md, "Kernels"). One program per SM with three
+#: stages in flight; at 4K the split is the first shape's (64 splits of one tile either way).
+DEFAULT = MlaConfig(block_n=64, num_stages=3, num_warps=8, programs_per_sm=1)
+#: The shape of the sparse (DSA) form: the top-k's 2048 tokens make 32 splits of one tile whatever the programs per
+#: SM; on an H200 the first shape ran GLM-5's TP-8 shard in 38.9 µs at 4K against 40.3 for 32-token tiles.
+SPARSE_DEFAULT = FIRST
 #: The shapes the benchmark sweeps (one program per SM halves the split's partials: 264 splits of 16 heads × 512
 #: fp32 values each, 8.6 MB written and read again at 2 per SM).
 SWEEP = (
