@@ -22,6 +22,8 @@ import os
 import types
 from typing import Any
 
+from fidelity import is_plain_rmsnorm
+
 try:
     import triton
     import triton.language as tl
@@ -108,23 +110,12 @@ def fused_final_norm_forward(self: Any, hidden_states: Any) -> Any:
     return y
 
 
-def _is_plain_rmsnorm(module: Any) -> bool:
-    """A Llama-form RMSNorm (`weight · x / sqrt(mean(x²) + ε)`), read from its forward's source."""
-    if module is None or not type(module).__name__.endswith("RMSNorm") or not hasattr(module, "variance_epsilon"):
-        return False
-    try:
-        src = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        return False
-    return "rsqrt(variance + self.variance_epsilon)" in src and "return self.weight * hidden_states" in src
-
-
 def is_llama_form_layer(layer: Any) -> bool:
     """input_layernorm → self_attn → post_attention_layernorm → mlp with two residual adds and no other norm."""
     norms = [n for n, _ in layer.named_children() if "norm" in n.lower()]
     if sorted(norms) != ["input_layernorm", "post_attention_layernorm"] or not hasattr(layer, "mlp"):
         return False
-    if not all(_is_plain_rmsnorm(getattr(layer, n)) for n in norms) or not hasattr(layer, "self_attn"):
+    if not all(is_plain_rmsnorm(getattr(layer, n)) for n in norms) or not hasattr(layer, "self_attn"):
         return False
     try:
         src = inspect.getsource(type(layer).forward)
@@ -147,7 +138,7 @@ class ServingNorms:
             self.reason = "no decoder layers found"
         elif not all(is_llama_form_layer(layer) for layer in self.layers):
             self.reason = f"{type(self.layers[0]).__name__} is not of the Llama form (two norms, two residual adds)"
-        elif not _is_plain_rmsnorm(self.final):
+        elif not is_plain_rmsnorm(self.final):
             self.reason = "the final norm is not a plain RMSNorm"
         self._held = _Residual()
         self._hook: Any = None

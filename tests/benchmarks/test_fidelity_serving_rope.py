@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers.interpreter import interpreted_call
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCH / "fidelity"))
@@ -83,18 +82,7 @@ def test_the_triton_kernel_under_the_cpu_interpreter() -> None:
     pytest.importorskip("transformers")
     if importlib.util.find_spec("triton") is None:
         pytest.fail("the test extra installs Triton; its interpreter runs the kernel on the CPU")
-    code = (
-        "import importlib.util, json\n"
-        f"spec = importlib.util.spec_from_file_location('t', {str(Path(__file__))!r})\n"
-        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
-        "print(json.dumps(t.logits_against_stock('llama-3.1-70b')))\n"
-    )
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run(
-        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = interpreted_call(Path(__file__), "logits_against_stock('llama-3.1-70b')")
     assert got["reason"] == "" and got["swapped"] and got["restored"] and got["calls"] == 2, got
     assert got["rel"] < 1e-5, got
 

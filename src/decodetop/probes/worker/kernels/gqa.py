@@ -12,9 +12,10 @@ operand, FP8 converted to BF16, 64-token tiles, 4 programs per SM) ran an FP8 ca
 BF16 one, 2.5× bytes / copy bandwidth at 32K (docs/benchmarks.md, "Kernels"): the tile loop, not memory, bounded
 it. The options: `f16` converts FP8 to FP16 (one `cvt.rn.f16x2.e4m3x2` per two values; BF16 takes a second
 conversion per value) and multiplies in FP16 (query and probabilities in FP16: queries beyond ±65504 would
-overflow, far outside what attention sees); `transposed` makes the K/V tile the MMA's M operand (64+ rows: Hopper's
-warpgroup MMA) and the query group its N, so the 8-row groups of Llama-70B stop padding a 16-row tile; bigger
-tiles, more pipeline stages and more programs per SM put more bytes in flight.
+overflow, far outside what attention sees); bigger tiles, more pipeline stages and more programs per SM put more
+bytes in flight. A transposed form (the K/V tile as the MMA's M operand, the query group its N, so that Llama-70B's
+8-row groups stop padding a 16-row tile) ran 1.3–2.3× slower than the first on an H200 and was dropped
+(benchmarks/results/kernels/h200_kernels_sweep2.log).
 """
 
 from __future__ import annotations
@@ -54,13 +55,11 @@ class GqaConfig:
     programs_per_sm: int = PROGRAMS_PER_SM
     f16: bool = False
     """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
-    transposed: bool = False
-    """The K/V tile as the MMA's M operand, the query group as its N."""
 
     @property
     def label(self) -> str:
-        """'64 tok/4w/3st/4 per SM, fp16, transposed'."""
-        opts = [o for o, on in (("fp16", self.f16), ("transposed", self.transposed)) if on]
+        """'64 tok/4w/3st/4 per SM, fp16'."""
+        opts = ["fp16"] if self.f16 else []
         base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
         return ", ".join([base, *opts])
 
@@ -71,7 +70,7 @@ FIRST = GqaConfig()
 #: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
 #: On an H200 (Llama-3.1-70B, FP8 cache): 32.2 µs at 32K and 95.2 µs at 128K, the fastest of the sweep at both
 #: (the first shape 39.3 and 119.9); at 4K the split equals the 4-per-SM one's, 11.2 µs (docs/benchmarks.md,
-#: "Kernels"). The transposed form ran 1.3–2.3× slower than the first.
+#: "Kernels").
 DEFAULT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
 #: The shapes the benchmark sweeps.
 SWEEP = (
@@ -79,12 +78,7 @@ SWEEP = (
     GqaConfig(f16=True),
     GqaConfig(f16=True, programs_per_sm=8),
     GqaConfig(block_n=128, f16=True, num_warps=8),
-    GqaConfig(f16=True, transposed=True),
-    GqaConfig(f16=True, transposed=True, programs_per_sm=8),
-    GqaConfig(block_n=128, f16=True, transposed=True, num_warps=8),
     GqaConfig(block_n=32, f16=True, num_warps=2, num_stages=4, programs_per_sm=8),
-    GqaConfig(f16=True, transposed=True, num_stages=4, programs_per_sm=8),
-    GqaConfig(block_n=128, f16=True, transposed=True, num_warps=4, programs_per_sm=4),
     GqaConfig(block_n=128, f16=True, num_warps=8, num_stages=4),
     GqaConfig(block_n=128, f16=True, num_warps=8, programs_per_sm=2),
     GqaConfig(block_n=128, f16=True, num_warps=4),
@@ -180,94 +174,6 @@ if HAVE_TRITON:
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
         tl.store(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask=mask_g[:, None])
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _gqa_split_t_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
-        q_ptr,
-        k_ptr,
-        v_ptr,
-        scale_ptr,
-        acc_ptr,
-        ml_ptr,
-        kv_heads,
-        group_rows,
-        length,
-        chunk,
-        n_splits,
-        stride_qb,
-        stride_kb,
-        stride_kh,
-        stride_vb,
-        stride_vh,
-        sm_scale,
-        FP8: tl.constexpr,
-        GP: tl.constexpr,
-        D: tl.constexpr,
-        DV: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        F16: tl.constexpr,
-        F32_DOT: tl.constexpr,
-    ):
-        """The split kernel with the K/V tile as the MMA's M operand: sᵀ = K·qᵀ [BLOCK_N, GP], accᵀ += Vᵀ·pᵀ
-        [DV, GP]; the softmax state runs along axis 0."""
-        bh = tl.program_id(0)
-        split = tl.program_id(1)
-        b = bh // kv_heads
-        h = bh % kv_heads
-        offs_g = tl.arange(0, GP)
-        mask_g = offs_g < group_rows
-        offs_d = tl.arange(0, D)
-        offs_dv = tl.arange(0, DV)
-        q = tl.load(
-            q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
-            mask=mask_g[:, None],
-            other=0.0,
-        )
-        if F32_DOT:
-            q = q.to(tl.float32)
-        elif F16:
-            q = q.to(tl.float16)
-        qt = tl.trans(q)
-        k_scale = 1.0
-        v_scale = 1.0
-        if FP8:
-            k_scale = tl.load(scale_ptr)
-            v_scale = tl.load(scale_ptr + 1)
-        qk_scale = sm_scale * k_scale
-        m_i = tl.full([GP], float("-inf"), tl.float32)
-        l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([DV, GP], tl.float32)
-        start = split * chunk
-        end = tl.minimum(start + chunk, length)
-        k_base = k_ptr + b * stride_kb + h * stride_kh
-        v_base = v_ptr + b * stride_vb + h * stride_vh
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            kt = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            vt = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None], other=0.0)
-            if F32_DOT:
-                kt = kt.to(tl.float32)
-                vt = vt.to(tl.float32)
-            elif F16:
-                kt = kt.to(tl.float16)
-                vt = vt.to(tl.float16)
-            elif FP8:
-                kt = kt.to(tl.bfloat16)
-                vt = vt.to(tl.bfloat16)
-            s = tl.dot(kt, qt)
-            s = tl.where(mask_n[:, None], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 0))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[None, :])
-            l_i = l_i * alpha + tl.sum(p, 0)
-            acc = acc * alpha[None, :] + tl.dot(tl.trans(vt), p.to(vt.dtype))
-            m_i = m_new
-        part = (bh * n_splits + split) * GP + offs_g
-        tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
-        tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
-        tl.store(acc_ptr + part[None, :] * DV + offs_dv[:, None], acc * v_scale, mask=mask_g[None, :])
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -398,8 +304,7 @@ def gqa_decode(
     qc = q.contiguous()
     scale = scales if scales is not None else work.ml
     cfg = work.config
-    split_kernel = _gqa_split_t_kernel if cfg.transposed else _gqa_split_kernel
-    split_kernel[(batch * kv_heads, work.splits)](
+    _gqa_split_kernel[(batch * kv_heads, work.splits)](
         qc,
         k,
         v,
