@@ -105,7 +105,7 @@ def test_another_layer_count_is_named(tmp_path: Path) -> None:
     found = trace_mismatches(analyze_path(fixture("h200_graph")), shape)
     assert [m.what for m in found] == ["layers"]
     assert mismatch_line(shape, found) == (
-        "the trace does not match Llama-3.1-70B at TP 1: 4 layers traced vs 80 (231 kernels per step vs 805 expected)"
+        "the trace does not match Llama-3.1-70B at TP 1: 4 layers traced vs 80 (231 kernels per step vs 725 expected)"
     )
 
 
@@ -165,12 +165,12 @@ def test_cli_says_what_does_not_match_in_one_line(capsys: pytest.CaptureFixture[
     assert main(["trace", path, "--model", "glm-5", "--tp", "8"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == (
-        "mismatch the trace does not match GLM-5 at TP 8: 4 layers traced vs 78 (231 kernels per step vs 2,404 "
+        "mismatch the trace does not match GLM-5 at TP 8: 4 layers traced vs 78 (231 kernels per step vs 2,326 "
         "expected); no expert or routing kernels for a MoE model (75 MoE layers); TP 8 given, the trace shows 1 "
         "rank and no all-reduce kernels"
     )
     text = "\n".join(lines)
-    assert "largest gap: norms & elementwise: traced 0.198 ms vs roofline 1.8" in text
+    assert "largest gap: norms & elementwise: traced 0.198 ms vs roofline 1.78 µs" in text
     assert "roofline vs trace (budget of GLM-5 (TP 8, " in text and "roofline-estimated; run probes" in text
     assert "roofline ms  traced ms" in text and "should cost ms (roofline)" in text
     assert "probed" not in text and "probes ms" not in text and "server ms" not in text
