@@ -23,7 +23,7 @@ def test_text_output_glm5_nvfp4(capsys: pytest.CaptureFixture[str]) -> None:
     assert "157 × 12 KiB (156 in the layers + 1 after the embedding)" in out
     assert "Roofline on NVIDIA RTX PRO 6000 Blackwell (--gpu), 1792 GB/s" in out
     assert "unexplained" in out and "target 309 tok/s = 3.24 ms/step" in out
-    assert "observed 95 ms assumed, not observed (the default: no --observed-ms and no --server)" in out
+    assert "observed 95.0 ms assumed, not observed (the default: no --observed-ms and no --server)" in out
     assert "TP 8 (--tp)" in out
     assert "q_a+kv_a_proj (replicated)" in out  # the inventory, grouped by component
     assert "Assumptions" in out

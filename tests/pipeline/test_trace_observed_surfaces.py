@@ -66,13 +66,13 @@ def test_trace_command_text_and_json(config: Path, step_ms: float, capsys: pytes
     rest = step_ms - composed
     assert (
         traced["header"]
-        == f"traced step 1.6 ms, the observed step · unexplained {rest:.3g} of 1.6 ms ({rest / step_ms:.0%})"
+        == f"traced step 1.6 ms, the observed step · unexplained {rest:.3g} ms of 1.6 ms ({rest / step_ms:.0%})"
     )
 
     assert main(["trace", str(PLANTED), "--config", str(config)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"observed {observed['text']}" in lines  # under the trace's own step line
-    assert lines[3].startswith(f"observed 1.6 ms observed in the trace {PLANTED}, 4 decode steps (1.60–1.60 ms)")
+    assert lines[3].startswith(f"observed 1.60 ms observed in the trace {PLANTED}, 4 decode steps (1.60–1.60 ms)")
     assert f"traced bar: {traced['header']}" in lines
     assert not any("assumed" in line or "95 ms" in line for line in lines)
 
@@ -142,7 +142,7 @@ async def test_live_ui_header_and_traced_bar(config: Path, step_ms: float) -> No
         view = app.query_one(BudgetBar).budget
         assert view is not None and not view.observed_assumed
         assert view.observed_ms == pytest.approx(step_ms)
-        assert view.observed_text.startswith(f"1.6 ms observed in the trace {PLANTED}, 4 decode steps (1.60–1.60 ms)")
+        assert view.observed_text.startswith(f"1.60 ms observed in the trace {PLANTED}, 4 decode steps (1.60–1.60 ms)")
         assert 0 < view.unexplained_ms == pytest.approx(step_ms - view.explained_ms)
         bar = "\n".join(line.plain for line in app.query_one(BudgetBar)._lines(156))
         assert "observed 1.60 ms in the trace · target" in bar and "assumed" not in bar
