@@ -11,7 +11,7 @@ pipelined for eager; pipelined when that mode was not measured, with a note), on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from decodetop.budget.engine_paths import AllreduceTopology, engine_allreduce_curve, nvlink_all_pairs
@@ -54,11 +54,9 @@ def plan(ctx: PlanContext) -> Planned:
         return _curve_only(ctx)
     tp = ctx.plan.allreduce_ranks
     exact = sorted({k.bytes for k in reduces})
-    sweep = [s for s in ctx.plan.allreduce_sweep_bytes if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
-    params: dict[str, object] = {"sizes": sweep or exact, "extra_sizes": exact, "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
+    params = _sweep_params(ctx, ctx.plan.allreduce_sweep_bytes, exact)
     notes: tuple[str, ...] = ()
     if not ctx.cuda:
-        params["synced_ops"] = CPU_PLAN_SYNCED_OPS
         notes = (f"all-reduce swept to {CPU_ALLREDUCE_MAX_BYTES // 1024} KiB on CPU ranks (plus the exact sizes)",)
     if ctx.group_fits_collectives:
         return Planned(ProbeRequest("allreduce", params, tuple(k.key_id for k in reduces)), notes)
@@ -77,16 +75,23 @@ def plan(ctx: PlanContext) -> Planned:
     )
 
 
+def _sweep_params(ctx: PlanContext, sizes: Sequence[int], exact: list[int]) -> dict[str, object]:
+    """The probe's parameters for a sweep over `sizes` (capped on CPU ranks, where fewer synced ops are timed) plus
+    the `exact` sizes the step needs (the sweep falls back to them when it is empty)."""
+    sweep = [s for s in sizes if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
+    params: dict[str, object] = {"sizes": sweep or exact, "extra_sizes": exact, "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
+    if not ctx.cuda:
+        params["synced_ops"] = CPU_PLAN_SYNCED_OPS
+    return params
+
+
 def _curve_only(ctx: PlanContext) -> Planned:
     """A plan without collectives (TP 1) on a group of several ranks, with sweeps wanted: the sweep at the group's
     size, so a what-if for a larger TP on this host predicts its all-reduce from a curve measured here, not from
     the spec sheet; nothing on a group of one rank or without sweeps."""
     if not ctx.sweeps or ctx.world_size < 2:
         return Planned()
-    sweep = [s for s in allreduce_sweep_sizes(ctx.inventory) if ctx.cuda or s <= CPU_ALLREDUCE_MAX_BYTES]
-    params: dict[str, object] = {"sizes": sweep, "extra_sizes": [], "budget_ms": PLAN_ALLREDUCE_BUDGET_MS}
-    if not ctx.cuda:
-        params["synced_ops"] = CPU_PLAN_SYNCED_OPS
+    params = _sweep_params(ctx, allreduce_sweep_sizes(ctx.inventory), [])
     why = (
         f"the plan is TP {ctx.plan.allreduce_ranks} (no collectives) on a group of {ctx.world_size} ranks: the "
         f"all-reduce is swept on all {ctx.world_size} for the curves a what-if at a larger TP predicts from"
