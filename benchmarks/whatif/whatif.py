@@ -39,10 +39,11 @@ from pathlib import Path
 from typing import Any
 
 from decodetop.atomic import write_text_atomic
-from decodetop.budget.compose import Budget, segments_range
+from decodetop.budget.compose import Budget
 from decodetop.budget.deployment import Deployment
 from decodetop.budget.inventory import build_inventory
 from decodetop.budget.scenario import Scenario
+from decodetop.budget.segment import segments_range
 from decodetop.budget.spec import ModelSpec, load_preset
 from decodetop.errors import UserInputError
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from decodetop.budget.compose import Budget, Segment, default_observed
+from decodetop.budget.compose import Budget, default_observed
 from decodetop.budget.scenario import Scenario, build_scenario, choose_tp, model_source
+from decodetop.budget.segment import Segment
 from decodetop.budget.text import format_budget_table
 from decodetop.cli import build_parser, main
 from decodetop.commands._scenario_args import scenario_from_args

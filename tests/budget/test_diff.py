@@ -253,6 +253,16 @@ def test_an_estimate_against_a_measurement_never_counts() -> None:
     assert d.change == "changed" and d.significant  # interpolated between measured points is a measurement
 
 
+@pytest.mark.parametrize("status", ["extrapolated", "transferred"])
+def test_a_curve_prediction_diffs_and_counts_only_against_its_own_kind(status: str) -> None:
+    """A what-if budget (`budget --results` at another scenario) holds predicted segments: the diff reads them, a
+    prediction against a measurement says how far it was off without counting, two predictions compare."""
+    d = _one(_seg("attention", 1.0, status=status), _seg("attention", 3.0, 0.1))
+    assert d.change == "estimate" and d.delta_ms == pytest.approx(2.0) and not d.significant
+    d = _one(_seg("attention", 1.0, status=status), _seg("attention", 3.0, status="transferred"))
+    assert d.change == "changed" and d.significant
+
+
 def test_missing_data_has_no_delta() -> None:
     diff = diff_budgets(
         _budget(_seg("attention", 1.0), _seg("communication", 0.4)),

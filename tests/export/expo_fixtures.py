@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from decodetop.budget import compose
-from decodetop.budget.compose import Budget, Segment
+from decodetop.budget.compose import Budget
+from decodetop.budget.segment import Segment
 from decodetop.collectors.checks.gpu import gpu_checks
 from decodetop.collectors.checks.result import CheckResult, Status
 from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording

@@ -14,6 +14,8 @@ and the command that measures them, and the budget's total and unexplained remai
 Missing data is never a silent 0. The budget carries the total's 80 % range (`decodetop.budget.uncertainty`), its
 weakest label, the component that dominates the uncertainty, and the engine's self-check on this host's data.
 
+The segments (`decodetop.budget.segment`) are built from the inventory's ops by `decodetop.budget.segment_costs`.
+
 Every figure carries its provenance in words (`Segment.provenance`, `Budget.observed`, `Budget.hardware_text`):
 measured (refined to "measured in this run" / "measured earlier: age, host, device" by the pipeline-level
 `decodetop.pipeline.composition.compose`), a roofline estimate for named hardware and how it was chosen, or missing
@@ -29,23 +31,25 @@ from typing import Any
 
 from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.contention import Contention
-from decodetop.budget.curves import CROSS_GPU_SIGMA, RUN_TO_RUN_SIGMA, CurveEngine, Prediction, nominal_hardware
-from decodetop.budget.inventory import Op, StepInventory
-from decodetop.budget.kernels import KernelClass, kernels_text
-from decodetop.budget.keys import AllreduceKey, LaunchKey
+from decodetop.budget.curves import CurveEngine, nominal_hardware
+from decodetop.budget.inventory import StepInventory
 from decodetop.budget.measured import Curve, MeasuredTime, engine_from_series
 from decodetop.budget.ranks import RankSpread
-from decodetop.budget.roofline import Hardware, Roofline, collective_time_us
-from decodetop.budget.selfcheck import Z80, SelfCheck
-from decodetop.budget.uncertainty import RANGE_METHOD, Combined, Part, combine
+from decodetop.budget.roofline import Hardware, Roofline
+from decodetop.budget.segment import CURVE_STATUSES, STATUS_RANK, Segment, segments_range
+from decodetop.budget.segment_costs import (
+    LAUNCH_ESTIMATE_US,
+    component_segment,
+    estimate_text,
+    launch_segment,
+    with_shared_range,
+)
+from decodetop.budget.selfcheck import SelfCheck
+from decodetop.budget.uncertainty import RANGE_METHOD
 from decodetop.defaults import DEFAULT_OBSERVED_MS, DEFAULT_TARGET_TPS
 from decodetop.errors import UserInputError
 from decodetop.quantity import OBSERVED_MS, TARGET_TPS
 from decodetop.textfmt import format_ms
-
-LAUNCH_ESTIMATE_US = {"graph": 0.6, "eager": 5.0}
-"""Per-kernel cost when unmeasured: a CUDA-graph node ~0.6 µs (docs/benchmarks.md, "Launch": 0.70 µs per node
-measured on an H200), an eager PyTorch op ~5 µs (the same section: 6.6–7.1 µs host time per empty-kernel launch)."""
 
 STEP_PERCENTILE_Z = {"p50": 0.0, "p90": 1.2815515655446004, "p99": 2.3263478740408408}
 """Standard-normal quantiles (statistics.NormalDist().inv_cdf(0.5 / 0.9 / 0.99)) for the step's spread."""
@@ -61,15 +65,6 @@ FIGURE_STATISTICS = {
 }
 """Which statistic each budget figure is (docs/architecture.md, "Budget statistics"); written into the JSON."""
 
-STATUSES = ("measured", "interpolated", "extrapolated", "transferred", "estimated", "missing")
-"""A segment's status, best first: measured at its exact keys, from the curve engine (interpolated, extrapolated,
-transferred), a roofline estimate, or no figure."""
-CURVE_STATUSES = ("interpolated", "extrapolated", "transferred")
-_RANK = {s: i for i, s in enumerate(STATUSES)}
-PROVENANCE_KINDS = ("measured_now", "measured_earlier", "measured", "estimate", "not_applicable", "missing")
-"""Where a segment's figure came from: measured in this run, measured earlier (read back from the history),
-measured (origin not refined: a budget composed from bare key times), a roofline estimate, not applicable here, or
-no figure at all."""
 OBSERVED_SOURCES = ("flag", "settings", "server", "trace", "default")
 """Where an observed step can come from, in the order the one rule takes them (`decodetop.pipeline.observed`)."""
 _OBSERVED_WHERE = {
@@ -131,83 +126,6 @@ def roofline_verdict(target_ms: float, roofline_ms: float | None) -> str:
         f"the target is below this deployment's roofline ({format_ms(roofline_ms)}): no kernel tuning reaches it; it "
         "needs fewer bytes per GPU (more GPUs, lower precision, speculative decoding)"
     )
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One component's share of the step."""
-
-    component: str
-    """A `Component` value, or "unexplained"."""
-    ms: float | None
-    """Sum of what is known; None when nothing is. With status "missing" it is a lower bound."""
-    status: str
-    """measured | interpolated | estimated | missing (the worst status among its ops)."""
-    reason: str
-    n_ops: int = 0
-    p10_ms: float | None = None
-    p90_ms: float | None = None
-    missing_keys: tuple[str, ...] = ()
-    sources: tuple[str, ...] = ()
-    probes: tuple[str, ...] = ()
-    """The probes whose measurements the figure uses (for where and when they were taken)."""
-    provenance_kind: str = "missing"
-    """One of PROVENANCE_KINDS."""
-    provenance: str = ""
-    """Where the figure came from, in words ("measured in this run", "roofline estimate for NVIDIA H200 (detected
-    by NVML)", "measured 3h ago on gpu-host-1 (2 × NVIDIA H200)")."""
-    mean_ms: float | None = None
-    """Σ count × each op's mean (the median where an op's mean is not known); None with `ms`."""
-    std_ms: float = 0.0
-    """Standard deviation of the component's step time, the ops' instances taken as independent (0: no samples)."""
-    path: str = ""
-    """The kernel path the figure assumes, short enough for a label ('custom one-shot', 'NCCL'; '' where there is
-    no choice): for the all-reduce, the path of the step's own message sizes (`decodetop.budget.engine_paths`)."""
-    path_text: str = ""
-    """That path in words with why ('custom one-shot ≤ 4 MiB, NCCL above (vLLM at TP 2 over NVLink: …)')."""
-    path_rule: str = ""
-    """What chose the path: the engine rule's source (a public URL) or the flag ('--allreduce nccl'); '' where the
-    figure is simply what was measured."""
-    range_p10_ms: float | None = None
-    """The 80 % range of the figure (`decodetop.budget.uncertainty`): the repeat spread where every op was measured,
-    wider where the curve engine predicted an op (None with `ms`)."""
-    range_p90_ms: float | None = None
-    shared_sigma_log: float = 0.0
-    """The part of its range (σ in log space) every figure carried to another GPU model shares (one GPU-to-GPU ratio
-    for all of them): the total's range keeps it whole instead of averaging it away over the components."""
-    curve_label: str = ""
-    """The weakest label among its ops ('interpolated', 'extrapolated 2 octaves', 'transferred from gemm:…');
-    '' where every op was measured."""
-    kernels: tuple[KernelClass, ...] = ()
-    """The classes of kernel the measured figures came from, distinct, in op order (empty: not said)."""
-    torch_ms: float | None = None
-    """What the segment would take where its ops ran as torch ops (Σ count × each op's torch-form time, its own
-    time where it has none); None when no op's torch form was timed beside a faster kernel."""
-
-    @property
-    def kernel_text(self) -> str:
-        """The kernel classes in words, '; '-joined, with "torch ops would take X ms" where that was timed."""
-        text = kernels_text(self.kernels)
-        if self.torch_ms is not None:
-            text += ("; " if text else "") + f"torch ops would take {self.torch_ms:.3g} ms"
-        return text
-
-    @property
-    def mean(self) -> float | None:
-        """`mean_ms`, or `ms` where the mean was not composed."""
-        return self.ms if self.mean_ms is None else self.mean_ms
-
-    @property
-    def estimated(self) -> bool:
-        """True when any part of the figure is a roofline estimate rather than a measurement."""
-        return self.status == "estimated"
-
-    @property
-    def label(self) -> str:
-        """Human title."""
-        if self.component == UNEXPLAINED_KEY:
-            return "unexplained"
-        return Component(self.component).label
 
 
 @dataclass(frozen=True)
@@ -334,7 +252,7 @@ class Budget:
     def unexplained(self) -> Segment:
         """The remainder as a segment (status follows completeness)."""
         reason = "observed − Σ components" + ("" if self.complete else " (upper bound: some components are missing)")
-        worst = max((s.status for s in self.segments), key=_RANK.__getitem__, default="measured")
+        worst = max((s.status for s in self.segments), key=STATUS_RANK.__getitem__, default="measured")
         return Segment(UNEXPLAINED_KEY, self.unexplained_ms, worst, reason)
 
     def segment(self, component: Component | str) -> Segment | None:
@@ -418,226 +336,6 @@ class Budget:
         }
 
 
-@dataclass(frozen=True)
-class _OpTime:
-    ms: float
-    p10: float
-    p90: float
-    status: str
-    source: str
-    probe: str = ""
-    mean: float | None = None
-    std: float = 0.0
-    low: float | None = None
-    """The 80 % range (None: the repeat spread p10–p90)."""
-    high: float | None = None
-    label: str = ""
-    octaves: float = 0.0
-    kernel: KernelClass | None = None
-    torch_ms: float | None = None
-    """The op's torch-form time where it was timed beside a faster kernel."""
-
-
-def _torch_alternative(found: MeasuredTime) -> float | None:
-    """The median of the torch form among a measured time's alternatives (None: not timed)."""
-    return next((a.median_ms for a in found.alternatives if a.kernel.kind in ("torch", "cpu")), None)
-
-
-def _estimate(op: Op, hw: Hardware, tp: int) -> float:
-    """Roofline time of one op instance in ms."""
-    if op.is_collective and isinstance(op.key, AllreduceKey):
-        return collective_time_us(op.kind, op.key.bytes, tp, hw) / 1e3
-    mem = (op.read_bytes + op.write_bytes) / (hw.mem_bandwidth_gbps * 1e9) * 1e3
-    if hw.bf16_dense_tflops:
-        return max(mem, op.flops / (hw.bf16_dense_tflops * 1e12) * 1e3)
-    return mem
-
-
-def _op_time(
-    op: Op, measured: Mapping[str, MeasuredTime], engine: CurveEngine | None, estimate: Hardware | None, tp: int
-) -> _OpTime | str:
-    """One op instance's time: measured at its key, else the curve engine's prediction, else the roofline estimate
-    (with why no curve could), else why there is no figure (the refusal's text)."""
-    found = measured.get(op.key.key_id)
-    if found is not None:
-        return _OpTime(
-            found.median_ms, found.p10_ms, found.p90_ms, "measured", found.source, op.key.probe, found.mean,
-            found.std_ms or 0.0, kernel=found.kernel, torch_ms=_torch_alternative(found),
-        )  # fmt: skip
-    why = f"no curve engine: {op.key.key_id} not measured"
-    if engine is not None:
-        got = engine.predict(op.key)
-        if isinstance(got, Prediction):
-            spread = math.exp(Z80 * got.spread_sigma)
-            return _OpTime(
-                got.ms, got.ms / spread, got.ms * spread, got.status, got.source, op.key.probe, low=got.p10_ms,
-                high=got.p90_ms, label="" if got.status == "measured" else got.label, octaves=got.octaves,
-            )  # fmt: skip
-        why = got.text
-    if estimate is not None:
-        ms = _estimate(op, estimate, tp)
-        return _OpTime(ms, ms, ms, "estimated", "roofline", label=why)
-    return why
-
-
-def _launch_time(
-    mode: str, kernels: int, measured: Mapping[str, MeasuredTime], estimate: Hardware | None
-) -> tuple[Segment, float | None]:
-    key = LaunchKey(mode, kernels)
-    found = measured.get(key.key_id)
-    if found is None:
-        prefix = f"launch:mode={mode},"
-        found = next((v for k, v in sorted(measured.items()) if k.startswith(prefix)), None)
-    comp = Component.LAUNCH.value
-    if found is not None:
-        ms = kernels * found.median_ms
-        mean = kernels * found.mean
-        std = math.sqrt(kernels) * (found.std_ms or 0.0)
-        reason = f"{kernels} kernels × {found.median_ms * 1e3:.3g} µs per kernel ({mode}, measured)"
-        seg = Segment(
-            comp,
-            ms,
-            "measured",
-            reason,
-            1,
-            kernels * found.p10_ms,
-            kernels * found.p90_ms,
-            (),
-            (found.source,),
-            ("launch",),
-            "measured",
-            "measured",
-            mean,
-            std,
-        )
-        return seg, ms
-    if estimate is not None:
-        per = LAUNCH_ESTIMATE_US[mode] / 1e3
-        ms = kernels * per
-        reason = f"{kernels} kernels × {LAUNCH_ESTIMATE_US[mode]:g} µs per kernel ({mode}, typical)"
-        seg = Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",), (), "estimate", "")
-        return seg, ms
-    reason = f"{kernels} kernels; per-kernel {mode} launch cost not measured ({key.key_id})"
-    seg = Segment(
-        comp, None, "missing", reason, 1, None, None, (key.key_id,), (), (), "missing", "no figure: " + reason
-    )
-    return seg, None
-
-
-def _estimate_text(seg: Segment, hardware: str) -> str:
-    """'roofline estimate for NVIDIA H200 (detected by NVML)', with the reason where only part is estimated."""
-    if seg.reason.startswith("roofline estimate ("):
-        return f"roofline estimate for {hardware}"
-    return f"estimate for {hardware}: {seg.reason}"
-
-
-def _segment_reason(worst: str, counts: Mapping[str, int], missing: Sequence[str], n_ops: int) -> str:
-    """Why a segment has the status it has, in words ("all 12 ops measured", "roofline estimate (3 ops)", …);
-    `missing`: the refusals of the ops without a figure."""
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
-    if worst == "missing":
-        reason = f"{len(missing)} measurement(s) missing ({summary} ops): " + "; ".join(missing[:3])
-        return reason + (f"; … {len(missing) - 3} more" if len(missing) > 3 else "")
-    if worst == "estimated" and counts["estimated"] == n_ops:
-        return f"roofline estimate ({n_ops} ops)"
-    if worst == "estimated":
-        return f"roofline estimate for {counts['estimated']} of {n_ops} ops ({summary})"
-    if worst == "interpolated":
-        return f"{counts['interpolated']} of {n_ops} ops interpolated on a measured curve ({summary})"
-    if worst in CURVE_STATUSES:
-        return f"{n_ops - counts['measured']} of {n_ops} ops predicted from this host's curves ({summary})"
-    return f"all {n_ops} ops measured"
-
-
-@dataclass
-class _SegmentSum:
-    """A component's ops summed as they are composed."""
-
-    ms: float = 0.0
-    p10: float = 0.0
-    p90: float = 0.0
-    mean: float = 0.0
-    var: float = 0.0
-    low: float = 0.0
-    high: float = 0.0
-    known: int = 0
-    worst: str = "measured"
-    label: tuple[int, float, float, str] = (0, 0.0, 0.0, "")
-    """(status rank, octaves, share of the time, label) of the weakest predicted op."""
-    missing_keys: list[str] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)
-    kernels: list[KernelClass] = field(default_factory=list)
-    torch_ms: float = 0.0
-    any_torch: bool = False
-    sources: list[str] = field(default_factory=list)
-    probes: list[str] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
-
-    def add(self, op: Op, t: _OpTime) -> None:
-        self.known += 1
-        self.counts[t.status] += 1
-        self.ms += op.count * t.ms
-        self.mean += op.count * (t.ms if t.mean is None else t.mean)
-        self.var += op.count * t.std**2
-        self.p10 += op.count * t.p10
-        self.p90 += op.count * t.p90
-        self.low += op.count * (t.p10 if t.low is None else t.low)
-        self.high += op.count * (t.p90 if t.high is None else t.high)
-        if t.source not in self.sources:
-            self.sources.append(t.source)
-        if t.probe and t.probe not in self.probes:
-            self.probes.append(t.probe)
-        if t.kernel is not None and t.kernel not in self.kernels:
-            self.kernels.append(t.kernel)
-        self.any_torch = self.any_torch or t.torch_ms is not None
-        self.torch_ms += op.count * (t.ms if t.torch_ms is None else t.torch_ms)
-        if _RANK[t.status] > _RANK[self.worst]:
-            self.worst = t.status
-        weakness = (_RANK[t.status], t.octaves, op.count * t.ms, t.label)
-        if t.label and t.status in CURVE_STATUSES and weakness > self.label:
-            self.label = weakness
-
-    def lack(self, op: Op, why: str) -> None:
-        if op.key.key_id not in self.missing_keys:
-            self.missing_keys.append(op.key.key_id)
-            self.refusals.append(why)
-        self.counts["missing"] += 1
-        self.worst = "missing"
-
-
-def _component_segment(  # noqa: PLR0917 - private; the composition's lookup context
-    component: str, ops: Sequence[Op], measured: Mapping[str, MeasuredTime], engine: CurveEngine | None,
-    estimate: Hardware | None, tp: int,
-) -> Segment:  # fmt: skip
-    """One component's segment: Σ count × each op's time (median, spread, mean, variance, 80 % range), the worst
-    status among its ops, the weakest label, and where the times came from."""
-    acc = _SegmentSum()
-    estimated_why = ""
-    for op in ops:
-        t = _op_time(op, measured, engine, estimate, tp)
-        if isinstance(t, str):
-            acc.lack(op, t)
-            continue
-        acc.add(op, t)
-        if t.status == "estimated" and not estimated_why:
-            estimated_why = t.label
-    reason = _segment_reason(acc.worst, acc.counts, acc.refusals, len(ops))
-    if acc.worst == "missing":
-        kind, prov = "missing", "no figure: " + reason
-    elif acc.worst == "estimated":
-        kind, prov = "estimate", reason + (f" ({estimated_why})" if estimated_why.startswith("cannot") else "")
-    else:
-        kind, prov = "measured", "measured"
-    known = acc.known > 0
-    return Segment(
-        component, acc.ms if known else None, acc.worst, reason, len(ops), acc.p10 if known else None,
-        acc.p90 if known else None, tuple(acc.missing_keys), tuple(acc.sources), tuple(acc.probes), kind, prov,
-        acc.mean if known else None, math.sqrt(acc.var), range_p10_ms=acc.low if known else None,
-        range_p90_ms=acc.high if known else None, curve_label=acc.label[3], kernels=tuple(acc.kernels),
-        torch_ms=acc.torch_ms if acc.any_torch and known else None,
-    )  # fmt: skip
-
-
 def _checked_inputs(mode: str, observed_ms: float, target_tps: float) -> str:
     """The launch mode, after checking it and the observed step and target (one-line UserInputError)."""
     if mode not in LAUNCH_ESTIMATE_US:
@@ -696,7 +394,7 @@ def compose_budget(
         hw_text = _hardware_name(estimate or (roofline.hardware if roofline is not None else None))
     segments = _segments(inventory, measured, curves, estimate, mode, hw_text or "the assumed GPU")
     reused = any(op.key.key_id not in measured for op in inventory.ops if not op.is_collective)
-    segments = [_shared(seg, cross=curves.target is not None, drift=reused) for seg in segments]
+    segments = [with_shared_range(seg, cross=curves.target is not None, drift=reused) for seg in segments]
     missing_components = [seg.component for seg in segments if seg.status == "missing"]
     total = sum(s.ms for s in segments if s.ms is not None)
     tokens = inventory.tokens_per_step
@@ -738,47 +436,14 @@ def _segments(  # noqa: PLR0917 - private; the composition's lookup context
     """One segment per component, then the launch's; estimates say which hardware they are for."""
     tp = inventory.deployment.tp
     segments = [
-        _component_segment(comp.value, ops, measured, curves, estimate, tp)
+        component_segment(comp.value, ops, measured, curves, estimate, tp)
         for comp, ops in inventory.by_component().items()
     ]
-    segments.append(_launch_time(mode, inventory.kernels, measured, estimate)[0])
+    segments.append(launch_segment(mode, inventory.kernels, measured, estimate)[0])
     return [
-        replace(seg, provenance=_estimate_text(seg, hw_text)) if seg.provenance_kind == "estimate" else seg
+        replace(seg, provenance=estimate_text(seg, hw_text)) if seg.provenance_kind == "estimate" else seg
         for seg in segments
     ]
-
-
-def _shared(seg: Segment, *, cross: bool, drift: bool) -> Segment:
-    """`seg` with the share of its range every figure of the budget has in common: another GPU model's ratio
-    (`CROSS_GPU_SIGMA`, transferred figures) and, where the budget is for another scenario than the one measured
-    (some op's key not measured in the results), the drift between that run and the scenario's own
-    (`RUN_TO_RUN_SIGMA`: one GPU's clocks and placement move every kernel of a run together). An exactly measured
-    segment's repeat spread is widened by the drift; a predicted one carries it already (the curve engine's)."""
-    if seg.ms is None or seg.status in ("estimated", "missing"):
-        return seg
-    shared = math.hypot(CROSS_GPU_SIGMA if cross and seg.status == "transferred" else 0.0,
-                        RUN_TO_RUN_SIGMA if drift else 0.0)  # fmt: skip
-    if shared == 0.0:
-        return seg
-    if not drift or seg.status != "measured" or seg.range_p10_ms is None or seg.range_p90_ms is None:
-        return replace(seg, shared_sigma_log=shared)
-    lo, hi = seg.range_p10_ms, seg.range_p90_ms
-    own = math.log(hi / lo) / (2 * Z80) if 0 < lo < hi else 0.0
-    widen = math.exp(Z80 * (math.hypot(own, RUN_TO_RUN_SIGMA) - own))
-    return replace(seg, range_p10_ms=lo / widen, range_p90_ms=hi * widen, shared_sigma_log=shared)
-
-
-def segments_range(segments: Sequence[Segment]) -> Combined:
-    """The 80 % range of the sum of `segments` (their own ranges, else their figures; missing ones left out):
-    `decodetop.budget.uncertainty.combine`. The budget's total range is that of all its segments."""
-    return combine(
-        [
-            Part(s.component, s.ms, s.range_p10_ms if s.range_p10_ms is not None else s.ms,
-                 s.range_p90_ms if s.range_p90_ms is not None else s.ms, s.shared_sigma_log)
-            for s in segments
-            if s.ms is not None
-        ]
-    )  # fmt: skip
 
 
 def _uncertainty(segments: Sequence[Segment]) -> dict[str, Any]:
@@ -787,7 +452,7 @@ def _uncertainty(segments: Sequence[Segment]) -> dict[str, Any]:
     if not parts:
         return {}
     total = segments_range(parts)
-    worst = max(segments, key=lambda s: (_RANK[s.status], s.ms or 0.0))
+    worst = max(segments, key=lambda s: (STATUS_RANK[s.status], s.ms or 0.0))
     weakest = ""
     if worst.status != "measured":
         weakest = f"{worst.label}: {worst.curve_label or worst.status}"

@@ -15,7 +15,7 @@ Significance (the rule, and why): a component moved only when |Δ| exceeds
 - an absolute and a relative floor: point figures carry no spread (the launch line is a fit, estimates and
   interpolations are single values), so without a floor any change of a zero-spread segment would count.
 
-The all-reduce's kernel path (a segment's `path` / `path_text`, compose.Segment: NCCL, custom one-shot, …) is
+The all-reduce's kernel path (a segment's `path` / `path_text`, segment.Segment: NCCL, custom one-shot, …) is
 compared too: when it changed between the two budgets the diff says so in one line, since a new path moves the
 all-reduce with nothing changed on the host. Older files without those fields say nothing.
 
@@ -28,8 +28,9 @@ compare, with a note.
 
 A component present on one side only counts as added (Δ = its ms) or removed (Δ = −its ms). A segment whose data
 is missing on either side (status "missing": its ms is at most a lower bound) has no Δ and never counts. A roofline
-estimate against a measurement (status "estimated" on one side only) has a Δ but never counts either: it says how
-far the estimate was off, not that the host changed (two estimates, or two measurements, do compare).
+estimate or a curve prediction beyond the measured points against a measurement (status "estimated", "extrapolated"
+or "transferred" on one side only; "interpolated" counts as measured) has a Δ but never counts either: it says how
+far the estimate or prediction was off, not that the host changed (two figures of the same kind do compare).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from decodetop.budget.components import UNEXPLAINED_KEY, Component
 from decodetop.budget.contention import contention_in
 from decodetop.budget.noise import NOISE_FLOOR_MS, RELATIVE_FLOOR
 from decodetop.budget.ranks import straggler_in
+from decodetop.budget.segment import CURVE_STATUSES, STATUSES
 from decodetop.errors import UserInputError
 from decodetop.quantity import COMPONENT_MS, OBSERVED_MS, shown
 from decodetop.textfmt import format_number, shorten, table
@@ -55,8 +57,6 @@ TAIL_FLOOR = 0.10
 least this fraction: on one H200, two clean Llama-3.1-70B (4-layer) runs had a tail under 0.003 ms and means 1 % apart,
 and a GEMM loop from another process on the same GPU left every median in place but lifted the mean step from 2.45
 to 4.67 ms (docs/benchmarks.md, "Plants on one H200")."""
-STATUSES = ("measured", "interpolated", "estimated", "missing")
-"""Segment statuses a budget holds (compose.STATUSES)."""
 ABSENT = "absent"
 """The status of a component that one side's budget does not have."""
 CHANGES = ("changed", "added", "removed", "unknown", "estimate")
@@ -444,6 +444,15 @@ def _noise_ms(baseline: _Seg | None, current: _Seg | None) -> float:
     return max(*spreads, NOISE_FLOOR_MS, RELATIVE_FLOOR * (reference or 0.0))
 
 
+def _figure_kind(status: str) -> str:
+    """What a figure of this status is: a measurement (interpolated between measured points counts as one), a
+    prediction beyond this host's measured points (extrapolated, transferred), or a roofline estimate. Figures of two
+    kinds compare only as how far one was off, never as a change of the host."""
+    if status == "interpolated":
+        return "measured"
+    return "predicted" if status in CURVE_STATUSES else status
+
+
 def _delta(component: str, before: _Seg | None, after: _Seg | None) -> ComponentDelta:
     either = after if after is not None else before
     label = either.label if either is not None else _label(component)
@@ -452,7 +461,7 @@ def _delta(component: str, before: _Seg | None, after: _Seg | None) -> Component
     if before is not None and after is not None:
         change = "changed" if a is not None and b is not None else "unknown"
         delta = a - b if a is not None and b is not None else None
-        if change == "changed" and (before.status == "estimated") != (after.status == "estimated"):
+        if change == "changed" and _figure_kind(before.status) != _figure_kind(after.status):
             change = "estimate"
     elif after is not None:
         change, delta = ("added", a) if a is not None else ("unknown", None)

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from decodetop.budget.compose import Budget, Segment, compose_budget
+from decodetop.budget.compose import Budget, compose_budget
 from decodetop.budget.curves import CurveEngine
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.gpus import find_gpu
@@ -47,6 +47,7 @@ from decodetop.budget.keys import AllreduceKey
 from decodetop.budget.plan import ProbePlan, build_plan
 from decodetop.budget.roofline import Hardware, Roofline, hardware_for, roofline, weights_fit_warning
 from decodetop.budget.scenario import Scenario
+from decodetop.budget.segment import Segment
 from decodetop.history import format_age
 from decodetop.pipeline.context import UNMEASURED_ROOFLINE, BudgetContext, GpuHint, assumed_gpu
 from decodetop.pipeline.ranks import compose_ranks

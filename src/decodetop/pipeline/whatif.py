@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from decodetop.budget.calibration import Calibration, calibration_of
-from decodetop.budget.compose import Budget, segments_range
+from decodetop.budget.compose import Budget
 from decodetop.budget.deployment import KV_DTYPES, LAUNCH_MODES
 from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.gpus import find_gpu
 from decodetop.budget.precision import WEIGHT_CHOICES, with_weights
 from decodetop.budget.scenario import Scenario
+from decodetop.budget.segment import segments_range
 from decodetop.errors import UserInputError
 from decodetop.pipeline.composition import Composition, compose
 from decodetop.pipeline.context import BudgetContext, gpu_hint

@@ -78,12 +78,12 @@ class BudgetSegment:
     """The spread of the component's figure (None for a point figure): what the baseline diff calls noise."""
     p90_ms: float | None = None
     provenance: str = ""
-    """Where the figure came from, in words (`decodetop.budget.compose.Segment.provenance`)."""
+    """Where the figure came from, in words (`decodetop.budget.segment.Segment.provenance`)."""
     kernels: str = ""
     """Which class of kernel the figure was timed with, and what torch ops would take
-    (`decodetop.budget.compose.Segment.kernel_text`; '' where not said)."""
+    (`decodetop.budget.segment.Segment.kernel_text`; '' where not said)."""
     provenance_kind: str = ""
-    """The same as a kind: measured_now, measured_earlier, estimate … (`decodetop.budget.compose.PROVENANCE_KINDS`)."""
+    """The same as a kind: measured_now, measured_earlier, estimate … (`decodetop.budget.segment.PROVENANCE_KINDS`)."""
 
     @property
     def stored(self) -> bool:

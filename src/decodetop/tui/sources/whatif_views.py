@@ -9,13 +9,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from decodetop.budget.compose import Budget
+from decodetop.budget.segment import CURVE_STATUSES
 from decodetop.pipeline.composition import CPU_HARDWARE
 from decodetop.pipeline.whatif import Variant
 from decodetop.tui.screens.whatif_knobs import Axis, KnobState
 from decodetop.tui.sources.whatif import WhatIfPredictor
 
-PREDICTED_STATUSES = ("interpolated", "extrapolated", "transferred")
-"""Segment statuses of figures the curve engine predicted (`decodetop.budget.curves`), weakest last."""
 NO_RESULTS = (
     "no probe results yet: every figure is a roofline estimate for {hardware}, not this host's curves; "
     "R on the main screen runs the plan that measures them (decodetop probe --model M --budget, headless)"
@@ -93,10 +92,10 @@ def labels_of(budget: Budget) -> tuple[str, ...]:
     the budget is complete and nothing was predicted)."""
     statuses = {s.status for s in budget.segments}
     out = ["CPU"] if budget.device_kind == "cpu" else []
-    out.extend(s for s in PREDICTED_STATUSES if s in statuses)
+    out.extend(s for s in CURVE_STATUSES if s in statuses)
     if any(s.estimated for s in budget.segments):
         out.append("roofline")
-    if budget.complete and not any(x in out for x in (*PREDICTED_STATUSES, "roofline")):
+    if budget.complete and not any(x in out for x in (*CURVE_STATUSES, "roofline")):
         out.append("measured")
     return tuple(out)
 
