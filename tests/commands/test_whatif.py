@@ -13,6 +13,7 @@ from decodetop.cli import main
 from decodetop.history import KIND_PROBE, History
 from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.probes.results import load_results
+from tests.helpers.model_configs import small_llama
 
 PLANS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "plans"
 LLAMA = str(PLANS / "plan_llama-3.1-70b-tp1-h200x1.json")
@@ -25,9 +26,14 @@ def _own_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "240")
 
 
-def test_the_table_names_each_variant_its_range_limit_and_the_target(capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, "--tp", "1"]
-    assert main([*argv, "--vary", "tp=2,4", "accept=1,2", "--target-tps", "100", "--observed-ms", "40"]) == 0
+def test_the_table_names_each_variant_its_range_limit_and_the_target(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    draft = tmp_path / "draft.json"
+    draft.write_text(json.dumps(small_llama()))
+    argv = ["whatif", "--model", "llama-3.1-70b", "--results", LLAMA, "--tp", "1", "--draft-config", str(draft)]
+    vary = ["--vary", "tp=2,4", "accept=1,3", "draft=1"]  # accept 3 of one draft token: that variant says why not
+    assert main([*argv, *vary, "--target-tps", "100", "--observed-ms", "40"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("What-if: Llama-3.1-70B, TP 1 (--tp)")
     assert f"predicted from the results in {LLAMA}" in out
@@ -35,8 +41,8 @@ def test_the_table_names_each_variant_its_range_limit_and_the_target(capsys: pyt
     header = next(line for line in out.splitlines() if line.startswith("variant"))
     for column in ("step ms", "80 % range", "calibrated", "tok/s/seq", "tok/s total", "limited by", "weakest figure"):
         assert column in header
-    assert "tp=4 accept=2" in out and "no MTP layer to draft with" in out
-    assert "tok/s per sequence over the accept length (tp=2): 1 →" in out
+    assert "tp=4 accept=3 draft=1" in out and "3.0 is more than the 1 draft tokens + 1" in out
+    assert "tok/s per sequence over the accept length (tp=2 draft=1): 1 →" in out
     assert "reach 100 tok/s per sequence: " in out and "cannot be served so" in out
     assert "self-check (leave-one-out on this host's curves): " in out and "gemm: " in out
 
@@ -74,6 +80,16 @@ def test_without_results_it_takes_this_hosts_stored_ones(tmp_path: Path, capsys:
         (["--vary", "speed=2"], "--vary: unknown knob 'speed'"),
         (["--vary", "tp"], "--vary 'tp': give KNOB=V1,V2"),
         (["--gpu", "nonesuch"], "--gpu: unknown GPU 'nonesuch'"),
+        (["--vary", "tp=1,[red]2"], "--vary tp='[red]2': not a whole number"),
+        (["--vary", "tp=1,,2"], "--vary 'tp=1,,2': an empty value between the commas"),
+        (["--vary", "tp="], "--vary 'tp=': give KNOB=V1,V2"),
+        (["--vary", "tp=3"], "--vary tp='3': 3 does not split the 64 attention heads of Llama-3.1-70B"),
+        (["--vary", "batch=1", "accept=0.5"], "--vary accept='0.5': 0.5 is out of range (1..64)"),
+        (["--vary", "accept=2"], "--vary accept='2': Llama-3.1-70B has no MTP layer to draft with"),
+        (["--vary", "kv=fp4"], "--vary kv='fp4': 'fp4' is not one of"),
+        (["--vary", "weights=int3"], "--vary weights='int3': not one of bf16, fp8"),
+        (["--vary", "ep=2"], "--vary ep='2': Llama-3.1-70B has no routed experts to split"),
+        (["--vary", "gpu=nonesuch"], "--vary gpu='nonesuch': unknown GPU 'nonesuch'"),
     ],
 )
 def test_bad_flags_are_one_line(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,6 +18,7 @@ from decodetop.errors import UserInputError
 from decodetop.pipeline.context import BudgetContext
 from decodetop.pipeline.whatif import compare, parse_vary, predict, vary_grid
 from decodetop.probes.results import ProbeResult, load_results
+from tests.helpers.model_configs import small_llama
 
 PLANS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "plans"
 LLAMA = PLANS / "plan_llama-3.1-70b-tp1-h200x1.json"
@@ -136,7 +137,7 @@ def test_speculative_decoding_with_mtp_layers_or_a_draft_model(tmp_path: Path) -
     ctx = ctx_for("llama-3.1-70b", LLAMA, tp=1)
     refused = predict(ctx, {"accept": "2"})
     assert "no MTP layer" in refused.refused and "--draft-config" in refused.refused
-    (tmp_path / "config.json").write_text(json.dumps(_small_llama()))
+    (tmp_path / "config.json").write_text(json.dumps(small_llama()))
     draft = load_config(tmp_path / "config.json")
     ctx = dataclasses.replace(ctx, scenario=dataclasses.replace(ctx.scenario, draft_spec=draft, model_variant="d"))
     drafted = predict(ctx, {"accept": "3"})
@@ -148,24 +149,6 @@ def test_speculative_decoding_with_mtp_layers_or_a_draft_model(tmp_path: Path) -
     assert drafted.budget is not None and one.budget is not None
     assert drafted.budget.total_ms > one.budget.total_ms  # verify 3 tokens + 2 draft steps
     assert (drafted.tokens_per_s or 0) > (one.tokens_per_s or 0)  # but 3 tokens per step
-
-
-def _small_llama() -> dict[str, object]:
-    """A small Llama-shaped draft model's config.json."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "vocab_size": 128256,
-        "max_position_embeddings": 131072,
-        "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False,
-        "rope_theta": 500000.0,
-    }
 
 
 def test_a_variant_carries_the_drift_between_runs_and_the_measured_scenario_does_not() -> None:
@@ -183,3 +166,23 @@ def test_a_variant_carries_the_drift_between_runs_and_the_measured_scenario_does
     assert longer.range_p10_ms is not None and longer.range_p90_ms is not None
     drift_band = math.exp(2 * Z80 * RUN_TO_RUN_SIGMA)  # one factor for every figure: the total keeps it whole
     assert longer.range_p90_ms / longer.range_p10_ms >= drift_band * 0.999
+
+
+def test_check_vary_refuses_a_value_its_knob_cannot_take_and_leaves_combinations_to_the_rows() -> None:
+    from decodetop.pipeline.whatif import check_vary
+
+    llama = ctx_for("llama-3.1-70b", LLAMA, tp=1).scenario
+    check_vary(llama, [("tp", ("1", "2", "4", "8")), ("batch", ("1", "64")), ("kv", ("bf16", "fp8"))])
+    for axes, message in (
+        ([("tp", ("1", "[red]2"))], "--vary tp='[red]2': not a whole number"),
+        ([("tp", ("6",))], "--vary tp='6': 6 does not split the 64 attention heads"),
+        ([("context", ("-1",))], "--vary context='-1': -1 is out of range"),
+        ([("speed", ("2",))], "--vary speed='2': unknown knob 'speed'"),
+    ):
+        with pytest.raises(UserInputError) as err:
+            check_vary(llama, axes)
+        assert str(err.value).startswith(message)
+    mixtral = Scenario(model_source("mixtral-8x7b", None), load_preset("mixtral-8x7b"), Deployment(tp=1), "test")
+    check_vary(mixtral, [("tp", ("1", "2")), ("ep", ("1", "2"))])  # ep=2 beside tp=1 is a row's refusal
+    with pytest.raises(UserInputError, match="--vary ep='3': 3 does not split the 8 experts"):
+        check_vary(mixtral, [("ep", ("3",))])

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the command."""
     from decodetop.pipeline.composition import stored_times
     from decodetop.pipeline.context import BudgetContext, gpu_hint
-    from decodetop.pipeline.whatif import compare, default_axes, parse_vary, vary_grid
+    from decodetop.pipeline.whatif import check_vary, compare, default_axes, parse_vary, vary_grid
 
     axes = parse_vary(args.vary)
     results, source = _results(args)
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         draft = load_config(args.draft_config)
         variant = f"draft model={draft.name}"
         scenario = dataclasses.replace(scenario, draft_spec=draft, model_variant=variant)
+    check_vary(scenario, axes)  # a value its knob cannot take: one line and exit 2, never an inert row
     hint = gpu_hint(named=args.gpu) if args.gpu else None
     elsewhere = env is not None and bool(env.gpu_names) and hint is not None  # another GPU than the results'
     ctx = BudgetContext(

@@ -18,6 +18,7 @@ carries the reason instead of a budget. The TUI's what-if screen calls `predict`
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -297,17 +298,65 @@ def vary_grid(axes: Sequence[tuple[str, Sequence[str]]]) -> list[dict[str, str]]
 
 
 def parse_vary(items: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """`--vary tp=1,2,4 batch=1,8` → [("tp", ("1", "2", "4")), ("batch", ("1", "8"))] (one-line errors)."""
+    """`--vary tp=1,2,4 batch=1,8` → [("tp", ("1", "2", "4")), ("batch", ("1", "8"))] (one-line errors; each value
+    is checked against the model by `check_vary`)."""
     axes: list[tuple[str, tuple[str, ...]]] = []
     for item in items:
         name, eq, values = item.partition("=")
         name = name.strip().lower()
-        vals = tuple(v.strip() for v in values.split(",") if v.strip())
-        if not eq or not vals:
+        vals = tuple(v.strip() for v in values.split(","))
+        if not eq or not any(vals):
             raise UserInputError(f"--vary {item!r}: give KNOB=V1,V2 (knobs: {', '.join(KNOBS)})")
+        if not all(vals):
+            raise UserInputError(f"--vary {item!r}: an empty value between the commas")
         if name not in KNOBS:
             raise UserInputError(f"--vary: unknown knob {name!r} (known: {', '.join(KNOBS)})")
         if any(n == name for n, _ in axes):
             raise UserInputError(f"--vary: {name} given twice")
         axes.append((name, vals))
     return axes
+
+
+def check_vary(scenario: Scenario, axes: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """Raise one `UserInputError` line naming `--vary` and the value where a value cannot be a setting of its knob
+    for this model, whatever the other knobs are: not a number, not one of the choices, out of range, a TP that
+    does not split the heads, an EP that does not split the experts, speculation without a draft, an unknown GPU.
+    What only a combination rules out (EP 2 beside TP 1) stays a variant that says why it cannot be served."""
+    for name, values in axes:
+        for value in values:
+            try:
+                _check_value(scenario, name, value)
+            except UserInputError as exc:
+                why, prefix = str(exc), f"--vary {name}={value!r}: "
+                if why.startswith(prefix):
+                    raise
+                head, sep, rest = why.partition(": ")
+                if sep and " " not in head and head.startswith(("--", f"{name}=")):
+                    why = rest  # "--tp: 3 does not split …" → "3 does not split …"
+                raise UserInputError(f"--vary {name}={value!r}: {why}") from None
+
+
+def _check_value(scenario: Scenario, name: str, value: str) -> None:
+    """`check_vary` for one value: the knob turned alone, the knobs it depends on set to fit it."""
+    spec = scenario.spec
+    if name not in KNOBS:
+        raise UserInputError(f"unknown knob {name!r} (known: {', '.join(KNOBS)})")
+    if name == "gpu":
+        gpu_hint(named=value)
+    elif name == "weights":
+        if value not in WEIGHT_CHOICES:
+            raise UserInputError(f"not one of {', '.join(WEIGHT_CHOICES)}")
+    elif name == "ep":  # EP must divide TP: a combination, so only its range and the experts decide here
+        ep = int(_deployment_change(name, value)["ep"])
+        if ep < 1:
+            raise UserInputError(f"{ep} is out of range (1 or more)")
+        if ep > 1 and not spec.is_moe:
+            raise UserInputError(f"{spec.name} has no routed experts to split")
+        if ep > 1 and spec.n_experts % ep:
+            raise UserInputError(f"{ep} does not split the {spec.n_experts} experts of {spec.name}")
+    elif name == "accept":  # with as many draft tokens as it needs
+        accept = _deployment_change(name, value)["accept_length"] or 1.0
+        draft = min(63, max(1, math.ceil(accept) - 1)) if math.isfinite(accept) else 1
+        variant_scenario(scenario, {"accept": value, "draft": str(draft)})
+    else:
+        variant_scenario(scenario, {name: value, "ep": "1"} if name == "tp" else {name: value})
