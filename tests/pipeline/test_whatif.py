@@ -151,6 +151,18 @@ def test_speculative_decoding_with_mtp_layers_or_a_draft_model(tmp_path: Path) -
     assert (drafted.tokens_per_s or 0) > (one.tokens_per_s or 0)  # but 3 tokens per step
 
 
+def test_the_draft_knob_sets_the_drafts_verified_per_step_or_leaves_them_to_the_accept_length() -> None:
+    """`draft=4` verifies 1 + 4 tokens a step; `draft=auto` as many as the accept length needs (⌈accept − 1⌉); an
+    accept length above drafts + 1 is refused with the flag named."""
+    ctx = ctx_for("deepseek-v3", PLANS / "plan_deepseek-v3-tp2-h200x1.json", tp=2)
+    four = predict(ctx, {"accept": "3", "draft": "4"})
+    auto = predict(ctx, {"accept": "3", "draft": "auto"})
+    assert four.scenario is not None and four.scenario.deployment.query_len == 5
+    assert auto.scenario is not None and auto.scenario.deployment.query_len == 3
+    assert four.budget is not None and auto.budget is not None and four.budget.total_ms > auto.budget.total_ms
+    assert "--accept-length" in predict(ctx, {"accept": "3", "draft": "1"}).refused
+
+
 def test_a_variant_carries_the_drift_between_runs_and_the_measured_scenario_does_not() -> None:
     import math
 

@@ -15,6 +15,7 @@ NOW = {
     "kv": "bf16",
     "weights": "bf16",
     "accept": "1",
+    "draft": "auto",
     "launch": "graph",
     "allreduce": "auto",
     "gpu": "here",
@@ -63,3 +64,11 @@ def test_the_gpu_knob_names_a_hardware_table_row_after_here() -> None:
     state = KnobState(NOW)
     assert state.step("gpu", 1).label == "gpu=rtx-pro-6000"  # here first, then the table's rows in order
     assert state.step("gpu", 1).step("gpu", -1).turned == {}
+
+
+def test_the_draft_knob_steps_from_auto_to_a_count_and_back() -> None:
+    """Draft tokens per step: the current deployment's 'auto' (as the accept length needs) first, then 1 … 8."""
+    state = KnobState(NOW)
+    assert state.step("draft", 1).label == "draft=1" and state.step("draft", -1).turned == {}  # auto is the end
+    assert state.step("draft", 1).step("draft", 1).step("draft", -1).step("draft", -1).turned == {}
+    assert chart_axis("draft", state).values[:3] == ("auto", "1", "2")

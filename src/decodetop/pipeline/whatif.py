@@ -45,7 +45,7 @@ KNOBS: dict[str, str] = {
     "launch": f"kernel launches ({', '.join(LAUNCH_MODES)})",
     "allreduce": f"all-reduce path ({', '.join(ALLREDUCE_CHOICES)})",
     "accept": "accept length of speculative decoding (1 = off; MTP layers draft)",
-    "draft": "draft tokens verified per step",
+    "draft": "draft tokens verified per step (auto: as many as the accept length needs)",
     "gpu": "another GPU model (a hardware-table row): figures carried from this host's curves",
 }
 """Every knob a variant can turn, with what it means."""
@@ -155,6 +155,8 @@ def variant_scenario(scenario: Scenario, knobs: Mapping[str, str]) -> Scenario:
 
 def _deployment_change(name: str, value: str) -> dict[str, Any]:
     """The Deployment fields one knob sets."""
+    if name == "draft" and value == "auto":
+        return {"draft_tokens": None}  # as many drafts as the accept length needs (`Deployment.n_draft`)
     if name in ("tp", "ep", "batch", "context", "draft"):
         field_name = {"context": "context_len", "draft": "draft_tokens"}.get(name, name)
         try:

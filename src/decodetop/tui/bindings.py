@@ -61,8 +61,8 @@ HELP_TEXT = {
     "rerun": "re-run the selected probe (asks first where other processes hold the GPUs: a serving engine)",
     "rerun_all": "re-run every probe of the plan (asks first where other processes hold the GPUs)",
     "budget_details": "budget details: where each figure came from, other scenarios stored (never mixed in)",
-    "whatif": "what-if: TP, EP, batch, context, KV dtype, weights, accept length, launch, all-reduce, GPU model "
-    "turned by keys, predicted from this host's curves (no probing); escape returns",
+    "whatif": "what-if: TP, EP, batch, context, KV dtype, weights, accept length, draft tokens, launch, all-reduce, "
+    "GPU model turned by keys, predicted from this host's curves (no probing); escape returns",
     "cancel_probe": "cancel the running probe and empty the queue",
     "save_baseline": "save the checks, probe values and budget as the baseline (changes are marked Δ)",
     "pick_model": "choose the model for this session: the plan and the budget follow (not saved: --model or "

@@ -24,6 +24,10 @@ BATCHES = tuple(2**n for n in range(9))
 """1 … 256 sequences: the curve plan sweeps GEMMs to max(256, batch × tokens verified)."""
 ACCEPTS = ("1", "1.5", "2", "2.5", "3", "3.5", "4")
 """Accept lengths of speculative decoding (1 = off), the range the engines report for MTP drafts."""
+DRAFTS = tuple(str(n) for n in range(1, 9))
+"""Draft tokens verified per step: the counts speculative decoding is deployed with (1–8); `--vary draft` takes any
+count the deployment allows. The current deployment's "auto" is the accept length's own count (⌈accept − 1⌉)."""
+AUTO_DRAFTS = "auto"
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class Knob:
         """Its values with `current` among them, in order."""
         if current in self.values:
             return self.values
-        if not self.numeric:
+        if not self.numeric or not _is_number(current):
             return (current, *self.values)
         return tuple(sorted({*self.values, current}, key=float))
 
@@ -69,6 +73,7 @@ KNOB_TABLE: tuple[Knob, ...] = (
     Knob("kv", "KV", "k", "K", tuple(k for k in KV_DTYPES if k != "auto"), numeric=False),
     Knob("weights", "weights", "f", "F", tuple(WEIGHT_CHOICES), numeric=False),
     Knob("accept", "accept", "a", "A", ACCEPTS),
+    Knob("draft", "drafts", "d", "D", DRAFTS),
     Knob("launch", "launch", "l", "L", LAUNCH_MODES, numeric=False),
     Knob("allreduce", "all-reduce", "r", "R", ALLREDUCE_CHOICES, numeric=False),
     Knob("gpu", "GPU", "g", "G", tuple(GPUS), numeric=False),
@@ -78,6 +83,14 @@ KNOB_TABLE: tuple[Knob, ...] = (
 HERE = "here"
 """The GPU knob's value for the GPU the results were measured on (no other model named)."""
 KNOBS_BY_NAME = {k.name: k for k in KNOB_TABLE}
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
 
 
 def current_values(scenario: Scenario) -> dict[str, str]:
@@ -95,6 +108,7 @@ def current_values(scenario: Scenario) -> dict[str, str]:
         "kv": scenario.kv_dtype,
         "weights": weights,
         "accept": f"{accept:g}",
+        "draft": str(dep.draft_tokens) if dep.draft_tokens is not None else AUTO_DRAFTS,
         "launch": dep.launch_mode,
         "allreduce": dep.allreduce,
         "gpu": HERE,
