@@ -11,9 +11,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from decodetop.budget.components import Component
+from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.checks.result import CheckResult, Status
+from decodetop.history import KIND_PROBE, History
 from decodetop.pipeline.context import BudgetContext, gpu_hint
+from decodetop.pipeline.fingerprints import fingerprint_of
+from decodetop.pipeline.result_history import compact_payload
 from decodetop.pipeline.scenario_flags import ScenarioFlags
+from decodetop.probes.results import ProbeResult
 from decodetop.settings import Settings
 from decodetop.tui.model import (
     BudgetSegment,
@@ -367,3 +372,24 @@ def make_sources(
         clock=fixed_clock,
         run_probes_at_start=run_probes,
     )
+
+
+def record_results(
+    history: History,
+    results: Sequence[ProbeResult],
+    group: GroupInfo,
+    model: str,
+    *,
+    tp: int | None = None,
+    flags: ScenarioFlags | None = None,
+    at_s: float = NOW_S - 600,
+) -> None:
+    """Store `results` in `history` as a session of `model` on `group` would have: each with the fingerprint of
+    the scenario (`tp`: None chooses as the app does; `flags`: the scenario flags), recorded at `at_s`."""
+    tp_choice = choose_tp(tp, group_size=group.size, group_label=group.label, group_where=group.where)
+    fields = flags.deployment_fields() if flags is not None else {}
+    scenario = build_scenario(model_source(model, None), tp_choice, **fields)  # type: ignore[arg-type]
+    for r in results:
+        assert r.environment is not None
+        fp = fingerprint_of(r.environment, scenario)
+        history.record(KIND_PROBE, r.probe, compact_payload(r.to_dict()), recorded_at_s=at_s, fingerprint=fp)

@@ -20,10 +20,8 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 
-from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.serving import ServerState, ServerStatus
 from decodetop.history import KIND_PROBE, History, local_host_id
-from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.pipeline.result_history import compact_payload
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
@@ -40,7 +38,7 @@ from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.widgets.budget_bar import SHORT_LABELS, UNEXPLAINED_GLYPH, BudgetBar, format_ms
 
 from .conftest import make_app, wait_until
-from .fakes import NO_GPU_FRAME, NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock
+from .fakes import NO_GPU_FRAME, NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock, record_results
 
 _GLYPHS = {segment_pattern(key) for key in SEGMENT_KEYS} | {UNEXPLAINED_GLYPH}
 """The legend's glyphs: where one legend entry ends and the next begins."""
@@ -63,16 +61,6 @@ def _results(device_kind: str = "cuda", gpus: int = 2) -> list[ProbeResult]:
             env = dataclasses.replace(env, gpu_names=("NVIDIA H200",) * gpus)
         out.append(dataclasses.replace(r, environment=env))
     return out
-
-
-def _record(history: History, results: Sequence[ProbeResult], model: str, tp: int, group: GroupInfo) -> None:
-    """Store `results` as a session on `group` for `model` at `tp` would have (with its fingerprint)."""
-    tp_choice = choose_tp(tp, group_size=group.size, group_label=group.label, group_where=group.where)
-    scenario = build_scenario(model_source(model, None), tp_choice)
-    for r in results:
-        assert r.environment is not None
-        fp = fingerprint_of(r.environment, scenario)
-        history.record(KIND_PROBE, r.probe, compact_payload(r.to_dict()), recorded_at_s=NOW_S - 600, fingerprint=fp)
 
 
 def _sources(
@@ -124,7 +112,7 @@ async def _demo_screen(history: History | None, model: str) -> tuple[str, list[s
 
 async def test_a_cpu_run_in_the_same_state_dir_leaves_the_demo_as_a_clean_one(tmp_path: Path) -> None:
     history = History(tmp_path / "history.jsonl", clock=fixed_clock)
-    _record(history, _results("cpu"), "llama-3.1-70b", 2, CPU)
+    record_results(history, _results("cpu"), CPU, "llama-3.1-70b", tp=2)
     # and a record from before fingerprints: origin unknown, never feeds a GPU budget
     history.record(KIND_PROBE, "gemm", compact_payload(_results()[1].to_dict()), recorded_at_s=NOW_S - 60)
     clean, clean_sources = await _demo_screen(None, "llama-3.1-70b")
@@ -136,7 +124,7 @@ async def test_a_cpu_run_in_the_same_state_dir_leaves_the_demo_as_a_clean_one(tm
 
 async def test_another_models_gpu_run_leaves_the_demo_as_a_clean_one(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
-    _record(History(path, clock=fixed_clock), _results("cuda", gpus=8), "llama-3.1-70b", None, DEMO)  # type: ignore[arg-type]
+    record_results(History(path, clock=fixed_clock), _results("cuda", gpus=8), DEMO, "llama-3.1-70b")
     clean, _ = await _demo_screen(None, "glm-5-nvfp4")
     other, _ = await _demo_screen(History(path, clock=fixed_clock), "glm-5-nvfp4")
     assert other == clean
@@ -206,7 +194,7 @@ def test_the_clean_demo_budget(snap_compare: Callable[..., bool]) -> None:
 
 def test_cpu_ranks_say_cpu_and_name_no_gpu(snap_compare: Callable[..., bool], tmp_path: Path) -> None:
     history = History(tmp_path / "history.jsonl", clock=fixed_clock)
-    _record(history, _results("cpu"), "llama-3.1-70b", None, CPU)  # type: ignore[arg-type]
+    record_results(history, _results("cpu"), CPU, "llama-3.1-70b")
     budget = PresetBudget(lambda: None, group=lambda: CPU)
     app = make_app(_sources(budget, history=history, telemetry=NO_GPU_FRAME), Settings(model="llama-3.1-70b"))
     measured = lambda: any(s.status == "measured" for s in _components(app))  # noqa: E731

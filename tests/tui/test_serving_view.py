@@ -21,12 +21,10 @@ from typing import Any
 
 import pytest
 
-from decodetop.budget.scenario import build_scenario, choose_tp, model_source
 from decodetop.collectors.fake_nvml import fake_nvml
 from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ServerStep
 from decodetop.history import KIND_PROBE, History, local_host_id
-from decodetop.pipeline.fingerprints import fingerprint_of
 from decodetop.pipeline.gpu_guard import GpuGuard, HeldGpus
 from decodetop.pipeline.result_history import compact_payload
 from decodetop.probes import gpuinfo
@@ -47,7 +45,7 @@ from decodetop.tui.widgets.budget_bar import BudgetBar
 from decodetop.tui.widgets.traced_bar import TracedBar
 
 from .conftest import IdlePolls, make_app, wait_until
-from .fakes import GIB, NOW_S, FakeChecks, FakeTelemetry, fixed_clock, h200_gpu
+from .fakes import GIB, NOW_S, FakeChecks, FakeTelemetry, fixed_clock, h200_gpu, record_results
 from .test_trace_bar import PLANTED
 
 PLAN = Path(__file__).resolve().parents[1] / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
@@ -87,16 +85,6 @@ def _results(device_kind: str = "cuda", at_s: float = NOW_S - STORED_AGO_S) -> l
             env = dataclasses.replace(env, device_kind="cpu", backend="gloo", gpu_names=(), driver=None)
         out.append(dataclasses.replace(r, environment=env, started_utc=_iso(at_s)))
     return out
-
-
-def _record(history: History, results: Sequence[ProbeResult], group: GroupInfo, at_s: float) -> None:
-    """Store `results` as a session of Llama-3.1-70B on `group` would have, with its fingerprint."""
-    tp = choose_tp(None, group_size=group.size, group_label=group.label, group_where=group.where)
-    scenario = build_scenario(model_source(SETTINGS.model, None), tp)
-    for r in results:
-        assert r.environment is not None
-        fp = fingerprint_of(r.environment, scenario)
-        history.record(KIND_PROBE, r.probe, compact_payload(r.to_dict()), recorded_at_s=at_s, fingerprint=fp)
 
 
 class _Group:
@@ -172,9 +160,11 @@ def _setup(
     if not hold:
         gate.set()
     history = History(tmp_path / "history.jsonl", clock=fixed_clock)
-    _record(history, _results(), GROUP, NOW_S - STORED_AGO_S)
+    record_results(history, _results(), GROUP, SETTINGS.model, at_s=NOW_S - STORED_AGO_S)
     if others:  # newer records of other scenarios: were they mixed in, the budget's ages would say 10m or 1m
-        _record(history, _results("cpu", NOW_S - 600), GroupInfo(2, "cpu", "CPU ranks"), NOW_S - 600)
+        record_results(
+            history, _results("cpu", NOW_S - 600), GroupInfo(2, "cpu", "CPU ranks"), SETTINGS.model, at_s=NOW_S - 600
+        )
         gemm = next(r for r in _results(at_s=NOW_S - 60) if r.probe == "gemm")
         history.record(KIND_PROBE, "gemm", compact_payload(gemm.to_dict()), recorded_at_s=NOW_S - 60)
     fresh = _results(at_s=NOW_S - 1)

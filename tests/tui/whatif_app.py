@@ -6,13 +6,9 @@ to this host, stored with the fingerprint its session would give it, so the app 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 
-from decodetop.budget.scenario import build_scenario, choose_tp, model_source
-from decodetop.history import KIND_PROBE, History, local_host_id
-from decodetop.pipeline.fingerprints import fingerprint_of
-from decodetop.pipeline.result_history import compact_payload
+from decodetop.history import History, local_host_id
 from decodetop.pipeline.scenario_flags import ScenarioFlags
 from decodetop.probes.results import ProbeResult, load_results
 from decodetop.settings import Settings
@@ -23,7 +19,7 @@ from decodetop.tui.sources.budget import PresetBudget
 from decodetop.tui.sources.probes import NoProbes
 
 from .conftest import make_app
-from .fakes import NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock
+from .fakes import NOW_S, FakeChecks, FakeTelemetry, eight_gpu_frame, fixed_clock, record_results
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PLAN = ROOT / "tests" / "fixtures" / "budgets" / "plan_llama-3.1-70b-tp2-h200x2.json"
@@ -60,18 +56,6 @@ def plan_results(path: Path, group: GroupInfo) -> list[ProbeResult]:
     return out
 
 
-def record(
-    history: History, results: Sequence[ProbeResult], group: GroupInfo, flags: ScenarioFlags, model: str = MODEL
-) -> None:
-    """Store `results` as a session of `model` at TP 2 on `group` under `flags` would have."""
-    tp = choose_tp(2, group_size=group.size, group_label=group.label, group_where=group.where)
-    scenario = build_scenario(model_source(model, None), tp, **flags.deployment_fields())  # type: ignore[arg-type]
-    for r in results:
-        assert r.environment is not None
-        fp = fingerprint_of(r.environment, scenario)
-        history.record(KIND_PROBE, r.probe, compact_payload(r.to_dict()), recorded_at_s=NOW_S - 600, fingerprint=fp)
-
-
 def whatif_app(
     state_dir: Path,
     *,
@@ -87,7 +71,7 @@ def whatif_app(
     flags = flags or ScenarioFlags()
     history = History(state_dir / "history.jsonl", clock=fixed_clock)
     if plan is not None:
-        record(history, plan_results(plan, group), group, flags, model)
+        record_results(history, plan_results(plan, group), group, model, tp=2, flags=flags)
     gpu = "NVIDIA H200" if group.kind == "cuda" else None
     observed_from = "flag" if observed_ms is not None else "default"
     budget = PresetBudget(
