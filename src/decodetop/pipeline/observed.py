@@ -90,10 +90,15 @@ def _server_detail(step: ServerStep, now_s: float) -> str:
     return f"{step.url}, {step.window_s:.0f} s window{when}"
 
 
+def _with_url(url: str, message: str) -> str:
+    """`message` with the server's URL said once: the poller's own messages name it already ('URL: unreachable')."""
+    return message if url and url in message else f"{url}: {message}"
+
+
 def server_header(answer: ServerStep | ServerStatus | None) -> str:
     """The line a budget shows above its figures while the server cannot be read ('' otherwise)."""
     if isinstance(answer, ServerStatus) and answer.state in SERVER_FAILURES:
-        return f"server {answer.url}: {answer.message} — the observed step is not live"
+        return f"server {_with_url(answer.url, answer.message)} — the observed step is not live"
     return ""
 
 
@@ -132,5 +137,5 @@ def observed_step(
     if server is not None or server_url is not None:
         url = server_url or (server.url if server is not None else "")
         why = server.summary if server is not None else WAITING
-        return default_observed(f"the default; server {url}: {why}")
+        return default_observed(f"the default; server {_with_url(url, why)}")
     return default_observed()
