@@ -14,8 +14,11 @@ counters) are made too. Phases:
   ticks are taken once the load has started, so the process list and each process's SM share
   (nvmlDeviceGetProcessUtilization) hold that process; `--load-only` skips the idle phase.
 
-It writes `<label>-idle.json` and `<label>-load.json` (format `decodetop-nvml-recording/1`). It never changes a
-GPU setting. `--backend fake:NAME` records from the fake instead (to test the recorder without a GPU).
+It writes `<label>-idle.json` and `<label>-load.json` (format `decodetop-nvml-recording/1`), and
+`<label>-nvlink.json`: what NVML answered for NVLink on every GPU (the link count, each link's state, the per-link
+throughput fields at every link scope and the all-links scope, the older utilisation counter and its control), also
+printed as a table. It never changes a GPU setting (the utilisation counter's control is read, never set).
+`--backend fake:NAME` records from the fake instead (to test the recorder without a GPU).
 """
 
 from __future__ import annotations
@@ -84,6 +87,35 @@ EXTRA_CALLS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 
 
+NVML_FI_DEV_NVLINK_THROUGHPUT_FIELDS = (138, 139, 140, 141)
+"""NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX/RX and _RAW_TX/RX, KiB counters per link (nvml.h; pynvml.py)."""
+NVLINK4_LINKS = 18
+"""Links of an NVLink-4 GPU (H100/H200 SXM): the scopes asked beside the driver's own link count."""
+ALL_LINKS_SCOPE = 0xFFFFFFFF
+"""scopeId UINT_MAX: "returns aggregate value summed up across all links" (nvml.h, the throughput fields)."""
+
+NVLINK_EXTRA_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    # Every throughput field at every link scope and the all-links scope, in one call (what the driver answers
+    # where a GPU has no NVLink, or has it down), and the fields asked bare (scope 0, as pynvml leaves it).
+    (
+        "nvmlDeviceGetFieldValues",
+        (
+            tuple(
+                (fid, scope)
+                for scope in (*range(NVLINK4_LINKS), ALL_LINKS_SCOPE)
+                for fid in NVML_FI_DEV_NVLINK_THROUGHPUT_FIELDS
+            ),
+        ),
+    ),
+    ("nvmlDeviceGetFieldValues", ((138, 139),)),
+    # The older per-link counters (deprecated; counter 0 and 1) and the units their control says they count.
+    *(("nvmlDeviceGetNvLinkUtilizationControl", (0, c)) for c in (0, 1)),
+    *(("nvmlDeviceGetNvLinkUtilizationCounter", (0, c)) for c in (0, 1)),
+    ("nvmlDeviceGetNvLinkVersion", (0,)),
+    ("nvmlDeviceGetNvLinkRemoteDeviceType", (0,)),
+)
+
+
 def _make_backend(spec: str) -> NvmlBackend:
     if spec == "real":
         return PynvmlBackend()
@@ -126,7 +158,7 @@ def _record_phase(backend_spec: str, *, samples: int, interval_s: float, run_che
         )
         if status.available:
             for i in range(snap.system.device_count):
-                for fn, args in EXTRA_CALLS:
+                for fn, args in (*EXTRA_CALLS, *NVLINK_EXTRA_CALLS):
                     nvml.query(fn, GpuRef(i), *args)
             if k == 0 and run_checks:
                 _run_checks(nvml)
@@ -194,6 +226,28 @@ def _write(out_dir: Path, label: str, phase: str, description: str, *, data: dic
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     print(f"wrote {path} ({path.stat().st_size} bytes)", flush=True)
     return path
+
+
+def _nvlink_answers(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """The NVLink calls of the first and last sample (call key → outcome), for `<label>-nvlink.json`."""
+
+    def pick(calls: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in sorted(calls.items()) if "NvLink" in k or "[138" in k}
+
+    return {"first": pick(samples[0]["calls"]), "last": pick(samples[-1]["calls"])} if samples else {}
+
+
+def _print_nvlink(phase: str, answers: dict[str, Any]) -> None:
+    """One line per NVLink call of the phase's last sample: the key and what NVML answered (fields compactly)."""
+    print(f"NVLink answers ({phase}, last sample):", flush=True)
+    for key, outcome in answers.get("last", {}).items():
+        value = outcome.get("ok", outcome)
+        if isinstance(value, list) and value and isinstance(value[0], dict) and "fieldId" in value[0]:
+            value = " ".join(
+                f"{e['fieldId']}:{e['scopeId']}={e['value'] if e['nvmlReturn'] == 0 else 'ret' + str(e['nvmlReturn'])}"
+                for e in value
+            )
+        print(f"  {key[:70]:70s} {str(value)[:2000]}", flush=True)
 
 
 def _start_load(gpus: int, seconds: float) -> list[subprocess.Popen[bytes]]:
@@ -264,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
     _write(args.out, args.label, "load", f"{args.label}: under load ({load_desc})", data=load, load=load_desc)
+    answers = {"idle": _nvlink_answers(idle["samples"]), "load": _nvlink_answers(load["samples"])}
+    path = args.out / f"{args.label}-nvlink.json"
+    path.write_text(json.dumps(answers, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    _print_nvlink("idle", answers["idle"])
+    _print_nvlink("load", answers["load"])
     return 0
 
 

@@ -9,7 +9,8 @@ A call no sample holds is refused with NVML_ERROR_FUNCTION_NOT_FOUND, as an NVML
 answers, never with a made-up "not supported": the fake cannot know what the machine would have said. The key is
 kept in `unrecorded` and handed to `FakeNvmlBackend.on_unrecorded` (the test suite fails a test that made such a
 call). A recording made before decodetop asked some function names it, with why, under `meta["not_recorded"]`:
-such calls are refused the same way but expected.
+such calls are refused the same way but expected; a field of nvmlDeviceGetFieldValues is named there as
+`field <id>` (e.g. `field 138`, the NVLink TX counter, which recordings before decodetop read it lack).
 
 Samples advance with the clock (one per recorded interval, looping) or by `advance()`, so counters grow and rates
 move as they did. `replicate_to=N` shows a recording of fewer GPUs as N GPUs (GPU i replays recorded GPU i mod n)
@@ -33,17 +34,20 @@ from decodetop import jsonio
 from decodetop.collectors.nvml import (
     NVML_ERROR_FUNCTION_NOT_FOUND,
     Arg,
+    FieldId,
     GpuRef,
     Nvml,
     NvmlError,
     call_key,
+    field_text,
 )
 from decodetop.errors import UserInputError
 
 RECORDING_FORMAT = "decodetop-nvml-recording/1"
 RECORDINGS_DIR = Path(__file__).resolve().parent / "recordings"
 DEFAULT_RECORDING = "h200x1-load"
-_FIELD_KEY = re.compile(r"^nvmlDeviceGetFieldValues\(gpu(\d+),\[([0-9,]*)\]\)$")
+_FIELD_KEY = re.compile(r"^nvmlDeviceGetFieldValues\(gpu(\d+),\[([0-9,:]*)\]\)$")
+"""A field-values call key: its GPU and its fields (`197`, or `138:3` for field 138 at scope 3, `nvml.call_key`)."""
 PAIR_FUNCTIONS: tuple[str, ...] = ("nvmlDeviceGetTopologyCommonAncestor", "nvmlDeviceGetP2PStatus")
 """The calls about two GPUs: a recording shown as more GPUs than it has holds none for the extra pairs."""
 _PAIRS_NOT_RECORDED = dict.fromkeys(PAIR_FUNCTIONS, "a recording shown as more GPUs holds no pair of the copies")
@@ -314,22 +318,24 @@ class FakeNvmlBackend:
         """Call keys refused because no sample holds them and the recording does not declare them missing."""
 
     @staticmethod
-    def _index_fields(sample: Mapping[str, Outcome]) -> dict[tuple[int, int], dict[str, Any]]:
-        """(gpu, field id) → recorded field entry; single-field keys win over batched ones."""
+    def _index_fields(sample: Mapping[str, Outcome]) -> dict[tuple[int, int, int], dict[str, Any]]:
+        """(gpu, field id, scope id) → recorded field entry; single-field keys win over batched ones. A field asked
+        without a scope is scope 0, as pynvml leaves it."""
         found: list[tuple[int, str, Outcome]] = []
         for key, outcome in sample.items():
             match = _FIELD_KEY.match(key)
             if match and "ok" in outcome and isinstance(outcome["ok"], list):
                 ids = [i for i in match.group(2).split(",") if i]
                 found.append((len(ids), key, outcome))
-        index: dict[tuple[int, int], dict[str, Any]] = {}
+        index: dict[tuple[int, int, int], dict[str, Any]] = {}
         for _, key, outcome in sorted(found, key=lambda t: -t[0]):
             match = _FIELD_KEY.match(key)
             assert match is not None
             gpu = int(match.group(1))
             for entry in outcome["ok"]:
                 if isinstance(entry, dict) and isinstance(entry.get("fieldId"), int):
-                    index[(gpu, entry["fieldId"])] = entry
+                    scope = entry.get("scopeId")
+                    index[(gpu, entry["fieldId"], scope if isinstance(scope, int) else 0)] = entry
         return index
 
     @property
@@ -397,7 +403,7 @@ class FakeNvmlBackend:
         if fn == "nvmlDeviceGetFieldValues" and len(mapped) == 2 and isinstance(mapped[1], tuple):
             gpu = mapped[0]
             assert isinstance(gpu, GpuRef)
-            failed = self._failed_fields(sample, gpu.index, set(mapped[1]))
+            failed = self._failed_fields(sample, gpu.index, {_field_of(f)[0] for f in mapped[1]})
             if failed is not None:  # a batch of these fields failed as a whole there (or a test says so)
                 raise NvmlError(int(failed["error"]), str(failed.get("message", "")))
             return [self._field(sample, gpu.index, fid) for fid in mapped[1]]
@@ -426,7 +432,7 @@ class FakeNvmlBackend:
         """The error of a recorded nvmlDeviceGetFieldValues call of `gpu` that asked any of `fids`, if one failed."""
         for key, outcome in self.recording.samples[sample].items():
             match = _FIELD_KEY.match(key)
-            asked = {int(i) for i in match.group(2).split(",") if i} if match else set()
+            asked = {int(i.partition(":")[0]) for i in match.group(2).split(",") if i} if match else set()
             if match and "error" in outcome and int(match.group(1)) == gpu and fids & asked:
                 return outcome
         return None
@@ -437,24 +443,31 @@ class FakeNvmlBackend:
         if hook is not None:
             hook(key)
 
-    def _field(self, sample: int, gpu: int, fid: int) -> dict[str, Any]:
-        entry = self._fields[sample].get((gpu, fid))
+    def _field(self, sample: int, gpu: int, field_id: FieldId) -> dict[str, Any]:
+        fid, scope = _field_of(field_id)
+        entry = self._fields[sample].get((gpu, fid, scope))
         if entry is None:
             for other in self._fields:
-                entry = other.get((gpu, fid))
+                entry = other.get((gpu, fid, scope))
                 if entry is not None:
                     break
         if entry is None:  # refused per field, as the call refuses a function (see `_refuse`)
-            self._count_unrecorded(f"nvmlDeviceGetFieldValues(gpu{gpu},[{fid}])")
+            if f"field {fid}" not in self.recording.not_recorded:  # declared: recorded before decodetop asked it
+                self._count_unrecorded(f"nvmlDeviceGetFieldValues(gpu{gpu},[{field_text(field_id)}])")
             return {
                 "fieldId": fid,
-                "scopeId": 0,
+                "scopeId": scope,
                 "timestamp": 0,
                 "valueType": 3,
                 "nvmlReturn": NVML_ERROR_FUNCTION_NOT_FOUND,
                 "value": None,
             }
         return dict(entry)
+
+
+def _field_of(field_id: FieldId) -> tuple[int, int]:
+    """(field id, scope id) of a field asked with or without a scope (scope 0, as pynvml leaves it)."""
+    return (int(field_id[0]), int(field_id[1])) if isinstance(field_id, tuple) else (int(field_id), 0)
 
 
 def fake_nvml(

@@ -118,21 +118,32 @@ class GpuRef:
     index: int
 
 
-Arg = Union[int, GpuRef, tuple[int, ...]]  # noqa: UP007 - a runtime alias must work on Python 3.10 too
-"""An argument of a backend call: an int (enum, link index...), a GPU, or a list of ints (field ids)."""
+FieldId = Union[int, tuple[int, int]]  # noqa: UP007 - a runtime alias must work on Python 3.10 too
+"""A field of nvmlDeviceGetFieldValues: its id, or (id, scope id). The NVLink throughput fields take the link as the
+scope (nvml.h: "Link ID needs to be specified in the scopeId field"); pynvml fills `scopeId` only from such a pair."""
+Arg = Union[int, GpuRef, tuple[FieldId, ...]]  # noqa: UP007 - a runtime alias must work on Python 3.10 too
+"""An argument of a backend call: an int (enum, link index...), a GPU, or a list of fields (ids or (id, scope))."""
 
 
 def call_key(fn: str, args: Sequence[Arg]) -> str:
-    """Stable text key of a call, used by recordings: `nvmlDeviceGetClockInfo(gpu0,1)`, `f(gpu0,[197,198])`."""
+    """Stable text key of a call, used by recordings: `nvmlDeviceGetClockInfo(gpu0,1)`, `f(gpu0,[197,198])`, a
+    scoped field as `id:scope` (`f(gpu0,[138:0,139:0])`)."""
     parts: list[str] = []
     for arg in args:
         if isinstance(arg, GpuRef):
             parts.append(f"gpu{arg.index}")
         elif isinstance(arg, tuple):
-            parts.append("[" + ",".join(str(int(a)) for a in arg) + "]")
+            parts.append("[" + ",".join(field_text(a) for a in arg) + "]")
         else:
             parts.append(str(int(arg)))
     return f"{fn}({','.join(parts)})"
+
+
+def field_text(field: FieldId) -> str:
+    """A field as a call key writes it: `197`, or `138:3` for field 138 at scope 3."""
+    if isinstance(field, tuple):
+        return f"{int(field[0])}:{int(field[1])}"
+    return str(int(field))
 
 
 @dataclass(frozen=True)
