@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from decodetop.collectors.fake_nvml import RECORDING_FORMAT, FakeNvmlBackend, load_recording
-from decodetop.collectors.nvml import GpuRef, Nvml, NvmlBackend, PynvmlBackend, RecordingBackend
+from decodetop.collectors.nvml import GpuRef, Nvml, NvmlBackend, PynvmlBackend, RecordingBackend, call_key
 from decodetop.collectors.telemetry import TelemetrySampler
 
 LOAD_SCRIPT = r"""
@@ -116,6 +116,19 @@ NVLINK_EXTRA_CALLS: tuple[tuple[str, tuple[Any, ...]], ...] = (
 )
 
 
+def _nvlink_extras(backend: NvmlBackend, gpu: int) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """The NVLink calls to make on `gpu`: all on a real GPU; from a fake, those its recording holds (a recording made
+    before the recorder asked them has none, and the fake would refuse them)."""
+    if not isinstance(backend, FakeNvmlBackend):
+        return NVLINK_EXTRA_CALLS
+    held = {key for sample in backend.recording.samples for key in sample}
+    return tuple(
+        (fn, args)
+        for fn, args in NVLINK_EXTRA_CALLS
+        if call_key(fn, (GpuRef(gpu % backend.recording.gpu_count), *args)) in held
+    )
+
+
 def _make_backend(spec: str) -> NvmlBackend:
     if spec == "real":
         return PynvmlBackend()
@@ -158,7 +171,7 @@ def _record_phase(backend_spec: str, *, samples: int, interval_s: float, run_che
         )
         if status.available:
             for i in range(snap.system.device_count):
-                for fn, args in (*EXTRA_CALLS, *NVLINK_EXTRA_CALLS):
+                for fn, args in (*EXTRA_CALLS, *_nvlink_extras(recording.inner, i)):
                     nvml.query(fn, GpuRef(i), *args)
             if k == 0 and run_checks:
                 _run_checks(nvml)

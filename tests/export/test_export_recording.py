@@ -4,6 +4,7 @@ never fatal; a file that is not a recording is one clear line."""
 from __future__ import annotations
 
 import enum
+import gzip
 import json
 import math
 import threading
@@ -43,6 +44,11 @@ def _record_session(path: Path) -> None:
         rec.record("budget", budget(), t=t0 + 12.5)
 
 
+def _plain_lines(path: Path) -> list[str]:
+    """A recording's lines as text (recordings are gzip; plain lines still read, as earlier versions wrote them)."""
+    return gzip.decompress(path.read_bytes()).decode("utf-8").splitlines()
+
+
 def test_session_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "session.jsonl"
     _record_session(path)
@@ -75,7 +81,7 @@ def test_session_round_trips(tmp_path: Path) -> None:
 def test_corrupt_and_truncated_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     path = tmp_path / "damaged.jsonl"
     _record_session(path)
-    lines = path.read_bytes().split(b"\n")
+    lines = gzip.decompress(path.read_bytes()).split(b"\n")  # damaged plain lines: the reader takes both
     assert lines[-1] == b""
     good = lines[:-1]
     damaged = [
@@ -116,16 +122,21 @@ def test_corrupt_and_truncated_lines_are_skipped_and_counted(tmp_path: Path) -> 
 
 
 def test_recorder_appends_after_a_crash_mid_line(tmp_path: Path) -> None:
-    path = tmp_path / "appended.jsonl"
-    with Recorder(path, clock=lambda: 1.0) as rec:
-        rec.record("checks", list(checks()))
-    with path.open("ab") as handle:
-        handle.write(b'{"v":1,"t":2.0,"kind":"tele')  # the previous run died here
+    path = tmp_path / "appended.jsonl.gz"
+    rec = Recorder(path, clock=lambda: 1.0)
+    rec.record("checks", list(checks()))
+    whole = rec.bytes_written
+    rec.record("observed_step", observed())
+    rec.close()
+    with path.open("r+b") as handle:
+        handle.truncate(whole + 7)  # the previous run died inside its third line's compressed bytes
     with Recorder(path, clock=lambda: 3.0) as rec:
         rec.record("observed_step", observed())
     replay = read_recording(path)
-    assert replay.corrupt_lines == 1
     assert [e.kind for e in replay.events] == ["meta", "checks", "meta", "observed_step"]
+    assert replay.corrupt_lines <= 1  # the cut line, where its first bytes decompressed
+    assert any("cut or damaged after byte" in w and "to the next session" in w for w in replay.warnings)
+    assert all("\n" not in w for w in replay.warnings)
 
 
 def test_recorder_threads_write_whole_lines(tmp_path: Path) -> None:
@@ -242,7 +253,7 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
     payloads whose fields are null or of the wrong type, a line of 5 MiB. Each is counted and skipped."""
     path = tmp_path / "hostile.jsonl"
     _record_session(path)
-    lines = path.read_text().splitlines()
+    lines = _plain_lines(path)
     corrupt = [
         _line("probe_result", None, {"probe": "allreduce", "status": "ok", "params": {}}),
         _line("probe_result", "decodetop.collectors.checks.result.CheckResult", {"probe": "x", "status": "ok"}),
@@ -280,7 +291,7 @@ def test_hostile_lines_are_corrupt_or_undecodable_never_a_crash(tmp_path: Path) 
 def test_an_overlong_line_is_skipped_unread(tmp_path: Path) -> None:
     path = tmp_path / "long.jsonl"
     _record_session(path)
-    good = path.read_bytes()
+    good = gzip.decompress(path.read_bytes())
     path.write_bytes(b"x" * (jsonio.MAX_LINE_BYTES * 3) + b"\n" + good)
     replay = read_recording(path)
     assert replay.corrupt_lines == 1 and replay.events[0].kind == "meta" and replay.events[0].line_no == 2
@@ -290,7 +301,7 @@ def test_an_overlong_line_is_skipped_unread(tmp_path: Path) -> None:
 def test_decode_replay_skips_payloads_that_no_longer_fit(tmp_path: Path) -> None:
     path = tmp_path / "old.jsonl"
     _record_session(path)
-    lines = path.read_text().splitlines()
+    lines = _plain_lines(path)
     # a recording from another version: a check without its required fields, an unknown class
     lines.insert(
         3,
@@ -320,7 +331,7 @@ def test_a_server_step_recorded_under_its_former_class_name_still_reads(tmp_path
     """collectors.serving.ServerStep was ObservedStep: a recording written then replays the same step."""
     path = tmp_path / "before-the-rename.jsonl"
     _record_session(path)
-    lines = path.read_text().splitlines()
+    lines = _plain_lines(path)
     former = _line("observed_step", "decodetop.collectors.serving.ObservedStep", to_jsonable(observed()))
     path.write_text("\n".join([*lines[:1], former]) + "\n")
     replay = read_recording(path)

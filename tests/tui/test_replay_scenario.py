@@ -4,6 +4,7 @@ replay win; a recording whose scenario does not read says so and shows the setti
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def test_a_demo_recording_replays_with_its_scenario(tmp_path: Path) -> None:
     path = tmp_path / "demo.jsonl"
     live = _demo_recording(path, Settings(model="llama-3.1-70b"), ScenarioFlags(batch=4, kv_dtype="fp8"))
     assert live.startswith("TP 8 (default: the 8 fake GPUs of the demo)")
-    meta = json.loads(path.read_text().splitlines()[0])["data"]
+    meta = json.loads(gzip.decompress(path.read_bytes()).splitlines()[0])["data"]
     assert meta["scenario"] == {
         "model": {"kind": "preset", "value": "llama-3.1-70b"},
         "tp": 8,

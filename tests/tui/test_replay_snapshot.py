@@ -9,6 +9,7 @@ values are pinned (tick cost, timestamps, the app's clock) so the screen is the 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,9 +66,9 @@ def _record(path: Path, corrupt: tuple[str, ...] = ()) -> Path:
         taps.on_probe_result(result)
     taps.on_checks(failing_checks(), T0_UNIX_S)
     taps.close()
-    if corrupt:
-        with path.open("a", encoding="utf-8") as handle:
-            handle.write("\n".join(corrupt) + "\n")
+    if corrupt:  # damaged lines in a session of their own (a recording is gzip, a member per session)
+        with path.open("ab") as handle:
+            handle.write(gzip.compress(("\n".join(corrupt) + "\n").encode()))
     return path
 
 

@@ -47,7 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_gpus_argument(group)
     group.add_argument("--no-probes", action="store_true", help="run no probes (telemetry, checks, history only)")
     group.add_argument("--tick", type=TICK_S.arg, metavar="S", help="telemetry period in seconds (default 1)")
-    group.add_argument("--record", type=output_file, metavar="FILE", help="record telemetry and probe results to FILE")
+    group.add_argument(
+        "--record",
+        type=output_file,
+        metavar="FILE",
+        help="record telemetry and probe results to FILE (gzip JSON lines: zcat FILE; a second session appends)",
+    )
     group.add_argument("--replay", type=regular_file, metavar="FILE", help="replay a recording instead of reading NVML")
     group.add_argument("--prometheus", metavar="HOST:PORT", help="also serve Prometheus metrics there")
     group.add_argument(

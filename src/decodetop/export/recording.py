@@ -1,18 +1,28 @@
-"""Provides record/replay of a decodetop session as JSON lines, and the JSON (de)serialisation of its dataclasses.
+"""Provides record/replay of a decodetop session as gzip-compressed JSON lines, and the JSON (de)serialisation of
+its dataclasses.
 
-A recording is a text file with one JSON object per line, appended as things happen::
+A recording is one JSON object per line, appended as things happen, gzip-compressed (`zcat rec.jsonl.gz` shows it)::
 
-    {"v":1,"t":1764422301.118,"kind":"meta","type":null,"data":{"format":"decodetop-recording",...}}
-    {"v":1,"t":1764422302.120,"kind":"telemetry","type":"decodetop.collectors.telemetry.snapshot.TelemetrySnapshot","data":{...}}
-    {"v":1,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.result.CheckResult","data":[...]}
+    {"v":2,"t":1764422301.118,"kind":"meta","type":null,"data":{"format":"decodetop-recording",...}}
+    {"v":2,"t":1764422302.120,"kind":"telemetry","type":"...TelemetrySnapshot","seq":1,"data":{...}}
+    {"v":2,"t":1764422303.121,"kind":"telemetry","type":"...TelemetrySnapshot","seq":2,"delta":[[["gpus",0,"power_w"],312.5],...]}
+    {"v":2,"t":1764422310.402,"kind":"checks","type":"decodetop.collectors.checks.result.CheckResult","data":[...]}
 
 `t` is wall-clock Unix seconds; `kind` says what the payload is, and with it the class that rebuilds it
 (`KIND_TYPES`: a fixed table, never a class looked up by the name a file gives); `type` names the dataclass the
-payload came from (a list payload holds several of it) and must agree with the kind. Lines are written whole and
-flushed one by one (line-buffered), so a crash loses at most the line being written; `read_recording` skips a
-truncated, corrupt, mistyped (`"type": null` on a probe result) or overlong line (`jsonio.MAX_LINE_BYTES`), counts
-it and says so in one line, and never fails on it; `decode_replay` does the same for a payload that does not fit its
-class.
+payload came from (a list payload holds several of it) and must agree with the kind. Telemetry ticks carry their
+number in the session (`seq`) and either the whole snapshot (`data`, a keyframe every `KEYFRAME_EVERY_TICKS`) or
+what changed since the tick before (`delta`, `recording_delta`): about 40 KB a tick at 8 GPUs becomes a few
+hundred bytes (docs/benchmarks.md, "Recording size"). The file's bytes (`recording_file`): one gzip member per
+session, a sync flush after every line, so a crash loses at most the line being written; an exclusive lock while a
+session records, so two processes never write into one file.
+
+`read_recording` reads these and the plain JSON lines earlier versions wrote (layout 1, every line whole). It skips
+a truncated, corrupt, mistyped (`"type": null` on a probe result) or overlong line (`jsonio.MAX_LINE_BYTES`), and a
+tick whose tick before is lost (up to the next keyframe), counts them and says so in one line, and never fails on
+them; damaged compressed data keeps what came before it. `decode_replay` does the same for a payload that does not
+fit its class. A gzip bomb stops at `recording_file.MAX_DECOMPRESSED_BYTES`, deltas that rebuild more than
+`MAX_REPLAY_BYTES` stop there too: one line naming the file.
 
 Serialisation walks the dataclass fields, one codec both ways (enums by value, tuples as lists, non-finite floats as
 null, since JSON has no NaN), and rebuilds by the fields' type hints.
@@ -42,11 +52,20 @@ from decodetop.collectors.checks.result import CheckResult
 from decodetop.collectors.serving import ServerStep
 from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.errors import DecodetopError, UserInputError
+from decodetop.export.recording_delta import KEYFRAME_EVERY_TICKS, DeltaError, apply, diff
+from decodetop.export.recording_file import LineCompressor, RecordingBytes, open_for_append
 from decodetop.probes.results import ProbeResult
 
 FORMAT_NAME = "decodetop-recording"
-FORMAT_VERSION = 1
-"""Version of the line layout; a reader accepts lines of this version and skips (and counts) others."""
+FORMAT_VERSION = 2
+"""Version of the line layout written: 2 adds telemetry deltas (`seq` and `delta`, or `data` on a keyframe)."""
+READ_VERSIONS = (1, 2)
+"""Line layouts a reader accepts (1: every line whole, as decodetop wrote before deltas); others are skipped and
+counted."""
+MAX_REPLAY_BYTES = 1024 * 1024 * 1024
+"""The most a replay holds once its ticks are rebuilt, counted as the plain JSON lines they stand for (each delta
+tick as its keyframe): 1 GiB is about 7 hours of telemetry at 8 GPUs (~40 KB a tick); deltas made to rebuild huge
+ticks from tiny lines stop here."""
 
 KINDS: tuple[str, ...] = ("meta", "telemetry", "probe_result", "checks", "budget", "observed_step")
 """What a line can hold. "observed_step" is the live server's step (`collectors.serving`)."""
@@ -66,7 +85,6 @@ name, so a class moved to another module still reads)."""
 FORMER_TYPE_NAMES: Mapping[str, frozenset[str]] = {"observed_step": frozenset({"ObservedStep"})}
 """Class names a kind's lines carried before a rename (`collectors.serving.ServerStep` was `ObservedStep`):
 recordings written then still read."""
-_CHUNK_BYTES = 64 * 1024
 T = TypeVar("T")
 
 
@@ -260,10 +278,21 @@ def _convert_key(hint: Any, key: str) -> Any:
     return key
 
 
+_HINTS: dict[type[Any], dict[str, Any]] = {}
+
+
+def _type_hints(cls: type[Any]) -> dict[str, Any]:
+    """A dataclass's resolved field types, once per class (resolving them was most of a replay's load time)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
 def _dataclass_from(cls: type[Any], value: Any) -> Any:
     if not isinstance(value, dict):
         raise ValueError(f"{cls.__qualname__}: expected an object, got {type(value).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if not f.init or f.name not in value:
@@ -357,10 +386,13 @@ def decode_event(event: RecordedEvent, cls: type[Any] | None = None) -> Any:
 
 
 class Recorder:
-    """Appends events to a recording, one JSON line each, flushed line by line; safe to call from several threads.
+    """Appends events to a recording, one JSON line each, gzip-compressed and flushed line by line; safe to call
+    from several threads. Telemetry goes as deltas against the tick before (`recording_delta`), a whole snapshot
+    every `keyframe_every` ticks.
 
-    Opening writes a "meta" line. A write that fails later (disk full) does not raise into the caller: the
-    recorder stops, and `error` holds the one line saying why.
+    Opening takes the file's lock (`recording_file.open_for_append`: a second process recording to it is refused)
+    and writes a "meta" line. A write that fails later (disk full) does not raise into the caller: the recorder
+    stops, and `error` holds the one line saying why.
     """
 
     def __init__(
@@ -369,23 +401,21 @@ class Recorder:
         *,
         meta: Mapping[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
+        keyframe_every: int = KEYFRAME_EVERY_TICKS,
     ) -> None:
         self.path = Path(path)
         self._clock = clock
         self._lock = threading.Lock()
         self.error: str | None = None
         self.lines_written = 0
+        self.bytes_written = 0
+        self.keyframe_every = max(1, keyframe_every)
+        self._ticks = 0
+        self._last_tick: Any = None
         if self.path.is_dir():
             raise UserInputError(f"--record {self.path}: is a directory")
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            needs_newline = self._ends_mid_line()
-            self._handle: typing.TextIO | None = self.path.open("a", encoding="utf-8", buffering=1)
-        except OSError as exc:
-            raise UserInputError(f"--record {self.path}: cannot open for appending ({exc.strerror or exc})") from None
-        if needs_newline:
-            # a previous run died mid-line: end that line so ours start clean (the reader counts it as corrupt)
-            self._handle.write("\n")
+        self._handle: typing.BinaryIO | None = open_for_append(self.path)
+        self._compressor = LineCompressor()
         header: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -396,17 +426,6 @@ class Recorder:
         header.update(meta or {})
         self.record("meta", header)
 
-    def _ends_mid_line(self) -> bool:
-        try:
-            with self.path.open("rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                if handle.tell() == 0:
-                    return False
-                handle.seek(-1, os.SEEK_END)
-                return handle.read(1) != b"\n"
-        except FileNotFoundError:
-            return False
-
     def record(self, kind: str, payload: Any, t: float | None = None) -> bool:
         """Append one event: `payload` is a dict, a dataclass or a list of them. Returns False when not written
         (the recorder is closed or failed). An unknown kind or a payload JSON cannot hold is a programming error
@@ -414,31 +433,50 @@ class Recorder:
         if kind not in KINDS:
             raise ValueError(f"unknown recording kind {kind!r}; expected one of {', '.join(KINDS)}")
         stamp = self._clock() if t is None else float(t)
-        line = json.dumps(
-            {"v": FORMAT_VERSION, "t": stamp, "kind": kind, "type": type_name(payload), "data": to_jsonable(payload)},
-            allow_nan=False,
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        line: dict[str, Any] = {"v": FORMAT_VERSION, "t": stamp, "kind": kind, "type": type_name(payload)}
+        data = to_jsonable(payload)
         with self._lock:
             if self._handle is None:
                 return False
-            try:
-                self._handle.write(line + "\n")
-            except OSError as exc:
-                self.error = f"--record {self.path}: writing failed ({exc.strerror or exc}); recording stopped"
-                self._close_locked()
-                return False
-            self.lines_written += 1
+            if kind == "telemetry":
+                line.update(self._tick_fields(data))
+            else:
+                line["data"] = data
+            text = json.dumps(line, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+            return self._write_locked(self._compressor.line(text))
+
+    def _tick_fields(self, data: Any) -> dict[str, Any]:
+        """A telemetry line's `seq` and its `data` (a keyframe) or `delta` (what changed since the tick before)."""
+        self._ticks += 1
+        previous, self._last_tick = self._last_tick, data
+        if previous is None or (self._ticks - 1) % self.keyframe_every == 0:
+            return {"seq": self._ticks, "data": data}
+        return {"seq": self._ticks, "delta": diff(previous, data)}
+
+    def _write_locked(self, chunk: bytes) -> bool:
+        assert self._handle is not None
+        try:
+            self._handle.write(chunk)
+            self._handle.flush()
+        except OSError as exc:
+            self.error = f"--record {self.path}: writing failed ({exc.strerror or exc}); recording stopped"
+            self._close_locked(finish=False)
+            return False
+        self.lines_written += 1
+        self.bytes_written += len(chunk)
         return True
 
-    def _close_locked(self) -> None:
+    def _close_locked(self, *, finish: bool = True) -> None:
         handle, self._handle = self._handle, None
-        if handle is not None:
-            try:
-                handle.close()
-            except OSError as exc:
-                self.error = self.error or f"--record {self.path}: closing failed ({exc.strerror or exc})"
+        if handle is None:
+            return
+        try:
+            if finish:
+                handle.write(self._compressor.finish())
+            handle.close()  # releases the lock
+        except OSError as exc:
+            self.error = self.error or f"--record {self.path}: closing failed ({exc.strerror or exc})"
+            handle.close()
 
     @property
     def closed(self) -> bool:
@@ -446,7 +484,7 @@ class Recorder:
         return self._handle is None
 
     def close(self) -> None:
-        """Flush and close (idempotent)."""
+        """Write the gzip member's end and close (idempotent)."""
         with self._lock:
             self._close_locked()
 
@@ -460,15 +498,15 @@ class Recorder:
 # --- reading -------------------------------------------------------------------------------------------------
 
 
-def _parse_line(raw: bytes) -> tuple[RecordedEvent | None, str]:
-    """(event, "") for a good line; (None, why) for a bad one. line_no is filled by the caller."""
+def _parse_line(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    """(the line's object, "") for a good line; (None, why) for a bad one."""
     obj, why = _line_object(raw)
     if obj is None:
         return None, why
     why = _stamp_problem(obj) or _kind_problem(obj)
     if why:
         return None, why
-    return RecordedEvent(float(obj["t"]), obj["kind"], obj["data"], obj.get("type"), 0), ""
+    return obj, ""
 
 
 def _line_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
@@ -491,8 +529,8 @@ def _line_object(raw: bytes) -> tuple[dict[str, Any] | None, str]:
 def _stamp_problem(obj: dict[str, Any]) -> str:
     """Why the line's format version or time stamp is not readable ("" when both are)."""
     version = obj.get("v")
-    if version != FORMAT_VERSION:
-        return f"line format version {version!r} (this decodetop reads {FORMAT_VERSION})"
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        return f"line format version {version!r} (this decodetop reads {', '.join(map(str, READ_VERSIONS))})"
     t = obj.get("t")
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         return "no time stamp"
@@ -506,12 +544,28 @@ def _kind_problem(obj: dict[str, Any]) -> str:
         return "no kind"
     if kind not in KINDS:
         return f"unknown kind {kind!r}"
-    if "data" not in obj:
-        return "no data"
     tname = obj.get("type")
     if tname is not None and not isinstance(tname, str):
         return "type is not a string"
+    tick = _tick_problem(obj, tname)
+    if tick is not None:
+        return tick
+    if "data" not in obj:
+        return "no data"
     return _data_problem(kind, obj["data"], tname)
+
+
+def _tick_problem(obj: dict[str, Any], tname: str | None) -> str | None:
+    """For a telemetry line of layout 2: why its tick number or its delta's type is wrong ("" for a good delta
+    line); None where the line is checked as any other (a keyframe, an older layout)."""
+    if obj["kind"] != "telemetry" or obj["v"] < 2:
+        return None
+    seq = obj.get("seq")
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        return "a tick without its number"
+    if "data" in obj or "delta" not in obj:
+        return None
+    return _data_problem("telemetry", {}, tname)
 
 
 def _data_problem(kind: str, data: object, tname: str | None) -> str:
@@ -532,40 +586,82 @@ def _names_kind(kind: str, class_name: str) -> bool:
     return class_name == expected_type_name(kind) or class_name in FORMER_TYPE_NAMES.get(kind, frozenset())
 
 
-def iter_recording(path: str | os.PathLike[str]) -> Iterator[tuple[int, RecordedEvent | None, str]]:
-    """(line number, event or None, why) for every non-empty line, read as a stream (for large recordings)."""
+class _Ticks:
+    """Rebuilds each telemetry line's snapshot: a keyframe as it is, a delta applied to the tick before it. A delta
+    whose tick before is missing (a damaged line) is skipped, and so is every tick until the next keyframe."""
+
+    def __init__(self) -> None:
+        self.seq: int | None = None
+        self.data: Any = None
+        self.keyframe_bytes = 0
+
+    def resolve(self, obj: dict[str, Any], raw_bytes: int) -> tuple[Any, str]:
+        """The line's payload (its snapshot rebuilt), or (None, why)."""
+        kind = obj["kind"]
+        if kind == "meta":
+            self.seq = None  # a new session: its ticks start again
+        if kind != "telemetry" or "seq" not in obj:
+            return obj["data"], ""
+        seq = obj["seq"]
+        if "data" in obj:
+            self.seq, self.data, self.keyframe_bytes = seq, obj["data"], raw_bytes
+            return self.data, ""
+        if self.seq is None or seq != self.seq + 1:
+            self.seq = None
+            return None, "a tick's changes without the tick before them (skipped up to the next whole tick)"
+        try:
+            data = apply(self.data, obj["delta"])
+        except DeltaError as exc:
+            self.seq = None
+            return None, f"a tick's changes do not fit the tick before ({exc})"
+        self.seq, self.data = seq, data
+        return data, ""
+
+
+def iter_recording(
+    path: str | os.PathLike[str], problems: list[str] | None = None
+) -> Iterator[tuple[int, RecordedEvent | None, str]]:
+    """(line number, event or None, why) for every non-empty line, read as a stream (for large recordings), plain
+    or gzip, each telemetry tick rebuilt whole. What went wrong in compressed data is appended to `problems`.
+    UserInputError (one line) when the file cannot be read, decompresses past `MAX_DECOMPRESSED_BYTES`, or holds
+    more than `MAX_REPLAY_BYTES` of events once its ticks are rebuilt."""
     p = Path(path)
-    if p.exists() and not p.is_dir() and not p.is_file():  # a FIFO would block, a device never end
-        raise UserInputError(f"--replay {p}: not a regular file")
+    source = RecordingBytes(p)
+    ticks = _Ticks()
+    replayed = 0
+    line_no = 0
     try:
-        handle = p.open("rb")
-    except FileNotFoundError:
-        raise UserInputError(f"--replay {p}: no such file") from None
-    except IsADirectoryError:
-        raise UserInputError(f"--replay {p}: is a directory") from None
-    except OSError as exc:
-        raise UserInputError(f"--replay {p}: cannot read ({exc.strerror or exc})") from None
-    limit = jsonio.MAX_LINE_BYTES
-    with handle:
-        line_no = 0
-        while raw := handle.readline(limit + 1):
+        for raw in source.lines():
             line_no += 1
-            if len(raw) > limit and not raw.endswith(b"\n"):
-                while (rest := handle.readline(_CHUNK_BYTES)) and not rest.endswith(b"\n"):
-                    pass  # the rest of an overlong line is skipped unread, never held in memory whole
-                yield line_no, None, f"line longer than {limit // (1024 * 1024)} MiB"
+            if raw is None:
+                yield line_no, None, f"line longer than {jsonio.MAX_LINE_BYTES // (1024 * 1024)} MiB"
                 continue
             stripped = raw.strip()
             if not stripped:
                 continue
-            event, why = _parse_line(stripped)
-            if event is not None:
-                event = dataclasses.replace(event, line_no=line_no)
-            yield line_no, event, why
+            obj, why = _parse_line(stripped)
+            payload = None
+            if obj is not None:
+                payload, why = ticks.resolve(obj, len(stripped))
+            if obj is None or why:
+                yield line_no, None, why
+                continue
+            replayed += len(stripped) + (ticks.keyframe_bytes if "delta" in obj else 0)
+            if replayed > MAX_REPLAY_BYTES:
+                raise UserInputError(
+                    f"--replay {p}: more than {MAX_REPLAY_BYTES:,} bytes of events once its ticks are rebuilt "
+                    "(hours of telemetry at 8 GPUs), over the limit decodetop replays: replay a shorter recording"
+                )
+            yield line_no, RecordedEvent(float(obj["t"]), obj["kind"], payload, obj.get("type"), line_no), ""
+    finally:
+        if problems is not None:
+            problems.extend(source.problems)
 
 
 def read_recording(path: str | os.PathLike[str]) -> Replay:
-    """Read a recording: every good line in order; truncated or corrupt lines skipped and counted, never fatal.
+    """Read a recording (gzip, or plain JSON lines as earlier versions wrote): every good line in order; truncated
+    or corrupt lines skipped and counted, never fatal; damaged compressed data kept up to the damage, said in one
+    line.
 
     Raises UserInputError (one line) only when the file cannot be read, or when no line at all is a recording
     line (the user pointed at something else).
@@ -573,17 +669,19 @@ def read_recording(path: str | os.PathLike[str]) -> Replay:
     p = Path(path)
     events: list[RecordedEvent] = []
     problems: list[str] = []
+    damage: list[str] = []
     corrupt = 0
-    for line_no, event, why in iter_recording(p):
+    for line_no, event, why in iter_recording(p, damage):
         if event is None:
             corrupt += 1
             if len(problems) < MAX_LISTED_PROBLEMS:
                 problems.append(f"line {line_no}: {why}")
             continue
         events.append(event)
-    if not events and corrupt:
-        raise UserInputError(f"--replay {p}: not a decodetop recording ({problems[0]}; no readable line)")
-    warnings: list[str] = []
+    if not events and (corrupt or damage):
+        first = damage[0].removeprefix(f"{p.name}: ") if damage else problems[0]
+        raise UserInputError(f"--replay {p}: not a decodetop recording ({first}; no readable line)")
+    warnings: list[str] = list(damage)
     if corrupt:
         more = f", and {corrupt - len(problems)} more" if corrupt > len(problems) else ""
         warnings.append(
