@@ -225,6 +225,13 @@ class GpuView:
     ecc_corrected: int | None = None
     nvlink_active: int | None = None
     nvlink_links: int | None = None
+    nvlink_tx_gbps: float | None = None
+    """NVLink data sent over every link since the last tick, GB/s (None: `nvlink_note` says why)."""
+    nvlink_rx_gbps: float | None = None
+    nvlink_link_gbps: tuple[tuple[int, float | None, float | None], ...] = ()
+    """(link, TX GB/s, RX GB/s) per link."""
+    nvlink_note: str = ""
+    """Why NVLink throughput is n/a ("no NVLink on this GPU", "NVLink throughput counters: not supported…")."""
     clock_event_share: tuple[tuple[str, float], ...] = ()
     """Share (0–1) of the last tick spent with each counted clock-event reason (where the driver counts them)."""
     processes: tuple[GpuProcessView, ...] | None = None

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from decodetop.collectors.nvml import NA, GpuRef, Nvml
+from decodetop.collectors.nvml import NA, GpuRef, Nvml, error_reason
 from decodetop.collectors.telemetry.snapshot import (
     CLOCK_EVENT_REASONS,
     EXTRA_COUNTERS,
@@ -44,6 +44,12 @@ NVML_NVLINK_MAX_LINKS = 36
 NVML_FI_DEV_NVLINK_LINK_COUNT = 91
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+"""Per-link NVLink data counters in KiB; the link is the field's scopeId (nvml.h: "Link ID needs to be specified in
+the scopeId field"). One H200 without NVLink answers NOT_SUPPORTED for both (benchmarks/results/nvlink/)."""
+NVLINK_THROUGHPUT_UNIT_BYTES = 1024
+"""The NVLink throughput fields count KiB (nvml.h: "NVLink TX Data throughput in KiB")."""
 CPU_SET_WORDS = 16
 """64-bit words passed to nvmlDeviceGetCpuAffinity: 1024 CPUs, more than any current host. NVML fills at most
 this many words; a fixed size keeps recordings independent of the recording host's CPU count."""
@@ -247,6 +253,8 @@ class TelemetrySampler:
         self._system: NvmlSystemInfo | None = None
         self._previous: TelemetrySnapshot | None = None
         self._tick = 0
+        self._nvlink_seen: dict[int, dict[tuple[int, int], tuple[int, int, float]]] = {}
+        """GPU → (field, link) → (KiB, NVML's µs time stamp, monotonic s) of the last tick: the rates' start."""
 
     @property
     def previous(self) -> TelemetrySnapshot | None:
@@ -448,6 +456,7 @@ class TelemetrySampler:
                 if name in prev.unavailable:
                     r.unavailable[name] = prev.unavailable[name]
         self._read_nvlink(r, g, v, static)
+        self._read_nvlink_traffic(r, g, v, static, now)
         # Counters in one batched call: PCIe bytes and the clock-event reason times.
         self._read_counters(r, g, v, now)
         # Processes (costly: MangoHud PR #2104, docs/reference/peers.md §3.8)
@@ -482,6 +491,48 @@ class TelemetrySampler:
             v["nvlink_active_links"] = 0 if static.values.get("nvlink_links") == 0 else None
             if v["nvlink_active_links"] is None:
                 r.unavailable["nvlink_active_links"] = static.unavailable.get("nvlink_links", "no NVLink")
+
+    def _read_nvlink_traffic(self, r: _Reads, g: GpuRef, v: dict[str, Any], static: _GpuStatic, now: float) -> None:
+        """Each link's TX and RX data counters in one field-values call (the link as the field's scope), and their
+        rates since the last tick; "n/a" with the reason where the GPU has no NVLink or the driver no counters."""
+        names = ("nvlink_tx_bytes_per_s", "nvlink_rx_bytes_per_s", "nvlink_tx_kib_total", "nvlink_rx_kib_total")
+        for name in names:
+            v[name] = {}
+        if not static.nvlink_indices:
+            why = "no NVLink on this GPU" if static.values.get("nvlink_links") == 0 else None
+            for name in names:
+                r.unavailable[name] = why or static.unavailable.get("nvlink_links", "no NVLink")
+            return
+        fids = (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)
+        fields = tuple((fid, link) for link in static.nvlink_indices for fid in fids)
+        entries = r.raw("nvlink_traffic", "nvmlDeviceGetFieldValues", g, fields)
+        why = r.unavailable.pop("nvlink_traffic", "")
+        seen: dict[tuple[int, int], tuple[int, int, float]] = {}
+        for entry in entries if isinstance(entries, list) else []:
+            d = _as_dict(entry)
+            key = (_int_or_none(d.get("fieldId")), _int_or_none(d.get("scopeId")))
+            value = d.get("value")
+            if d.get("nvmlReturn") != _NVML_SUCCESS or not isinstance(value, (int, float)) or key not in fields:
+                why = why or error_reason(_int_or_none(d.get("nvmlReturn")) or -1)
+                continue
+            seen[(int(key[0] or 0), int(key[1] or 0))] = (int(value), _int_or_none(d.get("timestamp")) or 0, now)
+        before, self._nvlink_seen[g.index] = self._nvlink_seen.get(g.index, {}), seen
+        if not seen:
+            for name in names:
+                r.unavailable[name] = f"NVLink throughput counters: {why or 'no answer'}"
+            return
+        for fid, total, rate in (
+            (fids[0], "nvlink_tx_kib_total", "nvlink_tx_bytes_per_s"),
+            (fids[1], "nvlink_rx_kib_total", "nvlink_rx_bytes_per_s"),
+        ):
+            v[total] = {link: kib for (f, link), (kib, _, _) in seen.items() if f == fid}
+            v[rate] = {
+                link: bps
+                for (f, link), now_seen in seen.items()
+                if f == fid and (bps := _link_rate(before.get((f, link)), now_seen)) is not None
+            }
+            if not v[rate]:
+                r.unavailable[rate] = "first tick: no rate yet" if not before else "the counters went back (reset)"
 
     def _read_processes(self, r: _Reads, g: GpuRef) -> tuple[tuple[GpuProcess, ...], str]:
         """The compute and graphics processes on the GPU with their memory and SM share, and why a list is
@@ -607,6 +658,17 @@ def _read_field_counters(r: _Reads, g: GpuRef) -> tuple[dict[int, int], dict[int
             if stamp:
                 stamps.append(stamp)
     return values, moduli, (max(stamps) if stamps else None), reason
+
+
+def _link_rate(before: tuple[int, int, float] | None, after: tuple[int, int, float]) -> float | None:
+    """Bytes per second of one NVLink counter between two ticks: KiB over NVML's own time stamps (µs), the ticks'
+    monotonic times where the driver gave none. A 64-bit counter never wraps in practice; one that went back was
+    reset (None)."""
+    if before is None:
+        return None
+    dt_s = (after[1] - before[1]) / 1e6 if after[1] and before[1] else after[2] - before[2]
+    rate = _rate(before[0], after[0], dt_s)
+    return None if rate is None else rate * NVLINK_THROUGHPUT_UNIT_BYTES
 
 
 def _rate(before: int | None, after: int | None, dt_s: float, modulus: int = 0) -> float | None:

@@ -193,6 +193,14 @@ class GpuSnapshot:
     """Wall time spent reading this GPU this tick."""
     unavailable: Mapping[str, str] = field(default_factory=dict)
     """Field name → why NVML could not give it ("not supported on this GPU or driver", ...)."""
+    # NVLink traffic per link (after `unavailable`: recordings made before these fields read with them empty)
+    nvlink_tx_kib_total: Mapping[int, int] = field(default_factory=dict)
+    """Link index → data KiB sent since the driver loaded (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, scope = link)."""
+    nvlink_rx_kib_total: Mapping[int, int] = field(default_factory=dict)
+    """Link index → data KiB received (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX)."""
+    nvlink_tx_bytes_per_s: Mapping[int, float] = field(default_factory=dict)
+    """Link index → bytes per second sent since the last tick (empty: see `unavailable`)."""
+    nvlink_rx_bytes_per_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

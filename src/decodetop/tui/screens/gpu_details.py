@@ -94,6 +94,7 @@ def gpu_detail_text(
     else:
         text.append("  NVLink   none" if gpu.nvlink_links == 0 else "  NVLink   –")
         text.append("\n")
+    _nvlink_traffic(text, gpu)
     ecc = "off" if gpu.ecc_enabled is False else ("on" if gpu.ecc_enabled else "–")
     text.append(f"  ECC      {ecc}; uncorrected {_count(gpu.ecc_uncorrected)}, corrected {_count(gpu.ecc_corrected)}\n")
     if gpu.mem_used_bytes is not None and gpu.mem_total_bytes:
@@ -102,6 +103,31 @@ def gpu_detail_text(
             text.append(f", controller busy {gpu.mem_util_pct:.0f} %")
         text.append("\n")
     return text
+
+
+NVLINK_LINKS_PER_ROW = 3
+"""Links side by side in the per-link list: 18 links (an H200's) in six rows."""
+
+
+def _nvlink_traffic(text: Text, gpu: GpuView) -> None:
+    """NVLink TX / RX over all links and per link (GB/s), or n/a and why, where the source says anything."""
+    if gpu.nvlink_tx_gbps is None and gpu.nvlink_rx_gbps is None:
+        if gpu.nvlink_note:
+            text.append("  traffic  n/a (")
+            text.append(gpu.nvlink_note)  # NVML's reason, appended as plain text
+            text.append(")\n")
+        return
+    text.append(f"  TX / RX  {_gbps(gpu.nvlink_tx_gbps)} / {_gbps(gpu.nvlink_rx_gbps)} GB/s over all links\n")
+    cells = [f"L{link:<2} {_gbps(tx)} / {_gbps(rx)}" for link, tx, rx in gpu.nvlink_link_gbps]
+    for start in range(0, len(cells), NVLINK_LINKS_PER_ROW):
+        text.append("    " + "   ".join(f"{c:<18}" for c in cells[start : start + NVLINK_LINKS_PER_ROW]).rstrip())
+        text.append("\n")
+    if cells:
+        text.append("    (per link: TX / RX GB/s)\n")
+
+
+def _gbps(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def clock_event_runs(history: Sequence[GpuView]) -> list[tuple[int, int, str]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from decodetop.collectors.telemetry import GpuSnapshot, TelemetrySnapshot
 from decodetop.inert import inert_data
@@ -130,10 +131,28 @@ def gpu_view(snapshot: GpuSnapshot, describe: ProcessDescriber | None = None) ->
         ecc_corrected=snapshot.ecc_corrected_volatile,
         nvlink_active=snapshot.nvlink_active_links,
         nvlink_links=snapshot.nvlink_links,
+        **_nvlink_view(snapshot),
         clock_event_share=tuple(sorted(snapshot.clock_event_share.items())),
         processes=_process_views(snapshot, describe),
         processes_note=snapshot.processes_note,
     )
+
+
+def _nvlink_view(snapshot: GpuSnapshot) -> dict[str, Any]:
+    """The NVLink throughput fields of a `GpuView`: per link and summed, GB/s, or why they are n/a."""
+    tx, rx = snapshot.nvlink_tx_bytes_per_s, snapshot.nvlink_rx_bytes_per_s
+    links = sorted(set(tx) | set(rx))
+    per_link = tuple(
+        (link, None if link not in tx else tx[link] / BYTES_PER_GB, None if link not in rx else rx[link] / BYTES_PER_GB)
+        for link in links
+    )
+    note = snapshot.unavailable.get("nvlink_tx_bytes_per_s") or snapshot.unavailable.get("nvlink_rx_bytes_per_s", "")
+    return {
+        "nvlink_tx_gbps": sum(tx.values()) / BYTES_PER_GB if tx else None,
+        "nvlink_rx_gbps": sum(rx.values()) / BYTES_PER_GB if rx else None,
+        "nvlink_link_gbps": per_link,
+        "nvlink_note": "" if tx or rx else note,
+    }
 
 
 def telemetry_frame(snapshot: TelemetrySnapshot, describe: ProcessDescriber | None = None) -> TelemetryFrame:
