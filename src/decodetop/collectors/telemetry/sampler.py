@@ -49,7 +49,9 @@ NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
 """Per-link NVLink data counters in KiB; the link is the field's scopeId (nvml.h: "Link ID needs to be specified in
 the scopeId field"). One H200 without NVLink answers NOT_SUPPORTED for both (benchmarks/results/nvlink/)."""
 NVLINK_THROUGHPUT_UNIT_BYTES = 1024
-"""The NVLink throughput fields count KiB (nvml.h: "NVLink TX Data throughput in KiB")."""
+"""The NVLink throughput fields count KiB (nvml.h: "NVLink TX Data throughput in KiB"). The older
+nvmlDeviceGetNvLinkUtilizationCounter is not used: it counts what its control was set to (cycles, packets or bytes),
+setting that is a GPU setting decodetop never changes, and the H200 answered NOT_SUPPORTED for it too."""
 CPU_SET_WORDS = 16
 """64-bit words passed to nvmlDeviceGetCpuAffinity: 1024 CPUs, more than any current host. NVML fills at most
 this many words; a fixed size keeps recordings independent of the recording host's CPU count."""
