@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
-from decodetop.collectors.nvml import Nvml
-from decodetop.collectors.telemetry import TelemetrySampler, TelemetrySnapshot
+from decodetop.collectors.telemetry import TelemetrySnapshot
 from decodetop.errors import UserInputError
 from decodetop.export import recording, recording_file
 from decodetop.export.recording import Recorder, decode_replay, read_recording
@@ -22,20 +20,10 @@ from decodetop.export.recording_delta import DeltaError, apply, diff
 from decodetop.settings import Settings
 from decodetop.tui.launch import LaunchOptions, build_sources
 from tests.export.expo_fixtures import checks
+from tests.helpers.demo_ticks import demo_ticks
 from tests.helpers.env import subprocess_env
 
 T0 = 1_795_959_000.0
-
-
-def _demo_ticks(count: int) -> list[TelemetrySnapshot]:
-    """The `--demo` host's telemetry: the H200 recording on 8 GPUs, through decodetop's sampler."""
-    fake = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)
-    sampler = TelemetrySampler(Nvml(fake))
-    out = []
-    for _ in range(count):
-        out.append(sampler.sample(processes=True))
-        fake.advance()
-    return out
 
 
 def _record(path: Path, snaps: list[TelemetrySnapshot], *, keyframe_every: int = 10) -> list[int]:
@@ -51,7 +39,7 @@ def _record(path: Path, snaps: list[TelemetrySnapshot], *, keyframe_every: int =
 
 @pytest.fixture(scope="module")
 def ticks() -> list[TelemetrySnapshot]:
-    return _demo_ticks(25)
+    return demo_ticks(25)
 
 
 def test_a_tick_at_eight_gpus_takes_a_few_hundred_bytes_and_replays_identical(

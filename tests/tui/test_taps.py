@@ -6,10 +6,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from decodetop.collectors.fake_nvml import FakeNvmlBackend, load_recording
-from decodetop.collectors.nvml import Nvml
 from decodetop.collectors.serving import ServerStep
-from decodetop.collectors.telemetry import TelemetrySampler
 from decodetop.export.prometheus import StateBox, render_exposition
 from decodetop.export.recording import Recorder
 from decodetop.probes.results import load_results
@@ -19,6 +16,7 @@ from decodetop.tui.model import ProbeState
 from decodetop.tui.sources.server import ServerPoller
 from decodetop.tui.taps import Taps
 from decodetop.tui.widgets.gpu_table import GpuTable
+from tests.helpers.demo_ticks import demo_ticks
 
 from .conftest import make_app, wait_until
 from .fakes import failing_checks, make_sources
@@ -27,13 +25,7 @@ H200_RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / 
 
 
 def _snapshots(n: int) -> list[Any]:
-    backend = FakeNvmlBackend(load_recording("h200x1-load"), replicate_to=8, clock=None)
-    sampler = TelemetrySampler(Nvml(backend))
-    out = []
-    for _ in range(n):
-        out.append(sampler.sample(processes=False))
-        backend.advance()
-    return out
+    return list(demo_ticks(n, processes=False))
 
 
 async def test_a_recording_replays_telemetry_probe_results_and_checks(tmp_path: Path) -> None:
