@@ -31,6 +31,7 @@ null, since JSON has no NaN), and rebuilds by the fields' type hints.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import enum
 import json
@@ -476,7 +477,8 @@ class Recorder:
             handle.close()  # releases the lock
         except OSError as exc:
             self.error = self.error or f"--record {self.path}: closing failed ({exc.strerror or exc})"
-            handle.close()
+            with contextlib.suppress(OSError):
+                handle.close()
 
     @property
     def closed(self) -> bool:

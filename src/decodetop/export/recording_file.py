@@ -223,12 +223,12 @@ def _split_lines(chunks: Iterator[bytes]) -> Iterator[bytes | None]:
     skipping = False
     for chunk in chunks:
         buffer += chunk
-        while (end := buffer.find(b"\n")) >= 0:
-            line, buffer = buffer[:end], buffer[end + 1 :]
-            if skipping:
-                skipping = False
-                continue
-            yield None if len(line) > limit else line
+        start = 0
+        while (end := buffer.find(b"\n", start)) >= 0:
+            if not skipping:
+                yield None if end - start > limit else buffer[start:end]
+            skipping, start = False, end + 1
+        buffer = buffer[start:]
         if len(buffer) > limit:
             if not skipping:
                 yield None
