@@ -105,6 +105,26 @@ def test_two_axis_blend_is_monotone_along_each_axis(base: float, per_ctx: float,
         assert col == sorted(col)
 
 
+def test_a_gqa_shard_and_the_whole_model_with_as_many_sequence_kv_head_pairs_are_one_point() -> None:
+    """The TP-8 shard (8 heads, 1 KV head) at batch 8 reads the same KV and does the same FLOPs as the whole model
+    (64 heads, 8 KV heads) at batch 1: one point of one curve, a figure of the other labelled interpolated."""
+    from decodetop.budget.curves import coords_of, key_at
+
+    whole = {(b, c): point(gqa(b, c), affine(gqa(b, c))) for b in (1, 2, 4) for c in (1024, 4096, 16384)}
+    engine = CurveEngine(whole.values(), H200)
+    same = predicted(engine, gqa(8, 4096, heads=8))
+    assert same.status == same.label == "interpolated" and same.ms == whole[1, 4096].median_ms
+    between = predicted(engine, gqa(24, 4096, heads=8))  # 24 pairs: between batch 2 and 4 of the whole model
+    assert whole[2, 4096].median_ms < between.ms < whole[4, 4096].median_ms
+    for key in (gqa(8, 4096, heads=8), gqa(3, 1000, heads=32, kv="fp8", q_len=2)):
+        moved = key_at(gqa(1, 1024, kv=key.kv_dtype), coords_of(key))  # a template of its curve
+        assert roofline_ms(moved, H200) == pytest.approx(roofline_ms(key, H200), rel=1e-12)
+    both = CurveEngine([*whole.values(), point(gqa(8, 4096, heads=8), whole[1, 4096].median_ms * 1.1)], H200)
+    assert predicted(both, gqa(8, 4096, heads=8)).ms == whole[1, 4096].median_ms * 1.1  # measured: verbatim
+    check = both.self_check().family("attention")
+    assert check is not None and check.interior is not None and check.interior.n >= 2  # each from the other
+
+
 def test_beyond_the_grid_is_labelled_with_the_octaves_it_reached() -> None:
     points = [point(gqa(1, c), affine(gqa(1, c))) for c in (1024, 2048, 4096, 8192, 16384)]
     engine = CurveEngine(points, H200)

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
-from decodetop.budget.keys import AttentionKey, ProbeKey
+from decodetop.budget.keys import AttentionKey, ProbeKey, parse_key_id
 from decodetop.budget.keywork import roofline_ms
 from decodetop.budget.roofline import Hardware, hardware_for
 from decodetop.budget.selfcheck import Z80, FamilyCheck, SelfCheck, default_check, family_check
@@ -195,12 +195,32 @@ class _Curve:
     probe: str
     identity: Identity
     template: ProbeKey
+    members: list[tuple[tuple[int, ...], CurvePoint]] = field(default_factory=list)
+    """Every measured point with its coordinates (two keys of the same work share them: `coords_of`)."""
     points: dict[tuple[int, ...], CurvePoint] = field(default_factory=dict)
+    """One point per coordinate (`_merged`)."""
     tree: Tree | None = None
 
     @property
     def family(self) -> _Family:
         return FAMILIES[self.probe]
+
+
+def _merged(items: Sequence[tuple[tuple[int, ...], CurvePoint]]) -> dict[tuple[int, ...], CurvePoint]:
+    """One point per coordinate: where keys of the same work were measured apart (a TP shard's GQA attention at
+    batch 8 and the whole model's at batch 1), their geometric-mean time, with a spread that holds them all."""
+    by: dict[tuple[int, ...], list[CurvePoint]] = {}
+    for coords, p in items:
+        by.setdefault(coords, []).append(p)
+    out: dict[tuple[int, ...], CurvePoint] = {}
+    for coords, ps in by.items():
+        if len(ps) == 1:
+            out[coords] = ps[0]
+            continue
+        median = math.exp(sum(math.log(q.median_ms) for q in ps) / len(ps))
+        low, high = min(q.p10_ms for q in ps), max(q.p90_ms for q in ps)
+        out[coords] = dataclasses.replace(ps[0], median_ms=median, p10_ms=min(low, median), p90_ms=max(high, median))
+    return out
 
 
 def _build_tree(items: Sequence[tuple[tuple[int, ...], CurvePoint]], level: int, depth: int) -> Tree:
@@ -230,8 +250,14 @@ def identity_of(key: ProbeKey, variant: str = "") -> Identity:
 
 
 def coords_of(key: ProbeKey) -> tuple[int, ...]:
-    """A key's position on its family's axes."""
+    """A key's position on its family's axes. A GQA attention key sits at one KV head of its group and as many
+    sequences as it has (sequence, KV head) pairs: a decode kernel's work (the KV bytes read, the FLOPs, the query
+    and output) and its grid (a program per pair and split) are both functions of the pairs, so a TP shard at
+    batch 8 and the whole model at batch 1 are one point of one curve (on the H200 plans they differ by 0.3–2 %,
+    docs/benchmarks.md, "Curves")."""
     params = key.to_params()
+    if isinstance(key, AttentionKey) and key.kind == "gqa" and key.kv_heads > 0 and key.heads % key.kv_heads == 0:
+        params = {**params, "heads": key.heads // key.kv_heads, "batch": key.batch * key.kv_heads}
     return tuple(int(params[a]) for a in FAMILIES[key.PROBE].axes)
 
 
@@ -316,9 +342,10 @@ class CurveEngine:
         for p in self._exact.values():
             ident = identity_of(p.key, p.variant)
             curve = self._curves.setdefault((p.key.PROBE, ident), _Curve(p.key.PROBE, ident, p.key))
-            curve.points[coords_of(p.key)] = p
+            curve.members.append((coords_of(p.key), p))
         self._groups: dict[tuple[object, ...], list[_Curve]] = {}
         for curve in self._curves.values():
+            curve.points = _merged(curve.members)
             curve.tree = _build_tree(list(curve.points.items()), 0, len(curve.family.axes))
             self._groups.setdefault(_match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
@@ -335,7 +362,7 @@ class CurveEngine:
         p10s: dict[tuple[object, ...], float] = {}
         for curve in self._curves.values():
             kind = _floor_of(_match_of(curve.probe, curve.identity))
-            for p in curve.points.values():
+            for _c, p in curve.members:
                 if effs[id(p)] < LATENCY_BOUND * best and p.median_ms < floors.get(kind, math.inf):
                     floors[kind], p10s[kind] = p.median_ms, min(p.p10_ms, p.median_ms)
         return floors, p10s, best
@@ -406,6 +433,8 @@ class CurveEngine:
             match = _match_of(key.PROBE, ident)
             ev = self._eval(curve, curve.tree, 0, coords, (), self._limits(match))
             status = ("measured", "interpolated", "extrapolated")[ev.rank]
+            if ev.rank == 0 and not _same_but_ignored(key, ev.anchors):
+                status = "interpolated"  # another shape of the same work (`coords_of`), not this key measured
             return self._prediction(key, variant, ev, (status, _label(status, ev.octaves)), curve, match)
         return self._transfer(key, variant, ident, coords)
 
@@ -582,26 +611,26 @@ class CurveEngine:
         per_octave: list[float] = []
         for c in curves:
             floor = self._limits(_match_of(probe, c.identity))
-            for coords, p in c.points.items():
-                rest = [(k, v) for k, v in c.points.items() if k != coords]
+            for i, (coords, p) in enumerate(c.members):
+                rest = [m for j, m in enumerate(c.members) if j != i]
                 if not rest:
                     continue
-                tree = _build_tree(rest, 0, len(c.family.axes))
+                tree = _build_tree(list(_merged(rest).items()), 0, len(c.family.axes))
                 ev = self._eval(c, tree, 0, coords, (), floor)
                 err = math.log(ev.ms / p.median_ms)
-                if ev.rank == 1 and ev.octaves < 0.05:
+                if ev.rank <= 1 and ev.octaves < 0.05:  # rank 0: another key of the same work
                     interior.append(err)
                 elif ev.octaves >= 0.5:
                     per_octave.append(abs(err) / ev.octaves)
         transfer = self._transfer_check(probe, curves)
-        return family_check(probe, sum(len(c.points) for c in curves), len(curves), interior, per_octave, transfer)
+        return family_check(probe, sum(len(c.members) for c in curves), len(curves), interior, per_octave, transfer)
 
     def _transfer_check(self, probe: str, curves: Sequence[_Curve]) -> list[float]:
         """Each curve left out and its points predicted from the other shapes of its group."""
         cases: list[tuple[_Curve, list[_Curve], tuple[int, ...], CurvePoint]] = []
         for c in curves:
             others = [o for o in self._groups.get(_match_of(probe, c.identity), []) if o is not c]
-            cases.extend((c, others, coords, p) for coords, p in c.points.items() if others)
+            cases.extend((c, others, coords, p) for coords, p in c.members if others)
         step = max(1, math.ceil(len(cases) / _TRANSFER_CASES))
         errs = []
         for c, others, coords, p in cases[::step]:
@@ -659,6 +688,17 @@ def _beyond(
         return min(max(line, ta), hold), False
     ms = max(line, hold)
     return min(max(ms, limits.floor_ms), ta), limits.floor_ms > ms
+
+
+def _same_but_ignored(key: ProbeKey, anchors: Sequence[str]) -> bool:
+    """Whether `key` is one of the measured `anchors` but for the fields its family ignores (a KV write's context)."""
+    ignore = FAMILIES[key.PROBE].ignore
+    mine = {k: v for k, v in key.to_params().items() if k not in ignore}
+    for anchor in anchors:
+        other = cast(ProbeKey, parse_key_id(anchor))
+        if {k: v for k, v in other.to_params().items() if k not in ignore} == mine:
+            return True
+    return False
 
 
 def _label(status: str, octaves: float) -> str:
