@@ -53,6 +53,23 @@ def test_attention_over_batch_context_and_kv_dtype_at_every_shard() -> None:
     assert {k.q_len for k in keys} == {1, 2, 4}  # verification steps of speculative decoding
 
 
+def test_other_gqa_shards_add_the_pair_counts_below_the_scenarios_own() -> None:
+    """A GQA kernel's time is a function of (sequence, KV head) pairs × context: the TP-1 grid holds 8 pairs and
+    up, so the TP-2/4/8 shards (4, 2, 1 KV heads) add batch 1 only, at every × 2 context."""
+    keys = [k for k in _plan("llama-3.1-70b", tp=1).by_probe("attention") if isinstance(k, AttentionKey)]
+    shards = {(k.kv_heads, k.batch, k.context) for k in keys if k.heads != 64}
+    contexts = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    assert shards == {(kvh, 1, c) for kvh in (4, 2, 1) for c in contexts}
+    tp2 = [k for k in _plan("llama-3.1-70b", tp=2).by_probe("attention") if isinstance(k, AttentionKey)]
+    assert {(k.kv_heads, k.batch) for k in tp2 if k.heads != 32} == {(2, 1), (1, 1)}  # TP 1's 8 are covered
+
+
+def test_other_mla_shards_get_a_coarse_batch_context_grid() -> None:
+    keys = [k for k in _plan("glm-5", tp=2).by_probe("attention") if isinstance(k, AttentionKey)]
+    shards = {(k.heads, k.batch) for k in keys if k.heads != 32}
+    assert shards == {(h, b) for h in (64, 16, 8) for b in (1, 32)}
+
+
 def test_routed_experts_at_the_local_experts_of_each_ep_degree() -> None:
     plan = _plan("mixtral-8x7b", tp=1)
     keys = [k for k in plan.by_probe("moe") if isinstance(k, MoeKey)]

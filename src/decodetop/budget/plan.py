@@ -184,7 +184,9 @@ ATTENTION_CONTEXTS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 655
 """Context × 2 from 1K to 128K at batch 1 (decode attention is near-affine in context: ×2 steps interpolate to a
 few %, docs/benchmarks.md 'Curves'); ×4 steps at the larger batches and on the other TP shards."""
 ATTENTION_COARSE_CONTEXTS: tuple[int, ...] = (1024, 4096, 16384, 65536)
-ATTENTION_SHARD_BATCHES: tuple[int, ...] = (1, 8, 32)
+ATTENTION_SHARD_BATCHES: tuple[int, ...] = (1, 32)
+"""Batches of the other TP shards' MLA grid (× `ATTENTION_COARSE_CONTEXTS`): their heads differ, their batch curve
+between 1 and 32 follows the scenario's shard (a shard's batch 8 cost the GLM-5 plan 12 points)."""
 ATTENTION_QUERY_LENGTHS: tuple[int, ...] = (2, 4)
 """Verification steps of speculative decoding attend with 1 + drafts query tokens per sequence."""
 ATTENTION_KV_DTYPES: tuple[str, ...] = ("bf16", "fp8")
@@ -299,6 +301,7 @@ def _attention_grid(variants: Sequence[StepInventory], *, cap: int, cpu: bool) -
     `cap` bytes of cache held (a DSA key reads its top-k but holds, and indexes, every token: GLM-5's latent cache
     at batch 64 × 64K is 2.4 GB, past the 2³¹ offsets a kernel's int32 arithmetic spans)."""
     own = variants[0].deployment
+    own_kv_heads = {op.key.kind: op.key.kv_heads for op in variants[0].ops if isinstance(op.key, AttentionKey)}
     out: list[ProbeKey] = []
     for index, inv in enumerate(variants):
         templates = {op.key.key_id: op.key for op in inv.ops if isinstance(op.key, AttentionKey)}
@@ -308,7 +311,7 @@ def _attention_grid(variants: Sequence[StepInventory], *, cap: int, cpu: bool) -
             elif index == 0:
                 grid = _own_attention_grid(key, own.batch, own.context_len)
             else:
-                grid = [(1, b, c, key.kv_dtype) for b in ATTENTION_SHARD_BATCHES for c in ATTENTION_COARSE_CONTEXTS]
+                grid = _shard_attention_grid(key, own_kv_heads.get(key.kind, 0))
             for q_len, batch, context, kv in grid:
                 point = dataclasses.replace(key, q_len=q_len, batch=batch, context=context, kv_dtype=kv)
                 if max(key_work(point).moved_bytes, attention_cache_bytes(point)) <= cap:
@@ -325,6 +328,17 @@ def _own_attention_grid(key: AttentionKey, batch: int, context: int) -> list[tup
             grid.extend((key.q_len, b, c, kv) for c in sorted({*contexts, context}))
         grid.extend((q, b, context, kv) for q in ATTENTION_QUERY_LENGTHS for b in (1, 8) if q != key.q_len)
     return grid
+
+
+def _shard_attention_grid(key: AttentionKey, own_kv_heads: int) -> list[tuple[int, int, int, str]]:
+    """(q_len, batch, context, KV dtype) of another TP shard. A GQA kernel's time is a function of its (sequence,
+    KV head) pairs and context (`decodetop.budget.curves.coords_of`): the scenario's own grid holds every pair count
+    from its KV heads up, so a shard with fewer KV heads adds the pair counts below (batch 1 × its KV heads),
+    where decode attention is latency-bound and steps with the kernel's split choice: × 2 contexts. MLA shards
+    differ in their query heads: a coarse batch × context grid each."""
+    if key.kind == "gqa" and own_kv_heads > 0:
+        return [(1, 1, c, key.kv_dtype) for c in ATTENTION_CONTEXTS if key.kv_heads < own_kv_heads]
+    return [(1, b, c, key.kv_dtype) for b in ATTENTION_SHARD_BATCHES for c in ATTENTION_COARSE_CONTEXTS]
 
 
 def _cpu_attention_grid(key: AttentionKey, context: int) -> list[tuple[int, int, int, str]]:
