@@ -166,3 +166,21 @@ def test_dense_model_has_no_moe_ops() -> None:
     kinds = {op.kind for op in inv.ops}
     assert "moe" not in kinds and "routing" not in kinds
     assert inv.collective_count("all_reduce") == 2 * 2 + 1
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_each_kind_of_layer_built_once_gives_the_same_inventory_as_every_layer_built(name: str) -> None:
+    """A what-if builds a new inventory per knob turned: one build per kind of layer, replayed for the others, must
+    give exactly the ops (counts, layer ranges, bytes) of building all of them, and so the same budget."""
+    spec = load_preset(name)
+    deployments = [Deployment(tp=1), Deployment(tp=8, batch=8, kv_dtype="fp8")]
+    if spec.is_moe and spec.n_experts % 2 == 0:
+        deployments.append(Deployment(tp=2, ep=2, batch=4))
+    if spec.n_mtp_layers:
+        deployments.append(Deployment(tp=4, accept_length=2.5, draft_tokens=3))
+    for dep in deployments:
+        try:
+            fast = build_inventory(spec, dep)
+        except UserInputError:
+            continue
+        assert fast == build_inventory(spec, dep, by_layer_kind=False), (name, dep)

@@ -198,3 +198,21 @@ def test_check_vary_refuses_a_value_its_knob_cannot_take_and_leaves_combinations
     check_vary(mixtral, [("tp", ("1", "2")), ("ep", ("1", "2"))])  # ep=2 beside tp=1 is a row's refusal
     with pytest.raises(UserInputError, match="--vary ep='3': 3 does not split the 8 experts"):
         check_vary(mixtral, [("ep", ("3",))])
+
+
+def test_a_variant_composed_from_each_kind_of_layer_built_once_has_the_budget_of_every_layer_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from functools import partial
+
+    from decodetop.budget import scenario as scenario_module
+    from decodetop.budget.inventory import build_inventory
+
+    ctx = ctx_for("glm-5", GLM5, tp=2)
+    knobs = {"tp": "4", "batch": "8", "kv": "fp8"}
+    fast = predict(ctx, knobs).budget
+    scenario_module._inventory.cache_clear()
+    monkeypatch.setattr(scenario_module, "build_inventory", partial(build_inventory, by_layer_kind=False))
+    slow = predict(ctx, knobs).budget
+    scenario_module._inventory.cache_clear()
+    assert fast is not None and fast == slow

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -277,7 +276,7 @@ def busiest(m: Measurement) -> MeasuredTime | None:
         st = worst.stats
         assert st is not None
         if st.median > 0:
-            std = statistics.pstdev(worst.samples) / 1e3 if len(worst.samples) > 1 else None
+            std = _pstdev(worst.samples) / 1e3 if len(worst.samples) > 1 else None
             return MeasuredTime(st.median / 1e3, st.p10 / 1e3, st.p90 / 1e3, mean_ms=st.mean / 1e3, std_ms=std)
     if m.stats is not None and m.stats.median > 0:
         return MeasuredTime(m.stats.median / 1e3, m.stats.p10 / 1e3, m.stats.p90 / 1e3, mean_ms=m.stats.mean / 1e3)
@@ -285,6 +284,13 @@ def busiest(m: Measurement) -> MeasuredTime | None:
     if t is not None and t > 0 and math.isfinite(t):
         return MeasuredTime.point(t / 1e3)
     return None
+
+
+def _pstdev(samples: Sequence[float]) -> float:
+    """The population standard deviation of `samples` in floats (`statistics.pstdev` is exact in fractions, and
+    reading a plan's results for a what-if took 0.4 ms a measurement in it)."""
+    mean = math.fsum(samples) / len(samples)
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in samples) / len(samples))
 
 
 def with_source(t: MeasuredTime, source: str) -> MeasuredTime:

@@ -18,7 +18,10 @@ Kernel counts per op are estimates of what SGLang/vLLM launch (documented in `_K
 # ruff: noqa: PLR0917 - the private op makers take a shape row positionally, like the Op they build
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
+from collections import OrderedDict
 
 from decodetop.budget.components import Component
 from decodetop.budget.deployment import ACTIVATION_BYTES, Deployment
@@ -32,8 +35,10 @@ from decodetop.errors import UserInputError
 __all__ = ["Op", "StepInventory", "build_inventory", "expected_distinct_experts"]
 
 
-def build_inventory(spec: ModelSpec, deployment: Deployment) -> StepInventory:
-    """The ops of one decode step of `spec` served as `deployment`, on the busiest GPU."""
+def build_inventory(spec: ModelSpec, deployment: Deployment, *, by_layer_kind: bool = True) -> StepInventory:
+    """The ops of one decode step of `spec` served as `deployment`, on the busiest GPU. Each kind of decoder layer
+    is built once and its ops added again for the other layers of that kind (`by_layer_kind=False` builds every
+    layer: the same ops, slower; a what-if composes a new deployment per knob turned)."""
     deployment.validate(spec)
     if deployment.speculative and spec.n_mtp_layers == 0 and not deployment.draft_model:
         raise UserInputError(f"--accept-length: {spec.name} has no MTP layer (num_nextn_predict_layers) to draft with")
@@ -45,8 +50,14 @@ def build_inventory(spec: ModelSpec, deployment: Deployment) -> StepInventory:
 
     b.norm("embedding lookup", "embedding", Component.NORMS, None, m_main, d)
     b.collective("all-reduce (embedding)", "all_reduce", None, ar_bytes)
-    for i in range(spec.n_layers):
+    built: dict[tuple[object, ...], list[tuple[tuple[object, ...], Op, int | None]]] = {}
+    for i, kind in enumerate(_layer_kinds(b)):  # one build per kind of layer (GLM-5: 3 of 78), the others replayed
+        if by_layer_kind and kind in built:
+            b.replay(built[kind], i)
+            continue
+        built[kind] = b.record()
         _layer(b, i, m_main, dep.query_len)
+        b.stop_recording()
     b.norm("final norm", "rmsnorm", Component.NORMS, None, m_main, d)
     _lm_head(b, m_main)
 
@@ -72,6 +83,35 @@ def build_inventory(spec: ModelSpec, deployment: Deployment) -> StepInventory:
         resident_weight_bytes=_resident_bytes(spec, dep),
         assumptions=_assumptions(spec, dep, b),
     )
+
+
+_KINDS_HELD = 8
+_kinds: OrderedDict[int, tuple[ModelSpec, list[tuple[object, ...]]]] = OrderedDict()
+_kinds_lock = threading.Lock()
+
+
+def _layer_kinds(b: OpBuilder) -> list[tuple[object, ...]]:
+    """What the ops of each decoder layer depend on (`_layer`): whether it is the first, an MoE and a sliding-window
+    layer, and its weight modules but for their names and index. Two layers of one kind add the same ops. Kept per
+    model (the last few): they do not depend on the deployment."""
+    spec = b.spec
+    with _kinds_lock:
+        hit = _kinds.get(id(spec))
+        if hit is not None and hit[0] is spec:
+            return hit[1]
+    mods: dict[int, list[tuple[str, WeightModule]]] = {}
+    for (layer, kind), md in b.mods.items():
+        if 0 <= layer < spec.n_layers:
+            mods.setdefault(layer, []).append((kind, dataclasses.replace(md, name="", layer=0)))
+    kinds: list[tuple[object, ...]] = [
+        (i == 0, i in b.moe_layers, i in b.sliding_layers, tuple(sorted(mods.get(i, []), key=lambda kv: kv[0])))
+        for i in range(spec.n_layers)
+    ]
+    with _kinds_lock:
+        _kinds[id(spec)] = (spec, kinds)
+        while len(_kinds) > _KINDS_HELD:
+            _kinds.popitem(last=False)
+    return kinds
 
 
 def _layer(b: OpBuilder, i: int, m: int, q_len: int, count: int = 1, prefix: str = "") -> None:

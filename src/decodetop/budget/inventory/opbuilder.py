@@ -64,6 +64,7 @@ class OpBuilder:
         self.h_rank = max(1, spec.n_heads // dep.tp)
         self.kv_rank = max(1, spec.n_kv_heads // dep.tp) if spec.attention_kind == "gqa" else 1
         self._ops: dict[tuple[object, ...], tuple[Op, list[int], set[int]]] = {}
+        self._recording: list[tuple[tuple[object, ...], Op, int | None]] | None = None
         self.moe_layers = set(spec.moe_layers)
         self.sliding_layers = set(spec.sliding_layers)
         mods: dict[tuple[int, str], WeightModule] = {}
@@ -74,9 +75,29 @@ class OpBuilder:
     def mod(self, layer: int, kind: str) -> WeightModule:
         return self.mods[(layer, kind)]
 
+    def record(self) -> list[tuple[tuple[object, ...], Op, int | None]]:
+        """Keep every op added from now on (until `stop_recording`), with its layer: one layer's ops, to replay for
+        the other layers of its kind (`replay`)."""
+        self._recording = []
+        return self._recording
+
+    def stop_recording(self) -> None:
+        self._recording = None
+
+    def replay(self, recorded: Iterable[tuple[tuple[object, ...], Op, int | None]], layer: int) -> None:
+        """Add `recorded` ops again as layer `layer`'s (those of no layer stay of none): what building a layer of
+        the same kind would add, without building its ops again."""
+        for merge, op, at in recorded:
+            self._merge(merge, op, None if at is None else layer)
+
     def add(self, op: Op, layer: int | None) -> None:
         """Record one op; identical ops (same name, key, bytes) of different layers merge into one with a count."""
         merge = (op.name, op.component, op.kind, op.key, op.weight_bytes, op.kv_bytes, op.dtype, layer is None)
+        if self._recording is not None:
+            self._recording.append((merge, op, layer))
+        self._merge(merge, op, layer)
+
+    def _merge(self, merge: tuple[object, ...], op: Op, layer: int | None) -> None:
         entry = self._ops.get(merge)
         if entry is None:
             self._ops[merge] = (op, [op.count], {layer} if layer is not None else set())
