@@ -4,8 +4,10 @@ not use.
 
 Per layer: RMSNorm (`F.rms_norm`), the fused QKV projection, rotary embedding of q and k, the new token's K and V
 written into a static cache, decode attention of the query heads grouped per KV head over the cached tokens (SDPA:
-the group folded into the query axis, as serving kernels read each KV head once; and batched matmuls around a
-softmax, which spread a long context over the GPU as split-KV kernels do: the faster counts), the output projection
+the group folded into the query axis, as serving kernels read each KV head once; and a split-KV decode, flash-decoding
+in plain torch: the context cut into chunks of `SPLIT_CHUNK` tokens, each chunk's scores, softmax statistics and
+partial output computed by batched matmuls over (sequence, KV head, chunk), the partials merged by their log-sum-exp,
+as a serving engine's decode kernel spreads a long context over the GPU; the faster counts), the output projection
 and the residual, RMSNorm, the fused gate/up projection, SiLU × up, the down projection and the residual; then the final
 norm, the shard's lm_head and a greedy argmax. The shard of TP t holds heads / t query heads, kv_heads / t KV heads,
 intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one rank). BF16 weights and cache.
@@ -32,8 +34,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
-ATTENTION_FORMS = ("sdpa", "bmm")
-"""The decode attention timed: SDPA over the grouped queries, and batched matmuls around a softmax."""
+ATTENTION_FORMS = ("sdpa", "split")
+"""The decode attention timed: SDPA over the grouped queries, and the split-KV decode (`Shard._split_attend`). SDPA's
+flash kernel gives one program per sequence and KV head and does not split the context (4 × 64K on a TP-4 shard: 8
+programs on 132 SMs, 3.5 ms of the step); two whole-context matmuls around a softmax reduce the context inside one
+GEMM per (sequence, KV head) and were slower still (10.5 ms; benchmarks/results/whatif/h200x1/serving.json)."""
+SPLIT_TOLERANCE = 0.02
+"""Largest relative difference of the split-KV output from SDPA's: BF16 partial outputs over 128 chunks."""
+SPLIT_CHUNK = 512
+"""Tokens per chunk of the split-KV decode: 128 chunks at 64K, (sequence × KV head × chunk) programs enough to fill an
+H200's 132 SMs from batch 1 on one KV head; a chunk's [group × 512] scores stay small."""
 ROPE_THETA = 500000.0
 """Llama-3.1's rope_theta (its config.json); only the values of cos/sin depend on it, not the time."""
 
@@ -73,7 +83,10 @@ class Shard:
         self.final_norm = torch.ones(self.hidden, device=device, dtype=dtype)
         self.lm_head = w(vocab, self.hidden)
         self.embed = w(vocab, self.hidden)
-        cache = (self.batch, self.hkv, self.context + 1, self.d)
+        self.length = self.context + 1  # the cached tokens and the new one
+        chunk = SPLIT_CHUNK if attention == "split" else 1
+        self.chunks = -(-self.length // chunk)
+        cache = (self.batch, self.hkv, self.chunks * chunk, self.d)  # padded to whole chunks (masked off)
         self.k_cache = [torch.randn(cache, device=device, dtype=dtype) for _ in range(self.layers)]
         self.v_cache = [torch.randn(cache, device=device, dtype=dtype) for _ in range(self.layers)]
         pos = torch.tensor([float(self.context)], device=device)
@@ -83,6 +96,9 @@ class Shard:
         self.sin = torch.cat([ang.sin(), ang.sin()], dim=-1).to(dtype)
         self.pos = self.context
         self.tokens = torch.zeros(self.batch, dtype=torch.long, device=device)
+        pad = torch.arange(self.chunks * chunk, device=device) >= self.length
+        self.pad_mask = torch.zeros(self.chunks * chunk, device=device).masked_fill(pad, float("-inf"))
+        self.pad_mask = self.pad_mask.view(1, 1, self.chunks, 1, chunk)
 
     def _rope(self, x: torch.Tensor) -> torch.Tensor:
         half = self.d // 2
@@ -90,13 +106,33 @@ class Shard:
         return x * self.cos + rotated * self.sin
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Decode attention of the grouped queries over the whole cache: SDPA (flash: one block per batch × KV head,
-        no split over the context), or two batched matmuls around a softmax (cuBLAS spreads the context over the
-        GPU: what a split-KV decode kernel does)."""
+        """Decode attention of the grouped queries [b, kv heads, group, d] over the cache: SDPA (flash: one block
+        per batch × KV head, no split over the context), or the split-KV decode."""
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v)
-        scores = (q @ k.transpose(-1, -2)).float() * self.d**-0.5
-        return torch.softmax(scores, dim=-1).to(v.dtype) @ v
+        return self._split_attend(q, k, v)
+
+    def _split_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Flash-decoding in plain torch: per (sequence, KV head, chunk) the chunk's scores (one batched matmul over
+        all of them), their max and sum of exponentials and the chunk's partial output (a second batched matmul);
+        then the partials rescaled to the common max and summed, divided by the summed weights."""
+        b, hkv, _group, d = q.shape
+        chunk = k.shape[2] // self.chunks
+        kc = k.view(b, hkv, self.chunks, chunk, d)
+        vc = v.view(b, hkv, self.chunks, chunk, d)
+        scores = (q.unsqueeze(2) @ kc.transpose(-1, -2)).float() * d**-0.5 + self.pad_mask  # [b, hkv, S, g, c]
+        m = scores.amax(dim=-1, keepdim=True)
+        p = torch.exp(scores - m)
+        partial = (p.to(v.dtype) @ vc).float()  # [b, hkv, S, g, d]
+        weight = torch.exp(m - m.amax(dim=2, keepdim=True))  # each chunk against the largest max
+        out = (partial * weight).sum(dim=2) / (p.sum(dim=-1, keepdim=True) * weight).sum(dim=2)
+        return out.to(v.dtype)
+
+    def _cached(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `i`'s K and V: the whole padded cache for the split form (its pad masked), the tokens for SDPA."""
+        if self.attention == "split":
+            return self.k_cache[i], self.v_cache[i]
+        return self.k_cache[i][:, :, : self.length], self.v_cache[i][:, :, : self.length]
 
     def step(self) -> torch.Tensor:
         """One decode step of the shard: the next token of each sequence."""
@@ -111,7 +147,7 @@ class Shard:
             self.k_cache[i][:, :, self.pos] = k
             self.v_cache[i][:, :, self.pos] = v.view(b, self.hkv, d)
             qg = q.view(b, self.hkv, self.hq // self.hkv, d)  # the group of a KV head as its query axis
-            att = self._attend(qg, self.k_cache[i], self.v_cache[i])
+            att = self._attend(qg, *self._cached(i))
             x = x + att.reshape(b, self.hq * d) @ self.wo[i].t()
             h = F.rms_norm(x, (self.hidden,), self.norm2[i], eps=1e-5)
             gate, up = (h @ self.wgu[i].t()).chunk(2, dim=-1)
@@ -162,15 +198,31 @@ def time_eager(shard: Shard, replays: int, repeats: int) -> list[float]:
     return times
 
 
+def split_error(shard: Shard) -> float:
+    """Largest |split-KV − SDPA| of layer 0's attention for a random query, over the largest |SDPA| (the split form
+    is checked before it is timed: a fast wrong kernel proves nothing)."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    q = torch.randn(shard.batch, shard.hkv, shard.hq // shard.hkv, shard.d, generator=g)
+    q = q.to(device=shard.k_cache[0].device, dtype=shard.k_cache[0].dtype)
+    k, v = shard.k_cache[0], shard.v_cache[0]
+    want = F.scaled_dot_product_attention(q, k[:, :, : shard.length], v[:, :, : shard.length]).float()
+    got = shard._split_attend(q, k, v).float()
+    return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
+
+
 def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int) -> dict[str, Any]:
     """One shape's step with each attention form (`ATTENTION_FORMS`): median, p10 and p90 ms over the repeats; the
     faster form's figures are the step's (an engine runs its fastest decode kernel)."""
     forms: dict[str, dict[str, float]] = {}
     for form in ATTENTION_FORMS:
         shard = Shard(shape, device, torch.bfloat16, attention=form)
+        check = split_error(shard) if form == "split" else None
+        if check is not None and not check <= SPLIT_TOLERANCE:
+            raise RuntimeError(f"split-KV decode differs from SDPA by {check:.3g} (relative) at {dict(shape)}")
         timer = time_graph if device.type == "cuda" else time_eager
         times = sorted(timer(shard, replays, repeats))
         forms[form] = {
+            **({"relative_error_vs_sdpa": check} if check is not None else {}),
             "ms": statistics.median(times),
             "p10_ms": times[max(0, len(times) // 10)],
             "p90_ms": times[min(len(times) - 1, (9 * len(times)) // 10)],

@@ -422,9 +422,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)
 
-    def log(text: str) -> None:
+    started = time.monotonic()
+
+    def log(text: str) -> None:  # each line with the seconds since the start: where a plan's time goes
         if not args.quiet:
-            print(text, file=sys.stderr, flush=True)
+            print(f"[{time.monotonic() - started:7.2f} s] {text}", file=sys.stderr, flush=True)
 
     doc: dict[str, Any] = {
         "what": "whatif",
