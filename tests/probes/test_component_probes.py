@@ -135,10 +135,6 @@ def test_moe_grouped_and_loop(controller: ProbeController) -> None:
         assert m.metrics["weight_bytes"] == 3 * (2 * 32 * 64 + 64 * 32) * 2  # the 3 active experts only
     fp8 = _run(controller, "moe", {"keys": [MOE.replace("bf16", "fp8")], "variants": ["loop"]})
     assert fp8.measurements[0].status is MeasurementStatus.UNSUPPORTED
-    curve = MOE.replace("tokens=2", "tokens=4")
-    res = _run(controller, "moe", {"keys": [MOE], "curve_keys": [curve], "curve_variants": ["grouped"]})
-    assert {m.params["variant"] for m in _by(res, key=MOE)} == {"grouped", "loop", "fused", "engine"}
-    assert [m.params["variant"] for m in _by(res, key=curve)] == ["grouped"]  # a curve point: its variants only
 
 
 def test_routing_with_group_limited_topk_and_permutes(controller: ProbeController) -> None:

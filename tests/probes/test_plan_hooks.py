@@ -221,16 +221,3 @@ def test_allreduce_at_another_rank_count_is_not_used(tmp_path: Path) -> None:
     plan = build_plan(tiny_inventory(tmp_path))
     ar = result("allreduce", meas("g", {"size_bytes": 512, "mode": "graph", "world_size": 4}, [[10.0]]), world=4)
     assert measured_from_results([ar], plan=plan).allreduce_curves == {}
-
-
-def test_moe_curve_points_are_timed_in_the_variants_that_can_be_fastest() -> None:
-    from decodetop.probes.specs.moe import CURVE_VARIANTS, SPEC
-
-    inv = build_inventory(load_preset("mixtral-8x7b"), Deployment(tp=1))
-    reqs, _ = plan_requests(build_plan(inv), inv, world_size=1, device_kind="cuda")
-    moe = next(r for r in reqs if r.probe == "moe")
-    assert moe.params["keys"] == list(moe.keys)  # the plan's own keys: every variant (the spec's default)
-    assert moe.params["curve_keys"] and not set(moe.params["curve_keys"]) & set(moe.keys)
-    params = SPEC.resolve_params(moe.params)
-    assert "loop" in params["variants"] and params["curve_variants"] == list(CURVE_VARIANTS)
-    assert "loop" not in CURVE_VARIANTS

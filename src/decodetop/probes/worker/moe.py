@@ -220,25 +220,17 @@ def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
         return moe_runner(key, ctx, rotate=rotate, variant="loop")
 
 
-def _variants(params: dict[str, Any], name: str) -> list[str]:
-    variants = [str(v) for v in params.get(name, [])]
+def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
+    """Each key in each variant."""
+    opts = TimingOptions.from_params(ctx, params)
+    keys = key_list(params, "moe")
+    variants = [str(v) for v in params["variants"]]
     bad = [v for v in variants if v not in MOE_VARIANTS]
     if bad:
         raise ValueError(f"moe: unknown variant(s) {bad} (known: {', '.join(MOE_VARIANTS)})")
-    return variants
-
-
-def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
-    """Each key in each variant; each of `curve_keys` (the curve plan's points) in each of `curve_variants` (the
-    ones that can be the fastest: a plan's curve points are many, and every variant builds and checks its own)."""
-    opts = TimingOptions.from_params(ctx, params)
-    keys = key_list(params, "moe")
-    curve_ids = [str(k) for k in params.get("curve_keys", []) if k]  # [""]: the spec's empty string list
-    curve = [k for k in key_list({"keys": curve_ids}, "moe") if k not in keys]
-    plain, extra = _variants(params, "variants"), _variants(params, "curve_variants") or _variants(params, "variants")
     out: list[RankMeasurement] = []
-    for kid, key in each_key(ctx, [*keys, *curve], MoeKey):
-        for variant in plain if kid in keys else extra:
+    for kid, key in each_key(ctx, keys, MoeKey):
+        for variant in variants:
             pt = {"what": "moe", "key": kid, "variant": variant, "role": "budget", "device": ctx.device.type}
             if variant == "fused":
                 build = partial(fused_moe_runner, key, ctx, rotate=opts.rotate)
@@ -247,5 +239,5 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
             else:
                 build = partial(moe_runner, key, ctx, rotate=opts.rotate, variant=variant)
             out.append(measure(ctx, opts, f"{kid} [{variant}]", pt, build))
-    ctx.progress("done", len(keys) + len(curve), len(keys) + len(curve))
+    ctx.progress("done", len(keys), len(keys))
     return RankOutput(measurements=tuple(out))
