@@ -221,3 +221,30 @@ def test_allreduce_at_another_rank_count_is_not_used(tmp_path: Path) -> None:
     plan = build_plan(tiny_inventory(tmp_path))
     ar = result("allreduce", meas("g", {"size_bytes": 512, "mode": "graph", "world_size": 4}, [[10.0]]), world=4)
     assert measured_from_results([ar], plan=plan).allreduce_curves == {}
+
+
+def test_a_key_timed_with_two_kernel_classes_joins_its_curve_at_the_grids_class() -> None:
+    """SDPA beats decodetop's split-K kernel at the plan's own attention key, but the grid around it was timed with
+    the split-K kernel only: the budget takes SDPA's figure, the curve the split-K one (one kernel per curve)."""
+    import dataclasses
+
+    from decodetop.budget.curves import CurvePoint
+    from decodetop.budget.kernels import KernelClass
+    from decodetop.budget.keys import AttentionKey
+
+    own = AttentionKey("gqa", 1, 1, 4096, 64, 8, 128, 128, 0, 128, 0, 0, 0, 0, "bf16")
+    triton, torch_sdpa = KernelClass("triton", "GQA decode split-K"), KernelClass("torch", "SDPA (enable_gqa)")
+    budget = {"what": "attention", "key": own.key_id, "context": 4096, "role": "budget"}
+    alternative = {**budget, "role": "alternative", "variant": "torch"}
+    points = [
+        dataclasses.replace(meas("own", budget, [[15.0, 15.2]]), kernel=triton),
+        dataclasses.replace(meas("own [torch]", alternative, [[12.0, 12.1]]), kernel=torch_sdpa),
+    ]
+    for context, us in ((2048, 11.0), (8192, 21.0)):
+        grid = {"what": "attention", "key": own.key_id, "context": context, "role": "curve"}
+        points.append(dataclasses.replace(meas(f"grid {context}", grid, [[us, us]]), kernel=triton))
+    measured = measured_from_results([result("attention", *points, world=1)])
+    assert measured.times[own.key_id].median_ms == pytest.approx(0.01205)  # the budget: the fastest class
+    curve = {p.key.context: p for p in measured.curve_points if isinstance(p, CurvePoint)}
+    assert curve[4096].median_ms == pytest.approx(0.0151) and "grid's kernel" in curve[4096].source
+    assert curve[2048].median_ms == pytest.approx(0.011)

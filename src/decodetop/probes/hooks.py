@@ -173,6 +173,9 @@ class MeasuredSetBuilder:
     """Per key id, its times with other kernel classes than the budget's (the torch form beside a fused kernel)."""
     curve_points: dict[tuple[str, str], CurvePoint] = field(default_factory=dict)
     """(key id, variant) → a point measured beside the budget's own keys (sweeps, grids, other implementations)."""
+    curve_kernels: dict[str, set[KernelClass]] = field(default_factory=dict)
+    """Probe → the kernel classes its grid points were timed with (where the probe says): a key timed with several
+    classes joins its curve at the grid's class, so one curve holds one kernel's times."""
 
     @property
     def collective_mode(self) -> str:
@@ -216,9 +219,12 @@ class MeasuredSetBuilder:
         return dataclasses.replace(t, alternatives=tuple(KernelTime(k, ms) for k, ms in best.items()))
 
     def offer_curve(self, key: ProbeKey, time: MeasuredTime, variant: str = "") -> None:
-        """Keep a curve point for `key` (the fastest where a key was measured more than once)."""
+        """Keep a curve point for `key` (the fastest where a key was measured more than once), and the kernel class
+        it was timed with where `time` says it."""
         if key.PROBE not in FAMILIES or not time.median_ms > 0:
             return
+        if time.kernel is not None:
+            self.curve_kernels.setdefault(key.PROBE, set()).add(time.kernel)
         slot = (key.key_id, variant)
         prev = self.curve_points.get(slot)
         if prev is None or time.median_ms < prev.median_ms:
@@ -238,8 +244,22 @@ class MeasuredSetBuilder:
                 and t.median_ms > 0
                 and (slot not in points or t.median_ms < points[slot].median_ms)
             ):
-                points[slot] = CurvePoint(key, t.median_ms, t.p10_ms, t.p90_ms, t.source)
+                points[slot] = self._at_grid_kernel(key, t)
         return tuple(points[s] for s in sorted(points))
+
+    def _at_grid_kernel(self, key: ProbeKey, t: MeasuredTime) -> CurvePoint:
+        """A key's time as a point of its curve: where the budget took another kernel class than the one its
+        probe's grid was timed with (SDPA beating decodetop's split-K kernel at the plan's own attention key) and
+        the key was timed with the grid's class too, that class's time (its spread scaled), so a curve never mixes
+        two kernels' steps; the budget's own figure stays the fastest."""
+        classes = self.curve_kernels.get(key.PROBE)
+        if classes and t.kernel is not None and t.kernel not in classes:
+            same = [a.median_ms for a in self.alternatives.get(key.key_id, ()) if a.kernel in classes]
+            if same and min(same) > 0:
+                ms = min(same)
+                f = ms / t.median_ms
+                return CurvePoint(key, ms, t.p10_ms * f, t.p90_ms * f, f"{t.source.split(' (')[0]} (grid's kernel)")
+        return CurvePoint(key, t.median_ms, t.p10_ms, t.p90_ms, t.source)
 
     def build(self) -> MeasuredSet:
         times = {k: self._with_alternatives(k, t) for k, t in self.times.items()}

@@ -57,7 +57,8 @@ def read(result: ProbeResult, into: MeasuredSetBuilder) -> None:
         key = parse_key_id(kid)
         if isinstance(key, AttentionKey) and isinstance(context, int) and context >= 0:
             source = "attention probe (grid)" if role == "curve" else "attention probe (sweep)"
-            into.offer_curve(dataclasses.replace(key, context=context), with_source(t, source))
+            timed = dataclasses.replace(with_source(t, source), kernel=m.kernel)
+            into.offer_curve(dataclasses.replace(key, context=context), timed)
 
 
 SPEC = ProbeSpec(
