@@ -10,6 +10,8 @@ band and labelled so (`decodetop.budget.curves`).
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 
 from decodetop.budget.quant import QuantScheme, WeightFormat, bits_per_weight, no_quantization
 from decodetop.budget.spec import ModelSpec
@@ -24,9 +26,29 @@ WEIGHT_CHOICES: dict[str, WeightFormat] = {
 """`--vary weights=…` values and the storage format each stands for."""
 
 
+_HELD = 16
+_made: OrderedDict[tuple[int, str], tuple[ModelSpec, ModelSpec]] = OrderedDict()
+_made_lock = threading.Lock()
+
+
 def with_weights(spec: ModelSpec, weights: str) -> ModelSpec:
     """`spec` with its linear layers stored as `weights` (bf16, fp8, nvfp4, mxfp4); the checkpoint's own scheme
-    where `weights` is what it already declares."""
+    where `weights` is what it already declares. The same object for the same model and precision (the last few
+    kept): a what-if asks for it at every knob turned, and a model's modules take tens of ms to build."""
+    with _made_lock:
+        hit = _made.get((id(spec), weights))
+        if hit is not None and hit[0] is spec:
+            _made.move_to_end((id(spec), weights))
+            return hit[1]
+    made = _with_weights(spec, weights)
+    with _made_lock:
+        _made[(id(spec), weights)] = (spec, made)
+        while len(_made) > _HELD:
+            _made.popitem(last=False)
+    return made
+
+
+def _with_weights(spec: ModelSpec, weights: str) -> ModelSpec:
     fmt = WEIGHT_CHOICES.get(weights)
     if fmt is None:
         raise UserInputError(f"weights={weights!r} is not one of {', '.join(WEIGHT_CHOICES)}")
