@@ -253,8 +253,8 @@ def coords_of(key: ProbeKey) -> tuple[int, ...]:
     """A key's position on its family's axes. A GQA attention key sits at one KV head of its group and as many
     sequences as it has (sequence, KV head) pairs: a decode kernel's work (the KV bytes read, the FLOPs, the query
     and output) and its grid (a program per pair and split) are both functions of the pairs, so a TP shard at
-    batch 8 and the whole model at batch 1 are one point of one curve (on the H200 plans they differ by 0.3–2 %,
-    docs/benchmarks.md, "Curves")."""
+    batch 8 and the whole model at batch 1 are one point of one curve (on the H200 campaign's plans such points
+    differ by 0.2–3.4 %: docs/benchmarks.md, "The second campaign")."""
     params = key.to_params()
     if isinstance(key, AttentionKey) and key.kind == "gqa" and key.kv_heads > 0 and key.heads % key.kv_heads == 0:
         params = {**params, "heads": key.heads // key.kv_heads, "batch": key.batch * key.kv_heads}
