@@ -7,12 +7,13 @@ writes everything to --json as each section finishes; one deadline for the whole
 order of what matters most.
 
 Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K, 32K and
-128K, the first version (11-bit radix digits, 2048 scores per selection program) beside 8-bit digits with 2048, 256
-and an automatic number of scores per selection program; GQA at Llama-3.1-70B's shard with an FP8 KV cache over the
-sweep of `kernels.gqa.SWEEP` (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads) shard over
-`kernels.mla.SWEEP` (and TP-1, 128 heads); the fused-MoE kernel with its tiles tuned over the candidates (split
-reductions) against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B, DeepSeek-V3
-TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out.
+128K, the default (the indexer's product in FP16) beside the indexer in BF16; GQA at Llama-3.1-70B's shard with an
+FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K (and BF16 against SDPA); dense MLA at
+DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); GLM-5's DSA path in parts
+(memset + scores, + top-k; the whole attention is the row above); the fused-MoE kernel with its tiles tuned over
+the candidates against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B,
+DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out,
+`--only` keeps the attention and MoE rows of the components whose label holds one of its parts.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 \
         PYTHONPATH=src python3 benchmarks/kernels/h200_kernels.py --json $OUT/kernels.json --deadline 90
@@ -41,7 +42,7 @@ from decodetop.probes.worker import attention, kvcast  # noqa: E402
 from decodetop.probes.worker import fused_moe as fm  # noqa: E402
 from decodetop.probes.worker.attention import AttentionVariant  # noqa: E402
 from decodetop.probes.worker.context import ProbeContext  # noqa: E402
-from decodetop.probes.worker.kernels import gqa, mla  # noqa: E402
+from decodetop.probes.worker.kernels import dsa, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
 from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
@@ -55,6 +56,14 @@ SAMPLES = 30
 SMOKE = False
 #: time.monotonic() after which no further row starts (--deadline).
 DEADLINE = math.inf
+#: --only: attention and MoE rows whose component label holds one of these (empty: every row).
+ONLY: tuple[str, ...] = ()
+#: --defaults-only: of the attention variants, only the probe's defaults.
+DEFAULTS_ONLY = False
+
+
+def wanted(label: str) -> bool:
+    return not ONLY or any(part in label for part in ONLY)
 
 
 def dev() -> torch.device:
@@ -125,29 +134,24 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
 
 
 FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa_select_block=2048)
-#: The second round's first H200 reading: 8-bit digits, the selection still 2048 scores per program.
-RADIX8_2048 = AttentionVariant(mla=mla.FIRST, dsa_select_block=2048)
 NEW = AttentionVariant()
+INDEXER_BF16 = AttentionVariant(dsa_f16=False)
 
 
 def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], list[tuple[str, Any]]]]:
     """(label, kind, key fields, contexts, [(variant name, AttentionVariant, or 'torch' for the torch form)])."""
     glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
     llama = {"heads": 64, "kv_heads": 8, "head_dim": 128, "v_head_dim": 128}
-    gqa_sweep = [(f"split {c.label}", AttentionVariant(gqa=c)) for c in dict.fromkeys([gqa.DEFAULT, *gqa.SWEEP])]
+    gqa_configs = dict.fromkeys([gqa.SHORT, gqa.LONG, *gqa.SWEEP])
+    gqa_sweep = [("default: by context", NEW), *((f"split {c.label}", AttentionVariant(gqa=c)) for c in gqa_configs)]
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
-    first_new = [
-        ("first: radix11, select 2048", FIRST),
-        ("radix8, select 2048", RADIX8_2048),
-        ("new: radix8, select auto", NEW),
-        ("radix8, select 256", AttentionVariant(dsa_select_block=256)),
+    dsa_pair = [
+        ("default: radix8, select auto, indexer fp16", NEW),
+        ("radix8, select auto, indexer bf16", INDEXER_BF16),
     ]
     return [
-        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 131072)), first_new),
-        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((4096,)), [*first_new, ("torch", "torch")]),
-        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((32768,)), [("new: radix8, select auto", NEW)]),
-        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768, 131072)), gqa_sweep),
-        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((4096,)), gqa_sweep[:2]),
+        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 4096, 32768, 131072)), dsa_pair),
+        ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768, 65536, 131072, 4096)), gqa_sweep),
         ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768,)), [("torch", "torch")]),
         (
             "Llama-70B GQA bf16",
@@ -167,9 +171,13 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     before timing; 'torch': the torch form)."""
     rows: list[dict[str, Any]] = []
     for label, kind, kw, ctxs, variants in attention_shapes():
+        if not wanted(label):
+            continue
         for context in ctxs:
             key = att_key(kind, context, **kw)
             for name, variant in variants:
+                if DEFAULTS_ONLY and not name.startswith("default"):
+                    continue
                 row: dict[str, Any] = {"component": label, "context": context, "variant": name}
                 if time.monotonic() > DEADLINE:
                     row["error"] = "skipped: the run's deadline"
@@ -194,6 +202,54 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
                 print(json.dumps(row), flush=True)
                 out["attention"] = rows
     return rows
+
+
+def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
+    """GLM-5 TP-8's DSA path in parts, the default shapes (the selection checked by the attention rows' runners):
+    the workspace memset + indexer scores (with the first histogram), + the radix top-k, and the whole attention
+    (+ sparse MLA split and combine); each part's time is the difference of two rows."""
+    rows: list[dict[str, Any]] = []
+    glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
+    for context in contexts((32768, 131072)):
+        key = att_key("mla+dsa", context, **glm)
+        m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
+        assert m.q_idx is not None and m.w_idx is not None
+        for f16 in (False, True):
+            dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev(), f16=f16), context, copy, rows)
+        del m
+        free()
+    out["dsa_parts"] = rows
+    return rows
+
+
+def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: list[dict[str, Any]]) -> None:
+    """One workspace's two part rows (see `dsa_parts_rows`)."""
+
+    def scores() -> None:
+        _, index_keys, key_scales = m.caches.next()
+        work.work.zero_()
+        dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, work)
+
+    def topk() -> None:
+        scores()
+        dsa.dsa_select(work, m.attended)
+
+    index_bytes = (context + 1) * (128 + 4)
+    f16 = ", indexer fp16" if work.f16 else ""
+    for name, fn in (("memset + scores", scores), ("memset + scores + top-k", topk)):
+        row: dict[str, Any] = {"component": "GLM-5 TP8 DSA parts", "context": context, "variant": name + f16}
+        if time.monotonic() > DEADLINE:
+            row["error"] = "skipped: the run's deadline"
+        else:
+            try:
+                row.update(timed(OpRunner(fn, index_bytes, 0.0, len(m.caches))))
+                row["roofline_us"] = index_bytes / copy / 1e3
+                row["copy_pct"] = 100 * row["gbps"] / copy
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
 
 
 def norm_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -271,12 +327,12 @@ def rope_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-#: Last round's tuned tiles per shape (benchmarks/results/kernels/kernel_tiles_h200.json: gate_up, down).
+#: Last round's tuned tiles per shape (benchmarks/results/kernels/kernel_tiles_h200_sweep1.json: gate_up, down).
 LAST_ROUND_TILES = {
-    "Mixtral-8x7B TP1": (Tiles(16, 512), Tiles(16, 512)),
-    "Qwen3-235B-A22B TP1": (Tiles(16, 512), Tiles(8, 256)),
-    "DeepSeek-V3 TP8": (Tiles(16, 512), Tiles(32, 256)),
-    "Mixtral-8x7B TP2": (Tiles(16, 512), Tiles(16, 512)),
+    "MoE Mixtral-8x7B TP1": (Tiles(16, 512), Tiles(16, 1024)),
+    "MoE Qwen3-235B-A22B TP1": (Tiles(8, 256), Tiles(16, 256)),
+    "MoE DeepSeek-V3 TP8": (Tiles(8, 512, 4, 0, 2), Tiles(16, 256)),
+    "MoE Mixtral-8x7B TP2": (Tiles(16, 512), Tiles(16, 1024)),
 }
 
 
@@ -303,14 +359,16 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     then last round's tiles and the default tiles through the same kernels."""
     rows = []
     shapes = [
-        ("Mixtral-8x7B TP1", MoeKey(1, 2, 8, 2, 4096, 14336, "bf16", 0)),
-        ("Qwen3-235B-A22B TP1", MoeKey(1, 8, 128, 8, 4096, 1536, "bf16", 0)),
-        ("DeepSeek-V3 TP8", MoeKey(1, 8, 256, 8, 7168, 256, "bf16", 0)),
-        ("Mixtral-8x7B TP2", MoeKey(1, 2, 8, 2, 4096, 7168, "bf16", 0)),
+        ("MoE Mixtral-8x7B TP1", MoeKey(1, 2, 8, 2, 4096, 14336, "bf16", 0)),
+        ("MoE Qwen3-235B-A22B TP1", MoeKey(1, 8, 128, 8, 4096, 1536, "bf16", 0)),
+        ("MoE DeepSeek-V3 TP8", MoeKey(1, 8, 256, 8, 7168, 256, "bf16", 0)),
+        ("MoE Mixtral-8x7B TP2", MoeKey(1, 2, 8, 2, 4096, 7168, "bf16", 0)),
     ]
     if SMOKE:
         shapes = [("tiny", MoeKey(1, 2, 8, 2, 256, 128, "bf16", 0))]
     for label, key in shapes:
+        if not wanted(label):
+            continue
         row: dict[str, Any] = {"component": label, "weight_mib": 0.0}
         if time.monotonic() > DEADLINE:
             row["error"] = "skipped: the run's deadline"
@@ -363,7 +421,7 @@ def kvcast_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 #: The checks of the kernels whose code changed this round (tests/probes/kernel_checks.py).
-CHANGED_CHECKS = ("dsa", "gqa", "mla")
+CHANGED_CHECKS = ("gqa", "dsa")
 
 
 def checks(out: dict[str, Any], *, big: bool) -> None:
@@ -393,7 +451,7 @@ def table(out: dict[str, Any], copy: float) -> str:
         return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
     lines.append("component               ctx      µs  roof µs %copy  variant")
-    for r in out.get("attention", []):
+    for r in out.get("attention", []) + out.get("dsa_parts", []):
         lines.append(
             f"{r['component']:<22} {r['context']:>6} {f(r.get('us')):>7} {f(r.get('roofline_us')):>7} "
             f"{f(r.get('copy_pct'), 0):>4}  {r['variant'][:44]} {r.get('error', '')[:50]}"
@@ -412,16 +470,24 @@ def table(out: dict[str, Any], copy: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SMOKE, DEADLINE, ONLY, CHANGED_CHECKS, DEFAULTS_ONLY
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument(
-        "--skip", default="norms,rope", help="comma-separated sections to skip: attention,moe,kvcast,checks,norms,rope"
+        "--skip",
+        default="norms,rope",
+        help="comma-separated sections to skip: attention,dsa_parts,moe,kvcast,checks,norms,rope",
     )
     ap.add_argument("--smoke", action="store_true", help="CPU tensors under TRITON_INTERPRET=1, tiny shapes")
     ap.add_argument("--deadline", type=float, default=math.inf, help="seconds after which no further row starts")
+    ap.add_argument("--only", default="", help="comma-separated parts of component labels: only those rows")
+    ap.add_argument("--checks", default=",".join(CHANGED_CHECKS), help="kernel checks to run (kernel_checks.py)")
+    ap.add_argument("--defaults-only", action="store_true", help="of the attention variants, the defaults only")
     args = ap.parse_args(argv)
-    global SMOKE, DEADLINE
     SMOKE = args.smoke
+    ONLY = tuple(filter(None, args.only.split(",")))
+    DEFAULTS_ONLY = args.defaults_only
+    CHANGED_CHECKS = tuple(filter(None, args.checks.split(",")))
     DEADLINE = time.monotonic() + args.deadline
     skip = set(filter(None, args.skip.split(",")))
     out: dict[str, Any] = {
@@ -434,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy {copy:.0f} GB/s", flush=True)
     sections: list[tuple[str, Callable[[], object]]] = [
         ("attention", lambda: attention_rows(copy, out)),
+        ("dsa_parts", lambda: dsa_parts_rows(copy, out)),
         ("moe", lambda: moe_rows(copy, out)),
         ("kvcast", lambda: kvcast_rows(out)),
         ("checks", lambda: checks(out, big=not SMOKE)),

@@ -66,14 +66,15 @@ def check_mla(big: bool = False) -> None:
 def check_dsa(big: bool = False) -> None:
     """Scores against the torch form; the selection exactly a top-k set (values equal to torch.topk's), every
     index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU), under
-    each radix digit scheme, with the selection in one program per row and spread over many (atomics between them);
-    negative weights give negative scores (the key's sign flip)."""
+    each radix digit scheme, with the selection in one program per row and spread over many (atomics between them),
+    the indexer's product in FP16 (the default) and in BF16; negative weights give negative scores (the key's sign
+    flip)."""
     d = _dev()
     dim = 128 if big else 64
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
     if big:
         cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
-    for scheme, block in [(s, b) for s in dsa.SCHEMES for b in (0, 256)]:
+    for scheme, block, f16 in [*((s, b, True) for s in dsa.SCHEMES for b in (0, 256)), (dsa.SCHEMES[0], 0, False)]:
         for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
             tie = length == 3000 and topk == 1500
             q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
@@ -84,11 +85,11 @@ def check_dsa(big: bool = False) -> None:
                 keys[:, 200:] = -keys[:, 200:].abs()
             keys8 = keys.clamp(-448, 448).to(FP8)
             ks = torch.rand(batch, length, device=d) + 0.5
-            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block)
+            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block, f16=f16)
             if work.selects:
                 work.indices.fill_(-7)  # poisoned: every slot must be written
             idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
-            what = f"dsa {scheme} select {work.select_block} {length=} {topk=}"
+            what = f"dsa {scheme} select {work.select_block}{'' if f16 else ' bf16'} {length=} {topk=}"
             ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
             check_close(work.scores, ref, what + " scores", rel=1e-2)
             k = min(length, topk)
@@ -114,15 +115,15 @@ def check_dsa(big: bool = False) -> None:
 
 def check_gqa(big: bool = False) -> None:
     """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile; every launch
-    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the default on BF16 ones."""
+    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the defaults on BF16 ones."""
     d = _dev()
     cases = [(1, 8, 2, 1, 300, 64, False), (2, 8, 8, 1, 100, 32, False), (1, 8, 2, 2, 500, 64, True)]
     cases += [(1, 16, 2, 1, 1000, 128, True)]
     if big:
         cases = [(1, 64, 8, 1, 32768, 128, True), (8, 64, 8, 1, 4096, 128, False), (1, 32, 8, 2, 65536, 128, True)]
-    for config in dict.fromkeys([gqa.DEFAULT, *gqa.SWEEP]):
+    for config in dict.fromkeys([gqa.SHORT, gqa.LONG, *gqa.SWEEP]):
         for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
-            if not fp8 and config not in (gqa.FIRST, gqa.DEFAULT):
+            if not fp8 and config not in (gqa.FIRST, gqa.SHORT, gqa.LONG):
                 continue
             q = torch.randn(batch, heads, q_len, dim, device=d).to(BF16)
             k = torch.randn(batch, kv_heads, length, dim, device=d)

@@ -57,7 +57,8 @@ class AttentionVariant:
     """The launch shapes decodetop's Triton attention kernels run with: the probe runs the defaults, the kernels
     benchmark (benchmarks/kernels/h200_kernels.py) sweeps the others beside them."""
 
-    gqa: gqa.GqaConfig = gqa.DEFAULT
+    gqa: gqa.GqaConfig | None = None
+    """GQA's launch shape (None: by context, `gqa.default_config`)."""
     dsa_mla: mla.MlaConfig = mla.SPARSE_DEFAULT
     """The sparse MLA over the DSA top-k (before `mla`: that field's name hides the module below it)."""
     mla: mla.MlaConfig = mla.DEFAULT
@@ -66,14 +67,17 @@ class AttentionVariant:
     """The DSA top-k's radix digits (`dsa.SCHEMES`)."""
     dsa_select_block: int = 0
     """Scores per program of the DSA selection passes (0: `dsa.auto_select_block`)."""
+    dsa_f16: bool = True
+    """The DSA indexer's product in FP16 (`dsa.DsaWorkspace.f16`; False: in BF16, the first form)."""
 
     def label(self, kind: str) -> str:
         """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
         if kind == "gqa":
-            return f"split {self.gqa.label}"
+            return f"split {self.gqa.label}" if self.gqa else "split by context"
         text = f"split {(self.dsa_mla if kind == 'mla+dsa' else self.mla).label}"
         select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
-        return f"top-k {self.dsa_scheme}{select}, {text}" if kind == "mla+dsa" else text
+        bf16 = "" if self.dsa_f16 else ", indexer bf16"
+        return f"top-k {self.dsa_scheme}{select}{bf16}, {text}" if kind == "mla+dsa" else text
 
 
 def _cache(shape: tuple[int, ...], fp8: bool, device: torch.device) -> torch.Tensor:
@@ -241,7 +245,13 @@ def _mla_triton(
     dwork = None
     if dsa_on:
         dwork = dsa.dsa_workspace(
-            rows, length, m.attended, device, scheme=variant.dsa_scheme, select_block=variant.dsa_select_block
+            rows,
+            length,
+            m.attended,
+            device,
+            scheme=variant.dsa_scheme,
+            select_block=variant.dsa_select_block,
+            f16=variant.dsa_f16,
         )
 
     def run() -> torch.Tensor:
@@ -346,7 +356,7 @@ def triton_attention_runner(
         got = split_k().clone()
         g.caches.rewind()
         check_close(got, gqa.reference_gqa(g.q, k0, v0, sm_scale=g.sm_scale, scales=g.scales), "Triton GQA decode")
-        return _gqa_runner(g, split_k, shapes, f"GQA decode split-K{fp8}", ctx)
+        return _gqa_runner(g, split_k, f"split {work.config.label}", f"GQA decode split-K{fp8}", ctx)
     m = _mla_inputs(key, ctx, length, rotate=rotate)
     run, dwork = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"

@@ -3,7 +3,8 @@ FP8, and an exact top-k by radix select, for DeepSeek-V3.2-style sparse attentio
 
 score[r, t] = Σ_h w[r, h] · ReLU(q[r, h] · k[t] · s[t]) over the index heads, with the index keys `k` FP8 E4M3
 and one fp32 scale per token (DeepSeek-V3.2's indexer cache: 128 FP8 values + a scale per token; DeepGEMM reads
-them as FP8 too). The scores then pick the `topk` tokens the sparse MLA attends to.
+them as FP8 too), multiplied in FP16 by default (`DsaWorkspace.f16`). The scores then pick the `topk` tokens the
+sparse MLA attends to.
 
 `torch.topk` of 2048 of 4096 alone takes 37 µs on an H200 under graph replay, more than the whole attention should,
 so the selection is a radix select on the scores' order-preserving 32-bit keys: histogram passes over the key's
@@ -101,6 +102,7 @@ if HAVE_TRITON:
         BINS1: tl.constexpr,
         SHIFT1: tl.constexpr,
         F32_DOT: tl.constexpr,
+        F16: tl.constexpr,
     ):
         pid = tl.program_id(0)
         row = tl.program_id(1)
@@ -111,6 +113,8 @@ if HAVE_TRITON:
         q = tl.load(q_ptr + row * heads * D + offs_h[:, None] * D + offs_d[None, :], mask=mask_h[:, None], other=0.0)
         if F32_DOT:
             q = q.to(tl.float32)
+        elif F16:
+            q = q.to(tl.float16)
         w = tl.load(w_ptr + row * heads + offs_h, mask=mask_h, other=0.0).to(tl.float32)
         hist = tl.zeros([BINS1], tl.int32)
         for i in range(tiles_per_program):
@@ -119,7 +123,7 @@ if HAVE_TRITON:
             k = tl.load(
                 k_ptr + batch * stride_kb + offs_l[:, None] * D + offs_d[None, :], mask=mask_l[:, None], other=0.0
             )
-            k = k.to(tl.float32) if F32_DOT else k.to(tl.bfloat16)
+            k = k.to(tl.float32) if F32_DOT else (k.to(tl.float16) if F16 else k.to(tl.bfloat16))
             ks = tl.load(ks_ptr + batch * stride_ksb + offs_l, mask=mask_l, other=0.0)
             logits = tl.dot(q, tl.trans(k)) * ks[None, :]
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
@@ -285,6 +289,11 @@ class DsaWorkspace:
     """The radix digit scheme (`SCHEMES`)."""
     select_block: int = SELECT_BLOCK
     """Scores per program of the histogram and compaction passes."""
+    f16: bool = True
+    """The scoring product in FP16 (FP8 → FP16 is one conversion per two values, exact; → BF16 takes more), the
+    query rounded to FP16 (10 mantissa bits against BF16's 7; activations far inside its range). On an H200 at
+    GLM-5's TP-8 shard: the scores at 128K in 15.6 µs against 18.2 in BF16, the whole attention 42.7 against 47.0
+    (docs/benchmarks.md, "Kernels, third round"); False: BF16, the first form."""
 
 
 def auto_select_block(rows: int, length: int, sms: int) -> int:
@@ -303,6 +312,7 @@ def dsa_workspace(
     *,
     scheme: str = SCHEMES[0],
     select_block: int = 0,
+    f16: bool = True,
 ) -> DsaWorkspace:
     """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`; `select_block` scores per
     selection program (a power of two; 0: `auto_select_block`)."""
@@ -330,6 +340,7 @@ def dsa_workspace(
         -(-tiles // per),
         scheme,
         select_block or auto_select_block(rows, length, sms),
+        f16,
     )
 
 
@@ -370,7 +381,8 @@ def dsa_scores(
         BLOCK=SCORE_BLOCK,
         BINS1=DIGIT_BINS if radix8 else BINS[0],
         SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
-        F32_DOT=interpreted(),
+        F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
+        F16=work.f16,
     )
     return work.scores
 

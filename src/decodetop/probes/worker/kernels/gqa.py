@@ -55,37 +55,58 @@ class GqaConfig:
     programs_per_sm: int = PROGRAMS_PER_SM
     f16: bool = False
     """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
+    combine_block: int = 0
+    """Split partials per step of the combine kernel (a power of two; 0: `COMBINE_BLOCK_S`)."""
 
     @property
     def label(self) -> str:
         """'64 tok/4w/3st/4 per SM, fp16'."""
         opts = ["fp16"] if self.f16 else []
+        opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
         base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
         return ", ".join([base, *opts])
 
 
 #: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
 FIRST = GqaConfig()
-#: The shape the probe runs (the H200 sweep of `benchmarks/kernels/h200_kernels.py` times it beside the others:
-#: docs/benchmarks.md, "Kernels"; notes in benchmarks/results/kernels/notes.md).
-#: On an H200 (Llama-3.1-70B, FP8 cache): 32.2 µs at 32K and 95.2 µs at 128K, the fastest of the sweep at both
-#: (the first shape 39.3 and 119.9); at 4K the split equals the 4-per-SM one's, 11.2 µs (docs/benchmarks.md,
-#: "Kernels").
-DEFAULT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
-#: The shapes the benchmark sweeps.
+#: The shapes the probe runs, by context (`default_config`), the fastest of the H200 sweeps of
+#: `benchmarks/kernels/h200_kernels.py` (Llama-3.1-70B, FP8 cache; docs/benchmarks.md, "Kernels, third round"):
+#: `SHORT` below `LONG_FROM` cached tokens (9.2 µs at 4K, where two warps over 128-token tiles take 10.4), `LONG`
+#: from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and 93.9 for `SHORT`): fewer warps a program issue
+#: fewer instructions per cached token (the row max and sum cross fewer warps), more programs per SM hide the
+#: latency instead.
+SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
+LONG = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
+LONG_FROM = 16384
+
+
+def default_config(length: int) -> GqaConfig:
+    """The launch shape the probe runs over `length` cached tokens."""
+    return LONG if length >= LONG_FROM else SHORT
+
+
+#: The shapes the benchmark sweeps beside `SHORT` and `LONG`: `SHORT` with last round's combine (16 partials a step
+#: over two passes: 11.7 µs at 4K against 9.2 with one step), the first, then fewer warps per program over more
+#: programs per SM. The tile loop is issue-bound, not memory-bound: in the
+#: sm_90 SASS of Triton 3.6 the default's loop takes 36.5 warp-instructions per cached token (8 CTA barriers per
+#: tile, for the row max and sum across warps), one warp over 64-token tiles 24.0 (2 barriers), where streaming
+#: 4.2 TB/s of FP8 K and V over 132 SMs leaves ~56 per token at full issue (docs/benchmarks.md, "Kernels, third
+#: round").
 SWEEP = (
+    GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True, combine_block=16),
     FIRST,
-    GqaConfig(f16=True),
-    GqaConfig(f16=True, programs_per_sm=8),
-    GqaConfig(block_n=128, f16=True, num_warps=8),
-    GqaConfig(block_n=32, f16=True, num_warps=2, num_stages=4, programs_per_sm=8),
-    GqaConfig(block_n=128, f16=True, num_warps=8, num_stages=4),
-    GqaConfig(block_n=128, f16=True, num_warps=8, programs_per_sm=2),
-    GqaConfig(block_n=128, f16=True, num_warps=4),
-    GqaConfig(block_n=64, f16=True, num_warps=4, num_stages=4, programs_per_sm=8),
+    GqaConfig(block_n=64, num_warps=1, num_stages=3, programs_per_sm=6, f16=True),
+    GqaConfig(block_n=64, num_warps=1, num_stages=2, programs_per_sm=8, f16=True),
+    GqaConfig(block_n=64, num_warps=1, num_stages=4, programs_per_sm=4, f16=True),
+    GqaConfig(block_n=32, num_warps=1, num_stages=4, programs_per_sm=8, f16=True),
+    GqaConfig(block_n=128, num_warps=2, num_stages=3, programs_per_sm=2, f16=True),
+    GqaConfig(block_n=64, num_warps=2, num_stages=4, programs_per_sm=4, f16=True),
+    GqaConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2, f16=True),
 )
-#: Split partials per combine step.
-COMBINE_BLOCK_S = 16
+#: Split partials per combine step, at most: as many as there are splits up to this (one online-softmax step over
+#: all of them, the loads of m, l and the partial rows in flight together; the first version took 16 per step over
+#: two passes, four dependent round trips at 32 splits).
+COMBINE_BLOCK_S = 64
 
 if HAVE_TRITON:
 
@@ -195,27 +216,24 @@ if HAVE_TRITON:
         h = bh % kv_heads
         offs_s = tl.arange(0, BLOCK_S)
         offs_dv = tl.arange(0, DV)
-        m_v = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
-            ss = s0 + offs_s
-            part = (bh * n_splits + ss) * GP + g
-            m_v = tl.maximum(m_v, tl.load(ml_ptr + part * 2, mask=ss < n_splits, other=float("-inf")))
-        m_all = tl.max(m_v, 0)
-        m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
-        l_v = tl.zeros([BLOCK_S], tl.float32)
+        m_run = tl.full([], float("-inf"), tl.float32)
+        l_run = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([DV], tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
+        for s0 in range(0, n_splits, BLOCK_S):  # one step when BLOCK_S covers the splits: one round trip
             ss = s0 + offs_s
             valid = ss < n_splits
             part = (bh * n_splits + ss) * GP + g
             m_s = tl.load(ml_ptr + part * 2, mask=valid, other=float("-inf"))
             l_s = tl.load(ml_ptr + part * 2 + 1, mask=valid, other=0.0)
-            w = tl.exp2(m_s - m_use)
-            l_v += w * l_s
             a = tl.load(acc_ptr + part[:, None] * DV + offs_dv[None, :], mask=valid[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * a, 0)
-        l_all = tl.sum(l_v, 0)
-        l_all = tl.where(l_all == 0.0, 1.0, l_all)
+            m_new = tl.maximum(m_run, tl.max(m_s, 0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_run - m_use)
+            w = tl.exp2(m_s - m_use)
+            l_run = l_run * alpha + tl.sum(w * l_s, 0)
+            acc = acc * alpha + tl.sum(w[:, None] * a, 0)
+            m_run = m_new
+        l_all = tl.where(l_run == 0.0, 1.0, l_run)
         out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + offs_dv
         tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
 
@@ -242,7 +260,7 @@ class GqaWorkspace:
     splits: int
     chunk: int
     group_pad: int
-    config: GqaConfig = DEFAULT
+    config: GqaConfig
 
 
 def gqa_workspace(
@@ -254,9 +272,11 @@ def gqa_workspace(
     v_dim: int,
     device: torch.device,
     sms: int = 0,
-    config: GqaConfig = DEFAULT,
+    config: GqaConfig | None = None,
 ) -> GqaWorkspace:
-    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split for `config`."""
+    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split for `config` (None:
+    `default_config`)."""
+    config = config or default_config(length)
     group_rows = heads // kv_heads * q_len
     gp = max(16, next_pow2(group_rows))
     splits, chunk = plan_splits(
@@ -342,7 +362,7 @@ def gqa_decode(
         work.out.stride(0),
         GP=work.group_pad,
         DV=v_dim,
-        BLOCK_S=COMBINE_BLOCK_S,
+        BLOCK_S=min(cfg.combine_block or COMBINE_BLOCK_S, next_pow2(work.splits)),
     )
     return work.out
 

@@ -62,8 +62,10 @@ class Tiles:
 #: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
 #: then longer steps and split reductions, for the projections that one tile in flight per program or too few
 #: programs left under copy bandwidth on an H200 (Mixtral's down projection at 67 %, DeepSeek-V3's TP-8 slice at
-#: 45 %: docs/benchmarks.md, "Kernels"). (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of
-#: this loop, whose products are reduced, not dotted.)
+#: 45 %: docs/benchmarks.md, "Kernels"); then fewer rows over longer steps (more bytes in flight per program, the
+#: loop being unpipelined) for Qwen3-235B's 1536-wide and Mixtral's TP-2 projections, at 85–88 % of copy in the
+#: second round. (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of this loop, whose
+#: products are reduced, not dotted.)
 TILE_CANDIDATES = (
     Tiles(8, 256),
     Tiles(16, 256),
@@ -80,6 +82,11 @@ TILE_CANDIDATES = (
     Tiles(16, 256, 4, 0, 4),
     Tiles(32, 256, 4, 0, 4),
     Tiles(64, 256, 8, 0, 2),
+    Tiles(8, 512),
+    Tiles(32, 512),
+    Tiles(8, 1024),
+    Tiles(16, 1024, 8),
+    Tiles(8, 1024, 4, 0, 2),
 )
 
 
