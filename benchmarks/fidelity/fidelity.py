@@ -73,6 +73,7 @@ OTHER_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
 SERVING_FORMS: tuple[tuple[str, str], ...] = (
     ("serving_attention", "model with serving-style attention"),
     ("serving_attention_norms", "… and fused RMSNorm"),
+    ("serving_fused", "… and fused add + RMSNorm, fused rope (models without routed experts)"),
     ("serving_moe", "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm, fused rope)"),
 )
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
@@ -509,7 +510,9 @@ def time_model(
     `serving_moe` (with `serving_attention`) adds the serving-MoE form: serving attention, fused RMSNorm, residual
     adds fused into the norms (`serving_norms.ServingNorms`, where the layers are of the Llama form) and the
     routed experts through moe_routed.py's grouped kernel (`serving_moe.ServingMoE`; on CPU without Triton its torch
-    reference path, said so in `what`). A model without experts of that layout records why under `skipped`."""
+    reference path, said so in `what`). A model without experts of that layout records why under `skipped`, and
+    instead the serving-fused form: the same without the MoE swap (fused add + RMSNorm, fused rope), as an engine
+    runs a dense model's step."""
     import torch
     from transformers import AutoModelForCausalLM, StaticCache
 
@@ -664,21 +667,30 @@ def time_model(
         if not moe.experts:
             kept = f" (left alone: {', '.join(moe.kept)})" if moe.kept else ""
             return {"skipped": f"no experts module of the gate_up/down layout{kept}"}
+        return measure_fused(moe)
+
+    def measure_fused(moe: Any) -> dict[str, Any]:
+        """Serving attention + fused RMSNorm, the fused add + RMSNorm and rope, and `moe` (None: the model's own
+        MLP): its logits against the form without the swaps (`check`), then both timing modes."""
         attention = ServingAttention(model, norms=True)
         fused = fused_forms(model)
+        if moe is None and all(f.reason for f in fused):
+            return {"skipped": "; ".join(f.reason for f in fused)}
         try:
             with attention:
                 before = last_logits()
-                with moe, enter_applicable(fused):
+                with moe if moe is not None else contextlib.nullcontext(), enter_applicable(fused):
                     after = last_logits()
                     res = measure_modes()
-            res["what"] = "; ".join([attention.describe(), moe.describe(), *(f.describe() for f in fused)])
-            res["backend"] = moe.backend
+            swaps = [moe.describe()] if moe is not None else []
+            res["what"] = "; ".join([attention.describe(), *swaps, *(f.describe() for f in fused)])
+            if moe is not None:
+                res["backend"] = moe.backend
             res["check"] = {
                 "logits_max_abs_diff_rel": float((after - before).abs().max() / before.abs().max().clamp_min(1e-12)),
                 "same_argmax": bool(torch.equal(after.argmax(-1), before.argmax(-1))),
-                "against": "serving attention + fused RMSNorm with the model's own experts, residual adds and rotary, "
-                "same cache and token",
+                "against": "serving attention + fused RMSNorm with the model's own experts or MLP, residual adds and "
+                "rotary, same cache and token",
             }
             return res
         except Exception as exc:
@@ -698,6 +710,8 @@ def time_model(
                     out[key] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             if serving_moe:
                 out["serving_moe"] = measure_serving_moe()
+                if "skipped" in out["serving_moe"]:
+                    out["serving_fused"] = measure_fused(None)
 
         # profiler traces of a few eager steps, one ProfilerStep each (default attention, then serving-style)
         def take_trace(path: Path) -> None:
