@@ -18,7 +18,8 @@ from typing import Any
 
 KEYFRAME_EVERY_TICKS = 60
 """A whole snapshot every minute at the default 1 s tick: a damaged line costs at most a minute of telemetry, and a
-keyframe (~3 KB gzipped at 8 GPUs) adds about 50 bytes a tick (docs/benchmarks.md, "Recording size")."""
+keyframe (~1.9 KB gzipped at the 8-GPU demo, against ~760 bytes for a delta) adds about 20 bytes a tick
+(docs/benchmarks.md, "Recording size")."""
 MAX_PATH_ITEMS = 32
 """Longest path an operation may give: a snapshot is 5 levels deep; a crafted deeper one is refused, so deltas
 cannot build nesting beyond what the JSON loader allows in one line plus this."""
