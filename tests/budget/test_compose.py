@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from decodetop.budget.compose import Curve, MeasuredTime, compose_budget
@@ -179,3 +181,24 @@ def test_bad_inputs() -> None:
         compose_budget(_tiny(), observed_ms=0)
     with pytest.raises(UserInputError):
         compose_budget(_tiny(), launch_mode="warp")
+
+
+def test_the_launch_carries_its_repeat_spread_and_between_runs_its_clocks_drift() -> None:
+    """Composed at its own keys the launch's range is its repeat spread (kernels × p10 … p90); composed for another
+    scenario (batch 8 from batch 1's keys) it is widened by the graph's per-node drift between runs (×1.6 at 80 %:
+    the SM clock moves it), not by the kernels' 3 %."""
+    from decodetop.budget.segment_costs import LAUNCH_RUN_TO_RUN_SIGMA
+    from decodetop.budget.selfcheck import Z80
+
+    one = _tiny()
+    measured = _measure_all(one)
+    launch = compose_budget(one, measured).segment("launch")
+    assert launch is not None and launch.ms == pytest.approx(one.kernels * 0.0005)
+    assert (launch.range_p10_ms, launch.range_p90_ms) == pytest.approx((one.kernels * 0.00045, one.kernels * 0.0006))
+    other = compose_budget(_tiny(batch=8), measured).segment("launch")
+    assert other is not None and other.status == "measured" and other.ms == pytest.approx(launch.ms)
+    assert other.range_p10_ms is not None and other.range_p90_ms is not None
+    assert other.range_p90_ms / other.ms > 1.2 * 1.4  # the repeat spread's ×1.2 widened by the drift
+    own = math.log(1.2 / 0.9) / (2 * Z80)
+    widen = math.exp(Z80 * (math.hypot(own, LAUNCH_RUN_TO_RUN_SIGMA) - own))
+    assert other.range_p90_ms == pytest.approx(launch.range_p90_ms * widen)

@@ -117,6 +117,8 @@ def launch_segment(
             "measured",
             mean,
             std,
+            range_p10_ms=kernels * found.p10_ms,
+            range_p90_ms=kernels * found.p90_ms,
         )
         return seg, ms
     if estimate is not None:
@@ -246,12 +248,21 @@ def component_segment(  # noqa: PLR0917 - the composition's lookup context
     )  # fmt: skip
 
 
+LAUNCH_RUN_TO_RUN_SIGMA = math.log(1.6) / Z80
+"""What the per-node cost of a CUDA graph's replay may drift by between runs (80 % within ×1.6): it follows the SM
+clock, which the work just before moves. On one H200 the replay of 512 empty nodes cost 0.52 µs a node at 1980 MHz
+after 2 s idle and 0.62–0.64 µs at 1290–1485 MHz right after 0.3 s of BF16 matmuls; a plan's launch probe read
+0.70 µs a node first in a plan and 0.91–1.10 µs in plans right after another plan's GEMMs, 1.27–1.64× over 37 pairs
+(docs/benchmarks.md, "Launch cost between runs"). `RUN_TO_RUN_SIGMA` (3 %) holds for the kernels, not for it."""
+
+
 def with_shared_range(seg: Segment, *, cross: bool, drift: bool) -> Segment:
     """`seg` with the share of its range every figure of the budget has in common: another GPU model's ratio
     (`CROSS_GPU_SIGMA`, transferred figures) and, where the budget is for another scenario than the one measured
     (some op's key not measured in the results), the drift between that run and the scenario's own
     (`RUN_TO_RUN_SIGMA`: one GPU's clocks and placement move every kernel of a run together). An exactly measured
-    segment's repeat spread is widened by the drift; a predicted one carries it already (the curve engine's)."""
+    segment's repeat spread is widened by the drift (the launch's by `LAUNCH_RUN_TO_RUN_SIGMA`, its own: the clock
+    moves a graph's per-node cost far more than a kernel's); a predicted one carries it already (the curve engine's)."""
     if seg.ms is None or seg.status in ("estimated", "missing"):
         return seg
     shared = math.hypot(CROSS_GPU_SIGMA if cross and seg.status == "transferred" else 0.0,
@@ -262,5 +273,6 @@ def with_shared_range(seg: Segment, *, cross: bool, drift: bool) -> Segment:
         return replace(seg, shared_sigma_log=shared)
     lo, hi = seg.range_p10_ms, seg.range_p90_ms
     own = math.log(hi / lo) / (2 * Z80) if 0 < lo < hi else 0.0
-    widen = math.exp(Z80 * (math.hypot(own, RUN_TO_RUN_SIGMA) - own))
+    run_to_run = LAUNCH_RUN_TO_RUN_SIGMA if seg.component == Component.LAUNCH.value else RUN_TO_RUN_SIGMA
+    widen = math.exp(Z80 * (math.hypot(own, run_to_run) - own))
     return replace(seg, range_p10_ms=lo / widen, range_p90_ms=hi * widen, shared_sigma_log=shared)
