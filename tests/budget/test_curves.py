@@ -268,3 +268,26 @@ def test_cpu_rank_engines_take_ratios_against_nominal_or_measured_rates() -> Non
     engine = CurveEngine(gemm_curve(64, 64), hw)
     assert predicted(engine, GemmKey(3, 64, 64, 1, "bf16")).status == "interpolated"
     assert "ratios only" in nominal_hardware().gpu_name
+
+
+def test_a_family_checked_once_is_not_checked_again_by_an_engine_over_the_same_points(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A what-if's TP change builds a new engine (another refusal hint, other all-reduce points): the families whose
+    points did not change take the check already made, the same figures; a family whose points changed is checked."""
+    gemm = _noisy(4096, 8192, seed=11)
+    reduce_2 = [point(AllreduceKey("all_reduce", 2**s, 2, "bf16"), 0.01 + 2**s / 1e11) for s in range(10, 24, 2)]
+    reduce_4 = [point(AllreduceKey("all_reduce", 2**s, 4, "bf16"), 0.02 + 2**s / 1e11) for s in range(10, 24, 2)]
+    first = CurveEngine(gemm + reduce_2, H200, measure_hint="`decodetop probe --tp 2`").self_check()
+    checked: list[str] = []
+    real = CurveEngine._family_check
+
+    def counting(self: CurveEngine, probe: str) -> object:
+        checked.append(probe)
+        return real(self, probe)
+
+    monkeypatch.setattr(CurveEngine, "_family_check", counting)
+    again = CurveEngine(gemm + reduce_2, H200, measure_hint="`decodetop probe --tp 4`").self_check()
+    assert checked == [] and again == first
+    other = CurveEngine(gemm + reduce_4, H200).self_check()
+    assert checked == ["allreduce"] and other.family("gemm") == first.family("gemm")

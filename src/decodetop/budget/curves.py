@@ -42,6 +42,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
@@ -65,6 +67,12 @@ RUN_TO_RUN_SIGMA = 0.03
 """What a figure not measured in this very run may drift by between runs on one GPU (clocks, placement): two H200
 plans of the same shapes, hours apart, differed by 2–3 % median and 4–5 % p90 for GEMMs and attention
 (benchmarks/results/plans/*-tp2-h200x1 against *-tp2-h200x2; docs/benchmarks.md, "Curves")."""
+_FAMILY_CHECKS: OrderedDict[tuple[object, ...], FamilyCheck] = OrderedDict()
+"""Leave-one-out checks of families already made, by (probe, hardware, best efficiency, the family's points): the
+check is a function of those alone (its floors come from the family's points and the best efficiency)."""
+_FAMILY_CHECKS_LOCK = threading.Lock()
+_FAMILY_CHECKS_KEPT = 64
+"""Families kept: a what-if screen's engines of one results file hold about ten families each."""
 _TRANSFER_CASES = 240
 """Most leave-one-shape-out cases per family (a deterministic subsample keeps the self-check quick)."""
 
@@ -594,10 +602,35 @@ class CurveEngine:
     # --- self-check -----------------------------------------------------------------------------------------
 
     def self_check(self) -> SelfCheck:
-        """Leave-one-out error per family on this host's curves (computed once)."""
+        """Leave-one-out error per family on this host's curves (computed once; a family whose points, hardware and
+        best efficiency another engine already checked takes that engine's figure: a what-if's TP change builds a new
+        engine where only the all-reduce family's points differ)."""
         if self._check is None:
-            self._check = SelfCheck(tuple(self._family_check(p) for p in self.probes()))
+            self._check = SelfCheck(tuple(self._family_check_once(p) for p in self.probes()))
         return self._check
+
+    def _family_check_once(self, probe: str) -> FamilyCheck:
+        """`_family_check` of `probe`, kept by what it depends on (`_FAMILY_CHECKS`)."""
+        points = tuple(
+            sorted(
+                (p.key.key_id, p.variant, p.median_ms, p.p10_ms, p.p90_ms)
+                for c in self._curves.values()
+                if c.probe == probe
+                for _coords, p in c.members
+            )
+        )
+        key = (probe, self.hardware, self._best, points)
+        with _FAMILY_CHECKS_LOCK:
+            found = _FAMILY_CHECKS.get(key)
+            if found is not None:
+                _FAMILY_CHECKS.move_to_end(key)
+                return found
+        check = self._family_check(probe)
+        with _FAMILY_CHECKS_LOCK:
+            _FAMILY_CHECKS[key] = check
+            while len(_FAMILY_CHECKS) > _FAMILY_CHECKS_KEPT:
+                _FAMILY_CHECKS.popitem(last=False)
+        return check
 
     def _sigmas(self, probe: str) -> FamilyCheck:
         if not self.checked and self._check is None:
