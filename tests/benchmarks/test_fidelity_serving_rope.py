@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.benchmarks.tiny_stock import tiny_stock_model
 from tests.helpers.interpreter import interpreted_call
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -27,15 +28,8 @@ def logits_against_stock(preset: str, layers: int = 2) -> dict[str, Any]:
     logits from the stock model's, how many attention modules it covered, whether the rotary function was swapped
     and restored, and whether the fused kernel ran."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    cfg = fidelity.reduced_config(preset, layers, fidelity.model_overrides(preset, tiny=True))
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(fidelity._hf_config(cfg), dtype=torch.float32).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.05)
-    ids = torch.randint(0, int(cfg["vocab_size"]), (1, 4), generator=torch.Generator().manual_seed(1))
+    model, ids = tiny_stock_model(preset, layers)
     calls: list[int] = []
     real = serving_rope.rope_qk
 
