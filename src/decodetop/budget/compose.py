@@ -439,7 +439,7 @@ def _segments(  # noqa: PLR0917 - private; the composition's lookup context
         component_segment(comp.value, ops, measured, curves, estimate, tp)
         for comp, ops in inventory.by_component().items()
     ]
-    segments.append(launch_segment(mode, inventory.kernels, measured, estimate)[0])
+    segments.append(launch_segment(mode, inventory.kernels, measured, estimate))
     return [
         replace(seg, provenance=estimate_text(seg, hw_text)) if seg.provenance_kind == "estimate" else seg
         for seg in segments

@@ -88,9 +88,9 @@ def _op_time(
     return why
 
 
-def launch_segment(
-    mode: str, kernels: int, measured: Mapping[str, MeasuredTime], estimate: Hardware | None
-) -> tuple[Segment, float | None]:
+def launch_segment(mode: str, kernels: int, measured: Mapping[str, MeasuredTime], estimate: Hardware | None) -> Segment:
+    """The launch's segment: kernels × the measured per-kernel cost of the launch mode (the exact key, else the
+    mode's measured one), else the typical cost where hardware is given, else missing."""
     key = LaunchKey(mode, kernels)
     found = measured.get(key.key_id)
     if found is None:
@@ -102,7 +102,7 @@ def launch_segment(
         mean = kernels * found.mean
         std = math.sqrt(kernels) * (found.std_ms or 0.0)
         reason = f"{kernels} kernels × {found.median_ms * 1e3:.3g} µs per kernel ({mode}, measured)"
-        seg = Segment(
+        return Segment(
             comp,
             ms,
             "measured",
@@ -120,18 +120,15 @@ def launch_segment(
             range_p10_ms=kernels * found.p10_ms,
             range_p90_ms=kernels * found.p90_ms,
         )
-        return seg, ms
     if estimate is not None:
         per = LAUNCH_ESTIMATE_US[mode] / 1e3
         ms = kernels * per
         reason = f"{kernels} kernels × {LAUNCH_ESTIMATE_US[mode]:g} µs per kernel ({mode}, typical)"
-        seg = Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",), (), "estimate", "")
-        return seg, ms
+        return Segment(comp, ms, "estimated", reason, 1, ms, ms, (), ("typical",), (), "estimate", "")
     reason = f"{kernels} kernels; per-kernel {mode} launch cost not measured ({key.key_id})"
-    seg = Segment(
+    return Segment(
         comp, None, "missing", reason, 1, None, None, (key.key_id,), (), (), "missing", "no figure: " + reason
     )
-    return seg, None
 
 
 def estimate_text(seg: Segment, hardware: str) -> str:
