@@ -116,3 +116,14 @@ def test_the_default_grid_turns_mtp_on_and_off_where_the_model_has_it() -> None:
     spec = load_preset("glm-5")
     axes = dict(default_axes(Scenario(model_source("glm-5", None), spec, Deployment(tp=8), "test")))
     assert axes == {"tp": ("1", "2", "4", "8"), "weights": ("bf16", "fp8", "nvfp4"), "accept": ("1", "3")}
+
+
+def test_a_400_digit_or_very_long_vary_value_is_shown_short() -> None:
+    """A value of 400 digits is one short line that names it, never echoed whole (twice, as it was)."""
+    from decodetop.errors import UserInputError
+    from decodetop.pipeline.whatif import parse_vary
+
+    long = "9" * 400
+    with pytest.raises(UserInputError) as got:
+        parse_vary([f"batch{long}"])
+    assert len(str(got.value)) < 200 and long not in str(got.value)

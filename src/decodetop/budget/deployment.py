@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from decodetop.budget.engine_paths import ALLREDUCE_CHOICES
 from decodetop.budget.spec import ModelSpec
 from decodetop.errors import UserInputError
+from decodetop.quantity import shown
 
 DEFAULT_TP = 8
 """The dataclass default for callers that build a `Deployment` by hand; the commands and the UI take TP from the
@@ -57,15 +58,15 @@ class Deployment:
     def _check_ranges(self, spec: ModelSpec) -> None:
         """TP, EP, batch and context within their ranges; EP divides TP and the experts."""
         if not 1 <= self.tp <= 1024:
-            raise UserInputError(f"--tp: {self.tp} is out of range (1..1024)")
+            raise UserInputError(f"--tp: {shown(self.tp)} is out of range (1..1024)")
         if not 1 <= self.ep <= self.tp or self.tp % self.ep:
             raise UserInputError(f"--ep: {self.ep} must divide --tp {self.tp}")
         if self.ep > 1 and (not spec.is_moe or spec.n_experts % self.ep):
             raise UserInputError(f"--ep: {self.ep} does not divide the {spec.n_experts} experts of {spec.name}")
         if not 1 <= self.batch <= 1 << 16:
-            raise UserInputError(f"--batch: {self.batch} is out of range (1..65536)")
+            raise UserInputError(f"--batch: {shown(self.batch)} is out of range (1..65536)")
         if not 0 <= self.context_len <= 1 << 24:
-            raise UserInputError(f"--context: {self.context_len} is out of range (0..16777216)")
+            raise UserInputError(f"--context: {shown(self.context_len)} is out of range (0..16777216)")
 
     def _check_choices(self) -> None:
         """KV dtype, launch mode and all-reduce path are among the known choices."""
@@ -95,13 +96,13 @@ class Deployment:
         """Accept length and draft tokens of speculative decoding within their ranges."""
         if self.accept_length is not None:
             if not math.isfinite(self.accept_length) or not 1.0 <= self.accept_length <= 64:
-                raise UserInputError(f"--accept-length: {self.accept_length} is out of range (1..64)")
+                raise UserInputError(f"--accept-length: {shown(self.accept_length)} is out of range (1..64)")
             if self.draft_tokens is not None and self.accept_length > self.draft_tokens + 1:
                 raise UserInputError(
                     f"--accept-length: {self.accept_length} is more than the {self.draft_tokens} draft tokens + 1"
                 )
         if self.draft_tokens is not None and not 1 <= self.draft_tokens <= 63:
-            raise UserInputError(f"--draft-tokens: {self.draft_tokens} is out of range (1..63)")
+            raise UserInputError(f"--draft-tokens: {shown(self.draft_tokens)} is out of range (1..63)")
 
     @property
     def moe_tp(self) -> int:

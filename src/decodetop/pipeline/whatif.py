@@ -34,6 +34,7 @@ from decodetop.budget.segment import segments_range
 from decodetop.errors import UserInputError
 from decodetop.pipeline.composition import Composition, compose
 from decodetop.pipeline.context import BudgetContext, gpu_hint
+from decodetop.quantity import shown
 
 KNOBS: dict[str, str] = {
     "tp": "tensor-parallel degree",
@@ -162,12 +163,12 @@ def _deployment_change(name: str, value: str) -> dict[str, Any]:
         try:
             return {field_name: int(value)}
         except ValueError:
-            raise UserInputError(f"--vary {name}={value!r}: not a whole number") from None
+            raise UserInputError(f"--vary {name}={shown(value)}: not a whole number") from None
     if name == "accept":
         try:
             accept = float(value)
         except ValueError:
-            raise UserInputError(f"--vary accept={value!r}: not a number") from None
+            raise UserInputError(f"--vary accept={shown(value)}: not a number") from None
         return {"accept_length": None if accept == 1.0 else accept}
     field_name = {"kv": "kv_dtype", "launch": "launch_mode"}.get(name, name)
     return {field_name: value}
@@ -308,9 +309,9 @@ def parse_vary(items: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
         name = name.strip().lower()
         vals = tuple(v.strip() for v in values.split(","))
         if not eq or not any(vals):
-            raise UserInputError(f"--vary {item!r}: give KNOB=V1,V2 (knobs: {', '.join(KNOBS)})")
+            raise UserInputError(f"--vary {shown(item)}: give KNOB=V1,V2 (knobs: {', '.join(KNOBS)})")
         if not all(vals):
-            raise UserInputError(f"--vary {item!r}: an empty value between the commas")
+            raise UserInputError(f"--vary {shown(item)}: an empty value between the commas")
         if name not in KNOBS:
             raise UserInputError(f"--vary: unknown knob {name!r} (known: {', '.join(KNOBS)})")
         if any(n == name for n, _ in axes):
@@ -329,13 +330,13 @@ def check_vary(scenario: Scenario, axes: Sequence[tuple[str, Sequence[str]]]) ->
             try:
                 _check_value(scenario, name, value)
             except UserInputError as exc:
-                why, prefix = str(exc), f"--vary {name}={value!r}: "
+                why, prefix = str(exc), f"--vary {name}={shown(value)}: "
                 if why.startswith(prefix):
                     raise
                 head, sep, rest = why.partition(": ")
                 if sep and " " not in head and head.startswith(("--", f"{name}=")):
                     why = rest  # "--tp: 3 does not split …" → "3 does not split …"
-                raise UserInputError(f"--vary {name}={value!r}: {why}") from None
+                raise UserInputError(f"--vary {name}={shown(value)}: {why}") from None
 
 
 def _check_value(scenario: Scenario, name: str, value: str) -> None:
