@@ -200,6 +200,9 @@ def _run_command(ctx: ProbeContext, conn: Connection, cmd: RunProbe) -> None:
 
     ctx.progress_sink = sink
     try:
+        from decodetop.probes.worker import precompile  # Triton with it: imported by the first probe that may use it
+
+        precompile.boot_before(ctx, cmd.probe)
         output = run_probe_module(ctx, cmd.module, cmd.params)
     except BaseException as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__

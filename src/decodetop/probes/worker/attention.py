@@ -45,6 +45,7 @@ from decodetop.probes.worker.kernels.common import (
     triton_unavailable,
 )
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
+from decodetop.probes.worker.precompile import compile_ahead
 from decodetop.probes.worker.tensors import FP8_E4M3_MAX, copies_for, randn, require_free
 from decodetop.probes.worker.timing import Rotation
 
@@ -388,6 +389,19 @@ def engine_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *
     return OpRunner(decode, moved, g.flops, len(g.caches), kv_bytes=g.kv_bytes, kernel=found.kernel)
 
 
+def launch_triton_once(key: AttentionKey, length: int, ctx: ProbeContext) -> None:
+    """decodetop's Triton kernels of one key at `length` tokens, launched once with the default launch shapes and
+    no check: what `precompile.compile_ahead` collects on meta tensors before the probe times them."""
+    if key.kind == "gqa":
+        g = _gqa_inputs(key, ctx, length, rotate=False)
+        work = gqa.gqa_workspace(key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device)
+        k, v = g.caches.next()
+        gqa.gqa_decode(g.q, k, v, sm_scale=g.sm_scale, scales=g.scales, work=work)
+    elif key.kind in ("mla", "mla+dsa"):
+        run, _ = _mla_triton(_mla_inputs(key, ctx, length, rotate=False), ctx.device, AttentionVariant())
+        run()
+
+
 def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
     """A layer's attention at the key's own context."""
     key = parse_key_id(key_id)
@@ -401,6 +415,13 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     opts = TimingOptions.from_params(ctx, params)
     keys = key_list(params, "attention")
     sweep = sorted({int(c) for c in params["context_sweep"]}) if ctx.is_cuda else []
+    grid = key_list({"keys": params.get("curve_keys", [])}, "attention")
+    points = [(k, k.context) for k in map(parse_key_id, keys) if isinstance(k, AttentionKey)]
+    points += [(k, c) for k, _ in list(points) for c in sweep if c != k.context]
+    points += [(k, k.context) for k in map(parse_key_id, grid) if isinstance(k, AttentionKey)]
+    ahead = compile_ahead(ctx, [partial(launch_triton_once, k, c + k.q_len) for k, c in points])
+    if ahead.requested:
+        ctx.progress(ahead.text)
     out: list[RankMeasurement] = []
     device = ctx.device.type
     for kid, key in each_key(ctx, keys, AttentionKey):
@@ -425,7 +446,6 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
                     partial(attention_runner, key, ctx, rotate=opts.rotate, context=context),
                 )
             )
-    grid = key_list({"keys": params.get("curve_keys", [])}, "attention")
     for kid, key in each_key(ctx, grid, AttentionKey):  # the curve plan's grid: the best kernel only
         pt = {"what": "attention", "key": kid, "context": key.context, "role": "curve", "device": device}
         out.append(measure(ctx, opts, kid, pt, partial(attention_runner, key, ctx, rotate=opts.rotate)))

@@ -96,6 +96,8 @@ class ProbeContext:
     def require_free_bytes(self, needed_bytes: int, what: str, device: torch.device | None = None) -> None:
         """Raise `InsufficientMemoryError` (one line) unless `needed_bytes` + a margin are free on the device."""
         dev = device or self.device
+        if dev.type == "meta":  # shapes only (kernel launches collected to compile ahead): no memory is taken
+            return
         free = self.free_bytes(dev)
         margin = GPU_MEMORY_MARGIN_BYTES if dev.type == "cuda" else 0
         if needed_bytes + margin > free:

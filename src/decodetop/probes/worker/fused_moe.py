@@ -43,7 +43,7 @@ from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
-from decodetop.probes.worker.kernels.common import torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.common import launch, sm_count, torch_kernel, triton_kernel
 from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
@@ -274,7 +274,7 @@ def fused_moe(
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
     launch_gate_up(x, w13, ids, h, grid)
     launch_down(h, w2, ids, weights, ys, grid)
-    _combine_kernel[grid.combine](ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
+    launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
     return out
 
 
@@ -299,8 +299,10 @@ def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: tor
     splits = -(-hidden // chunk)
     if splits > 1:
         h.zero_()
-    launch = (*grid.gate_up, splits)
-    _gate_up_kernel[launch](
+    programs = (*grid.gate_up, splits)
+    launch(
+        _gate_up_kernel,
+        programs,
         x,
         w13,
         ids,
@@ -328,8 +330,10 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     splits = -(-inter // chunk)
     if splits > 1:
         ys.zero_()
-    launch = (*grid.down, splits)
-    _down_kernel[launch](
+    programs = (*grid.down, splits)
+    launch(
+        _down_kernel,
+        programs,
         h,
         w2,
         ids,
@@ -402,6 +406,30 @@ def _tile_choice(
     gpu = torch.cuda.get_device_name(ctx.device)
     shape = tile_store.shape_id(t, k_top, h, inter, key.dtype)
     return tile_store.choose(gpu, shape, gate_up, down)
+
+
+def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
+    """The fused-MoE kernels of one key launched once per tile they may run with on `gpu` (the stored choice, else
+    every candidate the tuner times) and no check: what `precompile.compile_ahead` collects on meta tensors."""
+    if key.dtype not in KERNEL_DTYPES:
+        return
+    experts, bufs, _ = _moe_tensors(key, ctx, rotate=False)
+    found = tile_store.lookup(gpu, tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype))
+    pairs = [(found.gate_up, found.down)] if found is not None else [(t, t) for t in tile_store.TILE_CANDIDATES]
+    w13, w2 = experts.next()
+    for tiles in pairs:
+        fused_moe(
+            bufs.x,
+            w13,
+            w2,
+            bufs.ids,
+            bufs.wts,
+            h=bufs.h,
+            ys=bufs.ys,
+            out=bufs.out,
+            tiles=tiles,
+            sms=sm_count(ctx.device),
+        )
 
 
 @dataclass

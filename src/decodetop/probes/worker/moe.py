@@ -32,9 +32,11 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 
 from decodetop.budget.keys import MoeKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
+from decodetop.probes.worker import fused_moe
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import engine_moe_runner, fused_moe_runner, torch_moe_kernel
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
+from decodetop.probes.worker.precompile import compile_ahead
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
 from decodetop.probes.worker.timing import Rotation
 
@@ -228,6 +230,12 @@ def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
     bad = [v for v in variants if v not in MOE_VARIANTS]
     if bad:
         raise ValueError(f"moe: unknown variant(s) {bad} (known: {', '.join(MOE_VARIANTS)})")
+    if "fused" in variants and ctx.is_cuda:
+        gpu = torch.cuda.get_device_name(ctx.device)
+        parsed = [k for k in map(parse_key_id, keys) if isinstance(k, MoeKey)]
+        ahead = compile_ahead(ctx, [partial(fused_moe.launch_triton_once, k, gpu) for k in parsed])
+        if ahead.requested:
+            ctx.progress(ahead.text)
     out: list[RankMeasurement] = []
     for kid, key in each_key(ctx, keys, MoeKey):
         for variant in variants:

@@ -8,9 +8,11 @@ interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which t
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -32,10 +34,16 @@ except ImportError:  # CPU-only torch wheels ship no Triton
 __all__ = [
     "HAVE_TRITON",
     "Choice",
+    "CompileRequest",
+    "CompileRequests",
+    "TensorArg",
     "best_runner",
     "check_close",
     "check_fp8_close",
+    "collecting",
     "interpreted",
+    "is_collecting",
+    "launch",
     "next_pow2",
     "sm_count",
     "tl",
@@ -64,10 +72,91 @@ def triton_unavailable(device: torch.device, what: str = "decodetop's Triton ker
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of `device` (1 for CPU tensors under the interpreter)."""
+    """Streaming multiprocessors of `device` (1 for CPU tensors under the interpreter; while `collecting`, the
+    GPU's count the requests are collected for, whose shapes are meta tensors)."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    if _COLLECTING is not None and device.type == "meta":
+        return _COLLECTING.sms
     return 1
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor argument of a `CompileRequest`: what Triton specializes a fresh allocation on, its dtype."""
+
+    dtype: str
+    """torch's name for it: 'bfloat16', 'float8_e4m3fn'."""
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """One Triton kernel specialization to compile ahead (`JITFunction.warmup`): the kernel by module and name,
+    its positional arguments with each tensor as a `TensorArg` and every other value as passed, and its keyword
+    arguments (constexprs, num_warps, num_stages). Picklable, for a compile process."""
+
+    module: str
+    name: str
+    args: tuple[object, ...]
+    kwargs: tuple[tuple[str, object], ...]
+
+    def specialization(self) -> tuple[object, ...]:
+        """What Triton compiles one binary per (its JIT's rules: a tensor by dtype and 16-byte alignment, which a
+        fresh allocation has; an int by whether it is 1, divisible by 16 and fits in 32 bits; constexprs by
+        value): two requests with the same specialization compile to the same binary."""
+        spec: list[object] = [self.module, self.name]
+        for arg in self.args:
+            if isinstance(arg, bool) or not isinstance(arg, int):
+                spec.append(arg if isinstance(arg, (TensorArg, bool, type(None))) else type(arg).__name__)
+            else:
+                spec.append(("int", arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31))
+        return (*spec, self.kwargs)
+
+
+@dataclass
+class CompileRequests:
+    """The kernel launches a probe would make, collected instead of run (`collecting`), one per specialization."""
+
+    sms: int
+    """The GPU's SM count: launch shapes are sized by it."""
+    requests: dict[tuple[object, ...], CompileRequest] = field(default_factory=dict)
+
+    def add(self, request: CompileRequest) -> None:
+        self.requests.setdefault(request.specialization(), request)
+
+
+_COLLECTING: CompileRequests | None = None
+
+
+@contextlib.contextmanager
+def collecting(sms: int) -> Iterator[CompileRequests]:
+    """Within the block, `launch` records each kernel specialization instead of running it, so a probe's
+    kernels can be compiled ahead in parallel processes (`decodetop.probes.worker.precompile`). Inputs are meta
+    tensors (shapes, strides and dtypes, no memory) on device "meta"; `sm_count` of it is `sms`."""
+    global _COLLECTING
+    if _COLLECTING is not None:
+        raise RuntimeError("kernel launches are already being collected")
+    _COLLECTING = CompileRequests(sms)
+    try:
+        yield _COLLECTING
+    finally:
+        _COLLECTING = None
+
+
+def is_collecting() -> bool:
+    """Whether `launch` records instead of running (inside `collecting`)."""
+    return _COLLECTING is not None
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
+    """`kernel[grid](*args, **kwargs)`: the one place decodetop launches a Triton kernel, so that `collecting`
+    can record the launch instead."""
+    if _COLLECTING is None:
+        kernel[grid](*args, **kwargs)
+        return
+    fn = kernel.fn
+    shown = tuple(TensorArg(str(a.dtype).removeprefix("torch.")) if isinstance(a, torch.Tensor) else a for a in args)
+    _COLLECTING.add(CompileRequest(fn.__module__, fn.__name__, shown, tuple(sorted(kwargs.items()))))
 
 
 def next_pow2(n: int) -> int:

@@ -31,6 +31,7 @@ from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
     interpreted,
+    launch,
     next_pow2,
     sm_count,
     tl,
@@ -362,7 +363,9 @@ def dsa_scores(
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
     radix8 = work.scheme == "radix8"
-    _score_kernel[(work.score_programs, rows)](
+    launch(
+        _score_kernel,
+        (work.score_programs, rows),
         q,
         weights,
         keys,
@@ -397,13 +400,15 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     grid = (-(-length // block), rows)
     if work.scheme == "radix8":
         for level in range(2, DIGITS + 1):
-            _radix8_kernel[grid](work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=block)
-        _compact8_kernel[grid](work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block)
+            launch(
+                _radix8_kernel, grid, work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=block
+            )
+        launch(_compact8_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block)
         return work.indices
     sizes = {"WORK": WORK_INTS, "BLOCK": block, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
-    _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=2, **sizes)
-    _radix_pass_kernel[grid](work.scores, work.work, length, topk, LEVEL=3, **sizes)
-    _compact_kernel[grid](work.scores, work.work, work.indices, length, topk, **sizes)
+    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=2, **sizes)
+    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=3, **sizes)
+    launch(_compact_kernel, grid, work.scores, work.work, work.indices, length, topk, **sizes)
     return work.indices
 
 

@@ -29,6 +29,7 @@ from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
     interpreted,
+    launch,
     next_pow2,
     sm_count,
     tl,
@@ -324,7 +325,9 @@ def gqa_decode(
     qc = q.contiguous()
     scale = scales if scales is not None else work.ml
     cfg = work.config
-    _gqa_split_kernel[(batch * kv_heads, work.splits)](
+    launch(
+        _gqa_split_kernel,
+        (batch * kv_heads, work.splits),
         qc,
         k,
         v,
@@ -352,7 +355,9 @@ def gqa_decode(
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    _gqa_combine_kernel[(batch * kv_heads * group_rows,)](
+    launch(
+        _gqa_combine_kernel,
+        (batch * kv_heads * group_rows,),
         work.acc,
         work.ml,
         work.out,

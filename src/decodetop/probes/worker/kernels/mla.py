@@ -28,6 +28,8 @@ from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
     interpreted,
+    is_collecting,
+    launch,
     next_pow2,
     sm_count,
     tl,
@@ -324,7 +326,9 @@ def mla_decode(
     )
     out = work.out
     block_d = min(COMBINE_BLOCK_D, lora)
-    _mla_combine_kernel[(rows * heads, lora // block_d)](
+    launch(
+        _mla_combine_kernel,
+        (rows * heads, lora // block_d),
         work.acc,
         work.ml,
         out,
@@ -353,14 +357,22 @@ def _launch_split(
     choices = [_TILE_OK[variant]] if variant in _TILE_OK else [(config.block_n, config.num_stages), *fallbacks]
     for index, (block_n, stages) in enumerate(choices):
         try:
-            _mla_split_kernel[grid](
-                *args, **consts, BLOCK_N=block_n, F32_DOT=interpreted(), num_warps=config.num_warps, num_stages=stages
+            launch(
+                _mla_split_kernel,
+                grid,
+                *args,
+                **consts,
+                BLOCK_N=block_n,
+                F32_DOT=interpreted(),
+                num_warps=config.num_warps,
+                num_stages=stages,
             )
         except Exception as exc:
             if index == len(choices) - 1 or "resource" not in str(exc).lower():
                 raise
             continue
-        _TILE_OK[variant] = (block_n, stages)
+        if not is_collecting():  # a recorded launch has not shown that this tile compiles here
+            _TILE_OK[variant] = (block_n, stages)
         return
 
 

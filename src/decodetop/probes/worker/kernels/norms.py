@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
 from decodetop.probes.worker.context import UnsupportedError
-from decodetop.probes.worker.kernels.common import HAVE_TRITON, next_pow2, tl, triton, triton_unavailable
+from decodetop.probes.worker.kernels.common import HAVE_TRITON, launch, next_pow2, tl, triton, triton_unavailable
 
 #: Widest row one program holds in registers (16 warps × 32 threads × 32 values).
 MAX_BLOCK = 16384
@@ -73,7 +73,9 @@ def rmsnorm(
     add = residual is not None
     if add and residual_out is None:
         residual_out = torch.empty_like(x)
-    _rmsnorm_kernel[(tokens,)](
+    launch(
+        _rmsnorm_kernel,
+        (tokens,),
         x,
         residual if add else x,
         weight,

@@ -17,7 +17,15 @@ from dataclasses import dataclass
 import torch
 
 from decodetop.probes.worker.context import UnsupportedError
-from decodetop.probes.worker.kernels.common import HAVE_TRITON, interpreted, next_pow2, tl, triton, triton_unavailable
+from decodetop.probes.worker.kernels.common import (
+    HAVE_TRITON,
+    interpreted,
+    launch,
+    next_pow2,
+    tl,
+    triton,
+    triton_unavailable,
+)
 from decodetop.probes.worker.tensors import FP8_E4M3_MAX
 
 if HAVE_TRITON:
@@ -172,7 +180,9 @@ def rope_kv_write(
     if mode and scales is None:
         raise ValueError("an FP8 cache needs its scales")
     dummy = positions
-    _rope_kv_kernel[(tokens, q_heads + kv_heads)](
+    launch(
+        _rope_kv_kernel,
+        (tokens, q_heads + kv_heads),
         q if q is not None else dummy,
         k if k is not None else dummy,
         v if v is not None else dummy,
