@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import math
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,12 @@ STORE_NAME = "kernel_tiles.json"
 #: kernel of Qwen3-30B-A3B's experts, 30 µs for both together).
 TUNE_OPS = 8
 TUNE_SAMPLES = 3
+#: A captured graph at least this long needs no more calls in it: its replay's fixed cost (~15 µs,
+#: docs/reference/probes.md §3) is under 2 % of it. A candidate whose one call is longer (GLM-5's routed experts
+#: at 64 tokens: ~4 ms a call, 16.8 GB of weights) is timed with one call per graph and one warm-up, so the
+#: tuner's GPU time at large token counts falls from ~42 calls a candidate to ~8 (8.2 s of the GLM-5 plan's
+#: key at 64 tokens × 2048 wide went to tuning: docs/benchmarks.md, "The acceptance campaign on one H200").
+TUNE_GRAPH_US = 1000.0
 
 
 def store_path() -> Path:
@@ -211,7 +218,11 @@ def remember(gpu: str, shape: str, choice: TileChoice, path: Path | None = None)
 
 
 def _time(fn: Callable[[], None]) -> float:
-    return statistics.median(time_graph(fn, TUNE_OPS, TUNE_SAMPLES, warmup=2))
+    """µs per call, median of TUNE_SAMPLES replays of a graph of as many calls (≤ TUNE_OPS) as make it
+    TUNE_GRAPH_US long, after one replay of a one-call graph that says how long a call takes."""
+    (one,) = time_graph(fn, 1, 1, warmup=1)
+    ops = max(1, min(TUNE_OPS, math.ceil(TUNE_GRAPH_US / max(one, 1e-3))))
+    return statistics.median(time_graph(fn, ops, TUNE_SAMPLES, warmup=2 if ops > 1 else 1))
 
 
 def tune(
