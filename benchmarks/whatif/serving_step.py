@@ -34,8 +34,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
-ATTENTION_FORMS = ("sdpa", "split")
-"""The decode attention timed: SDPA over the grouped queries, and the split-KV decode (`Shard._split_attend`). SDPA's
+ATTENTION_FORMS = ("sdpa", "split", "flash-split")
+"""The decode attention timed: SDPA over the grouped queries, the split-KV decode in matmuls (`Shard._split_attend`),
+and the split-KV decode over PyTorch's flash kernel (`Shard._flash_split_attend`, GPU only). SDPA's
 flash kernel gives one program per sequence and KV head and does not split the context (4 × 64K on a TP-4 shard: 8
 programs on 132 SMs, 3.5 ms of the step); two whole-context matmuls around a softmax reduce the context inside one
 GEMM per (sequence, KV head) and were slower still (10.5 ms; benchmarks/results/whatif/h200x1/serving.json)."""
@@ -84,7 +85,7 @@ class Shard:
         self.lm_head = w(vocab, self.hidden)
         self.embed = w(vocab, self.hidden)
         self.length = self.context + 1  # the cached tokens and the new one
-        chunk = SPLIT_CHUNK if attention == "split" else 1
+        chunk = SPLIT_CHUNK if attention in ("split", "flash-split") else 1
         self.chunks = -(-self.length // chunk)
         cache = (self.batch, self.hkv, self.chunks * chunk, self.d)  # padded to whole chunks (masked off)
         self.k_cache = [torch.randn(cache, device=device, dtype=dtype) for _ in range(self.layers)]
@@ -110,7 +111,37 @@ class Shard:
         per batch × KV head, no split over the context), or the split-KV decode."""
         if self.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v)
+        if self.attention == "flash-split":
+            return self._flash_split_attend(q, k, v)
         return self._split_attend(q, k, v)
+
+    def _flash_split_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Flash-decoding over PyTorch's own flash kernel (`aten._scaled_dot_product_flash_attention`, which returns
+        each row's log-sum-exp): the whole chunks of the context as the kernel's head axis (a view of the padded
+        cache, nothing copied) and the remainder as a second call, the partial outputs merged by their log-sum-exp,
+        as FlashDecoding merges its splits (https://crfm.stanford.edu/2023/10/12/flashdecoding.html)."""
+        b, hkv, group, d = q.shape
+        c = SPLIT_CHUNK
+        full, rest = divmod(self.length, c)
+        outs, lses = [], []
+        flash = torch.ops.aten._scaled_dot_product_flash_attention
+        if full:
+            kc = k[:, :, : full * c].reshape(b * hkv, full, c, d)
+            vc = v[:, :, : full * c].reshape(b * hkv, full, c, d)
+            qc = q.reshape(b * hkv, 1, group, d).expand(b * hkv, full, group, d)
+            out, lse = flash(qc, kc, vc)[:2]
+            outs.append(out.float())
+            lses.append(lse)
+        if rest:
+            span = slice(full * c, self.length)
+            kr = k[:, :, span].reshape(b * hkv, 1, rest, d)
+            vr = v[:, :, span].reshape(b * hkv, 1, rest, d)
+            out, lse = flash(q.reshape(b * hkv, 1, group, d), kr, vr)[:2]
+            outs.append(out.float())
+            lses.append(lse)
+        part, lse = torch.cat(outs, dim=1), torch.cat(lses, dim=1)  # [b·hkv, S, group, d], [b·hkv, S, group]
+        weight = torch.softmax(lse, dim=1).unsqueeze(-1)
+        return (part * weight).sum(dim=1).view(b, hkv, group, d).to(v.dtype)
 
     def _split_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Flash-decoding in plain torch: per (sequence, KV head, chunk) the chunk's scores (one batched matmul over
@@ -130,7 +161,7 @@ class Shard:
 
     def _cached(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer `i`'s K and V: the whole padded cache for the split form (its pad masked), the tokens for SDPA."""
-        if self.attention == "split":
+        if self.attention in ("split", "flash-split"):
             return self.k_cache[i], self.v_cache[i]
         return self.k_cache[i][:, :, : self.length], self.v_cache[i][:, :, : self.length]
 
@@ -206,7 +237,7 @@ def split_error(shard: Shard) -> float:
     q = q.to(device=shard.k_cache[0].device, dtype=shard.k_cache[0].dtype)
     k, v = shard.k_cache[0], shard.v_cache[0]
     want = F.scaled_dot_product_attention(q, k[:, :, : shard.length], v[:, :, : shard.length]).float()
-    got = shard._split_attend(q, k, v).float()
+    got = shard._attend(q, k, v).float()
     return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
@@ -215,8 +246,10 @@ def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeat
     faster form's figures are the step's (an engine runs its fastest decode kernel)."""
     forms: dict[str, dict[str, float]] = {}
     for form in ATTENTION_FORMS:
+        if form == "flash-split" and device.type != "cuda":
+            continue  # PyTorch's flash kernel runs on GPUs only
         shard = Shard(shape, device, torch.bfloat16, attention=form)
-        check = split_error(shard) if form == "split" else None
+        check = split_error(shard) if form != "sdpa" else None
         if check is not None and not check <= SPLIT_TOLERANCE:
             raise RuntimeError(f"split-KV decode differs from SDPA by {check:.3g} (relative) at {dict(shape)}")
         timer = time_graph if device.type == "cuda" else time_eager
