@@ -92,14 +92,14 @@ async def _run(plan: Path, model: str, rounds: int) -> dict[str, list[float]]:
             assert isinstance(screen, WhatIfScreen)
             for _ in range(rounds):
                 for key in KEYS:
-                    await _until(lambda: screen.settled and not screen._busy)  # look-ahead done
+                    await _until(lambda: screen.idle)  # chart drawn, look-ahead done
                     await asyncio.sleep(READ_S)  # the chart's repaint of the previous key done, as a user reads
                     out["ahead"].append(await _press_timed(app, screen, key))
             await pilot.press("0")
-            await _until(lambda: screen.settled and not screen._busy)
+            await _until(lambda: screen.idle)
             screen._ahead = lambda *_args: None  # type: ignore[method-assign]
             for key in COLD_KEYS:
-                await _until(lambda: screen.settled and not screen._busy)
+                await _until(lambda: screen.idle)
                 out["cold"].append(await _press_timed(app, screen, key))
     return out
 
