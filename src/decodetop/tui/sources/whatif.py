@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from decodetop.budget.calibration import Calibration, calibration_of
 from decodetop.pipeline.context import BudgetContext
@@ -71,12 +71,3 @@ class WhatIfPredictor:
             if hit is not None:
                 self._kept.move_to_end(key)
             return hit
-
-    def is_kept(self, knobs: Mapping[str, str]) -> bool:
-        """Whether `knobs` was predicted already (a key press for it answers without composing)."""
-        with self._lock:
-            return tuple(knobs.items()) in self._kept
-
-    def along(self, points: Sequence[Mapping[str, str]]) -> list[Variant]:
-        """The predictions of `points` (a chart's axis), in order."""
-        return [self.variant(knobs) for knobs in points]
