@@ -13,6 +13,7 @@ it; escape or w returns to it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -305,14 +306,13 @@ class WhatIfScreen(ModalScreen[None]):
         with self._lock:
             self._threads += 1
         try:
-            self._ahead(self._predictor(), state, seq)
-        except Exception:  # a neighbour the composition cannot handle: its own key press says why
-            return
+            with contextlib.suppress(Exception):  # a neighbour the composition cannot handle: its key press says why
+                self._ahead(self._predictor(), state, seq)
+            if not self._stale(seq):
+                self.ahead_seq = seq
         finally:
             with self._lock:
                 self._threads -= 1
-        if not self._stale(seq):
-            self.ahead_seq = seq
 
     def _ahead(self, predictor: WhatIfPredictor, state: KnobState, seq: int) -> None:
         """Predict each knob's neighbours of `state`, stopping at once when a newer key press waits."""
