@@ -9,7 +9,9 @@ history (as `tests/tui/whatif_app.py` builds it for the screen's tests), opens `
   reading the screen, 0.3 s; the screen predicts ahead by itself once a comparison and its chart are shown): the
   press finds its variant kept;
 - cold: nothing predicted ahead (the screen's look-ahead switched off and each press a variant never composed):
-  a new deployment's inventory, plan and composition (10–300 ms, docs/benchmarks.md "What-ifs").
+  a new deployment's inventory, plan and composition (10–300 ms, docs/benchmarks.md "What-ifs");
+- rapid: the look-ahead on, each press made as soon as the previous one's comparison is drawn, its chart's points
+  still being predicted (a knob turned several steps): the key's own prediction must not wait for that chart.
 
     .venv/bin/python benchmarks/whatif/knob_change.py [--plan PATH --model NAME] [--rounds 3] [--json out.json]
 """
@@ -41,6 +43,9 @@ KEYS = ("B", "P", "C", "K", "F", "A", "L", "R", "b", "p", "c", "k", "f", "a", "l
 """Each knob up, then down: every press a variant the previous one's look-ahead covers."""
 COLD_KEYS = ("P", "C", "K", "F", "L", "R", "E", "C")
 """Knobs off the chart's axis (batch), each press a deployment not composed before."""
+RAPID_KEYS = ("c", "F", "P", "K", "L", "R", "A", "c")
+"""From the current deployment again, another chain of deployments not composed before (the first press one the
+look-ahead of the current deployment covers)."""
 POLL_S = 0.001
 READ_S = 0.3
 """Between two key presses in the ahead case: a user reading the screen (the chart's repaint of the last key, tens
@@ -79,7 +84,7 @@ async def _press_timed(app: Any, screen: WhatIfScreen, key: str) -> float:
 
 
 async def _run(plan: Path, model: str, rounds: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"ahead": [], "cold": [], "open": []}
+    out: dict[str, list[float]] = {"ahead": [], "cold": [], "rapid": [], "open": []}
     with tempfile.TemporaryDirectory() as tmp:
         app = whatif_app(Path(tmp), plan=plan, model=model)
         async with app.run_test(size=(120, 40)) as pilot:
@@ -92,15 +97,20 @@ async def _run(plan: Path, model: str, rounds: int) -> dict[str, list[float]]:
             assert isinstance(screen, WhatIfScreen)
             for _ in range(rounds):
                 for key in KEYS:
-                    await _until(lambda: screen.settled and not screen._busy)  # look-ahead done
+                    await _until(lambda: screen.idle)  # chart drawn, look-ahead done
                     await asyncio.sleep(READ_S)  # the chart's repaint of the previous key done, as a user reads
                     out["ahead"].append(await _press_timed(app, screen, key))
             await pilot.press("0")
-            await _until(lambda: screen.settled and not screen._busy)
+            await _until(lambda: screen.idle)
             screen._ahead = lambda *_args: None  # type: ignore[method-assign]
             for key in COLD_KEYS:
-                await _until(lambda: screen.settled and not screen._busy)
+                await _until(lambda: screen.idle)
                 out["cold"].append(await _press_timed(app, screen, key))
+            del screen._ahead  # the look-ahead back on
+            await pilot.press("0")
+            await _until(lambda: screen.idle)
+            for key in RAPID_KEYS:
+                out["rapid"].append(await _press_timed(app, screen, key))
     return out
 
 

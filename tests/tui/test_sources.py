@@ -252,3 +252,52 @@ def test_gemm_curves_one_series_per_weight_shape_fastest_variant() -> None:
     assert series["n=2048,k=6144"].x == (1.0, 4.0)
     assert series["n=2048,k=6144"].y == (1500.0, 1200.0)
     assert series["n=7168,k=18432"].y == (2900.0,)
+
+
+def test_the_whatif_predictor_composes_a_variant_two_threads_ask_for_at_once_only_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key pressed while the look-ahead predicts that very variant waits for it rather than composing it beside
+    it; both get the one prediction."""
+    import threading
+    import types
+
+    from decodetop.budget.scenario import build_scenario, choose_tp, model_source
+    from decodetop.pipeline.context import BudgetContext
+    from decodetop.tui.sources import whatif as whatif_source
+
+    plan = (
+        Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "plans" / "plan_llama-3.1-70b-tp1-h200x1.json"
+    )
+    scenario = build_scenario(model_source("llama-3.1-70b", None), choose_tp(1))
+    predictor = whatif_source.WhatIfPredictor(BudgetContext(scenario, tuple(load_results(plan))))
+    waiting = threading.Event()
+
+    class NotedEvent(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()  # the second thread is waiting for the first one's prediction
+            return super().wait(timeout)
+
+    monkeypatch.setattr(whatif_source, "threading", types.SimpleNamespace(Lock=threading.Lock, Event=NotedEvent))
+    started, release = threading.Event(), threading.Event()
+    asked: list[dict[str, str]] = []
+    real = whatif_source.predict
+
+    def held(base: BudgetContext, knobs: dict[str, str], **kwargs: object) -> object:
+        asked.append(dict(knobs))
+        started.set()
+        release.wait(60)
+        return real(base, knobs, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(whatif_source, "predict", held)
+    got: list[object] = []
+    threads = [threading.Thread(target=lambda: got.append(predictor.variant({"batch": "8"}))) for _ in range(2)]
+    threads[0].start()
+    assert started.wait(60)
+    threads[1].start()
+    assert waiting.wait(60)
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert asked == [{"batch": "8"}] and len(got) == 2 and got[0] is got[1]
+    assert predictor.kept({"batch": "8"}) is got[0] and predictor.kept({"batch": "16"}) is None

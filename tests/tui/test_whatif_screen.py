@@ -1,13 +1,16 @@
 """The what-if screen (`w`) over the real budget source and a recorded plan run in the history: each knob key
 changes the variant, its Δ and the chart, every figure the one composition's (`decodetop.pipeline.whatif.predict`
 on the budget's own context), escape returns; no probe runs from it (the main screen's probe keys do not reach
-through); CPU results say CPU, no results say roofline; the live UI's scenario flags are the screen's current
-deployment. SVG snapshots at 80×24 and 160×48 (review the report before `--snapshot-update`)."""
+through); a key's comparison is drawn before its chart's points are predicted, and a newer key supersedes a chart
+still being predicted; CPU results say CPU, no results say roofline; the live UI's scenario flags are the screen's
+current deployment. SVG snapshots at 80×24 and 160×48 (review the report before `--snapshot-update`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.pilot import Pilot
@@ -19,6 +22,9 @@ from decodetop.textfmt import format_number
 from decodetop.tui.app import DecodetopApp
 from decodetop.tui.screens.help import HelpScreen
 from decodetop.tui.screens.whatif import WhatIfScreen
+from decodetop.tui.sources import whatif as whatif_source
+from decodetop.tui.sources.whatif_views import AxisSeries
+from decodetop.tui.widgets.whatif_chart import WhatIfChart
 from decodetop.tui.widgets.whatif_compare import WhatIfCompare
 
 from .conftest import wait_until
@@ -89,6 +95,69 @@ async def test_knob_keys_change_the_variant_its_delta_and_the_chart_then_escape_
         await wait_until(pilot, lambda: app.screen is screen, "back on the what-if screen")
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, WhatIfScreen), "back on the main screen")
+
+
+class GatedPredict:
+    """`predict` as the screen's predictor calls it, holding every deployment but the `free` ones while the gate is
+    shut: the chart's points wait, a key's own variant does not."""
+
+    def __init__(self) -> None:
+        self.real = whatif_source.predict
+        self.open = threading.Event()
+        self.open.set()
+        self.free: list[dict[str, str]] = []
+        self.held: list[dict[str, str]] = []
+        self.asked: list[dict[str, str]] = []
+
+    def __call__(self, base: Any, knobs: Mapping[str, str], **kwargs: Any) -> Any:
+        self.asked.append(dict(knobs))
+        if dict(knobs) not in self.free and not self.open.is_set():
+            self.held.append(dict(knobs))
+            self.open.wait(WAIT_S)
+        return self.real(base, knobs, **kwargs)
+
+
+async def test_a_knob_key_draws_its_comparison_before_the_chart_and_a_newer_key_supersedes_the_pending_chart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = GatedPredict()
+    monkeypatch.setattr(whatif_source, "predict", gate)
+    drawn: list[AxisSeries | None] = []
+    show = WhatIfChart.show
+    monkeypatch.setattr(WhatIfChart, "show", lambda chart, series: (drawn.append(series), show(chart, series))[1])
+    app = whatif_app(tmp_path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open(pilot, app)
+        await wait_until(pilot, lambda: screen.idle, "the neighbours of now predicted ahead", WAIT_S)
+        assert screen.predictor is not None
+        base = screen.predictor.base
+        compare = screen.query_one(WhatIfCompare)
+        gate.free = [{"tp": "8"}]  # the second key's variant: predicted by its key's worker, never held
+        gate.open.clear()
+        drawn.clear()
+        try:
+            await pilot.press("P")  # TP 2 → 4 (predicted ahead): its comparison at once, its chart's points held
+            await wait_until(
+                pilot, lambda: bool(gate.held) and screen.shown_seq == screen.seq, "TP 4 drawn, chart held"
+            )
+            assert compare.view is not None and compare.view.variant.knobs == "tp=4"
+            assert "tp=4" in compare.render().plain and not compare.pending
+            assert (
+                screen.drawn_seq < screen.seq and not screen.settled and drawn == []
+            )  # the chart still the last key's
+
+            await pilot.press("P")  # TP 4 → 8, never predicted: the key's own worker, beside the held chart point
+            await wait_until(pilot, lambda: screen.shown_seq == screen.seq, "TP 8 drawn while the chart waits")
+            assert compare.view is not None and compare.view.variant.knobs == "tp=8"
+            assert drawn == [] and {"tp": "8"} in gate.asked
+        finally:
+            gate.open.set()  # a failure above leaves no thread held
+        await wait_until(pilot, lambda: screen.settled, "the chart of the last key", WAIT_S)
+        assert len(drawn) == 1 and drawn[0] is screen.series is not None  # TP 4's chart never drawn: TP 8's instead
+        assert screen.series.tokens_per_s[0] == predict(base, {"tp": "8"}).tokens_per_s
+        assert screen.series.tokens_per_s[0] != predict(base, {"tp": "4"}).tokens_per_s
+        assert screen.series.title == "tok/s over batch"
+        assert {"tp": "4", "batch": "4"} not in gate.asked  # TP 4's chart stopped at the point it was at
 
 
 async def test_no_probe_runs_from_the_screen_while_the_main_screens_keys_would(tmp_path: Path) -> None:

@@ -2,15 +2,18 @@
 results the budget composes from (`decodetop.pipeline.whatif.predict`, the one composition: no probe runs from
 here), each knob turned by a key, and a chart of tok/s over one knob.
 
-Work is off the event loop: one worker thread at a time predicts the newest knob state asked for (key presses
-faster than a prediction coalesce into the last one), posts `WhatIfPredicted`, then the chart's points
-(`WhatIfCharted`), then, while no newer key came, the neighbours of every knob, so the next key press finds its
-variant kept and the bar re-composes at once. The screen is modal: the main screen's probe keys (r, R) do not
-reach through it; escape or w returns to it.
+Work is off the event loop, in the order a reader needs it: a key's worker predicts the newest knob state's variant
+alone (key presses faster than a prediction coalesce into the last one) and posts `WhatIfPredicted`; once that
+comparison is drawn, a follow-up worker predicts the chart's points (`WhatIfCharted`), and once the chart is drawn,
+every knob's neighbours, so the next key press finds its variant kept and the bar re-composes at once. A follow-up
+stops between two predictions as soon as a newer key came, so it never holds the cores from that key's own
+prediction for longer than one point. The screen is modal: the main screen's probe keys (r, R) do not reach through
+it; escape or w returns to it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
 
 from decodetop.pipeline.context import BudgetContext
 from decodetop.settings import Settings
@@ -55,10 +59,12 @@ class WhatIfPredicted(Message):
 
 @dataclass
 class WhatIfCharted(Message):
-    """The chart's series for knob state number `seq`."""
+    """The chart's series for knob state number `seq` (or why it could not be predicted)."""
 
     seq: int
-    series: AxisSeries
+    state: KnobState
+    series: AxisSeries | None
+    problem: str = ""
 
 
 def _bindings() -> list[BindingType]:
@@ -112,12 +118,20 @@ class WhatIfScreen(ModalScreen[None]):
         self.seq = 0
         """The newest knob state asked for."""
         self.shown_seq = -1
-        self.charted_seq = -1
+        """The knob state whose comparison is drawn."""
         self.drawn_seq = -1
-        """The knob state whose chart is drawn (after its comparison's repaint)."""
-        self._wanted: tuple[int, KnobState | None, str] = (0, None, DEFAULT_AXIS)
+        """The knob state whose chart is drawn (predicted after its comparison was drawn)."""
+        self.ahead_seq = -1
+        """The knob state whose neighbours are all predicted."""
+        self._wanted: tuple[int, KnobState | None] = (0, None)
+        """The newest state the key's worker is asked for (None: the current deployment, still to be read)."""
         self._lock = threading.Lock()
         self._busy = False
+        """The key's worker runs (it takes `_wanted` again before it ends)."""
+        self._threads = 0
+        """Follow-up threads running, a superseded one included until it has finished the point it was at."""
+        self._title = ""
+        self._lines_shown: Text | None = None
 
     def compose(self) -> ComposeResult:
         """Title, where the figures come from, the knobs, the comparison, the chart, the footer."""
@@ -147,7 +161,9 @@ class WhatIfScreen(ModalScreen[None]):
                 part.truncate(max(10, self.size.width - 2), overflow="ellipsis")
                 cut.append(part)
             text = Text("\n").join(cut)
-        self.query_one("#whatif-lines", Static).update(text)
+        if text != self._lines_shown:  # the same lines for every variant: no re-layout per key press
+            self._lines_shown = text
+            self.query_one("#whatif-lines", Static).update(text)
 
     def on_mount(self) -> None:
         """Predict the current deployment (and the chart) in the worker."""
@@ -159,6 +175,14 @@ class WhatIfScreen(ModalScreen[None]):
     def settled(self) -> bool:
         """True when the comparison and the chart on screen answer the newest key press (tests wait on it)."""
         return self.shown_seq == self.seq and self.drawn_seq == self.seq
+
+    @property
+    def idle(self) -> bool:
+        """True when settled, the neighbours of the newest state are predicted and no worker thread is left (the
+        knob-change benchmark waits on it before a key it times)."""
+        with self._lock:
+            quiet = not self._busy and self._threads == 0
+        return quiet and self.settled and self.ahead_seq == self.seq
 
     # -- keys --------------------------------------------------------------------------------------------------
 
@@ -187,96 +211,129 @@ class WhatIfScreen(ModalScreen[None]):
         """`?`: this screen's keys."""
         self.app.push_screen(HelpScreen(help_keys()))
 
-    # -- the worker ----------------------------------------------------------------------------------------------
+    # -- the workers ---------------------------------------------------------------------------------------------
 
     def _ask(self, state: KnobState | None) -> None:
-        """Ask for the comparison and chart of `state` (None: the current deployment, first reading the base): drawn
-        at once where predicted already, else by the worker; the worker then predicts the neighbours ahead (started
-        after the repaint where the comparison was drawn here, so its Python does not slow the frame)."""
+        """Ask for the comparison of `state` (None: the current deployment, first reading the base): drawn at once
+        where its variant is kept, else predicted alone by the key's worker. The chart's points and the neighbours
+        ahead follow in their own worker once the comparison is drawn (`_follow_up`)."""
         self.seq += 1
-        shown = state is not None and self._show_kept(self.seq, state)
+        if state is not None and self._show_kept(self.seq, state):
+            return
+        if state is not None:
+            self.query_one(WhatIfCompare).pending = state.label
         with self._lock:
-            self._wanted = (self.seq, state, self.axis)
+            self._wanted = (self.seq, state)
             if self._busy:
-                return
+                return  # the running worker takes the newest state when its prediction is done
             self._busy = True
-        if shown:
-            self.call_after_refresh(self._predict)
-        else:
-            if state is not None:
-                self.query_one(WhatIfCompare).pending = state.label
-            self._predict()
+        self._predict()
 
     def _show_kept(self, seq: int, state: KnobState) -> bool:
-        """Draw the comparison (and the chart) of `state` on the event loop where its figures are kept: a lookup
-        and a redraw, no thread to wait for. False where it must be predicted."""
+        """Draw the comparison of `state` on the event loop where its variant is kept: a lookup and a redraw, no
+        thread to wait for. False where it must be predicted."""
         predictor = self.predictor
-        if predictor is None or not predictor.is_kept(state.turned):
+        variant = predictor.kept(state.turned) if predictor is not None else None
+        if predictor is None or variant is None:
             return False
-        self._predicted(WhatIfPredicted(seq, state, whatif_view(predictor, state)))
-        chart = chart_axis(self.axis, state)
-        points = axis_points(chart, state)
-        if all(predictor.is_kept(p) for p in points):
-            self._charted(WhatIfCharted(seq, axis_series(chart, state, predictor.along(points), self.target_tps)))
+        self._predicted(WhatIfPredicted(seq, state, whatif_view(predictor, variant)))
         return True
 
     @work(thread=True, exit_on_error=False, group="whatif")
     def _predict(self) -> None:
+        """The key's worker: the newest state's variant alone, one prediction, posted at once; again while keys
+        pressed meanwhile wait."""
+        with self._lock:
+            seq, state = self._wanted
         try:
-            self._serve()
+            while True:
+                predictor = self._predictor()
+                if state is None:
+                    scenario = predictor.now.scenario
+                    assert scenario is not None  # the current deployment is always one
+                    state = KnobState(current_values(scenario))
+                variant = predictor.variant(state.turned)
+                self.post_message(WhatIfPredicted(seq, state, whatif_view(predictor, variant)))
+                with self._lock:
+                    if self._wanted[0] == seq:
+                        self._busy = False
+                        return
+                    seq, state = self._wanted
         except Exception as exc:  # a scenario the composition cannot handle: say so, keep the screen
-            self.post_message(
-                WhatIfPredicted(self.seq, self.state or KnobState({}), None, f"{type(exc).__name__}: {exc}")
-            )
-        finally:
+            self.post_message(WhatIfPredicted(seq, state or KnobState({}), None, f"{type(exc).__name__}: {exc}"))
             with self._lock:
                 self._busy = False
-
-    def _serve(self) -> None:
-        """Answer the newest state asked for until no newer one waits; then predict the neighbours ahead."""
-        done = -1
-        while True:
-            with self._lock:
-                seq, state, axis = self._wanted
-                if seq == done:
-                    self._busy = False
-                    break
-            predictor = self._predictor()
-            if state is None:
-                scenario = predictor.now.scenario
-                assert scenario is not None  # the current deployment is always one
-                state = KnobState(current_values(scenario))
-            if seq > self.shown_seq:  # not drawn from what was kept already
-                self.post_message(WhatIfPredicted(seq, state, whatif_view(predictor, state)))
-            if seq > self.charted_seq:
-                chart = chart_axis(axis, state)
-                variants = predictor.along(axis_points(chart, state))
-                self.post_message(WhatIfCharted(seq, axis_series(chart, state, variants, self.target_tps)))
-            done = seq
-            self._ahead(predictor, state, seq)
 
     def _predictor(self) -> WhatIfPredictor:
         if self.predictor is None:
             self.predictor = WhatIfPredictor(self._base())
         return self.predictor
 
+    def _follow_up(self, seq: int, state: KnobState) -> None:
+        """After the comparison of `seq` is drawn: its chart's points, unless a newer key came meanwhile."""
+        if seq == self.seq:
+            self._chart(seq, state, self.axis)
+
+    def _stale(self, seq: int) -> bool:
+        """Whether a follow-up of knob state `seq` should stop: a newer key came (its own prediction goes first) or
+        a newer follow-up replaced this one."""
+        return seq != self.seq or get_current_worker().is_cancelled
+
+    @work(thread=True, exit_on_error=False, group="whatif-follow", exclusive=True)
+    def _chart(self, seq: int, state: KnobState, axis_name: str) -> None:
+        """The chart's points along `axis_name`, one prediction at a time, dropped between two points as soon as
+        a newer key came; the series is posted when they are all predicted."""
+        with self._lock:
+            self._threads += 1
+        try:
+            predictor = self._predictor()
+            axis = chart_axis(axis_name, state)
+            variants = []
+            for point in axis_points(axis, state):
+                if self._stale(seq):
+                    return
+                variants.append(predictor.variant(point))
+            self.post_message(WhatIfCharted(seq, state, axis_series(axis, state, variants, self.target_tps)))
+        except Exception as exc:  # a point the composition cannot handle: the comparison stays, the chart says why
+            self.post_message(WhatIfCharted(seq, state, None, f"chart not predicted: {type(exc).__name__}: {exc}"))
+        finally:
+            with self._lock:
+                self._threads -= 1
+
+    @work(thread=True, exit_on_error=False, group="whatif-follow", exclusive=True)
+    def _look_ahead(self, seq: int, state: KnobState) -> None:
+        """After the chart of `seq` is drawn: every knob's neighbours, so the next key press finds its variant."""
+        with self._lock:
+            self._threads += 1
+        try:
+            with contextlib.suppress(Exception):  # a neighbour the composition cannot handle: its key press says why
+                self._ahead(self._predictor(), state, seq)
+            if not self._stale(seq):
+                self.ahead_seq = seq
+        finally:
+            with self._lock:
+                self._threads -= 1
+
     def _ahead(self, predictor: WhatIfPredictor, state: KnobState, seq: int) -> None:
         """Predict each knob's neighbours of `state`, stopping at once when a newer key press waits."""
         for knob in KNOB_TABLE:
             for direction in (-1, 1):
-                with self._lock:
-                    if self._wanted[0] != seq:
-                        return
+                if self._stale(seq):
+                    return
                 predictor.variant(state.step(knob.name, direction).turned)
 
     # -- results -------------------------------------------------------------------------------------------------
 
     @on(WhatIfPredicted)
     def _predicted(self, message: WhatIfPredicted) -> None:
+        """The comparison of `message.seq` drawn (where no newer one is), then its chart asked for after the
+        repaint: the bar and its figures come first."""
+        compare = self.query_one(WhatIfCompare)
         if message.view is None:
             self.query_one("#whatif-lines", Static).update(f"what-if not predicted: {message.problem}")
-            self.shown_seq = self.charted_seq = self.drawn_seq = message.seq
-            self.query_one(WhatIfCompare).pending = ""
+            self._lines_shown = None
+            self.shown_seq = self.drawn_seq = self.ahead_seq = message.seq
+            compare.pending = ""
             return
         if message.seq < self.shown_seq:
             return
@@ -286,27 +343,32 @@ class WhatIfScreen(ModalScreen[None]):
         self.shown_seq = message.seq
         self.view = message.view
         if message.seq == self.seq:
-            self.query_one(WhatIfCompare).pending = ""
-        self.query_one("#whatif-title", Static).update(message.view.title)
+            compare.pending = ""
+            self.call_after_refresh(self._follow_up, message.seq, message.state)
+        if message.view.title != self._title:
+            self._title = message.view.title
+            self.query_one("#whatif-title", Static).update(message.view.title)
         self._show_lines()
-        self.query_one(WhatIfCompare).view = message.view
+        compare.view = message.view
 
     @on(WhatIfCharted)
     def _charted(self, message: WhatIfCharted) -> None:
-        """The chart's new series, drawn after the comparison's repaint: plotext takes tens of ms to draw, the bar
-        and its figures come first."""
-        if message.seq < self.charted_seq:
+        """The chart of the newest key press drawn (an older one's is dropped: the newest comes after it), then
+        the neighbours predicted ahead after its repaint."""
+        if message.seq != self.seq:
             return
-        self.charted_seq = message.seq
-        self.series = message.series
-        self.call_after_refresh(self._draw_chart, message.seq, message.series)
+        if message.series is not None:
+            self.series = message.series
+            self.query_one(WhatIfChart).show(message.series)
+        self.query_one("#whatif-notes", Static).update(
+            "; ".join(message.series.notes) if message.series is not None else message.problem
+        )
+        self.drawn_seq = message.seq
+        self.call_after_refresh(self._start_ahead, message.seq, message.state)
 
-    def _draw_chart(self, seq: int, series: AxisSeries) -> None:
-        if seq != self.charted_seq:
-            return  # a newer series came meanwhile
-        self.query_one(WhatIfChart).show(series)
-        self.query_one("#whatif-notes", Static).update("; ".join(series.notes))
-        self.drawn_seq = seq
+    def _start_ahead(self, seq: int, state: KnobState) -> None:
+        if seq == self.seq:
+            self._look_ahead(seq, state)
 
 
 def open_whatif(budget: BudgetSource, settings: Settings, results: Mapping[str, object], now_s: float) -> WhatIfScreen:

@@ -131,10 +131,9 @@ def deployment_row(name: str, v: Variant, now: Variant | None) -> DeploymentRow:
     )
 
 
-def whatif_view(predictor: WhatIfPredictor, state: KnobState) -> WhatIfView:
-    """The comparison of the current deployment and the variant `state` names (predicts it where not kept)."""
+def whatif_view(predictor: WhatIfPredictor, variant: Variant) -> WhatIfView:
+    """The comparison of the current deployment and `variant` (predicted by `predictor`: this only formats)."""
     now = predictor.now
-    variant = predictor.variant(state.turned)
     b = now.budget
     assert b is not None and now.scenario is not None
     lines = [line for line in b.header.splitlines() if line]  # CPU ranks, another GPU: the label that matters most

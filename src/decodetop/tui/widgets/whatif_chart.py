@@ -1,10 +1,14 @@
 """Provides WhatIfChart: tok/s per sequence (left axis) and in all (right axis) over one knob's values, the other
 knobs at the variant's, with the target tok/s per sequence as a line where it falls near the curve and the
-variant's value marked. A `SafePlot` drawn through its own `.plt`; colours from the theme's variables."""
+variant's value marked. A `SafePlot` drawn through its own `.plt`; colours from the theme's variables. Where only
+its height changed (the comparison above grew a line), the last drawing stays for that frame and the plot is drawn
+again after it: plotext takes several ms, the comparison's frame does not wait on it."""
 
 from __future__ import annotations
 
+from textual.app import RenderResult
 from textual.color import Color
+from textual.geometry import Size
 
 from decodetop.tui.sources.whatif_views import AxisSeries
 from decodetop.tui.widgets.charts import SafePlot
@@ -22,6 +26,10 @@ class WhatIfChart(SafePlot):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.series: AxisSeries | None = None
+        self._drawing: RenderResult | None = None
+        """The last drawing of the series held (None: to be drawn), at `_drawn_size`."""
+        self._drawn_size = Size(0, 0)
+        self._kept_once = False
 
     def on_mount(self) -> None:
         """Re-plot on a theme change so colours follow the theme."""
@@ -33,12 +41,26 @@ class WhatIfChart(SafePlot):
         self.series = series
         self.replot()
 
+    def render(self) -> RenderResult:
+        """The plot; the last drawing once more where only the height changed since it (redrawn after the frame)."""
+        size = self.size
+        resized = size != self._drawn_size and size.width == self._drawn_size.width
+        if self._drawing is not None and resized and not self._kept_once:
+            self._kept_once = True
+            self.call_after_refresh(self.refresh)
+            return self._drawing
+        self._kept_once = False
+        self._drawing = super().render()
+        self._drawn_size = size
+        return self._drawing
+
     def _colour(self, variable: str) -> tuple[int, int, int]:
         colour = Color.parse(self.app.theme_variables.get(variable, "#888888"))
         return colour.r, colour.g, colour.b
 
     def replot(self) -> None:
         """Draw the series held."""
+        self._drawing = None
         plt = self.plt
         plt.clear_data()
         plt.clear_figure()

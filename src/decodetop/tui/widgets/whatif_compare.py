@@ -54,7 +54,7 @@ class WhatIfCompare(Widget):
     DEFAULT_CSS = _css()
     COMPONENT_CLASSES: ClassVar[set[str]] = {*_SEGMENTS.values(), *(f"whatif-compare--{r}" for r in _ROLES)}
 
-    view: reactive[WhatIfView | None] = reactive(None, layout=True)
+    view: reactive[WhatIfView | None] = reactive(None)
     target_ms: reactive[float] = reactive(0.0)
     pending: reactive[str] = reactive("")
     """The variant being predicted ('tp=4 batch=8'), while the one drawn is the previous key's ('': none)."""
@@ -65,6 +65,19 @@ class WhatIfCompare(Widget):
         super().__init__(id=id)
         self._tallest: dict[tuple[int, bool], int] = {}
         """(width, compact) → the most lines the rows took at it."""
+
+    def watch_view(self) -> None:
+        self._relayout_if_taller()
+
+    def watch_pending(self) -> None:
+        self._relayout_if_taller()
+
+    def _relayout_if_taller(self) -> None:
+        """A re-layout only where the rows now need more lines than they took at this width (a reason that takes
+        a line of its own): otherwise a repaint, and the screen is not re-flowed on every key press."""
+        width = self.content_size.width
+        if not width or len(self._lines(width)) > self._tallest.get((width, self.compact), 0):
+            self.refresh(layout=True)
 
     def _style(self, role: str) -> Style:
         cls = role if role.startswith("whatif-compare--") else f"whatif-compare--{role}"

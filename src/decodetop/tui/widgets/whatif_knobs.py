@@ -1,6 +1,6 @@
 """Provides WhatIfKnobs: the what-if screen's knobs, one cell each ("p/P TP 2→4"): the keys that turn it, its name,
 the current deployment's value and, where the variant turned it, the variant's; the chart's axis marked. Cells flow
-over as many lines as the width needs (three at 80 columns, one or two at 160)."""
+over as many lines as the width needs (four at 80 columns, two at 160)."""
 
 from __future__ import annotations
 
@@ -31,8 +31,15 @@ class WhatIfKnobs(Widget):
     """
     COMPONENT_CLASSES: ClassVar[set[str]] = {"whatif-knobs--key", "whatif-knobs--turned", "whatif-knobs--muted"}
 
-    state: reactive[KnobState | None] = reactive(None, layout=True)
+    state: reactive[KnobState | None] = reactive(None)
     axis: reactive[str] = reactive("batch")
+
+    def watch_state(self) -> None:
+        """A re-layout only where the cells now take another number of lines (the first state: each cell is as wide
+        as with its widest value, so turning a knob does not), else a repaint: no re-flow of the screen per key."""
+        width = self.content_size.width
+        if not width or len(self._lines(width)) != self.content_size.height:
+            self.refresh(layout=True)
 
     def _cell(self, knob: Knob, state: KnobState) -> Text:
         key = self.get_component_rich_style("whatif-knobs--key", partial=True)
@@ -48,9 +55,10 @@ class WhatIfKnobs(Widget):
             cell.append("→" + tick_label(state.turned[knob.name]), style=turned)
         else:
             cell.append(now)
-        # as wide as with its widest variant value, so turning a knob never re-flows the cells (nor resizes the chart)
+        # as wide as with its widest variant value and the arrow, so turning a knob never re-flows the cells (nor
+        # resizes the chart): mark, "p/P", " TP ", now, "→", the value
         widest = max(len(tick_label(v)) for v in knob.steps(state.now[knob.name]))
-        cell.pad_right(len(knob.down) + len(knob.up) + len(knob.title) + len(now) + widest + 4 - cell.cell_len)
+        cell.pad_right(len(knob.down) + len(knob.up) + len(knob.title) + len(now) + widest + 5 - cell.cell_len)
         return cell
 
     def _lines(self, width: int) -> list[Text]:
