@@ -69,10 +69,10 @@ class Shard:
         inter = shape["intermediate"] // tp
         vocab = -(-shape["vocab"] // tp)
         self.batch, self.context = shape["batch"], shape["context"]
-        g = torch.Generator(device="cpu").manual_seed(0)
+        g = torch.Generator(device=device).manual_seed(0)  # drawn where they live: billions of values per shard
 
         def w(*size: int) -> torch.Tensor:
-            return (torch.randn(*size, generator=g) * 0.02).to(device=device, dtype=dtype)
+            return (torch.randn(*size, generator=g, device=device) * 0.02).to(dtype)
 
         qkv_out = (self.hq + 2 * self.hkv) * self.d
         self.wqkv = [w(qkv_out, self.hidden) for _ in range(self.layers)]
