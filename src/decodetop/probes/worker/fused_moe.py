@@ -43,7 +43,7 @@ from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
-from decodetop.probes.worker.kernels.common import launch, sm_count, torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.common import launch, next_pow2, sm_count, torch_kernel, triton_kernel
 from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
@@ -156,6 +156,48 @@ if HAVE_TRITON:
             tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
         else:
             tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _down_sum_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
+        h_ptr,
+        w2_ptr,
+        ids_ptr,
+        wts_ptr,
+        out_ptr,
+        hidden,
+        inter,
+        stride_we,
+        stride_wn,
+        top_k: tl.constexpr,
+        rows: tl.constexpr,
+        block_k: tl.constexpr,
+    ):
+        """The down projection and the sum over a token's top-k experts in one kernel: program (token, nb) reads
+        `rows` rows of each of the token's experts ([top_k, rows, block_k] tiles: as many bytes in flight as the
+        down kernel's `top_k` × `rows` tile), weighs each expert's dot products and writes their sum in the
+        output's dtype; no combine launch, no fp32 partials."""
+        token = tl.program_id(0)
+        nb = tl.program_id(1)
+        offs_j = tl.arange(0, top_k)
+        offs_n = nb * rows + tl.arange(0, rows)
+        mask_n = offs_n < hidden
+        slots = token * top_k + offs_j
+        experts = tl.load(ids_ptr + slots).to(tl.int64)
+        weights = tl.load(wts_ptr + slots).to(tl.float32)
+        w_rows = w2_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
+        h_rows = h_ptr + slots[:, None] * 2 * inter
+        acc = tl.zeros([top_k, rows], dtype=tl.float32)
+        for k0 in range(0, inter, block_k):
+            offs_k = k0 + tl.arange(0, block_k)
+            mask_k = offs_k < inter
+            g = tl.load(h_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+            u = tl.load(h_rows + inter + offs_k[None, :], mask=mask_k[None, :], other=0.0)
+            av = g / (1.0 + tl.exp(-g)) * u  # [top_k, block_k]
+            mask = mask_n[None, :, None] & mask_k[None, None, :]
+            w = tl.load(w_rows + offs_k[None, None, :], mask=mask, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * av[:, None, :], axis=2)
+        out = tl.sum(acc * weights[:, None], axis=0)
+        tl.store(out_ptr + token * hidden + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _combine_kernel(ys_ptr, out_ptr, hidden, top_k: tl.constexpr, block: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -273,9 +315,39 @@ def fused_moe(
     up_t, down_t = tiles if tiles is not None else (None, None)
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
     launch_gate_up(x, w13, ids, h, grid)
+    down_tiles = grid.down_tiles or Tiles(grid.down_block_n)
+    if _sums_in_down(down_tiles, top_k, inter):
+        rows = down_tiles.block_n // top_k
+        launch(
+            _down_sum_kernel,
+            (tokens, -(-hidden // rows)),
+            h,
+            w2,
+            ids,
+            weights,
+            out,
+            hidden,
+            inter,
+            w2.stride(0),
+            w2.stride(1),
+            top_k=top_k,
+            rows=rows,
+            block_k=down_tiles.block_k,
+            **_launch_options(down_tiles),
+        )
+        return out
     launch_down(h, w2, ids, weights, ys, grid)
     launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
     return out
+
+
+def _sums_in_down(tiles: Tiles, top_k: int, inter: int) -> bool:
+    """Whether the down projection takes the top-k sum itself (`_down_sum_kernel`): when its tile has no split
+    reduction and its rows divide among the `top_k` experts in powers of two (the same bytes per program as the
+    tuned tile, one launch fewer; docs/benchmarks.md, "Kernels, fourth round")."""
+    rows = tiles.block_n // max(1, top_k)
+    whole = -(-inter // _k_chunk(inter, tiles)) == 1
+    return whole and top_k == next_pow2(top_k) and rows >= 1 and rows * top_k == tiles.block_n
 
 
 def _k_chunk(width: int, tiles: Tiles) -> int:
@@ -410,14 +482,21 @@ def _tile_choice(
 
 def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
     """The fused-MoE kernels of one key launched once per tile they may run with on `gpu` (the stored choice, else
-    every candidate the tuner times) and no check: what `precompile.compile_ahead` collects on meta tensors."""
+    every candidate: each kernel alone as the tuner times it, then the whole call) and no check: what
+    `precompile.compile_ahead` collects on meta tensors."""
     if key.dtype not in KERNEL_DTYPES:
         return
     experts, bufs, _ = _moe_tensors(key, ctx, rotate=False)
     found = tile_store.lookup(gpu, tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype))
     pairs = [(found.gate_up, found.down)] if found is not None else [(t, t) for t in tile_store.TILE_CANDIDATES]
     w13, w2 = experts.next()
-    for tiles in pairs:
+    sms = sm_count(ctx.device)
+    for up, down in pairs:
+        if found is None:  # the tuner times each kernel alone (`_tile_choice`)
+            grid = grid_for(key.tokens, key.top_k, key.hidden, key.intermediate, sms, gate_up=up, down=down)
+            launch_gate_up(bufs.x, w13, bufs.ids, bufs.h, grid)
+            launch_down(bufs.h, w2, bufs.ids, bufs.wts, bufs.ys, grid)
+        tiles = (up, down)
         fused_moe(
             bufs.x,
             w13,
