@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from decodetop.budget.curves import FAMILIES, CurveEngine, CurvePoint, nominal_hardware
+from decodetop.budget.curve_points import FAMILIES, CurvePoint
+from decodetop.budget.curves import CurveEngine, nominal_hardware
 from decodetop.budget.engine_paths import EngineCurve
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.kernels import KernelClass
