@@ -1,0 +1,144 @@
+"""Provides the launch geometry of decodetop's GQA split-K decode kernel as a pure function of the shape and the SM
+count: its launch shapes (`GqaConfig`; `SHORT` and `LONG` by context, `default_config`), the split of the context
+over programs (`plan_splits`, the MLA kernel's rule too) and the grids that follow (`gqa_launch`). The kernel's
+launcher (`decodetop.probes.worker.kernels.gqa`) takes its grid and constexprs from here, so anything in the
+budget layer that reasons about the kernel's launch uses the same functions. Stdlib only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Tokens per tile ([64 × 128] K and V tiles: 16 KB each in BF16, 8 KB in FP8).
+BLOCK_N = 64
+#: Programs per SM wanted for the split.
+PROGRAMS_PER_SM = 4
+#: Split partials per combine step, at most: as many as there are splits up to this (one online-softmax step over
+#: all of them, the loads of m, l and the partial rows in flight together; the first version took 16 per step over
+#: two passes, four dependent round trips at 32 splits).
+COMBINE_BLOCK_S = 64
+#: The query rows of one program are padded to a power of two of at least this (the rows `tl.dot` needs).
+MIN_GROUP_ROWS = 16
+
+
+@dataclass(frozen=True)
+class GqaConfig:
+    """The split kernel's launch shape and arithmetic."""
+
+    block_n: int = BLOCK_N
+    """Tokens per K/V tile."""
+    num_warps: int = 4
+    num_stages: int = 3
+    """Software-pipeline depth of the tile loop (3: Triton's default on Hopper)."""
+    programs_per_sm: int = PROGRAMS_PER_SM
+    f16: bool = False
+    """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
+    combine_block: int = 0
+    """Split partials per step of the combine kernel (a power of two; 0: `COMBINE_BLOCK_S`)."""
+
+    @property
+    def label(self) -> str:
+        """'64 tok/4w/3st/4 per SM, fp16'."""
+        opts = ["fp16"] if self.f16 else []
+        opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
+        base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
+        return ", ".join([base, *opts])
+
+
+#: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
+FIRST = GqaConfig()
+#: The shapes the probe runs, by context (`default_config`), the fastest of the H200 sweeps of
+#: `benchmarks/kernels/h200_kernels.py` (Llama-3.1-70B, FP8 cache; docs/benchmarks.md, "Kernels, third round"):
+#: `SHORT` below `LONG_FROM` cached tokens (9.2 µs at 4K, where two warps over 128-token tiles take 10.4), `LONG`
+#: from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and 93.9 for `SHORT`): fewer warps a program issue
+#: fewer instructions per cached token (the row max and sum cross fewer warps), more programs per SM hide the
+#: latency instead.
+SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
+LONG = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
+LONG_FROM = 16384
+
+
+def default_config(length: int) -> GqaConfig:
+    """The launch shape the probe runs over `length` cached tokens."""
+    return LONG if length >= LONG_FROM else SHORT
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n (≥ 1): Triton block shapes are powers of two."""
+    return 1 << max(0, (max(1, n) - 1).bit_length())
+
+
+def plan_splits(
+    length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
+) -> tuple[int, int]:
+    """(splits, tokens per split): splits × `programs_per_split` ≈ `programs_per_sm` × `sms`, whole tiles (≥ 1 tile,
+    at most one split per tile)."""
+    if min(length, programs_per_split, sms, block_n, programs_per_sm) < 1:
+        raise ValueError(f"split needs positive sizes: {length=}, {programs_per_split=}, {sms=}, {block_n=}")
+    tiles = -(-length // block_n)
+    splits = min(tiles, max(1, -(-programs_per_sm * sms // programs_per_split)))
+    chunk = -(-tiles // splits) * block_n
+    return -(-length // chunk), chunk
+
+
+@dataclass(frozen=True)
+class GqaLaunch:
+    """One launch of the split and combine kernels over `pairs` (sequence, KV head) pairs of `length_tokens` cached
+    tokens each: the shape, the split, and the grids and constexprs that follow."""
+
+    config: GqaConfig
+    pairs: int
+    length_tokens: int
+    sm_count: int
+    splits: int
+    tokens_per_split: int
+    group_rows: int
+    """Query rows of one KV head: q heads per KV head × new tokens."""
+
+    @property
+    def group_pad_rows(self) -> int:
+        """The split kernel's GP constexpr: the group's rows padded to a power of two ≥ `MIN_GROUP_ROWS`."""
+        return max(MIN_GROUP_ROWS, next_pow2(self.group_rows))
+
+    @property
+    def combine_block(self) -> int:
+        """The combine kernel's BLOCK_S constexpr: split partials per step."""
+        return min(self.config.combine_block or COMBINE_BLOCK_S, next_pow2(self.splits))
+
+    @property
+    def split_grid(self) -> tuple[int, int]:
+        """The split kernel's grid: (pairs, splits)."""
+        return (self.pairs, self.splits)
+
+    @property
+    def combine_grid(self) -> tuple[int]:
+        """The combine kernel's grid: one program per query row of every pair."""
+        return (self.pairs * self.group_rows,)
+
+    @property
+    def split_programs(self) -> int:
+        return self.pairs * self.splits
+
+    @property
+    def tiles_per_program(self) -> int:
+        return self.tokens_per_split // self.config.block_n
+
+    @property
+    def programs_per_busiest_sm(self) -> int:
+        """Split programs on the busiest SM when the grid is spread evenly: where this grows by one, every program
+        of the busiest SMs waits on another (a step in time)."""
+        return -(-self.split_programs // self.sm_count)
+
+    @property
+    def combine_steps(self) -> int:
+        """Dependent steps of one combine program over the splits."""
+        return -(-self.splits // self.combine_block)
+
+
+def gqa_launch(
+    batch: int, heads: int, kv_heads: int, q_len: int, length: int, *, sms: int, config: GqaConfig | None = None
+) -> GqaLaunch:
+    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones on `sms` SMs, split for
+    `config` (None: `default_config`)."""
+    config = config or default_config(length)
+    splits, chunk = plan_splits(length, batch * kv_heads, sms, config.block_n, config.programs_per_sm)
+    return GqaLaunch(config, batch * kv_heads, length, sms, splits, chunk, heads // kv_heads * q_len)
