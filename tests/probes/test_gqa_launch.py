@@ -1,6 +1,7 @@
 """The GQA kernel's launcher takes its grid and constexprs from the budget layer's `gqa_launch`: over a grid of
 shapes, SM counts and every launch shape, each kernel is launched with exactly what the launcher chose before the
-move (the reference below is that code, verbatim, with its constants as they were)."""
+move (the reference below is that code, verbatim, with its constants as they were); the MLA kernel, which took
+the same split rule, splits as it did."""
 
 from __future__ import annotations
 
@@ -138,3 +139,26 @@ def test_a_workspace_of_another_shape_is_refused() -> None:
         mp.setattr(gqa, "HAVE_TRITON", True)
         with pytest.raises(ValueError, match="another shape"):
             gqa.gqa_decode(q, k, k, sm_scale=0.125, work=work)
+
+
+def _old_mla_plan_splits(
+    total: int, programs_per_split: int, sms: int, block_n: int, programs_per_sm: int
+) -> tuple[int, int]:
+    """The MLA kernel's own split rule before it took the budget layer's (verbatim)."""
+    tiles = -(-total // block_n)
+    want = max(1, -(-programs_per_sm * sms // programs_per_split))
+    splits = min(tiles, want)
+    chunk = -(-tiles // splits) * block_n
+    return -(-total // chunk), chunk
+
+
+def test_the_mla_kernel_splits_as_it_did() -> None:
+    from decodetop.probes.worker.kernels import mla
+
+    for rows, heads, total, sms, config in itertools.product(
+        (1, 2, 32, 128), (8, 16, 128), (1, 64, 2048, 4097, 131073), (1, 132, 170), (mla.FIRST, mla.DEFAULT)
+    ):
+        work = mla.mla_workspace(rows, heads, total, META, sms=sms, config=config)
+        blocks = -(-heads // mla.BLOCK_H)
+        want = _old_mla_plan_splits(total, blocks * rows, sms, config.block_n, config.programs_per_sm)
+        assert (work.splits, work.chunk) == want, (rows, heads, total, sms, config)
