@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
+from decodetop.budget.gqa_launch import GqaLaunchFacts
 from decodetop.budget.keys import AttentionKey, ProbeKey, parse_key_id
 from decodetop.budget.selfcheck import Z80
 
@@ -62,7 +63,8 @@ Identity = tuple[tuple[str, object], ...]
 @dataclass(frozen=True)
 class CurvePoint:
     """One measured point of a curve: a key (with an implementation variant where one key has several, e.g. the
-    all-reduce's nccl / one_shot), its median and repeat spread of one instance in ms, and where it came from."""
+    all-reduce's nccl / one_shot), its median and repeat spread of one instance in ms, where it came from, and the
+    kernel launch it was timed with where its results say it (GQA's split-K kernel: `GqaLaunchFacts`)."""
 
     key: ProbeKey
     median_ms: float
@@ -70,6 +72,7 @@ class CurvePoint:
     p90_ms: float
     source: str = "probe"
     variant: str = ""
+    launch: GqaLaunchFacts | None = None
 
     @property
     def sigma_log(self) -> float:

@@ -6,7 +6,11 @@ budget layer that reasons about the kernel's launch uses the same functions. Std
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from decodetop.budget.keys import AttentionKey
 
 #: Tokens per tile ([64 × 128] K and V tiles: 16 KB each in BF16, 8 KB in FP8).
 BLOCK_N = 64
@@ -42,6 +46,35 @@ class GqaConfig:
         opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
         base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
         return ", ".join([base, *opts])
+
+    @property
+    def shape(self) -> GqaConfig:
+        """The split kernel's shape alone (the combine's step left at its default)."""
+        return GqaConfig(self.block_n, self.num_warps, self.num_stages, self.programs_per_sm, self.f16)
+
+
+def config_from_label(text: str) -> GqaConfig | None:
+    """The `GqaConfig` whose `label` `text` is (None for any other text): how results written before the launch
+    was recorded name it in their note ('split 128 tok/8w/3st/2 per SM, fp16; …')."""
+    head, *opts = (part.strip() for part in text.split(","))
+    fields = head.split("/")
+    if len(fields) != 4 or not fields[0].endswith(" tok") or not fields[3].endswith(" per SM"):
+        return None
+    try:
+        block_n, warps = int(fields[0][: -len(" tok")]), int(fields[1].removesuffix("w"))
+        stages, per_sm = int(fields[2].removesuffix("st")), int(fields[3][: -len(" per SM")])
+    except ValueError:
+        return None
+    f16, combine = False, 0
+    for opt in opts:
+        if opt == "fp16":
+            f16 = True
+        elif opt.startswith("combine ") and opt.endswith(" a step") and opt[8:-7].isdigit():
+            combine = int(opt[8:-7])
+        else:
+            return None
+    config = GqaConfig(block_n, warps, stages, per_sm, f16, combine)
+    return config if config.label == text else None
 
 
 #: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
@@ -142,3 +175,66 @@ def gqa_launch(
     config = config or default_config(length)
     splits, chunk = plan_splits(length, batch * kv_heads, sms, config.block_n, config.programs_per_sm)
     return GqaLaunch(config, batch * kv_heads, length, sms, splits, chunk, heads // kv_heads * q_len)
+
+
+def attended_tokens(key: AttentionKey) -> int:
+    """Cached tokens one decode of `key` attends: its context and new tokens, within its window (the attention
+    probe's rule, `decodetop.probes.worker.attention`)."""
+    length = key.context + key.q_len
+    return min(length, key.window) if key.window else length
+
+
+def key_launch(key: AttentionKey, sms: int, config: GqaConfig | None = None) -> GqaLaunch:
+    """The launch of GQA key `key` on `sms` SMs (`config` None: `default_config`)."""
+    return gqa_launch(key.batch, key.heads, key.kv_heads, key.q_len, attended_tokens(key), sms=sms, config=config)
+
+
+@dataclass(frozen=True)
+class GqaLaunchFacts:
+    """What a GQA point's launch was, as its results file records it: the shape and the SM count it was split
+    over (with the key, enough to recompute the whole launch: `gqa_launch`)."""
+
+    config: GqaConfig
+    sm_count: int
+
+
+LAUNCH_METRICS = ("block_n", "num_warps", "num_stages", "programs_per_sm", "f16", "combine_block")
+"""The config fields a GQA measurement records as `launch_<field>` metrics, beside `launch_sm_count` and the
+split that came of them (`launch_splits`, `launch_tokens_per_split`), which a reader checks against today's rule."""
+
+
+def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
+    """The metrics a GQA measurement records its launch with (`LAUNCH_METRICS`)."""
+    out = {f"launch_{name}": float(getattr(launch.config, name)) for name in LAUNCH_METRICS}
+    out |= {
+        "launch_sm_count": float(launch.sm_count),
+        "launch_splits": float(launch.splits),
+        "launch_tokens_per_split": float(launch.tokens_per_split),
+    }
+    return out
+
+
+def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLaunchFacts | None:
+    """The launch facts `key`'s measurement records in its metrics (None where it records none, or where today's
+    split rule gives another split than the one recorded: the facts then belong to another kernel's rule)."""
+    names = [f"launch_{n}" for n in (*LAUNCH_METRICS, "sm_count", "splits", "tokens_per_split")]
+    values = [metrics.get(n) for n in names]
+    ints = [int(v) for v in values if v is not None and math.isfinite(v) and v >= 0 and v == int(v)]
+    if len(ints) != len(names):
+        return None
+    block_n, warps, stages, per_sm, f16, combine, sms, splits, per_split = ints
+    if min(block_n, warps, stages, per_sm, sms) < 1:
+        return None
+    facts = GqaLaunchFacts(GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine), sms)
+    got = key_launch(key, sms, facts.config)
+    return facts if (got.splits, got.tokens_per_split) == (splits, per_split) else None
+
+
+def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
+    """The launch facts of a GQA measurement written before the launch was recorded: its note opens with the launch
+    shape's label ('split 128 tok/8w/3st/2 per SM, fp16; …') and its results' environment gives the SM count. Such
+    a label does not tell the combine's step (16 partials by default before the third kernel round,
+    docs/benchmarks.md "Kernels, third round"), only the split's shape."""
+    head = note.split(";", 1)[0].strip()
+    config = config_from_label(head[len("split ") :]) if head.startswith("split ") else None
+    return GqaLaunchFacts(config, sm_count) if config is not None and sm_count >= 1 else None
