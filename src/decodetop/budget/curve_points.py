@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
-from decodetop.budget.gqa_launch import GqaLaunchFacts
+from decodetop.budget.gqa_launch import (
+    GqaLaunchFacts,
+    LaunchRegime,
+    attended_tokens,
+    key_launch,
+    launch_regime,
+    launch_rule,
+)
 from decodetop.budget.keys import AttentionKey, ProbeKey, parse_key_id
 from decodetop.budget.selfcheck import Z80
 
@@ -105,10 +112,17 @@ class ShapeCurve:
     points: dict[tuple[int, ...], CurvePoint] = field(default_factory=dict)
     """One point per coordinate (`merged`)."""
     tree: Tree | None = None
+    regime_of: Callable[[tuple[int, ...]], LaunchRegime] | None = None
+    """The kernel's launch regime at any coordinates of this curve, where its points' launch is known
+    (`launch_regimes`; GQA's split-K kernel only)."""
 
     @property
     def family(self) -> Family:
         return FAMILIES[self.probe]
+
+    @property
+    def is_gqa(self) -> bool:
+        return isinstance(self.template, AttentionKey) and self.template.kind == "gqa"
 
 
 def merged(items: Sequence[tuple[tuple[int, ...], CurvePoint]]) -> dict[tuple[int, ...], CurvePoint]:
@@ -176,6 +190,28 @@ def key_at(template: ProbeKey, coords: Sequence[int]) -> ProbeKey:
         changes["kv_heads"] = max(1, changes["heads"] // group)
     moved: ProbeKey = dataclasses.replace(cast(Any, template), **changes)
     return moved
+
+
+def launch_regimes(curve: ShapeCurve) -> Callable[[tuple[int, ...]], LaunchRegime] | None:
+    """The launch regime of a GQA curve at any of its coordinates, by the rule its points' recorded launches follow
+    and their SM count (`decodetop.budget.gqa_launch.launch_rule`); None where those do not tell it (results
+    written before the launch was recorded, or a rule that is neither today's nor one fixed shape)."""
+    if not curve.is_gqa:
+        return None
+    rule = launch_rule((attended_tokens(cast(AttentionKey, p.key)), p.launch) for _c, p in curve.members if p.launch)
+    if rule is None:
+        return None
+    config_of, sms = rule
+    found: dict[tuple[int, ...], LaunchRegime] = {}
+
+    def regime(coords: tuple[int, ...]) -> LaunchRegime:
+        got = found.get(coords)
+        if got is None:
+            key = cast(AttentionKey, key_at(curve.template, coords))
+            got = found[coords] = launch_regime(key_launch(key, sms, config_of(attended_tokens(key))))
+        return got
+
+    return regime
 
 
 def match_of(probe: str, identity: Identity, dtype: str | None = None) -> tuple[object, ...]:

@@ -20,6 +20,8 @@ class Eval:
     """0 exact, 1 interpolated, 2 extrapolated."""
     anchors: tuple[str, ...]
     floor_held: bool = False
+    across: bool = False
+    """Interpolated between points of another launch regime than its own (`decodetop.budget.gqa_launch`)."""
 
 
 @dataclass(frozen=True)

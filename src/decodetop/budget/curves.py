@@ -57,6 +57,7 @@ from decodetop.budget.curve_points import (
     floor_of,
     identity_of,
     key_at,
+    launch_regimes,
     match_of,
     merged,
     nearest_id,
@@ -79,6 +80,8 @@ mostly the kernel's fixed cost, a floor for anything of its kind with less work.
 CROSS_GPU_SIGMA = math.log(1.5) / Z80
 """±50 % at 80 % for a figure carried to another GPU model from this host's curves: AIConfigurator's cross-profile
 leave-one-out errs 24–58 % (docs/reference/whatif.md §2), BLIS 13–16 % on unseen GPUs."""
+ACROSS_LAUNCH = ", across a launch change"
+"""Said after the label of a figure interpolated between points of another launch regime of its kernel."""
 RUN_TO_RUN_SIGMA = 0.03
 """What a figure not measured in this very run may drift by between runs on one GPU (clocks, placement): two H200
 plans of the same shapes, hours apart, differed by 2–3 % median and 4–5 % p90 for GEMMs and attention
@@ -174,6 +177,7 @@ class CurveEngine:
         for curve in self._curves.values():
             curve.points = merged(curve.members)
             curve.tree = build_tree(list(curve.points.items()), 0, len(curve.family.axes))
+            curve.regime_of = launch_regimes(curve)
             self._groups.setdefault(match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
         self._roof_coords: dict[tuple[ProbeKey, tuple[int, ...]], float] = {}
@@ -262,7 +266,8 @@ class CurveEngine:
             status = ("measured", "interpolated", "extrapolated")[ev.rank]
             if ev.rank == 0 and not same_but_ignored(key, ev.anchors):
                 status = "interpolated"  # another shape of the same work (`coords_of`), not this key measured
-            return self._prediction(key, variant, ev, (status, label_of(status, ev.octaves)), curve, match)
+            label = label_of(status, ev.octaves) + (ACROSS_LAUNCH if ev.across else "")
+            return self._prediction(key, variant, ev, (status, label), curve, match)
         return self._transfer(key, variant, ident, coords)
 
     @property
@@ -289,7 +294,7 @@ class CurveEngine:
         sig = self._sigmas(key.PROBE)
         var = ev.sigma_rep**2 + (ev.octaves * sig.octave_sigma) ** 2
         if status != "measured":
-            var += sig.interior_sigma**2 + RUN_TO_RUN_SIGMA**2
+            var += (sig.across_sigma if ev.across else sig.interior_sigma) ** 2 + RUN_TO_RUN_SIGMA**2
         if status == "transferred":
             var += sig.transfer_sigma**2
         if cross:
@@ -334,15 +339,22 @@ class CurveEngine:
 
     def _blend(self, curve: ShapeCurve, level: int, a: Eval, b: Eval, target: tuple[int, ...]) -> Eval:
         """Between two bracketing figures along axis `level` (`between`); the spread and octaves they carry are
-        weighted by the target's position between them in log space on the axis."""
+        weighted by the target's position between them in log space on the axis. Where the curve's launch regimes
+        are known and either figure stands in another regime than the target, the figure spans a step of the
+        kernel's time (`Eval.across`): the same blend (no other rule predicted such points better on this host's
+        curves: docs/benchmarks.md, "Leave-one-out across the GQA kernel's launch regimes"), its own error."""
         off = curve.family.offset(level)
         la, lb = math.log(a.coords[level] + off), math.log(b.coords[level] + off)
         u = (math.log(target[level] + off) - la) / (lb - la) if lb != la else 0.5
         ra, rb = self._roof_at(curve, a.coords), self._roof_at(curve, b.coords)
         ms = between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
+        regime = curve.regime_of
+        across = a.across or b.across
+        if regime is not None and not across:
+            across = not regime(a.coords) == regime(target) == regime(b.coords)
         return Eval(
             ms, target, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves,
-            max(1, a.rank, b.rank), (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+            max(1, a.rank, b.rank), (*a.anchors, *b.anchors), a.floor_held or b.floor_held, across,
         )  # fmt: skip
 
     def _extrapolate(  # noqa: PLR0917 - private recursion state
@@ -357,7 +369,7 @@ class CurveEngine:
         ms, held = beyond((ra, a.ms), rx, second, floor)
         off = fam.offset(level)
         octaves = abs(math.log2((target[level] + off) / (a.coords[level] + off)))
-        return Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held)
+        return Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held, a.across)
 
     # --- transfer -------------------------------------------------------------------------------------------
 
@@ -385,6 +397,7 @@ class CurveEngine:
             label += f" (its {cross} efficiency: no {dtype} curve here)"
         if ev.octaves >= 0.05:
             label += ", " + label_of("extrapolated", ev.octaves)
+        label += ACROSS_LAUNCH if ev.across else ""
         return self._prediction(key, variant, ev, ("transferred", label), source, match, cross)
 
     def _transfer_eval(
@@ -405,7 +418,7 @@ class CurveEngine:
             ms = blend_ms((ra, a.ms), (rb, b.ms), rq, u)
             ev = Eval(
                 ms, coords, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves, 1,
-                (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+                (*a.anchors, *b.anchors), a.floor_held or b.floor_held, a.across or b.across,
             )  # fmt: skip
             return ev, ca if u < 0.5 else cb
         near, second = (0, 1) if i == 0 else (len(found) - 1, len(found) - 2)
@@ -416,7 +429,7 @@ class CurveEngine:
             held = ms > a.ms * rq / ra
         else:
             ms, held = beyond((ra, a.ms), rq, other, floor)
-        return Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held), ca
+        return Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held, a.across), ca
 
     # --- self-check -----------------------------------------------------------------------------------------
 

@@ -1,13 +1,14 @@
 """Provides the launch geometry of decodetop's GQA split-K decode kernel as a pure function of the shape and the SM
 count: its launch shapes (`GqaConfig`; `SHORT` and `LONG` by context, `default_config`), the split of the context
 over programs (`plan_splits`, the MLA kernel's rule too) and the grids that follow (`gqa_launch`). The kernel's
-launcher (`decodetop.probes.worker.kernels.gqa`) takes its grid and constexprs from here, so anything in the
-budget layer that reasons about the kernel's launch uses the same functions. Stdlib only."""
+launcher (`decodetop.probes.worker.kernels.gqa`) takes its grid and constexprs from here, and the curve engine tells
+the kernel's launch regimes apart with the same functions (`launch_regime`), so the two cannot disagree; a results
+file records each point's launch (`launch_metrics`, read back by `facts_from_metrics`). Stdlib only."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from decodetop.budget.keys import AttentionKey
@@ -238,3 +239,40 @@ def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
     head = note.split(";", 1)[0].strip()
     config = config_from_label(head[len("split ") :]) if head.startswith("split ") else None
     return GqaLaunchFacts(config, sm_count) if config is not None and sm_count >= 1 else None
+
+
+LaunchRule = Callable[[int], GqaConfig]
+"""The launch shape a kernel takes over a number of cached tokens."""
+
+
+def launch_rule(points: Iterable[tuple[int, GqaLaunchFacts]]) -> tuple[LaunchRule, int] | None:
+    """The rule that chose the recorded shapes of one curve's points, given as (cached tokens, facts), and their SM
+    count: today's `default_config` where every shape is the one it gives, a fixed shape where every point has it
+    (results of an earlier kernel version), None where the points have no facts, disagree on the SM count, or mix
+    shapes by another rule."""
+    found = list(points)
+    if not found or len({f.sm_count for _n, f in found}) != 1:
+        return None
+    sms = found[0][1].sm_count
+    if all(f.config.shape == default_config(n).shape for n, f in found):
+        return default_config, sms
+    shapes = {f.config.shape for _n, f in found}
+    if len(shapes) == 1:
+        fixed = shapes.pop()
+        return (lambda _n: fixed), sms
+    return None
+
+
+@dataclass(frozen=True)
+class LaunchRegime:
+    """Where a GQA kernel's time runs on one line: one split shape and as many programs on the busiest SM. On the
+    H200's recorded curves the time steps where either changes (docs/benchmarks.md, "Leave-one-out across the GQA
+    kernel's launch regimes"), so a figure interpolated between points of two regimes spans a step."""
+
+    shape: GqaConfig
+    programs_per_busiest_sm: int
+
+
+def launch_regime(launch: GqaLaunch) -> LaunchRegime:
+    """The regime `launch` runs in."""
+    return LaunchRegime(launch.config.shape, launch.programs_per_busiest_sm)

@@ -13,14 +13,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from decodetop.budget.curve_points import CurvePoint, ShapeCurve, build_tree, match_of, merged
-from decodetop.budget.selfcheck import FamilyCheck, family_check
+from decodetop.budget.selfcheck import FamilyCheck, LaunchSplit, family_check
 
 if TYPE_CHECKING:
     from decodetop.budget.curves import CurveEngine
 
 _FAMILY_CHECKS: OrderedDict[tuple[object, ...], FamilyCheck] = OrderedDict()
-"""Leave-one-out checks of families already made, by (probe, hardware, best efficiency, the family's points): the
-check is a function of those alone (its floors come from the family's points and the best efficiency)."""
+"""Leave-one-out checks of families already made, by (probe, hardware, best efficiency, the family's points and
+their launches): the check is a function of those alone (its floors come from the family's points and the best
+efficiency, its launch regimes from the points' launches)."""
 _FAMILY_CHECKS_LOCK = threading.Lock()
 _FAMILY_CHECKS_KEPT = 64
 """Families kept: a what-if screen's engines of one results file hold about ten families each."""
@@ -33,7 +34,7 @@ def family_check_once(engine: CurveEngine, probe: str) -> FamilyCheck:
     TP change builds a new engine where only the all-reduce family's points differ."""
     points = tuple(
         sorted(
-            (p.key.key_id, p.variant, p.median_ms, p.p10_ms, p.p90_ms)
+            (p.key.key_id, p.variant, p.median_ms, p.p10_ms, p.p90_ms, repr(p.launch))
             for c in engine.curves_of(probe)
             for _coords, p in c.members
         )
@@ -53,9 +54,13 @@ def family_check_once(engine: CurveEngine, probe: str) -> FamilyCheck:
 
 
 def _family_check(engine: CurveEngine, probe: str) -> FamilyCheck:
+    """Each point of each curve of `probe` predicted from the rest of its curve; the interior ones told apart by
+    their kernel's launch regimes where the curve's launch is known (`Eval.across`)."""
     curves = engine.curves_of(probe)
     interior: list[float] = []
     per_octave: list[float] = []
+    within: list[float] = []
+    across: list[float] = []
     for c in curves:
         limits = engine.limits_of(match_of(probe, c.identity))
         for i, (coords, p) in enumerate(c.members):
@@ -67,10 +72,15 @@ def _family_check(engine: CurveEngine, probe: str) -> FamilyCheck:
             err = math.log(ev.ms / p.median_ms)
             if ev.rank <= 1 and ev.octaves < 0.05:  # rank 0: another key of the same work
                 interior.append(err)
+                if c.regime_of is not None:
+                    (across if ev.across else within).append(err)
             elif ev.octaves >= 0.5:
                 per_octave.append(abs(err) / ev.octaves)
     transfer = _transfer_check(engine, probe, curves)
-    return family_check(probe, sum(len(c.members) for c in curves), len(curves), interior, per_octave, transfer)
+    gqa = [c for c in curves if c.is_gqa]
+    launch = LaunchSplit(within, across, sum(c.regime_of is None for c in gqa)) if gqa else None
+    points = sum(len(c.members) for c in curves)
+    return family_check(probe, points, len(curves), interior, per_octave, transfer, launch)
 
 
 def _transfer_check(engine: CurveEngine, probe: str, curves: Sequence[ShapeCurve]) -> list[float]:
