@@ -14,7 +14,9 @@ all-reduce over ranks × bytes at each implementation. `CurveEngine.predict(key)
    weighted in log space on the axis (status interpolated). Interpolating the efficiency with log-space weights
    instead (AIConfigurator's blend) was tried: on this host's recorded H200 plans it doubled the p90 of the
    interior leave-one-out error of attention and gave no better GEMMs (docs/benchmarks.md, "Curves"). No curve is
-   fitted or smoothed: measured wave-quantisation steps stay where they were measured.
+   fitted or smoothed: measured wave-quantisation steps stay where they were measured. A GQA figure whose
+   bracketing points run in another launch regime of its kernel than its own (`decodetop.budget.gqa_launch`: a
+   step in time lies between them) is labelled "across a launch change", where the curve's points say their launch.
 3. outside the grid: the edge's time plus the change of work at the marginal cost (the line through the two
    outermost points in roofline terms; with one point, the work at the best efficiency this host reached), bounded
    by the edge's efficiency held and rescaled by the query's roofline (AIConfigurator's rule, which scales the
@@ -31,7 +33,8 @@ all-reduce over ranks × bytes at each implementation. `CurveEngine.predict(key)
 5. nothing to anchor it: a `Refusal` saying why and which command measures it. Never a silent spec-sheet figure.
 
 The 80 % range of a prediction combines, in log space: the repeat spread of the points it rests on (p10–p90), this
-host's own leave-one-out error of that curve family, a penalty per extrapolated octave (fitted on this host's grid
+host's own leave-one-out error of that curve family (within one launch regime or across a change, where those are
+told apart), a penalty per extrapolated octave (fitted on this host's grid
 edges), the family's leave-one-shape-out error for a transfer, the cross-dtype band (`SelfCheck`), and the drift
 between runs (`RUN_TO_RUN_SIGMA`); an exact point keeps its repeat spread. The roofline used for efficiencies is
 `decodetop.budget.keywork.roofline_ms`; it is never shown as a figure. Stdlib only.
