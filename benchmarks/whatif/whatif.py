@@ -365,12 +365,27 @@ def table(doc: Mapping[str, Any]) -> str:
                 lines.append(
                     f"leave-one-out {m['model']} {probe}: {stat['median_pct']:.1f} % median / {stat['p90_pct']:.1f} "
                     f"% p90 ({stat['n']} points; target ≤ {tmed:g} / ≤ {tp90:g}: {'met' if ok else 'NOT met'})"
+                    + launch_split(fam)
                 )
     lines.extend(serving_lines(doc))
     if "glm5" in doc:
         g = doc["glm5"]
         lines.append(f"GLM-5 full plan at TP 2 with curves: {g['plan_s']} s, {g['points']} points ({g['per_probe_s']})")
     return "\n".join(lines)
+
+
+def launch_split(fam: Mapping[str, Any]) -> str:
+    """'; within one launch regime 2.1 / 8.7 % (14), across a launch change 5.6 / 14.1 % (26)' where the family's
+    interior points were told apart by the GQA kernel's launch regimes ('' for other families)."""
+    parts = [
+        f"{what} {s['median_pct']:.1f} / {s['p90_pct']:.1f} % ({s['n']})"
+        for what, s in (("within one launch regime", fam.get("within_launch")), ("across a launch change",
+                        fam.get("across_launch")))
+        if s
+    ]  # fmt: skip
+    if fam.get("launch_unknown"):
+        parts.append(f"the launch of {fam['launch_unknown']} GQA curves not recorded")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def serving_lines(doc: Mapping[str, Any]) -> list[str]:

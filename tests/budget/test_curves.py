@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decodetop.budget.curves import CurveEngine, CurvePoint, Prediction, Refusal, nominal_hardware
+from decodetop.budget import leave_one_out
+from decodetop.budget.curve_points import CurvePoint
+from decodetop.budget.curves import CurveEngine, Prediction, Refusal, nominal_hardware
 from decodetop.budget.gpus import GPUS
 from decodetop.budget.inventory import expected_distinct_experts
 from decodetop.budget.keys import AllreduceKey, AttentionKey, GemmKey, LaunchKey, MoeKey, NormKey, ProbeKey
@@ -108,7 +110,7 @@ def test_two_axis_blend_is_monotone_along_each_axis(base: float, per_ctx: float,
 def test_a_gqa_shard_and_the_whole_model_with_as_many_sequence_kv_head_pairs_are_one_point() -> None:
     """The TP-8 shard (8 heads, 1 KV head) at batch 8 reads the same KV and does the same FLOPs as the whole model
     (64 heads, 8 KV heads) at batch 1: one point of one curve, a figure of the other labelled interpolated."""
-    from decodetop.budget.curves import coords_of, key_at
+    from decodetop.budget.curve_points import coords_of, key_at
 
     whole = {(b, c): point(gqa(b, c), affine(gqa(b, c))) for b in (1, 2, 4) for c in (1024, 4096, 16384)}
     engine = CurveEngine(whole.values(), H200)
@@ -280,13 +282,13 @@ def test_a_family_checked_once_is_not_checked_again_by_an_engine_over_the_same_p
     reduce_4 = [point(AllreduceKey("all_reduce", 2**s, 4, "bf16"), 0.02 + 2**s / 1e11) for s in range(10, 24, 2)]
     first = CurveEngine(gemm + reduce_2, H200, measure_hint="`decodetop probe --tp 2`").self_check()
     checked: list[str] = []
-    real = CurveEngine._family_check
+    real = leave_one_out._family_check
 
-    def counting(self: CurveEngine, probe: str) -> object:
+    def counting(engine: CurveEngine, probe: str) -> object:
         checked.append(probe)
-        return real(self, probe)
+        return real(engine, probe)
 
-    monkeypatch.setattr(CurveEngine, "_family_check", counting)
+    monkeypatch.setattr(leave_one_out, "_family_check", counting)
     again = CurveEngine(gemm + reduce_2, H200, measure_hint="`decodetop probe --tp 4`").self_check()
     assert checked == [] and again == first
     other = CurveEngine(gemm + reduce_4, H200).self_check()

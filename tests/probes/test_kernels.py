@@ -19,6 +19,7 @@ import torch
 
 from decodetop.budget.compose import compose_budget
 from decodetop.budget.deployment import Deployment
+from decodetop.budget.gqa_launch import default_config, facts_from_metrics
 from decodetop.budget.inventory import build_inventory
 from decodetop.budget.kernels import KernelClass, kernels_short
 from decodetop.budget.keys import AttentionKey, KvcastKey, NormKey
@@ -87,7 +88,7 @@ RUNNERS = textwrap.dedent(
     ]:
         r = attention.attention_runner(key, ctx, rotate=False)
         r.fn()
-        got[name] = [r.kernel.kind, r.kernel.text, r.kv_bytes]
+        got[name] = [r.kernel.kind, r.kernel.text, r.kv_bytes, dict(r.facts)]
     for op in ("rmsnorm", "add_rmsnorm", "rotary", "silu_mul"):
         r = norms.norm_runner(NormKey(op, 2, 256, "bf16"), ctx)
         r.fn()
@@ -110,6 +111,10 @@ def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path)
         assert got[name][1].startswith("decodetop Triton: ")
     assert "FP8 cache read as FP8" in got["gqa_fp8"][1]
     assert got["gqa_fp8"][2] == 2 * 2 * 201 * 64 * 1  # K and V at one byte a value: half the BF16 bytes
+    key = AttentionKey("gqa", 1, 1, 200, 8, 2, 64, 64, 0, 64, 0, 0, 0, 0, "fp8")
+    facts = facts_from_metrics(got["gqa_fp8"][3], key)  # the launch the reader gets back from the point's metrics
+    assert facts is not None and facts.sm_count == 1 and facts.config == default_config(201)
+    assert not got["mla"][3] and not got["dsa"][3]
     assert "radix top-k" in got["dsa"][1] and "read once" in got["mla"][1]
     assert got["silu_mul"][0] == "cpu"  # no fused kernel for it: the torch form, labelled CPU
 

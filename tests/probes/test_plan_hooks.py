@@ -228,7 +228,7 @@ def test_a_key_timed_with_two_kernel_classes_joins_its_curve_at_the_grids_class(
     the split-K kernel only: the budget takes SDPA's figure, the curve the split-K one (one kernel per curve)."""
     import dataclasses
 
-    from decodetop.budget.curves import CurvePoint
+    from decodetop.budget.curve_points import CurvePoint
     from decodetop.budget.kernels import KernelClass
     from decodetop.budget.keys import AttentionKey
 

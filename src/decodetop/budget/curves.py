@@ -14,7 +14,9 @@ all-reduce over ranks × bytes at each implementation. `CurveEngine.predict(key)
    weighted in log space on the axis (status interpolated). Interpolating the efficiency with log-space weights
    instead (AIConfigurator's blend) was tried: on this host's recorded H200 plans it doubled the p90 of the
    interior leave-one-out error of attention and gave no better GEMMs (docs/benchmarks.md, "Curves"). No curve is
-   fitted or smoothed: measured wave-quantisation steps stay where they were measured.
+   fitted or smoothed: measured wave-quantisation steps stay where they were measured. A GQA figure whose
+   bracketing points run in another launch regime of its kernel than its own (`decodetop.budget.gqa_launch`: a
+   step in time lies between them) is labelled "across a launch change", where the curve's points say their launch.
 3. outside the grid: the edge's time plus the change of work at the marginal cost (the line through the two
    outermost points in roofline terms; with one point, the work at the best efficiency this host reached), bounded
    by the edge's efficiency held and rescaled by the query's roofline (AIConfigurator's rule, which scales the
@@ -31,7 +33,8 @@ all-reduce over ranks × bytes at each implementation. `CurveEngine.predict(key)
 5. nothing to anchor it: a `Refusal` saying why and which command measures it. Never a silent spec-sheet figure.
 
 The 80 % range of a prediction combines, in log space: the repeat spread of the points it rests on (p10–p90), this
-host's own leave-one-out error of that curve family, a penalty per extrapolated octave (fitted on this host's grid
+host's own leave-one-out error of that curve family (within one launch regime or across a change, where those are
+told apart), a penalty per extrapolated octave (fitted on this host's grid
 edges), the family's leave-one-shape-out error for a transfer, the cross-dtype band (`SelfCheck`), and the drift
 between runs (`RUN_TO_RUN_SIGMA`); an exact point keeps its repeat spread. The roofline used for efficiencies is
 `decodetop.budget.keywork.roofline_ms`; it is never shown as a figure. Stdlib only.
@@ -42,16 +45,33 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Union, cast
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from decodetop.budget.keys import AttentionKey, ProbeKey, parse_key_id
+from decodetop.budget.curve_points import (
+    DTYPE_LADDER,
+    FAMILIES,
+    CurvePoint,
+    Identity,
+    ShapeCurve,
+    Tree,
+    build_tree,
+    coords_of,
+    floor_of,
+    identity_of,
+    key_at,
+    launch_regimes,
+    match_of,
+    merged,
+    nearest_id,
+    same_but_ignored,
+)
+from decodetop.budget.curve_rules import Eval, Limits, between, beyond, blend_ms, label_of
+from decodetop.budget.keys import ProbeKey
 from decodetop.budget.keywork import roofline_ms
+from decodetop.budget.leave_one_out import family_check_once
 from decodetop.budget.roofline import Hardware, hardware_for
-from decodetop.budget.selfcheck import Z80, FamilyCheck, SelfCheck, default_check, family_check
+from decodetop.budget.selfcheck import Z80, FamilyCheck, SelfCheck, default_check
 
 PREDICTION_STATUSES = ("measured", "interpolated", "extrapolated", "transferred")
 """How a predicted figure was obtained, best first."""
@@ -63,82 +83,12 @@ mostly the kernel's fixed cost, a floor for anything of its kind with less work.
 CROSS_GPU_SIGMA = math.log(1.5) / Z80
 """±50 % at 80 % for a figure carried to another GPU model from this host's curves: AIConfigurator's cross-profile
 leave-one-out errs 24–58 % (docs/reference/whatif.md §2), BLIS 13–16 % on unseen GPUs."""
+ACROSS_LAUNCH = ", across a launch change"
+"""Said after the label of a figure interpolated between points of another launch regime of its kernel."""
 RUN_TO_RUN_SIGMA = 0.03
 """What a figure not measured in this very run may drift by between runs on one GPU (clocks, placement): two H200
 plans of the same shapes, hours apart, differed by 2–3 % median and 4–5 % p90 for GEMMs and attention
 (benchmarks/results/plans/*-tp2-h200x1 against *-tp2-h200x2; docs/benchmarks.md, "Curves")."""
-_FAMILY_CHECKS: OrderedDict[tuple[object, ...], FamilyCheck] = OrderedDict()
-"""Leave-one-out checks of families already made, by (probe, hardware, best efficiency, the family's points): the
-check is a function of those alone (its floors come from the family's points and the best efficiency)."""
-_FAMILY_CHECKS_LOCK = threading.Lock()
-_FAMILY_CHECKS_KEPT = 64
-"""Families kept: a what-if screen's engines of one results file hold about ten families each."""
-_TRANSFER_CASES = 240
-"""Most leave-one-shape-out cases per family (a deterministic subsample keeps the self-check quick)."""
-
-
-@dataclass(frozen=True)
-class _Family:
-    """How the keys of one probe form curves: their size axes (shape-like first), the fields a transfer source
-    must share, the dtype field of the cross-dtype ladder, and the offset of each axis in log space."""
-
-    axes: tuple[str, ...]
-    match: tuple[str, ...] = ()
-    dtype_field: str = "dtype"
-    offsets: tuple[float, ...] = ()
-    ignore: tuple[str, ...] = ()
-    """Fields the time does not depend on (a KV write costs the same whatever the cache already holds)."""
-    derived: tuple[str, ...] = ()
-    """Axes that follow from the others (the experts a token count touches): moving along one rescales by the
-    roofline (the touched experts' weights) without counting as extrapolation."""
-
-    def offset(self, level: int) -> float:
-        return self.offsets[level] if self.offsets else 0.0
-
-
-FAMILIES: dict[str, _Family] = {
-    "gemm": _Family(("batch", "m")),
-    "attention": _Family(("heads", "q_len", "batch", "context"), ("kind",), "kv_dtype", (0, 0, 0, 1)),
-    "moe": _Family(
-        ("intermediate", "experts_local", "tokens", "experts_active"), ("bias",), derived=("experts_active",)
-    ),
-    "routing": _Family(("tokens",), ("scoring",)),
-    "norms": _Family(("width", "tokens"), ("op",)),
-    "sampling": _Family(("vocab_shard", "tokens")),
-    "kvcast": _Family(("width", "tokens"), ("layout",), "kv_dtype", ignore=("context",)),
-    "allreduce": _Family(("ranks", "bytes"), ("collective", "variant")),
-}
-"""Probe → its curve family. Launch cost is per kernel (measured for any kernel count), not a curve."""
-DTYPE_LADDER: dict[str, tuple[str, ...]] = {
-    "nvfp4": ("fp8", "bf16"),
-    "mxfp4": ("fp8", "bf16"),
-    "fp8": ("bf16", "fp16"),
-    "bf16": ("fp16",),
-    "fp16": ("bf16",),
-}
-"""Where a dtype without any curve here borrows its efficiency from, nearest first."""
-
-Identity = tuple[tuple[str, object], ...]
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    """One measured point of a curve: a key (with an implementation variant where one key has several, e.g. the
-    all-reduce's nccl / one_shot), its median and repeat spread of one instance in ms, and where it came from."""
-
-    key: ProbeKey
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    source: str = "probe"
-    variant: str = ""
-
-    @property
-    def sigma_log(self) -> float:
-        """The repeat spread as σ in log space (p10–p90 is ±1.2816 σ)."""
-        if self.p10_ms <= 0 or self.p90_ms <= self.p10_ms:
-            return 0.0
-        return math.log(self.p90_ms / self.p10_ms) / (2 * Z80)
 
 
 @dataclass(frozen=True)
@@ -182,131 +132,6 @@ class Refusal:
         return f"{self.key_id}: cannot predict: {self.why}, measure it with {self.command}"
 
 
-# --- curves as trees --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Node:
-    """One axis level: its measured values (sorted) and a subtree per value."""
-
-    values: tuple[int, ...]
-    children: tuple[Union[_Node, CurvePoint], ...]  # noqa: UP007 - a runtime alias, Python 3.10
-
-
-Tree = Union[_Node, CurvePoint]  # noqa: UP007 - a runtime alias, Python 3.10
-
-
-@dataclass
-class _Curve:
-    """The points of one identity (a shape at a dtype and variant): a template key and a tree over the axes."""
-
-    probe: str
-    identity: Identity
-    template: ProbeKey
-    members: list[tuple[tuple[int, ...], CurvePoint]] = field(default_factory=list)
-    """Every measured point with its coordinates (two keys of the same work share them: `coords_of`)."""
-    points: dict[tuple[int, ...], CurvePoint] = field(default_factory=dict)
-    """One point per coordinate (`_merged`)."""
-    tree: Tree | None = None
-
-    @property
-    def family(self) -> _Family:
-        return FAMILIES[self.probe]
-
-
-def _merged(items: Sequence[tuple[tuple[int, ...], CurvePoint]]) -> dict[tuple[int, ...], CurvePoint]:
-    """One point per coordinate: where keys of the same work were measured apart (a TP shard's GQA attention at
-    batch 8 and the whole model's at batch 1), their geometric-mean time, with a spread that holds them all."""
-    by: dict[tuple[int, ...], list[CurvePoint]] = {}
-    for coords, p in items:
-        by.setdefault(coords, []).append(p)
-    out: dict[tuple[int, ...], CurvePoint] = {}
-    for coords, ps in by.items():
-        if len(ps) == 1:
-            out[coords] = ps[0]
-            continue
-        median = math.exp(sum(math.log(q.median_ms) for q in ps) / len(ps))
-        low, high = min(q.p10_ms for q in ps), max(q.p90_ms for q in ps)
-        out[coords] = dataclasses.replace(ps[0], median_ms=median, p10_ms=min(low, median), p90_ms=max(high, median))
-    return out
-
-
-def _build_tree(items: Sequence[tuple[tuple[int, ...], CurvePoint]], level: int, depth: int) -> Tree:
-    if level == depth:
-        return min((p for _c, p in items), key=lambda p: p.median_ms)
-    by: dict[int, list[tuple[tuple[int, ...], CurvePoint]]] = {}
-    for coords, p in items:
-        by.setdefault(coords[level], []).append((coords, p))
-    values = sorted(by)
-    return _Node(tuple(values), tuple(_build_tree(by[v], level + 1, depth) for v in values))
-
-
-def identity_of(key: ProbeKey, variant: str = "") -> Identity:
-    """The non-axis fields of a key (a GQA key's KV heads as its group size, so TP shards share a curve)."""
-    fam = FAMILIES[key.PROBE]
-    items: list[tuple[str, object]] = []
-    for name, value in key.to_params().items():
-        if name in fam.axes or name in fam.ignore:
-            continue
-        if name == "kv_heads" and isinstance(key, AttentionKey) and key.kind == "gqa":
-            items.append(("group", max(1, key.heads // max(1, key.kv_heads))))
-        else:
-            items.append((name, value))
-    if variant:
-        items.append(("variant", variant))
-    return tuple(items)
-
-
-def coords_of(key: ProbeKey) -> tuple[int, ...]:
-    """A key's position on its family's axes. A GQA attention key sits at one KV head of its group and as many
-    sequences as it has (sequence, KV head) pairs: a decode kernel's work (the KV bytes read, the FLOPs, the query
-    and output) and its grid (a program per pair and split) are both functions of the pairs, so a TP shard at
-    batch 8 and the whole model at batch 1 are one point of one curve (on the H200 campaign's plans such points
-    differ by 0.2–3.4 %: docs/benchmarks.md, "The second campaign")."""
-    params = key.to_params()
-    if isinstance(key, AttentionKey) and key.kind == "gqa" and key.kv_heads > 0 and key.heads % key.kv_heads == 0:
-        params = {**params, "heads": key.heads // key.kv_heads, "batch": key.batch * key.kv_heads}
-    return tuple(int(params[a]) for a in FAMILIES[key.PROBE].axes)
-
-
-def key_at(template: ProbeKey, coords: Sequence[int]) -> ProbeKey:
-    """`template` moved to `coords` on its family's axes (a GQA key keeps its group size)."""
-    fam = FAMILIES[template.PROBE]
-    changes: dict[str, int] = dict(zip(fam.axes, (int(c) for c in coords), strict=True))
-    if isinstance(template, AttentionKey) and template.kind == "gqa":
-        group = max(1, template.heads // max(1, template.kv_heads))
-        changes["kv_heads"] = max(1, changes["heads"] // group)
-    moved: ProbeKey = dataclasses.replace(cast(Any, template), **changes)
-    return moved
-
-
-def _match_of(probe: str, identity: Identity, dtype: str | None = None) -> tuple[object, ...]:
-    """The transfer group of an identity: its probe, the fields a source must share and its dtype."""
-    fam = FAMILIES[probe]
-    d = dict(identity)
-    want = dtype if dtype is not None else d.get(fam.dtype_field, "")
-    return (probe, tuple(d.get(name, "") for name in fam.match), want)
-
-
-def _floor_of(match: tuple[object, ...]) -> tuple[object, ...]:
-    """The latency floor's group of a transfer group: its kind at any dtype (the fastest kernel of that kind)."""
-    return match[:2]
-
-
-@dataclass(frozen=True)
-class _Eval:
-    """A figure at full coordinates on one curve, and what it rests on."""
-
-    ms: float
-    coords: tuple[int, ...]
-    sigma_rep: float
-    octaves: float
-    rank: int
-    """0 exact, 1 interpolated, 2 extrapolated."""
-    anchors: tuple[str, ...]
-    floor_held: bool = False
-
-
 # --- the engine -------------------------------------------------------------------------------------------------
 
 
@@ -339,7 +164,7 @@ class CurveEngine:
         self.target = target
         self.measure_hint = measure_hint
         self._exact: dict[tuple[str, str], CurvePoint] = {}
-        self._curves: dict[tuple[str, Identity], _Curve] = {}
+        self._curves: dict[tuple[str, Identity], ShapeCurve] = {}
         for p in points:
             if p.key.PROBE not in FAMILIES or not p.median_ms > 0:
                 continue
@@ -349,13 +174,14 @@ class CurveEngine:
                 self._exact[slot] = p
         for p in self._exact.values():
             ident = identity_of(p.key, p.variant)
-            curve = self._curves.setdefault((p.key.PROBE, ident), _Curve(p.key.PROBE, ident, p.key))
+            curve = self._curves.setdefault((p.key.PROBE, ident), ShapeCurve(p.key.PROBE, ident, p.key))
             curve.members.append((coords_of(p.key), p))
-        self._groups: dict[tuple[object, ...], list[_Curve]] = {}
+        self._groups: dict[tuple[object, ...], list[ShapeCurve]] = {}
         for curve in self._curves.values():
-            curve.points = _merged(curve.members)
-            curve.tree = _build_tree(list(curve.points.items()), 0, len(curve.family.axes))
-            self._groups.setdefault(_match_of(curve.probe, curve.identity), []).append(curve)
+            curve.points = merged(curve.members)
+            curve.tree = build_tree(list(curve.points.items()), 0, len(curve.family.axes))
+            curve.regime_of = launch_regimes(curve)
+            self._groups.setdefault(match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
         self._roof_coords: dict[tuple[ProbeKey, tuple[int, ...]], float] = {}
         self._check: SelfCheck | None = self_check
@@ -369,14 +195,14 @@ class CurveEngine:
         floors: dict[tuple[object, ...], float] = {}
         p10s: dict[tuple[object, ...], float] = {}
         for curve in self._curves.values():
-            kind = _floor_of(_match_of(curve.probe, curve.identity))
+            kind = floor_of(match_of(curve.probe, curve.identity))
             for _c, p in curve.members:
                 if effs[id(p)] < LATENCY_BOUND * best and p.median_ms < floors.get(kind, math.inf):
                     floors[kind], p10s[kind] = p.median_ms, min(p.p10_ms, p.median_ms)
         return floors, p10s, best
 
-    def _limits(self, match: tuple[object, ...]) -> _Limits:
-        return _Limits(self._floors.get(_floor_of(match), 0.0), self._best)
+    def _limits(self, match: tuple[object, ...]) -> Limits:
+        return Limits(self._floors.get(floor_of(match), 0.0), self._best)
 
     @property
     def n_points(self) -> int:
@@ -438,12 +264,13 @@ class CurveEngine:
         coords = coords_of(key)
         curve = self._curves.get((key.PROBE, ident))
         if curve is not None and curve.tree is not None:
-            match = _match_of(key.PROBE, ident)
+            match = match_of(key.PROBE, ident)
             ev = self._eval(curve, curve.tree, 0, coords, (), self._limits(match))
             status = ("measured", "interpolated", "extrapolated")[ev.rank]
-            if ev.rank == 0 and not _same_but_ignored(key, ev.anchors):
+            if ev.rank == 0 and not same_but_ignored(key, ev.anchors):
                 status = "interpolated"  # another shape of the same work (`coords_of`), not this key measured
-            return self._prediction(key, variant, ev, (status, _label(status, ev.octaves)), curve, match)
+            label = label_of(status, ev.octaves) + (ACROSS_LAUNCH if ev.across else "")
+            return self._prediction(key, variant, ev, (status, label), curve, match)
         return self._transfer(key, variant, ident, coords)
 
     @property
@@ -459,9 +286,9 @@ class CurveEngine:
         self,
         key: ProbeKey,
         variant: str,
-        ev: _Eval,
+        ev: Eval,
         how: tuple[str, str],
-        curve: _Curve,
+        curve: ShapeCurve,
         match: tuple[object, ...],
         cross: str = "",
     ) -> Prediction:
@@ -470,20 +297,20 @@ class CurveEngine:
         sig = self._sigmas(key.PROBE)
         var = ev.sigma_rep**2 + (ev.octaves * sig.octave_sigma) ** 2
         if status != "measured":
-            var += sig.interior_sigma**2 + RUN_TO_RUN_SIGMA**2
+            var += (sig.across_sigma if ev.across else sig.interior_sigma) ** 2 + RUN_TO_RUN_SIGMA**2
         if status == "transferred":
             var += sig.transfer_sigma**2
         if cross:
             var += CROSS_DTYPE_SIGMA**2
         sigma = math.sqrt(var)
         source = next(iter(curve.points.values())).source
-        low = max(ev.ms * math.exp(-Z80 * sigma), min(ev.ms, self._floor_p10.get(_floor_of(match), 0.0)))
+        low = max(ev.ms * math.exp(-Z80 * sigma), min(ev.ms, self._floor_p10.get(floor_of(match), 0.0)))
         return Prediction(
             key.key_id, ev.ms, low, ev.ms * math.exp(Z80 * sigma), status, label,
             ev.octaves, sigma, ev.sigma_rep, ev.anchors, source, ev.floor_held, cross, variant,
         )  # fmt: skip
 
-    def _roof_at(self, curve: _Curve, coords: tuple[int, ...]) -> float:
+    def _roof_at(self, curve: ShapeCurve, coords: tuple[int, ...]) -> float:
         """The roofline of `curve`'s shape at `coords` (cached: the self-check asks for the same ones often)."""
         slot = (curve.template, coords)
         found = self._roof_coords.get(slot)
@@ -492,11 +319,11 @@ class CurveEngine:
         return found
 
     def _eval(  # noqa: PLR0917 - private recursion state
-        self, curve: _Curve, node: Tree, level: int, q: tuple[int, ...], fixed: tuple[int, ...], floor: _Limits
-    ) -> _Eval:
+        self, curve: ShapeCurve, node: Tree, level: int, q: tuple[int, ...], fixed: tuple[int, ...], floor: Limits
+    ) -> Eval:
         """The figure at `q` on `curve` below `node` (axes before `level` fixed at `fixed`)."""
         if isinstance(node, CurvePoint):
-            return _Eval(node.median_ms, fixed, node.sigma_log, 0.0, 0, (node.key.key_id,))
+            return Eval(node.median_ms, fixed, node.sigma_log, 0.0, 0, (node.key.key_id,))
         x, values = q[level], node.values
         i = bisect.bisect_left(values, x)
         if i < len(values) and values[i] == x:
@@ -513,32 +340,39 @@ class CurveEngine:
             b = self._eval(curve, node.children[second], level + 1, q, (*fixed, values[second]), floor)
         return self._extrapolate(curve, level, a, b, target, floor)
 
-    def _blend(self, curve: _Curve, level: int, a: _Eval, b: _Eval, target: tuple[int, ...]) -> _Eval:
-        """Between two bracketing figures along axis `level` (`_between`); the spread and octaves they carry are
-        weighted by the target's position between them in log space on the axis."""
+    def _blend(self, curve: ShapeCurve, level: int, a: Eval, b: Eval, target: tuple[int, ...]) -> Eval:
+        """Between two bracketing figures along axis `level` (`between`); the spread and octaves they carry are
+        weighted by the target's position between them in log space on the axis. Where the curve's launch regimes
+        are known and either figure stands in another regime than the target, the figure spans a step of the
+        kernel's time (`Eval.across`): the same blend (no other rule predicted such points better on this host's
+        curves: docs/benchmarks.md, "Leave-one-out across the GQA kernel's launch regimes"), its own error."""
         off = curve.family.offset(level)
         la, lb = math.log(a.coords[level] + off), math.log(b.coords[level] + off)
         u = (math.log(target[level] + off) - la) / (lb - la) if lb != la else 0.5
         ra, rb = self._roof_at(curve, a.coords), self._roof_at(curve, b.coords)
-        ms = _between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
-        return _Eval(
+        ms = between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
+        regime = curve.regime_of
+        across = a.across or b.across
+        if regime is not None and not across:
+            across = not regime(a.coords) == regime(target) == regime(b.coords)
+        return Eval(
             ms, target, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves,
-            max(1, a.rank, b.rank), (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+            max(1, a.rank, b.rank), (*a.anchors, *b.anchors), a.floor_held or b.floor_held, across,
         )  # fmt: skip
 
     def _extrapolate(  # noqa: PLR0917 - private recursion state
-        self, curve: _Curve, level: int, a: _Eval, b: _Eval | None, target: tuple[int, ...], floor: _Limits
-    ) -> _Eval:
+        self, curve: ShapeCurve, level: int, a: Eval, b: Eval | None, target: tuple[int, ...], floor: Limits
+    ) -> Eval:
         """Beyond the grid along axis `level`, from its nearest value (`a`) and the next one (`b`, below the grid)."""
         ra, rx = self._roof_at(curve, a.coords), self._roof_at(curve, target)
         second = (self._roof_at(curve, b.coords), b.ms) if b is not None else None
         fam = curve.family
         if fam.axes[level] in fam.derived:
             return dataclasses.replace(a, ms=a.ms * rx / ra, coords=target)
-        ms, held = _beyond((ra, a.ms), rx, second, floor)
+        ms, held = beyond((ra, a.ms), rx, second, floor)
         off = fam.offset(level)
         octaves = abs(math.log2((target[level] + off) / (a.coords[level] + off)))
-        return _Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held)
+        return Eval(ms, target, a.sigma_rep, a.octaves + octaves, 2, a.anchors, held or a.floor_held, a.across)
 
     # --- transfer -------------------------------------------------------------------------------------------
 
@@ -547,10 +381,10 @@ class CurveEngine:
         fam = FAMILIES[key.PROBE]
         dtype = str(dict(ident).get(fam.dtype_field, ""))
         cross = ""
-        match = _match_of(key.PROBE, ident)
+        match = match_of(key.PROBE, ident)
         group = self._groups.get(match, [])
         for alt in DTYPE_LADDER.get(dtype, ()) if not group else ():
-            match = _match_of(key.PROBE, ident, alt)
+            match = match_of(key.PROBE, ident, alt)
             group = self._groups.get(match, [])
             if group:
                 cross = alt
@@ -561,16 +395,17 @@ class CurveEngine:
             kind = f"{key.PROBE} curve" + (f" ({what})" if what else "")
             return self._refuse(key, f"no {kind} at {dtype or 'any dtype'} was measured on this host")
         ev, source = self._transfer_eval(key, coords, group, self._limits(match))
-        label = f"transferred from {source.template.key_id if not source.points else _nearest_id(source, coords)}"
+        label = f"transferred from {source.template.key_id if not source.points else nearest_id(source, coords)}"
         if cross:
             label += f" (its {cross} efficiency: no {dtype} curve here)"
         if ev.octaves >= 0.05:
-            label += ", " + _label("extrapolated", ev.octaves)
+            label += ", " + label_of("extrapolated", ev.octaves)
+        label += ACROSS_LAUNCH if ev.across else ""
         return self._prediction(key, variant, ev, ("transferred", label), source, match, cross)
 
     def _transfer_eval(
-        self, key: ProbeKey, coords: tuple[int, ...], group: Sequence[_Curve], floor: _Limits
-    ) -> tuple[_Eval, _Curve]:
+        self, key: ProbeKey, coords: tuple[int, ...], group: Sequence[ShapeCurve], floor: Limits
+    ) -> tuple[Eval, ShapeCurve]:
         """The efficiencies of `group`'s curves at the query's sizes, blended over their roofline time."""
         rq = self.roofline_ms(key)
         found = []
@@ -583,10 +418,10 @@ class CurveEngine:
         if 0 < i < len(found):
             (ra, a, ca), (rb, b, cb) = found[i - 1], found[i]
             u = (math.log(rq) - math.log(ra)) / (math.log(rb) - math.log(ra)) if rb != ra else 0.5
-            ms = _blend_ms((ra, a.ms), (rb, b.ms), rq, u)
-            ev = _Eval(
+            ms = blend_ms((ra, a.ms), (rb, b.ms), rq, u)
+            ev = Eval(
                 ms, coords, (1 - u) * a.sigma_rep + u * b.sigma_rep, (1 - u) * a.octaves + u * b.octaves, 1,
-                (*a.anchors, *b.anchors), a.floor_held or b.floor_held,
+                (*a.anchors, *b.anchors), a.floor_held or b.floor_held, a.across or b.across,
             )  # fmt: skip
             return ev, ca if u < 0.5 else cb
         near, second = (0, 1) if i == 0 else (len(found) - 1, len(found) - 2)
@@ -596,8 +431,8 @@ class CurveEngine:
             ms = max(a.ms * rq / ra, min(floor.floor_ms, a.ms))
             held = ms > a.ms * rq / ra
         else:
-            ms, held = _beyond((ra, a.ms), rq, other, floor)
-        return _Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held), ca
+            ms, held = beyond((ra, a.ms), rq, other, floor)
+        return Eval(ms, coords, a.sigma_rep, a.octaves, 1, a.anchors, held or a.floor_held, a.across), ca
 
     # --- self-check -----------------------------------------------------------------------------------------
 
@@ -606,31 +441,8 @@ class CurveEngine:
         best efficiency another engine already checked takes that engine's figure: a what-if's TP change builds a new
         engine where only the all-reduce family's points differ)."""
         if self._check is None:
-            self._check = SelfCheck(tuple(self._family_check_once(p) for p in self.probes()))
+            self._check = SelfCheck(tuple(family_check_once(self, p) for p in self.probes()))
         return self._check
-
-    def _family_check_once(self, probe: str) -> FamilyCheck:
-        """`_family_check` of `probe`, kept by what it depends on (`_FAMILY_CHECKS`)."""
-        points = tuple(
-            sorted(
-                (p.key.key_id, p.variant, p.median_ms, p.p10_ms, p.p90_ms)
-                for c in self._curves.values()
-                if c.probe == probe
-                for _coords, p in c.members
-            )
-        )
-        key = (probe, self.hardware, self._best, points)
-        with _FAMILY_CHECKS_LOCK:
-            found = _FAMILY_CHECKS.get(key)
-            if found is not None:
-                _FAMILY_CHECKS.move_to_end(key)
-                return found
-        check = self._family_check(probe)
-        with _FAMILY_CHECKS_LOCK:
-            _FAMILY_CHECKS[key] = check
-            while len(_FAMILY_CHECKS) > _FAMILY_CHECKS_KEPT:
-                _FAMILY_CHECKS.popitem(last=False)
-        return check
 
     def _sigmas(self, probe: str) -> FamilyCheck:
         if not self.checked and self._check is None:
@@ -638,117 +450,34 @@ class CurveEngine:
         found = self.self_check().family(probe)
         return found if found is not None else default_check(probe)
 
-    def _family_check(self, probe: str) -> FamilyCheck:
-        curves = [c for c in self._curves.values() if c.probe == probe]
-        interior: list[float] = []
-        per_octave: list[float] = []
-        for c in curves:
-            floor = self._limits(_match_of(probe, c.identity))
-            for i, (coords, p) in enumerate(c.members):
-                rest = [m for j, m in enumerate(c.members) if j != i]
-                if not rest:
-                    continue
-                tree = _build_tree(list(_merged(rest).items()), 0, len(c.family.axes))
-                ev = self._eval(c, tree, 0, coords, (), floor)
-                err = math.log(ev.ms / p.median_ms)
-                if ev.rank <= 1 and ev.octaves < 0.05:  # rank 0: another key of the same work
-                    interior.append(err)
-                elif ev.octaves >= 0.5:
-                    per_octave.append(abs(err) / ev.octaves)
-        transfer = self._transfer_check(probe, curves)
-        return family_check(probe, sum(len(c.members) for c in curves), len(curves), interior, per_octave, transfer)
+    # --- what the self-check (`decodetop.budget.leave_one_out`) evaluates -----------------------------------
 
-    def _transfer_check(self, probe: str, curves: Sequence[_Curve]) -> list[float]:
-        """Each curve left out and its points predicted from the other shapes of its group."""
-        cases: list[tuple[_Curve, list[_Curve], tuple[int, ...], CurvePoint]] = []
-        for c in curves:
-            others = [o for o in self._groups.get(_match_of(probe, c.identity), []) if o is not c]
-            cases.extend((c, others, coords, p) for coords, p in c.members if others)
-        step = max(1, math.ceil(len(cases) / _TRANSFER_CASES))
-        errs = []
-        for c, others, coords, p in cases[::step]:
-            ev, _ = self._transfer_eval(p.key, coords, others, self._limits(_match_of(probe, c.identity)))
-            errs.append(math.log(ev.ms / p.median_ms))
-        return errs
+    @property
+    def best_efficiency(self) -> float:
+        """The best efficiency this host reached (at most 1): the rate extra work costs at least."""
+        return self._best
 
+    def curves_of(self, probe: str) -> list[ShapeCurve]:
+        """The curves of `probe`, one per measured shape."""
+        return [c for c in self._curves.values() if c.probe == probe]
 
-def _between(a: tuple[float, float], b: tuple[float, float], rx: float) -> float:
-    """Time at roofline `rx` between a = (roofline, time) and b = (roofline, time) along one axis of one curve:
-    linear in roofline terms (exact for the latency + work / rate a decode kernel is), held between the two times
-    so a curve monotone in its points stays monotone between them."""
-    (ra, ta), (rb, tb) = a, b
-    ms = ta + (rx - ra) * (tb - ta) / (rb - ra) if rb != ra else (ta + tb) / 2
-    return min(max(ms, min(ta, tb)), max(ta, tb))
+    def transfer_group(self, curve: ShapeCurve) -> list[ShapeCurve]:
+        """The curves a shape of `curve`'s kind and dtype transfers from (`curve` among them)."""
+        return self._groups.get(match_of(curve.probe, curve.identity), [])
 
+    def limits_of(self, match: tuple[object, ...]) -> Limits:
+        """The latency floor and best efficiency that bound figures of transfer group `match`."""
+        return self._limits(match)
 
-def _blend_ms(a: tuple[float, float], b: tuple[float, float], rx: float, u: float) -> float:
-    """Time at roofline `rx` between two shapes a and b = (roofline, time): their efficiencies blended at weight
-    `u` (log space on the roofline), held between the two times."""
-    (ra, ta), (rb, tb) = a, b
-    eff = (1 - u) * ra / ta + u * rb / tb
-    ms = rx / eff if eff > 0 else max(ta, tb)
-    return min(max(ms, min(ta, tb)), max(ta, tb))
+    def evaluate(self, curve: ShapeCurve, tree: Tree, coords: tuple[int, ...], limits: Limits) -> Eval:
+        """The figure at `coords` from the points of `tree` (a curve's, or some of them) on `curve`'s shape."""
+        return self._eval(curve, tree, 0, coords, (), limits)
 
-
-@dataclass(frozen=True)
-class _Limits:
-    """What bounds a figure beyond the measured points: the latency floor of its kind (the fastest latency-bound
-    point of that kind on this host; 0 where none is) and the best efficiency this host reached (the rate extra
-    work costs at least)."""
-
-    floor_ms: float
-    best_efficiency: float
-
-
-def _beyond(
-    edge: tuple[float, float], rx: float, second: tuple[float, float] | None, limits: _Limits
-) -> tuple[float, bool]:
-    """Time at roofline `rx` outside the measured range, from the nearest point edge = (roofline, time) and the
-    next one in (`second`): the edge's time plus the change of work at the marginal cost (the line through the two
-    points in roofline terms, never cheaper than the roofline itself; with one point, the work at the best
-    efficiency this host reached), bounded by the edge's efficiency held (above the range no slower per unit of
-    work than at the edge, below it no faster) and by the edge's time (time grows with work), and never below the
-    latency floor. Returns (ms, whether the floor set it)."""
-    ra, ta = edge
-    hold = ta * rx / ra
-    slope = 1.0 / limits.best_efficiency
-    if second is not None:
-        rb, tb = second
-        if (rb - ra) * (tb - ta) > 0:
-            slope = max(1.0, (tb - ta) / (rb - ra))  # extra work never runs faster than the roofline
-    line = ta + (rx - ra) * slope
-    if rx >= ra:
-        return min(max(line, ta), hold), False
-    ms = max(line, hold)
-    return min(max(ms, limits.floor_ms), ta), limits.floor_ms > ms
-
-
-def _same_but_ignored(key: ProbeKey, anchors: Sequence[str]) -> bool:
-    """Whether `key` is one of the measured `anchors` but for the fields its family ignores (a KV write's context)."""
-    ignore = FAMILIES[key.PROBE].ignore
-    mine = {k: v for k, v in key.to_params().items() if k not in ignore}
-    for anchor in anchors:
-        other = cast(ProbeKey, parse_key_id(anchor))
-        if {k: v for k, v in other.to_params().items() if k not in ignore} == mine:
-            return True
-    return False
-
-
-def _label(status: str, octaves: float) -> str:
-    """'interpolated', 'extrapolated 2 octaves', 'extrapolated 0.6 octave'."""
-    if status != "extrapolated":
-        return status
-    text = f"{octaves:.1f}".rstrip("0").rstrip(".")
-    return f"extrapolated {text} octave{'' if octaves < 1.05 else 's'}"
-
-
-def _nearest_id(curve: _Curve, coords: tuple[int, ...]) -> str:
-    """The key id of `curve`'s point nearest `coords` (in log space over its axes)."""
-
-    def distance(c: tuple[int, ...]) -> float:
-        return sum(abs(math.log((a + 1) / (b + 1))) for a, b in zip(c, coords, strict=True))
-
-    return curve.points[min(curve.points, key=distance)].key.key_id
+    def transfer_evaluate(
+        self, key: ProbeKey, coords: tuple[int, ...], group: Sequence[ShapeCurve], limits: Limits
+    ) -> tuple[Eval, ShapeCurve]:
+        """The figure of `key` carried from the curves of `group`, and the one it rests on most."""
+        return self._transfer_eval(key, coords, group, limits)
 
 
 NOMINAL_CPU_GBPS = 20.0
@@ -769,11 +498,3 @@ def nominal_hardware(copy_gbps: float | None = None, peak_tflops: float | None =
         gpu_name="CPU ranks (rates for efficiency ratios only)",
     )
     return dataclasses.replace(hw, bf16_dense_tflops=peak_tflops or NOMINAL_CPU_TFLOPS)
-
-
-def points_by_probe(points: Iterable[CurvePoint]) -> Mapping[str, int]:
-    """How many points each probe contributes (for a one-line summary)."""
-    out: dict[str, int] = {}
-    for p in points:
-        out[p.key.PROBE] = out.get(p.key.PROBE, 0) + 1
-    return out

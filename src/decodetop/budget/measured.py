@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from decodetop.budget.curves import CurveEngine, CurvePoint
+from decodetop.budget.curve_points import CurvePoint
+from decodetop.budget.curves import CurveEngine
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import AllreduceKey, GemmKey, ProbeKey, parse_key_id

@@ -332,8 +332,8 @@ def _own_attention_grid(key: AttentionKey, batch: int, context: int) -> list[tup
 
 def _shard_attention_grid(key: AttentionKey, own_kv_heads: int) -> list[tuple[int, int, int, str]]:
     """(q_len, batch, context, KV dtype) of another TP shard. A GQA kernel's time is a function of its (sequence,
-    KV head) pairs and context (`decodetop.budget.curves.coords_of`): the scenario's own grid holds every pair count
-    from its KV heads up, so a shard with fewer KV heads adds the pair counts below (batch 1 × its KV heads),
+    KV head) pairs and context (`decodetop.budget.curve_points.coords_of`): the scenario's own grid holds every pair
+    count from its KV heads up, so a shard with fewer KV heads adds the pair counts below (batch 1 × its KV heads),
     where decode attention is latency-bound and steps with the kernel's split choice: × 2 contexts. MLA shards
     differ in their query heads: a coarse batch × context grid each."""
     if key.kind == "gqa" and own_kv_heads > 0:

@@ -64,14 +64,26 @@ class FamilyCheck:
     transfer: ErrorStat | None
     """Leave-one-shape-out: a whole curve left out and predicted from the other shapes."""
     interior_sigma: float
+    """σ of a figure interpolated within one launch regime (where the family's regimes are told apart), else of
+    any interpolated figure."""
     octave_sigma: float
     transfer_sigma: float
     defaults: tuple[str, ...] = ()
     """Which σ are published defaults (too few samples here): interior, per_octave, transfer."""
+    within_launch: ErrorStat | None = None
+    """The interior points whose brackets stand in their own launch regime (GQA curves whose launch is known)."""
+    across_launch: ErrorStat | None = None
+    """The interior points interpolated across a launch change of their kernel (`decodetop.budget.gqa_launch`)."""
+    across_sigma: float = 0.0
+    """σ of a figure interpolated across a launch change (the interior σ of all points where too few cross)."""
+    launch_unknown: int = 0
+    """GQA curves whose results do not say their launch (written before it was recorded): regimes not told apart."""
+
+    STATS = ("interior", "per_octave", "transfer", "within_launch", "across_launch")
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("interior", "per_octave", "transfer")}
-        for name in ("interior", "per_octave", "transfer"):
+        out = {k: v for k, v in dataclasses.asdict(self).items() if k not in self.STATS}
+        for name in self.STATS:
             stat = getattr(self, name)
             out[name] = stat.to_dict() if stat is not None else None
         out["defaults"] = list(self.defaults)
@@ -96,7 +108,7 @@ class SelfCheck:
         for f in self.families:
             parts = []
             if f.interior is not None:
-                parts.append(f"{_pct(f.interior)} inside the grid ({f.interior.n})")
+                parts.append(f"{_pct(f.interior)} inside the grid ({f.interior.n}{_launch_split(f)})")
             if f.per_octave is not None:
                 parts.append(f"{_pct(f.per_octave)} per extrapolated octave ({f.per_octave.n})")
             if f.transfer is not None:
@@ -111,6 +123,19 @@ SELF_CHECK_METHOD = (
     "per octave at its edges); each measured shape removed and predicted from the other shapes (transfer); "
     "errors |predicted/measured − 1|, σ in log space from their p90"
 )
+
+
+def _launch_split(f: FamilyCheck) -> str:
+    """'; within one launch regime 2.1 % / 8.7 % (14), across a launch change 5.6 % / 14.1 % (26)', and the
+    curves whose launch their results do not say."""
+    parts = [
+        f"{what} {stat.median_pct:.1f} % / {stat.p90_pct:.1f} % ({stat.n})"
+        for what, stat in (("within one launch regime", f.within_launch), ("across a launch change", f.across_launch))
+        if stat is not None
+    ]
+    if f.launch_unknown:
+        parts.append(f"the launch of {f.launch_unknown} GQA curve{'s' if f.launch_unknown > 1 else ''} not recorded")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 def _pct(stat: ErrorStat) -> str:
@@ -131,10 +156,27 @@ def default_check(probe: str) -> FamilyCheck:
     return family_check(probe, 0, 0, [], [], [])
 
 
+@dataclass(frozen=True)
+class LaunchSplit:
+    """A family's interior leave-one-out errors told apart by the kernel's launch regimes (log errors)."""
+
+    within: Sequence[float]
+    across: Sequence[float]
+    unknown_curves: int = 0
+    """GQA curves whose launch is not known, their points in neither list."""
+
+
 def family_check(  # noqa: PLR0917 - the parts of one family's check
-    probe: str, points: int, curves: int, interior: list[float], per_octave: list[float], transfer: list[float]
+    probe: str,
+    points: int,
+    curves: int,
+    interior: list[float],
+    per_octave: list[float],
+    transfer: list[float],
+    launch: LaunchSplit | None = None,
 ) -> FamilyCheck:
-    """A family's check with the σ it gives each kind of prediction (a published default where too few samples)."""
+    """A family's check with the σ it gives each kind of prediction (a published default where too few samples);
+    `launch`: its interior errors told apart by launch regime, where any of its curves' launch is known."""
     stats = (ErrorStat.of(interior), ErrorStat.of(per_octave), ErrorStat.of(transfer))
     defaults = (DEFAULT_INTERIOR_SIGMA.get(probe, DEFAULT_INTERIOR_SIGMA["gemm"]), DEFAULT_OCTAVE_SIGMA,
                 DEFAULT_TRANSFER_SIGMA)  # fmt: skip
@@ -147,6 +189,14 @@ def family_check(  # noqa: PLR0917 - the parts of one family's check
         else:
             sigmas.append(default)
             used_default.append(name)
+    within = ErrorStat.of(launch.within) if launch is not None else None
+    across = ErrorStat.of(launch.across) if launch is not None else None
+    interior_sigma, across_sigma = sigmas[0], sigmas[0]
+    if within is not None and within.n >= MIN_CHECK_SAMPLES:
+        interior_sigma = within.sigma_log
+    if across is not None and across.n >= MIN_CHECK_SAMPLES:
+        across_sigma = across.sigma_log
     return FamilyCheck(
-        probe, points, curves, stats[0], stats[1], stats[2], sigmas[0], sigmas[1], sigmas[2], tuple(used_default)
-    )
+        probe, points, curves, stats[0], stats[1], stats[2], interior_sigma, sigmas[1], sigmas[2],
+        tuple(used_default), within, across, across_sigma, launch.unknown_curves if launch is not None else 0,
+    )  # fmt: skip

@@ -17,8 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from decodetop.budget.curves import FAMILIES, CurveEngine, CurvePoint, nominal_hardware
+from decodetop.budget.curve_points import FAMILIES, CurvePoint
+from decodetop.budget.curves import CurveEngine, nominal_hardware
 from decodetop.budget.engine_paths import EngineCurve
+from decodetop.budget.gqa_launch import GqaLaunchFacts
 from decodetop.budget.inventory import StepInventory
 from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import LaunchKey, MeasurementKeyError, ProbeKey, parse_key_id
@@ -173,6 +175,8 @@ class MeasuredSetBuilder:
     """Per key id, its times with other kernel classes than the budget's (the torch form beside a fused kernel)."""
     curve_points: dict[tuple[str, str], CurvePoint] = field(default_factory=dict)
     """(key id, variant) → a point measured beside the budget's own keys (sweeps, grids, other implementations)."""
+    launches: dict[str, GqaLaunchFacts] = field(default_factory=dict)
+    """Key id → the GQA split-K launch its point was timed with (where the results say it)."""
     curve_kernels: dict[str, set[KernelClass]] = field(default_factory=dict)
     """Probe → the kernel classes its grid points were timed with (where the probe says): a key timed with several
     classes joins its curve at the grid's class, so one curve holds one kernel's times."""
@@ -230,6 +234,10 @@ class MeasuredSetBuilder:
         if prev is None or time.median_ms < prev.median_ms:
             self.curve_points[slot] = CurvePoint(key, time.median_ms, time.p10_ms, time.p90_ms, time.source, variant)
 
+    def offer_launch(self, key_id: str, facts: GqaLaunchFacts) -> None:
+        """Keep the kernel launch `key_id`'s point was timed with; it goes onto the point's `CurvePoint`."""
+        self.launches[key_id] = facts
+
     def _all_curve_points(self) -> tuple[CurvePoint, ...]:
         """The offered curve points and every key time (a key measured exactly is a point of its curve)."""
         points = dict(self.curve_points)
@@ -245,7 +253,7 @@ class MeasuredSetBuilder:
                 and (slot not in points or t.median_ms < points[slot].median_ms)
             ):
                 points[slot] = self._at_grid_kernel(key, t)
-        return tuple(points[s] for s in sorted(points))
+        return tuple(dataclasses.replace(points[s], launch=self.launches.get(s[0])) for s in sorted(points))
 
     def _at_grid_kernel(self, key: ProbeKey, t: MeasuredTime) -> CurvePoint:
         """A key's time as a point of its curve: where the budget took another kernel class than the one its

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
+from decodetop.budget.gqa_launch import GqaLaunch, launch_metrics
 from decodetop.budget.keys import AttentionKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
@@ -151,10 +152,14 @@ def _gqa_torch(g: _Gqa) -> Callable[[], torch.Tensor]:
     return sdpa
 
 
-def _gqa_runner(g: _Gqa, fn: Callable[[], object], note: str, kernel_name: str, ctx: ProbeContext) -> OpRunner:
+def _gqa_runner(  # noqa: PLR0917 - one runner's parts
+    g: _Gqa, fn: Callable[[], object], note: str, kernel_name: str, ctx: ProbeContext, launch: GqaLaunch | None = None
+) -> OpRunner:
+    """The runner of one GQA form; the split-K kernel's `launch` is recorded with its point (`launch_metrics`)."""
     moved = g.kv_bytes + 2 * g.q.numel() * 2
     kernel = torch_kernel(ctx, kernel_name) if kernel_name.startswith("SDPA") else triton_kernel(kernel_name)
-    return OpRunner(fn, moved, g.flops, len(g.caches), note, kv_bytes=g.kv_bytes, kernel=kernel)
+    facts = launch_metrics(launch) if launch is not None else {}
+    return OpRunner(fn, moved, g.flops, len(g.caches), note, kv_bytes=g.kv_bytes, kernel=kernel, facts=facts)
 
 
 # --------------------------------------------------------------------------------------------------------- MLA
@@ -358,7 +363,7 @@ def triton_attention_runner(
         got = split_k().clone()
         g.caches.rewind()
         check_close(got, gqa.reference_gqa(g.q, k0, v0, sm_scale=g.sm_scale, scales=g.scales), "Triton GQA decode")
-        return _gqa_runner(g, split_k, f"split {work.config.label}", f"GQA decode split-K{fp8}", ctx)
+        return _gqa_runner(g, split_k, f"split {work.config.label}", f"GQA decode split-K{fp8}", ctx, work.launch)
     m = _mla_inputs(key, ctx, length, rotate=rotate)
     run, dwork = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"

@@ -17,7 +17,7 @@ import importlib
 import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, cast
 
 import torch
@@ -56,6 +56,8 @@ class OpRunner:
     kv_bytes: float = 0.0
     kernel: KernelClass | None = None
     """The class of kernel `fn` runs (engine, decodetop Triton, torch, CPU), carried onto the point."""
+    facts: Mapping[str, float] = field(default_factory=dict)
+    """Metrics the point records beside its timing (a GQA split-K launch's shape, SM count and split)."""
 
 
 class OpRunnerFactory(Protocol):
@@ -208,6 +210,7 @@ def point(
     if peak_tflops > 0 and runner.flops:
         metrics["peak_pct"] = 100.0 * metrics["tflops"] / peak_tflops
     metrics["rotation"] = float(runner.rotation)
+    metrics.update(runner.facts)
     notes = [n for n in (runner.note, timing.note, note) if n]
     return RankMeasurement(
         name,

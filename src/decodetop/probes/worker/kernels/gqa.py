@@ -7,7 +7,9 @@ combines the chunks (the split-K "flash-decoding" of FlashAttention's decode pat
 An FP8 cache moves 1 byte per value from memory and is converted in registers, so its bytes halve against BF16.
 `reference_gqa` is the torch form: SDPA with enable_gqa over the cache (an FP8 cache cast to BF16 first).
 
-The launch shape is a `GqaConfig`. On an H200 the first version (`FIRST`: the query group as the MMA's 16-row M
+The launch shape is a `GqaConfig`; the grid and constexprs of every launch come from `decodetop.budget.gqa_launch`
+(`gqa_launch`, a pure function of the shape and the SM count: the curve engine tells the kernel's launch regimes
+apart with the same function). On an H200 the first version (`FIRST`: the query group as the MMA's 16-row M
 operand, FP8 converted to BF16, 64-token tiles, 4 programs per SM) ran an FP8 cache at the same time per tile as a
 BF16 one, 2.5× bytes / copy bandwidth at 32K (docs/benchmarks.md, "Kernels"): the tile loop, not memory, bounded
 it. The options: `f16` converts FP8 to FP16 (one `cvt.rn.f16x2.e4m3x2` per two values; BF16 takes a second
@@ -25,6 +27,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
 
+from decodetop.budget.gqa_launch import (
+    BLOCK_N,
+    COMBINE_BLOCK_S,
+    FIRST,
+    LONG,
+    LONG_FROM,
+    PROGRAMS_PER_SM,
+    SHORT,
+    GqaConfig,
+    GqaLaunch,
+    default_config,
+    gqa_launch,
+    plan_splits,
+)
 from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
@@ -38,53 +54,23 @@ from decodetop.probes.worker.kernels.common import (
 )
 from decodetop.probes.worker.kernels.mla import LOG2E
 
-#: Tokens per tile ([64 × 128] K and V tiles: 16 KB each in BF16, 8 KB in FP8).
-BLOCK_N = 64
-#: Programs per SM wanted for the split.
-PROGRAMS_PER_SM = 4
-
-
-@dataclass(frozen=True)
-class GqaConfig:
-    """The split kernel's launch shape and arithmetic."""
-
-    block_n: int = BLOCK_N
-    """Tokens per K/V tile."""
-    num_warps: int = 4
-    num_stages: int = 3
-    """Software-pipeline depth of the tile loop (3: Triton's default on Hopper)."""
-    programs_per_sm: int = PROGRAMS_PER_SM
-    f16: bool = False
-    """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
-    combine_block: int = 0
-    """Split partials per step of the combine kernel (a power of two; 0: `COMBINE_BLOCK_S`)."""
-
-    @property
-    def label(self) -> str:
-        """'64 tok/4w/3st/4 per SM, fp16'."""
-        opts = ["fp16"] if self.f16 else []
-        opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
-        base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
-        return ", ".join([base, *opts])
-
-
-#: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
-FIRST = GqaConfig()
-#: The shapes the probe runs, by context (`default_config`), the fastest of the H200 sweeps of
-#: `benchmarks/kernels/h200_kernels.py` (Llama-3.1-70B, FP8 cache; docs/benchmarks.md, "Kernels, third round"):
-#: `SHORT` below `LONG_FROM` cached tokens (9.2 µs at 4K, where two warps over 128-token tiles take 10.4), `LONG`
-#: from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and 93.9 for `SHORT`): fewer warps a program issue
-#: fewer instructions per cached token (the row max and sum cross fewer warps), more programs per SM hide the
-#: latency instead.
-SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
-LONG = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
-LONG_FROM = 16384
-
-
-def default_config(length: int) -> GqaConfig:
-    """The launch shape the probe runs over `length` cached tokens."""
-    return LONG if length >= LONG_FROM else SHORT
-
+__all__ = [  # the launch shapes and rules re-exported from the budget layer, where they live
+    "BLOCK_N",
+    "COMBINE_BLOCK_S",
+    "FIRST",
+    "LONG",
+    "LONG_FROM",
+    "PROGRAMS_PER_SM",
+    "SHORT",
+    "SWEEP",
+    "GqaConfig",
+    "GqaWorkspace",
+    "default_config",
+    "gqa_decode",
+    "gqa_workspace",
+    "plan_splits",
+    "reference_gqa",
+]
 
 #: The shapes the benchmark sweeps beside `SHORT` and `LONG`: `SHORT` with last round's combine (16 partials a step
 #: over two passes: 11.7 µs at 4K against 9.2 with one step), the first, then fewer warps per program over more
@@ -104,10 +90,6 @@ SWEEP = (
     GqaConfig(block_n=64, num_warps=2, num_stages=4, programs_per_sm=4, f16=True),
     GqaConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2, f16=True),
 )
-#: Split partials per combine step, at most: as many as there are splits up to this (one online-softmax step over
-#: all of them, the loads of m, l and the partial rows in flight together; the first version took 16 per step over
-#: two passes, four dependent round trips at 32 splits).
-COMBINE_BLOCK_S = 64
 
 if HAVE_TRITON:
 
@@ -239,29 +221,31 @@ if HAVE_TRITON:
         tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
-def plan_splits(
-    length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
-) -> tuple[int, int]:
-    """(splits, tokens per split): splits × `programs_per_split` ≈ `programs_per_sm` × `sms`, whole tiles."""
-    if min(length, programs_per_split, sms, block_n, programs_per_sm) < 1:
-        raise ValueError(f"GQA split needs positive sizes: {length=}, {programs_per_split=}, {sms=}")
-    tiles = -(-length // block_n)
-    splits = min(tiles, max(1, -(-programs_per_sm * sms // programs_per_split)))
-    chunk = -(-tiles // splits) * block_n
-    return -(-length // chunk), chunk
-
-
 @dataclass
 class GqaWorkspace:
-    """Preallocated partials and output of one shape."""
+    """Preallocated partials and output of one shape, and the launch they are sized for."""
 
     acc: torch.Tensor
     ml: torch.Tensor
     out: torch.Tensor
-    splits: int
-    chunk: int
-    group_pad: int
-    config: GqaConfig
+    launch: GqaLaunch
+
+    @property
+    def splits(self) -> int:
+        return self.launch.splits
+
+    @property
+    def chunk(self) -> int:
+        """Tokens per split."""
+        return self.launch.tokens_per_split
+
+    @property
+    def group_pad(self) -> int:
+        return self.launch.group_pad_rows
+
+    @property
+    def config(self) -> GqaConfig:
+        return self.launch.config
 
 
 def gqa_workspace(
@@ -276,22 +260,14 @@ def gqa_workspace(
     config: GqaConfig | None = None,
 ) -> GqaWorkspace:
     """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split for `config` (None:
-    `default_config`)."""
-    config = config or default_config(length)
-    group_rows = heads // kv_heads * q_len
-    gp = max(16, next_pow2(group_rows))
-    splits, chunk = plan_splits(
-        length, batch * kv_heads, sms or sm_count(device), config.block_n, config.programs_per_sm
-    )
-    parts = batch * kv_heads * splits * gp
+    `default_config`) on `sms` SMs (0: the device's)."""
+    geo = gqa_launch(batch, heads, kv_heads, q_len, length, sms=sms or sm_count(device), config=config)
+    parts = geo.pairs * geo.splits * geo.group_pad_rows
     return GqaWorkspace(
         torch.empty(parts * v_dim, device=device, dtype=torch.float32),
         torch.empty(parts * 2, device=device, dtype=torch.float32),
         torch.empty(batch, heads * q_len, v_dim, device=device, dtype=torch.bfloat16),
-        splits,
-        chunk,
-        gp,
-        config,
+        geo,
     )
 
 
@@ -321,13 +297,15 @@ def gqa_decode(
         raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
     if work is None:
         work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device)
-    group_rows = heads // kv_heads * q_len
+    geo = work.launch
+    if (geo.pairs, geo.group_rows, geo.length_tokens) != (batch * kv_heads, heads // kv_heads * q_len, length):
+        raise ValueError(f"GQA workspace sized for another shape than q {tuple(q.shape)}, k {tuple(k.shape)}")
     qc = q.contiguous()
     scale = scales if scales is not None else work.ml
-    cfg = work.config
+    cfg = geo.config
     launch(
         _gqa_split_kernel,
-        (batch * kv_heads, work.splits),
+        geo.split_grid,
         qc,
         k,
         v,
@@ -335,10 +313,10 @@ def gqa_decode(
         work.acc,
         work.ml,
         kv_heads,
-        group_rows,
+        geo.group_rows,
         length,
-        work.chunk,
-        work.splits,
+        geo.tokens_per_split,
+        geo.splits,
         qc.stride(0),
         k.stride(0),
         k.stride(1),
@@ -346,7 +324,7 @@ def gqa_decode(
         v.stride(1),
         sm_scale * LOG2E,
         FP8=fp8,
-        GP=work.group_pad,
+        GP=geo.group_pad_rows,
         D=dim,
         DV=v_dim,
         BLOCK_N=cfg.block_n,
@@ -357,17 +335,17 @@ def gqa_decode(
     )
     launch(
         _gqa_combine_kernel,
-        (batch * kv_heads * group_rows,),
+        geo.combine_grid,
         work.acc,
         work.ml,
         work.out,
         kv_heads,
-        group_rows,
-        work.splits,
+        geo.group_rows,
+        geo.splits,
         work.out.stride(0),
-        GP=work.group_pad,
+        GP=geo.group_pad_rows,
         DV=v_dim,
-        BLOCK_S=min(cfg.combine_block or COMBINE_BLOCK_S, next_pow2(work.splits)),
+        BLOCK_S=geo.combine_block,
     )
     return work.out
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decodetop.budget.gqa_launch import plan_splits
 from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
@@ -222,20 +223,6 @@ if HAVE_TRITON:
         tl.store(out_ptr + row * stride_or + h * stride_oh + offs_d, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
-def plan_splits(
-    total: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
-) -> tuple[int, int]:
-    """(splits, tokens per split) so that splits × `programs_per_split` ≈ `programs_per_sm` × `sms` programs, each
-    split a whole number of `block_n` tiles (≥ 1 tile, at most one split per tile)."""
-    if min(total, programs_per_split, sms, block_n, programs_per_sm) < 1:
-        raise ValueError(f"MLA split needs positive sizes: {total=}, {programs_per_split=}, {sms=}, {block_n=}")
-    tiles = -(-total // block_n)
-    want = max(1, -(-programs_per_sm * sms // programs_per_split))
-    splits = min(tiles, want)
-    chunk = -(-tiles // splits) * block_n
-    return -(-total // chunk), chunk
-
-
 @dataclass
 class MlaWorkspace:
     """Preallocated partial results and output of one shape, so a captured graph allocates nothing."""
@@ -261,7 +248,7 @@ def mla_workspace(
     """Buffers for `rows` query rows of `heads` heads over `total` tokens (dense context or selected indices). The
     split is a whole number of the largest tile `TILE_CHOICES` may fall back from, so any fallback tiles it."""
     head_blocks = -(-heads // BLOCK_H)
-    splits, chunk = plan_splits(
+    splits, chunk = plan_splits(  # the GQA kernel's split rule: whole tiles, about programs_per_sm per SM
         total, head_blocks * rows, sms or sm_count(device), config.block_n, config.programs_per_sm
     )
     acc = torch.empty(rows * splits * heads * lora, device=device, dtype=torch.float32)

@@ -1,0 +1,278 @@
+"""Provides the launch geometry of decodetop's GQA split-K decode kernel as a pure function of the shape and the SM
+count: its launch shapes (`GqaConfig`; `SHORT` and `LONG` by context, `default_config`), the split of the context
+over programs (`plan_splits`, the MLA kernel's rule too) and the grids that follow (`gqa_launch`). The kernel's
+launcher (`decodetop.probes.worker.kernels.gqa`) takes its grid and constexprs from here, and the curve engine tells
+the kernel's launch regimes apart with the same functions (`launch_regime`), so the two cannot disagree; a results
+file records each point's launch (`launch_metrics`, read back by `facts_from_metrics`). Stdlib only."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from decodetop.budget.keys import AttentionKey
+
+#: Tokens per tile ([64 × 128] K and V tiles: 16 KB each in BF16, 8 KB in FP8).
+BLOCK_N = 64
+#: Programs per SM wanted for the split.
+PROGRAMS_PER_SM = 4
+#: Split partials per combine step, at most: as many as there are splits up to this (one online-softmax step over
+#: all of them, the loads of m, l and the partial rows in flight together; the first version took 16 per step over
+#: two passes, four dependent round trips at 32 splits).
+COMBINE_BLOCK_S = 64
+#: The query rows of one program are padded to a power of two of at least this (the rows `tl.dot` needs).
+MIN_GROUP_ROWS = 16
+
+
+@dataclass(frozen=True)
+class GqaConfig:
+    """The split kernel's launch shape and arithmetic."""
+
+    block_n: int = BLOCK_N
+    """Tokens per K/V tile."""
+    num_warps: int = 4
+    num_stages: int = 3
+    """Software-pipeline depth of the tile loop (3: Triton's default on Hopper)."""
+    programs_per_sm: int = PROGRAMS_PER_SM
+    f16: bool = False
+    """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
+    combine_block: int = 0
+    """Split partials per step of the combine kernel (a power of two; 0: `COMBINE_BLOCK_S`)."""
+
+    @property
+    def label(self) -> str:
+        """'64 tok/4w/3st/4 per SM, fp16'."""
+        opts = ["fp16"] if self.f16 else []
+        opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
+        base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
+        return ", ".join([base, *opts])
+
+    @property
+    def shape(self) -> GqaConfig:
+        """The split kernel's shape alone (the combine's step left at its default)."""
+        return GqaConfig(self.block_n, self.num_warps, self.num_stages, self.programs_per_sm, self.f16)
+
+
+def config_from_label(text: str) -> GqaConfig | None:
+    """The `GqaConfig` whose `label` `text` is (None for any other text): how results written before the launch
+    was recorded name it in their note ('split 128 tok/8w/3st/2 per SM, fp16; …')."""
+    head, *opts = (part.strip() for part in text.split(","))
+    fields = head.split("/")
+    if len(fields) != 4 or not fields[0].endswith(" tok") or not fields[3].endswith(" per SM"):
+        return None
+    try:
+        block_n, warps = int(fields[0][: -len(" tok")]), int(fields[1].removesuffix("w"))
+        stages, per_sm = int(fields[2].removesuffix("st")), int(fields[3][: -len(" per SM")])
+    except ValueError:
+        return None
+    f16, combine = False, 0
+    for opt in opts:
+        if opt == "fp16":
+            f16 = True
+        elif opt.startswith("combine ") and opt.endswith(" a step") and opt[8:-7].isdigit():
+            combine = int(opt[8:-7])
+        else:
+            return None
+    config = GqaConfig(block_n, warps, stages, per_sm, f16, combine)
+    return config if config.label == text else None
+
+
+#: The first version's shape (H200: 39.0 µs for an FP8 cache at 32K, docs/benchmarks.md "Kernels").
+FIRST = GqaConfig()
+#: The shapes the probe runs, by context (`default_config`), the fastest of the H200 sweeps of
+#: `benchmarks/kernels/h200_kernels.py` (Llama-3.1-70B, FP8 cache; docs/benchmarks.md, "Kernels, third round"):
+#: `SHORT` below `LONG_FROM` cached tokens (9.2 µs at 4K, where two warps over 128-token tiles take 10.4), `LONG`
+#: from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and 93.9 for `SHORT`): fewer warps a program issue
+#: fewer instructions per cached token (the row max and sum cross fewer warps), more programs per SM hide the
+#: latency instead.
+SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
+LONG = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
+LONG_FROM = 16384
+
+
+def default_config(length: int) -> GqaConfig:
+    """The launch shape the probe runs over `length` cached tokens."""
+    return LONG if length >= LONG_FROM else SHORT
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ≥ n (≥ 1): Triton block shapes are powers of two."""
+    return 1 << max(0, (max(1, n) - 1).bit_length())
+
+
+def plan_splits(
+    length: int, programs_per_split: int, sms: int, block_n: int = BLOCK_N, programs_per_sm: int = PROGRAMS_PER_SM
+) -> tuple[int, int]:
+    """(splits, tokens per split): splits × `programs_per_split` ≈ `programs_per_sm` × `sms`, whole tiles (≥ 1 tile,
+    at most one split per tile)."""
+    if min(length, programs_per_split, sms, block_n, programs_per_sm) < 1:
+        raise ValueError(f"split needs positive sizes: {length=}, {programs_per_split=}, {sms=}, {block_n=}")
+    tiles = -(-length // block_n)
+    splits = min(tiles, max(1, -(-programs_per_sm * sms // programs_per_split)))
+    chunk = -(-tiles // splits) * block_n
+    return -(-length // chunk), chunk
+
+
+@dataclass(frozen=True)
+class GqaLaunch:
+    """One launch of the split and combine kernels over `pairs` (sequence, KV head) pairs of `length_tokens` cached
+    tokens each: the shape, the split, and the grids and constexprs that follow."""
+
+    config: GqaConfig
+    pairs: int
+    length_tokens: int
+    sm_count: int
+    splits: int
+    tokens_per_split: int
+    group_rows: int
+    """Query rows of one KV head: q heads per KV head × new tokens."""
+
+    @property
+    def group_pad_rows(self) -> int:
+        """The split kernel's GP constexpr: the group's rows padded to a power of two ≥ `MIN_GROUP_ROWS`."""
+        return max(MIN_GROUP_ROWS, next_pow2(self.group_rows))
+
+    @property
+    def combine_block(self) -> int:
+        """The combine kernel's BLOCK_S constexpr: split partials per step."""
+        return min(self.config.combine_block or COMBINE_BLOCK_S, next_pow2(self.splits))
+
+    @property
+    def split_grid(self) -> tuple[int, int]:
+        """The split kernel's grid: (pairs, splits)."""
+        return (self.pairs, self.splits)
+
+    @property
+    def combine_grid(self) -> tuple[int]:
+        """The combine kernel's grid: one program per query row of every pair."""
+        return (self.pairs * self.group_rows,)
+
+    @property
+    def split_programs(self) -> int:
+        return self.pairs * self.splits
+
+    @property
+    def tiles_per_program(self) -> int:
+        return self.tokens_per_split // self.config.block_n
+
+    @property
+    def programs_per_busiest_sm(self) -> int:
+        """Split programs on the busiest SM when the grid is spread evenly: where this grows by one, every program
+        of the busiest SMs waits on another (a step in time)."""
+        return -(-self.split_programs // self.sm_count)
+
+    @property
+    def combine_steps(self) -> int:
+        """Dependent steps of one combine program over the splits."""
+        return -(-self.splits // self.combine_block)
+
+
+def gqa_launch(
+    batch: int, heads: int, kv_heads: int, q_len: int, length: int, *, sms: int, config: GqaConfig | None = None
+) -> GqaLaunch:
+    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones on `sms` SMs, split for
+    `config` (None: `default_config`)."""
+    config = config or default_config(length)
+    splits, chunk = plan_splits(length, batch * kv_heads, sms, config.block_n, config.programs_per_sm)
+    return GqaLaunch(config, batch * kv_heads, length, sms, splits, chunk, heads // kv_heads * q_len)
+
+
+def attended_tokens(key: AttentionKey) -> int:
+    """Cached tokens one decode of `key` attends: its context and new tokens, within its window (the attention
+    probe's rule, `decodetop.probes.worker.attention`)."""
+    length = key.context + key.q_len
+    return min(length, key.window) if key.window else length
+
+
+def key_launch(key: AttentionKey, sms: int, config: GqaConfig | None = None) -> GqaLaunch:
+    """The launch of GQA key `key` on `sms` SMs (`config` None: `default_config`)."""
+    return gqa_launch(key.batch, key.heads, key.kv_heads, key.q_len, attended_tokens(key), sms=sms, config=config)
+
+
+@dataclass(frozen=True)
+class GqaLaunchFacts:
+    """What a GQA point's launch was, as its results file records it: the shape and the SM count it was split
+    over (with the key, enough to recompute the whole launch: `gqa_launch`)."""
+
+    config: GqaConfig
+    sm_count: int
+
+
+LAUNCH_METRICS = ("block_n", "num_warps", "num_stages", "programs_per_sm", "f16", "combine_block")
+"""The config fields a GQA measurement records as `launch_<field>` metrics, beside `launch_sm_count` and the
+split that came of them (`launch_splits`, `launch_tokens_per_split`), which a reader checks against today's rule."""
+
+
+def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
+    """The metrics a GQA measurement records its launch with (`LAUNCH_METRICS`)."""
+    out = {f"launch_{name}": float(getattr(launch.config, name)) for name in LAUNCH_METRICS}
+    out |= {
+        "launch_sm_count": float(launch.sm_count),
+        "launch_splits": float(launch.splits),
+        "launch_tokens_per_split": float(launch.tokens_per_split),
+    }
+    return out
+
+
+def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLaunchFacts | None:
+    """The launch facts `key`'s measurement records in its metrics (None where it records none, or where today's
+    split rule gives another split than the one recorded: the facts then belong to another kernel's rule)."""
+    names = [f"launch_{n}" for n in (*LAUNCH_METRICS, "sm_count", "splits", "tokens_per_split")]
+    values = [metrics.get(n) for n in names]
+    ints = [int(v) for v in values if v is not None and math.isfinite(v) and v >= 0 and v == int(v)]
+    if len(ints) != len(names):
+        return None
+    block_n, warps, stages, per_sm, f16, combine, sms, splits, per_split = ints
+    if min(block_n, warps, stages, per_sm, sms) < 1:
+        return None
+    facts = GqaLaunchFacts(GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine), sms)
+    got = key_launch(key, sms, facts.config)
+    return facts if (got.splits, got.tokens_per_split) == (splits, per_split) else None
+
+
+def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
+    """The launch facts of a GQA measurement written before the launch was recorded: its note opens with the launch
+    shape's label ('split 128 tok/8w/3st/2 per SM, fp16; …') and its results' environment gives the SM count. Such
+    a label does not tell the combine's step (16 partials by default before the third kernel round,
+    docs/benchmarks.md "Kernels, third round"), only the split's shape."""
+    head = note.split(";", 1)[0].strip()
+    config = config_from_label(head[len("split ") :]) if head.startswith("split ") else None
+    return GqaLaunchFacts(config, sm_count) if config is not None and sm_count >= 1 else None
+
+
+LaunchRule = Callable[[int], GqaConfig]
+"""The launch shape a kernel takes over a number of cached tokens."""
+
+
+def launch_rule(points: Iterable[tuple[int, GqaLaunchFacts]]) -> tuple[LaunchRule, int] | None:
+    """The rule that chose the recorded shapes of one curve's points, given as (cached tokens, facts), and their SM
+    count: today's `default_config` where every shape is the one it gives, a fixed shape where every point has it
+    (results of an earlier kernel version), None where the points have no facts, disagree on the SM count, or mix
+    shapes by another rule."""
+    found = list(points)
+    if not found or len({f.sm_count for _n, f in found}) != 1:
+        return None
+    sms = found[0][1].sm_count
+    if all(f.config.shape == default_config(n).shape for n, f in found):
+        return default_config, sms
+    shapes = {f.config.shape for _n, f in found}
+    if len(shapes) == 1:
+        fixed = shapes.pop()
+        return (lambda _n: fixed), sms
+    return None
+
+
+@dataclass(frozen=True)
+class LaunchRegime:
+    """Where a GQA kernel's time runs on one line: one split shape and as many programs on the busiest SM. On the
+    H200's recorded curves the time steps where either changes (docs/benchmarks.md, "Leave-one-out across the GQA
+    kernel's launch regimes"), so a figure interpolated between points of two regimes spans a step."""
+
+    shape: GqaConfig
+    programs_per_busiest_sm: int
+
+
+def launch_regime(launch: GqaLaunch) -> LaunchRegime:
+    """The regime `launch` runs in."""
+    return LaunchRegime(launch.config.shape, launch.programs_per_busiest_sm)

@@ -1,0 +1,73 @@
+"""The GQA kernel's launch geometry as the budget layer computes it, and the facts a results file records of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from decodetop.budget.gqa_launch import (
+    FIRST,
+    LONG,
+    SHORT,
+    GqaConfig,
+    GqaLaunchFacts,
+    config_from_label,
+    default_config,
+    facts_from_metrics,
+    facts_from_note,
+    gqa_launch,
+    key_launch,
+    launch_metrics,
+)
+from decodetop.budget.keys import AttentionKey
+
+
+def _gqa(batch: int, context: int, kv_dtype: str = "bf16", q_len: int = 1, window: int = 0) -> AttentionKey:
+    return AttentionKey("gqa", batch, q_len, context, 64, 8, 128, 128, 0, 128, 0, 0, 0, window, kv_dtype)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [FIRST, SHORT, LONG, GqaConfig(block_n=32, num_warps=1, num_stages=4, programs_per_sm=8, f16=True),
+     GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True, combine_block=16)],
+)  # fmt: skip
+def test_a_launch_label_reads_back_as_its_shape(config: GqaConfig) -> None:
+    assert config_from_label(config.label) == config
+
+
+@pytest.mark.parametrize(
+    "text", ["", "SDPA with enable_gqa", "128 tok/8w/3st", "128 tok/8w/3st/2 per SM, fp32", "x tok/8w/3st/2 per SM"]
+)
+def test_other_text_is_no_launch_label(text: str) -> None:
+    assert config_from_label(text) is None
+
+
+def test_the_split_fills_the_sms_with_whole_tiles() -> None:
+    one = gqa_launch(1, 64, 8, 1, 4097, sms=132)  # 8 pairs of 4097 tokens, SHORT: 2 programs per SM wanted
+    assert one.config == SHORT and one.split_grid == (8, 33) and one.tokens_per_split == 128
+    assert one.programs_per_busiest_sm == 2 and one.combine_grid == (64,) and one.combine_steps == 1
+    long = gqa_launch(1, 8, 1, 1, 131073, sms=132)  # one pair: LONG, splits capped near 4 per SM
+    assert long.config == LONG and long.splits == 513 and long.tiles_per_program == 2
+    assert long.combine_block == 64 and long.combine_steps == 9
+    assert key_launch(_gqa(1, 4096), 132) == one
+    assert key_launch(_gqa(1, 65536, window=4096), 132).length_tokens == 4096  # within its window
+
+
+def test_recorded_launch_metrics_read_back_as_facts() -> None:
+    key = _gqa(2, 16384, "fp8")
+    launch = key_launch(key, 132)
+    facts = facts_from_metrics({"time_us": 30.0, **launch_metrics(launch)}, key)
+    assert facts == GqaLaunchFacts(default_config(16385), 132)
+    assert facts_from_metrics({"time_us": 30.0}, key) is None
+
+
+def test_facts_split_by_another_rule_than_todays_are_not_taken() -> None:
+    key = _gqa(2, 16384)
+    recorded = launch_metrics(key_launch(key, 132)) | {"launch_splits": 7.0}
+    assert facts_from_metrics(recorded, key) is None
+
+
+def test_results_written_before_the_launch_was_recorded_give_it_by_their_note() -> None:
+    note = "split 128 tok/8w/3st/2 per SM, fp16; engine kernel: no engine kernel importable (flashinfer)"
+    assert facts_from_note(note, 132) == GqaLaunchFacts(SHORT, 132)
+    assert facts_from_note("engine kernel: no engine kernel adapted for gqa at batch 2, bf16 KV", 132) is None
+    assert facts_from_note(note, 0) is None
