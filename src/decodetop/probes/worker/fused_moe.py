@@ -283,6 +283,7 @@ def fused_moe(
     out: torch.Tensor | None = None,
     sms: int | None = None,
     tiles: tuple[Tiles, Tiles] | None = None,
+    sum_in_down: bool | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
@@ -290,7 +291,8 @@ def fused_moe(
     [T·K, 2I] fp32 (the gate and up sums), `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a
     captured graph allocates nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1
     on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from
-    `pick_block_n`)."""
+    `pick_block_n`). `sum_in_down`: the top-k sum in the down kernel (None: where its tile allows, `_sums_in_down`;
+    False: the down kernel's fp32 partials and the combine launch, the first form)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -316,7 +318,7 @@ def fused_moe(
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
     launch_gate_up(x, w13, ids, h, grid)
     down_tiles = grid.down_tiles or Tiles(grid.down_block_n)
-    if _sums_in_down(down_tiles, top_k, inter):
+    if sum_in_down is not False and _sums_in_down(down_tiles, top_k, inter):
         rows = down_tiles.block_n // top_k
         launch(
             _down_sum_kernel,
