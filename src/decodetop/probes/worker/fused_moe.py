@@ -343,13 +343,19 @@ def fused_moe(
     return out
 
 
+#: Largest top-k whose sum the down kernel takes itself: each of its programs computes SiLU(gate) × up for every
+#: expert of the token (top-k times the down kernel's own), affordable for Mixtral's 2, not for 8.
+SUM_IN_DOWN_MAX_TOP_K = 2
+
+
 def _sums_in_down(tiles: Tiles, top_k: int, inter: int) -> bool:
     """Whether the down projection takes the top-k sum itself (`_down_sum_kernel`): when its tile has no split
-    reduction and its rows divide among the `top_k` experts in powers of two (the same bytes per program as the
-    tuned tile, one launch fewer; docs/benchmarks.md, "Kernels, fourth round")."""
+    reduction, top-k is at most SUM_IN_DOWN_MAX_TOP_K and the tile's rows divide among the experts in powers of
+    two (the same weight bytes per program as the tuned tile, one launch fewer)."""
     rows = tiles.block_n // max(1, top_k)
     whole = -(-inter // _k_chunk(inter, tiles)) == 1
-    return whole and top_k == next_pow2(top_k) and rows >= 1 and rows * top_k == tiles.block_n
+    fits = top_k <= SUM_IN_DOWN_MAX_TOP_K and top_k == next_pow2(top_k)
+    return whole and fits and rows >= 1 and rows * top_k == tiles.block_n
 
 
 def _k_chunk(width: int, tiles: Tiles) -> int:
