@@ -228,6 +228,36 @@ if HAVE_TRITON:
         return prefix, above
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _hist8_block(score_ptr, base, row, length, offs, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Adds to the workspace's histogram LEVEL the digit LEVEL (of 8 bits from the top) of the scores at `offs`
+        whose keys are tied with `prefix`, the threshold's first LEVEL − 1 digits (all of them at level 1)."""
+        valid = offs < length
+        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        tied = valid
+        if LEVEL > 1:
+            tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
+        digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=tied)
+        tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _compact8_block(score_ptr, base, idx_ptr, row, length, k, offs, threshold, n_above):  # type: ignore[no-untyped-def,unused-ignore]
+        """Writes the positions among `offs` of the keys above `threshold`, then of as many tied at it as the `k` −
+        `n_above` places left for ties take (two counters in the workspace hand out the places)."""
+        valid = offs < length
+        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        over = valid & (key > threshold)
+        at = valid & (key == threshold)
+        over_i = over.to(tl.int32)
+        at_i = at.to(tl.int32)
+        start_over = tl.atomic_add(base + 4 * 256, tl.sum(over_i, 0))
+        start_at = tl.atomic_add(base + 4 * 256 + 1, tl.sum(at_i, 0))
+        pos_over = start_over + tl.cumsum(over_i, 0) - 1
+        pos_at = start_at + tl.cumsum(at_i, 0) - 1
+        tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
+        tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < k - n_above))
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _radix8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         score_ptr,
         work_ptr,
@@ -243,13 +273,7 @@ if HAVE_TRITON:
         row = tl.program_id(1)
         base = work_ptr + row * WORK
         prefix, _ = _threshold8(base, k, LEVEL - 1)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < length
-        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-        tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
-        digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
-        hist = tl.histogram(digit, 256, mask=tied)
-        tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+        _hist8_block(score_ptr, base, row, length, pid * BLOCK + tl.arange(0, BLOCK), prefix, LEVEL)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _compact8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -266,20 +290,7 @@ if HAVE_TRITON:
         row = tl.program_id(1)
         base = work_ptr + row * WORK
         threshold, n_above = _threshold8(base, k, 4)
-        n_tied = k - n_above
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < length
-        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-        over = valid & (key > threshold)
-        at = valid & (key == threshold)
-        over_i = over.to(tl.int32)
-        at_i = at.to(tl.int32)
-        start_over = tl.atomic_add(base + 4 * 256, tl.sum(over_i, 0))
-        start_at = tl.atomic_add(base + 4 * 256 + 1, tl.sum(at_i, 0))
-        pos_over = start_over + tl.cumsum(over_i, 0) - 1
-        pos_at = start_at + tl.cumsum(at_i, 0) - 1
-        tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
-        tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < n_tied))
+        _compact8_block(score_ptr, base, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _grid_barrier(bar_ptr, expected):  # type: ignore[no-untyped-def,unused-ignore]
@@ -324,15 +335,9 @@ if HAVE_TRITON:
             if level <= 4:  # DIGITS (a kernel reads no module global)
                 prefix, _ = _threshold8(base, k, level - 1, SYNC)
                 for i in range(blocks):
-                    offs = (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK)
-                    valid = offs < length
-                    key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-                    tied = valid
-                    if level > 1:
-                        tied = valid & ((key >> (32 - 8 * (level - 1))) == prefix)
-                    digit = ((key >> (32 - 8 * level)) & 0xFF).to(tl.int32)
-                    hist = tl.histogram(digit, 256, mask=tied)
-                    tl.atomic_add(base + (level - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+                    _hist8_block(
+                        score_ptr, base, row, length, (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK), prefix, level
+                    )
             elif level == 6:
                 if pid == 0:
                     for z in range(0, WORK - 2, 1024):
@@ -345,21 +350,9 @@ if HAVE_TRITON:
                         tl.store(work_ptr + WORK - 1, 0)
             else:
                 threshold, n_above = _threshold8(base, k, 4, SYNC)
-                n_tied = k - n_above
                 for i in range(blocks):
                     offs = (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK)
-                    valid = offs < length
-                    key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-                    over = valid & (key > threshold)
-                    at = valid & (key == threshold)
-                    over_i = over.to(tl.int32)
-                    at_i = at.to(tl.int32)
-                    start_over = tl.atomic_add(base + 4 * 256, tl.sum(over_i, 0))
-                    start_at = tl.atomic_add(base + 4 * 256 + 1, tl.sum(at_i, 0))
-                    pos_over = start_over + tl.cumsum(over_i, 0) - 1
-                    pos_at = start_at + tl.cumsum(at_i, 0) - 1
-                    tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
-                    tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < n_tied))
+                    _compact8_block(score_ptr, base, idx_ptr, row, length, k, offs, threshold, n_above)
             if SYNC and level < LAST:
                 _grid_barrier(work_ptr + WORK - 2, arrivals * (level - FIRST + 1))
 
