@@ -10,13 +10,36 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from decodetop.budget.curve_points import CurvePoint, ShapeCurve, build_tree, match_of, merged
+from decodetop.budget.curve_points import CurvePoint, ShapeCurve, Tree, build_tree, match_of, merged
+from decodetop.budget.curve_rules import Eval, Limits
+from decodetop.budget.keys import ProbeKey
+from decodetop.budget.roofline import Hardware
 from decodetop.budget.selfcheck import FamilyCheck, LaunchSplit, family_check
 
-if TYPE_CHECKING:
-    from decodetop.budget.curves import CurveEngine
+
+class CurveEngine(Protocol):
+    """What the self-check asks of the curve engine (`decodetop.budget.curves.CurveEngine`, which calls it: a
+    protocol here keeps the import one way)."""
+
+    hardware: Hardware
+
+    @property
+    def best_efficiency(self) -> float: ...
+
+    def curves_of(self, probe: str) -> list[ShapeCurve]: ...
+
+    def transfer_group(self, curve: ShapeCurve) -> list[ShapeCurve]: ...
+
+    def limits_of(self, match: tuple[object, ...]) -> Limits: ...
+
+    def evaluate(self, curve: ShapeCurve, tree: Tree, coords: tuple[int, ...], limits: Limits) -> Eval: ...
+
+    def transfer_evaluate(
+        self, key: ProbeKey, coords: tuple[int, ...], group: Sequence[ShapeCurve], limits: Limits
+    ) -> tuple[Eval, ShapeCurve]: ...
+
 
 _FAMILY_CHECKS: OrderedDict[tuple[object, ...], FamilyCheck] = OrderedDict()
 """Leave-one-out checks of families already made, by (probe, hardware, best efficiency, the family's points and
