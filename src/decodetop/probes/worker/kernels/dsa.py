@@ -200,20 +200,8 @@ if HAVE_TRITON:
         b3, above3 = _threshold_bin(base + B1 + B2, k - above1 - above2, B3)
         threshold = (b1.to(tl.uint32) << 21) | (b2.to(tl.uint32) << 10) | b3.to(tl.uint32)
         n_above = above1 + above2 + above3
-        n_tied = k - n_above
         offs = pid * BLOCK + tl.arange(0, BLOCK)
-        valid = offs < length
-        key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-        over = valid & (key > threshold)
-        at = valid & (key == threshold)
-        over_i = over.to(tl.int32)
-        at_i = at.to(tl.int32)
-        start_over = tl.atomic_add(base + B1 + B2 + B3, tl.sum(over_i, 0))
-        start_at = tl.atomic_add(base + B1 + B2 + B3 + 1, tl.sum(at_i, 0))
-        pos_over = start_over + tl.cumsum(over_i, 0) - 1
-        pos_at = start_at + tl.cumsum(at_i, 0) - 1
-        tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
-        tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < n_tied))
+        _compact_block(score_ptr, base + B1 + B2 + B3, idx_ptr, row, length, k, offs, threshold, n_above)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _threshold8(base, k, LEVELS: tl.constexpr, VOL: tl.constexpr = False):  # type: ignore[no-untyped-def,unused-ignore]
@@ -241,17 +229,17 @@ if HAVE_TRITON:
         tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _compact8_block(score_ptr, base, idx_ptr, row, length, k, offs, threshold, n_above):  # type: ignore[no-untyped-def,unused-ignore]
+    def _compact_block(score_ptr, counters, idx_ptr, row, length, k, offs, threshold, n_above):  # type: ignore[no-untyped-def,unused-ignore]
         """Writes the positions among `offs` of the keys above `threshold`, then of as many tied at it as the `k` −
-        `n_above` places left for ties take (two counters in the workspace hand out the places)."""
+        `n_above` places left for ties take (the two workspace counters at `counters` hand out the places)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
         over = valid & (key > threshold)
         at = valid & (key == threshold)
         over_i = over.to(tl.int32)
         at_i = at.to(tl.int32)
-        start_over = tl.atomic_add(base + 4 * 256, tl.sum(over_i, 0))
-        start_at = tl.atomic_add(base + 4 * 256 + 1, tl.sum(at_i, 0))
+        start_over = tl.atomic_add(counters, tl.sum(over_i, 0))
+        start_at = tl.atomic_add(counters + 1, tl.sum(at_i, 0))
         pos_over = start_over + tl.cumsum(over_i, 0) - 1
         pos_at = start_at + tl.cumsum(at_i, 0) - 1
         tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
@@ -290,7 +278,9 @@ if HAVE_TRITON:
         row = tl.program_id(1)
         base = work_ptr + row * WORK
         threshold, n_above = _threshold8(base, k, 4)
-        _compact8_block(score_ptr, base, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above)
+        _compact_block(
+            score_ptr, base + 4 * 256, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above
+        )
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _grid_barrier(bar_ptr, expected):  # type: ignore[no-untyped-def,unused-ignore]
@@ -352,7 +342,7 @@ if HAVE_TRITON:
                 threshold, n_above = _threshold8(base, k, 4, SYNC)
                 for i in range(blocks):
                     offs = (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK)
-                    _compact8_block(score_ptr, base, idx_ptr, row, length, k, offs, threshold, n_above)
+                    _compact_block(score_ptr, base + 4 * 256, idx_ptr, row, length, k, offs, threshold, n_above)
             if SYNC and level < LAST:
                 _grid_barrier(work_ptr + WORK - 2, arrivals * (level - FIRST + 1))
 
