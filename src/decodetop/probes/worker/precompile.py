@@ -188,8 +188,7 @@ class Pool:
         for child, share in zip(self.children, shares, strict=True):
             if share and child.send(share):
                 waiting[child] = len(share)
-        compiled = failed = 0
-        failed += len(requests) - sum(waiting.values())
+        compiled, failed = 0, len(requests) - sum(waiting.values())
         end = time.monotonic() + deadline_s
         with selectors.DefaultSelector() as sel:
             for child in waiting:
@@ -232,17 +231,21 @@ def boot(ctx: ProbeContext) -> Pool:
 
 
 def start_pool(ctx: ProbeContext, count: int) -> Pool:
-    """`count` compile processes for `ctx`'s GPU (`boot` keeps one pool per rank)."""
+    """Up to `count` compile processes for `ctx`'s GPU (`boot` keeps one pool per rank); as many as could be
+    started where the host refuses more (a probe never fails for want of them: its kernels compile at launch)."""
     env = _child_env(ctx)
     children = []
     for _ in range(count):
-        proc = subprocess.Popen(  # this interpreter, a fixed module, no shell
-            [sys.executable, "-m", "decodetop.probes.worker.precompile", "--serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
+        try:
+            proc = subprocess.Popen(  # this interpreter, a fixed module, no shell
+                [sys.executable, "-m", "decodetop.probes.worker.precompile", "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=env,
+            )
+        except OSError:
+            break
         children.append(_Child(proc))
     return Pool(children)
 
