@@ -41,14 +41,31 @@ def test_other_text_is_no_launch_label(text: str) -> None:
     assert config_from_label(text) is None
 
 
-def test_the_split_fills_the_sms_with_whole_tiles() -> None:
+def test_the_split_fills_the_sms_with_whole_tiles_in_one_wave() -> None:
     one = gqa_launch(1, 64, 8, 1, 4097, sms=132)  # 8 pairs of 4097 tokens, SHORT: 2 programs per SM wanted
     assert one.config == SHORT and one.split_grid == (8, 33) and one.tokens_per_split == 128
-    assert one.programs_per_busiest_sm == 2 and one.combine_grid == (64,) and one.combine_steps == 1
+    assert one.programs_per_busiest_sm == 2 and one.combine_grid == (64, 1) and one.combine_steps == 1
     long = gqa_launch(1, 8, 1, 1, 131073, sms=132)  # one pair: LONG, splits capped near 4 per SM
     assert long.config == LONG and long.splits == 513 and long.tiles_per_program == 2
-    assert long.combine_block == 64 and long.combine_steps == 9
+    assert long.combine_block == 1024 and long.combine_steps == 1 and long.combine_grid == (8, 16)
     assert key_launch(_gqa(1, 4096), 132) == one
+
+
+@pytest.mark.parametrize("pairs", [1, 3, 8, 32, 100, 528, 529, 4096])
+@pytest.mark.parametrize("length", [1, 127, 4097, 16384, 131073, 1 << 20])
+def test_one_wave_never_puts_a_program_more_on_the_busiest_sm(pairs: int, length: int) -> None:
+    launch = gqa_launch(pairs, 8, 1, 1, length, sms=132)
+    per_sm = launch.config.programs_per_sm
+    assert launch.programs_per_busiest_sm <= max(per_sm, -(-pairs // 132))
+    assert launch.splits * launch.tokens_per_split >= length > (launch.splits - 1) * launch.tokens_per_split
+    assert launch.splits <= 1024 and launch.combine_steps == 1
+    even = gqa_launch(pairs, 8, 1, 1, length, sms=132, rule="even")
+    assert launch.splits <= even.splits  # never more splits than the even rule took
+
+
+def test_an_unknown_split_rule_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown GQA split rule"):
+        gqa_launch(1, 8, 1, 1, 4096, sms=132, rule="fastest")
     assert key_launch(_gqa(1, 65536, window=4096), 132).length_tokens == 4096  # within its window
 
 
@@ -56,8 +73,18 @@ def test_recorded_launch_metrics_read_back_as_facts() -> None:
     key = _gqa(2, 16384, "fp8")
     launch = key_launch(key, 132)
     facts = facts_from_metrics({"time_us": 30.0, **launch_metrics(launch)}, key)
-    assert facts == GqaLaunchFacts(default_config(16385), 132)
+    assert facts == GqaLaunchFacts(default_config(16385), 132, "one wave")
     assert facts_from_metrics({"time_us": 30.0}, key) is None
+
+
+def test_facts_recorded_before_the_split_rule_was_are_read_by_the_even_rule() -> None:
+    key = _gqa(4, 65536)  # 32 pairs: the even rule takes 17 splits, one wave 16
+    even = key_launch(key, 132, rule="even")
+    recorded = {k: v for k, v in launch_metrics(even).items() if k != "launch_split_rule"}
+    facts = facts_from_metrics(recorded, key)
+    assert facts is not None and facts.split_rule == "even" and facts.launch(key).splits == even.splits == 17
+    assert key_launch(key, 132).splits == 16
+    assert facts_from_metrics(recorded | {"launch_split_rule": 9.0}, key) is None
 
 
 def test_facts_split_by_another_rule_than_todays_are_not_taken() -> None:

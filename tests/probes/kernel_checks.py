@@ -140,6 +140,13 @@ def check_gqa(big: bool = False) -> None:
             want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)
             what = f"gqa [{config.label}] {batch=} {heads=} {kv_heads=} {q_len=} {length=} {fp8=}"
             check_close(got, want, what)
+    # split as for 132 SMs: 79 splits of one tile, the combine's lanes in two blocks of 64
+    q = torch.randn(1, 8, 1, 128, device=d).to(BF16)
+    k, v = (torch.randn(1, 1, 5000, 128, device=d).to(BF16) for _ in range(2))
+    work = gqa.gqa_workspace(1, 8, 1, 1, 5000, 128, d, sms=132, config=gqa.FIRST)
+    assert work.splits == 79 and work.launch.combine_grid == (8, 2), work.launch
+    got = gqa.gqa_decode(q, k, v, sm_scale=128**-0.5, work=work)
+    check_close(got, gqa.reference_gqa(q, k, v, sm_scale=128**-0.5), "gqa split for 132 SMs, lanes in blocks")
 
 
 def check_norms(big: bool = False) -> None:

@@ -1,7 +1,8 @@
 """The GQA kernel's launcher takes its grid and constexprs from the budget layer's `gqa_launch`: over a grid of
-shapes, SM counts and every launch shape, each kernel is launched with exactly what the launcher chose before the
-move (the reference below is that code, verbatim, with its constants as they were); the MLA kernel, which took
-the same split rule, splits as it did."""
+shapes, SM counts and every launch shape, each kernel is launched with exactly what the reference below, written
+apart, gives: the split by the rule asked ("even", the launcher's code before the move, verbatim; "one wave", its
+successor), the combine over every split in one step; the MLA kernel, which took the "even" rule, splits as it
+did."""
 
 from __future__ import annotations
 
@@ -43,19 +44,29 @@ def _old_plan_splits(
     return -(-length // chunk), chunk
 
 
+def _one_wave_splits(
+    length: int, programs_per_split: int, sms: int, block_n: int, programs_per_sm: int
+) -> tuple[int, int]:
+    tiles = -(-length // block_n)
+    splits = max(1, min(tiles, 1024, programs_per_sm * sms // programs_per_split))
+    chunk = -(-tiles // splits) * block_n
+    return -(-length // chunk), chunk
+
+
 def _old_next_pow2(n: int) -> int:
     return 1 << max(0, (max(1, n) - 1).bit_length())
 
 
-def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None) -> list[tuple[object, ...]]:
-    """What the launcher passed each kernel before the move: (kernel, grid, scalar arguments, keyword arguments)."""
+def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, rule: str) -> list[tuple[object, ...]]:
+    """What the launcher passes each kernel: (kernel, grid, scalar arguments, keyword arguments)."""
     batch, heads, q_len, dim = q.shape
     _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
     cfg = config or (_OLD_LONG if length >= 16384 else _OLD_SHORT)
     group_rows = heads // kv_heads * q_len
     gp = max(16, _old_next_pow2(group_rows))
-    splits, chunk = _old_plan_splits(length, batch * kv_heads, sms, cfg.block_n, cfg.programs_per_sm)
+    split = _old_plan_splits if rule == "even" else _one_wave_splits
+    splits, chunk = split(length, batch * kv_heads, sms, cfg.block_n, cfg.programs_per_sm)
     fp8 = k.dtype == torch.float8_e4m3fn
     qc = q.contiguous()
     split_scalars = (
@@ -66,11 +77,14 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None) -
         "FP8": fp8, "GP": gp, "D": dim, "DV": v_dim, "BLOCK_N": cfg.block_n, "F16": cfg.f16 and fp8,
         "F32_DOT": interpreted() and not (cfg.f16 and fp8), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
     }  # fmt: skip
-    combine_kw = {"GP": gp, "DV": v_dim, "BLOCK_S": min(cfg.combine_block or 64, _old_next_pow2(splits))}
+    block_s = min(cfg.combine_block or 1024, _old_next_pow2(splits))
+    lanes = max(8, min(v_dim, 8192 // block_s))
+    combine_kw = {"GP": gp, "DV": v_dim, "BLOCK_S": block_s, "DV_BLOCK": lanes, "num_warps": 8}
     out_stride = heads * q_len * v_dim
+    combine_grid = (batch * kv_heads * group_rows, -(-v_dim // lanes))
     return [
         ("split", (batch * kv_heads, splits), split_scalars, split_kw),
-        ("combine", (batch * kv_heads * group_rows,), (kv_heads, group_rows, splits, out_stride), combine_kw),
+        ("combine", combine_grid, (kv_heads, group_rows, splits, out_stride), combine_kw),
     ]
 
 
@@ -88,13 +102,17 @@ class _Recorder:
         return launch
 
 
-def _new_launches(q: Any, k: Any, v: Any, sms: int, config: gqa.GqaConfig | None, mp: pytest.MonkeyPatch) -> list:
+def _new_launches(  # noqa: PLR0917 - one launch's parts
+    q: Any, k: Any, v: Any, sms: int, config: gqa.GqaConfig | None, rule: str, mp: pytest.MonkeyPatch
+) -> list:
     calls: list[tuple[object, ...]] = []
     mp.setattr(gqa, "HAVE_TRITON", True)
     mp.setattr(gqa, "_gqa_split_kernel", _Recorder("split", calls), raising=False)
     mp.setattr(gqa, "_gqa_combine_kernel", _Recorder("combine", calls), raising=False)
     batch, heads, q_len, _ = q.shape
-    work = gqa.gqa_workspace(batch, heads, k.shape[1], q_len, k.shape[2], v.shape[-1], META, sms=sms, config=config)
+    work = gqa.gqa_workspace(
+        batch, heads, k.shape[1], q_len, k.shape[2], v.shape[-1], META, sms=sms, config=config, rule=rule
+    )
     scales = torch.empty(2, device=META) if k.dtype == torch.float8_e4m3fn else None
     gqa.gqa_decode(q, k, v, sm_scale=0.125, scales=scales, work=work)
     return calls
@@ -112,22 +130,24 @@ SMS = (1, 132, 170)
 CONFIGS = [None, *dict.fromkeys([gqa.FIRST, gqa.SHORT, gqa.LONG, *gqa.SWEEP])]
 
 
+@pytest.mark.parametrize("rule", ["even", "one wave"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "default" if c is None else c.label)
-def test_every_launch_keeps_the_grid_and_constexprs_it_had(config: gqa.GqaConfig | None) -> None:
+def test_every_launch_takes_the_grid_and_constexprs_of_its_rule(config: gqa.GqaConfig | None, rule: str) -> None:
     with pytest.MonkeyPatch.context() as mp:
         for (batch, heads, kv_heads, q_len), length, sms, fp8 in itertools.product(SHAPES, LENGTHS, SMS, (False, True)):
             dtype = torch.float8_e4m3fn if fp8 else torch.bfloat16
             q = torch.empty(batch, heads, q_len, 128, device=META, dtype=torch.bfloat16)
             k = torch.empty(batch, kv_heads, length, 128, device=META, dtype=dtype)
             v = torch.empty(batch, kv_heads, length, 128, device=META, dtype=dtype)
-            got = _new_launches(q, k, v, sms, config, mp)
-            assert got == _old_launches(q, k, v, sms, _old_of(config)), (batch, heads, kv_heads, q_len, length, sms)
+            got = _new_launches(q, k, v, sms, config, rule, mp)
+            want = _old_launches(q, k, v, sms, _old_of(config), rule)
+            assert got == want, (batch, heads, kv_heads, q_len, length, sms)
 
 
 def test_the_launch_constants_are_the_ones_the_kernel_ran_with() -> None:
     assert gqa.GqaConfig(**dataclasses.asdict(_OLD_SHORT)) == gqa.SHORT
     assert gqa.GqaConfig(**dataclasses.asdict(_OLD_LONG)) == gqa.LONG
-    assert (gqa.LONG_FROM, gqa.COMBINE_BLOCK_S, gqa.BLOCK_N, gqa.PROGRAMS_PER_SM) == (16384, 64, 64, 4)
+    assert (gqa.LONG_FROM, gqa.BLOCK_N, gqa.PROGRAMS_PER_SM) == (16384, 64, 4)
     assert gqa.GqaConfig(**dataclasses.asdict(_OldConfig())) == gqa.FIRST
 
 

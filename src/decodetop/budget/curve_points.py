@@ -15,7 +15,6 @@ from decodetop.budget.gqa_launch import (
     GqaLaunchFacts,
     LaunchRegime,
     attended_tokens,
-    key_launch,
     launch_regime,
     launch_rule,
 )
@@ -201,14 +200,13 @@ def launch_regimes(curve: ShapeCurve) -> Callable[[tuple[int, ...]], LaunchRegim
     rule = launch_rule((attended_tokens(cast(AttentionKey, p.key)), p.launch) for _c, p in curve.members if p.launch)
     if rule is None:
         return None
-    config_of, sms = rule
     found: dict[tuple[int, ...], LaunchRegime] = {}
 
     def regime(coords: tuple[int, ...]) -> LaunchRegime:
         got = found.get(coords)
         if got is None:
             key = cast(AttentionKey, key_at(curve.template, coords))
-            got = found[coords] = launch_regime(key_launch(key, sms, config_of(attended_tokens(key))))
+            got = found[coords] = launch_regime(rule.launch(key))
         return got
 
     return regime

@@ -17,12 +17,19 @@ from decodetop.budget.keys import AttentionKey
 BLOCK_N = 64
 #: Programs per SM wanted for the split.
 PROGRAMS_PER_SM = 4
-#: Split partials per combine step, at most: as many as there are splits up to this (one online-softmax step over
-#: all of them, the loads of m, l and the partial rows in flight together; the first version took 16 per step over
-#: two passes, four dependent round trips at 32 splits).
-COMBINE_BLOCK_S = 64
 #: The query rows of one program are padded to a power of two of at least this (the rows `tl.dot` needs).
 MIN_GROUP_ROWS = 16
+#: Partials one program of the one-step combine holds (split partials × value lanes, fp32: 32 registers a thread
+#: over its 8 warps), so that one step covers up to `MAX_SPLITS` splits without spilling.
+COMBINE_ELEMS = 8192
+#: Fewest value lanes one combine program takes (32-byte sectors of fp32).
+MIN_COMBINE_LANES = 8
+#: Most splits of one pair: the one-step combine's reach.
+MAX_SPLITS = COMBINE_ELEMS // MIN_COMBINE_LANES
+#: Split rules, as a results file records them (`launch_split_rule`): "even" (splits × pairs ≈ programs_per_sm × SMs,
+#: rounded up, each program whole tiles: every point measured before this rule) and "one wave" (`one_wave_splits`).
+SPLIT_RULES = ("even", "one wave")
+SPLIT_RULE = "one wave"
 
 
 @dataclass(frozen=True)
@@ -38,7 +45,9 @@ class GqaConfig:
     f16: bool = False
     """FP8 caches: convert to FP16 and multiply in FP16 (BF16 caches ignore it)."""
     combine_block: int = 0
-    """Split partials per step of the combine kernel (a power of two; 0: `COMBINE_BLOCK_S`)."""
+    """Split partials per step of the combine kernel (a power of two; 0: every split in one online-softmax step,
+    the loads of m, l and the partial rows in flight together: the first version took 16 per step over two passes,
+    four dependent round trips at 32 splits; the third round 64, nine steps at 513 splits)."""
 
     @property
     def label(self) -> str:
@@ -114,6 +123,20 @@ def plan_splits(
     return -(-length // chunk), chunk
 
 
+def one_wave_splits(length: int, pairs: int, sms: int, block_n: int, programs_per_sm: int) -> tuple[int, int]:
+    """(splits, tokens per split) of the "one wave" rule: as many splits of whole tiles as keep every SM at
+    `programs_per_sm` programs or fewer (one wave: ⌊programs_per_sm · sms / pairs⌋, at most one per tile and
+    `MAX_SPLITS`, at least one), so that the time grows with each program's tiles, never by a program more on the
+    busiest SM. The "even" rule (`plan_splits`) rounded the splits up: wherever the pairs did not divide
+    `programs_per_sm` × SMs, the busiest SM ran one program more than the rest."""
+    if min(length, pairs, sms, block_n, programs_per_sm) < 1:
+        raise ValueError(f"split needs positive sizes: {length=}, {pairs=}, {sms=}, {block_n=}, {programs_per_sm=}")
+    tiles = -(-length // block_n)
+    splits = max(1, min(tiles, MAX_SPLITS, programs_per_sm * sms // pairs))
+    chunk = -(-tiles // splits) * block_n
+    return -(-length // chunk), chunk
+
+
 @dataclass(frozen=True)
 class GqaLaunch:
     """One launch of the split and combine kernels over `pairs` (sequence, KV head) pairs of `length_tokens` cached
@@ -127,6 +150,8 @@ class GqaLaunch:
     tokens_per_split: int
     group_rows: int
     """Query rows of one KV head: q heads per KV head × new tokens."""
+    v_dim: int = 128
+    split_rule: str = SPLIT_RULE
 
     @property
     def group_pad_rows(self) -> int:
@@ -135,8 +160,15 @@ class GqaLaunch:
 
     @property
     def combine_block(self) -> int:
-        """The combine kernel's BLOCK_S constexpr: split partials per step."""
-        return min(self.config.combine_block or COMBINE_BLOCK_S, next_pow2(self.splits))
+        """The combine kernel's BLOCK_S constexpr: split partials per step (every split in one step, unless the
+        shape names a step)."""
+        return min(self.config.combine_block or MAX_SPLITS, next_pow2(self.splits))
+
+    @property
+    def combine_lanes(self) -> int:
+        """The combine kernel's value lanes per program (its DV_BLOCK constexpr): as many as `COMBINE_ELEMS`
+        partials allow beside the step's splits."""
+        return max(MIN_COMBINE_LANES, min(self.v_dim, COMBINE_ELEMS // self.combine_block))
 
     @property
     def split_grid(self) -> tuple[int, int]:
@@ -144,9 +176,9 @@ class GqaLaunch:
         return (self.pairs, self.splits)
 
     @property
-    def combine_grid(self) -> tuple[int]:
-        """The combine kernel's grid: one program per query row of every pair."""
-        return (self.pairs * self.group_rows,)
+    def combine_grid(self) -> tuple[int, int]:
+        """The combine kernel's grid: every query row of every pair × its value lanes in blocks."""
+        return (self.pairs * self.group_rows, -(-self.v_dim // self.combine_lanes))
 
     @property
     def split_programs(self) -> int:
@@ -169,13 +201,26 @@ class GqaLaunch:
 
 
 def gqa_launch(
-    batch: int, heads: int, kv_heads: int, q_len: int, length: int, *, sms: int, config: GqaConfig | None = None
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    q_len: int,
+    length: int,
+    *,
+    sms: int,
+    config: GqaConfig | None = None,
+    v_dim: int = 128,
+    rule: str = SPLIT_RULE,
 ) -> GqaLaunch:
-    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones on `sms` SMs, split for
-    `config` (None: `default_config`)."""
+    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones on `sms` SMs, split by
+    `rule` for `config` (None: `default_config`)."""
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"unknown GQA split rule {rule!r} (known: {', '.join(SPLIT_RULES)})")
     config = config or default_config(length)
-    splits, chunk = plan_splits(length, batch * kv_heads, sms, config.block_n, config.programs_per_sm)
-    return GqaLaunch(config, batch * kv_heads, length, sms, splits, chunk, heads // kv_heads * q_len)
+    pairs = batch * kv_heads
+    split = plan_splits if rule == "even" else one_wave_splits
+    splits, chunk = split(length, pairs, sms, config.block_n, config.programs_per_sm)
+    return GqaLaunch(config, pairs, length, sms, splits, chunk, heads // kv_heads * q_len, v_dim, rule)
 
 
 def attended_tokens(key: AttentionKey) -> int:
@@ -185,23 +230,39 @@ def attended_tokens(key: AttentionKey) -> int:
     return min(length, key.window) if key.window else length
 
 
-def key_launch(key: AttentionKey, sms: int, config: GqaConfig | None = None) -> GqaLaunch:
-    """The launch of GQA key `key` on `sms` SMs (`config` None: `default_config`)."""
-    return gqa_launch(key.batch, key.heads, key.kv_heads, key.q_len, attended_tokens(key), sms=sms, config=config)
+def key_launch(
+    key: AttentionKey,
+    sms: int,
+    config: GqaConfig | None = None,
+    *,
+    rule: str = SPLIT_RULE,
+) -> GqaLaunch:
+    """The launch of GQA key `key` on `sms` SMs split by `rule` (`config` None: `default_config`)."""
+    length = attended_tokens(key)
+    return gqa_launch(
+        key.batch, key.heads, key.kv_heads, key.q_len, length, sms=sms, config=config, v_dim=key.v_head_dim, rule=rule
+    )
 
 
 @dataclass(frozen=True)
 class GqaLaunchFacts:
-    """What a GQA point's launch was, as its results file records it: the shape and the SM count it was split
-    over (with the key, enough to recompute the whole launch: `gqa_launch`)."""
+    """What a GQA point's launch was, as its results file records it: the shape, the SM count it was split over and
+    the split rule (with the key, enough to recompute the whole launch: `key_launch`)."""
 
     config: GqaConfig
     sm_count: int
+    split_rule: str = "even"
+    """The rule of every point recorded before the rule was (`SPLIT_RULES`)."""
+
+    def launch(self, key: AttentionKey) -> GqaLaunch:
+        """`key`'s launch under these facts."""
+        return key_launch(key, self.sm_count, self.config, rule=self.split_rule)
 
 
 LAUNCH_METRICS = ("block_n", "num_warps", "num_stages", "programs_per_sm", "f16", "combine_block")
-"""The config fields a GQA measurement records as `launch_<field>` metrics, beside `launch_sm_count` and the
-split that came of them (`launch_splits`, `launch_tokens_per_split`), which a reader checks against today's rule."""
+"""The config fields a GQA measurement records as `launch_<field>` metrics, beside `launch_sm_count`,
+`launch_split_rule` (its index in `SPLIT_RULES`) and the split that came of them
+(`launch_splits`, `launch_tokens_per_split`), which a reader checks against the rule."""
 
 
 def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
@@ -209,6 +270,7 @@ def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
     out = {f"launch_{name}": float(getattr(launch.config, name)) for name in LAUNCH_METRICS}
     out |= {
         "launch_sm_count": float(launch.sm_count),
+        "launch_split_rule": float(SPLIT_RULES.index(launch.split_rule)),
         "launch_splits": float(launch.splits),
         "launch_tokens_per_split": float(launch.tokens_per_split),
     }
@@ -226,9 +288,20 @@ def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLa
     block_n, warps, stages, per_sm, f16, combine, sms, splits, per_split = ints
     if min(block_n, warps, stages, per_sm, sms) < 1:
         return None
-    facts = GqaLaunchFacts(GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine), sms)
-    got = key_launch(key, sms, facts.config)
+    rule = _whole(metrics.get("launch_split_rule"), 0)
+    if rule is None or rule >= len(SPLIT_RULES):
+        return None
+    config = GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine)
+    facts = GqaLaunchFacts(config, sms, SPLIT_RULES[rule])
+    got = facts.launch(key)
     return facts if (got.splits, got.tokens_per_split) == (splits, per_split) else None
+
+
+def _whole(value: float | None, absent: int) -> int | None:
+    """A recorded whole number ≥ 0 (`absent` where none was recorded; None where it is no such number)."""
+    if value is None:
+        return absent
+    return int(value) if math.isfinite(value) and value >= 0 and value == int(value) else None
 
 
 def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
@@ -245,21 +318,35 @@ LaunchRule = Callable[[int], GqaConfig]
 """The launch shape a kernel takes over a number of cached tokens."""
 
 
-def launch_rule(points: Iterable[tuple[int, GqaLaunchFacts]]) -> tuple[LaunchRule, int] | None:
-    """The rule that chose the recorded shapes of one curve's points, given as (cached tokens, facts), and their SM
-    count: today's `default_config` where every shape is the one it gives, a fixed shape where every point has it
-    (results of an earlier kernel version), None where the points have no facts, disagree on the SM count, or mix
-    shapes by another rule."""
+@dataclass(frozen=True)
+class CurveLaunch:
+    """How one curve's points were launched: the shape by cached tokens, and the GPU and split rule they share."""
+
+    config_of: LaunchRule
+    sm_count: int
+    split_rule: str
+
+    def launch(self, key: AttentionKey) -> GqaLaunch:
+        """The launch the curve's kernel takes at `key`."""
+        config = self.config_of(attended_tokens(key))
+        return key_launch(key, self.sm_count, config, rule=self.split_rule)
+
+
+def launch_rule(points: Iterable[tuple[int, GqaLaunchFacts]]) -> CurveLaunch | None:
+    """How one curve's points, given as (cached tokens, recorded facts), were launched: by today's `default_config`
+    where every shape is the one it gives, a fixed shape where every point has it (results of an earlier kernel
+    version); None where the points have no facts, disagree on the GPU or split rule, or mix shapes by another
+    rule."""
     found = list(points)
-    if not found or len({f.sm_count for _n, f in found}) != 1:
+    if not found or len({(f.sm_count, f.split_rule) for _n, f in found}) != 1:
         return None
-    sms = found[0][1].sm_count
+    gpu = (found[0][1].sm_count, found[0][1].split_rule)
     if all(f.config.shape == default_config(n).shape for n, f in found):
-        return default_config, sms
+        return CurveLaunch(default_config, *gpu)
     shapes = {f.config.shape for _n, f in found}
     if len(shapes) == 1:
         fixed = shapes.pop()
-        return (lambda _n: fixed), sms
+        return CurveLaunch(lambda _n: fixed, *gpu)
     return None
 
 

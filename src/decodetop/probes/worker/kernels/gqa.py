@@ -29,12 +29,12 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 
 from decodetop.budget.gqa_launch import (
     BLOCK_N,
-    COMBINE_BLOCK_S,
     FIRST,
     LONG,
     LONG_FROM,
     PROGRAMS_PER_SM,
     SHORT,
+    SPLIT_RULE,
     GqaConfig,
     GqaLaunch,
     default_config,
@@ -56,7 +56,6 @@ from decodetop.probes.worker.kernels.mla import LOG2E
 
 __all__ = [  # the launch shapes and rules re-exported from the budget layer, where they live
     "BLOCK_N",
-    "COMBINE_BLOCK_S",
     "FIRST",
     "LONG",
     "LONG_FROM",
@@ -90,6 +89,9 @@ SWEEP = (
     GqaConfig(block_n=64, num_warps=2, num_stages=4, programs_per_sm=4, f16=True),
     GqaConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2, f16=True),
 )
+
+#: Warps of one combine program (`decodetop.budget.gqa_launch.COMBINE_ELEMS` partials over 256 threads).
+COMBINE_WARPS = 8
 
 if HAVE_TRITON:
 
@@ -191,24 +193,25 @@ if HAVE_TRITON:
         GP: tl.constexpr,
         DV: tl.constexpr,
         BLOCK_S: tl.constexpr,
+        DV_BLOCK: tl.constexpr,
     ):
         pid = tl.program_id(0)  # (b · kv_heads + h) · group_rows + g
+        lanes = tl.program_id(1) * DV_BLOCK + tl.arange(0, DV_BLOCK)  # this program's value lanes
         bh = pid // group_rows
         g = pid % group_rows
         b = bh // kv_heads
         h = bh % kv_heads
         offs_s = tl.arange(0, BLOCK_S)
-        offs_dv = tl.arange(0, DV)
         m_run = tl.full([], float("-inf"), tl.float32)
         l_run = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([DV], tl.float32)
+        acc = tl.zeros([DV_BLOCK], tl.float32)
         for s0 in range(0, n_splits, BLOCK_S):  # one step when BLOCK_S covers the splits: one round trip
             ss = s0 + offs_s
             valid = ss < n_splits
             part = (bh * n_splits + ss) * GP + g
             m_s = tl.load(ml_ptr + part * 2, mask=valid, other=float("-inf"))
             l_s = tl.load(ml_ptr + part * 2 + 1, mask=valid, other=0.0)
-            a = tl.load(acc_ptr + part[:, None] * DV + offs_dv[None, :], mask=valid[:, None], other=0.0)
+            a = tl.load(acc_ptr + part[:, None] * DV + lanes[None, :], mask=valid[:, None], other=0.0)
             m_new = tl.maximum(m_run, tl.max(m_s, 0))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_run - m_use)
@@ -217,7 +220,7 @@ if HAVE_TRITON:
             acc = acc * alpha + tl.sum(w[:, None] * a, 0)
             m_run = m_new
         l_all = tl.where(l_run == 0.0, 1.0, l_run)
-        out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + offs_dv
+        out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + lanes
         tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
@@ -258,10 +261,14 @@ def gqa_workspace(
     device: torch.device,
     sms: int = 0,
     config: GqaConfig | None = None,
+    *,
+    rule: str = SPLIT_RULE,
 ) -> GqaWorkspace:
-    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split for `config` (None:
-    `default_config`) on `sms` SMs (0: the device's)."""
-    geo = gqa_launch(batch, heads, kv_heads, q_len, length, sms=sms or sm_count(device), config=config)
+    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split by `rule` for `config`
+    (None: `default_config`) on `sms` SMs (0: the device's)."""
+    geo = gqa_launch(
+        batch, heads, kv_heads, q_len, length, sms=sms or sm_count(device), config=config, v_dim=v_dim, rule=rule
+    )
     parts = geo.pairs * geo.splits * geo.group_pad_rows
     return GqaWorkspace(
         torch.empty(parts * v_dim, device=device, dtype=torch.float32),
@@ -346,6 +353,8 @@ def gqa_decode(
         GP=geo.group_pad_rows,
         DV=v_dim,
         BLOCK_S=geo.combine_block,
+        DV_BLOCK=geo.combine_lanes,
+        num_warps=COMBINE_WARPS,
     )
     return work.out
 
