@@ -47,6 +47,7 @@ def test_attention_over_batch_context_and_kv_dtype_at_every_shard() -> None:
     own = {(k.batch, k.context, k.kv_dtype) for k in keys if k.heads == 64 and k.q_len == 1}
     assert {(1, c, kv) for c in (1024, 2048, 8192, 16384, 32768, 65536, 131072) for kv in ("bf16", "fp8")} <= own
     assert {(b, 1024, kv) for b in (1, 2, 4, 8, 16, 32, 64) for kv in ("bf16", "fp8")} <= own
+    assert {(1, 1456), (1, 92688), (8, 2048), (8, 8192)} <= {(b, c) for b, c, _kv in own}  # GQA's finer grid
     assert (64, 131072, "bf16") not in own  # 64 × 128K × 4 KiB of KV is more than one point may read
     assert all(key_work(k).moved_bytes <= GPU_POINT_BYTES for k in keys)
     assert {k.heads for k in keys} == {64, 32, 16, 8}  # the TP-2, -4 and -8 shards' heads
@@ -55,10 +56,10 @@ def test_attention_over_batch_context_and_kv_dtype_at_every_shard() -> None:
 
 def test_other_gqa_shards_add_the_pair_counts_below_the_scenarios_own() -> None:
     """A GQA kernel's time is a function of (sequence, KV head) pairs × context: the TP-1 grid holds 8 pairs and
-    up, so the TP-2/4/8 shards (4, 2, 1 KV heads) add batch 1 only, at every × 2 context."""
+    up, so the TP-2/4/8 shards (4, 2, 1 KV heads) add batch 1 only, at every × √2 context."""
     keys = [k for k in _plan("llama-3.1-70b", tp=1).by_probe("attention") if isinstance(k, AttentionKey)]
     shards = {(k.kv_heads, k.batch, k.context) for k in keys if k.heads != 64}
-    contexts = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    contexts = (1024, 1456, 2048, 2896, 4096, 5792, 8192, 11584, 16384, 23168, 32768, 46336, 65536, 92688, 131072)
     assert shards == {(kvh, 1, c) for kvh in (4, 2, 1) for c in contexts}
     tp2 = [k for k in _plan("llama-3.1-70b", tp=2).by_probe("attention") if isinstance(k, AttentionKey)]
     assert {(k.kv_heads, k.batch) for k in tp2 if k.heads != 32} == {(2, 1), (1, 1)}  # TP 1's 8 are covered

@@ -7,7 +7,9 @@ import pytest
 from decodetop.budget.gqa_launch import (
     FIRST,
     LONG,
+    LONG_BF16,
     SHORT,
+    SHORT_BEFORE,
     GqaConfig,
     GqaLaunchFacts,
     config_from_label,
@@ -42,13 +44,15 @@ def test_other_text_is_no_launch_label(text: str) -> None:
 
 
 def test_the_split_fills_the_sms_with_whole_tiles_in_one_wave() -> None:
-    one = gqa_launch(1, 64, 8, 1, 4097, sms=132)  # 8 pairs of 4097 tokens, SHORT: 2 programs per SM wanted
-    assert one.config == SHORT and one.split_grid == (8, 33) and one.tokens_per_split == 128
-    assert one.programs_per_busiest_sm == 2 and one.combine_grid == (64, 1) and one.combine_steps == 1
-    long = gqa_launch(1, 8, 1, 1, 131073, sms=132)  # one pair: LONG, splits capped near 4 per SM
+    one = gqa_launch(1, 64, 8, 1, 4097, sms=132, kv_dtype="fp8")  # 8 pairs of 4097 tokens, SHORT: 1 per SM
+    assert one.config == SHORT and one.split_grid == (8, 11) and one.tokens_per_split == 384
+    assert one.programs_per_busiest_sm == 1 and one.combine_grid == (64, 1) and one.combine_steps == 1
+    long = gqa_launch(1, 8, 1, 1, 131073, sms=132, kv_dtype="fp8")  # one pair: LONG, splits capped near 4 per SM
     assert long.config == LONG and long.splits == 513 and long.tiles_per_program == 2
     assert long.combine_block == 1024 and long.combine_steps == 1 and long.combine_grid == (8, 16)
-    assert key_launch(_gqa(1, 4096), 132) == one
+    assert key_launch(_gqa(1, 4096, "fp8"), 132) == one
+    assert gqa_launch(1, 64, 8, 1, 4097, sms=132).split_grid == (8, 11)  # BF16 below 16K: the same SHORT
+    assert gqa_launch(1, 8, 1, 1, 131073, sms=132).config == LONG_BF16  # BF16 from 16K: three programs per SM
 
 
 @pytest.mark.parametrize("pairs", [1, 3, 8, 32, 100, 528, 529, 4096])
@@ -73,12 +77,12 @@ def test_recorded_launch_metrics_read_back_as_facts() -> None:
     key = _gqa(2, 16384, "fp8")
     launch = key_launch(key, 132)
     facts = facts_from_metrics({"time_us": 30.0, **launch_metrics(launch)}, key)
-    assert facts == GqaLaunchFacts(default_config(16385), 132, "one wave")
+    assert facts == GqaLaunchFacts(default_config(16385, "fp8"), 132, "one wave")
     assert facts_from_metrics({"time_us": 30.0}, key) is None
 
 
 def test_facts_recorded_before_the_split_rule_was_are_read_by_the_even_rule() -> None:
-    key = _gqa(4, 65536)  # 32 pairs: the even rule takes 17 splits, one wave 16
+    key = _gqa(4, 65536, "fp8")  # 32 pairs: the even rule takes 17 splits, one wave 16
     even = key_launch(key, 132, rule="even")
     recorded = {k: v for k, v in launch_metrics(even).items() if k != "launch_split_rule"}
     facts = facts_from_metrics(recorded, key)
@@ -95,6 +99,6 @@ def test_facts_split_by_another_rule_than_todays_are_not_taken() -> None:
 
 def test_results_written_before_the_launch_was_recorded_give_it_by_their_note() -> None:
     note = "split 128 tok/8w/3st/2 per SM, fp16; engine kernel: no engine kernel importable (flashinfer)"
-    assert facts_from_note(note, 132) == GqaLaunchFacts(SHORT, 132)
+    assert facts_from_note(note, 132) == GqaLaunchFacts(SHORT_BEFORE, 132)
     assert facts_from_note("engine kernel: no engine kernel adapted for gqa at batch 2, bf16 KV", 132) is None
     assert facts_from_note(note, 0) is None

@@ -119,22 +119,22 @@ def check_dsa(big: bool = False) -> None:
 
 def check_gqa(big: bool = False) -> None:
     """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile; every launch
-    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the defaults on BF16 ones."""
+    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the defaults of both dtypes on BF16 ones."""
     d = _dev()
     cases = [(1, 8, 2, 1, 300, 64, False), (2, 8, 8, 1, 100, 32, False), (1, 8, 2, 2, 500, 64, True)]
     cases += [(1, 16, 2, 1, 1000, 128, True)]
     if big:
         cases = [(1, 64, 8, 1, 32768, 128, True), (8, 64, 8, 1, 4096, 128, False), (1, 32, 8, 2, 65536, 128, True)]
-    for config in dict.fromkeys([gqa.SHORT, gqa.LONG, *gqa.SWEEP]):
+    for config in dict.fromkeys([gqa.SHORT, gqa.LONG, gqa.LONG_BF16, *gqa.SWEEP]):
         for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
-            if not fp8 and config not in (gqa.FIRST, gqa.SHORT, gqa.LONG):
+            if not fp8 and config not in (gqa.FIRST, gqa.SHORT, gqa.LONG, gqa.LONG_BF16):
                 continue
             q = torch.randn(batch, heads, q_len, dim, device=d).to(BF16)
             k = torch.randn(batch, kv_heads, length, dim, device=d)
             v = torch.randn(batch, kv_heads, length, dim, device=d)
             scales = torch.tensor([0.5, 0.25], device=d) if fp8 else None
             k, v = (_fp8(k, 0.5), _fp8(v, 0.25)) if fp8 else (k.to(BF16), v.to(BF16))
-            work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d, config=config)
+            work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d, config=config, fp8=fp8)
             work.out.fill_(float("nan"))
             got = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, work=work)
             want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)

@@ -32,7 +32,9 @@ class _OldConfig:
 
 
 _OLD_SHORT = _OldConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
+_SHORT = _OldConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=1, f16=True)
 _OLD_LONG = _OldConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
+_LONG_BF16 = _OldConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=3, f16=True)
 
 
 def _old_plan_splits(
@@ -62,12 +64,15 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, r
     batch, heads, q_len, dim = q.shape
     _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
-    cfg = config or (_OLD_LONG if length >= 16384 else _OLD_SHORT)
+    fp8 = k.dtype == torch.float8_e4m3fn
+    if fp8:
+        cfg = config or (_OLD_LONG if length >= 16384 else _SHORT)
+    else:
+        cfg = config or (_LONG_BF16 if length >= 16384 else _SHORT)
     group_rows = heads // kv_heads * q_len
     gp = max(16, _old_next_pow2(group_rows))
     split = _old_plan_splits if rule == "even" else _one_wave_splits
     splits, chunk = split(length, batch * kv_heads, sms, cfg.block_n, cfg.programs_per_sm)
-    fp8 = k.dtype == torch.float8_e4m3fn
     qc = q.contiguous()
     split_scalars = (
         kv_heads, group_rows, length, chunk, splits, qc.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -102,7 +107,7 @@ class _Recorder:
         return launch
 
 
-def _new_launches(  # noqa: PLR0917 - one launch's parts
+def _new_launches(
     q: Any, k: Any, v: Any, sms: int, config: gqa.GqaConfig | None, rule: str, mp: pytest.MonkeyPatch
 ) -> list:
     calls: list[tuple[object, ...]] = []
@@ -110,8 +115,9 @@ def _new_launches(  # noqa: PLR0917 - one launch's parts
     mp.setattr(gqa, "_gqa_split_kernel", _Recorder("split", calls), raising=False)
     mp.setattr(gqa, "_gqa_combine_kernel", _Recorder("combine", calls), raising=False)
     batch, heads, q_len, _ = q.shape
+    fp8 = k.dtype == torch.float8_e4m3fn
     work = gqa.gqa_workspace(
-        batch, heads, k.shape[1], q_len, k.shape[2], v.shape[-1], META, sms=sms, config=config, rule=rule
+        batch, heads, k.shape[1], q_len, k.shape[2], v.shape[-1], META, sms=sms, config=config, fp8=fp8, rule=rule
     )
     scales = torch.empty(2, device=META) if k.dtype == torch.float8_e4m3fn else None
     gqa.gqa_decode(q, k, v, sm_scale=0.125, scales=scales, work=work)
@@ -127,7 +133,7 @@ SHAPES = [  # (batch, heads, kv_heads, q_len)
 ]  # fmt: skip
 LENGTHS = (1, 128, 129, 4097, 16383, 16384, 131073)
 SMS = (1, 132, 170)
-CONFIGS = [None, *dict.fromkeys([gqa.FIRST, gqa.SHORT, gqa.LONG, *gqa.SWEEP])]
+CONFIGS = [None, *dict.fromkeys([gqa.FIRST, gqa.SHORT, gqa.LONG, gqa.SHORT_BEFORE, gqa.LONG_BF16, *gqa.SWEEP])]
 
 
 @pytest.mark.parametrize("rule", ["even", "one wave"])
@@ -145,8 +151,10 @@ def test_every_launch_takes_the_grid_and_constexprs_of_its_rule(config: gqa.GqaC
 
 
 def test_the_launch_constants_are_the_ones_the_kernel_ran_with() -> None:
-    assert gqa.GqaConfig(**dataclasses.asdict(_OLD_SHORT)) == gqa.SHORT
+    assert gqa.GqaConfig(**dataclasses.asdict(_OLD_SHORT)) == gqa.SHORT_BEFORE
     assert gqa.GqaConfig(**dataclasses.asdict(_OLD_LONG)) == gqa.LONG
+    assert gqa.GqaConfig(**dataclasses.asdict(_SHORT)) == gqa.SHORT
+    assert gqa.GqaConfig(**dataclasses.asdict(_LONG_BF16)) == gqa.LONG_BF16
     assert (gqa.LONG_FROM, gqa.BLOCK_N, gqa.PROGRAMS_PER_SM) == (16384, 64, 4)
     assert gqa.GqaConfig(**dataclasses.asdict(_OldConfig())) == gqa.FIRST
 

@@ -113,7 +113,7 @@ def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path)
     assert got["gqa_fp8"][2] == 2 * 2 * 201 * 64 * 1  # K and V at one byte a value: half the BF16 bytes
     key = AttentionKey("gqa", 1, 1, 200, 8, 2, 64, 64, 0, 64, 0, 0, 0, 0, "fp8")
     facts = facts_from_metrics(got["gqa_fp8"][3], key)  # the launch the reader gets back from the point's metrics
-    assert facts is not None and facts.sm_count == 1 and facts.config == default_config(201)
+    assert facts is not None and facts.sm_count == 1 and facts.config == default_config(201, "fp8")
     assert not got["mla"][3] and not got["dsa"][3]
     assert "radix top-k" in got["dsa"][1] and "read once" in got["mla"][1]
     assert got["silu_mul"][0] == "cpu"  # no fused kernel for it: the torch form, labelled CPU

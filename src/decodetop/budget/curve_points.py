@@ -14,7 +14,6 @@ from typing import Any, Union, cast
 from decodetop.budget.gqa_launch import (
     GqaLaunchFacts,
     LaunchRegime,
-    attended_tokens,
     launch_regime,
     launch_rule,
 )
@@ -197,7 +196,7 @@ def launch_regimes(curve: ShapeCurve) -> Callable[[tuple[int, ...]], LaunchRegim
     written before the launch was recorded, or a rule that is neither today's nor one fixed shape)."""
     if not curve.is_gqa:
         return None
-    rule = launch_rule((attended_tokens(cast(AttentionKey, p.key)), p.launch) for _c, p in curve.members if p.launch)
+    rule = launch_rule((cast(AttentionKey, p.key), p.launch) for _c, p in curve.members if p.launch)
     if rule is None:
         return None
     found: dict[tuple[int, ...], LaunchRegime] = {}

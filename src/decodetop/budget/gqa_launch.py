@@ -91,18 +91,33 @@ def config_from_label(text: str) -> GqaConfig | None:
 FIRST = GqaConfig()
 #: The shapes the probe runs, by context (`default_config`), the fastest of the H200 sweeps of
 #: `benchmarks/kernels/h200_kernels.py` (Llama-3.1-70B, FP8 cache; docs/benchmarks.md, "Kernels, third round"):
-#: `SHORT` below `LONG_FROM` cached tokens (9.2 µs at 4K, where two warps over 128-token tiles take 10.4), `LONG`
-#: from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and 93.9 for `SHORT`): fewer warps a program issue
-#: fewer instructions per cached token (the row max and sum cross fewer warps), more programs per SM hide the
-#: latency instead.
-SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
+#: `SHORT` below `LONG_FROM` cached tokens, `LONG` from there (30.3 µs at 32K and 81.4 at 128K, against 30.7 and
+#: 93.9 for `SHORT`): fewer warps a program issue fewer instructions per cached token (the row max and sum cross
+#: fewer warps), more programs per SM hide the latency instead. `SHORT` runs one program per SM: at two (the shape
+#: before, `SHORT_BEFORE`) a BF16 cache's second program waited a whole wave (its K tiles take 136 KB of an H200
+#: SM's 228 KB under Triton 3.6), and over FP8 the split in twice the programs of one tile each took as long or
+#: longer at 2–32 pairs (8 pairs × 4K: 9.41 µs against 8.84; docs/benchmarks.md, "Kernels, fifth round").
+SHORT = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=1, f16=True)
 LONG = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=4, f16=True)
 LONG_FROM = 16384
+#: `LONG` over a BF16 cache, at the three programs an H200 SM holds (72 KB of shared memory each, against 40 KB
+#: over FP8): its fourth waited a wave (32 pairs × 4K: 28.8 µs against 22.9).
+LONG_BF16 = GqaConfig(block_n=128, num_warps=2, num_stages=2, programs_per_sm=3, f16=True)
+#: The short-context shape until the fifth kernel round, over either cache: how older results read.
+SHORT_BEFORE = GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
 
 
-def default_config(length: int) -> GqaConfig:
-    """The launch shape the probe runs over `length` cached tokens."""
-    return LONG if length >= LONG_FROM else SHORT
+def default_config(length: int, kv_dtype: str = "bf16") -> GqaConfig:
+    """The launch shape the probe runs over `length` cached tokens of a `kv_dtype` cache."""
+    if length < LONG_FROM:
+        return SHORT
+    return LONG if kv_dtype == "fp8" else LONG_BF16
+
+
+def default_config_before(length: int, _kv_dtype: str = "bf16") -> GqaConfig:
+    """The launch shape the probe ran before the fifth kernel round (one pair of shapes over either cache): how
+    older results read."""
+    return LONG if length >= LONG_FROM else SHORT_BEFORE
 
 
 def next_pow2(n: int) -> int:
@@ -210,13 +225,14 @@ def gqa_launch(
     sms: int,
     config: GqaConfig | None = None,
     v_dim: int = 128,
+    kv_dtype: str = "bf16",
     rule: str = SPLIT_RULE,
 ) -> GqaLaunch:
-    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones on `sms` SMs, split by
-    `rule` for `config` (None: `default_config`)."""
+    """The launch of `batch` sequences of `q_len` new tokens over `length` cached ones of a `kv_dtype` cache on
+    `sms` SMs, split by `rule` for `config` (None: `default_config`)."""
     if rule not in SPLIT_RULES:
         raise ValueError(f"unknown GQA split rule {rule!r} (known: {', '.join(SPLIT_RULES)})")
-    config = config or default_config(length)
+    config = config or default_config(length, kv_dtype)
     pairs = batch * kv_heads
     split = plan_splits if rule == "even" else one_wave_splits
     splits, chunk = split(length, pairs, sms, config.block_n, config.programs_per_sm)
@@ -240,8 +256,9 @@ def key_launch(
     """The launch of GQA key `key` on `sms` SMs split by `rule` (`config` None: `default_config`)."""
     length = attended_tokens(key)
     return gqa_launch(
-        key.batch, key.heads, key.kv_heads, key.q_len, length, sms=sms, config=config, v_dim=key.v_head_dim, rule=rule
-    )
+        key.batch, key.heads, key.kv_heads, key.q_len, length, sms=sms, config=config, v_dim=key.v_head_dim,
+        kv_dtype=key.kv_dtype, rule=rule,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -314,8 +331,8 @@ def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
     return GqaLaunchFacts(config, sm_count) if config is not None and sm_count >= 1 else None
 
 
-LaunchRule = Callable[[int], GqaConfig]
-"""The launch shape a kernel takes over a number of cached tokens."""
+LaunchRule = Callable[[int, str], GqaConfig]
+"""The launch shape a kernel takes over a number of cached tokens of a cache of a KV dtype."""
 
 
 @dataclass(frozen=True)
@@ -328,25 +345,26 @@ class CurveLaunch:
 
     def launch(self, key: AttentionKey) -> GqaLaunch:
         """The launch the curve's kernel takes at `key`."""
-        config = self.config_of(attended_tokens(key))
+        config = self.config_of(attended_tokens(key), key.kv_dtype)
         return key_launch(key, self.sm_count, config, rule=self.split_rule)
 
 
-def launch_rule(points: Iterable[tuple[int, GqaLaunchFacts]]) -> CurveLaunch | None:
-    """How one curve's points, given as (cached tokens, recorded facts), were launched: by today's `default_config`
-    where every shape is the one it gives, a fixed shape where every point has it (results of an earlier kernel
-    version); None where the points have no facts, disagree on the GPU or split rule, or mix shapes by another
-    rule."""
+def launch_rule(points: Iterable[tuple[AttentionKey, GqaLaunchFacts]]) -> CurveLaunch | None:
+    """How one curve's points, given as (key, recorded facts), were launched: by today's `default_config` where
+    every shape is the one it gives, by the rule before (`default_config_before`), by a fixed shape where every
+    point has it (results of an earlier kernel version); None where the points have no facts, disagree on the GPU
+    or split rule, or mix shapes by another rule."""
     found = list(points)
-    if not found or len({(f.sm_count, f.split_rule) for _n, f in found}) != 1:
+    if not found or len({(f.sm_count, f.split_rule) for _k, f in found}) != 1:
         return None
     gpu = (found[0][1].sm_count, found[0][1].split_rule)
-    if all(f.config.shape == default_config(n).shape for n, f in found):
-        return CurveLaunch(default_config, *gpu)
-    shapes = {f.config.shape for _n, f in found}
+    for rule in (default_config, default_config_before):
+        if all(f.config.shape == rule(attended_tokens(k), k.kv_dtype).shape for k, f in found):
+            return CurveLaunch(rule, *gpu)
+    shapes = {f.config.shape for _k, f in found}
     if len(shapes) == 1:
         fixed = shapes.pop()
-        return CurveLaunch(lambda _n: fixed, *gpu)
+        return CurveLaunch(lambda _n, _dtype: fixed, *gpu)
     return None
 
 

@@ -184,6 +184,10 @@ ATTENTION_CONTEXTS: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 655
 """Context × 2 from 1K to 128K at batch 1 (decode attention is near-affine in context: ×2 steps interpolate to a
 few %, docs/benchmarks.md 'Curves'); ×4 steps at the larger batches and on the other TP shards."""
 ATTENTION_COARSE_CONTEXTS: tuple[int, ...] = (1024, 4096, 16384, 65536)
+GQA_FINE_CONTEXTS: tuple[int, ...] = tuple(round(1024 * 2 ** (i / 2) / 16) * 16 for i in range(15))
+"""GQA's grid is one step finer: context × √2 from 1K to 128K at batch 1 and on the other shards, × 2 at the larger
+batches. Its kernel's time steps where the launch changes shape or programs per SM (docs/benchmarks.md,
+"Kernels, fifth round"), and a point between two ×4 neighbours of other launches missed by 7 % median there."""
 ATTENTION_SHARD_BATCHES: tuple[int, ...] = (1, 32)
 """Batches of the other TP shards' MLA grid (× `ATTENTION_COARSE_CONTEXTS`): their heads differ, their batch curve
 between 1 and 32 follows the scenario's shard (a shard's batch 8 cost the GLM-5 plan 12 points)."""
@@ -324,7 +328,10 @@ def _own_attention_grid(key: AttentionKey, batch: int, context: int) -> list[tup
     grid: list[tuple[int, int, int, str]] = []
     for kv in sorted({*ATTENTION_KV_DTYPES, key.kv_dtype}):
         for b in sorted({*ATTENTION_BATCHES, batch}):
-            contexts = ATTENTION_CONTEXTS if b == 1 else ATTENTION_COARSE_CONTEXTS
+            if key.kind == "gqa":
+                contexts = GQA_FINE_CONTEXTS if b == 1 else ATTENTION_CONTEXTS
+            else:
+                contexts = ATTENTION_CONTEXTS if b == 1 else ATTENTION_COARSE_CONTEXTS
             grid.extend((key.q_len, b, c, kv) for c in sorted({*contexts, context}))
         grid.extend((q, b, context, kv) for q in ATTENTION_QUERY_LENGTHS for b in (1, 8) if q != key.q_len)
     return grid
@@ -337,7 +344,7 @@ def _shard_attention_grid(key: AttentionKey, own_kv_heads: int) -> list[tuple[in
     where decode attention is latency-bound and steps with the kernel's split choice: × 2 contexts. MLA shards
     differ in their query heads: a coarse batch × context grid each."""
     if key.kind == "gqa" and own_kv_heads > 0:
-        return [(1, 1, c, key.kv_dtype) for c in ATTENTION_CONTEXTS if key.kv_heads < own_kv_heads]
+        return [(1, 1, c, key.kv_dtype) for c in GQA_FINE_CONTEXTS if key.kv_heads < own_kv_heads]
     return [(1, b, c, key.kv_dtype) for b in ATTENTION_SHARD_BATCHES for c in ATTENTION_COARSE_CONTEXTS]
 
 

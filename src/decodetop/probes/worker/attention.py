@@ -351,8 +351,9 @@ def triton_attention_runner(
     if key.kind == "gqa":
         g = _gqa_inputs(key, ctx, length, rotate=rotate)
         work = gqa.gqa_workspace(
-            key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device, config=variant.gqa
-        )
+            key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device, config=variant.gqa,
+            fp8=key.kv_dtype == "fp8",
+        )  # fmt: skip
 
         def split_k() -> torch.Tensor:
             k, v = g.caches.next()
@@ -400,7 +401,10 @@ def launch_triton_once(key: AttentionKey, length: int, ctx: ProbeContext) -> Non
     no check: what `precompile.compile_ahead` collects on meta tensors before the probe times them."""
     if key.kind == "gqa":
         g = _gqa_inputs(key, ctx, length, rotate=False)
-        work = gqa.gqa_workspace(key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device)
+        work = gqa.gqa_workspace(
+            key.batch, key.heads, key.kv_heads, key.q_len, g.attended, key.v_head_dim, ctx.device,
+            fp8=key.kv_dtype == "fp8",
+        )  # fmt: skip
         k, v = g.caches.next()
         gqa.gqa_decode(g.q, k, v, sm_scale=g.sm_scale, scales=g.scales, work=work)
     elif key.kind in ("mla", "mla+dsa"):

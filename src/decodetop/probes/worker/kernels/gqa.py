@@ -31,9 +31,11 @@ from decodetop.budget.gqa_launch import (
     BLOCK_N,
     FIRST,
     LONG,
+    LONG_BF16,
     LONG_FROM,
     PROGRAMS_PER_SM,
     SHORT,
+    SHORT_BEFORE,
     SPLIT_RULE,
     GqaConfig,
     GqaLaunch,
@@ -58,9 +60,11 @@ __all__ = [  # the launch shapes and rules re-exported from the budget layer, wh
     "BLOCK_N",
     "FIRST",
     "LONG",
+    "LONG_BF16",
     "LONG_FROM",
     "PROGRAMS_PER_SM",
     "SHORT",
+    "SHORT_BEFORE",
     "SWEEP",
     "GqaConfig",
     "GqaWorkspace",
@@ -262,13 +266,15 @@ def gqa_workspace(
     sms: int = 0,
     config: GqaConfig | None = None,
     *,
+    fp8: bool = False,
     rule: str = SPLIT_RULE,
 ) -> GqaWorkspace:
-    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones, split by `rule` for `config`
-    (None: `default_config`) on `sms` SMs (0: the device's)."""
+    """Buffers for `batch` sequences of `q_len` new tokens over `length` cached ones (an FP8 cache where `fp8`),
+    split by `rule` for `config` (None: `default_config`) on `sms` SMs (0: the device's)."""
     geo = gqa_launch(
-        batch, heads, kv_heads, q_len, length, sms=sms or sm_count(device), config=config, v_dim=v_dim, rule=rule
-    )
+        batch, heads, kv_heads, q_len, length, sms=sms or sm_count(device), config=config, v_dim=v_dim,
+        kv_dtype="fp8" if fp8 else "bf16", rule=rule,
+    )  # fmt: skip
     parts = geo.pairs * geo.splits * geo.group_pad_rows
     return GqaWorkspace(
         torch.empty(parts * v_dim, device=device, dtype=torch.float32),
@@ -303,7 +309,7 @@ def gqa_decode(
     if fp8 and scales is None:
         raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
     if work is None:
-        work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device)
+        work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device, fp8=fp8)
     geo = work.launch
     if (geo.pairs, geo.group_rows, geo.length_tokens) != (batch * kv_heads, heads // kv_heads * q_len, length):
         raise ValueError(f"GQA workspace sized for another shape than q {tuple(q.shape)}, k {tuple(k.shape)}")
