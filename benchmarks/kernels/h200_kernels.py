@@ -137,7 +137,6 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
 
 FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa_select_block=2048)
 NEW = AttentionVariant()
-FUSED = AttentionVariant(dsa_scheme="radix8-fused")
 INDEXER_BF16 = AttentionVariant(dsa_scheme="radix8", dsa_f16=False)
 
 
@@ -150,7 +149,6 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
     dsa_pair = [
         ("default: radix8, select auto, indexer fp16", NEW),
-        ("radix8-fused, indexer fp16", FUSED),
         ("radix8, select auto, indexer bf16", INDEXER_BF16),
     ]
     return [
@@ -209,19 +207,16 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """GLM-5 TP-8's DSA path in parts, per radix scheme (`radix8`: the first histogram taken in the scoring kernel;
-    `radix8-fused`: all of the selection in its own launch), the selection checked by the attention rows' runners:
-    the workspace memset + indexer scores, + the radix top-k, and the whole attention (+ sparse MLA split and
-    combine); each part's time is the difference of two rows."""
+    """GLM-5 TP-8's DSA path in parts, the default shapes (the selection checked by the attention rows' runners):
+    the workspace memset + indexer scores (with the first histogram), + the radix top-k, and the whole attention
+    (+ sparse MLA split and combine); each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
     for context in contexts((32768, 131072)):
         key = att_key("mla+dsa", context, **glm)
         m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
         assert m.q_idx is not None and m.w_idx is not None
-        for scheme in ("radix8", "radix8-fused"):
-            work = dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme)
-            dsa_parts(m, work, context, copy, rows)
+        dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev()), context, copy, rows)
         del m
         free()
     out["dsa_parts"] = rows
@@ -233,8 +228,7 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
 
     def scores() -> None:
         _, index_keys, key_scales = m.caches.next()
-        if not work.cleans:
-            work.work.zero_()
+        work.work.zero_()
         dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, work)
 
     def topk() -> None:
