@@ -29,7 +29,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ from decodetop.probes.worker.context import ProbeContext  # noqa: E402
 from decodetop.probes.worker.kernels import dsa, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
-from decodetop.probes.worker.kernels import tiles as tile_store  # noqa: E402
 from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
 from decodetop.probes.worker.ops import OpRunner, time_runner  # noqa: E402
 from decodetop.probes.worker.timing import time_events  # noqa: E402
@@ -338,19 +336,17 @@ LAST_ROUND_TILES = {
 }
 
 
-def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None, sum_in_down: bool | None = None) -> dict[str, Any]:
-    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed
-    (`sum_in_down`: as `fused_moe`'s)."""
+def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None) -> dict[str, Any]:
+    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed."""
     experts, bufs, w_bytes = fm._moe_tensors(key, ctx(), rotate=True)
-    call = partial(fm.fused_moe, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles, sum_in_down=sum_in_down)
 
     def run(experts=experts, bufs=bufs) -> torch.Tensor:
         w13, w2 = experts.next()
-        return call(bufs.x, w13, w2, bufs.ids, bufs.wts)
+        return fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
 
     w13, w2 = experts.items[0]
     bufs.out.fill_(float("nan"))
-    got = call(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
+    got = fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
     want = fm.reference_moe(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
     err = float((got - want).abs().max())
     if not err <= fm.CHECK_RTOL * float(want.abs().max()):
@@ -385,17 +381,6 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(timed(tuned))
             del tuned
             free()
-            chosen = (
-                tile_store.lookup(
-                    torch.cuda.get_device_name(),
-                    tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype),
-                )
-                if not SMOKE
-                else None
-            )
-            if chosen is not None:  # the same tiles with the combine launch: what summing in the down kernel saves
-                row["combine_launch_us"] = _moe_fixed(key, (chosen.gate_up, chosen.down), sum_in_down=False)["us"]
-                free()
             if label in LAST_ROUND_TILES:
                 row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
                 free()
