@@ -29,7 +29,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ from decodetop.probes.worker.context import ProbeContext  # noqa: E402
 from decodetop.probes.worker.kernels import dsa, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
-from decodetop.probes.worker.kernels import tiles as tile_store  # noqa: E402
 from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
 from decodetop.probes.worker.ops import OpRunner, time_runner  # noqa: E402
 from decodetop.probes.worker.timing import time_events  # noqa: E402
@@ -137,7 +135,6 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
 
 FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa_select_block=2048)
 NEW = AttentionVariant()
-FUSED = AttentionVariant(dsa_scheme="radix8-fused")
 INDEXER_BF16 = AttentionVariant(dsa_scheme="radix8", dsa_f16=False)
 
 
@@ -150,7 +147,6 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
     dsa_pair = [
         ("default: radix8, select auto, indexer fp16", NEW),
-        ("radix8-fused, indexer fp16", FUSED),
         ("radix8, select auto, indexer bf16", INDEXER_BF16),
     ]
     return [
@@ -209,19 +205,16 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """GLM-5 TP-8's DSA path in parts, per radix scheme (`radix8`: the first histogram taken in the scoring kernel;
-    `radix8-fused`: all of the selection in its own launch), the selection checked by the attention rows' runners:
-    the workspace memset + indexer scores, + the radix top-k, and the whole attention (+ sparse MLA split and
-    combine); each part's time is the difference of two rows."""
+    """GLM-5 TP-8's DSA path in parts, the default shapes (the selection checked by the attention rows' runners):
+    the workspace memset + indexer scores (with the first histogram), + the radix top-k, and the whole attention
+    (+ sparse MLA split and combine); each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
     for context in contexts((32768, 131072)):
         key = att_key("mla+dsa", context, **glm)
         m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
         assert m.q_idx is not None and m.w_idx is not None
-        for scheme in ("radix8", "radix8-fused"):
-            work = dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme)
-            dsa_parts(m, work, context, copy, rows)
+        dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev()), context, copy, rows)
         del m
         free()
     out["dsa_parts"] = rows
@@ -233,8 +226,7 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
 
     def scores() -> None:
         _, index_keys, key_scales = m.caches.next()
-        if not work.cleans:
-            work.work.zero_()
+        work.work.zero_()
         dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, work)
 
     def topk() -> None:
@@ -344,19 +336,17 @@ LAST_ROUND_TILES = {
 }
 
 
-def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None, sum_in_down: bool | None = None) -> dict[str, Any]:
-    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed
-    (`sum_in_down`: as `fused_moe`'s)."""
+def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None) -> dict[str, Any]:
+    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed."""
     experts, bufs, w_bytes = fm._moe_tensors(key, ctx(), rotate=True)
-    call = partial(fm.fused_moe, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles, sum_in_down=sum_in_down)
 
     def run(experts=experts, bufs=bufs) -> torch.Tensor:
         w13, w2 = experts.next()
-        return call(bufs.x, w13, w2, bufs.ids, bufs.wts)
+        return fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
 
     w13, w2 = experts.items[0]
     bufs.out.fill_(float("nan"))
-    got = call(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
+    got = fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
     want = fm.reference_moe(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
     err = float((got - want).abs().max())
     if not err <= fm.CHECK_RTOL * float(want.abs().max()):
@@ -391,17 +381,6 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(timed(tuned))
             del tuned
             free()
-            chosen = (
-                tile_store.lookup(
-                    torch.cuda.get_device_name(),
-                    tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype),
-                )
-                if not SMOKE
-                else None
-            )
-            if chosen is not None:  # the same tiles with the combine launch: what summing in the down kernel saves
-                row["combine_launch_us"] = _moe_fixed(key, (chosen.gate_up, chosen.down), sum_in_down=False)["us"]
-                free()
             if label in LAST_ROUND_TILES:
                 row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
                 free()

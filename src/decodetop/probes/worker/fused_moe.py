@@ -14,7 +14,9 @@ full bandwidth. Three kernels do the whole routed-expert op:
 2. `down`: one program per routed slot × block of the hidden width × part of the intermediate width: streams that
    expert's down-projection rows against SiLU(gate) · up (computed from the sums as each block is read) and writes
    the product, scaled by the router weight, as an fp32 row (added with atomics where split);
-3. `combine`: each token's top-k rows summed into its output (deterministic; a few KB per token).
+3. `combine`: each token's top-k rows summed into its output (deterministic; a few KB per token). The down kernel
+   summing the top-k itself instead (no fp32 partials, one launch fewer) was slower on an H200 at Mixtral's top-k 2
+   (docs/benchmarks.md, "Kernels, fourth round").
 
 Splitting the reduction (`Tiles.split_k`) gives a shape with few output rows per slot enough programs to keep
 HBM busy: DeepSeek-V3's TP-8 slice has 8 slots × 512 gate/up rows, 128 programs of 32 rows for 132 SMs, and read
@@ -43,7 +45,7 @@ from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
-from decodetop.probes.worker.kernels.common import launch, next_pow2, sm_count, torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.common import launch, sm_count, torch_kernel, triton_kernel
 from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
@@ -158,48 +160,6 @@ if HAVE_TRITON:
             tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _down_sum_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
-        h_ptr,
-        w2_ptr,
-        ids_ptr,
-        wts_ptr,
-        out_ptr,
-        hidden,
-        inter,
-        stride_we,
-        stride_wn,
-        top_k: tl.constexpr,
-        rows: tl.constexpr,
-        block_k: tl.constexpr,
-    ):
-        """The down projection and the sum over a token's top-k experts in one kernel: program (token, nb) reads
-        `rows` rows of each of the token's experts ([top_k, rows, block_k] tiles: as many bytes in flight as the
-        down kernel's `top_k` × `rows` tile), weighs each expert's dot products and writes their sum in the
-        output's dtype; no combine launch, no fp32 partials."""
-        token = tl.program_id(0)
-        nb = tl.program_id(1)
-        offs_j = tl.arange(0, top_k)
-        offs_n = nb * rows + tl.arange(0, rows)
-        mask_n = offs_n < hidden
-        slots = token * top_k + offs_j
-        experts = tl.load(ids_ptr + slots).to(tl.int64)
-        weights = tl.load(wts_ptr + slots).to(tl.float32)
-        w_rows = w2_ptr + experts[:, None, None] * stride_we + offs_n[None, :, None].to(tl.int64) * stride_wn
-        h_rows = h_ptr + slots[:, None] * 2 * inter
-        acc = tl.zeros([top_k, rows], dtype=tl.float32)
-        for k0 in range(0, inter, block_k):
-            offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < inter
-            g = tl.load(h_rows + offs_k[None, :], mask=mask_k[None, :], other=0.0)
-            u = tl.load(h_rows + inter + offs_k[None, :], mask=mask_k[None, :], other=0.0)
-            av = g / (1.0 + tl.exp(-g)) * u  # [top_k, block_k]
-            mask = mask_n[None, :, None] & mask_k[None, None, :]
-            w = tl.load(w_rows + offs_k[None, None, :], mask=mask, other=0.0)
-            acc += tl.sum(w.to(tl.float32) * av[:, None, :], axis=2)
-        out = tl.sum(acc * weights[:, None], axis=0)
-        tl.store(out_ptr + token * hidden + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _combine_kernel(ys_ptr, out_ptr, hidden, top_k: tl.constexpr, block: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         token = tl.program_id(0)
         offs = tl.program_id(1) * block + tl.arange(0, block)
@@ -283,7 +243,6 @@ def fused_moe(
     out: torch.Tensor | None = None,
     sms: int | None = None,
     tiles: tuple[Tiles, Tiles] | None = None,
-    sum_in_down: bool | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
@@ -291,8 +250,7 @@ def fused_moe(
     [T·K, 2I] fp32 (the gate and up sums), `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a
     captured graph allocates nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1
     on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from
-    `pick_block_n`). `sum_in_down`: the top-k sum in the down kernel (None: where its tile allows, `_sums_in_down`;
-    False: the down kernel's fp32 partials and the combine launch, the first form)."""
+    `pick_block_n`)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -317,45 +275,9 @@ def fused_moe(
     up_t, down_t = tiles if tiles is not None else (None, None)
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
     launch_gate_up(x, w13, ids, h, grid)
-    down_tiles = grid.down_tiles or Tiles(grid.down_block_n)
-    if sum_in_down is not False and _sums_in_down(down_tiles, top_k, inter):
-        rows = down_tiles.block_n // top_k
-        launch(
-            _down_sum_kernel,
-            (tokens, -(-hidden // rows)),
-            h,
-            w2,
-            ids,
-            weights,
-            out,
-            hidden,
-            inter,
-            w2.stride(0),
-            w2.stride(1),
-            top_k=top_k,
-            rows=rows,
-            block_k=down_tiles.block_k,
-            **_launch_options(down_tiles),
-        )
-        return out
     launch_down(h, w2, ids, weights, ys, grid)
     launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
     return out
-
-
-#: Largest top-k whose sum the down kernel takes itself: each of its programs computes SiLU(gate) × up for every
-#: expert of the token (top-k times the down kernel's own), affordable for Mixtral's 2, not for 8.
-SUM_IN_DOWN_MAX_TOP_K = 2
-
-
-def _sums_in_down(tiles: Tiles, top_k: int, inter: int) -> bool:
-    """Whether the down projection takes the top-k sum itself (`_down_sum_kernel`): when its tile has no split
-    reduction, top-k is at most SUM_IN_DOWN_MAX_TOP_K and the tile's rows divide among the experts in powers of
-    two (the same weight bytes per program as the tuned tile, one launch fewer)."""
-    rows = tiles.block_n // max(1, top_k)
-    whole = -(-inter // _k_chunk(inter, tiles)) == 1
-    fits = top_k <= SUM_IN_DOWN_MAX_TOP_K and top_k == next_pow2(top_k)
-    return whole and fits and rows >= 1 and rows * top_k == tiles.block_n
 
 
 def _k_chunk(width: int, tiles: Tiles) -> int:
@@ -490,21 +412,14 @@ def _tile_choice(
 
 def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
     """The fused-MoE kernels of one key launched once per tile they may run with on `gpu` (the stored choice, else
-    every candidate: each kernel alone as the tuner times it, then the whole call) and no check: what
-    `precompile.compile_ahead` collects on meta tensors."""
+    every candidate the tuner times) and no check: what `precompile.compile_ahead` collects on meta tensors."""
     if key.dtype not in KERNEL_DTYPES:
         return
     experts, bufs, _ = _moe_tensors(key, ctx, rotate=False)
     found = tile_store.lookup(gpu, tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype))
     pairs = [(found.gate_up, found.down)] if found is not None else [(t, t) for t in tile_store.TILE_CANDIDATES]
     w13, w2 = experts.next()
-    sms = sm_count(ctx.device)
-    for up, down in pairs:
-        if found is None:  # the tuner times each kernel alone (`_tile_choice`)
-            grid = grid_for(key.tokens, key.top_k, key.hidden, key.intermediate, sms, gate_up=up, down=down)
-            launch_gate_up(bufs.x, w13, bufs.ids, bufs.h, grid)
-            launch_down(bufs.h, w2, bufs.ids, bufs.wts, bufs.ys, grid)
-        tiles = (up, down)
+    for tiles in pairs:
         fused_moe(
             bufs.x,
             w13,

@@ -14,19 +14,17 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), and `radix11`, three digits of
+Two digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), and `radix11`, three digits of
 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
 element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200
 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
-(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. `radix8-fused` takes
-radix8's digits in one launch of at most one program per SM, a grid barrier between its passes, none of them in
-the scoring kernel, and leaves its workspace zeroed (no memset launch): radix8's four selection launches and the
-memset are latency-bound, ~20 µs at any context on an H200.
+(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. radix8's whole
+selection in one launch (grid barriers between its passes, no histogram in the scoring kernel) was slower on an
+H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -62,12 +60,8 @@ DIGIT_BINS = 1 << DIGIT_BITS
 DIGITS = 32 // DIGIT_BITS
 #: Workspace per row of `radix8`: four histograms and the two counters.
 WORK8_INTS = DIGITS * DIGIT_BINS + 2
-#: Workspace per row of `radix8-fused`: radix8's, and (row 0's) the grid barrier's arrival and departure counts.
-WORK8F_INTS = WORK8_INTS + 2
-#: Scores per step of a `radix8-fused` program (8 per thread of its 4 warps).
-FUSED_BLOCK = 1024
 #: The digit schemes, the default first.
-SCHEMES = ("radix8", "radix8-fused", "radix11")
+SCHEMES = ("radix8", "radix11")
 #: Scoring programs wanted per SM (each scores 1–16 tiles).
 SCORE_PROGRAMS_PER_SM = 2
 
@@ -81,11 +75,10 @@ if HAVE_TRITON:
         return bits ^ flip
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _threshold_bin(hist_ptr, k_rem, NB: tl.constexpr, VOL: tl.constexpr = False):  # type: ignore[no-untyped-def,unused-ignore]
-        """(bin, count strictly above it) of the bin holding the `k_rem`-th largest element of a histogram (VOL:
-        read past the L1, for a histogram other programs of the same launch completed)."""
+    def _threshold_bin(hist_ptr, k_rem, NB: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(bin, count strictly above it) of the bin holding the `k_rem`-th largest element of a histogram."""
         bins = tl.arange(0, NB)
-        h = tl.load(hist_ptr + bins, volatile=VOL)
+        h = tl.load(hist_ptr + bins)
         at_or_above = tl.sum(h, 0) - tl.cumsum(h, 0) + h
         b = tl.max(tl.where(at_or_above >= k_rem, bins, -1), 0)
         above = tl.sum(tl.where(bins > b, h, 0), 0)
@@ -113,7 +106,6 @@ if HAVE_TRITON:
         SHIFT1: tl.constexpr,
         F32_DOT: tl.constexpr,
         F16: tl.constexpr,
-        HIST: tl.constexpr,
     ):
         pid = tl.program_id(0)
         row = tl.program_id(1)
@@ -139,12 +131,10 @@ if HAVE_TRITON:
             logits = tl.dot(q, tl.trans(k)) * ks[None, :]
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
-            if HIST:
-                digit = (_key_of(score) >> SHIFT1).to(tl.int32)
-                hist += tl.histogram(digit, BINS1, mask=mask_l)
-        if HIST:
-            bins = tl.arange(0, BINS1)
-            tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
+            digit = (_key_of(score) >> SHIFT1).to(tl.int32)
+            hist += tl.histogram(digit, BINS1, mask=mask_l)
+        bins = tl.arange(0, BINS1)
+        tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _radix_pass_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -204,26 +194,25 @@ if HAVE_TRITON:
         _compact_block(score_ptr, base + B1 + B2 + B3, idx_ptr, row, length, k, offs, threshold, n_above)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _threshold8(base, k, LEVELS: tl.constexpr, VOL: tl.constexpr = False):  # type: ignore[no-untyped-def,unused-ignore]
+    def _threshold8(base, k, LEVELS: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """(the first LEVELS 8-bit digits of the `k`-th largest key as one uint32, count of keys strictly above
         that prefix) from the first LEVELS histograms at `base`."""
         prefix = tl.full([], 0, tl.uint32)
         above = tl.full([], 0, tl.int32)
         for level in tl.static_range(LEVELS):
-            b, up = _threshold_bin(base + level * 256, k - above, 256, VOL)
+            b, up = _threshold_bin(base + level * 256, k - above, 256)
             prefix = (prefix << 8) | b.to(tl.uint32)
             above = above + up
         return prefix, above
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _hist8_block(score_ptr, base, row, length, offs, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """Adds to the workspace's histogram LEVEL the digit LEVEL (of 8 bits from the top) of the scores at `offs`
-        whose keys are tied with `prefix`, the threshold's first LEVEL − 1 digits (all of them at level 1)."""
+        """Adds to the workspace's histogram LEVEL (2–4; the first is the scoring kernel's) the digit LEVEL (of 8
+        bits from the top) of the scores at `offs` whose keys are tied with `prefix`, the threshold's first LEVEL − 1
+        digits."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-        tied = valid
-        if LEVEL > 1:
-            tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
+        tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
         digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
         hist = tl.histogram(digit, 256, mask=tied)
         tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
@@ -282,70 +271,6 @@ if HAVE_TRITON:
             score_ptr, base + 4 * 256, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above
         )
 
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _grid_barrier(bar_ptr, expected):  # type: ignore[no-untyped-def,unused-ignore]
-        """Every program of the launch waits until the arrival count at `bar_ptr` reaches `expected` (counted on
-        over the launch's barriers, from the zeroed workspace), as CUDA's cooperative grid sync does: the CTA's
-        threads meet, one arrival is released to the GPU, the count is read back with acquire until complete.
-        Only sound where every program of the launch is resident at once (`dsa_select` launches at most one per
-        SM)."""
-        tl.debug_barrier()
-        tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-        seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        while seen < expected:
-            seen = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _select8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
-        score_ptr,
-        work_ptr,
-        idx_ptr,
-        length,
-        k,
-        blocks,
-        WORK: tl.constexpr,
-        BLOCK: tl.constexpr,
-        FIRST: tl.constexpr,
-        LAST: tl.constexpr,
-        SYNC: tl.constexpr,
-    ):
-        """Levels FIRST..LAST of the radix8 selection over `blocks` × BLOCK scores per program: levels 1–4
-        histogram digit `level` of the keys tied with the earlier digits' threshold, level 5 writes the positions
-        above the threshold and as many tied at it as `k` needs, level 6 zeroes the workspace for the next call
-        (each row's by its first program; the barrier's counts by the last program to leave, once none waits on
-        them), so no memset launch precedes the scores. SYNC: all levels in one launch, a grid barrier after each
-        (the launch's programs ≤ SMs); else one level per launch (Triton's interpreter runs programs one after
-        another, and a barrier would wait forever)."""
-        pid = tl.program_id(0)
-        row = tl.program_id(1)
-        base = work_ptr + row * WORK
-        arrivals = tl.num_programs(0) * tl.num_programs(1)
-        for level in tl.static_range(FIRST, LAST + 1):
-            if level <= 4:  # DIGITS (a kernel reads no module global)
-                prefix, _ = _threshold8(base, k, level - 1, SYNC)
-                for i in range(blocks):
-                    _hist8_block(
-                        score_ptr, base, row, length, (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK), prefix, level
-                    )
-            elif level == 6:
-                if pid == 0:
-                    for z in range(0, WORK - 2, 1024):
-                        offs_z = z + tl.arange(0, 1024)
-                        tl.store(base + offs_z, tl.zeros([1024], tl.int32), mask=offs_z < WORK - 2)
-                if SYNC:
-                    gone = tl.atomic_add(work_ptr + WORK - 1, 1, sem="acq_rel", scope="gpu")
-                    if gone == arrivals - 1:
-                        tl.store(work_ptr + WORK - 2, 0)
-                        tl.store(work_ptr + WORK - 1, 0)
-            else:
-                threshold, n_above = _threshold8(base, k, 4, SYNC)
-                for i in range(blocks):
-                    offs = (pid * blocks + i) * BLOCK + tl.arange(0, BLOCK)
-                    _compact_block(score_ptr, base + 4 * 256, idx_ptr, row, length, k, offs, threshold, n_above)
-            if SYNC and level < LAST:
-                _grid_barrier(work_ptr + WORK - 2, arrivals * (level - FIRST + 1))
-
 
 @dataclass
 class DsaWorkspace:
@@ -367,19 +292,11 @@ class DsaWorkspace:
     """The radix digit scheme (`SCHEMES`)."""
     select_block: int = SELECT_BLOCK
     """Scores per program of the histogram and compaction passes."""
-    sms: int = 1
-    """The SM count the selection's launch is sized for."""
     f16: bool = True
     """The scoring product in FP16 (FP8 → FP16 is one conversion per two values, exact; → BF16 takes more), the
     query rounded to FP16 (10 mantissa bits against BF16's 7; activations far inside its range). On an H200 at
     GLM-5's TP-8 shard: the scores at 128K in 15.6 µs against 18.2 in BF16, the whole attention 42.7 against 47.0
     (docs/benchmarks.md, "Kernels, third round"); False: BF16, the first form."""
-
-    @property
-    def cleans(self) -> bool:
-        """Whether the selection leaves `work` zeroed for the next call (`radix8-fused`), so callers do not zero it
-        first (every other scheme: `work.zero_()` before each call's scores)."""
-        return self.scheme == "radix8-fused" and self.selects
 
 
 def auto_select_block(rows: int, length: int, sms: int) -> int:
@@ -416,7 +333,7 @@ def dsa_workspace(
         indices = torch.empty(rows, k, device=device, dtype=torch.int32)
     else:
         indices = torch.arange(length, device=device, dtype=torch.int32).expand(rows, length).contiguous()
-    ints = {"radix8": WORK8_INTS, "radix8-fused": WORK8F_INTS}.get(scheme, WORK_INTS)
+    ints = WORK8_INTS if scheme == "radix8" else WORK_INTS
     return DsaWorkspace(
         torch.empty(rows, length, device=device, dtype=torch.float32),
         torch.zeros(rows, ints, device=device, dtype=torch.int32),
@@ -426,7 +343,6 @@ def dsa_workspace(
         -(-tiles // per),
         scheme,
         select_block or auto_select_block(rows, length, sms),
-        sms,
         f16,
     )
 
@@ -448,7 +364,7 @@ def dsa_scores(
     batch, length, kdim = keys.shape
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
-    radix8 = work.scheme.startswith("radix8")
+    radix8 = work.scheme == "radix8"
     launch(
         _score_kernel,
         (work.score_programs, rows),
@@ -472,7 +388,6 @@ def dsa_scores(
         SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
         F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
         F16=work.f16,
-        HIST=work.scheme != "radix8-fused",  # that scheme takes its first histogram in the selection's launch
     )
     return work.scores
 
@@ -482,9 +397,6 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     `DIGITS` − 1 more histogram passes and the compaction for `radix8`, two and the compaction for `radix11`."""
     rows, length = work.scores.shape
     if not work.selects:
-        return work.indices
-    if work.scheme == "radix8-fused":
-        _select_fused(work, topk)
         return work.indices
     block = work.select_block
     grid = (-(-length // block), rows)
@@ -502,37 +414,6 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     return work.indices
 
 
-def _select_fused(work: DsaWorkspace, topk: int) -> None:
-    """The `radix8-fused` selection: its six levels in one launch of at most one program per SM, grid barriers
-    between them (docs/benchmarks.md, "Kernels, fourth round": the four launches of `radix8`'s selection took ~20
-    µs at any context on an H200, each latency-bound); one launch per level under Triton's interpreter, or where
-    the rows alone outnumber the SMs or an MPS client's share of them may be smaller (then not every program would
-    be resident at once)."""
-    rows, length = work.scores.shape
-    sms = work.sms
-    programs = max(1, min(sms // rows if rows <= sms else 1, -(-length // FUSED_BLOCK)))
-    blocks = -(-length // (programs * FUSED_BLOCK))
-    args = (work.scores, work.work, work.indices, length, topk, blocks)
-    # Under MPS a client may hold fewer SMs than the GPU has: the programs might not all be resident at once.
-    shared = bool(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
-    if rows <= sms and not interpreted() and not shared:
-        launch(
-            _select8_kernel, (programs, rows), *args, WORK=WORK8F_INTS, BLOCK=FUSED_BLOCK, FIRST=1, LAST=6, SYNC=True
-        )
-        return
-    for level in range(1, DIGITS + 3):
-        launch(
-            _select8_kernel,
-            (programs, rows),
-            *args,
-            WORK=WORK8F_INTS,
-            BLOCK=FUSED_BLOCK,
-            FIRST=level,
-            LAST=level,
-            SYNC=False,
-        )
-
-
 def dsa_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -546,8 +427,7 @@ def dsa_topk(
     """Scores and selection in one call: [R, min(L, topk)] int32 token positions (the workspace zeroed first)."""
     if work is None:
         work = dsa_workspace(q.shape[0], keys.shape[1], topk, q.device)
-    if not work.cleans:
-        work.work.zero_()
+    work.work.zero_()
     dsa_scores(q, weights, keys, key_scales, work, q_len=q_len)
     return dsa_select(work, topk)
 
