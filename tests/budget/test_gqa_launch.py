@@ -14,11 +14,13 @@ from decodetop.budget.gqa_launch import (
     GqaLaunchFacts,
     config_from_label,
     default_config,
+    default_config_before,
     facts_from_metrics,
     facts_from_note,
     gqa_launch,
     key_launch,
     launch_metrics,
+    launch_rule,
 )
 from decodetop.budget.keys import AttentionKey
 
@@ -102,3 +104,18 @@ def test_results_written_before_the_launch_was_recorded_give_it_by_their_note() 
     assert facts_from_note(note, 132) == GqaLaunchFacts(SHORT_BEFORE, 132)
     assert facts_from_note("engine kernel: no engine kernel adapted for gqa at batch 2, bf16 KV", 132) is None
     assert facts_from_note(note, 0) is None
+
+
+def test_a_curves_shapes_are_read_by_the_rule_that_chose_them() -> None:
+    """Points launched by today's shapes read by `default_config`; points of results written before the BF16
+    shapes (`SHORT_BEFORE` below 16K over either cache) by `default_config_before`; a mix of neither by none."""
+    keys = [_gqa(1, c) for c in (4096, 8192, 32768)]
+    today = [(k, GqaLaunchFacts(default_config(k.context + 1, k.kv_dtype), 132, "one wave")) for k in keys]
+    before = [(k, GqaLaunchFacts(default_config_before(k.context + 1), 132)) for k in keys]
+    got_today, got_before = launch_rule(today), launch_rule(before)
+    assert got_today is not None and got_today.config_of is default_config and got_today.split_rule == "one wave"
+    assert got_before is not None and got_before.config_of is default_config_before
+    assert got_before.launch(keys[0]).config == SHORT_BEFORE and got_before.split_rule == "even"
+    mixed = [today[0], before[1], (keys[2], GqaLaunchFacts(FIRST, 132))]
+    assert launch_rule(mixed) is None
+    assert launch_rule([today[0], (keys[1], GqaLaunchFacts(SHORT, 170, "one wave"))]) is None  # two GPUs
