@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from decodetop.budget.gpus import GPUS
-from decodetop.budget.gqa_launch import LONG, SHORT, GqaLaunchFacts
+from decodetop.budget.gqa_launch import LONG, LONG_BF16, SHORT, SHORT_BEFORE, GqaLaunchFacts
 from decodetop.budget.roofline import hardware_for
 from decodetop.probes.plan_hooks import measured_from_results
 from decodetop.probes.results import load_results
@@ -27,9 +27,17 @@ def _launches(folder: str) -> Counter[GqaLaunchFacts | None]:
 @pytest.mark.parametrize(
     ("folder", "want"),
     [
-        ("h200x1-third", {GqaLaunchFacts(SHORT, 132): 51, GqaLaunchFacts(LONG, 132): 30}),  # by context
-        ("h200x1-pairs-grid", {GqaLaunchFacts(SHORT, 132): 81}),  # one shape, said in each note
+        ("h200x1-third", {GqaLaunchFacts(SHORT_BEFORE, 132): 51, GqaLaunchFacts(LONG, 132): 30}),  # by context
+        ("h200x1-pairs-grid", {GqaLaunchFacts(SHORT_BEFORE, 132): 81}),  # one shape, said in each note
         ("h200x1", {None: 88}),  # the first campaign's notes do not say it
+        (
+            "h200x1-fifth",  # the shapes by context and cache, split in one wave
+            {
+                GqaLaunchFacts(SHORT, 132, "one wave"): 92,
+                GqaLaunchFacts(LONG_BF16, 132, "one wave"): 34,
+                GqaLaunchFacts(LONG, 132, "one wave"): 17,
+            },
+        ),
     ],
 )
 def test_each_gqa_point_carries_the_launch_its_results_say(folder: str, want: dict[object, int]) -> None:
@@ -38,7 +46,12 @@ def test_each_gqa_point_carries_the_launch_its_results_say(folder: str, want: di
 
 @pytest.mark.parametrize(
     ("folder", "within", "across", "unknown"),
-    [("h200x1-third", 14, 26, 0), ("h200x1-pairs-grid", 30, 10, 0), ("h200x1", None, None, 2)],
+    [
+        ("h200x1-third", 14, 26, 0),
+        ("h200x1-pairs-grid", 30, 10, 0),
+        ("h200x1", None, None, 2),
+        ("h200x1-fifth", 70, 31, 0),
+    ],
 )
 def test_the_self_check_tells_the_recorded_launch_regimes_apart(
     folder: str, within: int | None, across: int | None, unknown: int
