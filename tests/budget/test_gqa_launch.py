@@ -90,7 +90,8 @@ def test_facts_recorded_before_the_split_rule_was_are_read_by_the_even_rule() ->
     facts = facts_from_metrics(recorded, key)
     assert facts is not None and facts.split_rule == "even" and facts.launch(key).splits == even.splits == 17
     assert key_launch(key, 132).splits == 16
-    assert facts_from_metrics(recorded | {"launch_split_rule": 9.0}, key) is None
+    for bad in (9.0, -1.0, 0.5, float("nan"), float("inf"), 1e300):  # no rule of that index: no facts
+        assert facts_from_metrics(recorded | {"launch_split_rule": bad}, key) is None
 
 
 def test_facts_split_by_another_rule_than_todays_are_not_taken() -> None:
