@@ -13,7 +13,9 @@ norm, the shard's lm_head and a greedy argmax. The shard of TP t holds heads / t
 intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one rank). BF16 weights and cache.
 
 The step is captured in one CUDA graph and replayed (CUDA events around `--replays` replays, `--repeats` times, the
-median per step), as an engine runs decode; on CPU it runs eagerly at tiny widths (smoke test only).
+median per step), as an engine runs decode; on CPU it runs eagerly at tiny widths (smoke test only). With `--parts`,
+the fastest form is timed twice more, once without its elementwise chain (the RMSNorms, rope, the KV write, SiLU ×
+up) and once without its attention, so that each one's share of the step is a difference of two timed steps.
 
 Shapes come from the campaign's JSON (`whatif.py` writes its predictions under "serving"):
 
@@ -58,8 +60,15 @@ class Shard:
         device: torch.device,
         dtype: torch.dtype,
         attention: str = "sdpa",
+        *,
+        elementwise: bool = True,
+        attend: bool = True,
     ) -> None:
         self.attention = attention
+        self.elementwise = elementwise
+        """False: the step without its RMSNorms, rope, KV write and SiLU × up (`--parts`)."""
+        self.attend = attend
+        """False: the step without its attention (`--parts`)."""
         tp = shape["tp"]
         self.layers = shape["layers"]
         self.hidden = shape["hidden"]
@@ -170,21 +179,26 @@ class Shard:
         b, d = self.batch, self.d
         x = F.embedding(self.tokens, self.embed)
         for i in range(self.layers):
-            h = F.rms_norm(x, (self.hidden,), self.norm1[i], eps=1e-5)
+            h = self._norm(x, self.norm1[i])
             qkv = h @ self.wqkv[i].t()
             q, k, v = qkv.split([self.hq * d, self.hkv * d, self.hkv * d], dim=-1)
-            q = self._rope(q.view(b, self.hq, d))
-            k = self._rope(k.view(b, self.hkv, d))
-            self.k_cache[i][:, :, self.pos] = k
-            self.v_cache[i][:, :, self.pos] = v.view(b, self.hkv, d)
+            q, k = q.reshape(b, self.hq, d), k.reshape(b, self.hkv, d)
+            if self.elementwise:
+                q, k = self._rope(q), self._rope(k)
+                self.k_cache[i][:, :, self.pos] = k
+                self.v_cache[i][:, :, self.pos] = v.view(b, self.hkv, d)
             qg = q.view(b, self.hkv, self.hq // self.hkv, d)  # the group of a KV head as its query axis
-            att = self._attend(qg, *self._cached(i))
+            att = self._attend(qg, *self._cached(i)) if self.attend else qg
             x = x + att.reshape(b, self.hq * d) @ self.wo[i].t()
-            h = F.rms_norm(x, (self.hidden,), self.norm2[i], eps=1e-5)
+            h = self._norm(x, self.norm2[i])
             gate, up = (h @ self.wgu[i].t()).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ self.wdown[i].t()
-        logits = F.rms_norm(x, (self.hidden,), self.final_norm, eps=1e-5) @ self.lm_head.t()
+            x = x + (F.silu(gate) * up if self.elementwise else up) @ self.wdown[i].t()
+        logits = self._norm(x, self.final_norm) @ self.lm_head.t()
         return logits.float().argmax(dim=-1)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm, or `x` itself in the step without its elementwise chain."""
+        return F.rms_norm(x, (self.hidden,), weight, eps=1e-5) if self.elementwise else x
 
 
 def time_graph(shard: Shard, replays: int, repeats: int) -> list[float]:
@@ -241,9 +255,12 @@ def split_error(shard: Shard) -> float:
     return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
-def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int) -> dict[str, Any]:
+def measure(
+    shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int, parts: bool = False
+) -> dict[str, Any]:
     """One shape's step with each attention form (`ATTENTION_FORMS`): median, p10 and p90 ms over the repeats; the
-    faster form's figures are the step's (an engine runs its fastest decode kernel)."""
+    faster form's figures are the step's (an engine runs its fastest decode kernel). `parts`: the fastest form
+    without its elementwise chain and without its attention too, and the differences."""
     forms: dict[str, dict[str, float]] = {}
     for form in ATTENTION_FORMS:
         if form == "flash-split" and device.type != "cuda":
@@ -265,7 +282,28 @@ def measure(shape: Mapping[str, Any], device: torch.device, replays: int, repeat
             torch.cuda.empty_cache()
     best = min(forms, key=lambda f: forms[f]["ms"])
     timed = "CUDA graph replay, events" if device.type == "cuda" else "eager, host clock (smoke only)"
-    return {**forms[best], "attention": best, "forms": forms, "timed": timed}
+    out = {**forms[best], "attention": best, "forms": forms, "timed": timed}
+    if parts:
+        out["parts"] = _parts(shape, device, replays, repeats, best, forms[best]["ms"])
+    return out
+
+
+def _parts(  # noqa: PLR0917 - one measurement's settings
+    shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int, form: str, full_ms: float
+) -> dict[str, float]:
+    """The step in `form` without its elementwise chain and without its attention (median ms), and the share of each
+    (the full step's `full_ms` less the step without it)."""
+    timer = time_graph if device.type == "cuda" else time_eager
+    out: dict[str, float] = {}
+    for name, kw in (("elementwise", {"elementwise": False}), ("attention", {"attend": False})):
+        shard = Shard(shape, device, torch.bfloat16, attention=form, **kw)
+        ms = statistics.median(timer(shard, replays, repeats))
+        out[f"without_{name}_ms"] = ms
+        out[f"{name}_ms"] = full_ms - ms
+        del shard
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
 
 
 def table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -293,6 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--parts", action="store_true", help="time the elementwise chain's and attention's shares too")
     args = ap.parse_args(argv)
     name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -303,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = []
     for shape in shapes:
-        measured = measure(shape["shape"], device, args.replays, args.repeats)
+        measured = measure(shape["shape"], device, args.replays, args.repeats, args.parts)
         rows.append(
             {
                 **shape,
@@ -313,6 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         print(f"  {shape['name']}: {measured['ms']:.3f} ms measured, {shape['predicted_ms']:.3f} predicted",
               file=sys.stderr, flush=True)  # fmt: skip
+        for part, ms in measured.get("parts", {}).items():
+            print(f"    {part}: {ms:.3f} ms", file=sys.stderr, flush=True)
     out = {"what": "serving-form step", "device": name, "rows": rows}
     if device.type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(device)
