@@ -295,18 +295,16 @@ def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
 
 
 def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLaunchFacts | None:
-    """The launch facts `key`'s measurement records in its metrics (None where it records none, or where today's
-    split rule gives another split than the one recorded: the facts then belong to another kernel's rule)."""
+    """The launch facts `key`'s measurement records in its metrics (None where it records none, or where its
+    recorded split rule gives another split than the one recorded: the facts then belong to another kernel's rule;
+    no recorded rule is the "even" one, every point's before the rule was recorded)."""
     names = [f"launch_{n}" for n in (*LAUNCH_METRICS, "sm_count", "splits", "tokens_per_split")]
-    values = [metrics.get(n) for n in names]
-    ints = [int(v) for v in values if v is not None and math.isfinite(v) and v >= 0 and v == int(v)]
-    if len(ints) != len(names):
+    ints = [v for v in (_whole(metrics.get(n)) for n in names) if v is not None]
+    rule = _whole(metrics.get("launch_split_rule", 0.0))
+    if rule is None or rule >= len(SPLIT_RULES) or len(ints) != len(names):
         return None
     block_n, warps, stages, per_sm, f16, combine, sms, splits, per_split = ints
     if min(block_n, warps, stages, per_sm, sms) < 1:
-        return None
-    rule = _whole(metrics.get("launch_split_rule"), 0)
-    if rule is None or rule >= len(SPLIT_RULES):
         return None
     config = GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine)
     facts = GqaLaunchFacts(config, sms, SPLIT_RULES[rule])
@@ -314,11 +312,11 @@ def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLa
     return facts if (got.splits, got.tokens_per_split) == (splits, per_split) else None
 
 
-def _whole(value: float | None, absent: int) -> int | None:
-    """A recorded whole number ≥ 0 (`absent` where none was recorded; None where it is no such number)."""
-    if value is None:
-        return absent
-    return int(value) if math.isfinite(value) and value >= 0 and value == int(value) else None
+def _whole(value: float | None) -> int | None:
+    """A recorded whole number ≥ 0 (None where none was recorded, or where it is no such number)."""
+    if value is None or not math.isfinite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
 
 
 def facts_from_note(note: str, sm_count: int) -> GqaLaunchFacts | None:
