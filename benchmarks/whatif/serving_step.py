@@ -7,7 +7,8 @@ written into a static cache, decode attention of the query heads grouped per KV 
 the group folded into the query axis, as serving kernels read each KV head once; and a split-KV decode, flash-decoding
 in plain torch: the context cut into chunks of `SPLIT_CHUNK` tokens, each chunk's scores, softmax statistics and
 partial output computed by batched matmuls over (sequence, KV head, chunk), the partials merged by their log-sum-exp,
-as a serving engine's decode kernel spreads a long context over the GPU; the faster counts), the output projection
+as a serving engine's decode kernel spreads a long context over the GPU; and PyTorch's FlexAttention, compiled, whose
+decode kernel splits the context itself; the fastest counts), the output projection
 and the residual, RMSNorm, the fused gate/up projection, SiLU × up, the down projection and the residual; then the final
 norm, the shard's lm_head and a greedy argmax. The shard of TP t holds heads / t query heads, kv_heads / t KV heads,
 intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one rank). BF16 weights and cache.
@@ -15,7 +16,10 @@ intermediate / t and vocab / t (no all-reduce: one GPU times the compute of one 
 The step is captured in one CUDA graph and replayed (CUDA events around `--replays` replays, `--repeats` times, the
 median per step), as an engine runs decode; on CPU it runs eagerly at tiny widths (smoke test only). With `--parts`,
 the fastest form is timed twice more, once without its elementwise chain (the RMSNorms, rope, the KV write, SiLU ×
-up) and once without its attention, so that each one's share of the step is a difference of two timed steps.
+up) and once without its attention, so that each one's share of the step is a difference of two timed steps. With
+`--compile`, the fastest form's step is also compiled by `torch.compile` (Inductor fuses the RMSNorms, rope, the KV
+write and SiLU × up into Triton kernels, as an engine's fused kernels do) and captured the same way; the faster of the
+eager and the compiled step counts, and both are kept.
 
 Shapes come from the campaign's JSON (`whatif.py` writes its predictions under "serving"):
 
@@ -36,12 +40,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F  # noqa: N812 - torch's own spelling
 
-ATTENTION_FORMS = ("sdpa", "split", "flash-split")
+ATTENTION_FORMS = ("sdpa", "split", "flash-split", "flex")
 """The decode attention timed: SDPA over the grouped queries, the split-KV decode in matmuls (`Shard._split_attend`),
 and the split-KV decode over PyTorch's flash kernel (`Shard._flash_split_attend`, GPU only). SDPA's
 flash kernel gives one program per sequence and KV head and does not split the context (4 × 64K on a TP-4 shard: 8
 programs on 132 SMs, 3.5 ms of the step); two whole-context matmuls around a softmax reduce the context inside one
-GEMM per (sequence, KV head) and were slower still (10.5 ms; benchmarks/results/whatif/h200x1/serving.json)."""
+GEMM per (sequence, KV head) and were slower still (10.5 ms; benchmarks/results/whatif/h200x1/serving.json).
+FlexAttention (`torch.nn.attention.flex_attention`, compiled, GPU only) picks its own split-KV decode kernel for a
+one-token query with the group of a KV head packed into its rows
+(https://pytorch.org/blog/flexattention-for-inference/)."""
+GPU_FORMS = ("flash-split", "flex")
+"""The forms that run on a GPU only."""
 SPLIT_TOLERANCE = 0.02
 """Largest relative difference of the split-KV output from SDPA's: BF16 partial outputs over 128 chunks."""
 SPLIT_CHUNK = 512
@@ -122,7 +131,17 @@ class Shard:
             return F.scaled_dot_product_attention(q, k, v)
         if self.attention == "flash-split":
             return self._flash_split_attend(q, k, v)
+        if self.attention == "flex":
+            return self._flex_attend(q, k, v)
         return self._split_attend(q, k, v)
+
+    @staticmethod
+    def _flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """FlexAttention over the grouped queries: query head j reads KV head j // group (`enable_gqa`), which is the
+        order of `q`'s (KV head, group) axes flattened."""
+        b, hkv, group, d = q.shape
+        out = _flex()(q.reshape(b, hkv * group, 1, d), k, v, enable_gqa=True)
+        return out.view(b, hkv, group, d)
 
     def _flash_split_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Flash-decoding over PyTorch's own flash kernel (`aten._scaled_dot_product_flash_attention`, which returns
@@ -201,17 +220,31 @@ class Shard:
         return F.rms_norm(x, (self.hidden,), weight, eps=1e-5) if self.elementwise else x
 
 
-def time_graph(shard: Shard, replays: int, repeats: int) -> list[float]:
-    """ms per step of the captured step, one figure per repeat (CUDA events around `replays` replays)."""
+_FLEX: list[Any] = []
+"""FlexAttention compiled once for the run (an uncompiled call runs its slow reference path)."""
+
+
+def _flex() -> Any:
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0]
+
+
+def time_graph(shard: Shard, replays: int, repeats: int, compiled: bool = False) -> list[float]:
+    """ms per step of the captured step, one figure per repeat (CUDA events around `replays` replays); `compiled`:
+    the step compiled by `torch.compile` first (compiled during the warm-up, before capture)."""
+    step = torch.compile(shard.step, dynamic=False) if compiled else shard.step
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for _ in range(3):  # warm the kernels' choices before capture
-            shard.step()
+        for _ in range(3):  # warm the kernels' choices (and compile) before capture
+            step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = shard.step()
+        out = step()
     for _ in range(5):
         graph.replay()
     torch.cuda.synchronize()
@@ -231,8 +264,10 @@ def time_graph(shard: Shard, replays: int, repeats: int) -> list[float]:
     return times
 
 
-def time_eager(shard: Shard, replays: int, repeats: int) -> list[float]:
-    """ms per step run eagerly (CPU smoke test: host clock around `replays` steps)."""
+def time_eager(shard: Shard, replays: int, repeats: int, compiled: bool = False) -> list[float]:
+    """ms per step run eagerly (CPU smoke test: host clock around `replays` steps; `compiled` is GPU only)."""
+    if compiled:
+        raise ValueError("--compile times a captured GPU step; the CPU smoke test runs eagerly")
     shard.step()
     times = []
     for _ in range(repeats):
@@ -255,32 +290,62 @@ def split_error(shard: Shard) -> float:
     return float((got - want).abs().max()) / max(float(want.abs().max()), 1e-30)
 
 
-def measure(
-    shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int, parts: bool = False
+def _figures(times: Sequence[float]) -> dict[str, float]:
+    """Median, p10 and p90 ms of one form's repeats."""
+    ordered = sorted(times)
+    return {
+        "ms": statistics.median(ordered),
+        "p10_ms": ordered[max(0, len(ordered) // 10)],
+        "p90_ms": ordered[min(len(ordered) - 1, (9 * len(ordered)) // 10)],
+    }
+
+
+def measure(  # noqa: PLR0917 - one measurement's settings
+    shape: Mapping[str, Any],
+    device: torch.device,
+    replays: int,
+    repeats: int,
+    parts: bool = False,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     """One shape's step with each attention form (`ATTENTION_FORMS`): median, p10 and p90 ms over the repeats; the
-    faster form's figures are the step's (an engine runs its fastest decode kernel). `parts`: the fastest form
-    without its elementwise chain and without its attention too, and the differences."""
-    forms: dict[str, dict[str, float]] = {}
+    fastest form's figures are the step's (an engine runs its fastest decode kernel). A form that fails on this
+    torch is kept with its error and not timed. `compiled`: the fastest form's step compiled too (key
+    "<form>+compiled"). `parts`: the fastest step without its elementwise chain and without its attention too, and
+    the differences."""
+    forms: dict[str, dict[str, Any]] = {}
+    timer = time_graph if device.type == "cuda" else time_eager
     for form in ATTENTION_FORMS:
-        if form == "flash-split" and device.type != "cuda":
-            continue  # PyTorch's flash kernel runs on GPUs only
+        if form in GPU_FORMS and device.type != "cuda":
+            continue
         shard = Shard(shape, device, torch.bfloat16, attention=form)
-        check = split_error(shard) if form != "sdpa" else None
-        if check is not None and not check <= SPLIT_TOLERANCE:
-            raise RuntimeError(f"split-KV decode differs from SDPA by {check:.3g} (relative) at {dict(shape)}")
-        timer = time_graph if device.type == "cuda" else time_eager
-        times = sorted(timer(shard, replays, repeats))
-        forms[form] = {
-            **({"relative_error_vs_sdpa": check} if check is not None else {}),
-            "ms": statistics.median(times),
-            "p10_ms": times[max(0, len(times) // 10)],
-            "p90_ms": times[min(len(times) - 1, (9 * len(times)) // 10)],
-        }
+        try:
+            check = split_error(shard) if form != "sdpa" else None
+            if check is not None and not check <= SPLIT_TOLERANCE:
+                raise RuntimeError(f"{form} decode differs from SDPA by {check:.3g} (relative)")
+            figures = _figures(timer(shard, replays, repeats))
+        except Exception as exc:  # a form this torch cannot run is reported, the others still count
+            if form == "sdpa":
+                raise
+            forms[form] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            print(f"    {form}: not timed ({forms[form]['error'][:160]})", file=sys.stderr, flush=True)
+        else:
+            forms[form] = {**({"relative_error_vs_sdpa": check} if check is not None else {}), **figures}
         del shard
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    best = min(forms, key=lambda f: forms[f]["ms"])
+    timed_forms = [f for f in forms if "ms" in forms[f]]
+    best = min(timed_forms, key=lambda f: forms[f]["ms"])
+    if compiled:
+        shard = Shard(shape, device, torch.bfloat16, attention=best)
+        try:
+            forms[f"{best}+compiled"] = _figures(timer(shard, replays, repeats, compiled=True))
+        except Exception as exc:  # kept with its error, the eager figures still count
+            forms[f"{best}+compiled"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+        del shard
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        best = min((f for f in forms if "ms" in forms[f]), key=lambda f: forms[f]["ms"])
     timed = "CUDA graph replay, events" if device.type == "cuda" else "eager, host clock (smoke only)"
     out = {**forms[best], "attention": best, "forms": forms, "timed": timed}
     if parts:
@@ -291,13 +356,14 @@ def measure(
 def _parts(  # noqa: PLR0917 - one measurement's settings
     shape: Mapping[str, Any], device: torch.device, replays: int, repeats: int, form: str, full_ms: float
 ) -> dict[str, float]:
-    """The step in `form` without its elementwise chain and without its attention (median ms), and the share of each
-    (the full step's `full_ms` less the step without it)."""
+    """The step in `form` ("<attention>" or "<attention>+compiled") without its elementwise chain and without its
+    attention (median ms), and the share of each (the full step's `full_ms` less the step without it)."""
     timer = time_graph if device.type == "cuda" else time_eager
+    attention, _, compiled = form.partition("+")
     out: dict[str, float] = {}
     for name, kw in (("elementwise", {"elementwise": False}), ("attention", {"attend": False})):
-        shard = Shard(shape, device, torch.bfloat16, attention=form, **kw)
-        ms = statistics.median(timer(shard, replays, repeats))
+        shard = Shard(shape, device, torch.bfloat16, attention=attention, **kw)
+        ms = statistics.median(timer(shard, replays, repeats, compiled=bool(compiled)))
         out[f"without_{name}_ms"] = ms
         out[f"{name}_ms"] = full_ms - ms
         del shard
@@ -332,6 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--parts", action="store_true", help="time the elementwise chain's and attention's shares too")
+    ap.add_argument("--compile", action="store_true", help="time the fastest form's step compiled by torch.compile too")
     args = ap.parse_args(argv)
     name = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -342,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = []
     for shape in shapes:
-        measured = measure(shape["shape"], device, args.replays, args.repeats, args.parts)
+        measured = measure(shape["shape"], device, args.replays, args.repeats, args.parts, args.compile)
         rows.append(
             {
                 **shape,
@@ -350,15 +417,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "error": shape["predicted_ms"] / measured["ms"] - 1,
             }
         )
-        print(f"  {shape['name']}: {measured['ms']:.3f} ms measured, {shape['predicted_ms']:.3f} predicted",
+        print(f"  {shape['name']}: {measured['ms']:.3f} ms measured ({measured['attention']}), "
+              f"{shape['predicted_ms']:.3f} predicted",
               file=sys.stderr, flush=True)  # fmt: skip
         for part, ms in measured.get("parts", {}).items():
             print(f"    {part}: {ms:.3f} ms", file=sys.stderr, flush=True)
-    out = {"what": "serving-form step", "device": name, "rows": rows}
-    if device.type == "cuda":
-        out["gpu"] = torch.cuda.get_device_name(device)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+        out = {"what": "serving-form step", "device": name, "rows": rows}
+        if device.type == "cuda":
+            out["gpu"] = torch.cuda.get_device_name(device)
+        if args.json:  # after every shape: a run cut short keeps what it timed
+            Path(args.json).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(table(rows))
     return 0
 

@@ -41,3 +41,20 @@ def test_the_step_without_a_part_still_gives_each_sequence_a_token() -> None:
     for kw in ({}, {"elementwise": False}, {"attend": False}):
         shard = serving_step.Shard(SHAPE, torch.device("cpu"), torch.float32, attention="split", **kw)
         assert tuple(shard.step().shape) == (SHAPE["batch"],)
+
+
+def test_a_form_that_fails_is_kept_with_its_error_and_the_others_still_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("this torch has no such kernel")
+
+    monkeypatch.setattr(serving_step.Shard, "_split_attend", broken)
+    measured = serving_step.measure(SHAPE, torch.device("cpu"), replays=1, repeats=2)
+    assert measured["attention"] == "sdpa"
+    assert "no such kernel" in measured["forms"]["split"]["error"]
+    assert "ms" not in measured["forms"]["split"]
+
+
+def test_compile_is_refused_on_the_cpu_smoke_path() -> None:
+    shard = serving_step.Shard(SHAPE, torch.device("cpu"), torch.float32, attention="sdpa")
+    with pytest.raises(ValueError, match="GPU"):
+        serving_step.time_eager(shard, 1, 1, compiled=True)
