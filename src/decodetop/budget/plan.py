@@ -385,7 +385,7 @@ def _moe_grid(inventory: StepInventory, *, cap: int, cpu: bool) -> list[ProbeKey
 
 def _token_grid(variants: Sequence[StepInventory], *, cpu: bool) -> list[ProbeKey]:
     """Norms, routing, lm_head and KV writes of every shard (the scenario's only on CPU ranks) over tokens (× the
-    key's tokens per sequence)."""
+    key's tokens per sequence); the KV writes at every KV dtype the attention grid measures."""
     dep = variants[0].deployment
     m = dep.batch * dep.query_len
     scales = CPU_TOKEN_SCALES if cpu else TOKEN_SCALES
@@ -397,4 +397,7 @@ def _token_grid(variants: Sequence[StepInventory], *, cpu: bool) -> list[ProbeKe
                 continue
             per_token = max(1, key.tokens // m)
             out.extend(dataclasses.replace(key, tokens=per_token * s) for s in scales)
+            if isinstance(key, KvcastKey) and key.layout != "dsa_index":  # the index keys are FP8 by format
+                for kv in sorted(set(ATTENTION_KV_DTYPES) - {key.kv_dtype}):  # a KV-dtype what-if's cache write
+                    out.extend(dataclasses.replace(key, tokens=per_token * s, kv_dtype=kv) for s in scales)
     return out
