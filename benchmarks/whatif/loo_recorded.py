@@ -23,8 +23,8 @@ def cell(stat: ErrorStat | None) -> str:
     return "–" if stat is None else f"{stat.median_pct:.1f} / {stat.p90_pct:.1f} ({stat.n})"
 
 
-def main() -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     hw = hardware_for(GPUS["h200"])
     print("| plan | GEMM inside | GEMM per octave | GEMM shape left out | attention inside | attention per octave "
           "| all-reduce inside |")  # fmt: skip

@@ -235,6 +235,8 @@ def _flex() -> Any:
 def time_graph(shard: Shard, replays: int, repeats: int, compiled: bool = False) -> list[float]:
     """ms per step of the captured step, one figure per repeat (CUDA events around `replays` replays); `compiled`:
     the step compiled by `torch.compile` first (compiled during the warm-up, before capture)."""
+    if compiled:  # a fresh cache per step compiled: the shapes and parts of a run exceed dynamo's recompile limit,
+        torch._dynamo.reset()  # past which it runs the step eagerly without saying so in the figures
     step = torch.compile(shard.step, dynamic=False) if compiled else shard.step
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

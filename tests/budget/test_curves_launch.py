@@ -5,6 +5,8 @@ the self-check tells the two kinds apart; results without the launch keep the pl
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 
 from decodetop.budget.curve_points import CurvePoint
 from decodetop.budget.curves import ACROSS_LAUNCH, CurveEngine, Prediction
@@ -97,3 +99,41 @@ def test_exact_points_stay_verbatim() -> None:
     for p in points:
         got = predicted(engine, p.key)  # type: ignore[arg-type]
         assert (got.ms, got.label) == (p.median_ms, "measured")
+
+
+def test_a_one_wave_launch_counts_its_chain_of_tiles_and_its_share_of_all_tiles() -> None:
+    launch = key_launch(gqa(8, 4096), SMS, rule="one wave")
+    # 4097 cached tokens (the step's own one too) are 33 tiles of 128; 132 SMs over 8 pairs give 16 splits a pair,
+    # so a split takes 3 tiles and 11 splits cover them: 88 programs, one on the busiest SM.
+    assert (launch.splits, launch.tiles_per_program, launch.programs_per_busiest_sm) == (11, 3, 1)
+    assert launch.work_tiles == 3 * 1 + 88 * 3 / 132
+
+
+def one_wave_grid(ms_of: Callable[[AttentionKey], float]) -> list[CurvePoint]:
+    out = []
+    for pairs in PAIRS:
+        for context in CONTEXTS:
+            key = gqa(pairs, context)
+            ms = ms_of(key)
+            facts = GqaLaunchFacts(default_config(attended_tokens(key)), SMS, "one wave")
+            out.append(CurvePoint(key, ms, ms * 0.99, ms * 1.01, "test", launch=facts))
+    return out
+
+
+def tiles_ms(key: AttentionKey) -> float:
+    """A kernel whose time is a latency plus a cost per tile of its one-wave launch's work."""
+    return 0.004 + 0.0005 * key_launch(key, SMS, rule="one wave").work_tiles
+
+
+def test_a_one_wave_curve_is_interpolated_in_the_tiles_its_time_follows() -> None:
+    points = one_wave_grid(tiles_ms)
+    for left in (gqa(2, 8192), gqa(4, 4096), gqa(8, 16384)):
+        rest = [p for p in points if p.key != left]
+        got = predicted(CurveEngine(rest, H200), left)
+        assert got.status == "interpolated"
+        assert math.isclose(got.ms, tiles_ms(left), rel_tol=1e-9), (left, got.ms, tiles_ms(left))
+    # the same times recorded under the even rule: a roofline blend, which misses the staircase
+    even = [dataclasses.replace(p, launch=dataclasses.replace(p.launch, split_rule="even")) for p in points]  # type: ignore[arg-type]
+    left = gqa(2, 8192)
+    plain = predicted(CurveEngine([p for p in even if p.key != left], H200), left)
+    assert not math.isclose(plain.ms, tiles_ms(left), rel_tol=1e-3)

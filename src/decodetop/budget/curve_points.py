@@ -113,6 +113,9 @@ class ShapeCurve:
     regime_of: Callable[[tuple[int, ...]], LaunchRegime] | None = None
     """The kernel's launch regime at any coordinates of this curve, where its points' launch is known
     (`launch_regimes`; GQA's split-K kernel only)."""
+    work_of: Callable[[tuple[int, ...]], float] | None = None
+    """The tiles the kernel's time follows at any coordinates of this curve (`launch_work`), where its points were
+    launched by the one-wave split; the curve is interpolated in them instead of the roofline."""
 
     @property
     def family(self) -> Family:
@@ -209,6 +212,28 @@ def launch_regimes(curve: ShapeCurve) -> Callable[[tuple[int, ...]], LaunchRegim
         return got
 
     return regime
+
+
+def launch_work(curve: ShapeCurve) -> Callable[[tuple[int, ...]], float] | None:
+    """The work in tiles (`GqaLaunch.work_tiles`) of a GQA curve at any of its coordinates, where its points were
+    split by the one-wave rule; None elsewhere: under the even rule the combine's serial steps over up to 513
+    splits weigh beside the tiles (~1.1 µs a step on an H200), and interpolated in tiles the third campaign's
+    curves erred more than in roofline terms (docs/benchmarks.md, "The attention leave-one-out in the launch's
+    work")."""
+    if not curve.is_gqa:
+        return None
+    rule = launch_rule((cast(AttentionKey, p.key), p.launch) for _c, p in curve.members if p.launch)
+    if rule is None or rule.split_rule != "one wave":
+        return None
+    found: dict[tuple[int, ...], float] = {}
+
+    def work(coords: tuple[int, ...]) -> float:
+        got = found.get(coords)
+        if got is None:
+            got = found[coords] = rule.launch(cast(AttentionKey, key_at(curve.template, coords))).work_tiles
+        return got
+
+    return work
 
 
 def match_of(probe: str, identity: Identity, dtype: str | None = None) -> tuple[object, ...]:

@@ -61,6 +61,7 @@ from decodetop.budget.curve_points import (
     identity_of,
     key_at,
     launch_regimes,
+    launch_work,
     match_of,
     merged,
     nearest_id,
@@ -181,6 +182,7 @@ class CurveEngine:
             curve.points = merged(curve.members)
             curve.tree = build_tree(list(curve.points.items()), 0, len(curve.family.axes))
             curve.regime_of = launch_regimes(curve)
+            curve.work_of = launch_work(curve)
             self._groups.setdefault(match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
         self._roof_coords: dict[tuple[ProbeKey, tuple[int, ...]], float] = {}
@@ -341,16 +343,22 @@ class CurveEngine:
         return self._extrapolate(curve, level, a, b, target, floor)
 
     def _blend(self, curve: ShapeCurve, level: int, a: Eval, b: Eval, target: tuple[int, ...]) -> Eval:
-        """Between two bracketing figures along axis `level` (`between`); the spread and octaves they carry are
-        weighted by the target's position between them in log space on the axis. Where the curve's launch regimes
-        are known and either figure stands in another regime than the target, the figure spans a step of the
-        kernel's time (`Eval.across`): the same blend (no other rule predicted such points better on this host's
-        curves: docs/benchmarks.md, "Leave-one-out across the GQA kernel's launch regimes"), its own error."""
+        """Between two bracketing figures along axis `level` (`between`): linear in roofline terms, or in the
+        tiles the launch's time follows where the curve's points say a one-wave launch (`ShapeCurve.work_of`); the
+        spread and octaves they carry are weighted by the target's position between them in log space on the axis.
+        Where the curve's launch regimes are known and either figure stands in another regime than the target, the
+        figure spans a step of the kernel's time (`Eval.across`): the same blend (no other rule predicted such
+        points better on this host's curves: docs/benchmarks.md, "Leave-one-out across the GQA kernel's launch
+        regimes"), its own error."""
         off = curve.family.offset(level)
         la, lb = math.log(a.coords[level] + off), math.log(b.coords[level] + off)
         u = (math.log(target[level] + off) - la) / (lb - la) if lb != la else 0.5
-        ra, rb = self._roof_at(curve, a.coords), self._roof_at(curve, b.coords)
-        ms = between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
+        work = curve.work_of
+        if work is not None:  # the tiles the launch's time follows, where the points' launch tells them
+            ms = between((work(a.coords), a.ms), (work(b.coords), b.ms), work(target))
+        else:
+            ra, rb = self._roof_at(curve, a.coords), self._roof_at(curve, b.coords)
+            ms = between((ra, a.ms), (rb, b.ms), self._roof_at(curve, target))
         regime = curve.regime_of
         across = a.across or b.across
         if regime is not None and not across:

@@ -210,6 +210,18 @@ class GqaLaunch:
         return -(-self.split_programs // self.sm_count)
 
     @property
+    def work_tiles(self) -> float:
+        """The tiles a one-wave launch's time follows: the busiest SM's chain of them (tiles per program × its
+        programs), on which every tile waits on the one before, plus the tiles each SM streams on average (the split
+        programs' tiles over the SMs), which share its bandwidth. The two counts in one unit, unweighted. On the
+        H200's curves the time climbs in the steps of the first (docs/benchmarks.md, "Kernels, fifth round") and
+        between them with the second; interpolated in this sum, a GQA point left out of three campaigns' curves was
+        predicted within 1.5–1.9 % median, against 1.8–2.2 % in roofline terms ("The attention leave-one-out in
+        the launch's work")."""
+        chain = self.tiles_per_program * self.programs_per_busiest_sm
+        return chain + self.split_programs * self.tiles_per_program / self.sm_count
+
+    @property
     def combine_steps(self) -> int:
         """Dependent steps of one combine program over the splits."""
         return -(-self.splits // self.combine_block)
