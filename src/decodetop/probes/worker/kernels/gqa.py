@@ -301,6 +301,19 @@ def gqa_workspace(
     )
 
 
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None) -> None:
+    """ValueError unless q, k and v are one GQA shape with power-of-two head dims, an FP8 cache with its scales."""
+    batch, heads, _q_len, dim = q.shape
+    _, kv_heads, length, kdim = k.shape
+    v_dim = v.shape[-1]
+    if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
+        raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
+        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
+    if k.dtype == torch.float8_e4m3fn and scales is None:
+        raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
+
+
 def gqa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -315,16 +328,11 @@ def gqa_decode(
     (the output of every query row against the whole cache, as SDPA without a mask)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
+    _check_shapes(q, k, v, scales)
     batch, heads, q_len, dim = q.shape
-    _, kv_heads, length, kdim = k.shape
+    _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
-    if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
-        raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
-        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
     fp8 = k.dtype == torch.float8_e4m3fn
-    if fp8 and scales is None:
-        raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
     if work is None:
         work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device, fp8=fp8)
     geo = work.launch
