@@ -13,7 +13,13 @@ DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1, 128 head
 (memset + scores, + top-k; the whole attention is the row above); the fused-MoE kernel with its tiles tuned over
 the candidates against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B,
 DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out,
-`--only` keeps the attention and MoE rows of the components whose label holds one of its parts.
+`--only` keeps the attention and MoE rows of the components whose label holds one of its parts, `--contexts` the
+attention rows at those contexts.
+
+`--pdl both` times each attention variant and the tuned MoE kernels with programmatic dependent launch (the default
+on sm_90+, `kernels.common.pdl_enabled`) and again without (`pdl_disabled`), built and timed in each, the two side
+by side (`us` and `no_pdl_us` in a row; the kernel class says ', PDL' where it ran); `--pdl off` times without only.
+Everything else runs in the first of the modes.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 \
         PYTHONPATH=src python3 benchmarks/kernels/h200_kernels.py --json $OUT/kernels.json --deadline 90
@@ -22,13 +28,15 @@ DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +50,7 @@ from decodetop.probes.worker import attention, kvcast  # noqa: E402
 from decodetop.probes.worker import fused_moe as fm  # noqa: E402
 from decodetop.probes.worker.attention import AttentionVariant  # noqa: E402
 from decodetop.probes.worker.context import ProbeContext  # noqa: E402
-from decodetop.probes.worker.kernels import dsa, gqa, mla  # noqa: E402
+from decodetop.probes.worker.kernels import common, dsa, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
 from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
@@ -60,6 +68,44 @@ DEADLINE = math.inf
 ONLY: tuple[str, ...] = ()
 #: --defaults-only: of the attention variants, only the probe's defaults.
 DEFAULTS_ONLY = False
+#: --contexts: of the attention rows, only those at these contexts (empty: every shape's own).
+CONTEXTS_ONLY: tuple[int, ...] = ()
+#: --pdl: the launch modes each PDL-capable row is timed in, the first the row's own figure ("on": the default,
+#: PDL where the GPU has it; "off": inside `kernels.common.pdl_disabled`).
+PDL_CHOICES = {"on": ("on",), "off": ("off",), "both": ("on", "off")}
+PDL_MODES: tuple[str, ...] = PDL_CHOICES["on"]
+
+
+@contextlib.contextmanager
+def pdl_mode(mode: str) -> Iterator[None]:
+    """The block with PDL as the mode says ("off": `pdl_disabled`; "on": as the GPU has it)."""
+    with common.pdl_disabled() if mode == "off" else contextlib.nullcontext():
+        yield
+
+
+def first_mode() -> contextlib.AbstractContextManager[None]:
+    """The mode every row that is timed once runs in."""
+    return pdl_mode(PDL_MODES[0])
+
+
+def timed_modes(build: Callable[[], OpRunner], modes: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The runner built and timed in each mode (`PDL_MODES`): the first mode's `timed` fields, its build seconds
+    (`build_s`) and its mode (`pdl`), then a second mode's time as `no_pdl_*` beside it and what it saved."""
+    row: dict[str, Any] = {}
+    for index, mode in enumerate(modes or PDL_MODES):
+        with pdl_mode(mode):
+            t0 = time.time()
+            runner = build()
+            built_s = time.time() - t0
+            got = timed(runner)
+            del runner
+        free()
+        if index == 0:
+            row.update(got, build_s=built_s, pdl=mode)
+        else:
+            row.update({f"no_pdl_{k}": got[k] for k in ("us", "p10_us", "p90_us", "kernel")})
+            row["pdl_saved_us"] = got["us"] - row["us"]
+    return row
 
 
 def wanted(label: str) -> bool:
@@ -174,6 +220,8 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
         if not wanted(label):
             continue
         for context in ctxs:
+            if CONTEXTS_ONLY and context not in CONTEXTS_ONLY:
+                continue
             key = att_key(kind, context, **kw)
             for name, variant in variants:
                 if DEFAULTS_ONLY and not name.startswith("default"):
@@ -185,12 +233,14 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 try:
                     length = context + 1
-                    if variant == "torch":
-                        runner = attention.torch_attention_runner(key, ctx(), length, rotate=True)
+                    if variant == "torch":  # no Triton kernel: timed once
+                        build = partial(attention.torch_attention_runner, key, ctx(), length, rotate=True)
+                        row.update(timed_modes(build, PDL_MODES[:1]))
                     else:
-                        runner = attention.triton_attention_runner(key, ctx(), length, rotate=True, variant=variant)
-                    row.update(timed(runner))
-                    del runner
+                        build = partial(
+                            attention.triton_attention_runner, key, ctx(), length, rotate=True, variant=variant
+                        )
+                        row.update(timed_modes(build))
                 except Exception as exc:
                     row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     traceback.print_exc()
@@ -375,16 +425,13 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             rows.append(row)
             continue
         try:
-            t0 = time.time()
-            tuned = fm.fused_moe_runner(key, ctx(), rotate=True)
-            row["tune_s"] = time.time() - t0
-            row.update(timed(tuned))
-            del tuned
-            free()
-            if label in LAST_ROUND_TILES:
-                row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
-                free()
-            row["default_tiles_us"] = _moe_fixed(key, None)["us"]
+            row.update(timed_modes(partial(fm.fused_moe_runner, key, ctx(), rotate=True)))
+            row["tune_s"] = row.pop("build_s")  # the first build tunes the tiles, the next reads them back
+            with first_mode():
+                if label in LAST_ROUND_TILES:
+                    row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
+                    free()
+                row["default_tiles_us"] = _moe_fixed(key, None)["us"]
             row["weight_mib"] = row["weight_bytes"] / 2**20
             row["copy_pct"] = 100 * (row["weight_bytes"] / row["us"] / 1e3) / copy
         except Exception as exc:
@@ -420,8 +467,8 @@ def kvcast_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-#: The checks of the kernels whose code changed this round (tests/probes/kernel_checks.py).
-CHANGED_CHECKS = ("gqa", "dsa")
+#: The checks of the kernels whose code changed this round (tests/probes/kernel_checks.py): PDL in every chain.
+CHANGED_CHECKS = ("gqa", "mla", "dsa", "moe")
 
 
 def checks(out: dict[str, Any], *, big: bool) -> None:
@@ -445,22 +492,24 @@ def checks(out: dict[str, Any], *, big: bool) -> None:
 
 
 def table(out: dict[str, Any], copy: float) -> str:
-    lines = [f"copy bandwidth {copy:.0f} GB/s; checks: {out.get('checks')}"]
+    lines = [f"copy bandwidth {copy:.0f} GB/s; checks: {out.get('checks')}; PDL {out.get('pdl')}"]
 
     def f(v: Any, nd: int = 1) -> str:
         return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
-    lines.append("component               ctx      µs  roof µs %copy  variant")
+    lines.append("component               ctx      µs no-PDL µs roof µs %copy  variant")
     for r in out.get("attention", []) + out.get("dsa_parts", []):
         lines.append(
-            f"{r['component']:<22} {r['context']:>6} {f(r.get('us')):>7} {f(r.get('roofline_us')):>7} "
-            f"{f(r.get('copy_pct'), 0):>4}  {r['variant'][:44]} {r.get('error', '')[:50]}"
+            f"{r['component']:<22} {r['context']:>6} {f(r.get('us')):>7} {f(r.get('no_pdl_us')):>9} "
+            f"{f(r.get('roofline_us')):>7} {f(r.get('copy_pct'), 0):>4}  {r['variant'][:44]} "
+            f"{r.get('pdl', '')} {r.get('error', '')[:50]}"
         )
     for r in out.get("moe", []):
         lines.append(
             f"{r['component']:<22} {f(r.get('weight_mib'), 0):>4}MiB {f(r.get('us')):>7} "
-            f"last {f(r.get('last_round_tiles_us'))} default {f(r.get('default_tiles_us'))} "
-            f"{f(r.get('copy_pct'), 0)}% {r.get('error', r.get('note', ''))[-70:]}"
+            f"no-PDL {f(r.get('no_pdl_us'))} last {f(r.get('last_round_tiles_us'))} "
+            f"default {f(r.get('default_tiles_us'))} {f(r.get('copy_pct'), 0)}% "
+            f"{r.get('error', r.get('note', ''))[-70:]}"
         )
     for r in out.get("kvcast", []) + out.get("norms", []) + out.get("rope", []):
         lines.append(
@@ -469,8 +518,14 @@ def table(out: dict[str, Any], copy: float) -> str:
     return "\n".join(lines)
 
 
+def in_first_mode(section: Callable[..., object], *args: Any, **kwargs: Any) -> object:
+    """A section that times or checks each kernel once, in the first PDL mode."""
+    with first_mode():
+        return section(*args, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
-    global SMOKE, DEADLINE, ONLY, CHANGED_CHECKS, DEFAULTS_ONLY
+    global SMOKE, DEADLINE, ONLY, CHANGED_CHECKS, DEFAULTS_ONLY, CONTEXTS_ONLY, PDL_MODES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument(
@@ -483,7 +538,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated parts of component labels: only those rows")
     ap.add_argument("--checks", default=",".join(CHANGED_CHECKS), help="kernel checks to run (kernel_checks.py)")
     ap.add_argument("--defaults-only", action="store_true", help="of the attention variants, the defaults only")
+    ap.add_argument("--contexts", default="", help="comma-separated contexts: only the attention rows at those")
+    ap.add_argument(
+        "--pdl",
+        choices=sorted(PDL_CHOICES),
+        default="on",
+        help="time the attention variants and the tuned MoE kernels with PDL (on: the default where the GPU has "
+        "it), without (off), or both side by side",
+    )
     args = ap.parse_args(argv)
+    PDL_MODES = PDL_CHOICES[args.pdl]
+    CONTEXTS_ONLY = tuple(int(c) for c in args.contexts.split(",") if c.strip())
     SMOKE = args.smoke
     ONLY = tuple(filter(None, args.only.split(",")))
     DEFAULTS_ONLY = args.defaults_only
@@ -494,16 +559,17 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": "CPU (smoke)" if SMOKE else torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "triton": __import__("triton").__version__,
+        "pdl": {"modes": list(PDL_MODES), "on_this_gpu": common.pdl_enabled(dev())},
     }
     copy = copy_gbps()
     out["copy_gbps"] = copy
     print(f"copy {copy:.0f} GB/s", flush=True)
     sections: list[tuple[str, Callable[[], object]]] = [
         ("attention", lambda: attention_rows(copy, out)),
-        ("dsa_parts", lambda: dsa_parts_rows(copy, out)),
+        ("dsa_parts", lambda: in_first_mode(dsa_parts_rows, copy, out)),
         ("moe", lambda: moe_rows(copy, out)),
         ("kvcast", lambda: kvcast_rows(out)),
-        ("checks", lambda: checks(out, big=not SMOKE)),
+        ("checks", lambda: in_first_mode(checks, out, big=not SMOKE)),
         ("norms", lambda: norm_rows(out)),
         ("rope", lambda: rope_rows(out)),
     ]

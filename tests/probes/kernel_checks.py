@@ -2,13 +2,15 @@
 (`TRITON_INTERPRET=1`, set before Triton is imported) by tests/probes/test_kernels.py, and on a GPU by
 benchmarks/kernels/h200_kernels.py. Every check draws fresh random inputs, poisons the outputs (NaN) so an unwritten
 element fails, and compares with ‖Δ‖/‖ref‖ at bf16 tolerances (FP8 outputs: one unit in the last place). Shapes are
-small on CPU (the interpreter runs each program in Python).
+small on CPU (the interpreter runs each program in Python). On an sm_90+ GPU the kernels launch with PDL, as the
+probe's do (`kernels.common.pdl_enabled`); `--no-pdl` checks them without.
 
     TRITON_INTERPRET=1 PYTHONPATH=src python3 tests/probes/kernel_checks.py mla dsa
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -16,7 +18,7 @@ import torch
 
 from decodetop.probes.worker import fused_moe
 from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope, tiles
-from decodetop.probes.worker.kernels.common import check_close, check_fp8_close
+from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -245,10 +247,12 @@ CHECKS: dict[str, Callable[[bool], None]] = {
 def main(argv: list[str]) -> int:
     big = "--big" in argv
     names = [a for a in argv if not a.startswith("--")] or list(CHECKS)
-    for name in names:
-        torch.manual_seed(sum(map(ord, name)))
-        CHECKS[name](big)
-        print(f"ok {name}", flush=True)
+    with pdl_disabled() if "--no-pdl" in argv else contextlib.nullcontext():
+        print(f"PDL {'on' if pdl_enabled(_dev()) else 'off'} on {_dev()}", flush=True)
+        for name in names:
+            torch.manual_seed(sum(map(ord, name)))
+            CHECKS[name](big)
+            print(f"ok {name}", flush=True)
     return 0
 
 

@@ -81,10 +81,11 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, r
     split_kw = {
         "FP8": fp8, "GP": gp, "D": dim, "DV": v_dim, "BLOCK_N": cfg.block_n, "F16": cfg.f16 and fp8,
         "F32_DOT": interpreted() and not (cfg.f16 and fp8), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+        "USE_GDC": False,  # PDL: never on meta tensors outside `collecting` (tests/probes/test_pdl.py)
     }  # fmt: skip
     block_s = min(cfg.combine_block or 1024, _old_next_pow2(splits))
     lanes = max(8, min(v_dim, 8192 // block_s))
-    combine_kw = {"GP": gp, "DV": v_dim, "BLOCK_S": block_s, "DV_BLOCK": lanes, "num_warps": 8}
+    combine_kw = {"GP": gp, "DV": v_dim, "BLOCK_S": block_s, "DV_BLOCK": lanes, "num_warps": 8, "USE_GDC": False}
     out_stride = heads * q_len * v_dim
     combine_grid = (batch * kv_heads * group_rows, -(-v_dim // lanes))
     return [

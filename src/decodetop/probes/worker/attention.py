@@ -41,6 +41,7 @@ from decodetop.probes.worker.kernels import dsa, engines, gqa, mla
 from decodetop.probes.worker.kernels.common import (
     best_runner,
     check_close,
+    pdl_enabled,
     torch_kernel,
     triton_kernel,
     triton_unavailable,
@@ -157,7 +158,10 @@ def _gqa_runner(  # noqa: PLR0917 - one runner's parts
 ) -> OpRunner:
     """The runner of one GQA form; the split-K kernel's `launch` is recorded with its point (`launch_metrics`)."""
     moved = g.kv_bytes + 2 * g.q.numel() * 2
-    kernel = torch_kernel(ctx, kernel_name) if kernel_name.startswith("SDPA") else triton_kernel(kernel_name)
+    if kernel_name.startswith("SDPA"):
+        kernel = torch_kernel(ctx, kernel_name)
+    else:
+        kernel = triton_kernel(kernel_name, pdl=pdl_enabled(ctx.device))
     facts = launch_metrics(launch) if launch is not None else {}
     return OpRunner(fn, moved, g.flops, len(g.caches), note, kv_bytes=g.kv_bytes, kernel=kernel, facts=facts)
 
@@ -371,7 +375,8 @@ def triton_attention_runner(
         name = f"DSA indexer over FP8 keys + radix top-k, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind)
     moved = m.kv_bytes + m.q.numel() * 2 * 2
-    return OpRunner(run, moved, m.flops, len(m.caches), shapes, kv_bytes=m.kv_bytes, kernel=triton_kernel(name))
+    kernel = triton_kernel(name, pdl=pdl_enabled(ctx.device))
+    return OpRunner(run, moved, m.flops, len(m.caches), shapes, kv_bytes=m.kv_bytes, kernel=kernel)
 
 
 def engine_attention_runner(key: AttentionKey, ctx: ProbeContext, length: int, *, rotate: bool) -> OpRunner:

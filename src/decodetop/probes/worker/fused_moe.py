@@ -27,6 +27,12 @@ are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` sto
 allocates them. `reference_moe` is the same computation in plain torch (CPU-testable); the runner checks the kernel
 against it once per key before timing.
 
+The three launch with programmatic dependent launch where the GPU has it (sm_90 and newer,
+`kernels.common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization):
+each is scheduled while the one before finishes and waits in `gdc_wait` before its first load. Only the expert
+weights are written by nothing upstream, but which expert's rows to read comes from the router's ids, so no weight
+load can start before the wait either; what overlaps is the launch and the grid's ramp.
+
 Triton ships with torch's Linux CUDA wheels; where it is missing, or on CPU ranks, the variant is `unsupported`
 with the reason. Triton's interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the
 tests use where Triton is installed.
@@ -45,7 +51,7 @@ from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
-from decodetop.probes.worker.kernels.common import launch, sm_count, torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.common import launch, pdl_enabled, sm_count, torch_kernel, triton_kernel
 from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
@@ -90,11 +96,14 @@ if HAVE_TRITON:
         block_n: tl.constexpr,
         block_k: tl.constexpr,
         split: tl.constexpr,
+        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
         slot = tl.program_id(0)  # token · top_k + k
         nb = tl.program_id(1)
         ks = tl.program_id(2)
         token = slot // top_k
+        if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
+            tl.extra.cuda.gdc_wait()
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < inter
@@ -112,6 +121,8 @@ if HAVE_TRITON:
             wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             acc_g += tl.sum(wg * xv[None, :], axis=1)
             acc_u += tl.sum(wu * xv[None, :], axis=1)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         row = h_ptr + slot * 2 * inter
         if split:
             tl.atomic_add(row + offs_n, acc_g, mask=mask_n)
@@ -135,12 +146,15 @@ if HAVE_TRITON:
         block_n: tl.constexpr,
         block_k: tl.constexpr,
         split: tl.constexpr,
+        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
         slot = tl.program_id(0)
         nb = tl.program_id(1)
         ks = tl.program_id(2)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < hidden
+        if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
+            tl.extra.cuda.gdc_wait()
         expert = tl.load(ids_ptr + slot).to(tl.int64)
         weight = tl.load(wts_ptr + slot).to(tl.float32)
         w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
@@ -154,19 +168,32 @@ if HAVE_TRITON:
             av = g / (1.0 + tl.exp(-g)) * u
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         if split:
             tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
         else:
             tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _combine_kernel(ys_ptr, out_ptr, hidden, top_k: tl.constexpr, block: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, sizes
+        ys_ptr,
+        out_ptr,
+        hidden,
+        top_k: tl.constexpr,
+        block: tl.constexpr,
+        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
+    ):
         token = tl.program_id(0)
         offs = tl.program_id(1) * block + tl.arange(0, block)
         mask = offs < hidden
         acc = tl.zeros([block], dtype=tl.float32)
+        if USE_GDC:  # ys is the down kernel's
+            tl.extra.cuda.gdc_wait()
         for j in tl.static_range(top_k):
             acc += tl.load(ys_ptr + (token * top_k + j) * hidden + offs, mask=mask, other=0.0)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -276,7 +303,7 @@ def fused_moe(
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
     launch_gate_up(x, w13, ids, h, grid)
     launch_down(h, w2, ids, weights, ys, grid)
-    launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK)
+    launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK, pdl=True)
     return out
 
 
@@ -318,6 +345,7 @@ def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: tor
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
+        pdl=True,
         **_launch_options(tiles),
     )
 
@@ -349,6 +377,7 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
+        pdl=True,
         **_launch_options(tiles),
     )
 
@@ -488,7 +517,8 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
         note += "; fp8 weights dequantised in registers (w8a16)"
     if choice is not None:
         note += "; " + choice.text
-    kernel = triton_kernel("fused MoE grouped GEMV" + (" (tiles tuned per shape)" if choice is not None else ""))
+    tuned = " (tiles tuned per shape)" if choice is not None else ""
+    kernel = triton_kernel("fused MoE grouped GEMV" + tuned, pdl=pdl_enabled(ctx.device))
     flops = 2.0 * rows * 3 * key.hidden * key.intermediate
     return OpRunner(fused, moved, flops, len(experts), note, weight_bytes=w_bytes, kernel=kernel)
 

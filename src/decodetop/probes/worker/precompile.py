@@ -41,6 +41,7 @@ from decodetop.probes.worker.kernels.common import (
     TensorArg,
     collecting,
     interpreted,
+    pdl_enabled,
     sm_count,
 )
 
@@ -95,10 +96,11 @@ def collect(
     ctx: ProbeContext, builders: Sequence[Callable[[ProbeContext], object]]
 ) -> tuple[list[CompileRequest], int]:
     """The distinct kernel specializations the `builders` launch, each called with a context on device "meta",
-    and how many builders failed (their shapes compile at launch)."""
+    and how many builders failed (their shapes compile at launch). Sized for `ctx`'s GPU: its SM count, and
+    whether its launches use PDL (the launch option and the `USE_GDC` constexpr are part of a specialization)."""
     meta = replace(ctx, device=torch.device("meta"), progress_sink=None)
     unbuilt = 0
-    with collecting(sm_count(ctx.device)) as found:
+    with collecting(sm_count(ctx.device), pdl=pdl_enabled(ctx.device)) as found:
         for build in builders:
             try:
                 build(meta)

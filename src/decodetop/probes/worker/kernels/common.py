@@ -4,11 +4,22 @@ kernel a rank can run (engine kernel, else decodetop's Triton kernel, else the t
 
 Triton ships with torch's Linux CUDA wheels; the CPU wheels have none (the test extra installs it). Triton's
 interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the CI tests use.
+
+Programmatic dependent launch (PDL; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization):
+on sm_90 and newer a kernel launched with it may start while the one before it in the stream is still finishing,
+and waits in its own code (`gdc_wait`) until that one has completed and flushed its memory; the one before says
+when the next may start (`gdc_launch_dependents`). decodetop's attention and MoE components are chains of short
+dependent launches, each graph node ~0.5–0.7 µs plus the next grid's ramp on an H200, which Hopper engines
+(TensorRT-LLM, SGLang, CUTLASS) overlap so. `pdl_enabled` is the one decision whether a launch uses it, `launch`
+applies it to the kernels that opt in (`pdl=True`: they take a `USE_GDC` constexpr), `pdl_disabled` turns it off
+for a benchmark's comparison.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,8 +42,32 @@ except ImportError:  # CPU-only torch wheels ship no Triton
     tl = None
     HAVE_TRITON = False
 
+
+def _triton_has_gdc() -> bool:
+    """Whether this Triton has PDL: the launch option `launch_pdl` and `tl.extra.cuda.gdc_wait` /
+    `gdc_launch_dependents` (Triton 3.4 and newer; looked up by name, so an older Triton only runs without)."""
+    if not HAVE_TRITON:
+        return False
+    try:
+        cuda = importlib.import_module("triton.language.extra.cuda")
+        options = importlib.import_module("triton.backends.nvidia.compiler").CUDAOptions
+        names = {f.name for f in dataclasses.fields(options)}
+    except (ImportError, AttributeError, TypeError):
+        return False
+    return "launch_pdl" in names and hasattr(cuda, "gdc_wait") and hasattr(cuda, "gdc_launch_dependents")
+
+
+HAVE_GDC = _triton_has_gdc()
+"""Whether this Triton can launch with PDL (`pdl_enabled` asks the device too)."""
+#: Compute capability from which CUDA has programmatic dependent launch (sm_90, Hopper: the CUDA C++ Programming
+#: Guide's "Programmatic Dependent Launch and Synchronization", URL in the module docstring).
+PDL_MIN_CAPABILITY = (9, 0)
+
 __all__ = [
+    "HAVE_GDC",
     "HAVE_TRITON",
+    "PDL_LABEL",
+    "PDL_MIN_CAPABILITY",
     "Choice",
     "CompileRequest",
     "CompileRequests",
@@ -41,10 +76,13 @@ __all__ = [
     "check_close",
     "check_fp8_close",
     "collecting",
+    "device_capability",
     "interpreted",
     "is_collecting",
     "launch",
     "next_pow2",
+    "pdl_disabled",
+    "pdl_enabled",
     "sm_count",
     "tl",
     "torch_kernel",
@@ -119,6 +157,8 @@ class CompileRequests:
 
     sms: int
     """The GPU's SM count: launch shapes are sized by it."""
+    pdl: bool = False
+    """Whether that GPU's launches use PDL (`pdl_enabled`): the launch option and a constexpr compile with it."""
     requests: dict[tuple[object, ...], CompileRequest] = field(default_factory=dict)
 
     def add(self, request: CompileRequest) -> None:
@@ -129,14 +169,15 @@ _COLLECTING: CompileRequests | None = None
 
 
 @contextlib.contextmanager
-def collecting(sms: int) -> Iterator[CompileRequests]:
+def collecting(sms: int, *, pdl: bool = False) -> Iterator[CompileRequests]:
     """Within the block, `launch` records each kernel specialization instead of running it, so a probe's
     kernels can be compiled ahead in parallel processes (`decodetop.probes.worker.precompile`). Inputs are meta
-    tensors (shapes, strides and dtypes, no memory) on device "meta"; `sm_count` of it is `sms`."""
+    tensors (shapes, strides and dtypes, no memory) on device "meta"; `sm_count` of it is `sms`, `pdl_enabled` of
+    it `pdl` (the GPU's own answer)."""
     global _COLLECTING
     if _COLLECTING is not None:
         raise RuntimeError("kernel launches are already being collected")
-    _COLLECTING = CompileRequests(sms)
+    _COLLECTING = CompileRequests(sms, pdl)
     try:
         yield _COLLECTING
     finally:
@@ -148,9 +189,56 @@ def is_collecting() -> bool:
     return _COLLECTING is not None
 
 
-def launch(kernel: Any, grid: tuple[int, ...], *args: object, **kwargs: object) -> None:
+_PDL_OFF = 0
+"""How many `pdl_disabled` blocks are open."""
+
+
+@contextlib.contextmanager
+def pdl_disabled() -> Iterator[None]:
+    """Within the block no launch uses PDL (`pdl_enabled` is False): a benchmark times a chain without it beside
+    the default. Build a runner and time it inside the same block: its kernel class says which it ran."""
+    global _PDL_OFF
+    _PDL_OFF += 1
+    try:
+        yield
+    finally:
+        _PDL_OFF -= 1
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA `device` (the lookup the tests fake)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    return int(major), int(minor)
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels that opt in launch with PDL on `device`: a CUDA GPU of compute capability ≥
+    PDL_MIN_CAPABILITY, a Triton that has it (`HAVE_GDC`), not under the interpreter, not inside `pdl_disabled`.
+    While `collecting`, meta tensors take the answer the requests are collected for."""
+    if _PDL_OFF:
+        return False
+    if _COLLECTING is not None and device.type == "meta":
+        return _COLLECTING.pdl
+    if device.type != "cuda" or not HAVE_GDC or interpreted():
+        return False
+    return device_capability(device) >= PDL_MIN_CAPABILITY
+
+
+def _device_of(args: Sequence[object]) -> torch.device:
+    """The device of the first tensor argument (a kernel's tensors share one)."""
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg.device
+    raise ValueError("a Triton launch with pdl=True needs a tensor argument to tell its device")
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: object, pdl: bool = False, **kwargs: object) -> None:
     """`kernel[grid](*args, **kwargs)`: the one place decodetop launches a Triton kernel, so that `collecting`
-    can record the launch instead."""
+    can record the launch instead. `pdl=True`: the kernel takes a `USE_GDC` constexpr (its loads and stores after
+    `gdc_wait`), passed True with the launch option `launch_pdl` where `pdl_enabled`, else False."""
+    if pdl:
+        use = pdl_enabled(_device_of(args))
+        kwargs = {**kwargs, "USE_GDC": use, **({"launch_pdl": True} if use else {})}
     if _COLLECTING is None:
         kernel[grid](*args, **kwargs)
         return
@@ -169,9 +257,14 @@ def torch_kernel(ctx: ProbeContext, ops: str) -> KernelClass:
     return KernelClass("torch" if ctx.is_cuda else "cpu", ops)
 
 
-def triton_kernel(name: str) -> KernelClass:
-    """decodetop's own Triton kernel `name`."""
-    return KernelClass("triton", name)
+#: What a kernel class's function says after its name where the kernels launched with PDL.
+PDL_LABEL = ", PDL"
+
+
+def triton_kernel(name: str, *, pdl: bool = False) -> KernelClass:
+    """decodetop's own Triton kernel `name` ('…, PDL' where its launches used PDL: `pdl_enabled` of the rank's
+    device when the runner was built)."""
+    return KernelClass("triton", name + (PDL_LABEL if pdl else ""))
 
 
 #: Relative error (‖out − ref‖ / ‖ref‖) a fast kernel may show against its torch form: bf16 operands land between

@@ -21,6 +21,12 @@ each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin h
 (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. radix8's whole
 selection in one launch (grid barriers between its passes, no histogram in the scoring kernel) was slower on an
 H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+
+The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
+dependent launches (six at radix8, plus the workspace's memset): each launches with programmatic dependent launch
+where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
+or keys, so the chain's launch gaps overlap; `USE_GDC=False` compiles the kernels as before.
 """
 
 from __future__ import annotations
@@ -106,6 +112,7 @@ if HAVE_TRITON:
         SHIFT1: tl.constexpr,
         F32_DOT: tl.constexpr,
         F16: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         pid = tl.program_id(0)
         row = tl.program_id(1)
@@ -113,6 +120,8 @@ if HAVE_TRITON:
         offs_h = tl.arange(0, HP)
         mask_h = offs_h < heads
         offs_d = tl.arange(0, D)
+        if USE_GDC:  # q, the weights and the index keys are written upstream; the workspace was zeroed just before
+            tl.extra.cuda.gdc_wait()
         q = tl.load(q_ptr + row * heads * D + offs_h[:, None] * D + offs_d[None, :], mask=mask_h[:, None], other=0.0)
         if F32_DOT:
             q = q.to(tl.float32)
@@ -133,6 +142,8 @@ if HAVE_TRITON:
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
             digit = (_key_of(score) >> SHIFT1).to(tl.int32)
             hist += tl.histogram(digit, BINS1, mask=mask_l)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         bins = tl.arange(0, BINS1)
         tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
 
@@ -148,10 +159,13 @@ if HAVE_TRITON:
         B1: tl.constexpr,
         B2: tl.constexpr,
         B3: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         pid = tl.program_id(0)
         row = tl.program_id(1)
         base = work_ptr + row * WORK
+        if USE_GDC:  # the histograms and scores are the kernels' before
+            tl.extra.cuda.gdc_wait()
         b1, above1 = _threshold_bin(base, k, B1)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         valid = offs < length
@@ -160,6 +174,8 @@ if HAVE_TRITON:
             tied = valid & ((key >> 21).to(tl.int32) == b1)
             digit = ((key >> 10) & 0x7FF).to(tl.int32)
             hist = tl.histogram(digit, B2, mask=tied)
+            if USE_GDC:
+                tl.extra.cuda.gdc_launch_dependents()
             tl.atomic_add(base + B1 + tl.arange(0, B2), hist, mask=hist > 0)
         else:
             b2, _ = _threshold_bin(base + B1, k - above1, B2)
@@ -167,6 +183,8 @@ if HAVE_TRITON:
             tied = valid & ((key >> 10).to(tl.int32) == prefix)
             digit = (key & 0x3FF).to(tl.int32)
             hist = tl.histogram(digit, B3, mask=tied)
+            if USE_GDC:
+                tl.extra.cuda.gdc_launch_dependents()
             tl.atomic_add(base + B1 + B2 + tl.arange(0, B3), hist, mask=hist > 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
@@ -181,17 +199,20 @@ if HAVE_TRITON:
         B1: tl.constexpr,
         B2: tl.constexpr,
         B3: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         pid = tl.program_id(0)
         row = tl.program_id(1)
         base = work_ptr + row * WORK
+        if USE_GDC:  # the histograms and scores are the kernels' before
+            tl.extra.cuda.gdc_wait()
         b1, above1 = _threshold_bin(base, k, B1)
         b2, above2 = _threshold_bin(base + B1, k - above1, B2)
         b3, above3 = _threshold_bin(base + B1 + B2, k - above1 - above2, B3)
         threshold = (b1.to(tl.uint32) << 21) | (b2.to(tl.uint32) << 10) | b3.to(tl.uint32)
         n_above = above1 + above2 + above3
         offs = pid * BLOCK + tl.arange(0, BLOCK)
-        _compact_block(score_ptr, base + B1 + B2 + B3, idx_ptr, row, length, k, offs, threshold, n_above)
+        _compact_block(score_ptr, base + B1 + B2 + B3, idx_ptr, row, length, k, offs, threshold, n_above, USE_GDC)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _threshold8(base, k, LEVELS: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -206,27 +227,32 @@ if HAVE_TRITON:
         return prefix, above
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _hist8_block(score_ptr, base, row, length, offs, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _hist8_block(score_ptr, base, row, length, offs, prefix, LEVEL: tl.constexpr, USE_GDC: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """Adds to the workspace's histogram LEVEL (2–4; the first is the scoring kernel's) the digit LEVEL (of 8
         bits from the top) of the scores at `offs` whose keys are tied with `prefix`, the threshold's first LEVEL − 1
-        digits."""
+        digits (the next grid may start before the atomics where `USE_GDC`)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
         tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
         digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
         hist = tl.histogram(digit, 256, mask=tied)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _compact_block(score_ptr, counters, idx_ptr, row, length, k, offs, threshold, n_above):  # type: ignore[no-untyped-def,unused-ignore]
+    def _compact_block(score_ptr, counters, idx_ptr, row, length, k, offs, threshold, n_above, USE_GDC: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """Writes the positions among `offs` of the keys above `threshold`, then of as many tied at it as the `k` −
-        `n_above` places left for ties take (the two workspace counters at `counters` hand out the places)."""
+        `n_above` places left for ties take (the two workspace counters at `counters` hand out the places; the next
+        grid may start before the atomics where `USE_GDC`)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
         over = valid & (key > threshold)
         at = valid & (key == threshold)
         over_i = over.to(tl.int32)
         at_i = at.to(tl.int32)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         start_over = tl.atomic_add(counters, tl.sum(over_i, 0))
         start_at = tl.atomic_add(counters + 1, tl.sum(at_i, 0))
         pos_over = start_over + tl.cumsum(over_i, 0) - 1
@@ -243,14 +269,17 @@ if HAVE_TRITON:
         WORK: tl.constexpr,
         LEVEL: tl.constexpr,
         BLOCK: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         """Histogram of digit LEVEL (2–4, of 8 bits from the top) over the keys tied with the threshold's first
         LEVEL − 1 digits."""
         pid = tl.program_id(0)
         row = tl.program_id(1)
         base = work_ptr + row * WORK
+        if USE_GDC:  # the histograms and scores are the kernels' before
+            tl.extra.cuda.gdc_wait()
         prefix, _ = _threshold8(base, k, LEVEL - 1)
-        _hist8_block(score_ptr, base, row, length, pid * BLOCK + tl.arange(0, BLOCK), prefix, LEVEL)
+        _hist8_block(score_ptr, base, row, length, pid * BLOCK + tl.arange(0, BLOCK), prefix, LEVEL, USE_GDC)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _compact8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -261,15 +290,19 @@ if HAVE_TRITON:
         k,
         WORK: tl.constexpr,
         BLOCK: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         """The positions of the keys above the threshold, then of as many tied at it as `k` needs."""
         pid = tl.program_id(0)
         row = tl.program_id(1)
         base = work_ptr + row * WORK
+        if USE_GDC:  # the histograms and scores are the kernels' before
+            tl.extra.cuda.gdc_wait()
         threshold, n_above = _threshold8(base, k, 4)
         _compact_block(
-            score_ptr, base + 4 * 256, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above
-        )
+            score_ptr, base + 4 * 256, idx_ptr, row, length, k, pid * BLOCK + tl.arange(0, BLOCK), threshold, n_above,
+            USE_GDC,
+        )  # fmt: skip
 
 
 @dataclass
@@ -388,6 +421,7 @@ def dsa_scores(
         SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
         F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
         F16=work.f16,
+        pdl=True,
     )
     return work.scores
 
@@ -403,14 +437,18 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     if work.scheme == "radix8":
         for level in range(2, DIGITS + 1):
             launch(
-                _radix8_kernel, grid, work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=block
-            )
-        launch(_compact8_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block)
+                _radix8_kernel, grid, work.scores, work.work, length, topk, WORK=WORK8_INTS, LEVEL=level, BLOCK=block,
+                pdl=True,
+            )  # fmt: skip
+        launch(
+            _compact8_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block,
+            pdl=True,
+        )  # fmt: skip
         return work.indices
     sizes = {"WORK": WORK_INTS, "BLOCK": block, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
-    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=2, **sizes)
-    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=3, **sizes)
-    launch(_compact_kernel, grid, work.scores, work.work, work.indices, length, topk, **sizes)
+    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=2, pdl=True, **sizes)
+    launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=3, pdl=True, **sizes)
+    launch(_compact_kernel, grid, work.scores, work.work, work.indices, length, topk, pdl=True, **sizes)
     return work.indices
 
 

@@ -18,6 +18,13 @@ overflow, far outside what attention sees); bigger tiles, more pipeline stages a
 bytes in flight. A transposed form (the K/V tile as the MMA's M operand, the query group its N, so that Llama-70B's
 8-row groups stop padding a 16-row tile) ran 1.3–2.3× slower than the first on an H200 and was dropped
 (benchmarks/results/kernels/h200_kernels_sweep2.log).
+
+Both kernels launch with programmatic dependent launch where the GPU has it (sm_90 and newer,
+`common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization):
+the combine's programs are scheduled while the split's last ones finish, and the split's while the kernel before
+attention finishes, each waiting in `gdc_wait` before its first load, so the graph nodes of a decode step overlap
+their launch and ramp as Hopper engines' kernels do. Every load comes after the wait, the KV cache's too (in an
+engine the kernel before writes the new token's K and V); `USE_GDC=False` compiles the kernels as before.
 """
 
 from __future__ import annotations
@@ -125,6 +132,7 @@ if HAVE_TRITON:
         BLOCK_N: tl.constexpr,
         F16: tl.constexpr,
         F32_DOT: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         bh = tl.program_id(0)
         split = tl.program_id(1)
@@ -134,6 +142,8 @@ if HAVE_TRITON:
         mask_g = offs_g < group_rows
         offs_d = tl.arange(0, D)
         offs_dv = tl.arange(0, DV)
+        if USE_GDC:  # q and the KV cache (the new token's row) are written by the kernels before this one
+            tl.extra.cuda.gdc_wait()
         # q rows of this kv head: [b, h · group_rows + g, D]
         q = tl.load(
             q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
@@ -180,6 +190,8 @@ if HAVE_TRITON:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
             m_i = m_new
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         part = (bh * n_splits + split) * GP + offs_g
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
@@ -198,6 +210,7 @@ if HAVE_TRITON:
         DV: tl.constexpr,
         BLOCK_S: tl.constexpr,
         DV_BLOCK: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         pid = tl.program_id(0)  # (b · kv_heads + h) · group_rows + g
         lanes = tl.program_id(1) * DV_BLOCK + tl.arange(0, DV_BLOCK)  # this program's value lanes
@@ -205,6 +218,8 @@ if HAVE_TRITON:
         g = pid % group_rows
         b = bh // kv_heads
         h = bh % kv_heads
+        if USE_GDC:  # the partials are the split kernel's
+            tl.extra.cuda.gdc_wait()
         offs_s = tl.arange(0, BLOCK_S)
         m_run = tl.full([], float("-inf"), tl.float32)
         l_run = tl.full([], 0.0, tl.float32)
@@ -223,6 +238,8 @@ if HAVE_TRITON:
             l_run = l_run * alpha + tl.sum(w * l_s, 0)
             acc = acc * alpha + tl.sum(w[:, None] * a, 0)
             m_run = m_new
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         l_all = tl.where(l_run == 0.0, 1.0, l_run)
         out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + lanes
         tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
@@ -284,6 +301,19 @@ def gqa_workspace(
     )
 
 
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None) -> None:
+    """ValueError unless q, k and v are one GQA shape with power-of-two head dims, an FP8 cache with its scales."""
+    batch, heads, _q_len, dim = q.shape
+    _, kv_heads, length, kdim = k.shape
+    v_dim = v.shape[-1]
+    if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
+        raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
+        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
+    if k.dtype == torch.float8_e4m3fn and scales is None:
+        raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
+
+
 def gqa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -298,16 +328,11 @@ def gqa_decode(
     (the output of every query row against the whole cache, as SDPA without a mask)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
+    _check_shapes(q, k, v, scales)
     batch, heads, q_len, dim = q.shape
-    _, kv_heads, length, kdim = k.shape
+    _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
-    if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
-        raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
-        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
     fp8 = k.dtype == torch.float8_e4m3fn
-    if fp8 and scales is None:
-        raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
     if work is None:
         work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device, fp8=fp8)
     geo = work.launch
@@ -345,6 +370,7 @@ def gqa_decode(
         F32_DOT=interpreted() and not (cfg.f16 and fp8),  # fp16 dots run right under the interpreter
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        pdl=True,
     )
     launch(
         _gqa_combine_kernel,
@@ -361,6 +387,7 @@ def gqa_decode(
         BLOCK_S=geo.combine_block,
         DV_BLOCK=geo.combine_lanes,
         num_warps=COMBINE_WARPS,
+        pdl=True,
     )
     return work.out
 

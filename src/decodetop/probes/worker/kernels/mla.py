@@ -15,6 +15,13 @@ registers. `reference_mla` is the torch form (bmm, softmax, bmm: the cache read 
 The launch shape is an `MlaConfig` (tokens per tile, pipeline stages, warps, programs per SM). The first shape
 (`FIRST`: 64-token tiles, 2 stages, 4 warps, 2 programs per SM) holds 94 KB of shared memory per program (sm_90
 build), so two programs fit an SM; 32-token tiles (56 KB) fit four, 8 warps halve the registers per thread.
+
+Both kernels launch with programmatic dependent launch where the GPU has it (sm_90 and newer,
+`common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization):
+the next grid is scheduled while this one's last programs finish and waits in `gdc_wait` before its first load
+(the query, the latent cache, whose new row the kernel before writes in an engine, the DSA indices, the partials),
+so the split (after the DSA top-k) and the combine overlap their launch and ramp; `USE_GDC=False` compiles the
+kernels as before.
 """
 
 from __future__ import annotations
@@ -124,6 +131,7 @@ if HAVE_TRITON:
         D_NOPE: tl.constexpr,
         D_ROPE: tl.constexpr,
         F32_DOT: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         hb = tl.program_id(0)
         split = tl.program_id(1)
@@ -133,6 +141,8 @@ if HAVE_TRITON:
         mask_h = offs_h < heads
         offs_d = tl.arange(0, D_NOPE)
         offs_r = tl.arange(0, D_ROPE)
+        if USE_GDC:  # q, the latent cache (the new token's row) and the DSA indices are written before this kernel
+            tl.extra.cuda.gdc_wait()
         q_rows = q_ptr + row * stride_qr + offs_h[:, None] * stride_qh
         q_nope = tl.load(q_rows + offs_d[None, :], mask=mask_h[:, None], other=0.0)
         q_rope = tl.load(q_rows + D_NOPE + offs_r[None, :], mask=mask_h[:, None], other=0.0)
@@ -175,6 +185,8 @@ if HAVE_TRITON:
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
             m_i = m_new
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         part = (row * n_splits + split) * heads + offs_h
         tl.store(ml_ptr + part * 2, m_i, mask=mask_h)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_h)
@@ -192,6 +204,7 @@ if HAVE_TRITON:
         D: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):
         rh = tl.program_id(0)
         db = tl.program_id(1)
@@ -199,6 +212,8 @@ if HAVE_TRITON:
         h = rh % heads
         offs_s = tl.arange(0, BLOCK_S)
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+        if USE_GDC:  # the partials are the split kernel's
+            tl.extra.cuda.gdc_wait()
         m_v = tl.full([BLOCK_S], float("-inf"), tl.float32)
         for s0 in range(0, n_splits, BLOCK_S):
             ss = s0 + offs_s
@@ -218,6 +233,8 @@ if HAVE_TRITON:
             l_v += w * l_s
             a = tl.load(acc_ptr + part[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
             acc += tl.sum(w[:, None] * a, 0)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
         l_all = tl.sum(l_v, 0)
         l_all = tl.where(l_all == 0.0, 1.0, l_all)
         tl.store(out_ptr + row * stride_or + h * stride_oh + offs_d, (acc / l_all).to(out_ptr.dtype.element_ty))
@@ -326,6 +343,7 @@ def mla_decode(
         D=lora,
         BLOCK_S=COMBINE_BLOCK_S,
         BLOCK_D=block_d,
+        pdl=True,
     )
     return out
 
@@ -353,6 +371,7 @@ def _launch_split(
                 F32_DOT=interpreted(),
                 num_warps=config.num_warps,
                 num_stages=stages,
+                pdl=True,
             )
         except Exception as exc:
             if index == len(choices) - 1 or "resource" not in str(exc).lower():
