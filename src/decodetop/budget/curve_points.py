@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Union, cast
 
 from decodetop.budget.gqa_launch import (
+    CurveLaunch,
+    GqaLaunch,
     GqaLaunchFacts,
     LaunchRegime,
     launch_regime,
@@ -114,7 +116,7 @@ class ShapeCurve:
     """The kernel's launch regime at any coordinates of this curve, where its points' launch is known
     (`launch_regimes`; GQA's split-K kernel only)."""
     work_of: Callable[[tuple[int, ...]], float] | None = None
-    """The tiles the kernel's time follows at any coordinates of this curve (`launch_work`), where its points were
+    """The tiles the kernel's time follows at any coordinates of this curve (`launch_regimes`), where its points were
     launched by the one-wave split; the curve is interpolated in them instead of the roofline."""
 
     @property
@@ -193,47 +195,46 @@ def key_at(template: ProbeKey, coords: Sequence[int]) -> ProbeKey:
     return moved
 
 
-def launch_regimes(curve: ShapeCurve) -> Callable[[tuple[int, ...]], LaunchRegime] | None:
-    """The launch regime of a GQA curve at any of its coordinates, by the rule its points' recorded launches follow
-    and their SM count (`decodetop.budget.gqa_launch.launch_rule`); None where those do not tell it (results
+def _launches(curve: ShapeCurve) -> tuple[CurveLaunch, Callable[[tuple[int, ...]], GqaLaunch]] | None:
+    """The rule a GQA curve's points were launched by (`decodetop.budget.gqa_launch.launch_rule`) and the launch it
+    gives at any of the curve's coordinates (each computed once); None where the points do not tell it (results
     written before the launch was recorded, or a rule that is neither today's nor one fixed shape)."""
     if not curve.is_gqa:
         return None
     rule = launch_rule((cast(AttentionKey, p.key), p.launch) for _c, p in curve.members if p.launch)
     if rule is None:
         return None
-    found: dict[tuple[int, ...], LaunchRegime] = {}
+    found: dict[tuple[int, ...], GqaLaunch] = {}
+
+    def at(coords: tuple[int, ...]) -> GqaLaunch:
+        got = found.get(coords)
+        if got is None:
+            got = found[coords] = rule.launch(cast(AttentionKey, key_at(curve.template, coords)))
+        return got
+
+    return rule, at
+
+
+def launch_regimes(
+    curve: ShapeCurve,
+) -> tuple[Callable[[tuple[int, ...]], LaunchRegime] | None, Callable[[tuple[int, ...]], float] | None]:
+    """A GQA curve's launch regime at any of its coordinates (None where its points do not tell their launch), and
+    the work in tiles its time follows there (`GqaLaunch.work_tiles`), where its points were split by the one-wave
+    rule; None elsewhere: under the even rule the combine's serial steps over up to 513 splits weigh beside the
+    tiles (~1.1 µs a step on an H200), and interpolated in tiles the third campaign's curves erred more than in
+    roofline terms (docs/benchmarks.md, "The attention leave-one-out in the launch's work")."""
+    found = _launches(curve)
+    if found is None:
+        return None, None
+    rule, at = found
 
     def regime(coords: tuple[int, ...]) -> LaunchRegime:
-        got = found.get(coords)
-        if got is None:
-            key = cast(AttentionKey, key_at(curve.template, coords))
-            got = found[coords] = launch_regime(rule.launch(key))
-        return got
-
-    return regime
-
-
-def launch_work(curve: ShapeCurve) -> Callable[[tuple[int, ...]], float] | None:
-    """The work in tiles (`GqaLaunch.work_tiles`) of a GQA curve at any of its coordinates, where its points were
-    split by the one-wave rule; None elsewhere: under the even rule the combine's serial steps over up to 513
-    splits weigh beside the tiles (~1.1 µs a step on an H200), and interpolated in tiles the third campaign's
-    curves erred more than in roofline terms (docs/benchmarks.md, "The attention leave-one-out in the launch's
-    work")."""
-    if not curve.is_gqa:
-        return None
-    rule = launch_rule((cast(AttentionKey, p.key), p.launch) for _c, p in curve.members if p.launch)
-    if rule is None or rule.split_rule != "one wave":
-        return None
-    found: dict[tuple[int, ...], float] = {}
+        return launch_regime(at(coords))
 
     def work(coords: tuple[int, ...]) -> float:
-        got = found.get(coords)
-        if got is None:
-            got = found[coords] = rule.launch(cast(AttentionKey, key_at(curve.template, coords))).work_tiles
-        return got
+        return at(coords).work_tiles
 
-    return work
+    return regime, (work if rule.split_rule == "one wave" else None)
 
 
 def match_of(probe: str, identity: Identity, dtype: str | None = None) -> tuple[object, ...]:

@@ -61,7 +61,6 @@ from decodetop.budget.curve_points import (
     identity_of,
     key_at,
     launch_regimes,
-    launch_work,
     match_of,
     merged,
     nearest_id,
@@ -181,8 +180,7 @@ class CurveEngine:
         for curve in self._curves.values():
             curve.points = merged(curve.members)
             curve.tree = build_tree(list(curve.points.items()), 0, len(curve.family.axes))
-            curve.regime_of = launch_regimes(curve)
-            curve.work_of = launch_work(curve)
+            curve.regime_of, curve.work_of = launch_regimes(curve)
             self._groups.setdefault(match_of(curve.probe, curve.identity), []).append(curve)
         self._roofs: dict[ProbeKey, float] = {}
         self._roof_coords: dict[tuple[ProbeKey, tuple[int, ...]], float] = {}
