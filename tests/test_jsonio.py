@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -19,6 +20,7 @@ from decodetop.jsonio import (
     open_regular,
     parse_json,
     read_bounded,
+    read_maybe_gzip,
 )
 
 HOSTILE = [
@@ -102,6 +104,30 @@ def test_size_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(UserInputError, match=r"big\.json: cannot read: larger than 100 bytes"):
         load_json(path, expect=list, max_bytes=100)
     assert len(load_json(path, expect=list, max_bytes=1000)) == 101
+
+
+def test_gzip_members_are_read_within_the_bound(tmp_path: Path) -> None:
+    plain = b'{"results": [' + b"0," * 200 + b"0]}"
+    packed = tmp_path / "results.json.gz"
+    packed.write_bytes(gzip.compress(plain))
+    assert read_maybe_gzip(packed) == plain
+    (tmp_path / "plain.json").write_bytes(plain)
+    assert read_maybe_gzip(tmp_path / "plain.json") == plain  # not compressed: read as it is
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(b" " * 1_000_000))  # a few KiB that inflate to a MB
+    with pytest.raises(UserInputError, match=r"bomb\.gz: cannot read: decompresses to more than 10000 bytes"):
+        read_maybe_gzip(bomb, max_bytes=10_000)
+    whole = gzip.compress(plain)
+    cases = {
+        "truncated.gz": (whole[: len(whole) // 2], "truncated gzip data"),
+        "trailing.gz": (whole + b"junk", "bytes after the gzip data"),
+        "corrupt.gz": (whole[:10] + b"\xff" * 20 + whole[30:], "corrupt gzip data"),
+    }
+    for name, (data, problem) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(UserInputError, match=f"{name}: cannot read: {problem}") as info:
+            read_maybe_gzip(tmp_path / name)
+        assert "\n" not in str(info.value)
 
 
 def test_open_regular_and_bounded_lines(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@
 #   WHATIF_ARGS="--device cpu --tiny --layers 1 --context 64" OUT=/tmp/w bash benchmarks/whatif/h200_whatif.sh  # CPU
 #
 # Files under $OUT: whatif.json (everything, written after each part), glm5_results.json (the GLM-5 plan's results,
-# probe --json form), <preset>_base.json (each model's base-plan results), serving.json (the serving-form step),
+# probe --json form), <preset>_base.json.gz (each model's base-plan results), serving.json (the serving-form step),
 # whatif.log (progress), whatif.txt, whatif_env.txt; the table (predicted vs direct, 80 % range, inside,
 # leave-one-out per family) prints last. One deadline for the whole
 # run (T_WHATIF, default 450 s). Never changes GPU settings; NVLink multicast off.

@@ -1,5 +1,6 @@
 """The what-if campaign's predictions re-made on any machine from its stored files, against the direct figures the
-GPU measured: each model's base-plan results (`<preset>_base.json`) through today's composition and curve engine,
+GPU measured: each model's base-plan results (`<preset>_base.json.gz`; `<preset>_base.json` where a folder holds
+them uncompressed) through today's composition and curve engine,
 each scenario's compute part against the direct `probe --budget` figure kept in `whatif.json`, the serving-form
 shapes against `serving.json`, and the base plans' leave-one-out per family. No GPU, no probe: a change to the
 engine is scored on the data the H200 gave.
@@ -27,7 +28,8 @@ def rescore_model(preset: str, stored: dict[str, Any], folder: Path, layers: int
     from decodetop.pipeline.composition import compose
     from decodetop.pipeline.context import BudgetContext
 
-    results = tuple(load_results(folder / f"{preset}_base.json"))
+    packed = folder / f"{preset}_base.json.gz"
+    results = tuple(load_results(packed if packed.exists() else folder / f"{preset}_base.json"))
     spec = whatif.model_spec(preset, layers, tiny=False)
     base = Deployment(tp=1, batch=1, context_len=context, kv_dtype="bf16", launch_mode="graph")
     direct = {r["scenario"]: r for r in stored["rows"] if "direct_ms" in r}

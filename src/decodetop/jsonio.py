@@ -22,6 +22,7 @@ import math
 import os
 import stat
 import sys
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -210,6 +211,37 @@ def read_bounded(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES, follow
         raise refuse(exc.strerror or "error") from None
     finally:
         os.close(fd)
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+"""The first two bytes of a gzip member (RFC 1952, section 2.3.1: https://www.rfc-editor.org/rfc/rfc1952)."""
+
+
+def read_maybe_gzip(path: Path | str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """`read_bounded`, and where the file is gzip-compressed (its first bytes are `GZIP_MAGIC`, whatever its name)
+    the bytes it decompresses to, at most `max_bytes` of them: a crafted member that inflates beyond that (a
+    "zip bomb") is refused after `max_bytes` + 1 bytes, never inflated whole. Benchmark results are stored this way
+    to keep the repository small. A truncated or corrupt member, or bytes after it, is a `UserInputError`
+    ``"<path>: cannot read: <reason>"``."""
+    raw = read_bounded(path, max_bytes=max_bytes)
+    if not raw.startswith(GZIP_MAGIC):
+        return raw
+
+    def refuse(reason: str) -> UserInputError:
+        return UserInputError(f"{path}: cannot read: {reason}")
+
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)  # 16 +: a gzip header and trailer (zlib manual)
+    try:
+        out = inflater.decompress(raw, max_bytes + 1)
+    except zlib.error as exc:
+        raise refuse(f"corrupt gzip data ({exc})") from None
+    if len(out) > max_bytes or inflater.unconsumed_tail:
+        raise refuse(f"decompresses to more than {max_bytes} bytes")
+    if not inflater.eof:
+        raise refuse("truncated gzip data")
+    if inflater.unused_data:
+        raise refuse("bytes after the gzip data")
+    return out
 
 
 def open_regular(path: Path | str) -> BinaryIO:

@@ -20,7 +20,7 @@ WHATIF = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "whati
 
 
 def _launches(folder: str) -> Counter[GqaLaunchFacts | None]:
-    measured = measured_from_results(tuple(load_results(WHATIF / folder / "llama-3.1-70b_base.json")))
+    measured = measured_from_results(tuple(load_results(WHATIF / folder / "llama-3.1-70b_base.json.gz")))
     return Counter(p.launch for p in measured.curve_points if p.key.PROBE == "attention")
 
 
@@ -58,7 +58,7 @@ def test_the_self_check_tells_the_recorded_launch_regimes_apart(
 ) -> None:
     """On the H200's files the interior figures interpolated within one launch regime err less than those across a
     launch change (docs/benchmarks.md, "Leave-one-out across the GQA kernel's launch regimes")."""
-    measured = measured_from_results(tuple(load_results(WHATIF / folder / "llama-3.1-70b_base.json")))
+    measured = measured_from_results(tuple(load_results(WHATIF / folder / "llama-3.1-70b_base.json.gz")))
     hardware = hardware_for(GPUS["h200"], bandwidth_gbps=measured.copy_gbps)
     check = measured.engine(hardware).self_check().family("attention")
     assert check is not None and check.launch_unknown == unknown

@@ -464,12 +464,13 @@ def results_from_json(text: str, source: str = "<string>") -> list[ProbeResult]:
 
 
 def load_results(path: str | Path) -> list[ProbeResult]:
-    """Read a results JSON file written by `decodetop probe --json`; one-line `UserInputError` on any problem."""
+    """Read a results JSON file written by `decodetop probe --json`, plain or gzip-compressed (as the benchmark
+    results in this repository are stored); one-line `UserInputError` on any problem."""
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise UserInputError(f"{p}: no such results file")
     try:
-        text = jsonio.read_bounded(p).decode("utf-8")  # a FIFO or device is refused unread
+        text = jsonio.read_maybe_gzip(p).decode("utf-8")  # a FIFO or device is refused unread
     except UnicodeDecodeError as exc:
         raise UserInputError(f"{p}: cannot read results file ({exc})") from None
     return results_from_json(text, source=str(p))
