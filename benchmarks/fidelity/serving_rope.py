@@ -137,13 +137,34 @@ def rope_qk(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
     return q_out, k_out
 
 
+def _rope_functions(fn: Any) -> list[Any]:
+    """`fn` and the plain functions it wraps: `__wrapped__`, and where the `kernels` package is installed the function
+    that transformers' hub-kernel module (`use_kernel_forward_from_hub`, 5.25 on) holds in its `forward`'s closure."""
+    found = [fn]
+    wrapped = getattr(fn, "__wrapped__", None)
+    if wrapped is not None:
+        found.append(wrapped)
+    forward = getattr(type(fn), "forward", None)
+    for cell in getattr(forward, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if inspect.isfunction(inner) and inner.__name__ == "apply_rotary_pos_emb":
+            found.append(inner)
+    return found
+
+
 def _is_standard_rope(fn: Any) -> bool:
     """transformers' Llama `apply_rotary_pos_emb` (rotate_half form, cos/sin unsqueezed at dim 1), from its source."""
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-    return "(q * cos) + (rotate_half(q) * sin)" in src and "(k * cos) + (rotate_half(k) * sin)" in src
+    for candidate in _rope_functions(fn):
+        try:
+            src = inspect.getsource(candidate)
+        except (OSError, TypeError):
+            continue
+        if "(q * cos) + (rotate_half(q) * sin)" in src and "(k * cos) + (rotate_half(k) * sin)" in src:
+            return True
+    return False
 
 
 def _fused(original: Any) -> Any:
