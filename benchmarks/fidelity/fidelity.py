@@ -15,8 +15,9 @@ For each model (default: a Llama-3.1-70B-shaped and a DeepSeek-V3-shaped config,
    experts through the independent grouped Triton kernel of benchmarks/engine/moe_routed.py (`serving_moe.ServingMoE`:
    reads only the routed experts, expert ids on the device, its tile tuned per expert shape; router, top-k and shared
    experts stay the model's), every residual add fused into the RMSNorm after it, the residual carried between
-   layers as engines carry it (`serving_norms.ServingNorms`, its own Triton kernel), and the rotary of q and k in one
-   kernel (`serving_rope.ServingRope`, its own Triton kernel).
+   layers as engines carry it (`serving_norms.ServingNorms`, its own Triton kernel), the rotary of q and k in one
+   kernel (`serving_rope.ServingRope`, its own Triton kernel), and the linears that read one input (q/k/v, gate/up,
+   MLA's q_a/kv_a) as one GEMM each (`serving_linears.ServingLinears`), as the budget costs them.
    Each swap computes what the stock model computes (tests/benchmarks/test_benchmark_scripts.py checks the logits on
    CPU, tests/benchmarks/test_fidelity_serving_moe.py the MoE blocks; on the GPU the serving-MoE form records its
    logits against the form before it, `check`);
@@ -73,8 +74,11 @@ OTHER_MODEL_OVERRIDES: dict[str, dict[str, Any]] = {
 SERVING_FORMS: tuple[tuple[str, str], ...] = (
     ("serving_attention", "model with serving-style attention"),
     ("serving_attention_norms", "… and fused RMSNorm"),
-    ("serving_fused", "… and fused add + RMSNorm, fused rope (models without routed experts)"),
-    ("serving_moe", "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm, fused rope)"),
+    ("serving_fused", "… and fused add + RMSNorm, fused rope, fused projections (models without routed experts)"),
+    (
+        "serving_moe",
+        "… and serving MoE (tuned grouped routed-experts kernel, fused add + RMSNorm, fused rope, fused projections)",
+    ),
 )
 #: Probes of the plan run for fidelity: everything but the `layer` probe (its composition check is a separate
 #: figure, and it doubles the plan's time).
@@ -435,12 +439,14 @@ class ServingAttention:
 
 
 def fused_forms(model: Any) -> list[Any]:
-    """The serving engine's fused residual-add + RMSNorm (`serving_norms.ServingNorms`) and fused rotary
-    (`serving_rope.ServingRope`) for `model`; one that does not apply says why in its `reason` and `describe`."""
+    """The serving engine's fused residual-add + RMSNorm (`serving_norms.ServingNorms`), fused rotary
+    (`serving_rope.ServingRope`) and fused projections (`serving_linears.ServingLinears`) for `model`; one that does
+    not apply says why in its `reason` and `describe`."""
+    from serving_linears import ServingLinears
     from serving_norms import ServingNorms
     from serving_rope import ServingRope
 
-    return [ServingNorms(model), ServingRope(model)]
+    return [ServingNorms(model), ServingRope(model), ServingLinears(model)]
 
 
 @contextlib.contextmanager

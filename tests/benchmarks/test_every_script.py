@@ -26,7 +26,12 @@ def _scripts(suffix: str) -> list[Path]:
     return sorted(p for p in BENCH.rglob(f"*{suffix}") if "results" not in p.relative_to(BENCH).parts)
 
 
-IMPORTED_ONLY = {"fidelity/serving_moe.py", "fidelity/serving_norms.py", "fidelity/serving_rope.py"}
+IMPORTED_ONLY = {
+    "fidelity/serving_moe.py",
+    "fidelity/serving_norms.py",
+    "fidelity/serving_rope.py",
+    "fidelity/serving_linears.py",
+}
 """Modules other scripts import (no command line of their own)."""
 RUN_FOR_REAL = {
     "reports/probe_summary.py": ["benchmarks/results/primitives/h200x1.json"],
