@@ -503,7 +503,8 @@ def dsa_scores(
     q_len: int = 1,
 ) -> torch.Tensor:
     """Indexer scores [R, L] fp32 into `work.scores` (and the first radix histogram into `work.work`, which must be
-    zero, `dsa_prepare`): q [R, Hi, Di] bf16, weights [R, Hi] fp32, keys [B, L, Di] float8_e4m3fn, key_scales [B, L] fp32."""
+    zero: `dsa_prepare`): q [R, Hi, Di] bf16, weights [R, Hi] fp32, keys [B, L, Di] float8_e4m3fn, key_scales [B, L]
+    fp32."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
     rows, heads, dim = q.shape
