@@ -14,19 +14,28 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Two digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), and `radix11`, three digits of
-11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
-element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200
-each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
-(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. radix8's whole
-selection in one launch (grid barriers between its passes, no histogram in the scoring kernel) was slower on an
-H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+Three digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), `radix11`, three digits
+of 11 + 11 + 10 bits (2048 bins), and `radix8-carry` (below). Triton lowers `tl.histogram` to log2(bins) warp
+ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
+proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
+histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for
+one pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring
+kernel) was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+
+`radix8-carry` runs radix8's passes without the workspace's memset and without each pass searching every histogram
+before its own: a pass leaves the threshold's digits so far and the count above them in the workspace for the next
+(one histogram searched per pass, not up to four), the passes after the second and the compaction load their scores
+before they wait for the grid before (the scores' kernel is at least two grids back), and each pass zeroes what no
+later pass reads (the third the first histogram, the fourth the second, the compaction the third; the compaction's
+last program the fourth, the counters and the carries), so a step leaves the workspace zero for the next
+(`dsa_prepare`; allocated zero). Not yet the default: it waits on an H200 run against radix8.
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six at radix8, plus the workspace's memset): each launches with programmatic dependent launch
-where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry): each launches with programmatic
+dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
-or keys, so the chain's launch gaps overlap; `USE_GDC=False` compiles the kernels as before.
+or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
+compiles the kernels as before.
 """
 
 from __future__ import annotations
