@@ -70,7 +70,8 @@ DEADLINE = math.inf
 ONLY: tuple[str, ...] = ()
 #: --defaults-only: of the attention variants, only the probe's defaults.
 DEFAULTS_ONLY = False
-#: --variants: of the attention variants and DSA parts, only those whose label holds one of these (empty: all).
+#: --variants: of the attention variants and DSA parts, only those whose label holds one of these (empty: all; the
+#: default scheme's DSA parts count as "default").
 VARIANTS: tuple[str, ...] = ()
 #: --contexts: of the attention rows, only those at these contexts (empty: every shape's own).
 CONTEXTS_ONLY: tuple[int, ...] = ()
@@ -301,7 +302,7 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
     memset = "" if work.scheme in dsa.SELF_ZEROING else "memset + "
     for name, fn in ((f"{memset}scores", scores), (f"{memset}scores + top-k", topk)):
         variant = f"{name}{f16}, {work.scheme}"
-        if not wanted_variant(variant):
+        if not (wanted_variant(variant) or (work.scheme == dsa.SCHEMES[0] and wanted_variant("default"))):
             continue
         row: dict[str, Any] = {"component": "GLM-5 TP8 DSA parts", "context": context, "variant": variant}
         if time.monotonic() > DEADLINE:
