@@ -75,9 +75,9 @@ DIGIT_BINS = 1 << DIGIT_BITS
 DIGITS = 32 // DIGIT_BITS
 #: Workspace per row of `radix8`: four histograms and the two counters.
 WORK8_INTS = DIGITS * DIGIT_BINS + 2
-#: `radix8-carry`'s workspace per row after `radix8`'s: a ticket (the compaction's programs done) and, per pass
-#: after the second (the third, the fourth, the compaction), the threshold's digits so far and the count above them,
-#: as the pass before found them.
+#: `radix8-carry`'s workspace per row after `radix8`'s: a ticket right after the two counters (the compaction's
+#: programs done) and, per pass after the second (the third, the fourth, the compaction), the threshold's digits so
+#: far and the count above them, as the pass before found them.
 TICKET_AT = DIGITS * DIGIT_BINS + 2
 CARRY_AT = TICKET_AT + 1
 CARRY8_INTS = CARRY_AT + 2 * (DIGITS - 1)
@@ -91,7 +91,6 @@ SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY
 SCORE_PROGRAMS_PER_SM = 2
 
 if HAVE_TRITON:
-    _TICKET_AT = tl.constexpr(TICKET_AT)
     _CARRY_AT = tl.constexpr(CARRY_AT)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
@@ -271,12 +270,17 @@ if HAVE_TRITON:
         grid may start before the atomics where `USE_GDC`)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
-        _compact_keys(key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC)
+        _compact_keys(key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC, False)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _compact_keys(key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """`_compact_block` on keys already loaded. A place above `n_above` is never written (the count of keys
-        above the threshold is `n_above` by construction: the guard keeps a wrong one from writing past the row)."""
+    def _compact_keys(  # type: ignore[no-untyped-def,unused-ignore]
+        key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC: tl.constexpr, TICKET: tl.constexpr
+    ):
+        """`_compact_block` on keys already loaded. A key above the threshold takes only places below `n_above` (it
+        has exactly that many by construction; the guard keeps a wrong count from writing over the ties or past the
+        row). TICKET: returns the programs done before this one (a third counter after the two, taken after this
+        program's reads of the workspace and its counter atomics, before its stores so their latencies overlap);
+        else 0."""
         over = valid & (key > threshold)
         at = valid & (key == threshold)
         over_i = over.to(tl.int32)
@@ -285,10 +289,12 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         start_over = tl.atomic_add(counters, tl.sum(over_i, 0))
         start_at = tl.atomic_add(counters + 1, tl.sum(at_i, 0))
+        done = tl.atomic_add(counters + 2, 1) if TICKET else 0  # acq_rel: after the reads and atomics above
         pos_over = start_over + tl.cumsum(over_i, 0) - 1
         pos_at = start_at + tl.cumsum(at_i, 0) - 1
         tl.store(idx_ptr + row * k + pos_over, offs, mask=over & (pos_over < n_above))
         tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < k - n_above))
+        return done
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _radix8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -417,11 +423,10 @@ if HAVE_TRITON:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         key, valid = _carry_keys(score_ptr, row, length, offs, USE_GDC, True)
         threshold, n_above = _carried(base, k, 5)
-        _compact_keys(key, valid, base + 4 * 256, idx_ptr, row, k, offs, threshold, n_above, USE_GDC)
+        done = _compact_keys(key, valid, base + 4 * 256, idx_ptr, row, k, offs, threshold, n_above, USE_GDC, True)
         bins = tl.arange(0, 256)
         if pid == 0:
             tl.store(base + 2 * 256 + bins, tl.zeros([256], tl.int32))
-        done = tl.atomic_add(base + _TICKET_AT, 1)  # acq_rel: after this program's reads and counter atomics
         if done == tl.num_programs(0) - 1:  # every other program is done with the workspace
             tl.store(base + 3 * 256 + bins, tl.zeros([256], tl.int32))
             tail = tl.arange(0, TAIL)
