@@ -7,14 +7,15 @@ writes everything to --json as each section finishes; one deadline for the whole
 order of what matters most.
 
 Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K, 32K and
-128K, the default (the indexer's product in FP16) beside the indexer in BF16; GQA at Llama-3.1-70B's shard with an
-FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K (and BF16 against SDPA); dense MLA at
-DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); GLM-5's DSA path in parts
-(memset + scores, + top-k; the whole attention is the row above); the fused-MoE kernel with its tiles tuned over
-the candidates against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B,
-DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out,
-`--only` keeps the attention and MoE rows of the components whose label holds one of its parts, `--contexts` the
-attention rows at those contexts.
+128K, the default (the indexer's product in FP16) beside the indexer in BF16 and the `radix8-carry` top-k; GQA at
+Llama-3.1-70B's shard with an FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K (and BF16 against
+SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); GLM-5's DSA
+path in parts (memset + scores, + top-k, under the default and `radix8-carry`; the whole attention is the row
+above); the fused-MoE kernel with its tiles tuned over the candidates against last round's tiles and the default
+tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B, DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times
+it; the checks. `--skip` leaves sections out, `--only` keeps the attention and MoE rows of the components whose
+label holds one of its parts, `--variants` the attention and DSA parts rows whose variant label holds one of its
+parts, `--contexts` the attention rows at those contexts.
 
 `--pdl both` times each attention variant and the tuned MoE kernels with programmatic dependent launch (the default
 on sm_90+, `kernels.common.pdl_enabled`) and again without (`pdl_disabled`), built and timed in each, the two side
@@ -36,6 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,9 @@ DEADLINE = math.inf
 ONLY: tuple[str, ...] = ()
 #: --defaults-only: of the attention variants, only the probe's defaults.
 DEFAULTS_ONLY = False
+#: --variants: of the attention variants and DSA parts, only those whose label holds one of these (empty: all; the
+#: default scheme's DSA parts count as "default").
+VARIANTS: tuple[str, ...] = ()
 #: --contexts: of the attention rows, only those at these contexts (empty: every shape's own).
 CONTEXTS_ONLY: tuple[int, ...] = ()
 #: --pdl: the launch modes each PDL-capable row is timed in, the first the row's own figure ("on": the default,
@@ -110,6 +115,10 @@ def timed_modes(build: Callable[[], OpRunner], modes: tuple[str, ...] | None = N
 
 def wanted(label: str) -> bool:
     return not ONLY or any(part in label for part in ONLY)
+
+
+def wanted_variant(name: str) -> bool:
+    return not VARIANTS or any(part in name for part in VARIANTS)
 
 
 def dev() -> torch.device:
@@ -182,6 +191,7 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
 FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa_select_block=2048)
 NEW = AttentionVariant()
 INDEXER_BF16 = AttentionVariant(dsa_scheme="radix8", dsa_f16=False)
+CARRY = AttentionVariant(dsa_scheme="radix8-carry")
 
 
 def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], list[tuple[str, Any]]]]:
@@ -194,6 +204,7 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     dsa_pair = [
         ("default: radix8, select auto, indexer fp16", NEW),
         ("radix8, select auto, indexer bf16", INDEXER_BF16),
+        ("radix8-carry, select auto, indexer fp16", CARRY),
     ]
     return [
         ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 4096, 32768, 131072)), dsa_pair),
@@ -224,7 +235,7 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
                 continue
             key = att_key(kind, context, **kw)
             for name, variant in variants:
-                if DEFAULTS_ONLY and not name.startswith("default"):
+                if (DEFAULTS_ONLY and not name.startswith("default")) or not wanted_variant(name):
                     continue
                 row: dict[str, Any] = {"component": label, "context": context, "variant": name}
                 if time.monotonic() > DEADLINE:
@@ -255,16 +266,17 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """GLM-5 TP-8's DSA path in parts, the default shapes (the selection checked by the attention rows' runners):
-    the workspace memset + indexer scores (with the first histogram), + the radix top-k, and the whole attention
-    (+ sparse MLA split and combine); each part's time is the difference of two rows."""
+    """GLM-5 TP-8's DSA path in parts, the default shapes and `radix8-carry` (the selection checked by the attention
+    rows' runners): the workspace memset + indexer scores (with the first histogram), + the radix top-k, and the
+    whole attention (+ sparse MLA split and combine); each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
     for context in contexts((32768, 131072)):
         key = att_key("mla+dsa", context, **glm)
         m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
         assert m.q_idx is not None and m.w_idx is not None
-        dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev()), context, copy, rows)
+        for scheme in (dsa.SCHEMES[0], "radix8-carry"):
+            dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme), context, copy, rows)
         del m
         free()
     out["dsa_parts"] = rows
@@ -272,21 +284,26 @@ def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: list[dict[str, Any]]) -> None:
-    """One workspace's two part rows (see `dsa_parts_rows`)."""
+    """One workspace's two part rows (see `dsa_parts_rows`). A scheme that leaves its workspace zero has no memset
+    (`dsa.dsa_prepare`); its scores alone run on a workspace of their own, which they leave unzeroed."""
+    alone = replace(work, work=torch.zeros_like(work.work)) if work.scheme in dsa.SELF_ZEROING else work
 
-    def scores() -> None:
+    def scores(work: dsa.DsaWorkspace = alone) -> None:
         _, index_keys, key_scales = m.caches.next()
-        work.work.zero_()
+        dsa.dsa_prepare(work)
         dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, work)
 
     def topk() -> None:
-        scores()
+        scores(work)
         dsa.dsa_select(work, m.attended)
 
     index_bytes = (context + 1) * (128 + 4)
     f16 = ", indexer fp16" if work.f16 else ""
-    for name, fn in (("memset + scores", scores), ("memset + scores + top-k", topk)):
+    memset = "" if work.scheme in dsa.SELF_ZEROING else "memset + "
+    for name, fn in ((f"{memset}scores", scores), (f"{memset}scores + top-k", topk)):
         variant = f"{name}{f16}, {work.scheme}"
+        if not (wanted_variant(variant) or (work.scheme == dsa.SCHEMES[0] and wanted_variant("default"))):
+            continue
         row: dict[str, Any] = {"component": "GLM-5 TP8 DSA parts", "context": context, "variant": variant}
         if time.monotonic() > DEADLINE:
             row["error"] = "skipped: the run's deadline"
@@ -525,7 +542,7 @@ def in_first_mode(section: Callable[..., object], *args: Any, **kwargs: Any) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    global SMOKE, DEADLINE, ONLY, CHANGED_CHECKS, DEFAULTS_ONLY, CONTEXTS_ONLY, PDL_MODES
+    global SMOKE, DEADLINE, ONLY, CHANGED_CHECKS, DEFAULTS_ONLY, CONTEXTS_ONLY, PDL_MODES, VARIANTS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument(
@@ -539,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checks", default=",".join(CHANGED_CHECKS), help="kernel checks to run (kernel_checks.py)")
     ap.add_argument("--defaults-only", action="store_true", help="of the attention variants, the defaults only")
     ap.add_argument("--contexts", default="", help="comma-separated contexts: only the attention rows at those")
+    ap.add_argument("--variants", default="", help="comma-separated parts of variant labels: only those rows")
     ap.add_argument(
         "--pdl",
         choices=sorted(PDL_CHOICES),
@@ -552,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     SMOKE = args.smoke
     ONLY = tuple(filter(None, args.only.split(",")))
     DEFAULTS_ONLY = args.defaults_only
+    VARIANTS = tuple(filter(None, args.variants.split(",")))
     CHANGED_CHECKS = tuple(filter(None, args.checks.split(",")))
     DEADLINE = time.monotonic() + args.deadline
     skip = set(filter(None, args.skip.split(",")))

@@ -70,7 +70,8 @@ def check_dsa(big: bool = False) -> None:
     index distinct and in range, ties at the threshold included (many scores exactly 0 after the ReLU), under
     each radix digit scheme, with the selection in one program per row and spread over many (atomics between them),
     the indexer's product in FP16 (the default) and in BF16; negative weights give negative scores (the key's sign
-    flip)."""
+    flip). A scheme with no memset (`dsa.SELF_ZEROING`) runs twice on one workspace, which each step must leave
+    zero."""
     d = _dev()
     dim = 128 if big else 64
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
@@ -79,29 +80,32 @@ def check_dsa(big: bool = False) -> None:
     for scheme, block, f16 in [*((s, b, True) for s in dsa.SCHEMES for b in (0, 256)), (dsa.SCHEMES[0], 0, False)]:
         for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
             tie = length == 3000 and topk == 1500
-            q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
-            w = torch.rand(batch * q_len, heads, device=d) - (0.3 if length == 5000 else 0.0)
-            keys = torch.randn(batch, length, dim, device=d) * 2
-            if tie:  # most keys point away from every query: their scores are exactly 0, tied at the threshold
-                q = q.abs()
-                keys[:, 200:] = -keys[:, 200:].abs()
-            keys8 = keys.clamp(-448, 448).to(FP8)
-            ks = torch.rand(batch, length, device=d) + 0.5
             work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block, f16=f16)
-            if work.selects:
-                work.indices.fill_(-7)  # poisoned: every slot must be written
-            idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
-            what = f"dsa {scheme} select {work.select_block}{'' if f16 else ' bf16'} {length=} {topk=}"
-            ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
-            check_close(work.scores, ref, what + " scores", rel=1e-2)
-            k = min(length, topk)
-            assert idx.shape == (batch * q_len, k), what
-            assert int(idx.min()) >= 0 and int(idx.max()) < length, f"{what}: an index out of range (or unwritten)"
-            for row in idx:
-                assert row.unique().numel() == k, f"{what}: an index selected twice"
-            chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
-            best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
-            assert torch.equal(chosen, best), f"{what}: not a top-{k} set (ties={tie})"
+            for step in range(2 if scheme in dsa.SELF_ZEROING else 1):  # the second on the workspace the first left
+                q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
+                w = torch.rand(batch * q_len, heads, device=d) - (0.3 if length == 5000 else 0.0)
+                keys = torch.randn(batch, length, dim, device=d) * 2
+                if tie:  # most keys point away from every query: their scores are exactly 0, tied at the threshold
+                    q = q.abs()
+                    keys[:, 200:] = -keys[:, 200:].abs()
+                keys8 = keys.clamp(-448, 448).to(FP8)
+                ks = torch.rand(batch, length, device=d) + 0.5
+                if work.selects:
+                    work.indices.fill_(-7)  # poisoned: every slot must be written
+                idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
+                what = f"dsa {scheme} select {work.select_block}{'' if f16 else ' bf16'} {length=} {topk=} {step=}"
+                ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
+                check_close(work.scores, ref, what + " scores", rel=1e-2)
+                k = min(length, topk)
+                assert idx.shape == (batch * q_len, k), what
+                assert int(idx.min()) >= 0 and int(idx.max()) < length, f"{what}: an index out of range (or unwritten)"
+                for row in idx:
+                    assert row.unique().numel() == k, f"{what}: an index selected twice"
+                chosen = torch.gather(work.scores, 1, idx.long()).sort(dim=-1).values
+                best = work.scores.topk(k, dim=-1).values.sort(dim=-1).values
+                assert torch.equal(chosen, best), f"{what}: not a top-{k} set (ties={tie})"
+                if scheme in dsa.SELF_ZEROING:
+                    assert not work.work.any(), f"{what}: the workspace is not left zero"
         # fewer tokens than top-k: every token
         small = dsa.dsa_workspace(1, 100, 2048, d, scheme=scheme, select_block=block)
         idx = dsa.dsa_topk(
@@ -113,6 +117,7 @@ def check_dsa(big: bool = False) -> None:
             work=small,
         )
         assert idx.tolist() == [list(range(100))]
+        assert not small.work.any(), f"dsa {scheme}: a histogram taken with no selection to read it"
 
 
 def check_gqa(big: bool = False) -> None:

@@ -40,17 +40,23 @@ PDL_KERNELS = {
     "_compact8_kernel",
     "_radix_pass_kernel",
     "_compact_kernel",
+    "_carry8_kernel",
+    "_compact8_carry_kernel",
     "_gate_up_kernel",
     "_down_kernel",
     "_combine_kernel",
 }
+#: The PDL kernels whose first global access may be a load of the scores before the wait (written at least two grids
+#: back, `kernels.dsa._carry_keys`): their first store or atomic still comes after it.
+EARLY_LOADS = {"_compact8_carry_kernel"}
 POINTERS = {"bfloat16": "*bf16", "float8_e4m3fn": "*fp8e4nv", "float32": "*fp32", "int32": "*i32", "int64": "*i64"}
 OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 GLOBAL_ACCESS = re.compile(r"\b(ld|st|red|atom)(\.[a-z0-9]+)*\.global|\bcp\.async\.")
+GLOBAL_WRITE = re.compile(r"\b(st|red|atom)(\.[a-z0-9]+)*\.global")
 
 
 def requests(pdl: bool) -> dict[str, common.CompileRequest]:
-    """One collected request per PDL kernel: GQA over an FP8 cache, GLM-5's DSA path under both radix schemes and
+    """One collected request per PDL kernel: GQA over an FP8 cache, GLM-5's DSA path under every radix scheme and
     fused MoE, on meta tensors sized for 132 SMs."""
     ctx = ProbeContext(rank=0, world_size=1, device=torch.device("meta"), backend="gloo")
     dsa_key = parse_key_id(DSA)
@@ -61,9 +67,11 @@ def requests(pdl: bool) -> dict[str, common.CompileRequest]:
             key = parse_key_id(key_id)
             assert isinstance(key, AttentionKey)
             attention.launch_triton_once(key, key.context + 1, ctx)
-        variant = attention.AttentionVariant(dsa_scheme="radix11")
-        run, _ = attention._mla_triton(attention._mla_inputs(dsa_key, ctx, 4097, rotate=False), ctx.device, variant)
-        run()
+        for scheme in ("radix11", "radix8-carry"):
+            variant = attention.AttentionVariant(dsa_scheme=scheme)
+            inputs = attention._mla_inputs(dsa_key, ctx, 4097, rotate=False)
+            run, _ = attention._mla_triton(inputs, ctx.device, variant)
+            run()
         fused_moe.launch_triton_once(moe_key, "no GPU", ctx)
     one: dict[str, common.CompileRequest] = {}
     for request in found.requests.values():
@@ -96,12 +104,13 @@ def ptx(request: common.CompileRequest) -> str:
 
 
 def order(text: str) -> dict[str, int | None]:
-    """Line numbers of the first wait, the first trigger and the first global access."""
+    """Line numbers of the first wait, the first trigger, the first global access and the first global write."""
     lines = text.splitlines()
     wait = next((i for i, line in enumerate(lines) if "griddepcontrol.wait" in line), None)
     trigger = next((i for i, line in enumerate(lines) if "griddepcontrol.launch_dependents" in line), None)
     first = next((i for i, line in enumerate(lines) if GLOBAL_ACCESS.search(line)), None)
-    return {"wait": wait, "trigger": trigger, "first_global": first}
+    write = next((i for i, line in enumerate(lines) if GLOBAL_WRITE.search(line)), None)
+    return {"wait": wait, "trigger": trigger, "first_global": first, "first_write": write}
 
 
 def main() -> int:
@@ -112,6 +121,7 @@ def main() -> int:
         for name in sorted(PDL_KERNELS):
             kwargs = dict(found[name].kwargs)
             row = {"kernel": name, "pdl": pdl, "USE_GDC": kwargs.get("USE_GDC"), "launch_pdl": "launch_pdl" in kwargs}
+            row["early_loads"] = name in EARLY_LOADS
             print(json.dumps(row | order(ptx(found[name]))), flush=True)
     return 0
 

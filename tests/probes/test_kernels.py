@@ -30,7 +30,7 @@ from decodetop.probes.hooks import MeasuredSetBuilder, read_keyed_points
 from decodetop.probes.results import MeasurementStatus, ProbeStatus, results_from_json, results_to_json
 from decodetop.probes.worker import attention, kvcast, norms
 from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.kernels import engines
+from decodetop.probes.worker.kernels import dsa, engines
 from tests.conftest import require_module
 from tests.helpers.env import subprocess_env
 
@@ -117,6 +117,63 @@ def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path)
     assert not got["mla"][3] and not got["dsa"][3]
     assert "radix top-k" in got["dsa"][1] and "read once" in got["mla"][1]
     assert got["silu_mul"][0] == "cpu"  # no fused kernel for it: the torch form, labelled CPU
+
+
+CARRY = textwrap.dedent(
+    """
+    import json, torch
+    from decodetop.budget.keys import AttentionKey
+    from decodetop.probes.worker import attention
+    from decodetop.probes.worker.context import ProbeContext
+    from decodetop.probes.worker.kernels import dsa
+    torch.manual_seed(5)
+    rows, heads, dim, length, topk = 2, 16, 64, 3000, 700
+    works = {s: dsa.dsa_workspace(rows, length, topk, torch.device("cpu"), scheme=s, select_block=256)
+             for s in ("radix8", "radix8-carry")}
+    got = {"steps": [], "left": {}}
+    for step in range(2):
+        q = torch.randn(rows, heads, dim).to(torch.bfloat16)
+        w = torch.rand(rows, heads)
+        keys = (torch.randn(rows, length, dim) * 2).to(torch.float8_e4m3fn)
+        ks = torch.rand(rows, length) + 0.5
+        same = {}
+        for scheme, work in works.items():
+            work.indices.fill_(-7)
+            idx = dsa.dsa_topk(q, w, keys, ks, topk, work=work).sort(dim=-1).values
+            want = work.scores.topk(topk, dim=-1).indices.int().sort(dim=-1).values
+            same[scheme] = torch.equal(idx, want)
+            got["left"][scheme] = int(work.work.count_nonzero())
+        got["steps"].append(same)
+    key = AttentionKey("mla+dsa", 1, 1, 600, 8, 1, 80, 64, 64, 16, 16, 32, 256, 0, "bf16")
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    variant = attention.AttentionVariant(dsa_scheme="radix8-carry")
+    r = attention.triton_attention_runner(key, ctx, 601, rotate=False, variant=variant)  # checked as it is built
+    r.fn()
+    r.fn()
+    got["runner"] = r.kernel.text
+    print(json.dumps(got))
+    """
+)
+
+
+def test_the_carry_top_k_selects_the_top_k_twice_on_one_workspace_and_leaves_it_zero(tmp_path: Path) -> None:
+    """`radix8-carry` has no memset (`dsa.dsa_prepare`): each step must leave its workspace zero for the next, and
+    pick torch.topk's set of the scores each time (random scores: no ties); radix8's passes leave theirs unzeroed."""
+    require_module("triton", WHY)
+    got = json.loads(_python(CARRY, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    assert got["steps"] == [{"radix8": True, "radix8-carry": True}] * 2
+    assert got["left"]["radix8-carry"] == 0 and got["left"]["radix8"] > 0
+    assert "radix top-k" in got["runner"]
+
+
+def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero() -> None:
+    for scheme in dsa.SCHEMES:
+        work = dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4, scheme=scheme)
+        assert work.work.shape == (1, dsa.SCHEME_INTS[scheme]) and not work.work.any()
+        work.work.fill_(3)
+        dsa.dsa_prepare(work)
+        assert bool(work.work.any()) == (scheme in dsa.SELF_ZEROING), scheme
+    assert dsa.SCHEMES[0] == "radix8"  # the default until a device run says otherwise
 
 
 @pytest.fixture

@@ -2,7 +2,8 @@
 off on CPU ranks and under the interpreter, on for a CUDA GPU of compute capability 9 where Triton has it (the
 capability lookup faked), off inside `pdl_disabled`; a launch passes `launch_pdl` and `USE_GDC=True` exactly when
 on, and the requests collected for ahead-of-time compiling carry the same; the kernel class says PDL; compiled for
-sm_90 on the CPU, every PDL kernel waits before its first global access (tests/probes/pdl_ptx.py)."""
+sm_90 on the CPU, every PDL kernel waits before its first global access (tests/probes/pdl_ptx.py; a kernel that
+loads the scores of a grid at least two back before it waits, before its first global write)."""
 
 from __future__ import annotations
 
@@ -159,12 +160,14 @@ def test_every_pdl_kernel_waits_before_its_first_global_access_on_sm_90() -> Non
     done = subprocess.run([sys.executable, str(PTX)], env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 24  # 12 kernels, with and without PDL
+    assert len(rows) == 28  # 14 kernels, with and without PDL
+    assert {row["kernel"] for row in rows if row["early_loads"]} == {"_compact8_carry_kernel"}
     for row in rows:
-        assert row["first_global"] is not None, row
+        assert row["first_global"] is not None and row["first_write"] is not None, row
         if row["pdl"]:
             assert (row["USE_GDC"], row["launch_pdl"]) == (True, True), row
-            assert row["wait"] is not None and row["wait"] < row["first_global"], row
+            first = row["first_write"] if row["early_loads"] else row["first_global"]
+            assert row["wait"] is not None and row["wait"] < first, row
             assert row["trigger"] is not None, row
         else:
             assert (row["USE_GDC"], row["launch_pdl"], row["wait"], row["trigger"]) == (False, False, None, None), row

@@ -269,7 +269,7 @@ def _mla_triton(
         idx = None
         if dwork is not None and index_keys is not None and key_scales is not None:
             assert m.q_idx is not None and m.w_idx is not None
-            dwork.work.zero_()
+            dsa.dsa_prepare(dwork)  # the memset, except where the scheme leaves the workspace zero
             dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, dwork, q_len=key.q_len)
             idx = dsa.dsa_select(dwork, m.attended)
         return mla.mla_decode(

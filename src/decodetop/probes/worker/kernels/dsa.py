@@ -14,19 +14,28 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Two digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), and `radix11`, three digits of
-11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
-element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200
-each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
-(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. radix8's whole
-selection in one launch (grid barriers between its passes, no histogram in the scoring kernel) was slower on an
-H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+Three digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), `radix11`, three digits
+of 11 + 11 + 10 bits (2048 bins), and `radix8-carry` (below). Triton lowers `tl.histogram` to log2(bins) warp
+ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
+proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
+histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for
+one pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring
+kernel) was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+
+`radix8-carry` runs radix8's passes without the workspace's memset and without each pass searching every histogram
+before its own: a pass leaves the threshold's digits so far and the count above them in the workspace for the next
+(one histogram searched per pass, not up to four), the passes after the second and the compaction load their scores
+before they wait for the grid before (the scores' kernel is at least two grids back), and each pass zeroes what no
+later pass reads (the third the first histogram, the fourth the second, the compaction the third; the compaction's
+last program the fourth, the counters and the carries), so a step leaves the workspace zero for the next
+(`dsa_prepare`; allocated zero). Not yet the default: it waits on an H200 run against radix8.
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six at radix8, plus the workspace's memset): each launches with programmatic dependent launch
-where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry): each launches with programmatic
+dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
-or keys, so the chain's launch gaps overlap; `USE_GDC=False` compiles the kernels as before.
+or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
+compiles the kernels as before.
 """
 
 from __future__ import annotations
@@ -66,12 +75,23 @@ DIGIT_BINS = 1 << DIGIT_BITS
 DIGITS = 32 // DIGIT_BITS
 #: Workspace per row of `radix8`: four histograms and the two counters.
 WORK8_INTS = DIGITS * DIGIT_BINS + 2
+#: `radix8-carry`'s workspace per row after `radix8`'s: a ticket right after the two counters (the compaction's
+#: programs done) and, per pass after the second (the third, the fourth, the compaction), the threshold's digits so
+#: far and the count above them, as the pass before found them.
+TICKET_AT = DIGITS * DIGIT_BINS + 2
+CARRY_AT = TICKET_AT + 1
+CARRY8_INTS = CARRY_AT + 2 * (DIGITS - 1)
 #: The digit schemes, the default first.
-SCHEMES = ("radix8", "radix11")
+SCHEMES = ("radix8", "radix11", "radix8-carry")
+#: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
+SELF_ZEROING = frozenset({"radix8-carry"})
+#: Ints per row of each scheme's workspace.
+SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY8_INTS}
 #: Scoring programs wanted per SM (each scores 1–16 tiles).
 SCORE_PROGRAMS_PER_SM = 2
 
 if HAVE_TRITON:
+    _CARRY_AT = tl.constexpr(CARRY_AT)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _key_of(score):  # type: ignore[no-untyped-def,unused-ignore]
@@ -112,6 +132,7 @@ if HAVE_TRITON:
         SHIFT1: tl.constexpr,
         F32_DOT: tl.constexpr,
         F16: tl.constexpr,
+        HIST: tl.constexpr,
         USE_GDC: tl.constexpr,
     ):
         pid = tl.program_id(0)
@@ -140,12 +161,14 @@ if HAVE_TRITON:
             logits = tl.dot(q, tl.trans(k)) * ks[None, :]
             score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
-            digit = (_key_of(score) >> SHIFT1).to(tl.int32)
-            hist += tl.histogram(digit, BINS1, mask=mask_l)
+            if HIST:
+                digit = (_key_of(score) >> SHIFT1).to(tl.int32)
+                hist += tl.histogram(digit, BINS1, mask=mask_l)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
-        bins = tl.arange(0, BINS1)
-        tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
+        if HIST:
+            bins = tl.arange(0, BINS1)
+            tl.atomic_add(work_ptr + row * WORK + bins, hist, mask=hist > 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _radix_pass_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -247,6 +270,17 @@ if HAVE_TRITON:
         grid may start before the atomics where `USE_GDC`)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        _compact_keys(key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC, False)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _compact_keys(  # type: ignore[no-untyped-def,unused-ignore]
+        key, valid, counters, idx_ptr, row, k, offs, threshold, n_above, USE_GDC: tl.constexpr, TICKET: tl.constexpr
+    ):
+        """`_compact_block` on keys already loaded. A key above the threshold takes only places below `n_above` (it
+        has exactly that many by construction; the guard keeps a wrong count from writing over the ties or past the
+        row). TICKET: returns the programs done before this one (a third counter after the two, taken after this
+        program's reads of the workspace and its counter atomics, before its stores so their latencies overlap);
+        else 0."""
         over = valid & (key > threshold)
         at = valid & (key == threshold)
         over_i = over.to(tl.int32)
@@ -255,10 +289,12 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         start_over = tl.atomic_add(counters, tl.sum(over_i, 0))
         start_at = tl.atomic_add(counters + 1, tl.sum(at_i, 0))
+        done = tl.atomic_add(counters + 2, 1) if TICKET else 0  # acq_rel: after the reads and atomics above
         pos_over = start_over + tl.cumsum(over_i, 0) - 1
         pos_at = start_at + tl.cumsum(at_i, 0) - 1
-        tl.store(idx_ptr + row * k + pos_over, offs, mask=over)
+        tl.store(idx_ptr + row * k + pos_over, offs, mask=over & (pos_over < n_above))
         tl.store(idx_ptr + row * k + n_above + pos_at, offs, mask=at & (pos_at < k - n_above))
+        return done
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _radix8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -304,8 +340,100 @@ if HAVE_TRITON:
             USE_GDC,
         )  # fmt: skip
 
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _carry_keys(score_ptr, row, length, offs, USE_GDC: tl.constexpr, EARLY: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """The keys of the scores at `offs`, loaded, then the wait for the grid before. EARLY: loaded before the
+        wait (the scores' writer is at least two grids back, complete before this grid could start: each grid
+        between waited for the one before it before it let the next start), through L2 (`.cg`, no L1 line from an
+        earlier step)."""
+        valid = offs < length
+        if EARLY:
+            key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0, cache_modifier=".cg"))
+            if USE_GDC:
+                tl.extra.cuda.gdc_wait()
+        else:
+            if USE_GDC:
+                tl.extra.cuda.gdc_wait()
+            key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        return key, valid
 
-@dataclass
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _carried(base, k, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(the threshold's first LEVEL − 1 digits, the count of keys above them) for the pass of LEVEL (2–4; 5:
+        the compaction): the pass before's carry and its histogram, one threshold search."""
+        if LEVEL == 2:
+            prefix = tl.full([], 0, tl.uint32)
+            above = tl.full([], 0, tl.int32)
+        else:
+            prefix = tl.load(base + _CARRY_AT + 2 * (LEVEL - 3)).to(tl.uint32)
+            above = tl.load(base + _CARRY_AT + 1 + 2 * (LEVEL - 3))
+        b, up = _threshold_bin(base + (LEVEL - 2) * 256, k - above, 256)
+        return (prefix << 8) | b.to(tl.uint32), above + up
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _carry8_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        LEVEL: tl.constexpr,
+        BLOCK: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`_radix8_kernel` with the threshold carried: the digits found so far read from the pass before, one
+        histogram searched, the result left for the next pass (by program 0). From the third pass program 0 zeroes
+        the histogram two levels up (read only by the pass before, complete), so no memset is needed."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        key, valid = _carry_keys(score_ptr, row, length, offs, USE_GDC, LEVEL > 2)
+        prefix, above = _carried(base, k, LEVEL)
+        tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
+        digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=tied)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
+        tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+        if pid == 0:
+            tl.store(base + _CARRY_AT + 2 * (LEVEL - 2), prefix.to(tl.int32))
+            tl.store(base + _CARRY_AT + 1 + 2 * (LEVEL - 2), above)
+            if LEVEL > 2:
+                tl.store(base + (LEVEL - 3) * 256 + tl.arange(0, 256), tl.zeros([256], tl.int32))
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _compact8_carry_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        idx_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        TAIL: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`_compact8_kernel` on the carried threshold. Program 0 zeroes the third histogram; the last program to
+        finish (the ticket) zeroes the fourth, the counters, the carries and the ticket: the workspace is zero for
+        the next step."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        key, valid = _carry_keys(score_ptr, row, length, offs, USE_GDC, True)
+        threshold, n_above = _carried(base, k, 5)
+        done = _compact_keys(key, valid, base + 4 * 256, idx_ptr, row, k, offs, threshold, n_above, USE_GDC, True)
+        bins = tl.arange(0, 256)
+        if pid == 0:
+            tl.store(base + 2 * 256 + bins, tl.zeros([256], tl.int32))
+        if done == tl.num_programs(0) - 1:  # every other program is done with the workspace
+            tl.store(base + 3 * 256 + bins, tl.zeros([256], tl.int32))
+            tail = tl.arange(0, TAIL)
+            tl.store(base + 4 * 256 + tail, tl.zeros([TAIL], tl.int32), mask=tail < WORK - 4 * 256)
+
+
+@dataclass(frozen=True)
 class DsaWorkspace:
     """Preallocated scores, radix workspace and selected indices of one shape (a captured graph allocates
     nothing)."""
@@ -313,7 +441,7 @@ class DsaWorkspace:
     scores: torch.Tensor
     """[rows, length] fp32."""
     work: torch.Tensor
-    """[rows, work ints] int32: histograms and counters, zeroed each call."""
+    """[rows, work ints] int32: histograms and counters, zero before each step (`dsa_prepare`)."""
     indices: torch.Tensor
     """[rows, min(length, topk)] int32; where the context holds no more than `topk` tokens, every position (filled
     once: no selection runs)."""
@@ -366,10 +494,9 @@ def dsa_workspace(
         indices = torch.empty(rows, k, device=device, dtype=torch.int32)
     else:
         indices = torch.arange(length, device=device, dtype=torch.int32).expand(rows, length).contiguous()
-    ints = WORK8_INTS if scheme == "radix8" else WORK_INTS
     return DsaWorkspace(
         torch.empty(rows, length, device=device, dtype=torch.float32),
-        torch.zeros(rows, ints, device=device, dtype=torch.int32),
+        torch.zeros(rows, SCHEME_INTS[scheme], device=device, dtype=torch.int32),  # zero: what `SELF_ZEROING` needs
         indices,
         selects,
         per,
@@ -390,14 +517,15 @@ def dsa_scores(
     q_len: int = 1,
 ) -> torch.Tensor:
     """Indexer scores [R, L] fp32 into `work.scores` (and the first radix histogram into `work.work`, which must be
-    zero): q [R, Hi, Di] bf16, weights [R, Hi] fp32, keys [B, L, Di] float8_e4m3fn, key_scales [B, L] fp32."""
+    zero: `dsa_prepare`): q [R, Hi, Di] bf16, weights [R, Hi] fp32, keys [B, L, Di] float8_e4m3fn, key_scales [B, L]
+    fp32."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
     rows, heads, dim = q.shape
     batch, length, kdim = keys.shape
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
-    radix8 = work.scheme == "radix8"
+    radix8 = work.scheme != "radix11"
     launch(
         _score_kernel,
         (work.score_programs, rows),
@@ -421,14 +549,23 @@ def dsa_scores(
         SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
         F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
         F16=work.f16,
+        HIST=work.selects,  # no selection: no histogram (nothing would read it, nor zero it for `SELF_ZEROING`)
         pdl=True,
     )
     return work.scores
 
 
+def dsa_prepare(work: DsaWorkspace) -> None:
+    """What the scheme needs before a step's `dsa_scores`: the workspace's memset, except for `SELF_ZEROING`
+    schemes, whose passes leave it zero (it was allocated zero)."""
+    if work.scheme not in SELF_ZEROING:
+        work.work.zero_()
+
+
 def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     """The top-`topk` token positions of each row of `work.scores` into `work.indices` (after `dsa_scores`):
-    `DIGITS` − 1 more histogram passes and the compaction for `radix8`, two and the compaction for `radix11`."""
+    `DIGITS` − 1 more histogram passes and the compaction for `radix8` and `radix8-carry`, two and the compaction
+    for `radix11`."""
     rows, length = work.scores.shape
     if not work.selects:
         return work.indices
@@ -443,6 +580,17 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
         launch(
             _compact8_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block,
             pdl=True,
+        )  # fmt: skip
+        return work.indices
+    if work.scheme == "radix8-carry":
+        for level in range(2, DIGITS + 1):
+            launch(
+                _carry8_kernel, grid, work.scores, work.work, length, topk, WORK=CARRY8_INTS, LEVEL=level,
+                BLOCK=block, pdl=True,
+            )  # fmt: skip
+        launch(
+            _compact8_carry_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=CARRY8_INTS,
+            BLOCK=block, TAIL=next_pow2(CARRY8_INTS - DIGITS * DIGIT_BINS), pdl=True,
         )  # fmt: skip
         return work.indices
     sizes = {"WORK": WORK_INTS, "BLOCK": block, "B1": BINS[0], "B2": BINS[1], "B3": BINS[2]}
@@ -462,10 +610,10 @@ def dsa_topk(
     q_len: int = 1,
     work: DsaWorkspace | None = None,
 ) -> torch.Tensor:
-    """Scores and selection in one call: [R, min(L, topk)] int32 token positions (the workspace zeroed first)."""
+    """Scores and selection in one call: [R, min(L, topk)] int32 token positions (`dsa_prepare` first)."""
     if work is None:
         work = dsa_workspace(q.shape[0], keys.shape[1], topk, q.device)
-    work.work.zero_()
+    dsa_prepare(work)
     dsa_scores(q, weights, keys, key_scales, work, q_len=q_len)
     return dsa_select(work, topk)
 
