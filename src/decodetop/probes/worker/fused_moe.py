@@ -22,6 +22,16 @@ Splitting the reduction (`Tiles.split_k`) gives a shape with few output rows per
 HBM busy: DeepSeek-V3's TP-8 slice has 8 slots × 512 gate/up rows, 128 programs of 32 rows for 132 SMs, and read
 45 % of copy bandwidth on an H200 unsplit (docs/benchmarks.md, "Kernels").
 
+No memsets: the split reductions add onto fp32 workspaces (`h`, `ys`) that hold zeros, allocated once with
+`torch.zeros`; the combine kernel, the last of the three, writes zeros over each element of them once it is read
+(ys by itself, h by the down kernel before it), so the next call finds them zero. Two memsets a step were graph
+nodes that are not kernels, which PDL does not cross (DeepSeek-V3's TP-8 slice at 31.0 µs, 67 % of copy:
+docs/benchmarks.md, "Kernels, fourth round"). `fused_moe(..., memsets=True)` keeps the earlier form for timing it.
+
+gate_up has a second form, `_gate_up_mma_kernel` (`Tiles.mma`): the slot's token padded to 16 rows and the
+products taken by `tl.dot`, so that Triton pipelines the weight tiles' loads (`num_stages`), which it does for no
+load of the reduction form's loop (products reduced, not dotted). The tuner times both forms.
+
 Expert ids and weights are tensors on the device, so the three are CUDA-graph replayable with any routing. Weights
 are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` stores them and as the torch path
 allocates them. `reference_moe` is the same computation in plain torch (CPU-testable); the runner checks the kernel
@@ -426,7 +436,7 @@ def _launch_options(tiles: Tiles) -> dict[str, int]:
     return options
 
 
-def launch_gate_up(  # noqa: PLR0917 - the kernel's tensors, in its order
+def launch_gate_up(
     x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: torch.Tensor, grid: Grid, *, memset: bool = False
 ) -> None:
     """The gate_up kernel alone (the tuner times it by itself), in its `tl.dot` form where the tiles say `mma`; a

@@ -5,9 +5,9 @@ and read back on the next run, so a shape is tuned once per GPU model.
 The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits, mma], "down": [...],
 "gate_up_us": …, "down_us": …, "tried": n}}} (mma 1: the gate_up kernel's `tl.dot` form). Entries of three numbers
 (from before stages and splits) read as Triton's default stages and one split, entries of five (from before the
-`tl.dot` form) as the reduction form; writes have six. Writes take an advisory lock beside the file, re-read and merge, then
-replace the file atomically, so two probe processes keep each other's entries; an unreadable or malformed store is
-ignored (the shape is tuned again) and left in place, never overwritten.
+`tl.dot` form) as the reduction form; writes have six. Writes take an advisory lock beside the file, re-read and
+merge, then replace the file atomically, so two probe processes keep each other's entries; an unreadable or
+malformed store is ignored (the shape is tuned again) and left in place, never overwritten.
 """
 
 from __future__ import annotations
@@ -73,11 +73,12 @@ class Tiles:
 #: second round. (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of this loop, whose
 #: products are reduced, not dotted.)
 #: The gate_up kernel's `tl.dot` form (`Tiles.mma`): 16–64 rows (the gate_up rows of the reduction form's
-#: candidates that are whole MMA tiles) over 128–512 elements per step in 3–4 pipeline stages, whole or split in 2–4, for the shapes with few rows per slot whose reduction loop
-#: keeps one tile in flight per program (DeepSeek-V3's TP-8 slice at 67 % of copy bandwidth on an H200 with the
-#: reduction form: docs/benchmarks.md, "Kernels"). Each stage holds the padded token and the gate and up tiles in
-#: shared memory, (16 + 2·rows) · step · 2 B: the largest here (16×512 in 3 stages, 64×128 in 4) are 144 KiB of the
-#: 227 KB a block may hold on sm_90 (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability":
+#: candidates that are whole MMA tiles) over 128–512 elements per step in 3–4 pipeline stages, whole or split in
+#: 2–4, for the shapes with few rows per slot whose reduction loop keeps one tile in flight per program
+#: (DeepSeek-V3's TP-8 slice at 67 % of copy bandwidth on an H200 with the reduction form: docs/benchmarks.md,
+#: "Kernels, fourth round"). Each stage holds the padded token and the gate and up tiles in shared memory,
+#: (16 + 2·rows) · step · 2 B: the largest here (16×512 in 3 stages, 64×128 in 4) are 144 KiB of the 227 KB a block
+#: may hold on sm_90 (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability":
 #: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications); a tile
 #: that does not fit a GPU fails to compile and the tuner skips it.
 MMA_CANDIDATES = (
@@ -198,7 +199,9 @@ def _tiles(value: object) -> Tiles | None:
         return None
     if len(value) == 6 and value[5] not in (0, 1):
         return None
-    return Tiles(*value[:5], mma=len(value) == 6 and value[5] == 1)
+    rows, step, warps, *rest = value
+    stages, splits = rest[:2] if rest else (0, 1)
+    return Tiles(rows, step, warps, stages, splits, mma=len(value) == 6 and value[5] == 1)
 
 
 def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
