@@ -41,6 +41,7 @@ PDL_KERNELS = {
     "_radix_pass_kernel",
     "_compact_kernel",
     "_gate_up_kernel",
+    "_gate_up_mma_kernel",
     "_down_kernel",
     "_combine_kernel",
 }

@@ -228,7 +228,7 @@ MMA = LAYER + textwrap.dedent(
     plain = Tiles(16, 256)
     for shape, dtype, tried in [
         ((1, 300, 80, 6, 2), torch.bfloat16, MMA_CANDIDATES),  # tails: 300 % 128 and 80 % 32 masked
-        ((2, 200, 48, 4, 3), torch.float32, MMA_CANDIDATES[:2]),  # two tokens: each slot its own padded row
+        ((2, 256, 48, 4, 3), torch.float32, MMA_CANDIDATES[:2]),  # whole steps (no mask along k); two tokens
     ]:
         args, want = layer(*shape, dtype)
         for tiles in tried:

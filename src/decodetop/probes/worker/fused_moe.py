@@ -168,6 +168,7 @@ if HAVE_TRITON:
         block_n: tl.constexpr,
         block_k: tl.constexpr,
         split: tl.constexpr,
+        even_k: tl.constexpr,
         MMA_M: tl.constexpr,  # noqa: N803 - tl.dot's rows, as the other dot kernels name their block shapes
         F32_DOT: tl.constexpr,  # noqa: N803 - `kernels.common.interpreted`: the interpreter's dots in fp32
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
@@ -192,11 +193,17 @@ if HAVE_TRITON:
         k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
         for k0 in range(ks * k_chunk, k_end, block_k):
             offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < k_end
-            xv = tl.load(x_ptr + token * hidden + offs_k[None, :] + 0 * rows, mask=first & mask_k[None, :], other=0.0)
-            mask = mask_n[:, None] & mask_k[None, :]
-            wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0)
-            wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0)
+            x_rows = x_ptr + token * hidden + offs_k[None, :] + 0 * rows
+            if even_k:  # masks constant along k: whole vectors, which Triton's pipeliner needs to stage a load
+                xv = tl.load(x_rows, mask=first, other=0.0)
+                wg = tl.load(w_gate + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+                wu = tl.load(w_up + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            else:
+                mask_k = offs_k < k_end
+                xv = tl.load(x_rows, mask=first & mask_k[None, :], other=0.0)
+                mask = mask_n[:, None] & mask_k[None, :]
+                wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0)
+                wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0)
             if F32_DOT:
                 xv = xv.to(tl.float32)
                 wg = wg.to(tl.float32)
@@ -448,7 +455,8 @@ def launch_gate_up(
     if splits > 1 and memset:
         h.zero_()
     programs = (*grid.gate_up, splits)
-    mma = {"MMA_M": MMA_M, "F32_DOT": interpreted()} if tiles.mma else {}
+    even_k = hidden % tiles.block_k == 0  # every split's end then a whole step (`_k_chunk`)
+    mma = {"even_k": even_k, "MMA_M": MMA_M, "F32_DOT": interpreted()} if tiles.mma else {}
     launch(
         _gate_up_mma_kernel if tiles.mma else _gate_up_kernel,
         programs,

@@ -76,9 +76,10 @@ class Tiles:
 #: candidates that are whole MMA tiles) over 128–512 elements per step in 3–4 pipeline stages, whole or split in
 #: 2–4, for the shapes with few rows per slot whose reduction loop keeps one tile in flight per program
 #: (DeepSeek-V3's TP-8 slice at 67 % of copy bandwidth on an H200 with the reduction form: docs/benchmarks.md,
-#: "Kernels, fourth round"). Each stage holds the padded token and the gate and up tiles in shared memory,
-#: (16 + 2·rows) · step · 2 B: the largest here (16×512 in 3 stages, 64×128 in 4) are 144 KiB of the 227 KB a block
-#: may hold on sm_90 (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability":
+#: "Kernels, fourth round"). Each stage in flight holds the padded token and the gate and up tiles in shared memory,
+#: (16 + 2·rows) · step · 2 B, and Triton 3.9 keeps stages − 1 of them (compiled for sm_90 on the CPU: 36–108 KiB
+#: here, the most for 64×128 in 4 stages) of the 227 KB a block may hold on sm_90 (CUDA C++ Programming Guide,
+#: "Technical Specifications per Compute Capability":
 #: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications); a tile
 #: that does not fit a GPU fails to compile and the tuner skips it.
 MMA_CANDIDATES = (
