@@ -29,8 +29,9 @@ nodes that are not kernels, which PDL does not cross (DeepSeek-V3's TP-8 slice a
 docs/benchmarks.md, "Kernels, fourth round"). `fused_moe(..., memsets=True)` keeps the earlier form for timing it.
 
 gate_up has a second form, `_gate_up_mma_kernel` (`Tiles.mma`): the slot's token padded to 16 rows and the
-products taken by `tl.dot`, so that Triton pipelines the weight tiles' loads (`num_stages`), which it does for no
-load of the reduction form's loop (products reduced, not dotted). The tuner times both forms.
+products taken by `tl.dot`, so that Triton pipelines the weight tiles' loads (`num_stages`; cp.async in the sm_90
+PTX where the hidden width is whole steps, unmasked along k), which it does for no load of the reduction form's
+loop (products reduced, not dotted). The tuner times both forms.
 
 Expert ids and weights are tensors on the device, so the three are CUDA-graph replayable with any routing. Weights
 are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` stores them and as the torch path

@@ -63,23 +63,14 @@ class Tiles:
         return out + (" mma" if self.mma else "")
 
 
-#: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–1024
-#: elements per step, the ranges vLLM's fused_moe configs use at small M
-#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
-#: then longer steps and split reductions, for the projections that one tile in flight per program or too few
-#: programs left under copy bandwidth on an H200 (Mixtral's down projection at 67 %, DeepSeek-V3's TP-8 slice at
-#: 45 %: docs/benchmarks.md, "Kernels"); then fewer rows over longer steps (more bytes in flight per program, the
-#: loop being unpipelined) for Qwen3-235B's 1536-wide and Mixtral's TP-2 projections, at 85–88 % of copy in the
-#: second round. (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of this loop, whose
-#: products are reduced, not dotted.)
 #: The gate_up kernel's `tl.dot` form (`Tiles.mma`): 16–64 rows (the gate_up rows of the reduction form's
 #: candidates that are whole MMA tiles) over 128–512 elements per step in 3–4 pipeline stages, whole or split in
 #: 2–4, for the shapes with few rows per slot whose reduction loop keeps one tile in flight per program
 #: (DeepSeek-V3's TP-8 slice at 67 % of copy bandwidth on an H200 with the reduction form: docs/benchmarks.md,
 #: "Kernels, fourth round"). Each stage in flight holds the padded token and the gate and up tiles in shared memory,
 #: (16 + 2·rows) · step · 2 B, and Triton 3.9 keeps stages − 1 of them (compiled for sm_90 on the CPU: 36–108 KiB
-#: here, the most for 64×128 in 4 stages) of the 227 KB a block may hold on sm_90 (CUDA C++ Programming Guide,
-#: "Technical Specifications per Compute Capability":
+#: over BF16 weights, the most for 64×128 in 4 stages; 216 KiB over FP32) of the 227 KB a block may hold on sm_90
+#: (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability":
 #: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications); a tile
 #: that does not fit a GPU fails to compile and the tuner skips it.
 MMA_CANDIDATES = (
@@ -93,7 +84,15 @@ MMA_CANDIDATES = (
     Tiles(16, 128, 4, 4, 4, True),
     Tiles(64, 128, 8, 3, 1, True),
 )
-#: Tiles the tuner tries per kernel (the `mma` ones for gate_up only).
+#: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–1024
+#: elements per step, the ranges vLLM's fused_moe configs use at small M
+#: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
+#: then longer steps and split reductions, for the projections that one tile in flight per program or too few
+#: programs left under copy bandwidth on an H200 (Mixtral's down projection at 67 %, DeepSeek-V3's TP-8 slice at
+#: 45 %: docs/benchmarks.md, "Kernels"); then fewer rows over longer steps (more bytes in flight per program, the
+#: loop being unpipelined) for Qwen3-235B's 1536-wide and Mixtral's TP-2 projections, at 85–88 % of copy in the
+#: second round. (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of this loop, whose
+#: products are reduced, not dotted.) Last, the `mma` ones, for gate_up only.
 TILE_CANDIDATES = (
     Tiles(8, 256),
     Tiles(16, 256),
