@@ -55,6 +55,7 @@ from decodetop.probes.worker.context import ProbeContext  # noqa: E402
 from decodetop.probes.worker.kernels import common, dsa, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
+from decodetop.probes.worker.kernels import tiles as tile_store  # noqa: E402
 from decodetop.probes.worker.kernels.tiles import Tiles  # noqa: E402
 from decodetop.probes.worker.ops import OpRunner, time_runner  # noqa: E402
 from decodetop.probes.worker.timing import time_events  # noqa: E402
@@ -403,17 +404,19 @@ LAST_ROUND_TILES = {
 }
 
 
-def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None) -> dict[str, Any]:
-    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed."""
+def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None, *, memsets: bool = False) -> dict[str, Any]:
+    """The kernels with fixed tiles (None: `pick_block_n`'s default) on the probe's tensors, checked, timed
+    (`memsets`: the earlier form, a memset before each split kernel)."""
     experts, bufs, w_bytes = fm._moe_tensors(key, ctx(), rotate=True)
+    call = partial(fm.fused_moe, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles, memsets=memsets)
 
     def run(experts=experts, bufs=bufs) -> torch.Tensor:
         w13, w2 = experts.next()
-        return fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
+        return call(bufs.x, w13, w2, bufs.ids, bufs.wts)
 
     w13, w2 = experts.items[0]
     bufs.out.fill_(float("nan"))
-    got = fm.fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
+    got = call(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
     want = fm.reference_moe(bufs.x, w13, w2, bufs.ids, bufs.wts).float()
     err = float((got - want).abs().max())
     if not err <= fm.CHECK_RTOL * float(want.abs().max()):
@@ -421,9 +424,19 @@ def _moe_fixed(key: MoeKey, tiles: tuple[Tiles, Tiles] | None) -> dict[str, Any]
     return timed(OpRunner(run, w_bytes, 0.0, len(experts), weight_bytes=w_bytes))
 
 
+def _tuned_tiles(key: MoeKey) -> tuple[Tiles, Tiles] | None:
+    """The tiles the runner chose for `key` on this GPU (the tile store; None under --smoke: nothing is tuned)."""
+    if SMOKE:
+        return None
+    shape = tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype)
+    found = tile_store.lookup(torch.cuda.get_device_name(0), shape)
+    return (found.gate_up, found.down) if found is not None else None
+
+
 def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     """Each MoE shape: tiles tuned over the new candidates (the probe's runner, tile store under the state dir),
-    then last round's tiles and the default tiles through the same kernels."""
+    the same tiles with the memsets of the earlier form (`tuned_memsets_us`: what dropping them saved), then last
+    round's tiles and the default tiles through the same kernels."""
     rows = []
     shapes = [
         ("MoE Mixtral-8x7B TP1", MoeKey(1, 2, 8, 2, 4096, 14336, "bf16", 0)),
@@ -445,6 +458,8 @@ def moe_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
             row.update(timed_modes(partial(fm.fused_moe_runner, key, ctx(), rotate=True)))
             row["tune_s"] = row.pop("build_s")  # the first build tunes the tiles, the next reads them back
             with first_mode():
+                row["tuned_memsets_us"] = _moe_fixed(key, _tuned_tiles(key), memsets=True)["us"]
+                free()
                 if label in LAST_ROUND_TILES:
                     row["last_round_tiles_us"] = _moe_fixed(key, LAST_ROUND_TILES[label])["us"]
                     free()
@@ -524,7 +539,8 @@ def table(out: dict[str, Any], copy: float) -> str:
     for r in out.get("moe", []):
         lines.append(
             f"{r['component']:<22} {f(r.get('weight_mib'), 0):>4}MiB {f(r.get('us')):>7} "
-            f"no-PDL {f(r.get('no_pdl_us'))} last {f(r.get('last_round_tiles_us'))} "
+            f"no-PDL {f(r.get('no_pdl_us'))} memsets {f(r.get('tuned_memsets_us'))} "
+            f"last {f(r.get('last_round_tiles_us'))} "
             f"default {f(r.get('default_tiles_us'))} {f(r.get('copy_pct'), 0)}% "
             f"{r.get('error', r.get('note', ''))[-70:]}"
         )

@@ -218,8 +218,9 @@ def check_rope(big: bool = False) -> None:
 
 
 def check_moe(big: bool = False) -> None:
-    """The fused-MoE kernels with every tile the tuner tries (split reductions and tails included), BF16 and FP8
-    experts, against the torch reference."""
+    """The fused-MoE kernels with every tile the tuner tries (split reductions, tails and gate_up's `tl.dot` form
+    included; `fused_moe._candidate_pairs`), BF16 and FP8 experts, against the torch reference: two steps on the
+    same workspaces, zero after each (no memsets), then the earlier form with memsets."""
     d = _dev()
     shapes = [(1, 300, 80, 6, 2)]
     if big:
@@ -232,11 +233,20 @@ def check_moe(big: bool = False) -> None:
             ids = fused_moe.routed_ids(tokens, top_k, n_exp, d)
             wts = torch.rand(tokens, top_k, device=d) + 0.1
             want = fused_moe.reference_moe(x, w13, w2, ids, wts).float()
-            for t in tiles.TILE_CANDIDATES:
-                out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
-                got = fused_moe.fused_moe(x, w13, w2, ids, wts, out=out, tiles=(t, t)).float()
-                err = float((got - want).abs().max())
-                assert err <= 0.02 * float(want.abs().max()), f"moe {t.text} {dtype} {hidden=} {inter=}: {err:.3g}"
+            h = torch.zeros(tokens * top_k, 2 * inter, device=d)
+            ys = torch.zeros(tokens * top_k, hidden, device=d)
+            for up, down in fused_moe._candidate_pairs():
+                for step in range(2):
+                    out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
+                    got = fused_moe.fused_moe(x, w13, w2, ids, wts, h=h, ys=ys, out=out, tiles=(up, down)).float()
+                    err = float((got - want).abs().max())
+                    what = f"moe {up.text} / {down.text} {dtype} {hidden=} {inter=} step {step}"
+                    assert err <= 0.02 * float(want.abs().max()), f"{what}: {err:.3g}"
+                    assert not h.any() and not ys.any(), f"{what}: workspaces not zero after the step"
+            split = tiles.Tiles(16, 256, 4, 0, 2)
+            got = fused_moe.fused_moe(x, w13, w2, ids, wts, tiles=(split, split), memsets=True).float()
+            err = float((got - want).abs().max())
+            assert err <= 0.02 * float(want.abs().max()), f"moe with memsets {dtype} {hidden=} {inter=}: {err:.3g}"
 
 
 CHECKS: dict[str, Callable[[bool], None]] = {

@@ -157,13 +157,96 @@ INTERPRETED = textwrap.dedent(
 
 
 def test_triton_kernels_match_the_reference_under_the_interpreter() -> None:
+    _interpreted(INTERPRETED)
+
+
+def _interpreted(script: str) -> None:
+    """`script` in a fresh Python under Triton's interpreter (set before Triton is imported); it prints 'ok'."""
     require_module("triton", "the test extra installs Triton; its interpreter runs the fused-MoE kernels on the CPU")
     env = subprocess_env(pythonpath=tuple(Path(p) for p in sys.path if p), TRITON_INTERPRET="1")
     done = subprocess.run(
-        [sys.executable, "-c", INTERPRETED], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("ok")
+
+
+#: Shared by the two scripts below: one layer's inputs and its reference.
+LAYER = textwrap.dedent(
+    """
+    import torch
+    from decodetop.probes.worker import fused_moe as fm
+    from decodetop.probes.worker.kernels.tiles import MMA_CANDIDATES, Tiles
+    torch.manual_seed(0)
+
+    def layer(tokens, hidden, inter, n_exp, top_k, dtype):
+        x = torch.randn(tokens, hidden).to(dtype)
+        w13 = (torch.randn(n_exp, 2 * inter, hidden) * 0.05).to(dtype)
+        w2 = (torch.randn(n_exp, hidden, inter) * 0.05).to(dtype)
+        ids = fm.routed_ids(tokens, top_k, n_exp, torch.device("cpu"))
+        wts = torch.rand(tokens, top_k) + 0.1
+        return (x, w13, w2, ids, wts), fm.reference_moe(x, w13, w2, ids, wts).float()
+
+    def close(got, want):
+        err = (got.float() - want).abs().max().item()
+        return err <= 0.02 * want.abs().max().item()
+    """
+)
+
+MEMSET_FREE = LAYER + textwrap.dedent(
+    """
+    SPLIT_UP, SPLIT_DOWN = Tiles(16, 128, 4, 0, 2), Tiles(16, 32, 4, 0, 2)  # both reductions split: atomics
+    for shape, dtype in [((1, 300, 80, 6, 2), torch.bfloat16), ((2, 256, 48, 4, 2), torch.float32)]:
+        args, want = layer(*shape, dtype)
+        tokens, hidden, inter, _, top_k = shape
+        for tiles in (None, (SPLIT_UP, SPLIT_DOWN), (Tiles(16, 128, 4, 2, 2, mma=True), SPLIT_DOWN)):
+            h = torch.zeros(tokens * top_k, 2 * inter)
+            ys = torch.zeros(tokens * top_k, hidden)
+            outs = []
+            for step in range(2):  # the second step's split reductions add onto what the first left
+                out = torch.full((tokens, hidden), float("nan"), dtype=dtype)
+                outs.append(fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles))
+                assert close(outs[-1], want), (tiles, step)
+                assert not h.any() and not ys.any(), (tiles, step)  # zero again, without a memset
+            assert torch.equal(outs[0], outs[1]), tiles
+        # The earlier form: memsets before the split kernels, so any workspace contents do; it leaves them dirty.
+        h = torch.full((tokens * top_k, 2 * inter), 3.0)
+        ys = torch.full((tokens * top_k, hidden), 3.0)
+        got = fm.fused_moe(*args, h=h, ys=ys, tiles=(SPLIT_UP, SPLIT_DOWN), memsets=True)
+        assert close(got, want) and ys.any()
+    print("ok")
+    """
+)
+
+
+def test_memset_free_steps_give_the_reference_and_leave_the_workspaces_zero() -> None:
+    _interpreted(MEMSET_FREE)
+
+
+MMA = LAYER + textwrap.dedent(
+    """
+    plain = Tiles(16, 256)
+    for shape, dtype, tried in [
+        ((1, 300, 80, 6, 2), torch.bfloat16, MMA_CANDIDATES),  # tails: 300 % 128 and 80 % 32 masked
+        ((2, 256, 48, 4, 3), torch.float32, MMA_CANDIDATES[:2]),  # whole steps (no mask along k); two tokens
+    ]:
+        args, want = layer(*shape, dtype)
+        for tiles in tried:
+            assert tiles.mma
+            assert close(fm.fused_moe(*args, tiles=(tiles, plain)), want), tiles
+    try:
+        fm.fused_moe(*args, tiles=(plain, MMA_CANDIDATES[0]))
+    except ValueError as exc:
+        assert "no tl.dot form" in str(exc)
+    else:
+        raise AssertionError("the down kernel took mma tiles")
+    print("ok")
+    """
+)
+
+
+def test_the_gate_up_dot_form_matches_the_reference() -> None:
+    _interpreted(MMA)
 
 
 @pytest.mark.gpu

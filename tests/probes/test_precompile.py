@@ -90,9 +90,11 @@ def test_moe_collects_every_candidate_tile_until_a_choice_is_stored() -> None:
     assert isinstance(key, MoeKey)
     build = [partial(fused_moe.launch_triton_once, key, "Test GPU")]
     first, _ = precompile.collect(_cpu(), build)
-    by_kernel = {name: sum(1 for r in first if r.name == name) for name in ("_gate_up_kernel", "_down_kernel")}
-    every = len(tile_store.TILE_CANDIDATES)  # at these widths each candidate is its own specialization
-    assert by_kernel == {"_gate_up_kernel": every, "_down_kernel": every}
+    names = ("_gate_up_kernel", "_gate_up_mma_kernel", "_down_kernel")
+    by_kernel = {name: sum(1 for r in first if r.name == name) for name in names}
+    mma = len(tile_store.MMA_CANDIDATES)  # at these widths each candidate is its own specialization
+    plain = len(tile_store.TILE_CANDIDATES) - mma  # the down kernel has no tl.dot form
+    assert mma and by_kernel == {"_gate_up_kernel": plain, "_gate_up_mma_kernel": mma, "_down_kernel": plain}
     chosen = tile_store.TileChoice(tile_store.TILE_CANDIDATES[0], tile_store.TILE_CANDIDATES[1], 1.0, 1.0, 2, False)
     tile_store.remember("Test GPU", tile_store.shape_id(2, 2, 4096, 2048, "bf16"), chosen)
     stored, _ = precompile.collect(_cpu(), build)

@@ -22,6 +22,17 @@ Splitting the reduction (`Tiles.split_k`) gives a shape with few output rows per
 HBM busy: DeepSeek-V3's TP-8 slice has 8 slots × 512 gate/up rows, 128 programs of 32 rows for 132 SMs, and read
 45 % of copy bandwidth on an H200 unsplit (docs/benchmarks.md, "Kernels").
 
+No memsets: the split reductions add onto fp32 workspaces (`h`, `ys`) that hold zeros, allocated once with
+`torch.zeros`; the combine kernel, the last of the three, writes zeros over each element of them once it is read
+(ys by itself, h by the down kernel before it), so the next call finds them zero. Two memsets a step were graph
+nodes that are not kernels, which PDL does not cross (DeepSeek-V3's TP-8 slice at 31.0 µs, 67 % of copy:
+docs/benchmarks.md, "Kernels, fourth round"). `fused_moe(..., memsets=True)` keeps the earlier form for timing it.
+
+gate_up has a second form, `_gate_up_mma_kernel` (`Tiles.mma`): the slot's token padded to 16 rows and the
+products taken by `tl.dot`, so that Triton pipelines the weight tiles' loads (`num_stages`; cp.async in the sm_90
+PTX where the hidden width is whole steps, unmasked along k), which it does for no load of the reduction form's
+loop (products reduced, not dotted). The tuner times both forms.
+
 Expert ids and weights are tensors on the device, so the three are CUDA-graph replayable with any routing. Weights
 are `[E, 2·I, H]` (gate rows, then up rows) and `[E, H, I]`, as `nn.Linear` stores them and as the torch path
 allocates them. `reference_moe` is the same computation in plain torch (CPU-testable); the runner checks the kernel
@@ -51,7 +62,14 @@ from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
-from decodetop.probes.worker.kernels.common import launch, pdl_enabled, sm_count, torch_kernel, triton_kernel
+from decodetop.probes.worker.kernels.common import (
+    interpreted,
+    launch,
+    pdl_enabled,
+    sm_count,
+    torch_kernel,
+    triton_kernel,
+)
 from decodetop.probes.worker.kernels.tiles import Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
@@ -69,6 +87,11 @@ except ImportError:  # CPU-only torch wheels ship no Triton
 #: (a batch-1 layer is a weight stream: enough programs in flight keep HBM busy; fewer, larger blocks cost less
 #: per program where there is plenty of work, as Mixtral's 7168-wide gate_up).
 BLOCK_N_CHOICES = (32, 16, 8)
+#: Rows of the gate_up kernel's `tl.dot` form: the token padded to the M of the tensor cores' BF16 MMA tile
+#: (`mma.sync.m16n8k16`, PTX ISA "Warp-level matrix multiply-accumulate instructions":
+#: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions), which a dot
+#: of fewer rows is padded to anyway.
+MMA_M = 16
 #: Elements per program of the combine kernel (sums each token's top-k fp32 rows; a few KB per token).
 COMBINE_BLOCK = 1024
 #: Programs per SM wanted in flight (H200: 132 SMs → 528 programs).
@@ -132,6 +155,78 @@ if HAVE_TRITON:
             tl.store(row + inter + offs_n, acc_u, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gate_up_mma_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
+        x_ptr,
+        w13_ptr,
+        ids_ptr,
+        h_ptr,
+        hidden,
+        inter,
+        k_chunk,
+        stride_we,
+        stride_wn,
+        top_k: tl.constexpr,
+        block_n: tl.constexpr,
+        block_k: tl.constexpr,
+        split: tl.constexpr,
+        even_k: tl.constexpr,
+        MMA_M: tl.constexpr,  # noqa: N803 - tl.dot's rows, as the other dot kernels name their block shapes
+        F32_DOT: tl.constexpr,  # noqa: N803 - `kernels.common.interpreted`: the interpreter's dots in fp32
+        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
+    ):
+        """`_gate_up_kernel` with its products taken by `tl.dot`: the slot's token is row 0 of MMA_M rows (the
+        rest zero), so Triton pipelines the weight tiles' loads through shared memory (`num_stages`)."""
+        slot = tl.program_id(0)  # token · top_k + k
+        nb = tl.program_id(1)
+        ks = tl.program_id(2)
+        token = slot // top_k
+        if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
+            tl.extra.cuda.gdc_wait()
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        offs_n = nb * block_n + tl.arange(0, block_n)
+        mask_n = offs_n < inter
+        rows = tl.arange(0, MMA_M)[:, None]
+        first = rows == 0  # the token's row; the padding rows load nothing
+        w_gate = w13_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+        w_up = w_gate + inter * stride_wn
+        acc_g = tl.zeros([MMA_M, block_n], dtype=tl.float32)
+        acc_u = tl.zeros([MMA_M, block_n], dtype=tl.float32)
+        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
+        for k0 in range(ks * k_chunk, k_end, block_k):
+            offs_k = k0 + tl.arange(0, block_k)
+            x_rows = x_ptr + token * hidden + offs_k[None, :] + 0 * rows
+            if even_k:  # masks constant along k: whole vectors, which Triton's pipeliner needs to stage a load
+                xv = tl.load(x_rows, mask=first, other=0.0)
+                wg = tl.load(w_gate + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+                wu = tl.load(w_up + offs_k[None, :], mask=mask_n[:, None], other=0.0)
+            else:
+                mask_k = offs_k < k_end
+                xv = tl.load(x_rows, mask=first & mask_k[None, :], other=0.0)
+                mask = mask_n[:, None] & mask_k[None, :]
+                wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0)
+                wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0)
+            if F32_DOT:
+                xv = xv.to(tl.float32)
+                wg = wg.to(tl.float32)
+                wu = wu.to(tl.float32)
+            else:  # fp8 / fp16 weights against a bf16 token: the dot's operands share the token's type
+                wg = wg.to(xv.dtype)
+                wu = wu.to(xv.dtype)
+            acc_g = tl.dot(xv, tl.trans(wg), acc_g)
+            acc_u = tl.dot(xv, tl.trans(wu), acc_u)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
+        g = tl.sum(acc_g, axis=0)  # row 0: the padding rows are zero
+        u = tl.sum(acc_u, axis=0)
+        row = h_ptr + slot * 2 * inter
+        if split:
+            tl.atomic_add(row + offs_n, g, mask=mask_n)
+            tl.atomic_add(row + inter + offs_n, u, mask=mask_n)
+        else:
+            tl.store(row + offs_n, g, mask=mask_n)
+            tl.store(row + inter + offs_n, u, mask=mask_n)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _down_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
         h_ptr,
         w2_ptr,
@@ -179,22 +274,35 @@ if HAVE_TRITON:
     def _combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, sizes
         ys_ptr,
         out_ptr,
+        h_ptr,
         hidden,
+        h_row,
         top_k: tl.constexpr,
         block: tl.constexpr,
+        zero: tl.constexpr,
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
+        """Each token's top-k rows of ys summed into out; with `zero`, the ys elements it read and its share of the
+        token's h rows (`h_row` = top_k · 2I elements, read by the down kernel, done before this one) are set to
+        zero, so the next step's split reductions add onto zeros without a memset."""
         token = tl.program_id(0)
         offs = tl.program_id(1) * block + tl.arange(0, block)
         mask = offs < hidden
         acc = tl.zeros([block], dtype=tl.float32)
-        if USE_GDC:  # ys is the down kernel's
+        if USE_GDC:  # ys is the down kernel's (and h, zeroed here, its input)
             tl.extra.cuda.gdc_wait()
         for j in tl.static_range(top_k):
             acc += tl.load(ys_ptr + (token * top_k + j) * hidden + offs, mask=mask, other=0.0)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        if zero:
+            empty = tl.zeros([block], dtype=tl.float32)
+            for j in tl.static_range(top_k):
+                tl.store(ys_ptr + (token * top_k + j) * hidden + offs, empty, mask=mask)
+            for h0 in range(tl.program_id(1) * block, h_row, tl.num_programs(1) * block):
+                h_offs = h0 + tl.arange(0, block)
+                tl.store(h_ptr + token * h_row + h_offs, empty, mask=h_offs < h_row)
 
 
 def triton_unavailable(device: torch.device) -> str:
@@ -270,14 +378,18 @@ def fused_moe(
     out: torch.Tensor | None = None,
     sms: int | None = None,
     tiles: tuple[Tiles, Tiles] | None = None,
+    memsets: bool = False,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
     w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `h`
     [T·K, 2I] fp32 (the gate and up sums), `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a
-    captured graph allocates nothing. `sms`: the SM count the launch shape is sized for (default: the device's; 1
-    on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per program from
-    `pick_block_n`)."""
+    captured graph allocates nothing; `h` and `ys` must then hold zeros (`torch.zeros`), and the combine kernel
+    leaves them zero again for the next call. `sms`: the SM count the launch shape is sized for (default: the
+    device's; 1 on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per
+    program from `pick_block_n`). `memsets`: the earlier form, which zeroes a split reduction's workspace with a
+    memset before its kernel and leaves the workspaces as they are (any contents in, not zero after), for timing
+    the memsets' cost."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
     tokens, hidden = x.shape
@@ -292,18 +404,30 @@ def fused_moe(
     if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
         raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
     if h is None:
-        h = torch.empty(tokens * top_k, 2 * inter, device=x.device, dtype=torch.float32)
+        h = torch.zeros(tokens * top_k, 2 * inter, device=x.device, dtype=torch.float32)
     if ys is None:
-        ys = torch.empty(tokens * top_k, hidden, device=x.device, dtype=torch.float32)
+        ys = torch.zeros(tokens * top_k, hidden, device=x.device, dtype=torch.float32)
     if out is None:
         out = torch.empty(tokens, hidden, device=x.device, dtype=x.dtype)
     if sms is None:
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     up_t, down_t = tiles if tiles is not None else (None, None)
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
-    launch_gate_up(x, w13, ids, h, grid)
-    launch_down(h, w2, ids, weights, ys, grid)
-    launch(_combine_kernel, grid.combine, ys, out, hidden, top_k=top_k, block=COMBINE_BLOCK, pdl=True)
+    launch_gate_up(x, w13, ids, h, grid, memset=memsets)
+    launch_down(h, w2, ids, weights, ys, grid, memset=memsets)
+    launch(
+        _combine_kernel,
+        grid.combine,
+        ys,
+        out,
+        h,
+        hidden,
+        top_k * 2 * inter,
+        top_k=top_k,
+        block=COMBINE_BLOCK,
+        zero=not memsets,
+        pdl=True,
+    )
     return out
 
 
@@ -320,17 +444,22 @@ def _launch_options(tiles: Tiles) -> dict[str, int]:
     return options
 
 
-def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: torch.Tensor, grid: Grid) -> None:
-    """The gate_up kernel alone (the tuner times it by itself); a split reduction zeroes `h` first."""
+def launch_gate_up(
+    x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: torch.Tensor, grid: Grid, *, memset: bool = False
+) -> None:
+    """The gate_up kernel alone (the tuner times it by itself), in its `tl.dot` form where the tiles say `mma`; a
+    split reduction adds onto `h`, which holds zeros (`memset`: zeroed here first)."""
     tiles = grid.gate_up_tiles or Tiles(grid.gate_up_block_n)
     hidden = x.shape[1]
     chunk = _k_chunk(hidden, tiles)
     splits = -(-hidden // chunk)
-    if splits > 1:
+    if splits > 1 and memset:
         h.zero_()
     programs = (*grid.gate_up, splits)
+    even_k = hidden % tiles.block_k == 0  # every split's end then a whole step (`_k_chunk`)
+    mma = {"even_k": even_k, "MMA_M": MMA_M, "F32_DOT": interpreted()} if tiles.mma else {}
     launch(
-        _gate_up_kernel,
+        _gate_up_mma_kernel if tiles.mma else _gate_up_kernel,
         programs,
         x,
         w13,
@@ -345,20 +474,31 @@ def launch_gate_up(x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: tor
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
+        **mma,
         pdl=True,
         **_launch_options(tiles),
     )
 
 
 def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
-    h: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, ys: torch.Tensor, grid: Grid
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    ys: torch.Tensor,
+    grid: Grid,
+    *,
+    memset: bool = False,
 ) -> None:
-    """The down kernel alone (the tuner times it by itself); a split reduction zeroes `ys` first."""
+    """The down kernel alone (the tuner times it by itself); a split reduction adds onto `ys`, which holds zeros
+    (`memset`: zeroed here first). It has no `tl.dot` form: tiles that say `mma` are refused."""
     tiles = grid.down_tiles or Tiles(grid.down_block_n)
+    if tiles.mma:
+        raise ValueError(f"the down kernel has no tl.dot form: tiles {tiles.text}")
     inter = w2.shape[2]
     chunk = _k_chunk(inter, tiles)
     splits = -(-inter // chunk)
-    if splits > 1:
+    if splits > 1 and memset:
         ys.zero_()
     programs = (*grid.down, splits)
     launch(
@@ -410,7 +550,8 @@ def routed_ids(tokens: int, top_k: int, experts: int, device: torch.device) -> t
 def _tile_choice(
     key: MoeKey, ctx: ProbeContext, experts: Rotation[tuple[torch.Tensor, torch.Tensor]], bufs: _Buffers
 ) -> tile_store.TileChoice | None:
-    """The tiles of this shape on this GPU: from the tile store, else tuned now and stored (None on CPU tensors)."""
+    """The tiles of this shape on this GPU: from the tile store, else tuned now (each kernel alone, no memsets, as
+    the default path runs) and stored (None on CPU tensors)."""
     if not ctx.is_cuda:
         return None
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -436,7 +577,11 @@ def _tile_choice(
 
     gpu = torch.cuda.get_device_name(ctx.device)
     shape = tile_store.shape_id(t, k_top, h, inter, key.dtype)
-    return tile_store.choose(gpu, shape, gate_up, down)
+    try:
+        return tile_store.choose(gpu, shape, gate_up, down)
+    finally:  # each kernel was timed alone, its split reductions adding onto the last call's sums: zeros again
+        bufs.h.zero_()
+        bufs.ys.zero_()
 
 
 def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
@@ -446,7 +591,7 @@ def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
         return
     experts, bufs, _ = _moe_tensors(key, ctx, rotate=False)
     found = tile_store.lookup(gpu, tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype))
-    pairs = [(found.gate_up, found.down)] if found is not None else [(t, t) for t in tile_store.TILE_CANDIDATES]
+    pairs = [(found.gate_up, found.down)] if found is not None else _candidate_pairs()
     w13, w2 = experts.next()
     for tiles in pairs:
         fused_moe(
@@ -463,6 +608,13 @@ def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
         )
 
 
+def _candidate_pairs() -> list[tuple[Tiles, Tiles]]:
+    """(gate_up, down) tiles that launch every candidate of each kernel once: each reduction-form candidate for
+    both, each `mma` one for gate_up beside the first reduction-form down tile (the down kernel has no dot form)."""
+    plain = [t for t in tile_store.TILE_CANDIDATES if not t.mma]
+    return [(t, t) for t in plain] + [(t, plain[0]) for t in tile_store.TILE_CANDIDATES if t.mma]
+
+
 @dataclass
 class _Buffers:
     """Activations, routing and outputs of one key (preallocated: a captured graph allocates nothing)."""
@@ -471,8 +623,9 @@ class _Buffers:
     ids: torch.Tensor
     wts: torch.Tensor
     h: torch.Tensor
-    """[T·K, 2I] fp32: the gate and up sums."""
+    """[T·K, 2I] fp32: the gate and up sums (zeros between calls: the combine kernel zeroes them)."""
     ys: torch.Tensor
+    """[T·K, H] fp32: each slot's weighted down projection (zeros between calls, as h)."""
     out: torch.Tensor
 
 
@@ -545,8 +698,8 @@ def _moe_tensors(
         randn((t, h), adtype, device, std=1.0),
         routed_ids(t, k_top, active, device),
         torch.rand(t, k_top, device=device, dtype=torch.float32) + 0.1,
-        torch.empty(t * k_top, 2 * inter, device=device, dtype=torch.float32),
-        torch.empty(t * k_top, h, device=device, dtype=torch.float32),
+        torch.zeros(t * k_top, 2 * inter, device=device, dtype=torch.float32),
+        torch.zeros(t * k_top, h, device=device, dtype=torch.float32),
         torch.empty(t, h, device=device, dtype=adtype),
     )
     return experts, bufs, float(w_bytes)

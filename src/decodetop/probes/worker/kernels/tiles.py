@@ -2,11 +2,12 @@
 tile on the probe's own tensors, kept under the state directory (`decodetop.paths.state_dir()/kernel_tiles.json`),
 and read back on the next run, so a shape is tuned once per GPU model.
 
-The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits], "down": [...],
-"gate_up_us": …, "down_us": …, "tried": n}}} (entries of three numbers, from before stages and splits, read as
-Triton's default stages and one split). Writes take an advisory lock beside the file, re-read and merge, then
-replace the file atomically, so two probe processes keep each other's entries; an unreadable or malformed store is
-ignored (the shape is tuned again) and left in place, never overwritten.
+The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits, mma], "down": [...],
+"gate_up_us": …, "down_us": …, "tried": n}}} (mma 1: the gate_up kernel's `tl.dot` form). Entries of three numbers
+(from before stages and splits) read as Triton's default stages and one split, entries of five (from before the
+`tl.dot` form) as the reduction form; writes have six. Writes take an advisory lock beside the file, re-read and
+merge, then replace the file atomically, so two probe processes keep each other's entries; an unreadable or
+malformed store is ignored (the shape is tuned again) and left in place, never overwritten.
 """
 
 from __future__ import annotations
@@ -37,27 +38,52 @@ BLOCK_K = 256
 @dataclass(frozen=True)
 class Tiles:
     """Tile shape of one kernel: output rows per program, reduction elements per step, warps per program, software
-    pipeline stages (0: Triton's default) and the parts the reduction is split into (each part a program, added
-    with atomics)."""
+    pipeline stages (0: Triton's default), the parts the reduction is split into (each part a program, added
+    with atomics), and whether the gate_up kernel takes its products with `tl.dot` (`mma`: the token padded to the
+    dot's 16 rows, so Triton pipelines the weight loads through shared memory; the down kernel has no such form)."""
 
     block_n: int
     block_k: int = BLOCK_K
     num_warps: int = 4
     num_stages: int = 0
     split_k: int = 1
+    mma: bool = False
 
     def as_list(self) -> list[int]:
-        return [self.block_n, self.block_k, self.num_warps, self.num_stages, self.split_k]
+        """The store's six numbers (mma as 0 or 1)."""
+        return [self.block_n, self.block_k, self.num_warps, self.num_stages, self.split_k, int(self.mma)]
 
     @property
     def text(self) -> str:
-        """'16×512/4w', '16×512/4w/4st', '16×256/4w split 4'."""
+        """'16×512/4w', '16×512/4w/4st', '16×256/4w split 4', '32×256/4w/3st mma'."""
         out = f"{self.block_n}×{self.block_k}/{self.num_warps}w"
         if self.num_stages:
             out += f"/{self.num_stages}st"
-        return out + (f" split {self.split_k}" if self.split_k > 1 else "")
+        out += f" split {self.split_k}" if self.split_k > 1 else ""
+        return out + (" mma" if self.mma else "")
 
 
+#: The gate_up kernel's `tl.dot` form (`Tiles.mma`): 16–64 rows (the gate_up rows of the reduction form's
+#: candidates that are whole MMA tiles) over 128–512 elements per step in 3–4 pipeline stages, whole or split in
+#: 2–4, for the shapes with few rows per slot whose reduction loop keeps one tile in flight per program
+#: (DeepSeek-V3's TP-8 slice at 67 % of copy bandwidth on an H200 with the reduction form: docs/benchmarks.md,
+#: "Kernels, fourth round"). Each stage in flight holds the padded token and the gate and up tiles in shared memory,
+#: (16 + 2·rows) · step · 2 B, and Triton 3.9 keeps stages − 1 of them (compiled for sm_90 on the CPU: 36–108 KiB
+#: over BF16 weights, the most for 64×128 in 4 stages; 216 KiB over FP32) of the 227 KB a block may hold on sm_90
+#: (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability":
+#: https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#features-and-technical-specifications); a tile
+#: that does not fit a GPU fails to compile and the tuner skips it.
+MMA_CANDIDATES = (
+    Tiles(16, 256, 4, 3, 1, True),
+    Tiles(32, 256, 4, 3, 1, True),
+    Tiles(16, 512, 4, 3, 1, True),
+    Tiles(32, 128, 4, 4, 1, True),
+    Tiles(64, 128, 4, 4, 1, True),
+    Tiles(16, 256, 4, 4, 2, True),
+    Tiles(32, 256, 4, 3, 2, True),
+    Tiles(16, 128, 4, 4, 4, True),
+    Tiles(64, 128, 8, 3, 1, True),
+)
 #: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–1024
 #: elements per step, the ranges vLLM's fused_moe configs use at small M
 #: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
@@ -66,7 +92,7 @@ class Tiles:
 #: 45 %: docs/benchmarks.md, "Kernels"); then fewer rows over longer steps (more bytes in flight per program, the
 #: loop being unpipelined) for Qwen3-235B's 1536-wide and Mixtral's TP-2 projections, at 85–88 % of copy in the
 #: second round. (Deeper pipelines compile to the same code: Triton 3.9 pipelines no load of this loop, whose
-#: products are reduced, not dotted.)
+#: products are reduced, not dotted.) Last, the `mma` ones, for gate_up only.
 TILE_CANDIDATES = (
     Tiles(8, 256),
     Tiles(16, 256),
@@ -88,6 +114,7 @@ TILE_CANDIDATES = (
     Tiles(8, 1024),
     Tiles(16, 1024, 8),
     Tiles(8, 1024, 4, 0, 2),
+    *MMA_CANDIDATES,
 )
 
 
@@ -137,9 +164,9 @@ class TileChoice:
         )
 
 
-#: The kernels' version in the store's keys: choices made for an earlier kernel (v1: SiLU in gate_up, no splits) are
-#: tuned again.
-KERNEL_VERSION = 2
+#: The kernels' version in the store's keys: choices made for an earlier kernel (v1: SiLU in gate_up, no splits; v2:
+#: memsets before split reductions, no `tl.dot` form of gate_up) are tuned again.
+KERNEL_VERSION = 3
 
 
 def shape_id(tokens: int, top_k: int, hidden: int, inter: int, dtype: str) -> str:
@@ -158,12 +185,23 @@ def _read_store(path: Path) -> dict[str, Any]:
     return data
 
 
+#: How many numbers a stored tile may have: (rows, step, warps), + (stages, splits), + (mma).
+_STORED_LENGTHS = (3, 5, 6)
+
+
 def _tiles(value: object) -> Tiles | None:
-    if not isinstance(value, list) or len(value) not in (3, 5) or not all(isinstance(v, int) for v in value):
+    """A stored tile of three, five or six numbers (None: malformed)."""
+    if not isinstance(value, list) or len(value) not in _STORED_LENGTHS:
         return None
-    if min(value[:3]) < 1 or (len(value) == 5 and (value[3] < 0 or value[4] < 1)):
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value) or min(value[:3]) < 1:
         return None
-    return Tiles(*value)
+    if len(value) >= 5 and (value[3] < 0 or value[4] < 1):
+        return None
+    if len(value) == 6 and value[5] not in (0, 1):
+        return None
+    rows, step, warps, *rest = value
+    stages, splits = rest[:2] if rest else (0, 1)
+    return Tiles(rows, step, warps, stages, splits, mma=len(value) == 6 and value[5] == 1)
 
 
 def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
@@ -230,12 +268,12 @@ def tune(
     launch_down: Callable[[Tiles], Callable[[], None]],
     candidates: Sequence[Tiles] = TILE_CANDIDATES,
 ) -> TileChoice:
-    """Time every candidate tile of each kernel (CUDA events; a tile that fails to compile or run is skipped) and
-    keep the fastest of each."""
+    """Time every candidate tile of each kernel (CUDA graphs; a tile that fails to compile or run is skipped) and
+    keep the fastest of each; the `mma` candidates are gate_up's only."""
     best: list[tuple[float, Tiles]] = []
-    for launcher in (launch_gate_up, launch_down):
+    for launcher, tried in ((launch_gate_up, candidates), (launch_down, [t for t in candidates if not t.mma])):
         timed: list[tuple[float, Tiles]] = []
-        for tiles in candidates:
+        for tiles in tried:
             try:
                 timed.append((_time(launcher(tiles)), tiles))
             except Exception:
