@@ -18,7 +18,7 @@ import torch
 from decodetop.budget.keys import AttentionKey, MoeKey, parse_key_id
 from decodetop.probes.worker import attention, fused_moe
 from decodetop.probes.worker.context import ProbeContext
-from decodetop.probes.worker.kernels import common
+from decodetop.probes.worker.kernels import common, dsa
 
 GQA = (
     "attention:kind=gqa,batch=1,q_len=1,context={c},heads=64,kv_heads=8,head_dim=128,v_head_dim=128,"
@@ -68,7 +68,7 @@ def requests(pdl: bool) -> dict[str, common.CompileRequest]:
             key = parse_key_id(key_id)
             assert isinstance(key, AttentionKey)
             attention.launch_triton_once(key, key.context + 1, ctx)
-        for scheme in ("radix11", "radix8-carry"):
+        for scheme in dsa.SCHEMES[1:]:  # the default ran in launch_triton_once above
             variant = attention.AttentionVariant(dsa_scheme=scheme)
             inputs = attention._mla_inputs(dsa_key, ctx, 4097, rotate=False)
             run, _ = attention._mla_triton(inputs, ctx.device, variant)

@@ -173,7 +173,7 @@ def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero
         work.work.fill_(3)
         dsa.dsa_prepare(work)
         assert bool(work.work.any()) == (scheme in dsa.SELF_ZEROING), scheme
-    assert dsa.SCHEMES[0] == "radix8"  # the default until a device run says otherwise
+    assert dsa.SCHEMES[0] == "radix8-carry"  # the default: faster than radix8 on an H200 at 4K–128K
 
 
 @pytest.fixture

@@ -14,8 +14,8 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Three digit schemes (`SCHEMES`): `radix8`, four 8-bit digits of 256 bins (the default), `radix11`, three digits
-of 11 + 11 + 10 bits (2048 bins), and `radix8-carry` (below). Triton lowers `tl.histogram` to log2(bins) warp
+Three digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `radix8`, four 8-bit digits of 256 bins,
+and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp
 ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
 proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
 histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for
@@ -28,7 +28,8 @@ before its own: a pass leaves the threshold's digits so far and the count above 
 before they wait for the grid before (the scores' kernel is at least two grids back), and each pass zeroes what no
 later pass reads (the third the first histogram, the fourth the second, the compaction the third; the compaction's
 last program the fourth, the counters and the carries), so a step leaves the workspace zero for the next
-(`dsa_prepare`; allocated zero). Not yet the default: it waits on an H200 run against radix8.
+(`dsa_prepare`; allocated zero). On an H200 it took ~5 µs off radix8's whole DSA step at 4K, 32K and 128K (27.4 →
+22.5, 32.8 → 27.9, 43.7 → 38.9 µs; docs/benchmarks.md, "Kernels, seventh round"), so it is the default.
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
 dependent launches (six, plus the workspace's memset but for radix8-carry): each launches with programmatic
@@ -82,7 +83,7 @@ TICKET_AT = DIGITS * DIGIT_BINS + 2
 CARRY_AT = TICKET_AT + 1
 CARRY8_INTS = CARRY_AT + 2 * (DIGITS - 1)
 #: The digit schemes, the default first.
-SCHEMES = ("radix8", "radix11", "radix8-carry")
+SCHEMES = ("radix8-carry", "radix8", "radix11")
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
 SELF_ZEROING = frozenset({"radix8-carry"})
 #: Ints per row of each scheme's workspace.
