@@ -88,8 +88,11 @@ SCHEMES = ("radix8-carry", "radix8", "radix11")
 SELF_ZEROING = frozenset({"radix8-carry"})
 #: Ints per row of each scheme's workspace.
 SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY8_INTS}
-#: Scoring programs wanted per SM (each scores 1–16 tiles).
-SCORE_PROGRAMS_PER_SM = 2
+#: Scoring programs wanted per SM and their loop's pipeline stages: the fastest of 72 launch shapes at GLM-5's indexer
+#: on an H200 (`benchmarks/kernels/dsa_scores_sweep.py`; docs/benchmarks.md, "Kernels, seventh round": 13.0 µs at
+#: 128K against 14.8 for 2 per SM and 3 stages, the same at 32K).
+SCORE_PROGRAMS_PER_SM = 4
+SCORE_STAGES = 2
 
 if HAVE_TRITON:
     _CARRY_AT = tl.constexpr(CARRY_AT)
@@ -551,6 +554,7 @@ def dsa_scores(
         F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
         F16=work.f16,
         HIST=work.selects,  # no selection: no histogram (nothing would read it, nor zero it for `SELF_ZEROING`)
+        num_stages=SCORE_STAGES,
         pdl=True,
     )
     return work.scores
