@@ -7,15 +7,15 @@ writes everything to --json as each section finishes; one deadline for the whole
 order of what matters most.
 
 Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K, 32K and 128K,
-the default (the indexer's product in FP16, the `radix8-carry` top-k) beside the indexer in BF16 and radix8's top-k with
-its memset; GQA at Llama-3.1-70B's shard with an FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K
-(and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1, 128
-heads); GLM-5's DSA path in parts (scores, + top-k, under the default and radix8 with its memset; the whole attention is
-the row above); the fused-MoE kernel with its tiles tuned over the candidates against last round's tiles and the default
-tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B, DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it;
-the checks. `--skip` leaves sections out, `--only` keeps the attention and MoE rows of the components whose label holds
-one of its parts, `--variants` the attention and DSA parts rows whose variant label holds one of its parts, `--contexts`
-the attention rows at those contexts.
+the default (the indexer's product FP8 × FP8, the `radix8-carry` top-k) beside the indexer in FP16 and radix8's top-k
+with its memset; GQA at Llama-3.1-70B's shard with an FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at
+4K–128K (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1,
+128 heads); GLM-5's DSA path in parts (scores, + top-k, under the default and radix8 with its memset; the whole
+attention is the row above); the fused-MoE kernel with its tiles tuned over the candidates against last round's tiles
+and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B, DeepSeek-V3 TP 8); the rope + KV write as the kvcast
+probe times it; the checks. `--skip` leaves sections out, `--only` keeps the attention and MoE rows of the components
+whose label holds one of its parts, `--variants` the attention and DSA parts rows whose variant label holds one of its
+parts, `--contexts` the attention rows at those contexts.
 
 `--pdl both` times each attention variant and the tuned MoE kernels with programmatic dependent launch (the default
 on sm_90+, `kernels.common.pdl_enabled`) and again without (`pdl_disabled`), built and timed in each, the two side
@@ -191,8 +191,8 @@ def att_key(kind: str, context: int, **kw: Any) -> AttentionKey:
 
 FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa_select_block=2048)
 NEW = AttentionVariant()
-INDEXER_BF16 = AttentionVariant(dsa_scheme="radix8", dsa_f16=False)
-MEMSET = AttentionVariant(dsa_scheme="radix8")
+INDEXER_FP16 = AttentionVariant(dsa_q8=False)
+MEMSET = AttentionVariant(dsa_scheme="radix8", dsa_q8=False)
 
 
 def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], list[tuple[str, Any]]]]:
@@ -203,8 +203,8 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     gqa_sweep = [("default: by context", NEW), *((f"split {c.label}", AttentionVariant(gqa=c)) for c in gqa_configs)]
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
     dsa_pair = [
-        ("default: radix8-carry, select auto, indexer fp16", NEW),
-        ("radix8, select auto, indexer bf16", INDEXER_BF16),
+        ("default: radix8-carry, select auto, indexer fp8", NEW),
+        ("radix8-carry, select auto, indexer fp16", INDEXER_FP16),
         ("radix8 (memset), select auto, indexer fp16", MEMSET),
     ]
     return [
@@ -267,18 +267,19 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """GLM-5 TP-8's DSA path in parts, the default (`radix8-carry`) and `radix8` (the selection checked by the attention
-    rows' runners): the indexer scores (with the first histogram; radix8's after its workspace memset), + the radix
-    top-k, and the
-    whole attention (+ sparse MLA split and combine); each part's time is the difference of two rows."""
+    """GLM-5 TP-8's DSA path in parts, the default (FP8 indexer, `radix8-carry`) and the form before it (FP16
+    indexer, `radix8`), the selection checked by the attention rows' runners: the indexer scores (with the first
+    histogram; radix8's after its workspace memset), + the radix top-k; the whole attention (+ sparse MLA split and
+    combine) is the attention rows'; each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = {"heads": 8, "index_heads": 32, "index_head_dim": 128, "index_topk": 2048}
     for context in contexts((32768, 131072)):
         key = att_key("mla+dsa", context, **glm)
         m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
         assert m.q_idx is not None and m.w_idx is not None
-        for scheme in (dsa.SCHEMES[0], "radix8"):
-            dsa_parts(m, dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme), context, copy, rows)
+        for scheme, q8 in ((dsa.SCHEMES[0], True), ("radix8", False)):
+            work = dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme, q8=q8)
+            dsa_parts(m, work, context, copy, rows)
         del m
         free()
     out["dsa_parts"] = rows
@@ -300,10 +301,10 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
         dsa.dsa_select(work, m.attended)
 
     index_bytes = (context + 1) * (128 + 4)
-    f16 = ", indexer fp16" if work.f16 else ""
+    product = ", indexer " + ("fp8" if work.q8 else ("fp16" if work.f16 else "bf16"))
     memset = "" if work.scheme in dsa.SELF_ZEROING else "memset + "
     for name, fn in ((f"{memset}scores", scores), (f"{memset}scores + top-k", topk)):
-        variant = f"{name}{f16}, {work.scheme}"
+        variant = f"{name}{product}, {work.scheme}"
         if not (wanted_variant(variant) or (work.scheme == dsa.SCHEMES[0] and wanted_variant("default"))):
             continue
         row: dict[str, Any] = {"component": "GLM-5 TP8 DSA parts", "context": context, "variant": variant}

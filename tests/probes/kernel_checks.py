@@ -77,10 +77,11 @@ def check_dsa(big: bool = False) -> None:
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
     if big:
         cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
-    for scheme, block, f16 in [*((s, b, True) for s in dsa.SCHEMES for b in (0, 256)), (dsa.SCHEMES[0], 0, False)]:
+    products = [(dsa.SCHEMES[0], 0, True, False), (dsa.SCHEMES[0], 0, False, False)]  # FP16, BF16 products
+    for scheme, block, f16, q8 in [*((s, b, True, True) for s in dsa.SCHEMES for b in (0, 256)), *products]:
         for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
             tie = length == 3000 and topk == 1500
-            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block, f16=f16)
+            work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block, f16=f16, q8=q8)
             for step in range(2 if scheme in dsa.SELF_ZEROING else 1):  # the second on the workspace the first left
                 q = torch.randn(batch * q_len, heads, dim, device=d).to(BF16)
                 w = torch.rand(batch * q_len, heads, device=d) - (0.3 if length == 5000 else 0.0)
@@ -93,8 +94,9 @@ def check_dsa(big: bool = False) -> None:
                 if work.selects:
                     work.indices.fill_(-7)  # poisoned: every slot must be written
                 idx = dsa.dsa_topk(q, w, keys8, ks, topk, q_len=q_len, work=work)
-                what = f"dsa {scheme} select {work.select_block}{'' if f16 else ' bf16'} {length=} {topk=} {step=}"
-                ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len)
+                product = "fp8" if q8 else ("fp16" if f16 else "bf16")
+                what = f"dsa {scheme} select {work.select_block} {product} {length=} {topk=} {step=}"
+                ref = dsa.reference_scores(q, w, keys8, ks, q_len=q_len, q8=q8)
                 check_close(work.scores, ref, what + " scores", rel=1e-2)
                 k = min(length, topk)
                 assert idx.shape == (batch * q_len, k), what

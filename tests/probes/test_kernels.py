@@ -321,3 +321,48 @@ def test_the_fastest_kernel_class_of_a_key_counts_and_the_others_stay_beside_it(
     timed = builder.build().times["k"]
     assert timed.kernel == sdpa and timed.median_ms == 0.013
     assert timed.alternatives == (KernelTime(triton, 0.016),)
+
+
+FP8_INDEXER = textwrap.dedent(
+    """
+    import json, torch
+    from decodetop.probes.worker.kernels import dsa
+    torch.manual_seed(11)
+    heads, dim, length = 32, 64, 700
+    q = torch.randn(1, heads, dim).to(torch.bfloat16)
+    w = torch.rand(1, heads)
+    keys = (torch.randn(1, length, dim) * 2).to(torch.float8_e4m3fn)
+    ks = torch.rand(1, length) + 0.5
+    got = {}
+    for q8 in (True, False):
+        work = dsa.dsa_workspace(1, length, 100, torch.device("cpu"), sms=4, q8=q8)
+        dsa.dsa_prepare(work)
+        scores = dsa.dsa_scores(q, w, keys, ks, work)
+        for ref_q8 in (True, False):
+            ref = dsa.reference_scores(q, w, keys, ks, q8=ref_q8)
+            got[f"{q8}/{ref_q8}"] = float((scores - ref).norm() / ref.norm())
+    print(json.dumps(got))
+    """
+)
+
+
+def test_the_fp8_indexer_multiplies_q_quantized_per_head(tmp_path: Path) -> None:
+    """The FP8 × FP8 product (the default, `DsaWorkspace.q8`) gives the scores of q quantized per head to E4M3, not
+    the FP16 product's: each form matches its own torch form and the other only to FP8's rounding."""
+    require_module("triton", WHY)
+    got = json.loads(_python(FP8_INDEXER, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    assert got["True/True"] < 1e-5, got  # the same E4M3 values, exact products: only the sums' order differs
+    assert got["False/False"] < 2e-3, got  # the torch form's bmm rounds its products' sums to BF16
+    assert 3e-3 < got["True/False"] < 5e-2, got  # FP8's 3 mantissa bits on q: a few parts in a hundred at most
+
+
+def test_quantize_query_scales_each_head_to_e4m3s_range() -> None:
+    q = torch.randn(2, 4, 64).to(torch.bfloat16) * torch.tensor([1e-3, 1.0, 30.0, 0.0]).view(1, 4, 1)
+    w = torch.rand(2, 4)
+    q8, w8 = dsa.quantize_query(q, w)
+    peak = q8.abs().amax(-1)
+    assert torch.allclose(peak[:, :3], torch.full_like(peak[:, :3], 448.0)) and not peak[:, 3].any()
+    scale = q.float().abs().amax(-1).clamp_min(1e-12) / 448.0
+    assert torch.allclose(w8, w * scale)
+    back = q8 * scale.unsqueeze(-1)
+    assert float((back - q.float()).norm() / q.float().norm()) < 0.07  # E4M3: 3 mantissa bits

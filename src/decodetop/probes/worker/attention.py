@@ -71,7 +71,9 @@ class AttentionVariant:
     dsa_select_block: int = 0
     """Scores per program of the DSA selection passes (0: `dsa.auto_select_block`)."""
     dsa_f16: bool = True
-    """The DSA indexer's product in FP16 (`dsa.DsaWorkspace.f16`; False: in BF16, the first form)."""
+    """The DSA indexer's product in FP16 (`dsa.DsaWorkspace.f16`; False: in BF16, the first form) where not `dsa_q8`."""
+    dsa_q8: bool = True
+    """The DSA indexer's product FP8 × FP8, q quantized per head (`dsa.DsaWorkspace.q8`, the engines' form)."""
 
     def label(self, kind: str) -> str:
         """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
@@ -79,8 +81,8 @@ class AttentionVariant:
             return f"split {self.gqa.label}" if self.gqa else "split by context"
         text = f"split {(self.dsa_mla if kind == 'mla+dsa' else self.mla).label}"
         select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
-        bf16 = "" if self.dsa_f16 else ", indexer bf16"
-        return f"top-k {self.dsa_scheme}{select}{bf16}, {text}" if kind == "mla+dsa" else text
+        product = "" if self.dsa_q8 else (", indexer fp16" if self.dsa_f16 else ", indexer bf16")
+        return f"top-k {self.dsa_scheme}{select}{product}, {text}" if kind == "mla+dsa" else text
 
 
 def _cache(shape: tuple[int, ...], fp8: bool, device: torch.device) -> torch.Tensor:
@@ -262,6 +264,7 @@ def _mla_triton(
             scheme=variant.dsa_scheme,
             select_block=variant.dsa_select_block,
             f16=variant.dsa_f16,
+            q8=variant.dsa_q8,
         )
 
     def run() -> torch.Tensor:
@@ -297,7 +300,7 @@ def _check_mla(m: _Mla, run: Callable[[], torch.Tensor], dwork: dsa.DsaWorkspace
     idx = None
     if dwork is not None and index_keys is not None and key_scales is not None:
         assert m.q_idx is not None and m.w_idx is not None
-        ref = dsa.reference_scores(m.q_idx, m.w_idx, index_keys, key_scales, q_len=m.key.q_len)
+        ref = dsa.reference_scores(m.q_idx, m.w_idx, index_keys, key_scales, q_len=m.key.q_len, q8=dwork.q8)
         check_close(dwork.scores, ref, what + " indexer scores")
         idx = dwork.indices.clone()
         chosen = torch.gather(dwork.scores, 1, idx.long()).sort(dim=-1).values
@@ -372,7 +375,8 @@ def triton_attention_runner(
     run, dwork = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"
     if key.kind == "mla+dsa":
-        name = f"DSA indexer over FP8 keys + radix top-k, sparse {name}"
+        indexer = "FP8 × FP8 (q quantized per head)" if variant.dsa_q8 else "over FP8 keys"
+        name = f"DSA indexer {indexer} + radix top-k, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind)
     moved = m.kv_bytes + m.q.numel() * 2 * 2
     kernel = triton_kernel(name, pdl=pdl_enabled(ctx.device))

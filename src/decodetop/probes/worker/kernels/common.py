@@ -42,6 +42,26 @@ except ImportError:  # CPU-only torch wheels ship no Triton
     tl = None
     HAVE_TRITON = False
 
+if HAVE_TRITON:
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def to_e4m3(y, dst_ty: tl.constexpr, PRE_ROUND: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """y (fp32, already clamped to ±448) as FP8 E4M3. PRE_ROUND (Triton's interpreter only): round to the E4M3
+        grid in fp32 first, half to even as the GPU's `cvt.rn` and torch round — Triton 3.9's interpreter drops the
+        carry when a value rounds up to the next power of two (1.97 became 1.0), while exact E4M3 values convert
+        right; the GPU converts directly."""
+        if PRE_ROUND:
+            a = tl.abs(y)
+            e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)
+            step = tl.exp2(e - 3.0)
+            t = a / step
+            f = tl.floor(t)
+            odd = f - 2.0 * tl.floor(f * 0.5)
+            up = (t - f > 0.5) | ((t - f == 0.5) & (odd == 1.0))
+            r = tl.minimum(tl.where(up, f + 1.0, f) * step, 448.0)
+            y = tl.where(y < 0, -r, r)
+        return y.to(dst_ty)
+
 
 def _triton_has_gdc() -> bool:
     """Whether this Triton has PDL: the launch option `launch_pdl` and `tl.extra.cuda.gdc_wait` /

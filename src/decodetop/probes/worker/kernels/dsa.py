@@ -53,9 +53,11 @@ from decodetop.probes.worker.kernels.common import (
     next_pow2,
     sm_count,
     tl,
+    to_e4m3,
     triton,
     triton_unavailable,
 )
+from decodetop.probes.worker.tensors import FP8_E4M3_MAX
 
 #: Tokens per scoring tile (a [heads × 128] · [128 × tile] product).
 SCORE_BLOCK = 128
@@ -115,6 +117,24 @@ if HAVE_TRITON:
         return b, above
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _indexer_query(q, w, key_ty: tl.constexpr, F32_DOT: tl.constexpr, F16: tl.constexpr, Q8: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(q in the product's dtype, the heads' weights): Q8 quantizes q per head to the keys' FP8 (scale
+        max|q_h| / 448, E4M3's largest finite value in the OCP FP8 spec) and folds the scale into the head's weight
+        (relu(s · x) = s · relu(x) for s > 0). Under the interpreter (F32_DOT) rounded as `to_e4m3` rounds there."""
+        if Q8:
+            qf = q.to(tl.float32)
+            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-12) / 448.0
+            q = to_e4m3(tl.clamp(qf / q_scale[:, None], -448.0, 448.0), key_ty, F32_DOT)
+            w = w * q_scale
+            if F32_DOT:
+                q = q.to(tl.float32)
+        elif F32_DOT:
+            q = q.to(tl.float32)
+        elif F16:
+            q = q.to(tl.float16)
+        return q, w
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _score_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         q_ptr,
         w_ptr,
@@ -138,7 +158,12 @@ if HAVE_TRITON:
         F16: tl.constexpr,
         HIST: tl.constexpr,
         USE_GDC: tl.constexpr,
+        TRANS: tl.constexpr = False,
+        Q8: tl.constexpr = False,
     ):
+        """TRANS: the product as keys · qᵀ (the key tile the MMA's M operand, [BLOCK, HP]) instead of q · keysᵀ.
+        Q8: q quantized to FP8 E4M3 per head (scale max|q_h| / 448, folded into the head's weight) and the product
+        FP8 × FP8, as DeepSeek-V3.2's own indexer runs it; under the interpreter (F32_DOT) the FP8 values in fp32."""
         pid = tl.program_id(0)
         row = tl.program_id(1)
         batch = row // q_len
@@ -148,11 +173,8 @@ if HAVE_TRITON:
         if USE_GDC:  # q, the weights and the index keys are written upstream; the workspace was zeroed just before
             tl.extra.cuda.gdc_wait()
         q = tl.load(q_ptr + row * heads * D + offs_h[:, None] * D + offs_d[None, :], mask=mask_h[:, None], other=0.0)
-        if F32_DOT:
-            q = q.to(tl.float32)
-        elif F16:
-            q = q.to(tl.float16)
         w = tl.load(w_ptr + row * heads + offs_h, mask=mask_h, other=0.0).to(tl.float32)
+        q, w = _indexer_query(q, w, k_ptr.dtype.element_ty, F32_DOT, F16, Q8)
         hist = tl.zeros([BINS1], tl.int32)
         for i in range(tiles_per_program):
             offs_l = (pid * tiles_per_program + i) * BLOCK + tl.arange(0, BLOCK)
@@ -160,10 +182,17 @@ if HAVE_TRITON:
             k = tl.load(
                 k_ptr + batch * stride_kb + offs_l[:, None] * D + offs_d[None, :], mask=mask_l[:, None], other=0.0
             )
-            k = k.to(tl.float32) if F32_DOT else (k.to(tl.float16) if F16 else k.to(tl.bfloat16))
+            if F32_DOT:
+                k = k.to(tl.float32)
+            elif not Q8:
+                k = k.to(tl.float16) if F16 else k.to(tl.bfloat16)
             ks = tl.load(ks_ptr + batch * stride_ksb + offs_l, mask=mask_l, other=0.0)
-            logits = tl.dot(q, tl.trans(k)) * ks[None, :]
-            score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
+            if TRANS:
+                logits_t = tl.dot(k, tl.trans(q)) * ks[:, None]
+                score = tl.sum(tl.maximum(logits_t, 0.0) * w[None, :], 1)
+            else:
+                logits = tl.dot(q, tl.trans(k)) * ks[None, :]
+                score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
             if HIST:
                 digit = (_key_of(score) >> SHIFT1).to(tl.int32)
@@ -461,7 +490,14 @@ class DsaWorkspace:
     """The scoring product in FP16 (FP8 → FP16 is one conversion per two values, exact; → BF16 takes more), the
     query rounded to FP16 (10 mantissa bits against BF16's 7; activations far inside its range). On an H200 at
     GLM-5's TP-8 shard: the scores at 128K in 15.6 µs against 18.2 in BF16, the whole attention 42.7 against 47.0
-    (docs/benchmarks.md, "Kernels, third round"); False: BF16, the first form."""
+    (docs/benchmarks.md, "Kernels, third round"); False: BF16, the first form. Where `q8` is not set."""
+    q8: bool = True
+    """The scoring product FP8 × FP8, q quantized per head to E4M3 (its scale folded into the head's weight), the
+    key tile as the MMA's M operand: DeepSeek-V3.2's own indexer quantizes q to FP8 the same way
+    (https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/tree/main/inference, model.py: `act_quant`, then
+    `fp8_index`), as DeepGEMM's `fp8_mqa_logits` (https://github.com/deepseek-ai/DeepGEMM) that engines call does.
+    On an H200 at GLM-5's indexer: 9.6 µs at 128K against 13.0 for the FP16 product (docs/benchmarks.md, "Kernels,
+    seventh round"). False: the FP16 (or BF16, `f16`) product."""
 
 
 def auto_select_block(rows: int, length: int, sms: int) -> int:
@@ -481,6 +517,7 @@ def dsa_workspace(
     scheme: str = SCHEMES[0],
     select_block: int = 0,
     f16: bool = True,
+    q8: bool = True,
 ) -> DsaWorkspace:
     """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`; `select_block` scores per
     selection program (a power of two; 0: `auto_select_block`)."""
@@ -508,6 +545,7 @@ def dsa_workspace(
         scheme,
         select_block or auto_select_block(rows, length, sms),
         f16,
+        q8,
     )
 
 
@@ -551,9 +589,11 @@ def dsa_scores(
         BLOCK=SCORE_BLOCK,
         BINS1=DIGIT_BINS if radix8 else BINS[0],
         SHIFT1=32 - DIGIT_BITS if radix8 else 32 - 11,
-        F32_DOT=interpreted() and not work.f16,  # fp16 dots run right under the interpreter
+        F32_DOT=interpreted() and (work.q8 or not work.f16),  # fp16 dots run right under the interpreter
         F16=work.f16,
         HIST=work.selects,  # no selection: no histogram (nothing would read it, nor zero it for `SELF_ZEROING`)
+        TRANS=work.q8,
+        Q8=work.q8,
         num_stages=SCORE_STAGES,
         pdl=True,
     )
@@ -623,10 +663,34 @@ def dsa_topk(
     return dsa_select(work, topk)
 
 
+def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q [R, Hi, Di] as FP8 E4M3 values in fp32, weights [R, Hi] with the scales folded in): q quantized per head
+    as the FP8 indexer does it in the kernel (scale max|q_h| / 448, `_indexer_query`)."""
+    qf = q.float()
+    scale = qf.abs().amax(-1).clamp_min(1e-12) / FP8_E4M3_MAX
+    q8 = (qf / scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return q8, weights.float() * scale
+
+
 def reference_scores(
-    q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, key_scales: torch.Tensor, *, q_len: int = 1
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    keys: torch.Tensor,
+    key_scales: torch.Tensor,
+    *,
+    q_len: int = 1,
+    q8: bool = False,
 ) -> torch.Tensor:
-    """The torch form of the scores (FP8 keys cast to bf16 first, as a torch implementation must): [R, L] fp32."""
+    """The torch form of the scores (FP8 keys cast to bf16 first, as a torch implementation must): [R, L] fp32.
+    `q8`: q quantized per head to FP8 first, the FP8 indexer's product (`DsaWorkspace.q8`), in fp32."""
+    if q8:
+        qq, ww = quantize_query(q, weights)
+        kf = keys.float()
+        if q_len > 1:
+            kf = kf.repeat_interleave(q_len, dim=0)
+            key_scales = key_scales.repeat_interleave(q_len, dim=0)
+        logits = torch.bmm(qq, kf.transpose(1, 2)) * key_scales.unsqueeze(1)
+        return (logits.relu() * ww.unsqueeze(-1)).sum(dim=1)
     kb = keys.to(torch.bfloat16)
     if q_len > 1:
         kb = kb.repeat_interleave(q_len, dim=0)

@@ -23,6 +23,7 @@ from decodetop.probes.worker.kernels.common import (
     launch,
     next_pow2,
     tl,
+    to_e4m3,
     triton,
     triton_unavailable,
 )
@@ -48,19 +49,6 @@ if HAVE_TRITON:
             s = tl.load(sin_ptr + pos * half + i, mask=in_rot, other=0.0)
             x = tl.where(in_rot, tl.where(first, x * c - xp * s, x * c + xp * s), x)
         return x, offs, mask
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _to_e4m3(y, dst_ty: tl.constexpr, PRE_ROUND: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """y (fp32, already clamped to ±448) as FP8 E4M3. PRE_ROUND (Triton's interpreter only): round to the E4M3
-        grid in fp32 first, half away from zero — Triton 3.9's interpreter drops the carry when a value rounds up to
-        the next power of two (1.97 became 1.0), while exact E4M3 values convert right; the GPU converts directly."""
-        if PRE_ROUND:
-            a = tl.abs(y)
-            e = tl.maximum(tl.floor(tl.log2(tl.maximum(a, 1e-30))), -6.0)
-            step = tl.exp2(e - 3.0)
-            r = tl.minimum(tl.floor(a / step + 0.5) * step, 448.0)
-            y = tl.where(y < 0, -r, r)
-        return y.to(dst_ty)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _rope_kv_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -112,13 +100,13 @@ if HAVE_TRITON:
             elif SCALE_MODE == 1:  # FP8 with fixed scales [k_scale, v_scale]
                 ks = tl.load(scale_ptr)
                 tl.store(
-                    dst, _to_e4m3(tl.clamp(yk / ks, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
+                    dst, to_e4m3(tl.clamp(yk / ks, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
                 )
             else:  # FP8 with a dynamic scale per head row, stored at scale_ptr[slot, j]
                 amax = tl.max(tl.where(mask_k, tl.abs(yk), 0.0), 0)
                 ds = tl.maximum(amax, 1e-6) / 448.0
                 tl.store(
-                    dst, _to_e4m3(tl.clamp(yk / ds, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
+                    dst, to_e4m3(tl.clamp(yk / ds, -448.0, 448.0), kc_ptr.dtype.element_ty, PRE_ROUND), mask=mask_k
                 )
                 tl.store(scale_ptr + slot * (stride_kc // KD) + j, ds)
             if VD > 0:
@@ -128,7 +116,7 @@ if HAVE_TRITON:
                 dst_v = vc_ptr + slot * stride_vc + j * VD + offs_v
                 if SCALE_MODE == 1:
                     vs = tl.load(scale_ptr + 1)
-                    v8 = _to_e4m3(tl.clamp(v / vs, -448.0, 448.0), vc_ptr.dtype.element_ty, PRE_ROUND)
+                    v8 = to_e4m3(tl.clamp(v / vs, -448.0, 448.0), vc_ptr.dtype.element_ty, PRE_ROUND)
                     tl.store(dst_v, v8, mask=mask_v)
                 else:
                     tl.store(dst_v, v.to(vc_ptr.dtype.element_ty), mask=mask_v)
