@@ -3,8 +3,9 @@ FP8, and an exact top-k by radix select, for DeepSeek-V3.2-style sparse attentio
 
 score[r, t] = Σ_h w[r, h] · ReLU(q[r, h] · k[t] · s[t]) over the index heads, with the index keys `k` FP8 E4M3
 and one fp32 scale per token (DeepSeek-V3.2's indexer cache: 128 FP8 values + a scale per token; DeepGEMM reads
-them as FP8 too), multiplied in FP16 by default (`DsaWorkspace.f16`). The scores then pick the `topk` tokens the
-sparse MLA attends to.
+them as FP8 too), multiplied FP8 × FP8 by default with q quantized per head as DeepSeek-V3.2's own indexer does
+(`DsaWorkspace.q8`; else in FP16, `DsaWorkspace.f16`). The scores then pick the `topk` tokens the sparse MLA attends
+to.
 
 `torch.topk` of 2048 of 4096 alone takes 37 µs on an H200 under graph replay, more than the whole attention should,
 so the selection is a radix select on the scores' order-preserving 32-bit keys: histogram passes over the key's
