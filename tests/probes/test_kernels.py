@@ -366,3 +366,20 @@ def test_quantize_query_scales_each_head_to_e4m3s_range() -> None:
     assert torch.allclose(w8, w * scale)
     back = q8 * scale.unsqueeze(-1)
     assert float((back - q.float()).norm() / q.float().norm()) < 0.07  # E4M3: 3 mantissa bits
+
+
+def test_the_fp8_indexer_needs_a_gpu_that_multiplies_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FP8 × FP8 from sm_89; an A100 (sm_80) multiplies in FP16 instead, and says so in the workspace (`q8`)."""
+    from decodetop.probes.worker.kernels import common
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cuda = torch.device("cuda", 0)
+    for capability, supported in (((8, 0), False), ((8, 9), True), ((9, 0), True), ((12, 0), True)):
+        monkeypatch.setattr(common, "device_capability", lambda _d, c=capability: c)
+        assert common.fp8_mma_supported(cuda) is supported, capability
+    assert common.fp8_mma_supported(torch.device("meta"))
+    assert not common.fp8_mma_supported(torch.device("cpu"))
+    assert not dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4).q8
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert common.fp8_mma_supported(torch.device("cpu"))
+    assert dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4).q8

@@ -375,7 +375,7 @@ def triton_attention_runner(
     run, dwork = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"
     if key.kind == "mla+dsa":
-        indexer = "FP8 × FP8 (q quantized per head)" if variant.dsa_q8 else "over FP8 keys"
+        indexer = "FP8 × FP8 (q quantized per head)" if dwork is not None and dwork.q8 else "over FP8 keys"
         name = f"DSA indexer {indexer} + radix top-k, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind)
     moved = m.kv_bytes + m.q.numel() * 2 * 2

@@ -82,6 +82,9 @@ HAVE_GDC = _triton_has_gdc()
 #: Compute capability from which CUDA has programmatic dependent launch (sm_90, Hopper: the CUDA C++ Programming
 #: Guide's "Programmatic Dependent Launch and Synchronization", URL in the module docstring).
 PDL_MIN_CAPABILITY = (9, 0)
+#: Compute capability from which the tensor cores multiply FP8 E4M3 (sm_89, Ada; the PTX ISA's `mma` with `.e4m3`
+#: operands: https://docs.nvidia.com/cuda/parallel-thread-execution/index.html#warp-level-matrix-instructions-mma).
+FP8_MMA_MIN_CAPABILITY = (8, 9)
 
 __all__ = [
     "HAVE_GDC",
@@ -229,6 +232,15 @@ def device_capability(device: torch.device) -> tuple[int, int]:
     """(major, minor) compute capability of a CUDA `device` (the lookup the tests fake)."""
     major, minor = torch.cuda.get_device_capability(device)
     return int(major), int(minor)
+
+
+def fp8_mma_supported(device: torch.device) -> bool:
+    """Whether a `tl.dot` of two FP8 E4M3 operands runs on `device`: a CUDA GPU of compute capability ≥
+    FP8_MMA_MIN_CAPABILITY, or anywhere under Triton's interpreter (which multiplies their values in fp32) and on
+    meta tensors (collected requests are compiled for sm_90)."""
+    if device.type == "meta" or interpreted():
+        return True
+    return device.type == "cuda" and device_capability(device) >= FP8_MMA_MIN_CAPABILITY
 
 
 def pdl_enabled(device: torch.device) -> bool:

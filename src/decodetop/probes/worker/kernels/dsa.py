@@ -49,6 +49,7 @@ import torch
 from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
+    fp8_mma_supported,
     interpreted,
     launch,
     next_pow2,
@@ -521,7 +522,8 @@ def dsa_workspace(
     q8: bool = True,
 ) -> DsaWorkspace:
     """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`; `select_block` scores per
-    selection program (a power of two; 0: `auto_select_block`)."""
+    selection program (a power of two; 0: `auto_select_block`). `q8` holds only where the device multiplies FP8
+    (`fp8_mma_supported`); elsewhere the product is FP16 (or BF16)."""
     if scheme not in SCHEMES:
         raise ValueError(f"DSA radix scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
     if select_block and (select_block < 16 or next_pow2(select_block) != select_block):
@@ -546,7 +548,7 @@ def dsa_workspace(
         scheme,
         select_block or auto_select_block(rows, length, sms),
         f16,
-        q8,
+        q8 and fp8_mma_supported(device),
     )
 
 
