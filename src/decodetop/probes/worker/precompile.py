@@ -40,6 +40,7 @@ from decodetop.probes.worker.kernels.common import (
     CompileRequest,
     TensorArg,
     collecting,
+    fp8_mma_supported,
     interpreted,
     pdl_enabled,
     sm_count,
@@ -97,10 +98,11 @@ def collect(
 ) -> tuple[list[CompileRequest], int]:
     """The distinct kernel specializations the `builders` launch, each called with a context on device "meta",
     and how many builders failed (their shapes compile at launch). Sized for `ctx`'s GPU: its SM count, and
-    whether its launches use PDL (the launch option and the `USE_GDC` constexpr are part of a specialization)."""
+    whether its launches use PDL (the launch option and the `USE_GDC` constexpr are part of a specialization) and
+    whether it multiplies FP8 (the DSA indexer's product)."""
     meta = replace(ctx, device=torch.device("meta"), progress_sink=None)
     unbuilt = 0
-    with collecting(sm_count(ctx.device), pdl=pdl_enabled(ctx.device)) as found:
+    with collecting(sm_count(ctx.device), pdl=pdl_enabled(ctx.device), fp8=fp8_mma_supported(ctx.device)) as found:
         for build in builders:
             try:
                 build(meta)

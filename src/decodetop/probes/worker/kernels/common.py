@@ -182,6 +182,8 @@ class CompileRequests:
     """The GPU's SM count: launch shapes are sized by it."""
     pdl: bool = False
     """Whether that GPU's launches use PDL (`pdl_enabled`): the launch option and a constexpr compile with it."""
+    fp8: bool = True
+    """Whether that GPU multiplies FP8 (`fp8_mma_supported`): kernels pick their product by it."""
     requests: dict[tuple[object, ...], CompileRequest] = field(default_factory=dict)
 
     def add(self, request: CompileRequest) -> None:
@@ -192,15 +194,15 @@ _COLLECTING: CompileRequests | None = None
 
 
 @contextlib.contextmanager
-def collecting(sms: int, *, pdl: bool = False) -> Iterator[CompileRequests]:
+def collecting(sms: int, *, pdl: bool = False, fp8: bool = True) -> Iterator[CompileRequests]:
     """Within the block, `launch` records each kernel specialization instead of running it, so a probe's
     kernels can be compiled ahead in parallel processes (`decodetop.probes.worker.precompile`). Inputs are meta
     tensors (shapes, strides and dtypes, no memory) on device "meta"; `sm_count` of it is `sms`, `pdl_enabled` of
-    it `pdl` (the GPU's own answer)."""
+    it `pdl` and `fp8_mma_supported` of it `fp8` (the GPU's own answers)."""
     global _COLLECTING
     if _COLLECTING is not None:
         raise RuntimeError("kernel launches are already being collected")
-    _COLLECTING = CompileRequests(sms, pdl)
+    _COLLECTING = CompileRequests(sms, pdl, fp8)
     try:
         yield _COLLECTING
     finally:
@@ -236,9 +238,11 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 
 def fp8_mma_supported(device: torch.device) -> bool:
     """Whether a `tl.dot` of two FP8 E4M3 operands runs on `device`: a CUDA GPU of compute capability ≥
-    FP8_MMA_MIN_CAPABILITY, or anywhere under Triton's interpreter (which multiplies their values in fp32) and on
-    meta tensors (collected requests are compiled for sm_90)."""
-    if device.type == "meta" or interpreted():
+    FP8_MMA_MIN_CAPABILITY, or anywhere under Triton's interpreter (which multiplies their values in fp32). While
+    `collecting`, meta tensors take the answer the requests are collected for (else True: sm_90's)."""
+    if device.type == "meta":
+        return _COLLECTING.fp8 if _COLLECTING is not None else True
+    if interpreted():
         return True
     return device.type == "cuda" and device_capability(device) >= FP8_MMA_MIN_CAPABILITY
 
