@@ -383,3 +383,41 @@ def test_the_fp8_indexer_needs_a_gpu_that_multiplies_fp8(monkeypatch: pytest.Mon
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert common.fp8_mma_supported(torch.device("cpu"))
     assert dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4).q8
+
+
+GQA_Q8 = textwrap.dedent(
+    """
+    import json, torch
+    from decodetop.probes.worker.kernels import gqa
+    torch.manual_seed(0)
+    batch, kv_heads, group, length, dim = 1, 2, 8, 700, 128
+    q = torch.randn(batch, kv_heads * group, 1, dim).to(torch.bfloat16)
+    k = torch.randn(batch, kv_heads, length, dim).to(torch.float8_e4m3fn)
+    v = torch.randn(batch, kv_heads, length, dim).to(torch.float8_e4m3fn)
+    scales = torch.tensor([0.5, 0.25])
+    qf = q.float()
+    step = qf.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
+    q_e4m3 = ((qf / step).to(torch.float8_e4m3fn).float() * step).to(torch.bfloat16)
+    got = {}
+    for q8 in (False, True):
+        out = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, q8=q8).float().clone()
+        for name, query in (("bf16", q), ("e4m3", q_e4m3)):
+            ref = gqa.reference_gqa(query, k, v, sm_scale=dim**-0.5, scales=scales).float()
+            got[f"{q8}/{name}"] = float((out - ref).norm() / ref.norm())
+    try:
+        gqa.gqa_decode(q, k.to(torch.bfloat16), v.to(torch.bfloat16), sm_scale=dim**-0.5, q8=True)
+    except ValueError as exc:
+        got["bf16 cache"] = str(exc)
+    print(json.dumps(got))
+    """
+)
+
+
+def test_gqa_fp8_query_form_matches_its_torch_form(tmp_path: Path) -> None:
+    """The diagnostic FP8 × FP8 q · kᵀ (`gqa_decode(q8=True)`, benchmarks/kernels/gqa_fp8_query.py) attends with q
+    rounded to E4M3 per row: as close to the torch form over that q as the FP16 form is to the plain one."""
+    require_module("triton", WHY)
+    got = json.loads(_python(GQA_Q8, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    assert got["False/bf16"] < 1e-2 and got["True/e4m3"] < 1e-2, got
+    assert got["True/bf16"] > 2 * got["True/e4m3"], got  # it really multiplies the rounded q
+    assert got["bf16 cache"] == "GQA's FP8 × FP8 q · kᵀ needs an FP8 cache"

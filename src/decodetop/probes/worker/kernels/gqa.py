@@ -58,6 +58,7 @@ from decodetop.probes.worker.kernels.common import (
     next_pow2,
     sm_count,
     tl,
+    to_e4m3,
     triton,
     triton_unavailable,
 )
@@ -133,7 +134,10 @@ if HAVE_TRITON:
         F16: tl.constexpr,
         F32_DOT: tl.constexpr,
         USE_GDC: tl.constexpr,
+        Q8: tl.constexpr = False,
     ):
+        """Q8 (an FP8 cache only): q · kᵀ FP8 × FP8, each q row quantized to E4M3 (scale max|q_row| / 448, folded
+        into the row's score scale), as FlashAttention-3's FP8 path multiplies; p · v stays FP16."""
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // kv_heads
@@ -150,16 +154,21 @@ if HAVE_TRITON:
             mask=mask_g[:, None],
             other=0.0,
         )
-        if F32_DOT:
-            q = q.to(tl.float32)
-        elif F16:
-            q = q.to(tl.float16)
         k_scale = 1.0
         v_scale = 1.0
         if FP8:
             k_scale = tl.load(scale_ptr)
             v_scale = tl.load(scale_ptr + 1)
         qk_scale = sm_scale * k_scale
+        q_scale = tl.full([GP], 1.0, tl.float32)
+        if Q8:
+            qf = q.to(tl.float32)
+            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-12) / 448.0  # E4M3's largest finite value (OCP FP8)
+            q = to_e4m3(tl.clamp(qf / q_scale[:, None], -448.0, 448.0), k_ptr.dtype.element_ty, F32_DOT)
+        if F32_DOT:
+            q = q.to(tl.float32)
+        elif F16 and not Q8:
+            q = q.to(tl.float16)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DV], tl.float32)
@@ -176,12 +185,15 @@ if HAVE_TRITON:
                 kt = kt.to(tl.float32)
                 vt = vt.to(tl.float32)
             elif F16:
-                kt = kt.to(tl.float16)
+                if not Q8:
+                    kt = kt.to(tl.float16)
                 vt = vt.to(tl.float16)
             elif FP8:
                 kt = kt.to(tl.bfloat16)
                 vt = vt.to(tl.bfloat16)
             s = tl.dot(q, tl.trans(kt))
+            if Q8:
+                s = s * q_scale[:, None]
             s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -322,10 +334,12 @@ def gqa_decode(
     sm_scale: float,
     scales: torch.Tensor | None = None,
     work: GqaWorkspace | None = None,
+    q8: bool = False,
 ) -> torch.Tensor:
     """q [B, H, Q, D] bf16 (Q new tokens per sequence), k [B, Hkv, L, D] and v [B, Hkv, L, Dv] (bf16, or
     float8_e4m3fn with `scales` = [k_scale, v_scale] fp32). Returns [B, H·Q, Dv] bf16, rows in (head, token) order
-    (the output of every query row against the whole cache, as SDPA without a mask)."""
+    (the output of every query row against the whole cache, as SDPA without a mask). `q8` (an FP8 cache, FP16
+    tiles): q · kᵀ in FP8 × FP8 with each q row quantized (the split kernel's `Q8`; benchmarks only so far)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
     _check_shapes(q, k, v, scales)
@@ -333,6 +347,8 @@ def gqa_decode(
     _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
     fp8 = k.dtype == torch.float8_e4m3fn
+    if q8 and not fp8:
+        raise ValueError("GQA's FP8 × FP8 q · kᵀ needs an FP8 cache")
     if work is None:
         work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device, fp8=fp8)
     geo = work.launch
@@ -367,7 +383,8 @@ def gqa_decode(
         DV=v_dim,
         BLOCK_N=cfg.block_n,
         F16=cfg.f16 and fp8,
-        F32_DOT=interpreted() and not (cfg.f16 and fp8),  # fp16 dots run right under the interpreter
+        F32_DOT=interpreted() and (q8 or not (cfg.f16 and fp8)),  # fp16 dots run right under the interpreter
+        Q8=q8 and cfg.f16,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         pdl=True,
