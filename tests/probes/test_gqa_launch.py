@@ -82,6 +82,7 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, r
         "FP8": fp8, "GP": gp, "D": dim, "DV": v_dim, "BLOCK_N": cfg.block_n, "F16": cfg.f16 and fp8,
         "F32_DOT": interpreted() and not (cfg.f16 and fp8), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         "USE_GDC": False,  # PDL: never on meta tensors outside `collecting` (tests/probes/test_pdl.py)
+        "Q8": False,  # the FP8 × FP8 q · kᵀ: a diagnostic form, off in every launch the probe makes
     }  # fmt: skip
     block_s = min(cfg.combine_block or 1024, _old_next_pow2(splits))
     lanes = max(8, min(v_dim, 8192 // block_s))

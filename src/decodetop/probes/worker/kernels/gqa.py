@@ -313,8 +313,11 @@ def gqa_workspace(
     )
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None) -> None:
-    """ValueError unless q, k and v are one GQA shape with power-of-two head dims, an FP8 cache with its scales."""
+def _check_shapes(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None, q8: bool = False
+) -> None:
+    """ValueError unless q, k and v are one GQA shape with power-of-two head dims, an FP8 cache with its scales
+    (and an FP8 cache where `q8` asks for the FP8 × FP8 q · kᵀ)."""
     batch, heads, _q_len, dim = q.shape
     _, kv_heads, length, kdim = k.shape
     v_dim = v.shape[-1]
@@ -324,6 +327,8 @@ def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: tor
         raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
     if k.dtype == torch.float8_e4m3fn and scales is None:
         raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
+    if q8 and k.dtype != torch.float8_e4m3fn:
+        raise ValueError("GQA's FP8 × FP8 q · kᵀ needs an FP8 cache")
 
 
 def gqa_decode(
@@ -342,13 +347,11 @@ def gqa_decode(
     tiles): q · kᵀ in FP8 × FP8 with each q row quantized (the split kernel's `Q8`; benchmarks only so far)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(q.device))
-    _check_shapes(q, k, v, scales)
+    _check_shapes(q, k, v, scales, q8)
     batch, heads, q_len, dim = q.shape
     _, kv_heads, length, _ = k.shape
     v_dim = v.shape[-1]
     fp8 = k.dtype == torch.float8_e4m3fn
-    if q8 and not fp8:
-        raise ValueError("GQA's FP8 × FP8 q · kᵀ needs an FP8 cache")
     if work is None:
         work = gqa_workspace(batch, heads, kv_heads, q_len, length, v_dim, q.device, fp8=fp8)
     geo = work.launch
