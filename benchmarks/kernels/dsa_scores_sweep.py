@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gqa_split_rules import copy_gbps  # this directory's: the same copy the GQA sweeps measure
 
 from decodetop.probes.worker.kernels import common, dsa
 from decodetop.probes.worker.timing import capture_graph, time_events
@@ -36,14 +37,6 @@ FORMS = {"fp16": (False, False), "fp16 k·qT": (True, False), "fp8": (False, Tru
 OPS = 12
 ROTATE = 6
 """Key buffers the graph's calls cycle over: 6 × 16.5 MB at 128K, past the H200's 50 MB L2."""
-
-
-def copy_gbps() -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written over the median time."""
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    us = statistics.median(time_events(lambda: dst.copy_(src), 5, 10, warmup=3))
-    return 2 * src.numel() * 2 / us / 1e3
 
 
 class Inputs:

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gqa_split_rules import copy_gbps  # this directory's: the same copy the GQA sweeps measure
 
 from decodetop.probes.worker.kernels import gqa
+from decodetop.probes.worker.kernels.common import e4m3_rows_torch
 from decodetop.probes.worker.timing import capture_graph, time_events
 
 PAIRS = (1, 8, 32)
@@ -31,20 +33,11 @@ DIM = 128
 GROUP = 8
 
 
-def copy_gbps() -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written over the median time."""
-    src = torch.empty(1 << 29, dtype=torch.float16, device="cuda").normal_()
-    dst = torch.empty_like(src)
-    us = statistics.median(time_events(lambda: dst.copy_(src), 5, 10, warmup=3))
-    return 2 * src.numel() * 2 / us / 1e3
-
-
 def quantized(q: torch.Tensor) -> torch.Tensor:
-    """q with each row rounded to E4M3 under its own scale (max|row| / 448, E4M3's largest finite value), back in
-    BF16: what the kernel's FP8 product multiplies."""
-    qf = q.float()
-    scale = qf.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 448.0
-    return ((qf / scale).to(torch.float8_e4m3fn).float() * scale).to(q.dtype)
+    """q with each row rounded to E4M3 under its own scale (`e4m3_rows_torch`), back in BF16: what the kernel's FP8
+    product multiplies."""
+    rounded, scale = e4m3_rows_torch(q)
+    return (rounded * scale.unsqueeze(-1)).to(q.dtype)
 
 
 def time_case(pairs: int, context: int, q8: bool) -> dict[str, Any]:

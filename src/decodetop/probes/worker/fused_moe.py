@@ -146,13 +146,18 @@ if HAVE_TRITON:
             acc_u += tl.sum(wu * xv[None, :], axis=1)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
-        row = h_ptr + slot * 2 * inter
+        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, acc_g, acc_u, split)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _store_gate_up(row, inter, offs_n, mask_n, g, u, split: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917
+        """A slot's gate and up block into its h row (gate then up, `inter` apart); added where the reduction is
+        split over programs."""
         if split:
-            tl.atomic_add(row + offs_n, acc_g, mask=mask_n)
-            tl.atomic_add(row + inter + offs_n, acc_u, mask=mask_n)
+            tl.atomic_add(row + offs_n, g, mask=mask_n)
+            tl.atomic_add(row + inter + offs_n, u, mask=mask_n)
         else:
-            tl.store(row + offs_n, acc_g, mask=mask_n)
-            tl.store(row + inter + offs_n, acc_u, mask=mask_n)
+            tl.store(row + offs_n, g, mask=mask_n)
+            tl.store(row + inter + offs_n, u, mask=mask_n)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gate_up_mma_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
@@ -218,13 +223,7 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         g = tl.sum(acc_g, axis=0)  # row 0: the padding rows are zero
         u = tl.sum(acc_u, axis=0)
-        row = h_ptr + slot * 2 * inter
-        if split:
-            tl.atomic_add(row + offs_n, g, mask=mask_n)
-            tl.atomic_add(row + inter + offs_n, u, mask=mask_n)
-        else:
-            tl.store(row + offs_n, g, mask=mask_n)
-            tl.store(row + inter + offs_n, u, mask=mask_n)
+        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, g, u, split)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _down_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides

@@ -30,7 +30,7 @@ import torch
 from decodetop.budget.kernels import KernelClass
 from decodetop.probes.worker.context import InsufficientMemoryError, ProbeContext, UnsupportedError
 from decodetop.probes.worker.ops import OpRunner
-from decodetop.probes.worker.tensors import first_line
+from decodetop.probes.worker.tensors import FP8_E4M3_MAX, first_line
 
 try:
     import triton  # type: ignore[import-not-found,unused-ignore]
@@ -61,6 +61,13 @@ if HAVE_TRITON:
             r = tl.minimum(tl.where(up, f + 1.0, f) * step, 448.0)
             y = tl.where(y < 0, -r, r)
         return y.to(dst_ty)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def e4m3_rows(x, dst_ty: tl.constexpr, PRE_ROUND: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(x [rows, n] fp32 as FP8 E4M3, each row under its own scale, the scales [rows]): scale max|row| / 448,
+        E4M3's largest finite value (OCP FP8); the torch form is `e4m3_rows_torch`."""
+        scale = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / 448.0
+        return to_e4m3(tl.clamp(x / scale[:, None], -448.0, 448.0), dst_ty, PRE_ROUND), scale
 
 
 def _triton_has_gdc() -> bool:
@@ -385,3 +392,12 @@ def best_runner(builders: Sequence[tuple[str, Callable[[], OpRunner]]]) -> Choic
             runner = replace(runner, note="; ".join(n for n in (runner.note, *said) if n))
         return Choice(runner, tuple(skipped))
     raise UnsupportedError("no kernel to time")
+
+
+def e4m3_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x's last dim rounded to FP8 E4M3 under one scale per row, as fp32 values; the scales, [...]): the torch form
+    of the kernels' `e4m3_rows` (scale max|row| / FP8_E4M3_MAX)."""
+    xf = x.float()
+    scale = xf.abs().amax(-1).clamp_min(1e-12) / FP8_E4M3_MAX
+    rounded = (xf / scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+    return rounded, scale

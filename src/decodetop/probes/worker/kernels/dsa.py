@@ -49,17 +49,17 @@ import torch
 from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
+    e4m3_rows,
+    e4m3_rows_torch,
     fp8_mma_supported,
     interpreted,
     launch,
     next_pow2,
     sm_count,
     tl,
-    to_e4m3,
     triton,
     triton_unavailable,
 )
-from decodetop.probes.worker.tensors import FP8_E4M3_MAX
 
 #: Tokens per scoring tile (a [heads × 128] · [128 × tile] product).
 SCORE_BLOCK = 128
@@ -120,13 +120,10 @@ if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _indexer_query(q, w, key_ty: tl.constexpr, F32_DOT: tl.constexpr, F16: tl.constexpr, Q8: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """(q in the product's dtype, the heads' weights): Q8 quantizes q per head to the keys' FP8 (scale
-        max|q_h| / 448, E4M3's largest finite value in the OCP FP8 spec) and folds the scale into the head's weight
-        (relu(s · x) = s · relu(x) for s > 0). Under the interpreter (F32_DOT) rounded as `to_e4m3` rounds there."""
+        """(q in the product's dtype, the heads' weights): Q8 quantizes q per head to the keys' FP8 (`e4m3_rows`)
+        and folds the scale into the head's weight (relu(s · x) = s · relu(x) for s > 0)."""
         if Q8:
-            qf = q.to(tl.float32)
-            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-12) / 448.0
-            q = to_e4m3(tl.clamp(qf / q_scale[:, None], -448.0, 448.0), key_ty, F32_DOT)
+            q, q_scale = e4m3_rows(q.to(tl.float32), key_ty, F32_DOT)
             w = w * q_scale
             if F32_DOT:
                 q = q.to(tl.float32)
@@ -291,6 +288,11 @@ if HAVE_TRITON:
         digits (the next grid may start before the atomics where `USE_GDC`)."""
         valid = offs < length
         key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0))
+        _hist8_keys(key, valid, base, prefix, LEVEL, USE_GDC)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _hist8_keys(key, valid, base, prefix, LEVEL: tl.constexpr, USE_GDC: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """`_hist8_block` on keys already loaded."""
         tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
         digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
         hist = tl.histogram(digit, 256, mask=tied)
@@ -425,12 +427,7 @@ if HAVE_TRITON:
         offs = pid * BLOCK + tl.arange(0, BLOCK)
         key, valid = _carry_keys(score_ptr, row, length, offs, USE_GDC, LEVEL > 2)
         prefix, above = _carried(base, k, LEVEL)
-        tied = valid & ((key >> (32 - 8 * (LEVEL - 1))) == prefix)
-        digit = ((key >> (32 - 8 * LEVEL)) & 0xFF).to(tl.int32)
-        hist = tl.histogram(digit, 256, mask=tied)
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
-        tl.atomic_add(base + (LEVEL - 1) * 256 + tl.arange(0, 256), hist, mask=hist > 0)
+        _hist8_keys(key, valid, base, prefix, LEVEL, USE_GDC)
         if pid == 0:
             tl.store(base + _CARRY_AT + 2 * (LEVEL - 2), prefix.to(tl.int32))
             tl.store(base + _CARRY_AT + 1 + 2 * (LEVEL - 2), above)
@@ -668,10 +665,8 @@ def dsa_topk(
 
 def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [R, Hi, Di] as FP8 E4M3 values in fp32, weights [R, Hi] with the scales folded in): q quantized per head
-    as the FP8 indexer does it in the kernel (scale max|q_h| / 448, `_indexer_query`)."""
-    qf = q.float()
-    scale = qf.abs().amax(-1).clamp_min(1e-12) / FP8_E4M3_MAX
-    q8 = (qf / scale.unsqueeze(-1)).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn).float()
+    as the FP8 indexer does it in the kernel (`_indexer_query`)."""
+    q8, scale = e4m3_rows_torch(q)
     return q8, weights.float() * scale
 
 

@@ -53,12 +53,12 @@ from decodetop.budget.gqa_launch import (
 from decodetop.probes.worker.context import UnsupportedError
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
+    e4m3_rows,
     interpreted,
     launch,
     next_pow2,
     sm_count,
     tl,
-    to_e4m3,
     triton,
     triton_unavailable,
 )
@@ -162,9 +162,7 @@ if HAVE_TRITON:
         qk_scale = sm_scale * k_scale
         q_scale = tl.full([GP], 1.0, tl.float32)
         if Q8:
-            qf = q.to(tl.float32)
-            q_scale = tl.maximum(tl.max(tl.abs(qf), 1), 1e-12) / 448.0  # E4M3's largest finite value (OCP FP8)
-            q = to_e4m3(tl.clamp(qf / q_scale[:, None], -448.0, 448.0), k_ptr.dtype.element_ty, F32_DOT)
+            q, q_scale = e4m3_rows(q.to(tl.float32), k_ptr.dtype.element_ty, F32_DOT)
         if F32_DOT:
             q = q.to(tl.float32)
         elif F16 and not Q8:
