@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from decodetop.budget.gqa_launch import (
@@ -32,15 +34,19 @@ def _gqa(batch: int, context: int, kv_dtype: str = "bf16", q_len: int = 1, windo
 @pytest.mark.parametrize(
     "config",
     [FIRST, SHORT, LONG, GqaConfig(block_n=32, num_warps=1, num_stages=4, programs_per_sm=8, f16=True),
-     GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True, combine_block=16)],
+     GqaConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True, combine_block=16),
+     GqaConfig(block_n=256, num_warps=4, num_stages=2, programs_per_sm=1, f16=True, fold_scale=True, tma=True),
+     GqaConfig(f16=True, combine_block=64, unmasked=True, lazy_rescale=True, early_trigger=True)],
 )  # fmt: skip
 def test_a_launch_label_reads_back_as_its_shape(config: GqaConfig) -> None:
     assert config_from_label(config.label) == config
 
 
 @pytest.mark.parametrize(
-    "text", ["", "SDPA with enable_gqa", "128 tok/8w/3st", "128 tok/8w/3st/2 per SM, fp32", "x tok/8w/3st/2 per SM"]
-)
+    "text",
+    ["", "SDPA with enable_gqa", "128 tok/8w/3st", "128 tok/8w/3st/2 per SM, fp32", "x tok/8w/3st/2 per SM",
+     "128 tok/8w/3st/2 per SM, TMA, scale in q"],  # the loop forms in another order than the label's
+)  # fmt: skip
 def test_other_text_is_no_launch_label(text: str) -> None:
     assert config_from_label(text) is None
 
@@ -81,6 +87,17 @@ def test_recorded_launch_metrics_read_back_as_facts() -> None:
     facts = facts_from_metrics({"time_us": 30.0, **launch_metrics(launch)}, key)
     assert facts == GqaLaunchFacts(default_config(16385, "fp8"), 132, "one wave")
     assert facts_from_metrics({"time_us": 30.0}, key) is None
+    lazy = key_launch(key, 132, replace(LONG, unmasked=True, lazy_rescale=True))
+    assert facts_from_metrics(launch_metrics(lazy), key) == GqaLaunchFacts(lazy.config, 132, "one wave")
+    assert facts_from_metrics(launch_metrics(lazy) | {"launch_tma": 2.0}, key) is None
+
+
+def test_points_recorded_before_the_loop_forms_read_as_the_loop_without_them() -> None:
+    key = _gqa(2, 16384, "fp8")
+    recorded = {k: v for k, v in launch_metrics(key_launch(key, 132)).items() if k.removeprefix("launch_") not in
+                ("fold_scale", "unmasked", "lazy_rescale", "tma", "early_trigger")}  # fmt: skip
+    assert len(recorded) == 10  # the metrics of every point recorded so far
+    assert facts_from_metrics(recorded, key) == GqaLaunchFacts(default_config(16385, "fp8"), 132, "one wave")
 
 
 def test_facts_recorded_before_the_split_rule_was_are_read_by_the_even_rule() -> None:

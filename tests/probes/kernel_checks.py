@@ -11,6 +11,7 @@ probe's do (`kernels.common.pdl_enabled`); `--no-pdl` checks them without.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -19,6 +20,7 @@ import torch
 from decodetop.probes.worker import fused_moe
 from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope, tiles
 from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
+from decodetop.probes.worker.kernels.mla import LOG2E
 
 BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
@@ -152,6 +154,83 @@ def check_gqa(big: bool = False) -> None:
     assert work.splits == 79 and work.launch.combine_grid == (8, 2), work.launch
     got = gqa.gqa_decode(q, k, v, sm_scale=128**-0.5, work=work)
     check_close(got, gqa.reference_gqa(q, k, v, sm_scale=128**-0.5), "gqa split for 132 SMs, lanes in blocks")
+    _check_gqa_loop_forms(d, big)
+
+
+def _gqa_case(
+    d: torch.device, batch: int, heads: int, kv_heads: int, q_len: int, length: int, dim: int, fp8: bool, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(q, k, v, scales) of one GQA case: random, or with scores that grow along the context ("growing": every
+    row's max rises tile by tile, slowly and then fast, or fast and then slowly: "saturating"), so that the lazy
+    rescale fires and skips inside a split) or peak in the first tile ("first": it never fires after it)."""
+    q = torch.randn(batch, heads, q_len, dim, device=d)
+    k = torch.randn(batch, kv_heads, length, dim, device=d)
+    v = torch.randn(batch, kv_heads, length, dim, device=d)
+    if kind != "random":  # the keys along the mean query direction: scores ∝ the ramp (log2 units: ~0 → 40)
+        u = q.mean((0, 1, 2))
+        u = u / u.norm()
+        q = q * 0.3 + 3.0 * u
+        ramp = torch.linspace(0.0, 1.0, length, device=d) ** 2  # slow first (rescales skipped), then fast (fired)
+        if kind == "saturating":  # fast first, then slow: the last tiles' rescales skipped
+            ramp = torch.sin(torch.linspace(0.0, torch.pi / 2, length, device=d))
+        if kind == "first":
+            ramp = torch.zeros(length, device=d)
+            ramp[:8] = 1.0
+        k = k * 0.3 + (ramp * 28.0 * dim**0.5 / 3.0)[None, None, :, None] * u
+    scales = torch.tensor([0.5, 0.25], device=d) if fp8 else None
+    k, v = (_fp8(k, 0.5), _fp8(v, 0.25)) if fp8 else (k.to(BF16), v.to(BF16))
+    return q.to(BF16), k, v, scales
+
+
+def _check_gqa_loop_forms(d: torch.device, big: bool) -> None:
+    """Each loop form (`gqa.LOOP_FORMS`) and their combination over `LONG` and 256-token tiles: BF16 and FP8,
+    contexts of whole tiles and splits and not, groups of 1, 4 and 8 (and two new tokens), scores that grow along
+    the context and that peak in the first tile. The lazy rescale's recorded max must lag the exact one (skipped
+    rescales) by at most its threshold and pass the split's first tile's (it fired)."""
+    cases = [(1, 8, 8, 1, 300, 64, True), (1, 8, 2, 2, 512, 64, False), (1, 16, 2, 1, 1000, 128, True)]
+    cases += [(1, 8, 1, 1, 1024, 64, False), (2, 8, 2, 1, 384, 32, True)]
+    if big:
+        cases = [(1, 64, 8, 1, 32768, 128, True), (1, 64, 8, 1, 4096 + 100, 128, False)]
+    forms = [dataclasses.replace(gqa.LONG, **form) for form in gqa.LOOP_FORMS.values()]
+    forms += [dataclasses.replace(gqa.LONG, block_n=256, num_warps=4, programs_per_sm=1, **gqa.LOOP_FORMS["all"])]
+    for config in forms:
+        lags: list[tuple[float, float]] = []
+        for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
+            for kind in ("random", "growing", "first", *(["saturating"] if config.lazy_rescale else [])):
+                q, k, v, scales = _gqa_case(d, batch, heads, kv_heads, q_len, length, dim, fp8, kind)
+                work = gqa.gqa_workspace(batch, heads, kv_heads, q_len, length, dim, d, config=config, fp8=fp8)
+                work.out.fill_(float("nan"))
+                got = gqa.gqa_decode(q, k, v, sm_scale=dim**-0.5, scales=scales, work=work)
+                want = gqa.reference_gqa(q, k, v, sm_scale=dim**-0.5, scales=scales)
+                what = f"gqa [{config.label}] {kind} {batch=} {heads=} {kv_heads=} {q_len=} {length=} {fp8=}"
+                check_close(got, want, what)
+                if config.lazy_rescale and kind in ("growing", "saturating") and not big:
+                    lags.append(_check_lazy_max(q, k, scales, work, dim**-0.5, what))
+        if lags:  # over the growing cases: a rescale skipped somewhere, and one fired past a first tile
+            assert max(a for a, _ in lags) > 1.0, f"gqa [{config.label}]: the lazy rescale never skipped a rescale"
+            assert max(b for _, b in lags) > 1.0, f"gqa [{config.label}]: the lazy rescale never fired after a tile"
+
+
+def _check_lazy_max(
+    q: torch.Tensor, k: torch.Tensor, scales: torch.Tensor | None, work: gqa.GqaWorkspace, sm_scale: float, what: str
+) -> tuple[float, float]:
+    """The lazy rescale's recorded maxima (`work.ml`) against the exact ones of each split, never above nor more
+    than the threshold below; (the largest lag: a rescale skipped; the most past a split's first tile: one
+    fired)."""
+    batch, _heads, _q_len, dim = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    geo = work.launch
+    kf = k.float() * (scales[0] if scales is not None else 1.0)
+    rows = q.float().reshape(batch, kv_heads, geo.group_rows, dim)
+    s = torch.einsum("bhgd,bhnd->bhgn", rows, kf).reshape(geo.pairs, geo.group_rows, length) * sm_scale * LOG2E
+    m = work.ml.reshape(geo.pairs, geo.splits, geo.group_pad_rows, 2)[:, :, : geo.group_rows, 0]
+    chunk, tile = geo.tokens_per_split, geo.config.block_n
+    exact = torch.stack([s[:, :, j * chunk : (j + 1) * chunk].amax(-1) for j in range(geo.splits)], 1)
+    first = torch.stack([s[:, :, j * chunk : j * chunk + tile].amax(-1) for j in range(geo.splits)], 1)
+    lag = exact - m
+    tol = 0.05 * exact.abs().amax()  # bf16/fp16 products against the fp32 einsum
+    assert bool((lag > -tol).all()) and bool((lag <= gqa.LAZY_RESCALE_LOG2 + tol).all()), f"{what}: lag {lag}"
+    return float(lag.max()), float((m - first).max())
 
 
 def check_norms(big: bool = False) -> None:

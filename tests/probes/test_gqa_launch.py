@@ -29,6 +29,11 @@ class _OldConfig:
     programs_per_sm: int = 4
     f16: bool = False
     combine_block: int = 0
+    fold_scale: bool = False
+    unmasked: bool = False
+    lazy_rescale: bool = False
+    tma: bool = False
+    early_trigger: bool = False
 
 
 _OLD_SHORT = _OldConfig(block_n=128, num_warps=8, num_stages=3, programs_per_sm=2, f16=True)
@@ -83,6 +88,8 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, r
         "F32_DOT": interpreted() and not (cfg.f16 and fp8), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
         "USE_GDC": False,  # PDL: never on meta tensors outside `collecting` (tests/probes/test_pdl.py)
         "Q8": False,  # the FP8 × FP8 q · kᵀ: a diagnostic form, off in every launch the probe makes
+        "FOLD": cfg.fold_scale, "UNMASKED": cfg.unmasked, "LAZY": cfg.lazy_rescale, "TAU": 8.0, "TMA": cfg.tma,
+        "EARLY_TRIGGER": cfg.early_trigger,  # the loop forms: each its config field's, off in the defaults
     }  # fmt: skip
     block_s = min(cfg.combine_block or 1024, _old_next_pow2(splits))
     lanes = max(8, min(v_dim, 8192 // block_s))
@@ -136,6 +143,7 @@ SHAPES = [  # (batch, heads, kv_heads, q_len)
 LENGTHS = (1, 128, 129, 4097, 16383, 16384, 131073)
 SMS = (1, 132, 170)
 CONFIGS = [None, *dict.fromkeys([gqa.FIRST, gqa.SHORT, gqa.LONG, gqa.SHORT_BEFORE, gqa.LONG_BF16, *gqa.SWEEP])]
+CONFIGS += [dataclasses.replace(gqa.LONG, block_n=256, **form) for form in gqa.LOOP_FORMS.values()]
 
 
 @pytest.mark.parametrize("rule", ["even", "one wave"])
@@ -159,6 +167,9 @@ def test_the_launch_constants_are_the_ones_the_kernel_ran_with() -> None:
     assert gqa.GqaConfig(**dataclasses.asdict(_LONG_BF16)) == gqa.LONG_BF16
     assert (gqa.LONG_FROM, gqa.BLOCK_N, gqa.PROGRAMS_PER_SM) == (16384, 64, 4)
     assert gqa.GqaConfig(**dataclasses.asdict(_OldConfig())) == gqa.FIRST
+    loops = ("fold_scale", "unmasked", "lazy_rescale", "tma", "early_trigger")
+    for config in (gqa.FIRST, gqa.SHORT, gqa.LONG, gqa.LONG_BF16, *gqa.SWEEP):  # no loop form by default
+        assert not any(getattr(config, name) for name in loops), config
 
 
 def test_a_workspace_of_another_shape_is_refused() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from decodetop.budget.keys import AttentionKey
 
@@ -30,6 +30,19 @@ MAX_SPLITS = COMBINE_ELEMS // MIN_COMBINE_LANES
 #: rounded up, each program whole tiles: every point measured before this rule) and "one wave" (`one_wave_splits`).
 SPLIT_RULES = ("even", "one wave")
 SPLIT_RULE = "one wave"
+#: The split kernel's loop forms, `GqaConfig`'s boolean fields after the combine's step, and how a label names
+#: each (in this order).
+LOOP_OPTIONS = {
+    "fold_scale": "scale in q",
+    "unmasked": "unmasked tiles",
+    "lazy_rescale": "lazy rescale",
+    "tma": "TMA",
+    "early_trigger": "early trigger",
+}
+#: The lazy rescale's threshold in log2 units: the running max stays until a row's grows past it, so the
+#: probabilities and sums it leaves unscaled stay below 2^8 (FlashAttention-4's conditional rescaling, threshold
+#: 8.0: https://github.com/Dao-AILab/flash-attention, flash_attn/cute).
+LAZY_RESCALE_LOG2 = 8.0
 
 
 @dataclass(frozen=True)
@@ -48,19 +61,35 @@ class GqaConfig:
     """Split partials per step of the combine kernel (a power of two; 0: every split in one online-softmax step,
     the loads of m, l and the partial rows in flight together: the first version took 16 per step over two passes,
     four dependent round trips at 32 splits; the third round 64, nine steps at 513 splits)."""
+    fold_scale: bool = False
+    """The loop forms (`LOOP_OPTIONS`; all off: the loop measured so far). The score scale (sm_scale · k_scale ·
+    log2 e) multiplied into q once before the loop, so the loop multiplies no score."""
+    unmasked: bool = False
+    """Whole tiles without a mask (unmasked loads, no select on the scores), then at most one masked tail tile at
+    the context's end: every split's chunk is whole tiles, only the last split's may end inside one."""
+    lazy_rescale: bool = False
+    """Keep the running max unless some row's grew by more than `LAZY_RESCALE_LOG2` (log2 units); rescale the
+    accumulator and sum only then (one scalar branch a tile)."""
+    tma: bool = False
+    """Load the K and V tiles through TMA tensor descriptors (`tl.make_tensor_descriptor`): no per-element
+    address arithmetic, the context's end zero-filled by the copy."""
+    early_trigger: bool = False
+    """Under PDL, let the combine launch (`gdc_launch_dependents`) before the tile loop instead of after it: its
+    programs wait in `gdc_wait` for the split's completion either way."""
 
     @property
     def label(self) -> str:
         """'64 tok/4w/3st/4 per SM, fp16'."""
         opts = ["fp16"] if self.f16 else []
         opts += [f"combine {self.combine_block} a step"] if self.combine_block else []
+        opts += [text for name, text in LOOP_OPTIONS.items() if getattr(self, name)]
         base = f"{self.block_n} tok/{self.num_warps}w/{self.num_stages}st/{self.programs_per_sm} per SM"
         return ", ".join([base, *opts])
 
     @property
     def shape(self) -> GqaConfig:
         """The split kernel's shape alone (the combine's step left at its default)."""
-        return GqaConfig(self.block_n, self.num_warps, self.num_stages, self.programs_per_sm, self.f16)
+        return replace(self, combine_block=0)
 
 
 def config_from_label(text: str) -> GqaConfig | None:
@@ -76,14 +105,18 @@ def config_from_label(text: str) -> GqaConfig | None:
     except ValueError:
         return None
     f16, combine = False, 0
+    loop = {text: name for name, text in LOOP_OPTIONS.items()}
+    forms: dict[str, bool] = {}
     for opt in opts:
         if opt == "fp16":
             f16 = True
         elif opt.startswith("combine ") and opt.endswith(" a step") and opt[8:-7].isdigit():
             combine = int(opt[8:-7])
+        elif opt in loop:
+            forms[loop[opt]] = True
         else:
             return None
-    config = GqaConfig(block_n, warps, stages, per_sm, f16, combine)
+    config = GqaConfig(block_n, warps, stages, per_sm, f16, combine, **forms)
     return config if config.label == text else None
 
 
@@ -288,10 +321,11 @@ class GqaLaunchFacts:
         return key_launch(key, self.sm_count, self.config, rule=self.split_rule)
 
 
-LAUNCH_METRICS = ("block_n", "num_warps", "num_stages", "programs_per_sm", "f16", "combine_block")
+LAUNCH_METRICS = ("block_n", "num_warps", "num_stages", "programs_per_sm", "f16", "combine_block", *LOOP_OPTIONS)
 """The config fields a GQA measurement records as `launch_<field>` metrics, beside `launch_sm_count`,
 `launch_split_rule` (its index in `SPLIT_RULES`) and the split that came of them
-(`launch_splits`, `launch_tokens_per_split`), which a reader checks against the rule."""
+(`launch_splits`, `launch_tokens_per_split`), which a reader checks against the rule. A loop form's metric
+(`LOOP_OPTIONS`) that a point does not record is off: every point recorded before the forms were."""
 
 
 def launch_metrics(launch: GqaLaunch) -> dict[str, float]:
@@ -311,14 +345,17 @@ def facts_from_metrics(metrics: Mapping[str, float], key: AttentionKey) -> GqaLa
     recorded split rule gives another split than the one recorded: the facts then belong to another kernel's rule;
     no recorded rule is the "even" one, every point's before the rule was recorded)."""
     names = [f"launch_{n}" for n in (*LAUNCH_METRICS, "sm_count", "splits", "tokens_per_split")]
-    ints = [v for v in (_whole(metrics.get(n)) for n in names) if v is not None]
+    absent_off = {f"launch_{n}": 0.0 for n in LOOP_OPTIONS}
+    ints = [v for v in (_whole(metrics.get(n, absent_off.get(n))) for n in names) if v is not None]
     rule = _whole(metrics.get("launch_split_rule", 0.0))
     if rule is None or rule >= len(SPLIT_RULES) or len(ints) != len(names):
         return None
-    block_n, warps, stages, per_sm, f16, combine, sms, splits, per_split = ints
-    if min(block_n, warps, stages, per_sm, sms) < 1:
+    block_n, warps, stages, per_sm, f16, combine, *forms = ints[: len(LAUNCH_METRICS)]
+    sms, splits, per_split = ints[len(LAUNCH_METRICS) :]
+    if min(block_n, warps, stages, per_sm, sms) < 1 or any(on > 1 for on in forms):
         return None
-    config = GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine)
+    loop = {name: bool(on) for name, on in zip(LOOP_OPTIONS, forms, strict=True)}
+    config = GqaConfig(block_n, warps, stages, per_sm, bool(f16), combine, **loop)
     facts = GqaLaunchFacts(config, sms, SPLIT_RULES[rule])
     got = facts.launch(key)
     return facts if (got.splits, got.tokens_per_split) == (splits, per_split) else None

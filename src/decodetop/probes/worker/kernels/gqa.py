@@ -25,6 +25,22 @@ the combine's programs are scheduled while the split's last ones finish, and the
 attention finishes, each waiting in `gdc_wait` before its first load, so the graph nodes of a decode step overlap
 their launch and ramp as Hopper engines' kernels do. Every load comes after the wait, the KV cache's too (in an
 engine the kernel before writes the new token's K and V); `USE_GDC=False` compiles the kernels as before.
+
+The loop forms (`GqaConfig`'s `fold_scale`, `unmasked`, `lazy_rescale`, `tma`, `early_trigger`; all off in every
+default shape, whose loop body is the one measured so far): at 32K the loop, not memory, still bounds the kernel
+(1.85× bytes / copy, ~26 warp-instructions a cached token for `LONG`, docs/benchmarks.md "Kernels, third round"),
+so each form takes work out of it. `fold_scale` multiplies sm_scale · k_scale · log2 e into q once (no multiply a
+score): q is rounded to FP16 (BF16 over a BF16 cache) after the multiply, as it was before it, and the factor
+(≈ 0.13 · k_scale) shrinks q, so nothing overflows; FP16 keeps 11 bits down to 2^-14, where a q value's product
+with an E4M3 key (≤ 448) is below 1e-2 in log2 units of score, so only negligible terms lose bits. `unmasked`
+reads whole tiles without a mask or select (every split's chunk is whole tiles, `plan_splits`) and masks only
+the tile the context ends in. `lazy_rescale` (FlashAttention-4's conditional rescaling) keeps the running max
+until a row's grows past `LAZY_RESCALE_LOG2`: exact, since l and acc share the max the combine rescales them by,
+and p ≤ 2^8 in FP16 and fp32 has the headroom. `tma` loads K and V through tensor descriptors made on the
+device (`tl.make_tensor_descriptor`, scratch from `triton.set_allocator`; the interpreter runs them too).
+`early_trigger` lets the combine launch before the tile loop (PDL: the combine's `gdc_wait` still waits for
+the split grid). 256-token tiles (64 KB of FP8 K and V a stage) are a `block_n`. benchmarks/kernels/
+gqa_loop_forms.py times them; their H200 figures are pending.
 """
 
 from __future__ import annotations
@@ -37,9 +53,11 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.gqa_launch import (
     BLOCK_N,
     FIRST,
+    LAZY_RESCALE_LOG2,
     LONG,
     LONG_BF16,
     LONG_FROM,
+    LOOP_OPTIONS,
     PROGRAMS_PER_SM,
     SHORT,
     SHORT_BEFORE,
@@ -67,9 +85,11 @@ from decodetop.probes.worker.kernels.mla import LOG2E
 __all__ = [  # the launch shapes and rules re-exported from the budget layer, where they live
     "BLOCK_N",
     "FIRST",
+    "LAZY_RESCALE_LOG2",
     "LONG",
     "LONG_BF16",
     "LONG_FROM",
+    "LOOP_FORMS",
     "PROGRAMS_PER_SM",
     "SHORT",
     "SHORT_BEFORE",
@@ -102,13 +122,107 @@ SWEEP = (
     GqaConfig(block_n=128, num_warps=4, num_stages=3, programs_per_sm=2, f16=True),
 )
 
+#: The split kernel's loop forms (`GqaConfig`'s fields, `decodetop.budget.gqa_launch.LOOP_OPTIONS`) one at a time
+#: and together, as benchmarks/kernels/gqa_loop_forms.py times them and tests/probes/kernel_checks.py checks them.
+LOOP_FORMS: dict[str, dict[str, bool]] = {
+    "scale in q": {"fold_scale": True},
+    "unmasked": {"unmasked": True},
+    "lazy rescale": {"lazy_rescale": True},
+    "TMA": {"tma": True},
+    "early trigger": {"early_trigger": True},
+    "fold+unmasked+lazy": {"fold_scale": True, "unmasked": True, "lazy_rescale": True},
+    "all": dict.fromkeys(LOOP_OPTIONS, True),
+}
+
 #: Warps of one combine program (`decodetop.budget.gqa_launch.COMBINE_ELEMS` partials over 256 threads).
 COMBINE_WARPS = 8
 
 if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _gqa_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
+    def _kv_tile(  # type: ignore[no-untyped-def,unused-ignore]
+        src, n0, end, offs_d, ROW: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr
+    ):
+        """One [BLOCK_N, ROW] tile of K or V from token n0: through its tensor descriptor (TMA: rows past the
+        context's end read as zeros), else by pointers from `src`, masked past `end` where MASKED."""
+        if TMA:
+            return src.load([n0, 0])
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        ptrs = src + offs_n[:, None] * ROW + offs_d[None, :]
+        if MASKED:
+            return tl.load(ptrs, mask=(offs_n < end)[:, None], other=0.0)
+        return tl.load(ptrs)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gqa_tile(  # type: ignore[no-untyped-def,unused-ignore]
+        q,
+        k_src,
+        v_src,
+        n0,
+        end,
+        m_i,
+        l_i,
+        acc,
+        q_scale,
+        qk_scale,
+        offs_d,
+        offs_dv,
+        FP8: tl.constexpr,
+        D: tl.constexpr,
+        DV: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        F16: tl.constexpr,
+        F32_DOT: tl.constexpr,
+        Q8: tl.constexpr,
+        MASKED: tl.constexpr,
+        FOLD: tl.constexpr,
+        LAZY: tl.constexpr,
+        TAU: tl.constexpr,
+        TMA: tl.constexpr,
+    ):
+        """One tile's online-softmax step: (m_i, l_i, acc) after the tile of tokens from n0. With every form off
+        (MASKED, no FOLD, LAZY or TMA) it is the loop body the kernel ran before the forms."""
+        kt = _kv_tile(k_src, n0, end, offs_d, D, BLOCK_N, MASKED, TMA)
+        vt = _kv_tile(v_src, n0, end, offs_dv, DV, BLOCK_N, MASKED, TMA)
+        if F32_DOT:
+            kt = kt.to(tl.float32)
+            vt = vt.to(tl.float32)
+        elif F16:
+            if not Q8:
+                kt = kt.to(tl.float16)
+            vt = vt.to(tl.float16)
+        elif FP8:
+            kt = kt.to(tl.bfloat16)
+            vt = vt.to(tl.bfloat16)
+        s = tl.dot(q, tl.trans(kt))
+        if Q8:
+            s = s * q_scale[:, None]
+        if not FOLD:
+            s = s * qk_scale
+        if MASKED:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            s = tl.where((offs_n < end)[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if LAZY:  # each tile has a token in range, so m_new is finite: the first tile always rescales (from -inf)
+            if tl.max(m_new - m_i, 0) > TAU:
+                alpha = tl.exp2(m_i - m_new)
+                l_i = l_i * alpha
+                acc = acc * alpha[:, None]
+                m_i = m_new
+            p = tl.exp2(s - m_i[:, None])
+            l_i = l_i + tl.sum(p, 1)
+            acc = acc + tl.dot(p.to(vt.dtype), vt)
+        else:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_use)
+            p = tl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+            m_i = m_new
+        return m_i, l_i, acc
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gqa_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0912, PLR0915 - constexpr forms
         q_ptr,
         k_ptr,
         v_ptr,
@@ -135,9 +249,18 @@ if HAVE_TRITON:
         F32_DOT: tl.constexpr,
         USE_GDC: tl.constexpr,
         Q8: tl.constexpr = False,
+        FOLD: tl.constexpr = False,
+        UNMASKED: tl.constexpr = False,
+        LAZY: tl.constexpr = False,
+        TAU: tl.constexpr = 8.0,
+        TMA: tl.constexpr = False,
+        EARLY_TRIGGER: tl.constexpr = False,
     ):
         """Q8 (an FP8 cache only): q · kᵀ FP8 × FP8, each q row quantized to E4M3 (scale max|q_row| / 448, folded
-        into the row's score scale), as FlashAttention-3's FP8 path multiplies; p · v stays FP16."""
+        into the row's score scale), as FlashAttention-3's FP8 path multiplies; p · v stays FP16. The loop forms
+        (`GqaConfig`'s): FOLD the score scale into q (with Q8 into the row scales), UNMASKED whole tiles and one
+        masked tail, LAZY rescale past TAU (log2 units), TMA descriptors for K and V, EARLY_TRIGGER the
+        dependents' launch before the loop."""
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // kv_heads
@@ -148,6 +271,8 @@ if HAVE_TRITON:
         offs_dv = tl.arange(0, DV)
         if USE_GDC:  # q and the KV cache (the new token's row) are written by the kernels before this one
             tl.extra.cuda.gdc_wait()
+            if EARLY_TRIGGER:  # the combine's gdc_wait still waits for this grid's completion and flush
+                tl.extra.cuda.gdc_launch_dependents()
         # q rows of this kv head: [b, h · group_rows + g, D]
         q = tl.load(
             q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
@@ -163,6 +288,10 @@ if HAVE_TRITON:
         q_scale = tl.full([GP], 1.0, tl.float32)
         if Q8:
             q, q_scale = e4m3_rows(q.to(tl.float32), k_ptr.dtype.element_ty, F32_DOT)
+            if FOLD:
+                q_scale = q_scale * qk_scale
+        elif FOLD:  # one multiply per q value instead of one per score; cast below as the loop multiplies
+            q = (q.to(tl.float32) * qk_scale).to(q_ptr.dtype.element_ty if not F16 else tl.float16)
         if F32_DOT:
             q = q.to(tl.float32)
         elif F16 and not Q8:
@@ -174,33 +303,31 @@ if HAVE_TRITON:
         end = tl.minimum(start + chunk, length)
         k_base = k_ptr + b * stride_kb + h * stride_kh
         v_base = v_ptr + b * stride_vb + h * stride_vh
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            kt = tl.load(k_base + offs_n[:, None] * D + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            vt = tl.load(v_base + offs_n[:, None] * DV + offs_dv[None, :], mask=mask_n[:, None], other=0.0)
-            if F32_DOT:
-                kt = kt.to(tl.float32)
-                vt = vt.to(tl.float32)
-            elif F16:
-                if not Q8:
-                    kt = kt.to(tl.float16)
-                vt = vt.to(tl.float16)
-            elif FP8:
-                kt = kt.to(tl.bfloat16)
-                vt = vt.to(tl.bfloat16)
-            s = tl.dot(q, tl.trans(kt))
-            if Q8:
-                s = s * q_scale[:, None]
-            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-            m_i = m_new
-        if USE_GDC:
+        if TMA:  # the pair's [length, D] rows; the context's end zero-filled by the copy
+            k_src = tl.make_tensor_descriptor(k_base, shape=[length, D], strides=[D, 1], block_shape=[BLOCK_N, D])
+            v_src = tl.make_tensor_descriptor(v_base, shape=[length, DV], strides=[DV, 1], block_shape=[BLOCK_N, DV])
+        else:
+            k_src = k_base
+            v_src = v_base
+        if UNMASKED:  # chunks are whole tiles: only the last split's may end inside one
+            main_end = start + (end - start) // BLOCK_N * BLOCK_N
+            for n0 in range(start, main_end, BLOCK_N):
+                m_i, l_i, acc = _gqa_tile(
+                    q, k_src, v_src, n0, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
+                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, False, FOLD, LAZY, TAU, TMA,
+                )  # fmt: skip
+            if main_end < end:
+                m_i, l_i, acc = _gqa_tile(
+                    q, k_src, v_src, main_end, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
+                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
+                )  # fmt: skip
+        else:
+            for n0 in range(start, end, BLOCK_N):
+                m_i, l_i, acc = _gqa_tile(
+                    q, k_src, v_src, n0, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
+                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
+                )  # fmt: skip
+        if USE_GDC and not EARLY_TRIGGER:
             tl.extra.cuda.gdc_launch_dependents()
         part = (bh * n_splits + split) * GP + offs_g
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
@@ -329,6 +456,23 @@ def _check_shapes(
         raise ValueError("GQA's FP8 × FP8 q · kᵀ needs an FP8 cache")
 
 
+def _descriptor_scratch(size: int, _alignment: int, _stream: int | None) -> torch.Tensor:
+    """Global scratch for the tensor descriptors a kernel makes on the device (`triton.set_allocator`): a CUDA
+    allocation on the current device, from the graph's pool under capture (vLLM's `set_triton_allocator` so)."""
+    return torch.empty(size, device="cuda", dtype=torch.int8)
+
+
+def _tma_ready(k: torch.Tensor, v: torch.Tensor) -> None:
+    """ValueError unless TMA descriptors can take K and V's rows (16-byte rows and bases: the CUDA driver's
+    `cuTensorMapEncodeTiled` rules); on a GPU, give Triton the allocator for their scratch."""
+    for what, x in (("K", k), ("V", v)):
+        row = x.shape[-1] * x.element_size()
+        if x.stride(-1) != 1 or x.stride(-2) != x.shape[-1] or row % 16 or x.data_ptr() % 16:
+            raise ValueError(f"GQA's TMA tiles need contiguous 16-byte {what} rows (got {row} bytes)")
+    if k.device.type == "cuda":
+        triton.set_allocator(_descriptor_scratch)
+
+
 def gqa_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -358,6 +502,8 @@ def gqa_decode(
     qc = q.contiguous()
     scale = scales if scales is not None else work.ml
     cfg = geo.config
+    if cfg.tma:
+        _tma_ready(k, v)
     launch(
         _gqa_split_kernel,
         geo.split_grid,
@@ -386,6 +532,12 @@ def gqa_decode(
         F16=cfg.f16 and fp8,
         F32_DOT=interpreted() and (q8 or not (cfg.f16 and fp8)),  # fp16 dots run right under the interpreter
         Q8=q8 and cfg.f16,
+        FOLD=cfg.fold_scale,
+        UNMASKED=cfg.unmasked,
+        LAZY=cfg.lazy_rescale,
+        TAU=LAZY_RESCALE_LOG2,
+        TMA=cfg.tma,
+        EARLY_TRIGGER=cfg.early_trigger,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         pdl=True,
