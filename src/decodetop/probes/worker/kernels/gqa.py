@@ -30,9 +30,10 @@ The loop forms (`GqaConfig`'s `fold_scale`, `unmasked`, `lazy_rescale`, `tma`, `
 default shape, whose loop body is the one measured so far): at 32K the loop, not memory, still bounds the kernel
 (1.85× bytes / copy, ~26 warp-instructions a cached token for `LONG`, docs/benchmarks.md "Kernels, third round"),
 so each form takes work out of it. `fold_scale` multiplies sm_scale · k_scale · log2 e into q once (no multiply a
-score): q is rounded to FP16 (BF16 over a BF16 cache) after the multiply, as it was before it, and the factor
-(≈ 0.13 · k_scale) shrinks q, so nothing overflows; FP16 keeps 11 bits down to 2^-14, where a q value's product
-with an E4M3 key (≤ 448) is below 1e-2 in log2 units of score, so only negligible terms lose bits. `unmasked`
+score): q is rounded to FP16 (BF16 over a BF16 cache: one rounding more, ~2^-9 a value) after the multiply, as
+it was before it, and the factor (sm_scale · log2 e ≈ 0.13 at head dim 128, times k_scale = the keys' amax / 448)
+shrinks q, so nothing overflows; below 2^-14 FP16 steps by 2^-24, so over 128 dims of E4M3 keys (≤ 448) such
+values move a score by < 2e-3 in log2 units. `unmasked`
 reads whole tiles without a mask or select (every split's chunk is whole tiles, `plan_splits`) and masks only
 the tile the context ends in. `lazy_rescale` (FlashAttention-4's conditional rescaling) keeps the running max
 until a row's grows past `LAZY_RESCALE_LOG2`: exact, since l and acc share the max the combine rescales them by,
