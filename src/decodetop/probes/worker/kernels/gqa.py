@@ -146,13 +146,13 @@ if HAVE_TRITON:
     ):
         """One [BLOCK_N, ROW] tile of K or V from token n0: through its tensor descriptor (TMA: rows past the
         context's end read as zeros), else by pointers from `src`, masked past `end` where MASKED."""
-        if TMA:
-            return src.load([n0, 0])
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        ptrs = src + offs_n[:, None] * ROW + offs_d[None, :]
-        if MASKED:
-            return tl.load(ptrs, mask=(offs_n < end)[:, None], other=0.0)
-        return tl.load(ptrs)
+        if TMA:  # one return at the end: Triton 3.6 compiles the code after an early return in a constexpr branch
+            tile = src.load([n0, 0])
+        else:
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            ptrs = src + offs_n[:, None] * ROW + offs_d[None, :]
+            tile = tl.load(ptrs, mask=(offs_n < end)[:, None], other=0.0) if MASKED else tl.load(ptrs)
+        return tile
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_tile(  # type: ignore[no-untyped-def,unused-ignore]
