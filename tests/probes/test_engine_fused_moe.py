@@ -208,24 +208,29 @@ MEMSET_FREE = LAYER + textwrap.dedent(
             for form in fm.FORMS:
                 h = torch.zeros(tokens * top_k, 2 * inter)
                 ys = torch.zeros(tokens * top_k, hidden)
+                tickets = torch.zeros(fm.ticket_count(tokens, top_k, hidden), dtype=torch.int32)
                 outs = []
                 for step in range(2):  # the second step's split reductions add onto what the first left
                     out = torch.full((tokens, hidden), float("nan"), dtype=dtype)
-                    outs.append(fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles, form=form))
+                    outs.append(fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles, form=form, tickets=tickets))
                     assert close(outs[-1], want), (shape, tiles, form, step)
-                    assert not h.any() and not ys.any(), (shape, tiles, form, step)  # zero again, no memset
+                    what = (shape, tiles, form, step)
+                    assert not h.any() and not ys.any() and not tickets.any(), what  # zero again, no memset
                 assert torch.equal(outs[0], outs[1]), (shape, tiles, form)
         # The earlier form: memsets before the split kernels, so any workspace contents do; it leaves them dirty.
         h = torch.full((tokens * top_k, 2 * inter), 3.0)
         ys = torch.full((tokens * top_k, hidden), 3.0)
         got = fm.fused_moe(*args, h=h, ys=ys, tiles=(SPLIT_UP, SPLIT_DOWN), memsets=True)
         assert close(got, want) and ys.any()
-    try:
-        fm.fused_moe(*args, form="sideways")
-    except ValueError as exc:
-        assert "sideways" in str(exc)
-    else:
-        raise AssertionError("an unknown form ran")
+    few = torch.zeros(1, dtype=torch.int32)  # the fold form's counters must cover its launch
+    for bad, words in [({"form": "sideways"}, "sideways"), ({"form": fm.FORM_FOLD, "tickets": few}, "too few"),
+                       ({"form": fm.FORM_FOLD, "memsets": True}, "three-kernel")]:
+        try:
+            fm.fused_moe(*args, **bad)
+        except ValueError as exc:
+            assert words in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} ran")
     print("ok")
     """
 )

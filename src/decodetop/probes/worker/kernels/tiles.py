@@ -3,7 +3,7 @@ tile on the probe's own tensors, kept under the state directory (`decodetop.path
 and read back on the next run, so a shape is tuned once per GPU model.
 
 The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits, mma], "down": [...],
-"gate_up_us": …, "down_us": …, "tried": n, "form": "late" | "early" | …, "step_us": …}}} (mma 1: the gate_up
+"gate_up_us": …, "down_us": …, "tried": n, "form": "late" | "early" | "fold", "step_us": …}}} (mma 1: the gate_up
 kernel's `tl.dot` form; form: how the kernels meet, `FORMS`, timed as a whole step; an entry without it reads as
 the late form). Entries of three numbers
 (from before stages and splits) read as Triton's default stages and one split, entries of five (from before the
@@ -129,10 +129,12 @@ TILE_CANDIDATES = (
 #: measured on the H200 through the fourth round (each kernel's `gdc_launch_dependents` after its loop, the down
 #: kernel's loads after its `gdc_wait`); `early` (each trigger right after the wait, so the next grid's programs
 #: become resident while this one streams, and the down kernel's id, router weight and first weight tile loaded
-#: before its wait).
+#: before its wait); `fold` (the early form's two kernels, the combine folded into the down kernel by tickets: one
+#: launch fewer).
 FORM_LATE = "late"
 FORM_EARLY = "early"
-FORMS = (FORM_LATE, FORM_EARLY)
+FORM_FOLD = "fold"
+FORMS = (FORM_LATE, FORM_EARLY, FORM_FOLD)
 
 
 STORE_NAME = "kernel_tiles.json"
