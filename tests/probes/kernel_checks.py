@@ -300,8 +300,8 @@ def check_rope(big: bool = False) -> None:
 
 def check_moe(big: bool = False) -> None:
     """The fused-MoE kernels with every tile the tuner tries (split reductions, tails and gate_up's `tl.dot` form
-    included; `fused_moe._candidate_pairs`), BF16 and FP8 experts, against the torch reference: two steps on the
-    same workspaces, zero after each (no memsets), then the earlier form with memsets."""
+    included; `fused_moe._candidate_pairs`) in every form (`tiles.FORMS`), BF16 and FP8 experts, against the torch
+    reference: two steps on the same workspaces, zero after each (no memsets), then the earlier form with memsets."""
     d = _dev()
     shapes = [(1, 300, 80, 6, 2)]
     if big:
@@ -316,12 +316,14 @@ def check_moe(big: bool = False) -> None:
             want = fused_moe.reference_moe(x, w13, w2, ids, wts).float()
             h = torch.zeros(tokens * top_k, 2 * inter, device=d)
             ys = torch.zeros(tokens * top_k, hidden, device=d)
-            for up, down in fused_moe._candidate_pairs():
+            for (up, down), form in [(p, f) for f in tiles.FORMS for p in fused_moe._candidate_pairs()]:
                 for step in range(2):
                     out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
-                    got = fused_moe.fused_moe(x, w13, w2, ids, wts, h=h, ys=ys, out=out, tiles=(up, down)).float()
+                    got = fused_moe.fused_moe(
+                        x, w13, w2, ids, wts, h=h, ys=ys, out=out, tiles=(up, down), form=form
+                    ).float()
                     err = float((got - want).abs().max())
-                    what = f"moe {up.text} / {down.text} {dtype} {hidden=} {inter=} step {step}"
+                    what = f"moe {up.text} / {down.text} {form} {dtype} {hidden=} {inter=} step {step}"
                     assert err <= 0.02 * float(want.abs().max()), f"{what}: {err:.3g}"
                     assert not h.any() and not ys.any(), f"{what}: workspaces not zero after the step"
             split = tiles.Tiles(16, 256, 4, 0, 2)

@@ -196,30 +196,47 @@ LAYER = textwrap.dedent(
 MEMSET_FREE = LAYER + textwrap.dedent(
     """
     SPLIT_UP, SPLIT_DOWN = Tiles(16, 128, 4, 0, 2), Tiles(16, 32, 4, 0, 2)  # both reductions split: atomics
-    for shape, dtype in [((1, 300, 80, 6, 2), torch.bfloat16), ((2, 256, 48, 4, 2), torch.float32)]:
+    # tails (300 % 128, 80 % 16); top-k 1 over 3 tokens; top-k 8; fp32
+    SHAPES = [((1, 300, 80, 6, 2), torch.bfloat16), ((3, 300, 48, 8, 1), torch.bfloat16),
+              ((1, 200, 48, 8, 8), torch.bfloat16), ((2, 256, 48, 4, 2), torch.float32)]
+    PREFETCH = Tiles(128, 32, 8)  # the early form's larger down programs, over several k-steps
+    for shape, dtype in SHAPES:
         args, want = layer(*shape, dtype)
         tokens, hidden, inter, _, top_k = shape
-        for tiles in (None, (SPLIT_UP, SPLIT_DOWN), (Tiles(16, 128, 4, 2, 2, mma=True), SPLIT_DOWN)):
-            h = torch.zeros(tokens * top_k, 2 * inter)
-            ys = torch.zeros(tokens * top_k, hidden)
-            outs = []
-            for step in range(2):  # the second step's split reductions add onto what the first left
-                out = torch.full((tokens, hidden), float("nan"), dtype=dtype)
-                outs.append(fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles))
-                assert close(outs[-1], want), (tiles, step)
-                assert not h.any() and not ys.any(), (tiles, step)  # zero again, without a memset
-            assert torch.equal(outs[0], outs[1]), tiles
+        for tiles in (None, (SPLIT_UP, SPLIT_DOWN), (Tiles(16, 128, 4, 2, 2, mma=True), SPLIT_DOWN),
+                      (SPLIT_UP, PREFETCH)):
+            for form in fm.FORMS:
+                h = torch.zeros(tokens * top_k, 2 * inter)
+                ys = torch.zeros(tokens * top_k, hidden)
+                tickets = torch.zeros(fm.ticket_count(tokens, top_k, hidden), dtype=torch.int32)
+                outs = []
+                for step in range(2):  # the second step's split reductions add onto what the first left
+                    out = torch.full((tokens, hidden), float("nan"), dtype=dtype)
+                    outs.append(fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles, form=form, tickets=tickets))
+                    assert close(outs[-1], want), (shape, tiles, form, step)
+                    what = (shape, tiles, form, step)
+                    assert not h.any() and not ys.any() and not tickets.any(), what  # zero again, no memset
+                assert torch.equal(outs[0], outs[1]), (shape, tiles, form)
         # The earlier form: memsets before the split kernels, so any workspace contents do; it leaves them dirty.
         h = torch.full((tokens * top_k, 2 * inter), 3.0)
         ys = torch.full((tokens * top_k, hidden), 3.0)
         got = fm.fused_moe(*args, h=h, ys=ys, tiles=(SPLIT_UP, SPLIT_DOWN), memsets=True)
         assert close(got, want) and ys.any()
+    few = torch.zeros(1, dtype=torch.int32)  # the fold form's counters must cover its launch
+    for bad, words in [({"form": "sideways"}, "sideways"), ({"form": fm.FORM_FOLD, "tickets": few}, "too few"),
+                       ({"form": fm.FORM_FOLD, "memsets": True}, "three-kernel")]:
+        try:
+            fm.fused_moe(*args, **bad)
+        except ValueError as exc:
+            assert words in str(exc), exc
+        else:
+            raise AssertionError(f"{bad} ran")
     print("ok")
     """
 )
 
 
-def test_memset_free_steps_give_the_reference_and_leave_the_workspaces_zero() -> None:
+def test_every_form_gives_the_reference_twice_and_leaves_the_workspaces_zero() -> None:
     _interpreted(MEMSET_FREE)
 
 

@@ -57,6 +57,27 @@ def test_writes_have_six_numbers_and_read_back_the_same(tmp_path: Path) -> None:
     found = tile_store.lookup(GPU, SHAPE, path)
     assert found is not None and (found.gate_up, found.down) == (choice.gate_up, choice.down)
     assert "32×256/4w/3st mma" in found.text and "from the tile store" in found.text
+    assert (found.form, found.step_us) == (tile_store.FORM_LATE, 0.0)
+
+
+def test_the_form_and_step_time_read_back_and_an_entry_without_a_form_is_the_late_one(tmp_path: Path) -> None:
+    path = tmp_path / tile_store.STORE_NAME
+    choice = TileChoice(Tiles(16, 512), Tiles(128, 256, 8), 12.0, 9.0, 31, False, tile_store.FORM_EARLY, 20.5)
+    tile_store.remember(GPU, SHAPE, choice, path)
+    found = tile_store.lookup(GPU, SHAPE, path)
+    assert found is not None and (found.form, found.step_us) == (tile_store.FORM_EARLY, 20.5)
+    assert "form early (20.5 µs a step)" in found.text
+    _store(path, [16, 256, 4], [16, 256, 4])  # no "form": written for the late form
+    found = tile_store.lookup(GPU, SHAPE, path)
+    assert found is not None and found.form == tile_store.FORM_LATE
+    entry = json.loads(path.read_text())
+    entry[GPU][SHAPE]["form"] = "sideways"
+    path.write_text(json.dumps(entry))
+    assert tile_store.lookup(GPU, SHAPE, path) is None
+
+
+def test_the_store_key_names_this_kernel_version() -> None:
+    assert SHAPE.endswith(f"kernel=v{tile_store.KERNEL_VERSION}") and tile_store.KERNEL_VERSION >= 4
 
 
 def test_the_tuner_tries_the_mma_tiles_for_gate_up_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,6 +105,36 @@ def test_the_tuner_tries_the_mma_tiles_for_gate_up_only(monkeypatch: pytest.Monk
     )
     assert choice.gate_up == Tiles(32, 256, 4, 3, 1, mma=True) and choice.down == Tiles(16, 256, 4, 0, 4)
     assert (choice.gate_up_us, choice.down_us, choice.cached) == (1.0, 2.0, False)
+
+
+def test_the_tuner_times_whole_steps_in_every_form_and_keeps_the_fastest(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Alone, 16×256 is the fastest down tile; as a whole step, a prefetching 128-row down in the early form wins.
+    big = tile_store.PREFETCH_CANDIDATES[0]
+    alone = {Tiles(16, 256): 2.0, big: 5.0}
+    steps: list[tuple[Tiles, Tiles, str]] = []
+
+    def kernel(tiles: Tiles) -> Callable[[], None]:
+        def go() -> None:
+            return None
+
+        go.us = alone.get(tiles, 10.0)  # type: ignore[attr-defined]
+        return go
+
+    def step(up: Tiles, down: Tiles, form: str) -> Callable[[], None]:
+        steps.append((up, down, form))
+
+        def go() -> None:
+            return None
+
+        go.us = 3.0 if (down, form) == (big, tile_store.FORM_EARLY) else 8.0  # type: ignore[attr-defined]
+        return go
+
+    monkeypatch.setattr(tile_store, "_time", lambda fn: fn.us)
+    choice = tile_store.tune(kernel, kernel, launch_step=step)
+    assert {form for _, _, form in steps} == set(tile_store.FORMS)
+    assert len({up for up, _, _ in steps}) == tile_store.STEP_GATE_UP
+    assert (choice.down, choice.form, choice.step_us, choice.down_us) == (big, tile_store.FORM_EARLY, 3.0, 5.0)
+    assert tile_store.tune(kernel, kernel).form == tile_store.FORM_LATE  # no step launcher: each kernel alone
 
 
 def test_every_mma_candidate_is_a_whole_dot_tile() -> None:

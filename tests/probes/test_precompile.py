@@ -94,11 +94,23 @@ def test_moe_collects_every_candidate_tile_until_a_choice_is_stored() -> None:
     by_kernel = {name: sum(1 for r in first if r.name == name) for name in names}
     mma = len(tile_store.MMA_CANDIDATES)  # at these widths each candidate is its own specialization
     plain = len(tile_store.TILE_CANDIDATES) - mma  # the down kernel has no tl.dot form
-    assert mma and by_kernel == {"_gate_up_kernel": plain, "_gate_up_mma_kernel": mma, "_down_kernel": plain}
-    chosen = tile_store.TileChoice(tile_store.TILE_CANDIDATES[0], tile_store.TILE_CANDIDATES[1], 1.0, 1.0, 2, False)
+    # Each form its own down kernel (EARLY, FOLD); gate_up's trigger is late or early (the fold form's is early).
+    forms, triggers = len(tile_store.FORMS), 2
+    want = {"_gate_up_kernel": plain * triggers, "_gate_up_mma_kernel": mma * triggers, "_down_kernel": plain * forms}
+    assert mma and by_kernel == want
+    chosen = tile_store.TileChoice(
+        tile_store.TILE_CANDIDATES[0], tile_store.TILE_CANDIDATES[1], 1.0, 1.0, 2, False, tile_store.FORM_EARLY
+    )
     tile_store.remember("Test GPU", tile_store.shape_id(2, 2, 4096, 2048, "bf16"), chosen)
     stored, _ = precompile.collect(_cpu(), build)
     assert sorted(r.name for r in stored) == ["_combine_kernel", "_down_kernel", "_gate_up_kernel"]
+    assert all(dict(r.kwargs)["EARLY"] for r in stored)  # the stored form's specialization only
+    folded = tile_store.TileChoice(
+        tile_store.TILE_CANDIDATES[0], tile_store.TILE_CANDIDATES[1], 1.0, 1.0, 2, False, tile_store.FORM_FOLD
+    )
+    tile_store.remember("Test GPU", tile_store.shape_id(2, 2, 4096, 2048, "bf16"), folded)
+    stored, _ = precompile.collect(_cpu(), build)
+    assert sorted(r.name for r in stored) == ["_down_kernel", "_gate_up_kernel"]  # no combine launch
 
 
 def test_nothing_is_compiled_ahead_off_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

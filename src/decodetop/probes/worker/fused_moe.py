@@ -14,9 +14,9 @@ full bandwidth. Three kernels do the whole routed-expert op:
 2. `down`: one program per routed slot × block of the hidden width × part of the intermediate width: streams that
    expert's down-projection rows against SiLU(gate) · up (computed from the sums as each block is read) and writes
    the product, scaled by the router weight, as an fp32 row (added with atomics where split);
-3. `combine`: each token's top-k rows summed into its output (deterministic; a few KB per token). The down kernel
-   summing the top-k itself instead (no fp32 partials, one launch fewer) was slower on an H200 at Mixtral's top-k 2
-   (docs/benchmarks.md, "Kernels, fourth round").
+3. `combine` (not in the fold form, below): each token's top-k rows summed into its output (deterministic; a few
+   KB per token). The down kernel summing the top-k itself instead (no fp32 partials, one launch fewer) was slower
+   on an H200 at Mixtral's top-k 2 (docs/benchmarks.md, "Kernels, fourth round").
 
 Splitting the reduction (`Tiles.split_k`) gives a shape with few output rows per slot enough programs to keep
 HBM busy: DeepSeek-V3's TP-8 slice has 8 slots × 512 gate/up rows, 128 programs of 32 rows for 132 SMs, and read
@@ -42,7 +42,26 @@ The three launch with programmatic dependent launch where the GPU has it (sm_90 
 `kernels.common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization):
 each is scheduled while the one before finishes and waits in `gdc_wait` before its first load. Only the expert
 weights are written by nothing upstream, but which expert's rows to read comes from the router's ids, so no weight
-load can start before the wait either; what overlaps is the launch and the grid's ramp.
+load can start before the wait either; what overlaps is the launch and the grid's ramp. That is the `late` form
+(`tiles.FORM_LATE`): each kernel triggers its dependents after its loop, which left DeepSeek-V3's TP-8 slice at
+30.0 µs, 69 % of copy bandwidth, where Mixtral reads 96–98 % and Qwen3-235B ~90 %.
+
+The `early` form (`tiles.FORM_EARLY`) moves each trigger to right after the kernel's `gdc_wait` (where it sits
+never changes what the next grid reads: its own `gdc_wait` still waits for this grid's completion and flush), so
+the down kernel's programs become resident while gate_up streams, and the combine's while down streams; and the
+down kernel loads its expert id, router weight and first weight tile (its rows' whole slice where one k-step covers
+its part of I) before its wait. The ids and weights are the router's, two grids back: gate_up let down start only
+once each of its programs had passed its own wait on the router (the argument of `dsa._carry_keys`' EARLY loads).
+The larger `tiles.PREFETCH_CANDIDATES` (128 rows, 8 warps) let one wave of down programs hold most of a short down
+projection before the wait.
+
+The `fold` form (`tiles.FORM_FOLD`) is the early form in two launches: the down kernel adds its weighted rows with
+atomics into one fp32 row per token (row t of `ys`) and takes a ticket per (token, hidden block); the program that
+draws the last writes the block to the output and zeroes it and its counter, and a second ticket per (slot, k part)
+lets the last reader of that part of h zero it (`_fold_into_out`; the CUDA cooperative-groups grid-sync pattern),
+so it too needs no memsets. Unlike the top-k sum tried before (slower at Mixtral's top-k 2, above), the three-kernel
+forms stay selectable. The tuner times each form as a whole step (all launches of a call in one graph) and stores
+the fastest with its tiles (`tiles.TileChoice.form`); H200 figures pending (benchmarks/kernels/moe_forms.py).
 
 Triton ships with torch's Linux CUDA wheels; where it is missing, or on CPU ranks, the variant is `unsupported`
 with the reason. Triton's interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the
@@ -54,6 +73,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the conventional name
@@ -70,7 +90,7 @@ from decodetop.probes.worker.kernels.common import (
     torch_kernel,
     triton_kernel,
 )
-from decodetop.probes.worker.kernels.tiles import Tiles
+from decodetop.probes.worker.kernels.tiles import FORM_EARLY, FORM_FOLD, FORM_LATE, FORMS, Tiles
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
 from decodetop.probes.worker.timing import Rotation
@@ -119,6 +139,7 @@ if HAVE_TRITON:
         block_n: tl.constexpr,
         block_k: tl.constexpr,
         split: tl.constexpr,
+        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
         slot = tl.program_id(0)  # token · top_k + k
@@ -128,6 +149,7 @@ if HAVE_TRITON:
         if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
             tl.extra.cuda.gdc_wait()
         expert = tl.load(ids_ptr + slot).to(tl.int64)
+        _trigger(USE_GDC, EARLY)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < inter
         w_gate = w13_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
@@ -144,9 +166,16 @@ if HAVE_TRITON:
             wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
             acc_g += tl.sum(wg * xv[None, :], axis=1)
             acc_u += tl.sum(wu * xv[None, :], axis=1)
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
+        _trigger(USE_GDC, not EARLY)
         _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, acc_g, acc_u, split)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _trigger(USE_GDC: tl.constexpr, HERE: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]  # noqa: N803
+        """`gdc_launch_dependents` where this placement is the form's (HERE) and the launch uses PDL: where it sits
+        decides only how early the next grid's programs become resident, never what they read (their `gdc_wait`
+        still waits for this grid's completion and memory flush)."""
+        if USE_GDC and HERE:
+            tl.extra.cuda.gdc_launch_dependents()
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _store_gate_up(row, inter, offs_n, mask_n, g, u, split: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917
@@ -177,6 +206,7 @@ if HAVE_TRITON:
         even_k: tl.constexpr,
         MMA_M: tl.constexpr,  # noqa: N803 - tl.dot's rows, as the other dot kernels name their block shapes
         F32_DOT: tl.constexpr,  # noqa: N803 - `kernels.common.interpreted`: the interpreter's dots in fp32
+        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
         """`_gate_up_kernel` with its products taken by `tl.dot`: the slot's token is row 0 of MMA_M rows (the
@@ -188,6 +218,7 @@ if HAVE_TRITON:
         if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
             tl.extra.cuda.gdc_wait()
         expert = tl.load(ids_ptr + slot).to(tl.int64)
+        _trigger(USE_GDC, EARLY)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < inter
         rows = tl.arange(0, MMA_M)[:, None]
@@ -219,11 +250,19 @@ if HAVE_TRITON:
                 wu = wu.to(xv.dtype)
             acc_g = tl.dot(xv, tl.trans(wg), acc_g)
             acc_u = tl.dot(xv, tl.trans(wu), acc_u)
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
+        _trigger(USE_GDC, not EARLY)
         g = tl.sum(acc_g, axis=0)  # row 0: the padding rows are zero
         u = tl.sum(acc_u, axis=0)
         _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, g, u, split)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _down_part(h_row, inter, offs_k, mask_k, w):  # type: ignore[no-untyped-def,unused-ignore]
+        """One k-step of the down projection: SiLU(gate) · up at `offs_k` from the slot's h row, times the loaded
+        weight tile `w` [block_n, block_k], summed over k (fp32)."""
+        g = tl.load(h_row + offs_k, mask=mask_k, other=0.0)
+        u = tl.load(h_row + inter + offs_k, mask=mask_k, other=0.0)
+        av = g / (1.0 + tl.exp(-g)) * u
+        return tl.sum(w.to(tl.float32) * av[None, :], axis=1)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _down_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
@@ -232,42 +271,119 @@ if HAVE_TRITON:
         ids_ptr,
         wts_ptr,
         ys_ptr,
+        out_ptr,
+        tickets_ptr,
         hidden,
         inter,
         k_chunk,
         stride_we,
         stride_wn,
+        top_k: tl.constexpr,
         block_n: tl.constexpr,
         block_k: tl.constexpr,
         split: tl.constexpr,
+        EARLY: tl.constexpr,  # noqa: N803 - the form's prefetch and trigger placement (`FORM_EARLY`)
+        FOLD: tl.constexpr,  # noqa: N803 - the combine folded in by tickets (`FORM_FOLD`)
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
+        """EARLY: the expert id, the router weight and the first k-step's weight tile (the whole slice where one
+        step covers the program's part of I) loaded before `gdc_wait`, and the trigger right after it. The router
+        wrote the ids and weights two grids back: the gate_up grid could let this one start only once each of its
+        programs had passed its own `gdc_wait` on the router, so they are complete and flushed (the argument of
+        `dsa._carry_keys`' EARLY loads; read through L2, `.cg`); the expert weights no kernel writes. FOLD: the
+        combine done here (`_fold_into_out`); out_ptr and tickets_ptr are read only then."""
         slot = tl.program_id(0)
         nb = tl.program_id(1)
         ks = tl.program_id(2)
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < hidden
-        if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
-            tl.extra.cuda.gdc_wait()
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        weight = tl.load(wts_ptr + slot).to(tl.float32)
-        w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        acc = tl.zeros([block_n], dtype=tl.float32)
+        h_row = h_ptr + slot * 2 * inter
+        k_start = ks * k_chunk
         k_end = tl.minimum(inter, (ks + 1) * k_chunk)
-        for k0 in range(ks * k_chunk, k_end, block_k):
+        if EARLY:
+            expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+            weight = tl.load(wts_ptr + slot, cache_modifier=".cg").to(tl.float32)
+            w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+            offs_k = k_start + tl.arange(0, block_k)
+            mask_k = offs_k < k_end
+            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            if USE_GDC:  # h is the gate_up kernel's
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            acc = _down_part(h_row, inter, offs_k, mask_k, w)
+            k_next = k_start + block_k
+        else:
+            if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
+                tl.extra.cuda.gdc_wait()
+            expert = tl.load(ids_ptr + slot).to(tl.int64)
+            weight = tl.load(wts_ptr + slot).to(tl.float32)
+            w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+            acc = tl.zeros([block_n], dtype=tl.float32)
+            k_next = k_start
+        for k0 in range(k_next, k_end, block_k):
             offs_k = k0 + tl.arange(0, block_k)
             mask_k = offs_k < k_end
-            g = tl.load(h_ptr + slot * 2 * inter + offs_k, mask=mask_k, other=0.0)
-            u = tl.load(h_ptr + slot * 2 * inter + inter + offs_k, mask=mask_k, other=0.0)
-            av = g / (1.0 + tl.exp(-g)) * u
             w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += tl.sum(w.to(tl.float32) * av[None, :], axis=1)
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
-        if split:
+            acc += _down_part(h_row, inter, offs_k, mask_k, w)
+        _trigger(USE_GDC, not EARLY)
+        if FOLD:
+            _fold_into_out(ys_ptr, out_ptr, tickets_ptr, h_row, hidden, inter, k_start, k_end, offs_n, mask_n,
+                           weight * acc, top_k, block_n, block_k)  # fmt: skip
+        elif split:
             tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
         else:
             tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _fold_into_out(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - the program's state
+        ys_ptr,
+        out_ptr,
+        tickets_ptr,
+        h_row,
+        hidden,
+        inter,
+        k_start,
+        k_end,
+        offs_n,
+        mask_n,
+        part,
+        top_k: tl.constexpr,
+        block_n: tl.constexpr,
+        block_k: tl.constexpr,
+    ):
+        """This program's weighted rows `part` added into its token's fp32 row (row `token` of ys), then a ticket
+        per (token, hidden block): the program that draws the last (top_k · splits programs add into the block)
+        writes the block to out in out's dtype and zeroes the fp32 block and the counter. A second ticket per
+        (slot, k part): the last of the hidden blocks' programs to have read that part of the slot's h row zeroes
+        it and the counter, so the next call's split reductions add onto zeros (no memsets). The tickets are the
+        CUDA cooperative-groups grid-sync pattern: every thread's adds before a barrier, then one acq_rel atomic
+        (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#grid-synchronization); tickets_ptr holds
+        tokens · blocks counters, then slots · splits (`ticket_count`), all zero between calls."""
+        slot = tl.program_id(0)
+        nb = tl.program_id(1)
+        ks = tl.program_id(2)
+        blocks = tl.num_programs(1)
+        splits = tl.num_programs(2)
+        token = slot // top_k
+        row = ys_ptr + token * hidden + offs_n
+        tl.atomic_add(row, part, mask=mask_n, sem="relaxed")
+        tl.debug_barrier()  # every thread's adds (and its h loads, consumed in part) before the ticket
+        block_count = tickets_ptr + token * blocks + nb
+        if tl.atomic_add(block_count, 1, sem="acq_rel") == top_k * splits - 1:
+            tl.debug_barrier()
+            total = tl.load(row, mask=mask_n, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+            tl.store(row, tl.zeros([block_n], dtype=tl.float32), mask=mask_n)
+            tl.store(block_count, 0)
+        h_count = tickets_ptr + (tl.num_programs(0) // top_k) * blocks + slot * splits + ks
+        if tl.atomic_add(h_count, 1, sem="acq_rel") == blocks - 1:
+            empty = tl.zeros([block_k], dtype=tl.float32)
+            for k0 in range(k_start, k_end, block_k):
+                offs_k = k0 + tl.arange(0, block_k)
+                mask_k = offs_k < k_end
+                tl.store(h_row + offs_k, empty, mask=mask_k)
+                tl.store(h_row + inter + offs_k, empty, mask=mask_k)
+            tl.store(h_count, 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, sizes
@@ -279,6 +395,7 @@ if HAVE_TRITON:
         top_k: tl.constexpr,
         block: tl.constexpr,
         zero: tl.constexpr,
+        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
         USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
     ):
         """Each token's top-k rows of ys summed into out; with `zero`, the ys elements it read and its share of the
@@ -290,10 +407,10 @@ if HAVE_TRITON:
         acc = tl.zeros([block], dtype=tl.float32)
         if USE_GDC:  # ys is the down kernel's (and h, zeroed here, its input)
             tl.extra.cuda.gdc_wait()
+        _trigger(USE_GDC, EARLY)
         for j in tl.static_range(top_k):
             acc += tl.load(ys_ptr + (token * top_k + j) * hidden + offs, mask=mask, other=0.0)
-        if USE_GDC:
-            tl.extra.cuda.gdc_launch_dependents()
+        _trigger(USE_GDC, not EARLY)
         tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
         if zero:
             empty = tl.zeros([block], dtype=tl.float32)
@@ -378,6 +495,8 @@ def fused_moe(
     sms: int | None = None,
     tiles: tuple[Tiles, Tiles] | None = None,
     memsets: bool = False,
+    form: str = FORM_LATE,
+    tickets: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
@@ -388,9 +507,14 @@ def fused_moe(
     device's; 1 on CPU tensors under Triton's interpreter). `tiles`: (gate_up, down) tiles (default: rows per
     program from `pick_block_n`). `memsets`: the earlier form, which zeroes a split reduction's workspace with a
     memset before its kernel and leaves the workspaces as they are (any contents in, not zero after), for timing
-    the memsets' cost."""
+    the memsets' cost. `form`: how the kernels meet (`tiles.FORMS`); the fold form's down kernel sums into row t
+    of `ys` per token and counts with `tickets` (int32, at least `ticket_count` elements, zeros; left zero)."""
     if not HAVE_TRITON:
         raise UnsupportedError(triton_unavailable(x.device))
+    if form not in FORMS:
+        raise ValueError(f"fused MoE form {form!r} is none of {', '.join(FORMS)}")
+    if memsets and form == FORM_FOLD:
+        raise ValueError("the memsets form is a three-kernel one: not with the fold form")
     tokens, hidden = x.shape
     n_exp, two_inter, hidden_w = w13.shape
     inter = two_inter // 2
@@ -412,8 +536,14 @@ def fused_moe(
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     up_t, down_t = tiles if tiles is not None else (None, None)
     grid = grid_for(tokens, top_k, hidden, inter, sms, gate_up=up_t, down=down_t)
-    launch_gate_up(x, w13, ids, h, grid, memset=memsets)
-    launch_down(h, w2, ids, weights, ys, grid, memset=memsets)
+    early = form in {FORM_EARLY, FORM_FOLD}
+    launch_gate_up(x, w13, ids, h, grid, memset=memsets, early=early)
+    if form == FORM_FOLD:
+        if tickets is None:
+            tickets = torch.zeros(ticket_count(tokens, top_k, hidden), device=x.device, dtype=torch.int32)
+        launch_down(h, w2, ids, weights, ys, grid, early=True, fold=(out, tickets))
+        return out
+    launch_down(h, w2, ids, weights, ys, grid, memset=memsets, early=early)
     launch(
         _combine_kernel,
         grid.combine,
@@ -425,9 +555,18 @@ def fused_moe(
         top_k=top_k,
         block=COMBINE_BLOCK,
         zero=not memsets,
+        EARLY=early,
         pdl=True,
     )
     return out
+
+
+def ticket_count(tokens: int, top_k: int, hidden: int) -> int:
+    """Counters the fold form needs at most over the tuner's tiles: one per (token, hidden block) at the fewest rows
+    per program, one per (slot, k part) at the most parts."""
+    rows = min(*(t.block_n for t in tile_store.TILE_CANDIDATES), *BLOCK_N_CHOICES)
+    parts = max(t.split_k for t in tile_store.TILE_CANDIDATES)
+    return tokens * -(-hidden // rows) + tokens * top_k * parts
 
 
 def _k_chunk(width: int, tiles: Tiles) -> int:
@@ -444,10 +583,18 @@ def _launch_options(tiles: Tiles) -> dict[str, int]:
 
 
 def launch_gate_up(
-    x: torch.Tensor, w13: torch.Tensor, ids: torch.Tensor, h: torch.Tensor, grid: Grid, *, memset: bool = False
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    ids: torch.Tensor,
+    h: torch.Tensor,
+    grid: Grid,
+    *,
+    memset: bool = False,
+    early: bool = False,
 ) -> None:
     """The gate_up kernel alone (the tuner times it by itself), in its `tl.dot` form where the tiles say `mma`; a
-    split reduction adds onto `h`, which holds zeros (`memset`: zeroed here first)."""
+    split reduction adds onto `h`, which holds zeros (`memset`: zeroed here first). `early`: its trigger right
+    after its wait and the id load (`tiles.FORM_EARLY`)."""
     tiles = grid.gate_up_tiles or Tiles(grid.gate_up_block_n)
     hidden = x.shape[1]
     chunk = _k_chunk(hidden, tiles)
@@ -474,6 +621,7 @@ def launch_gate_up(
         block_k=tiles.block_k,
         split=splits > 1,
         **mma,
+        EARLY=early,
         pdl=True,
         **_launch_options(tiles),
     )
@@ -488,9 +636,13 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     grid: Grid,
     *,
     memset: bool = False,
+    early: bool = False,
+    fold: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """The down kernel alone (the tuner times it by itself); a split reduction adds onto `ys`, which holds zeros
-    (`memset`: zeroed here first). It has no `tl.dot` form: tiles that say `mma` are refused."""
+    (`memset`: zeroed here first). It has no `tl.dot` form: tiles that say `mma` are refused. `early`: its id,
+    router weight and first weight tile loaded before its wait, its trigger right after it (`tiles.FORM_EARLY`).
+    `fold`: (out, tickets), the combine folded in (`tiles.FORM_FOLD`)."""
     tiles = grid.down_tiles or Tiles(grid.down_block_n)
     if tiles.mma:
         raise ValueError(f"the down kernel has no tl.dot form: tiles {tiles.text}")
@@ -500,6 +652,9 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     if splits > 1 and memset:
         ys.zero_()
     programs = (*grid.down, splits)
+    out, tickets = fold if fold is not None else (ys, ids)  # unread unless folding
+    if fold is not None and tickets.numel() < programs[0] // ids.shape[1] * programs[1] + programs[0] * splits:
+        raise ValueError(f"fused MoE fold form: {tickets.numel()} tickets are too few for the launch {programs}")
     launch(
         _down_kernel,
         programs,
@@ -508,14 +663,19 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
         ids,
         weights,
         ys,
+        out,
+        tickets,
         w2.shape[1],
         inter,
         chunk,
         w2.stride(0),
         w2.stride(1),
+        top_k=ids.shape[1],
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
+        EARLY=early,
+        FOLD=fold is not None,
         pdl=True,
         **_launch_options(tiles),
     )
@@ -549,8 +709,8 @@ def routed_ids(tokens: int, top_k: int, experts: int, device: torch.device) -> t
 def _tile_choice(
     key: MoeKey, ctx: ProbeContext, experts: Rotation[tuple[torch.Tensor, torch.Tensor]], bufs: _Buffers
 ) -> tile_store.TileChoice | None:
-    """The tiles of this shape on this GPU: from the tile store, else tuned now (each kernel alone, no memsets, as
-    the default path runs) and stored (None on CPU tensors)."""
+    """The tiles and form of this shape on this GPU: from the tile store, else tuned now (each kernel alone, no
+    memsets, as the default path runs; then whole steps in each form) and stored (None on CPU tensors)."""
     if not ctx.is_cuda:
         return None
     sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -574,25 +734,38 @@ def _tile_choice(
 
         return go
 
+    def step(up_t: Tiles, down_t: Tiles, form: str) -> Callable[[], None]:
+        def go() -> None:
+            w13, w2 = experts.next()
+            fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, sms=sms,
+                      tiles=(up_t, down_t), form=form, tickets=bufs.tickets)  # fmt: skip
+
+        return go
+
     gpu = torch.cuda.get_device_name(ctx.device)
     shape = tile_store.shape_id(t, k_top, h, inter, key.dtype)
     try:
-        return tile_store.choose(gpu, shape, gate_up, down)
+        return tile_store.choose(gpu, shape, gate_up, down, step)
     finally:  # each kernel was timed alone, its split reductions adding onto the last call's sums: zeros again
         bufs.h.zero_()
         bufs.ys.zero_()
+        bufs.tickets.zero_()
 
 
 def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
-    """The fused-MoE kernels of one key launched once per tile they may run with on `gpu` (the stored choice, else
-    every candidate the tuner times) and no check: what `precompile.compile_ahead` collects on meta tensors."""
+    """The fused-MoE kernels of one key launched once per tile and form they may run with on `gpu` (the stored
+    choice, else every candidate the tuner times, in every form) and no check: what `precompile.compile_ahead`
+    collects on meta tensors."""
     if key.dtype not in KERNEL_DTYPES:
         return
     experts, bufs, _ = _moe_tensors(key, ctx, rotate=False)
     found = tile_store.lookup(gpu, tile_store.shape_id(key.tokens, key.top_k, key.hidden, key.intermediate, key.dtype))
-    pairs = [(found.gate_up, found.down)] if found is not None else _candidate_pairs()
+    if found is not None:
+        runs = [((found.gate_up, found.down), found.form)]
+    else:
+        runs = [(pair, form) for form in FORMS for pair in _candidate_pairs()]
     w13, w2 = experts.next()
-    for tiles in pairs:
+    for tiles, form in runs:
         fused_moe(
             bufs.x,
             w13,
@@ -604,6 +777,8 @@ def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
             out=bufs.out,
             tiles=tiles,
             sms=sm_count(ctx.device),
+            form=form,
+            tickets=bufs.tickets,
         )
 
 
@@ -624,8 +799,11 @@ class _Buffers:
     h: torch.Tensor
     """[T·K, 2I] fp32: the gate and up sums (zeros between calls: the combine kernel zeroes them)."""
     ys: torch.Tensor
-    """[T·K, H] fp32: each slot's weighted down projection (zeros between calls, as h)."""
+    """[T·K, H] fp32: each slot's weighted down projection (zeros between calls, as h; the fold form sums each
+    token's into row t)."""
     out: torch.Tensor
+    tickets: torch.Tensor
+    """[`ticket_count`] int32: the fold form's counters (zeros between calls)."""
 
 
 def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
@@ -647,14 +825,16 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
             f"Triton fused-MoE kernel failed on {sm_tag(ctx)}: {type(exc).__name__}: {first_line(exc)}"
         ) from None
     tiles = (choice.gate_up, choice.down) if choice is not None else None
+    form = choice.form if choice is not None else FORM_LATE
+    call = partial(fused_moe, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles, form=form, tickets=bufs.tickets)
 
     def fused() -> torch.Tensor:
         w13, w2 = experts.next()
-        return fused_moe(bufs.x, w13, w2, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles)
+        return call(bufs.x, w13, w2, bufs.ids, bufs.wts)
 
     w13_0, w2_0 = experts.items[0]
     bufs.out.fill_(float("nan"))  # poisoned: every element must be written
-    got = fused_moe(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts, h=bufs.h, ys=bufs.ys, out=bufs.out, tiles=tiles).float()
+    got = call(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts).float()
     want = reference_moe(bufs.x, w13_0, w2_0, bufs.ids, bufs.wts).float()
     scale = float(want.abs().max()) or 1.0
     err = float((got - want).abs().max())
@@ -700,6 +880,7 @@ def _moe_tensors(
         torch.zeros(t * k_top, 2 * inter, device=device, dtype=torch.float32),
         torch.zeros(t * k_top, h, device=device, dtype=torch.float32),
         torch.empty(t, h, device=device, dtype=adtype),
+        torch.zeros(ticket_count(t, k_top, h), device=device, dtype=torch.int32),
     )
     return experts, bufs, float(w_bytes)
 

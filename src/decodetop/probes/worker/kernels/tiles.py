@@ -3,7 +3,9 @@ tile on the probe's own tensors, kept under the state directory (`decodetop.path
 and read back on the next run, so a shape is tuned once per GPU model.
 
 The store is a JSON object {GPU name: {shape: {"gate_up": [rows, step, warps, stages, splits, mma], "down": [...],
-"gate_up_us": …, "down_us": …, "tried": n}}} (mma 1: the gate_up kernel's `tl.dot` form). Entries of three numbers
+"gate_up_us": …, "down_us": …, "tried": n, "form": "late" | "early" | "fold", "step_us": …}}} (mma 1: the gate_up
+kernel's `tl.dot` form; form: how the kernels meet, `FORMS`, timed as a whole step; an entry without it reads as
+the late form). Entries of three numbers
 (from before stages and splits) read as Triton's default stages and one split, entries of five (from before the
 `tl.dot` form) as the reduction form; writes have six. Writes take an advisory lock beside the file, re-read and
 merge, then replace the file atomically, so two probe processes keep each other's entries; an unreadable or
@@ -84,6 +86,10 @@ MMA_CANDIDATES = (
     Tiles(16, 128, 4, 4, 4, True),
     Tiles(64, 128, 8, 3, 1, True),
 )
+#: Larger programs for the `early` form's down kernel: 128 rows over 8 warps, so that one wave of programs holds
+#: most of a short down projection's weights in registers before its wait (DeepSeek-V3's TP-8 slice: 8 slots ×
+#: 7168 rows → 448 programs, 3.4 per SM on an H200's 132, each its rows' whole 256-wide slice in one 256 step).
+PREFETCH_CANDIDATES = (Tiles(128, 256, 8), Tiles(128, 128, 8))
 #: Tiles the tuner tries per kernel (`decodetop.probes.worker.kernels.tiles`): rows per program 8–64 and 128–1024
 #: elements per step, the ranges vLLM's fused_moe configs use at small M
 #: (https://github.com/vllm-project/vllm/tree/main/vllm/model_executor/layers/fused_moe/configs), 4 or 8 warps;
@@ -114,8 +120,21 @@ TILE_CANDIDATES = (
     Tiles(8, 1024),
     Tiles(16, 1024, 8),
     Tiles(8, 1024, 4, 0, 2),
+    *PREFETCH_CANDIDATES,
     *MMA_CANDIDATES,
 )
+
+
+#: How the kernels of one step meet (the tuner times each whole and keeps the fastest per shape): `late`, the form
+#: measured on the H200 through the fourth round (each kernel's `gdc_launch_dependents` after its loop, the down
+#: kernel's loads after its `gdc_wait`); `early` (each trigger right after the wait, so the next grid's programs
+#: become resident while this one streams, and the down kernel's id, router weight and first weight tile loaded
+#: before its wait); `fold` (the early form's two kernels, the combine folded into the down kernel by tickets: one
+#: launch fewer).
+FORM_LATE = "late"
+FORM_EARLY = "early"
+FORM_FOLD = "fold"
+FORMS = (FORM_LATE, FORM_EARLY, FORM_FOLD)
 
 
 STORE_NAME = "kernel_tiles.json"
@@ -140,7 +159,8 @@ def store_path() -> Path:
 
 @dataclass(frozen=True)
 class TileChoice:
-    """The tiles of the two kernels for one shape, their times (µs per call), and whether they came from the store."""
+    """The tiles of the two kernels for one shape, their times (µs per call, each kernel alone), whether they came
+    from the store, the form the kernels meet in (`FORMS`) and the whole step's µs in it (0: not timed whole)."""
 
     gate_up: Tiles
     down: Tiles
@@ -148,25 +168,34 @@ class TileChoice:
     down_us: float
     tried: int
     cached: bool
+    form: str = FORM_LATE
+    step_us: float = 0.0
 
     @property
     def text(self) -> str:
-        """'tiles gate_up 32×256/4w (41.2 µs), down 16×256/4w (20.3 µs), tuned over 8 candidates' (or 'from the
-        tile store')."""
+        """'tiles gate_up 32×256/4w (41.2 µs), down 16×256/4w (20.3 µs), form early (55.0 µs a step), tuned over 8
+        candidates' (or 'from the tile store')."""
 
         def one(t: Tiles) -> str:
             return t.text
 
         origin = "from the tile store" if self.cached else f"tuned over {self.tried} candidates"
+        step = f" ({self.step_us:.1f} µs a step)" if self.step_us > 0 else ""
         return (
             f"tiles gate_up {one(self.gate_up)} ({self.gate_up_us:.1f} µs), down {one(self.down)} "
-            f"({self.down_us:.1f} µs), {origin}"
+            f"({self.down_us:.1f} µs), form {self.form}{step}, {origin}"
         )
 
 
 #: The kernels' version in the store's keys: choices made for an earlier kernel (v1: SiLU in gate_up, no splits; v2:
-#: memsets before split reductions, no `tl.dot` form of gate_up) are tuned again.
-KERNEL_VERSION = 3
+#: memsets before split reductions, no `tl.dot` form of gate_up; v3: no forms, tiles chosen by each kernel alone)
+#: are tuned again.
+KERNEL_VERSION = 4
+#: Whole-step timings of the tuner (`tune`'s `launch_step`): the fastest gate_up tiles alone × the fastest down
+#: tiles alone (and `PREFETCH_CANDIDATES`, which may be slow alone and fast with their loads before the wait),
+#: each in every form: 2 × (3 + 2) × forms graphs, a few ms.
+STEP_GATE_UP = 2
+STEP_DOWN = 3
 
 
 def shape_id(tokens: int, top_k: int, hidden: int, inter: int, dtype: str) -> str:
@@ -215,7 +244,12 @@ def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
     if up is None or down is None or not isinstance(up_us, (int, float)) or not isinstance(down_us, (int, float)):
         return None
     tried = found.get("tried")
-    return TileChoice(up, down, float(up_us), float(down_us), tried if isinstance(tried, int) else 0, True)
+    form = found.get("form", FORM_LATE)  # an entry without one was chosen for the late form
+    step_us = found.get("step_us", 0.0)
+    if form not in FORMS or not isinstance(step_us, (int, float)):
+        return None
+    tried_n = tried if isinstance(tried, int) else 0
+    return TileChoice(up, down, float(up_us), float(down_us), tried_n, True, form, float(step_us))
 
 
 @contextlib.contextmanager
@@ -250,6 +284,8 @@ def remember(gpu: str, shape: str, choice: TileChoice, path: Path | None = None)
             "gate_up_us": choice.gate_up_us,
             "down_us": choice.down_us,
             "tried": choice.tried,
+            "form": choice.form,
+            "step_us": choice.step_us,
         }
         data[gpu] = per_gpu
         write_text_atomic(target, jsonio.dumps_strict(data) + "\n")
@@ -263,27 +299,57 @@ def _time(fn: Callable[[], None]) -> float:
     return statistics.median(time_graph(fn, ops, TUNE_SAMPLES, warmup=2 if ops > 1 else 1))
 
 
+#: Builds one whole step's launches (all kernels of one call) for (gate_up tiles, down tiles, form).
+StepLauncher = Callable[[Tiles, Tiles, str], Callable[[], None]]
+
+
+def _timed_each(launcher: Callable[[Tiles], Callable[[], None]], tried: Sequence[Tiles]) -> list[tuple[float, Tiles]]:
+    """(µs, tiles) of each tile that ran (a tile that fails to compile or run is skipped), fastest first."""
+    timed: list[tuple[float, Tiles]] = []
+    for tiles in tried:
+        try:
+            timed.append((_time(launcher(tiles)), tiles))
+        except Exception:
+            torch.cuda.synchronize()
+            continue
+    if not timed:
+        raise RuntimeError("no candidate tile of the fused-MoE kernel ran here")
+    return sorted(timed, key=lambda item: item[0])
+
+
 def tune(
     launch_gate_up: Callable[[Tiles], Callable[[], None]],
     launch_down: Callable[[Tiles], Callable[[], None]],
     candidates: Sequence[Tiles] = TILE_CANDIDATES,
+    launch_step: StepLauncher | None = None,
+    forms: Sequence[str] = FORMS,
 ) -> TileChoice:
-    """Time every candidate tile of each kernel (CUDA graphs; a tile that fails to compile or run is skipped) and
-    keep the fastest of each; the `mma` candidates are gate_up's only."""
-    best: list[tuple[float, Tiles]] = []
-    for launcher, tried in ((launch_gate_up, candidates), (launch_down, [t for t in candidates if not t.mma])):
-        timed: list[tuple[float, Tiles]] = []
-        for tiles in tried:
-            try:
-                timed.append((_time(launcher(tiles)), tiles))
-            except Exception:
-                torch.cuda.synchronize()
-                continue
-        if not timed:
-            raise RuntimeError("no candidate tile of the fused-MoE kernel ran here")
-        best.append(min(timed, key=lambda item: item[0]))
-    (up_us, up), (down_us, down) = best
-    return TileChoice(up, down, up_us, down_us, len(candidates), False)
+    """Time every candidate tile of each kernel alone (CUDA graphs; a tile that fails to compile or run is skipped)
+    and keep the fastest of each (the `mma` candidates are gate_up's only); with `launch_step`, then time whole
+    steps, the fastest `STEP_GATE_UP` gate_up tiles × the fastest `STEP_DOWN` down tiles and the
+    `PREFETCH_CANDIDATES`, in each of `forms` (a form changes where the kernels meet, so only a whole step times
+    it), and keep the fastest step (the late form with each kernel's fastest tiles where no step ran)."""
+    ups = _timed_each(launch_gate_up, candidates)
+    downs = _timed_each(launch_down, [t for t in candidates if not t.mma])
+    (up_us, up), (down_us, down) = ups[0], downs[0]
+    if launch_step is None:
+        return TileChoice(up, down, up_us, down_us, len(candidates), False)
+    alone = {("gate_up", t): us for us, t in ups} | {("down", t): us for us, t in downs}
+    down_tiles = [t for _, t in downs[:STEP_DOWN]]
+    down_tiles += [t for t in PREFETCH_CANDIDATES if ("down", t) in alone and t not in down_tiles]
+    steps: list[tuple[float, Tiles, Tiles, str]] = []
+    for _, up_t in ups[:STEP_GATE_UP]:
+        for down_t in down_tiles:
+            for form in forms:
+                try:
+                    steps.append((_time(launch_step(up_t, down_t, form)), up_t, down_t, form))
+                except Exception:
+                    torch.cuda.synchronize()
+                    continue
+    if not steps:
+        return TileChoice(up, down, up_us, down_us, len(candidates), False)
+    step_us, up, down, form = min(steps, key=lambda item: item[0])
+    return TileChoice(up, down, alone["gate_up", up], alone["down", down], len(candidates), False, form, step_us)
 
 
 def choose(
@@ -291,13 +357,14 @@ def choose(
     shape: str,
     launch_gate_up: Callable[[Tiles], Callable[[], None]],
     launch_down: Callable[[Tiles], Callable[[], None]],
+    launch_step: StepLauncher | None = None,
 ) -> TileChoice:
     """The stored choice, else a fresh `tune` that is then stored (a store that cannot be written only loses the
     memory of it: the choice is still used)."""
     found = lookup(gpu, shape)
     if found is not None:
         return found
-    choice = tune(launch_gate_up, launch_down)
+    choice = tune(launch_gate_up, launch_down, launch_step=launch_step)
     with contextlib.suppress(OSError):
         remember(gpu, shape, choice)
     return choice
