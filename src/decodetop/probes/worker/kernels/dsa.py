@@ -804,9 +804,10 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     if work.scheme == "half8-ticket":
         if work.candidates is None:
             raise ValueError("a half8-ticket workspace without its candidate buffer")
+        cap = work.candidates.shape[1] // 2
         launch(
             _half8_select_kernel, grid, work.scores, work.work, work.candidates, work.indices, length, topk,
-            WORK=HALF8_INTS, BLOCK=block, FIN=HALF_FINISH_BLOCK, CAP=HALF_CANDIDATES, num_warps=HALF_WARPS, pdl=True,
+            WORK=HALF8_INTS, BLOCK=block, FIN=min(HALF_FINISH_BLOCK, cap), CAP=cap, num_warps=HALF_WARPS, pdl=True,
         )  # fmt: skip
         return work.indices
     if work.scheme == "radix8-carry":
@@ -843,6 +844,22 @@ def dsa_topk(
     dsa_prepare(work)
     dsa_scores(q, weights, keys, key_scales, work, q_len=q_len)
     return dsa_select(work, topk)
+
+
+def half_digits(scores: torch.Tensor) -> torch.Tensor:
+    """The torch form of the kernels' `_half_digit`: each fp32 score's FP16 form (round to nearest even, ±inf past
+    its range) as its order-preserving 16-bit key's top 8 bits, int64 in [0, 256)."""
+    bits = scores.float().half().view(torch.int16).long() & 0xFFFF
+    return torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits ^ 0x8000) >> 8
+
+
+def half_histogram(scores: torch.Tensor) -> torch.Tensor:
+    """[rows, 256] int32: the histogram of `half_digits` per row, the torch form of what the scoring kernel adds to
+    a `half8-ticket` workspace."""
+    digits = half_digits(scores)
+    hist = torch.zeros(scores.shape[0], DIGIT_BINS, dtype=torch.int64, device=scores.device)
+    hist.scatter_add_(1, digits, torch.ones_like(digits))
+    return hist.int()
 
 
 def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
