@@ -8,14 +8,14 @@ order of what matters most.
 
 Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K, 32K and 128K,
 the default (the indexer's product FP8 × FP8, the `radix8-carry` top-k) beside the one-launch `half8-ticket` top-k, the
-indexer in FP16 and radix8's top-k with its memset; GQA at Llama-3.1-70B's shard with an FP8 KV cache over `kernels.gqa.SHORT`, `LONG` and `SWEEP` at
-4K–128K (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads) shard over `kernels.mla.SWEEP` (and TP-1,
-128 heads); GLM-5's DSA path in parts (scores, + top-k, under the default, half8-ticket and radix8 with its memset; the whole
-attention is the row above); the fused-MoE kernel with its tiles tuned over the candidates against last round's tiles
-and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B, DeepSeek-V3 TP 8); the rope + KV write as the kvcast
-probe times it; the checks. `--skip` leaves sections out, `--only` keeps the attention and MoE rows of the components
-whose label holds one of its parts, `--variants` the attention and DSA parts rows whose variant label holds one of its
-parts, `--contexts` the attention rows at those contexts.
+indexer in FP16 and radix8's top-k with its memset; GQA at Llama-3.1-70B's shard with an FP8 KV cache over
+`kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads)
+shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); GLM-5's DSA path in parts (scores, + top-k, under the default,
+half8-ticket and radix8 with its memset; the whole attention is the row above); the fused-MoE kernel with its tiles
+tuned over the candidates against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B,
+DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out, `--only`
+keeps the attention and MoE rows of the components whose label holds one of its parts, `--variants` the attention and
+DSA parts rows whose variant label holds one of its parts, `--contexts` the attention rows at those contexts.
 
 `--pdl both` times each attention variant and the tuned MoE kernels with programmatic dependent launch (the default
 on sm_90+, `kernels.common.pdl_enabled`) and again without (`pdl_disabled`), built and timed in each, the two side
@@ -275,9 +275,10 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     """GLM-5 TP-8's DSA path in parts, the default (FP8 indexer, `radix8-carry`), the one-launch selection
-    (`half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection checked by the attention rows' runners: the indexer scores (with the first
-    histogram; radix8's after its workspace memset), + the radix top-k; the whole attention (+ sparse MLA split and
-    combine) is the attention rows'; each part's time is the difference of two rows."""
+    (`half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection checked by the
+    attention rows' runners: the indexer scores (with the first histogram; radix8's after its workspace memset), + the
+    radix top-k; the whole attention (+ sparse MLA split and combine) is the attention rows'; each part's time is the
+    difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = glm_fields()
     for context in contexts((32768, 131072)):

@@ -192,7 +192,8 @@ HALF = textwrap.dedent(
             chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
             best = work.scores.topk(topk, dim=-1).values.sort(dim=-1).values
             distinct = all(row.unique().numel() == topk for row in idx) and int(idx.min()) >= 0
-            got["cases"].append([name, step, bool(distinct and torch.equal(chosen, best)), int(work.work.count_nonzero())])
+            right = bool(distinct and torch.equal(chosen, best))
+            got["cases"].append([name, step, right, int(work.work.count_nonzero())])
         got["paths"].append([name, path(scores, topk)])
 
     def cases():

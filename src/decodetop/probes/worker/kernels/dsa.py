@@ -15,13 +15,13 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Three digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `radix8`, four 8-bit digits of 256 bins,
-and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp
-ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
+Four digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half8-ticket` (below), `radix8`, four 8-bit digits
+of 256 bins, and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins)
+warp ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
 proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
-histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for
-one pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring
-kernel) was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one
+pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring kernel)
+was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
 
 `radix8-carry` runs radix8's passes without the workspace's memset and without each pass searching every histogram
 before its own: a pass leaves the threshold's digits so far and the count above them in the workspace for the next
@@ -32,9 +32,23 @@ last program the fourth, the counters and the carries), so a step leaves the wor
 (`dsa_prepare`; allocated zero). On an H200 it took ~5 µs off radix8's whole DSA step at 4K, 32K and 128K (27.4 →
 22.5, 32.8 → 27.9, 43.7 → 38.9 µs; docs/benchmarks.md, "Kernels, seventh round"), so it is the default.
 
+`half8-ticket` selects in one launch after the scoring kernel: on an H200 at 128K radix8-carry's three passes and
+compaction took 14.7 of the step's 35.3 µs, each a dependent grid over every score (docs/benchmarks.md, "Kernels,
+seventh round"), mostly launch latency (the 512 KB of scores sit in L2). The scoring kernel histograms a finer first
+digit, the top 8 bits of the score's FP16 order-preserving key (sign, 5 exponent and 2 mantissa bits: 4 bins per octave,
+where the fp32 key's top 8 bits are one bin per 4 octaves), with the same 256 bins. The one select launch
+(`_half8_select_kernel`): each program finds the threshold bin b1 from that histogram, writes the positions of its
+scores above b1 straight to the output (places from an atomic counter, as the compaction's) and appends the positions
+and fp32 keys of those in b1 to a candidate buffer (`HALF_CANDIDATES` a row); after a CTA barrier it takes a ticket (an
+acq_rel atomic: a grid sync's pattern), and the program that draws the last one selects the `k` − (above b1) largest
+fp32 keys among the candidates by a radix select of four 8-bit digits (`_half_finish`: up to `HALF_FINISH_BLOCK` in
+registers; more looped over the buffer; past the buffer's capacity, e.g. many equal scores, over the whole score row:
+slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. Its H200 figures are pending
+(`benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six, plus the workspace's memset but for radix8-carry): each launches with programmatic
-dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket): each launches
+with programmatic dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
 or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
 compiles the kernels as before.
@@ -235,10 +249,7 @@ if HAVE_TRITON:
                 score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
             if HIST:
-                if HALF:
-                    digit = _half_digit(score)
-                else:
-                    digit = (_key_of(score) >> SHIFT1).to(tl.int32)
+                digit = _half_digit(score) if HALF else (_key_of(score) >> SHIFT1).to(tl.int32)
                 hist += tl.histogram(digit, BINS1, mask=mask_l)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
@@ -508,7 +519,6 @@ if HAVE_TRITON:
             tail = tl.arange(0, TAIL)
             tl.store(base + 4 * 256 + tail, tl.zeros([TAIL], tl.int32), mask=tail < WORK - 4 * 256)
 
-
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """(fp32 keys, positions, valid) of the `FIN` candidates from `start`: the buffer's (`n` of them, positions
@@ -528,10 +538,7 @@ if HAVE_TRITON:
     def _digit_hist(key, valid, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """Histogram of the fp32 keys' 8-bit digit LEVEL (0: the top) over the valid ones tied with `prefix`, the
         threshold's first LEVEL digits."""
-        if LEVEL == 0:
-            tied = valid
-        else:
-            tied = valid & ((key >> (32 - 8 * LEVEL)) == prefix)
+        tied = valid if LEVEL == 0 else valid & ((key >> (32 - 8 * LEVEL)) == prefix)
         return tl.histogram(((key >> (24 - 8 * LEVEL)) & 0xFF).to(tl.int32), 256, mask=tied)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
