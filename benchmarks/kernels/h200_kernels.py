@@ -323,11 +323,21 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
                 row.update(timed(OpRunner(fn, index_bytes, 0.0, len(m.caches))))
                 row["roofline_us"] = index_bytes / copy / 1e3
                 row["copy_pct"] = 100 * row["gbps"] / copy
+                if work.scheme == "half8-ticket" and work.selects and "top-k" in name:
+                    row.update(half_path(work, m.attended))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 traceback.print_exc()
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+
+def half_path(work: dsa.DsaWorkspace, topk: int) -> dict[str, Any]:
+    """Which path `half8-ticket`'s finishing program took on the last scores timed: the candidates in the threshold
+    bin (`dsa.half_candidates`) against its register block and its buffer."""
+    n = int(dsa.half_candidates(work.scores, topk).max())
+    path = "registers" if n <= dsa.HALF_FINISH_BLOCK else ("buffer" if n <= dsa.HALF_CANDIDATES else "score row")
+    return {"half_candidates": n, "half_path": path, "variant_note": f"{n} candidates: {path}"}
 
 
 def norm_rows(out: dict[str, Any]) -> list[dict[str, Any]]:
@@ -544,7 +554,7 @@ def table(out: dict[str, Any], copy: float) -> str:
         lines.append(
             f"{r['component']:<22} {r['context']:>6} {f(r.get('us')):>7} {f(r.get('no_pdl_us')):>9} "
             f"{f(r.get('roofline_us')):>7} {f(r.get('copy_pct'), 0):>4}  {r['variant'][:44]} "
-            f"{r.get('pdl', '')} {r.get('error', '')[:50]}"
+            f"{r.get('pdl', '')} {r.get('variant_note', '')} {r.get('error', '')[:50]}"
         )
     for r in out.get("moe", []):
         lines.append(

@@ -174,10 +174,7 @@ HALF = textwrap.dedent(
     got = {"cases": [], "paths": [], "hist": []}
 
     def path(scores, topk):
-        hist = dsa.half_histogram(scores)
-        at_or_above = hist.flip(1).cumsum(1).flip(1)  # non-increasing: the bins ≥ topk come first
-        b1 = (at_or_above >= topk).sum(1, keepdim=True) - 1
-        n = int(hist.gather(1, b1).max())
+        n = int(dsa.half_candidates(scores, topk).max())
         return "registers" if n <= min(dsa.HALF_FINISH_BLOCK, dsa.HALF_CANDIDATES) else (
             "buffer" if n <= dsa.HALF_CANDIDATES else "row")
 

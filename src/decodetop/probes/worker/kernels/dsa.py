@@ -869,6 +869,16 @@ def half_histogram(scores: torch.Tensor) -> torch.Tensor:
     return hist.int()
 
 
+def half_candidates(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """[rows] int64: how many scores of each row share the FP16 digit of its `topk`-th largest, the candidates
+    `half8-ticket`'s finishing program selects among (at most HALF_FINISH_BLOCK: held in registers; at most
+    HALF_CANDIDATES: looped over the buffer; more: over the score row)."""
+    hist = half_histogram(scores).long()
+    at_or_above = hist.flip(1).cumsum(1).flip(1)  # non-increasing: the bins holding the topk-th come first
+    b1 = (at_or_above >= min(topk, scores.shape[1])).sum(1, keepdim=True) - 1
+    return hist.gather(1, b1).squeeze(1)
+
+
 def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(q [R, Hi, Di] as FP8 E4M3 values in fp32, weights [R, Hi] with the scales folded in): q quantized per head
     as the FP8 indexer does it in the kernel (`_indexer_query`)."""
