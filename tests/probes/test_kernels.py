@@ -166,6 +166,93 @@ def test_the_carry_top_k_selects_the_top_k_twice_on_one_workspace_and_leaves_it_
     assert "radix top-k" in got["runner"]
 
 
+HALF = textwrap.dedent(
+    """
+    import json, sys, torch
+    from decodetop.probes.worker.kernels import dsa
+    torch.manual_seed(11)
+    got = {"cases": [], "paths": [], "hist": []}
+
+    def path(scores, topk):
+        n = int(dsa.half_candidates(scores, topk).max())
+        return "registers" if n <= min(dsa.HALF_FINISH_BLOCK, dsa.HALF_CANDIDATES) else (
+            "buffer" if n <= dsa.HALF_CANDIDATES else "row")
+
+    def select(name, scores, topk):
+        rows, length = scores.shape
+        work = dsa.dsa_workspace(rows, length, topk, torch.device("cpu"), sms=4, scheme="half8-ticket")
+        for step in range(2):  # the second on the workspace the first left
+            work.scores.copy_(scores if step == 0 else scores[:, torch.randperm(length)])
+            work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(work.scores)  # the scoring kernel's, in torch
+            work.indices.fill_(-7)
+            idx = dsa.dsa_select(work, topk).long()
+            chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
+            best = work.scores.topk(topk, dim=-1).values.sort(dim=-1).values
+            distinct = all(row.unique().numel() == topk for row in idx) and int(idx.min()) >= 0
+            right = bool(distinct and torch.equal(chosen, best))
+            got["cases"].append([name, step, right, int(work.work.count_nonzero())])
+        got["paths"].append([name, path(scores, topk)])
+
+    def cases():
+        inf = float("inf")
+        spikes = torch.randn(1, 4000)
+        spikes[0, :100], spikes[0, 100:200] = inf, -inf
+        select("just above k", torch.randn(1, 2049), 2048)
+        select("4K, two rows", torch.randn(2, 4096), 2048)
+        select("32K", torch.randn(1, 32768).abs() * 3, 2048)
+        select("negative", -torch.rand(2, 3000) - 1, 700)
+        select("mixed", torch.randn(1, 5000) - 0.5, 2048)
+        select("many ties", torch.randint(-3, 4, (2, 4000)).float(), 1000)
+        select("all equal", torch.zeros(1, 3000), 700)
+        select("all equal, 400", torch.zeros(1, 400), 100)
+        select("all equal, 6000", torch.full((1, 6000), 2.5), 2048)
+        select("all equal, long", torch.zeros(1, 9000), 2048)
+        select("beyond fp16", torch.randn(2, 5000) * 1e6, 2048)
+        select("inf", spikes, 150)
+        select("inf, taken", spikes, 60)
+        select("subnormal", torch.randn(1, 4096) * 1e-6, 2048)
+
+    cases()
+    dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 512, 256  # small: every path of the finishing program
+    cases()
+    dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 8192, 4096
+    # the scoring kernel's FP16-digit histogram, exactly the torch form's; the whole step through dsa_topk
+    for rows, q_len, length, topk in ((1, 2, 4096, 2048), (1, 1, 20000, 2048)):
+        work = dsa.dsa_workspace(rows * q_len, length, topk, torch.device("cpu"), scheme="half8-ticket")
+        for step in range(2):
+            q = torch.randn(rows * q_len, 16, 64).to(torch.bfloat16)
+            w = torch.rand(rows * q_len, 16) - 0.2
+            keys = (torch.randn(rows, length, 64) * 2).to(torch.float8_e4m3fn)
+            ks = torch.rand(rows, length) + 0.5
+            dsa.dsa_scores(q, w, keys, ks, work, q_len=q_len)
+            same_hist = torch.equal(work.work[:, : dsa.DIGIT_BINS], dsa.half_histogram(work.scores))
+            work.indices.fill_(-7)
+            idx = dsa.dsa_select(work, topk).long()
+            chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
+            best = work.scores.topk(topk, dim=-1).values.sort(dim=-1).values
+            got["hist"].append([length, step, same_hist, torch.equal(chosen, best), int(work.work.count_nonzero())])
+    print(json.dumps(got))
+    """
+)
+
+
+def test_the_half_ticket_top_k_selects_exactly_in_one_launch_on_every_path(tmp_path: Path) -> None:
+    """`half8-ticket` (`dsa._half8_select_kernel`): torch.topk's set (as sorted values: ties may pick any) over
+    lengths just above k to 32K, negative, mixed, tied, all-equal, beyond FP16's range and infinite scores, two
+    steps on one workspace left zero after each; with small capacities every path of the finishing program runs
+    (candidates in registers, looped over the buffer, the overflow fallback over the score row); the scoring
+    kernel's FP16-digit histogram equals the torch form's (`dsa.half_histogram`)."""
+    require_module("triton", WHY)
+    got = json.loads(_python(HALF, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    bad = [case for case in got["cases"] if not case[2] or case[3]]
+    assert not bad and len(got["cases"]) == 56, bad
+    default, small = dict(got["paths"][:14]), dict(got["paths"][14:])
+    assert default["all equal, 6000"] == "buffer" and default["all equal, long"] == "row", default
+    assert small["all equal, 400"] == "buffer" and small["all equal"] == "row", small
+    assert {*default.values(), *small.values()} == {"registers", "buffer", "row"}
+    assert got["hist"] and all(h[2] and h[3] and not h[4] for h in got["hist"]), got["hist"]
+
+
 def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero() -> None:
     for scheme in dsa.SCHEMES:
         work = dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4, scheme=scheme)
@@ -174,6 +261,7 @@ def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero
         dsa.dsa_prepare(work)
         assert bool(work.work.any()) == (scheme in dsa.SELF_ZEROING), scheme
     assert dsa.SCHEMES[0] == "radix8-carry"  # the default: faster than radix8 on an H200 at 4K–128K
+    assert dsa.SCHEMES[1] == "half8-ticket"  # the one-launch selection, its H200 figures pending
 
 
 @pytest.fixture

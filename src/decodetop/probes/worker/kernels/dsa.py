@@ -15,13 +15,13 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Three digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `radix8`, four 8-bit digits of 256 bins,
-and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp
-ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
+Four digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half8-ticket` (below), `radix8`, four 8-bit digits
+of 256 bins, and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins)
+warp ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
 proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
-histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for
-one pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring
-kernel) was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one
+pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring kernel)
+was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
 
 `radix8-carry` runs radix8's passes without the workspace's memset and without each pass searching every histogram
 before its own: a pass leaves the threshold's digits so far and the count above them in the workspace for the next
@@ -32,9 +32,23 @@ last program the fourth, the counters and the carries), so a step leaves the wor
 (`dsa_prepare`; allocated zero). On an H200 it took ~5 µs off radix8's whole DSA step at 4K, 32K and 128K (27.4 →
 22.5, 32.8 → 27.9, 43.7 → 38.9 µs; docs/benchmarks.md, "Kernels, seventh round"), so it is the default.
 
+`half8-ticket` selects in one launch after the scoring kernel: on an H200 at 128K radix8-carry's three passes and
+compaction took 14.7 of the step's 35.3 µs, each a dependent grid over every score (docs/benchmarks.md, "Kernels,
+seventh round"), mostly launch latency (the 512 KB of scores sit in L2). The scoring kernel histograms a finer first
+digit, the top 8 bits of the score's FP16 order-preserving key (sign, 5 exponent and 2 mantissa bits: 4 bins per octave,
+where the fp32 key's top 8 bits are one bin per 4 octaves), with the same 256 bins. The one select launch
+(`_half8_select_kernel`): each program finds the threshold bin b1 from that histogram, writes the positions of its
+scores above b1 straight to the output (places from an atomic counter, as the compaction's) and appends the positions
+and fp32 keys of those in b1 to a candidate buffer (`HALF_CANDIDATES` a row); after a CTA barrier it takes a ticket (an
+acq_rel atomic: a grid sync's pattern), and the program that draws the last one selects the `k` − (above b1) largest
+fp32 keys among the candidates by a radix select of four 8-bit digits (`_half_finish`: up to `HALF_FINISH_BLOCK` in
+registers; more looped over the buffer; past the buffer's capacity, e.g. many equal scores, over the whole score row:
+slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. Its H200 figures are pending
+(`benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six, plus the workspace's memset but for radix8-carry): each launches with programmatic
-dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket): each launches
+with programmatic dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
 or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
 compiles the kernels as before.
@@ -86,12 +100,28 @@ WORK8_INTS = DIGITS * DIGIT_BINS + 2
 TICKET_AT = DIGITS * DIGIT_BINS + 2
 CARRY_AT = TICKET_AT + 1
 CARRY8_INTS = CARRY_AT + 2 * (DIGITS - 1)
+#: `half8-ticket`'s workspace per row: the scoring kernel's histogram of the FP16 digit, then three counters (the
+#: places handed out above the threshold bin, the candidates appended, the select programs done).
+HALF_ABOVE_AT = DIGIT_BINS
+HALF_CAND_AT = DIGIT_BINS + 1
+HALF_TICKET_AT = DIGIT_BINS + 2
+HALF8_INTS = DIGIT_BINS + 3
+#: `half8-ticket`'s candidate buffer per row (the positions, then the fp32 keys, of the scores whose FP16 digit is
+#: the threshold bin's): capacity for 8192, and the finishing program's block, 4096 candidates held in registers.
+#: With random q and keys the threshold bin holds ~2 % of the tokens at 128K (~2.6K; the bin is a quarter octave
+#: of the scores), so 4096 covers it with 1.5× to spare; a `tl.histogram` costs per lane, masked or not (see the
+#: module docstring), so the register block is no larger. Counts in (4096, 8192] loop over the buffer in blocks
+#: of 4096, larger ones over the whole score row (exact, slow).
+HALF_CANDIDATES = 8192
+HALF_FINISH_BLOCK = 4096
+#: Warps of each `half8-ticket` select program: the finishing program's 4096 candidates are 16 a thread.
+HALF_WARPS = 8
 #: The digit schemes, the default first.
-SCHEMES = ("radix8-carry", "radix8", "radix11")
+SCHEMES = ("radix8-carry", "half8-ticket", "radix8", "radix11")
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
-SELF_ZEROING = frozenset({"radix8-carry"})
+SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket"})
 #: Ints per row of each scheme's workspace.
-SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY8_INTS}
+SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY8_INTS, "half8-ticket": HALF8_INTS}
 #: Scoring programs wanted per SM and their loop's pipeline stages: the fastest of 72 launch shapes at GLM-5's indexer
 #: on an H200 (`benchmarks/kernels/dsa_scores_sweep.py`; docs/benchmarks.md, "Kernels, seventh round": 13.0 µs at
 #: 128K against 14.8 for 2 per SM and 3 stages, the same at 32K).
@@ -100,6 +130,9 @@ SCORE_STAGES = 2
 
 if HAVE_TRITON:
     _CARRY_AT = tl.constexpr(CARRY_AT)
+    _HALF_ABOVE_AT = tl.constexpr(HALF_ABOVE_AT)
+    _HALF_CAND_AT = tl.constexpr(HALF_CAND_AT)
+    _HALF_TICKET_AT = tl.constexpr(HALF_TICKET_AT)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _key_of(score):  # type: ignore[no-untyped-def,unused-ignore]
@@ -107,6 +140,25 @@ if HAVE_TRITON:
         bits = score.to(tl.uint32, bitcast=True)
         flip = tl.where((bits >> 31) == 1, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
         return bits ^ flip
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_digit(score):  # type: ignore[no-untyped-def,unused-ignore]
+        """fp32 → the top 8 bits (sign, 5 exponent, 2 mantissa bits: 4 bins per octave) of its FP16 form's
+        order-preserving key, as `_key_of` flips 32 bits. The conversion rounds to nearest even (Triton's default
+        downcast; numpy's under the interpreter) and saturates at ±inf, so the digit never decreases as the score
+        grows: every score of a higher digit is larger than every score of a lower one."""
+        bits = score.to(tl.float16).to(tl.uint16, bitcast=True)
+        flip = tl.where((bits >> 15) == 1, 0xFFFF, 0x8000).to(tl.uint16)
+        return ((bits ^ flip) >> 8).to(tl.int32)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _bin_of(h, k_rem, NB: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """`_threshold_bin` of a histogram in registers."""
+        bins = tl.arange(0, NB)
+        at_or_above = tl.sum(h, 0) - tl.cumsum(h, 0) + h
+        b = tl.max(tl.where(at_or_above >= k_rem, bins, -1), 0)
+        above = tl.sum(tl.where(bins > b, h, 0), 0)
+        return b, above
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _threshold_bin(hist_ptr, k_rem, NB: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -159,10 +211,13 @@ if HAVE_TRITON:
         USE_GDC: tl.constexpr,
         TRANS: tl.constexpr = False,
         Q8: tl.constexpr = False,
+        HALF: tl.constexpr = False,
     ):
         """TRANS: the product as keys · qᵀ (the key tile the MMA's M operand, [BLOCK, HP]) instead of q · keysᵀ.
         Q8: q quantized to FP8 E4M3 per head (scale max|q_h| / 448, folded into the head's weight) and the product
-        FP8 × FP8, as DeepSeek-V3.2's own indexer runs it; under the interpreter (F32_DOT) the FP8 values in fp32."""
+        FP8 × FP8, as DeepSeek-V3.2's own indexer runs it; under the interpreter (F32_DOT) the FP8 values in fp32.
+        HALF: the histogram's digit is the FP16 key's top 8 bits (`_half_digit`, `half8-ticket`), not the fp32
+        key's top bits."""
         pid = tl.program_id(0)
         row = tl.program_id(1)
         batch = row // q_len
@@ -194,7 +249,7 @@ if HAVE_TRITON:
                 score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
             if HIST:
-                digit = (_key_of(score) >> SHIFT1).to(tl.int32)
+                digit = _half_digit(score) if HALF else (_key_of(score) >> SHIFT1).to(tl.int32)
                 hist += tl.histogram(digit, BINS1, mask=mask_l)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
@@ -464,6 +519,124 @@ if HAVE_TRITON:
             tail = tl.arange(0, TAIL)
             tl.store(base + 4 * 256 + tail, tl.zeros([TAIL], tl.int32), mask=tail < WORK - 4 * 256)
 
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(fp32 keys, positions, valid) of the `FIN` candidates from `start`: the buffer's (`n` of them, positions
+        then keys), or where the buffer overflowed (`n` > `CAP`) the score row's whose FP16 digit is `b1`. Loads
+        through L2 (`.cg`): the other programs' stores are not in this SM's L1."""
+        offs = start + tl.arange(0, FIN)
+        in_row = offs < tl.where(n > CAP, length, 0)  # bounds, not a scalar & a block: Triton 3.9's interpreter
+        in_buf = offs < tl.where(n > CAP, 0, n)  # leaves that int32, which a load refuses as a mask
+        score = tl.load(score_ptr + row * length + offs, mask=in_row, other=0.0, cache_modifier=".cg")
+        pos = tl.load(cand + offs, mask=in_buf, other=0, cache_modifier=".cg")
+        key = tl.load(cand + CAP + offs, mask=in_buf, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+        key = tl.where(in_row, _key_of(score), key)
+        pos = tl.where(in_row, offs, pos)
+        return key, pos, in_buf | (in_row & (_half_digit(score) == b1))
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _digit_hist(key, valid, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Histogram of the fp32 keys' 8-bit digit LEVEL (0: the top) over the valid ones tied with `prefix`, the
+        threshold's first LEVEL digits."""
+        tied = valid if LEVEL == 0 else valid & ((key >> (32 - 8 * LEVEL)) == prefix)
+        return tl.histogram(((key >> (24 - 8 * LEVEL)) & 0xFF).to(tl.int32), 256, mask=tied)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_write(out, key, pos, valid, threshold, n_over, rem, o_over, o_at):  # type: ignore[no-untyped-def,unused-ignore]
+        """Writes the positions of the keys above `threshold` from place `o_over` (of `n_over`), then of those at
+        it from place `n_over` + `o_at` while fewer than `rem` are; returns the places taken so far."""
+        over = (valid & (key > threshold)).to(tl.int32)
+        at = (valid & (key == threshold)).to(tl.int32)
+        p_over = o_over + tl.cumsum(over, 0) - 1
+        p_at = o_at + tl.cumsum(at, 0) - 1
+        tl.store(out + p_over, pos, mask=(over == 1) & (p_over < n_over))
+        tl.store(out + n_over + p_at, pos, mask=(at == 1) & (p_at < rem))
+        return o_over + tl.sum(over, 0), o_at + tl.sum(at, 0)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_finish(score_ptr, cand, out, row, length, need, n, b1, FIN: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Writes at `out` the positions of the `need` largest fp32 keys among the `n` candidates (ties at the last
+        threshold: any of them): a radix select of four 8-bit digits. Up to `FIN` candidates are held in registers
+        (one load, four histograms); more are looped over in blocks of `FIN` for each pass, from the buffer, or
+        from the score row where the buffer overflowed."""
+        prefix = tl.full([], 0, tl.uint32)
+        rem = need
+        none = tl.full([], 0, tl.int32)
+        if n <= FIN:
+            key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, 0, FIN, CAP)
+            for level in tl.static_range(4):
+                b, up = _bin_of(_digit_hist(key, valid, prefix, level), rem, 256)
+                prefix = (prefix << 8) | b.to(tl.uint32)
+                rem = rem - up
+            _half_write(out, key, pos, valid, prefix, need - rem, rem, none, none)
+        else:
+            total = tl.where(n > CAP, length, n)
+            for level in tl.static_range(4):
+                h = tl.zeros([256], tl.int32)
+                for start in range(0, total, FIN):
+                    key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP)
+                    h += _digit_hist(key, valid, prefix, level)
+                b, up = _bin_of(h, rem, 256)
+                prefix = (prefix << 8) | b.to(tl.uint32)
+                rem = rem - up
+            o_over = none
+            o_at = none
+            for start in range(0, total, FIN):
+                key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP)
+                o_over, o_at = _half_write(out, key, pos, valid, prefix, need - rem, rem, o_over, o_at)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half8_select_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        cand_ptr,
+        idx_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        FIN: tl.constexpr,
+        CAP: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`half8-ticket`'s whole selection after the scoring kernel's FP16-digit histogram, in one launch: each
+        program writes its scores above the threshold bin b1 straight to the output and appends those in it to the
+        candidate buffer; the last program to finish (the ticket) selects the rest among the candidates
+        (`_half_finish`) and zeroes the histogram and the counters, so the workspace is zero for the next step."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        cand = cand_ptr + row * 2 * CAP
+        if USE_GDC:  # the histogram and the scores are the scoring kernel's, the grid before
+            tl.extra.cuda.gdc_wait()
+        bins = tl.arange(0, 256)
+        hist = tl.load(base + bins)
+        b1, above1 = _bin_of(hist, k, 256)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < length
+        score = tl.load(score_ptr + row * length + offs, mask=valid, other=0.0)
+        digit = _half_digit(score)
+        over = (valid & (digit > b1)).to(tl.int32)
+        at = (valid & (digit == b1)).to(tl.int32)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
+        start_over = tl.atomic_add(base + _HALF_ABOVE_AT, tl.sum(over, 0))
+        start_at = tl.atomic_add(base + _HALF_CAND_AT, tl.sum(at, 0))
+        p_over = start_over + tl.cumsum(over, 0) - 1
+        p_at = start_at + tl.cumsum(at, 0) - 1
+        tl.store(idx_ptr + row * k + p_over, offs, mask=(over == 1) & (p_over < above1))
+        stored = (at == 1) & (p_at < CAP)
+        tl.store(cand + p_at, offs, mask=stored)
+        tl.store(cand + CAP + p_at, _key_of(score).to(tl.int32, bitcast=True), mask=stored)
+        tl.debug_barrier()  # every thread's stores before the ticket's release (a grid sync's pattern)
+        done = tl.atomic_add(base + _HALF_TICKET_AT, 1, sem="acq_rel")
+        if done == tl.num_programs(0) - 1:  # every other program has stored its candidates and read the histogram
+            n = tl.sum(tl.where(bins == b1, hist, 0), 0)  # the candidates: the histogram's count in bin b1
+            _half_finish(score_ptr, cand, idx_ptr + row * k + above1, row, length, k - above1, n, b1, FIN, CAP)
+            tl.store(base + bins, tl.zeros([256], tl.int32))
+            tail = tl.arange(0, 4)
+            tl.store(base + _HALF_ABOVE_AT + tail, tl.zeros([4], tl.int32), mask=tail < 3)
+
 
 @dataclass(frozen=True)
 class DsaWorkspace:
@@ -497,6 +670,9 @@ class DsaWorkspace:
     `fp8_index`), as DeepGEMM's `fp8_mqa_logits` (https://github.com/deepseek-ai/DeepGEMM) that engines call does.
     On an H200 at GLM-5's indexer: 9.6 µs at 128K against 13.0 for the FP16 product (docs/benchmarks.md, "Kernels,
     seventh round"). False: the FP16 (or BF16, `f16`) product."""
+    candidates: torch.Tensor | None = None
+    """`half8-ticket`'s candidate buffer, [rows, 2 × HALF_CANDIDATES] int32 (positions, then fp32 keys); only the
+    places below a step's count are read, so it needs no zeroing. None for the other schemes."""
 
 
 def auto_select_block(rows: int, length: int, sms: int) -> int:
@@ -546,6 +722,9 @@ def dsa_workspace(
         select_block or auto_select_block(rows, length, sms),
         f16,
         q8 and fp8_mma_supported(device),
+        torch.empty(rows, 2 * HALF_CANDIDATES, device=device, dtype=torch.int32)
+        if scheme == "half8-ticket" and selects
+        else None,
     )
 
 
@@ -568,6 +747,7 @@ def dsa_scores(
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
     radix8 = work.scheme != "radix11"
+    half = work.scheme == "half8-ticket"
     launch(
         _score_kernel,
         (work.score_programs, rows),
@@ -594,6 +774,7 @@ def dsa_scores(
         HIST=work.selects,  # no selection: no histogram (nothing would read it, nor zero it for `SELF_ZEROING`)
         TRANS=work.q8,
         Q8=work.q8,
+        HALF=half,
         num_stages=SCORE_STAGES,
         pdl=True,
     )
@@ -610,7 +791,7 @@ def dsa_prepare(work: DsaWorkspace) -> None:
 def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     """The top-`topk` token positions of each row of `work.scores` into `work.indices` (after `dsa_scores`):
     `DIGITS` − 1 more histogram passes and the compaction for `radix8` and `radix8-carry`, two and the compaction
-    for `radix11`."""
+    for `radix11`, one launch for `half8-ticket`."""
     rows, length = work.scores.shape
     if not work.selects:
         return work.indices
@@ -625,6 +806,15 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
         launch(
             _compact8_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=WORK8_INTS, BLOCK=block,
             pdl=True,
+        )  # fmt: skip
+        return work.indices
+    if work.scheme == "half8-ticket":
+        if work.candidates is None:
+            raise ValueError("a half8-ticket workspace without its candidate buffer")
+        cap = work.candidates.shape[1] // 2
+        launch(
+            _half8_select_kernel, grid, work.scores, work.work, work.candidates, work.indices, length, topk,
+            WORK=HALF8_INTS, BLOCK=block, FIN=min(HALF_FINISH_BLOCK, cap), CAP=cap, num_warps=HALF_WARPS, pdl=True,
         )  # fmt: skip
         return work.indices
     if work.scheme == "radix8-carry":
@@ -661,6 +851,32 @@ def dsa_topk(
     dsa_prepare(work)
     dsa_scores(q, weights, keys, key_scales, work, q_len=q_len)
     return dsa_select(work, topk)
+
+
+def half_digits(scores: torch.Tensor) -> torch.Tensor:
+    """The torch form of the kernels' `_half_digit`: each fp32 score's FP16 form (round to nearest even, ±inf past
+    its range) as its order-preserving 16-bit key's top 8 bits, int64 in [0, 256)."""
+    bits = scores.float().half().view(torch.int16).long() & 0xFFFF
+    return torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits ^ 0x8000) >> 8
+
+
+def half_histogram(scores: torch.Tensor) -> torch.Tensor:
+    """[rows, 256] int32: the histogram of `half_digits` per row, the torch form of what the scoring kernel adds to
+    a `half8-ticket` workspace."""
+    digits = half_digits(scores)
+    hist = torch.zeros(scores.shape[0], DIGIT_BINS, dtype=torch.int64, device=scores.device)
+    hist.scatter_add_(1, digits, torch.ones_like(digits))
+    return hist.int()
+
+
+def half_candidates(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """[rows] int64: how many scores of each row share the FP16 digit of its `topk`-th largest, the candidates
+    `half8-ticket`'s finishing program selects among (at most HALF_FINISH_BLOCK: held in registers; at most
+    HALF_CANDIDATES: looped over the buffer; more: over the score row)."""
+    hist = half_histogram(scores).long()
+    at_or_above = hist.flip(1).cumsum(1).flip(1)  # non-increasing: the bins holding the topk-th come first
+    b1 = (at_or_above >= min(topk, scores.shape[1])).sum(1, keepdim=True) - 1
+    return hist.gather(1, b1).squeeze(1)
 
 
 def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
