@@ -373,6 +373,7 @@ if HAVE_TRITON:
             tl.debug_barrier()
             total = tl.load(row, mask=mask_n, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+            tl.debug_barrier()  # the block's loads performed before its zeros are stored (`_combine_kernel`)
             tl.store(row, tl.zeros([block_n], dtype=tl.float32), mask=mask_n)
             tl.store(block_count, 0)
         h_count = tickets_ptr + (tl.num_programs(0) // top_k) * blocks + slot * splits + ks
@@ -413,6 +414,10 @@ if HAVE_TRITON:
         _trigger(USE_GDC, not EARLY)
         tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
         if zero:
+            # Every load of ys performed before its zeros are stored: on an H200 without this barrier the zeros
+            # overtook the loads wherever no other instruction sat between them (the late form's trigger did),
+            # e.g. with PDL off: DeepSeek-V3's TP-8 slice off by 77 % (benchmarks/kernels/moe_early_probe.py).
+            tl.debug_barrier()
             empty = tl.zeros([block], dtype=tl.float32)
             for j in tl.static_range(top_k):
                 tl.store(ys_ptr + (token * top_k + j) * hidden + offs, empty, mask=mask)
