@@ -119,13 +119,13 @@ HALF_FINISH_BLOCK = 4096
 HALF_WARPS = 8
 #: `half16-ticket`'s workspace per row: the scoring kernel's 256-bin histogram of the FP16 key's top byte (as
 #: half8-ticket's), its histogram of the whole 16-bit FP16 key (65536 bins, per-element atomics), then the three
-#: counters as half8-ticket's.
+#: counters as half8-ticket's and one int unused, so each row starts 16-byte aligned (the zeroing's vector stores).
 HALF16_BINS = 1 << 16
 HALF16_AT = DIGIT_BINS
 HALF16_ABOVE_AT = HALF16_AT + HALF16_BINS
 HALF16_CAND_AT = HALF16_ABOVE_AT + 1
 HALF16_TICKET_AT = HALF16_ABOVE_AT + 2
-HALF16_INTS = HALF16_ABOVE_AT + 3
+HALF16_INTS = HALF16_ABOVE_AT + 4
 #: `half16-ticket`'s candidates (the scores whose 16-bit FP16 key is the threshold's): the 16-bit bin is 256 times
 #: finer than half8-ticket's 8-bit one (10 mantissa bits against 2), so where half8-ticket's bin held 6712 scores at
 #: 128K on an H200 (random q and keys) this one holds ~26, at 4K under one. Up to `HALF16_RANK` the finishing
