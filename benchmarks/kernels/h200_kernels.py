@@ -279,10 +279,10 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
     """GLM-5 TP-8's DSA path in parts, the default (FP8 indexer, `radix8-carry`), the one-launch selections
-    (`half16-ticket`, `half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection checked by the
-    attention rows' runners: the indexer scores (with the first histogram; radix8's after its workspace memset), + the
-    radix top-k; the whole attention (+ sparse MLA split and combine) is the attention rows'; each part's time is the
-    difference of two rows."""
+    (`half16-ticket`, `half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection
+    checked by the attention rows' runners: the indexer scores (with the first histogram; radix8's after its
+    workspace memset), + the radix top-k; the whole attention (+ sparse MLA split and combine) is the attention
+    rows'; each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = glm_fields()
     for context in contexts((32768, 131072)):

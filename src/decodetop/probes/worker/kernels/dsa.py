@@ -15,7 +15,8 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Four digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half8-ticket` (below), `radix8`, four 8-bit digits
+Five digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half16-ticket` and `half8-ticket` (below),
+`radix8`, four 8-bit digits
 of 256 bins, and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins)
 warp ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
 proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
@@ -43,12 +44,28 @@ and fp32 keys of those in b1 to a candidate buffer (`HALF_CANDIDATES` a row); af
 acq_rel atomic: a grid sync's pattern), and the program that draws the last one selects the `k` − (above b1) largest
 fp32 keys among the candidates by a radix select of four 8-bit digits (`_half_finish`: up to `HALF_FINISH_BLOCK` in
 registers; more looped over the buffer; past the buffer's capacity, e.g. many equal scores, over the whole score row:
-slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. Its H200 figures are pending
-(`benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. On an H200 (GLM-5 TP-8,
+one row, top-k 2048) its whole MLA+DSA step took 36.9 µs at 4K, 36.6 at 32K and 49.1 at 128K against radix8-carry's
+22.6, 26.7 and 34.4: the finishing program's four `tl.histogram` passes over 4096 lanes, whose candidates all share
+their leading fp32 digits (one bin: serialized shared-memory atomics), and its cumsum cost more than the passes saved
+(6712 candidates at 128K, the buffer path; `benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+
+`half16-ticket` keeps half8-ticket's one select launch but leaves its finishing program almost nothing: the scoring
+kernel also histograms the whole 16-bit FP16 key (65536 bins a row, one relaxed global atomic per score, no
+`tl.histogram`); each select program (`_half16_select_kernel`) finds b1 from the 256-bin histogram and the low byte
+b2 from the 256 bins of the 16-bit histogram under b1, writes its scores above t16 = b1·256 + b2 straight to the
+output and appends those at t16 to the candidate buffer, whose count is the 16-bit histogram's at t16: tens (10
+mantissa bits: a bin 256 times finer than half8-ticket's). The last program (the ticket) ranks them by one all-pairs
+comparison and writes each selected one at its rank (`_half_rank`; no histogram, no cumsum); past `HALF16_RANK`
+candidates (many equal FP16 keys) it falls back to half8-ticket's radix loops over the buffer or the score row. The
+16-bit histogram needs no memset: each program zeroes its grid-stride share of the 65536 bins but b1's 256 (the others
+may still read them), the last program b1's, the 256-bin histogram and the counters. Its H200 figures are pending
+(`benchmarks/kernels/h200_kernels.py`, rows "half16-ticket").
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket): each launches
-with programmatic dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket and
+half16-ticket): each launches with programmatic dependent launch where the GPU has it (sm_90 and newer,
+`common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
 or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
 compiles the kernels as before.
