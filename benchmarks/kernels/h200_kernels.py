@@ -7,11 +7,13 @@ writes everything to --json as each section finishes; one deadline for the whole
 order of what matters most.
 
 Sections: copy bandwidth; MLA + DSA attention at GLM-5's TP-8 shard (8 heads, index top-k 2048) at 0, 4K, 32K and 128K,
-the default (the indexer's product FP8 × FP8, the `radix8-carry` top-k) beside the one-launch `half8-ticket` top-k, the
+the default (the indexer's product FP8 × FP8, the `radix8-carry` top-k) beside the one-launch `half16-ticket` and
+`half8-ticket` top-k, the
 indexer in FP16 and radix8's top-k with its memset; GQA at Llama-3.1-70B's shard with an FP8 KV cache over
 `kernels.gqa.SHORT`, `LONG` and `SWEEP` at 4K–128K (and BF16 against SDPA); dense MLA at DeepSeek-V3's TP-8 (16 heads)
 shard over `kernels.mla.SWEEP` (and TP-1, 128 heads); GLM-5's DSA path in parts (scores, + top-k, under the default,
-half8-ticket and radix8 with its memset; the whole attention is the row above); the fused-MoE kernel with its tiles
+half16-ticket, half8-ticket and radix8 with its memset; the whole attention is the row above; half16's and half8's
+top-k rows note the finishing program's candidates and path); the fused-MoE kernel with its tiles
 tuned over the candidates against last round's tiles and the default tiles (Mixtral-8x7B TP 1 and 2, Qwen3-235B-A22B,
 DeepSeek-V3 TP 8); the rope + KV write as the kvcast probe times it; the checks. `--skip` leaves sections out, `--only`
 keeps the attention and MoE rows of the components whose label holds one of its parts, `--variants` the attention and
@@ -193,6 +195,7 @@ FIRST = AttentionVariant(gqa=gqa.FIRST, mla=mla.FIRST, dsa_scheme="radix11", dsa
 NEW = AttentionVariant()
 INDEXER_FP16 = AttentionVariant(dsa_q8=False)
 HALF_TICKET = AttentionVariant(dsa_scheme="half8-ticket")
+HALF16_TICKET = AttentionVariant(dsa_scheme="half16-ticket")
 MEMSET = AttentionVariant(dsa_scheme="radix8", dsa_q8=False)
 
 
@@ -210,6 +213,7 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
     dsa_pair = [
         ("default: radix8-carry, select auto, indexer fp8", NEW),
+        ("half16-ticket, select auto, indexer fp8", HALF16_TICKET),
         ("half8-ticket, select auto, indexer fp8", HALF_TICKET),
         ("radix8-carry, select auto, indexer fp16", INDEXER_FP16),
         ("radix8 (memset), select auto, indexer fp16", MEMSET),
@@ -274,18 +278,18 @@ def attention_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def dsa_parts_rows(copy: float, out: dict[str, Any]) -> list[dict[str, Any]]:
-    """GLM-5 TP-8's DSA path in parts, the default (FP8 indexer, `radix8-carry`), the one-launch selection
-    (`half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection checked by the
-    attention rows' runners: the indexer scores (with the first histogram; radix8's after its workspace memset), + the
-    radix top-k; the whole attention (+ sparse MLA split and combine) is the attention rows'; each part's time is the
-    difference of two rows."""
+    """GLM-5 TP-8's DSA path in parts, the default (FP8 indexer, `radix8-carry`), the one-launch selections
+    (`half16-ticket`, `half8-ticket`, FP8 indexer) and the form before them (FP16 indexer, `radix8`), the selection
+    checked by the attention rows' runners: the indexer scores (with the first histogram; radix8's after its
+    workspace memset), + the radix top-k; the whole attention (+ sparse MLA split and combine) is the attention
+    rows'; each part's time is the difference of two rows."""
     rows: list[dict[str, Any]] = []
     glm = glm_fields()
     for context in contexts((32768, 131072)):
         key = att_key("mla+dsa", context, **glm)
         m = attention._mla_inputs(key, ctx(), context + 1, rotate=True)
         assert m.q_idx is not None and m.w_idx is not None
-        for scheme, q8 in ((dsa.SCHEMES[0], True), ("half8-ticket", True), ("radix8", False)):
+        for scheme, q8 in ((dsa.SCHEMES[0], True), ("half16-ticket", True), ("half8-ticket", True), ("radix8", False)):
             work = dsa.dsa_workspace(1, context + 1, m.attended, dev(), scheme=scheme, q8=q8)
             dsa_parts(m, work, context, copy, rows)
         del m
@@ -323,7 +327,7 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
                 row.update(timed(OpRunner(fn, index_bytes, 0.0, len(m.caches))))
                 row["roofline_us"] = index_bytes / copy / 1e3
                 row["copy_pct"] = 100 * row["gbps"] / copy
-                if work.scheme == "half8-ticket" and work.selects and "top-k" in name:
+                if work.scheme in dsa.HALF_SCHEMES and work.selects and "top-k" in name:
                     row.update(half_path(work, m.attended))
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -333,8 +337,15 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
 
 
 def half_path(work: dsa.DsaWorkspace, topk: int) -> dict[str, Any]:
-    """Which path `half8-ticket`'s finishing program took on the last scores timed: the candidates in the threshold
-    bin (`dsa.half_candidates`) against its register block and its buffer."""
+    """Which path `half8-ticket`'s or `half16-ticket`'s finishing program took on the last scores timed: the
+    candidates at the threshold (`dsa.half_candidates`, `dsa.half16_candidates`) against its rank select (half16),
+    its register block and its buffer."""
+    if work.scheme == "half16-ticket":
+        n = int(dsa.half16_candidates(work.scores, topk).max())
+        cap = dsa.HALF16_CANDIDATES
+        fin = "rank" if n <= dsa.HALF16_RANK else ("registers" if n <= dsa.HALF16_FINISH_BLOCK else "buffer loop")
+        path = fin if n <= cap else "score row"
+        return {"half_candidates": n, "half_path": path, "variant_note": f"{n} candidates: {path}"}
     n = int(dsa.half_candidates(work.scores, topk).max())
     path = "registers" if n <= dsa.HALF_FINISH_BLOCK else ("buffer" if n <= dsa.HALF_CANDIDATES else "score row")
     return {"half_candidates": n, "half_path": path, "variant_note": f"{n} candidates: {path}"}

@@ -73,7 +73,7 @@ def check_dsa(big: bool = False) -> None:
     each radix digit scheme, with the selection in one program per row and spread over many (atomics between them),
     the indexer's product in FP16 (the default) and in BF16; negative weights give negative scores (the key's sign
     flip). A scheme with no memset (`dsa.SELF_ZEROING`) runs twice on one workspace, which each step must leave
-    zero; `half8-ticket`'s finishing program on each of its paths (`check_half_paths`)."""
+    zero; `half8-ticket`'s and `half16-ticket`'s finishing programs on each of their paths (`check_half_paths`)."""
     d = _dev()
     dim = 128 if big else 64
     cases = [(1, 1, 32, 5000, 2048), (2, 1, 20, 3000, 700), (1, 2, 32, 300, 512), (1, 1, 16, 4096, 2048)]
@@ -126,22 +126,30 @@ def check_dsa(big: bool = False) -> None:
 
 
 def check_half_paths(d: torch.device) -> None:
-    """`half8-ticket`'s finishing program past its register block: scores all equal (every one a candidate), 6000
-    of them looped over the candidate buffer, 9000 past its capacity over the score row; then random scores in
-    registers. Its histogram from the torch form (`dsa.half_histogram`), as the scoring kernel would leave it."""
-    for length, value in ((6000, 2.5), (9000, 0.0), (9000, None)):
-        scores = torch.full((2, length), value, device=d) if value is not None else torch.randn(2, length, device=d)
-        work = dsa.dsa_workspace(2, length, 2048, d, scheme="half8-ticket")
-        for step in range(2):
-            work.scores.copy_(scores)
-            work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(scores)
-            work.indices.fill_(-7)
-            idx = dsa.dsa_select(work, 2048).long()
-            what = f"dsa half8-ticket {length=} {value=} {step=}"
-            assert int(idx.min()) >= 0 and all(row.unique().numel() == 2048 for row in idx), what
-            chosen = torch.gather(scores, 1, idx).sort(dim=-1).values
-            assert torch.equal(chosen, scores.topk(2048, dim=-1).values.sort(dim=-1).values), what
-            assert not work.work.any(), f"{what}: the workspace is not left zero"
+    """`half8-ticket`'s and `half16-ticket`'s finishing programs past their fast paths: scores all equal (every one
+    a candidate), 6000 of them (half8-ticket: looped over the candidate buffer; half16-ticket: past its buffer),
+    9000 past both buffers over the score row, 500 of 700 (half16-ticket: past its rank select, radix over the
+    buffer); then random scores (half8-ticket: in registers; half16-ticket: ranked). Their histograms from the torch
+    forms (`dsa.half_histogram`, `dsa.half16_histogram`), as the scoring kernel would leave them."""
+    for scheme in dsa.HALF_SCHEMES:
+        for length, value in ((6000, 2.5), (9000, 0.0), (3000, -1.0), (9000, None)):
+            scores = torch.full((2, length), value, device=d) if value is not None else torch.randn(2, length, device=d)
+            topk = 500 if length == 3000 else 2048
+            if length == 3000:
+                scores[:, 700:] = torch.randn(2, length - 700, device=d) - 10.0  # 700 equal at the top, 500 taken
+            work = dsa.dsa_workspace(2, length, topk, d, scheme=scheme)
+            for step in range(2):
+                work.scores.copy_(scores)
+                work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(scores)
+                if scheme == "half16-ticket":
+                    work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS] = dsa.half16_histogram(scores)
+                work.indices.fill_(-7)
+                idx = dsa.dsa_select(work, topk).long()
+                what = f"dsa {scheme} {length=} {value=} {step=}"
+                assert int(idx.min()) >= 0 and all(row.unique().numel() == topk for row in idx), what
+                chosen = torch.gather(scores, 1, idx).sort(dim=-1).values
+                assert torch.equal(chosen, scores.topk(topk, dim=-1).values.sort(dim=-1).values), what
+                assert not work.work.any(), f"{what}: the workspace is not left zero"
 
 
 def check_gqa(big: bool = False) -> None:

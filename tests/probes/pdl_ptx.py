@@ -43,6 +43,7 @@ PDL_KERNELS = {
     "_carry8_kernel",
     "_compact8_carry_kernel",
     "_half8_select_kernel",
+    "_half16_select_kernel",
     "_gate_up_kernel",
     "_gate_up_mma_kernel",
     "_down_kernel",

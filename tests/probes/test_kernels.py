@@ -171,19 +171,33 @@ HALF = textwrap.dedent(
     import json, sys, torch
     from decodetop.probes.worker.kernels import dsa
     torch.manual_seed(11)
+    scheme = SCHEME
+    sixteen = scheme == "half16-ticket"
     got = {"cases": [], "paths": [], "hist": []}
 
     def path(scores, topk):
+        if sixteen:
+            n = int(dsa.half16_candidates(scores, topk).max())
+            cap = dsa.HALF16_CANDIDATES
+            if n <= min(dsa.HALF16_RANK, cap):
+                return "rank"
+            return "registers" if n <= min(dsa.HALF16_FINISH_BLOCK, cap) else ("buffer" if n <= cap else "row")
         n = int(dsa.half_candidates(scores, topk).max())
         return "registers" if n <= min(dsa.HALF_FINISH_BLOCK, dsa.HALF_CANDIDATES) else (
             "buffer" if n <= dsa.HALF_CANDIDATES else "row")
 
+    def histograms(work):
+        # the scoring kernel's, in torch
+        work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(work.scores)
+        if sixteen:
+            work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS] = dsa.half16_histogram(work.scores)
+
     def select(name, scores, topk):
         rows, length = scores.shape
-        work = dsa.dsa_workspace(rows, length, topk, torch.device("cpu"), sms=4, scheme="half8-ticket")
+        work = dsa.dsa_workspace(rows, length, topk, torch.device("cpu"), sms=4, scheme=scheme)
         for step in range(2):  # the second on the workspace the first left
             work.scores.copy_(scores if step == 0 else scores[:, torch.randperm(length)])
-            work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(work.scores)  # the scoring kernel's, in torch
+            histograms(work)
             work.indices.fill_(-7)
             idx = dsa.dsa_select(work, topk).long()
             chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
@@ -211,14 +225,24 @@ HALF = textwrap.dedent(
         select("inf", spikes, 150)
         select("inf, taken", spikes, 60)
         select("subnormal", torch.randn(1, 4096) * 1e-6, 2048)
+        # ~128 scores a 16-bit key, distinct in fp32 (noise far below FP16's half step at 1: 2^-11); ~64 a value
+        select("tied at t16", 1 + torch.randint(0, 32, (1, 4096)) * 0.25 + torch.randn(1, 4096) * 1e-5, 2000)
+        select("tied in fp32", torch.randint(0, 64, (1, 4096)).float(), 2000)
 
     cases()
-    dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 512, 256  # small: every path of the finishing program
+    # small: every path of the finishing program
+    if sixteen:
+        dsa.HALF16_CANDIDATES, dsa.HALF16_RANK, dsa.HALF16_FINISH_BLOCK = 512, 64, 128
+    else:
+        dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 512, 256
     cases()
-    dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 8192, 4096
-    # the scoring kernel's FP16-digit histogram, exactly the torch form's; the whole step through dsa_topk
+    if sixteen:
+        dsa.HALF16_CANDIDATES, dsa.HALF16_RANK, dsa.HALF16_FINISH_BLOCK = 4096, 256, 1024
+    else:
+        dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 8192, 4096
+    # the scoring kernel's histograms, exactly the torch forms'; the whole step through dsa_topk
     for rows, q_len, length, topk in ((1, 2, 4096, 2048), (1, 1, 20000, 2048)):
-        work = dsa.dsa_workspace(rows * q_len, length, topk, torch.device("cpu"), scheme="half8-ticket")
+        work = dsa.dsa_workspace(rows * q_len, length, topk, torch.device("cpu"), scheme=scheme)
         for step in range(2):
             q = torch.randn(rows * q_len, 16, 64).to(torch.bfloat16)
             w = torch.rand(rows * q_len, 16) - 0.2
@@ -226,6 +250,9 @@ HALF = textwrap.dedent(
             ks = torch.rand(rows, length) + 0.5
             dsa.dsa_scores(q, w, keys, ks, work, q_len=q_len)
             same_hist = torch.equal(work.work[:, : dsa.DIGIT_BINS], dsa.half_histogram(work.scores))
+            if sixteen:
+                hist16 = work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS]
+                same_hist = same_hist and torch.equal(hist16, dsa.half16_histogram(work.scores))
             work.indices.fill_(-7)
             idx = dsa.dsa_select(work, topk).long()
             chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
@@ -243,13 +270,41 @@ def test_the_half_ticket_top_k_selects_exactly_in_one_launch_on_every_path(tmp_p
     (candidates in registers, looped over the buffer, the overflow fallback over the score row); the scoring
     kernel's FP16-digit histogram equals the torch form's (`dsa.half_histogram`)."""
     require_module("triton", WHY)
-    got = json.loads(_python(HALF, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
+    got = json.loads(
+        _python(HALF.replace("SCHEME", repr("half8-ticket")), [], _env(tmp_path, interpret=True))
+        .strip()
+        .splitlines()[-1]
+    )
     bad = [case for case in got["cases"] if not case[2] or case[3]]
-    assert not bad and len(got["cases"]) == 56, bad
-    default, small = dict(got["paths"][:14]), dict(got["paths"][14:])
+    assert not bad and len(got["cases"]) == 64, bad
+    default, small = dict(got["paths"][:16]), dict(got["paths"][16:])
     assert default["all equal, 6000"] == "buffer" and default["all equal, long"] == "row", default
     assert small["all equal, 400"] == "buffer" and small["all equal"] == "row", small
     assert {*default.values(), *small.values()} == {"registers", "buffer", "row"}
+    assert got["hist"] and all(h[2] and h[3] and not h[4] for h in got["hist"]), got["hist"]
+
+
+def test_the_half16_ticket_top_k_ranks_its_candidates_and_leaves_every_bin_zero(tmp_path: Path) -> None:
+    """`half16-ticket` (`dsa._half16_select_kernel`), on half8-ticket's cases: torch.topk's set, two steps on one
+    workspace left all zero after each (the 16-bit histogram's 65536 bins included: each program zeroes its share,
+    the last one the threshold's top byte's); random scores rank their few candidates (`dsa._half_rank`), many
+    equal ones fall back to the radix loops over the buffer or the score row; the scoring kernel's 16-bit
+    histogram by per-element atomics equals the torch form's (`dsa.half16_histogram`)."""
+    require_module("triton", WHY)
+    got = json.loads(
+        _python(HALF.replace("SCHEME", repr("half16-ticket")), [], _env(tmp_path, interpret=True))
+        .strip()
+        .splitlines()[-1]
+    )
+    bad = [case for case in got["cases"] if not case[2] or case[3]]
+    assert not bad and len(got["cases"]) == 64, bad
+    default, small = dict(got["paths"][:16]), dict(got["paths"][16:])
+    for name in ("just above k", "4K, two rows", "32K", "negative", "mixed", "subnormal"):
+        assert default[name] == "rank", (name, default)
+    assert default["tied at t16"] == default["tied in fp32"] == "rank" and small["tied at t16"] != "rank", small
+    assert default["all equal, 6000"] == "row" and default["all equal, 400"] == "registers", default
+    assert small["many ties"] == "row" and small["all equal, 400"] == "buffer", small
+    assert {*default.values(), *small.values()} == {"rank", "registers", "buffer", "row"}, (default, small)
     assert got["hist"] and all(h[2] and h[3] and not h[4] for h in got["hist"]), got["hist"]
 
 
@@ -261,7 +316,7 @@ def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero
         dsa.dsa_prepare(work)
         assert bool(work.work.any()) == (scheme in dsa.SELF_ZEROING), scheme
     assert dsa.SCHEMES[0] == "radix8-carry"  # the default: faster than radix8 on an H200 at 4K–128K
-    assert dsa.SCHEMES[1] == "half8-ticket"  # the one-launch selection, its H200 figures pending
+    assert dsa.SCHEMES[1:3] == ("half16-ticket", "half8-ticket")  # the one-launch selections, H200 figures pending
 
 
 @pytest.fixture

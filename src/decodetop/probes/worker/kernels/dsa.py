@@ -15,7 +15,8 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Four digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half8-ticket` (below), `radix8`, four 8-bit digits
+Five digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half16-ticket` and `half8-ticket` (below),
+`radix8`, four 8-bit digits
 of 256 bins, and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins)
 warp ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
 proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
@@ -43,12 +44,28 @@ and fp32 keys of those in b1 to a candidate buffer (`HALF_CANDIDATES` a row); af
 acq_rel atomic: a grid sync's pattern), and the program that draws the last one selects the `k` − (above b1) largest
 fp32 keys among the candidates by a radix select of four 8-bit digits (`_half_finish`: up to `HALF_FINISH_BLOCK` in
 registers; more looped over the buffer; past the buffer's capacity, e.g. many equal scores, over the whole score row:
-slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. Its H200 figures are pending
-(`benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+slow but exact), then zeroes the histogram and the counters, so the scheme needs no memset. On an H200 (GLM-5 TP-8,
+one row, top-k 2048) its whole MLA+DSA step took 36.9 µs at 4K, 36.6 at 32K and 49.1 at 128K against radix8-carry's
+22.6, 26.7 and 34.4: the finishing program's four `tl.histogram` passes over 4096 lanes, whose candidates all share
+their leading fp32 digits (one bin: serialized shared-memory atomics), and its cumsum cost more than the passes saved
+(6712 candidates at 128K, the buffer path; `benchmarks/kernels/h200_kernels.py`, rows "half8-ticket").
+
+`half16-ticket` keeps half8-ticket's one select launch but leaves its finishing program almost nothing: the scoring
+kernel also histograms the whole 16-bit FP16 key (65536 bins a row, one relaxed global atomic per score, no
+`tl.histogram`); each select program (`_half16_select_kernel`) finds b1 from the 256-bin histogram and the low byte
+b2 from the 256 bins of the 16-bit histogram under b1, writes its scores above t16 = b1·256 + b2 straight to the
+output and appends those at t16 to the candidate buffer, whose count is the 16-bit histogram's at t16: tens (10
+mantissa bits: a bin 256 times finer than half8-ticket's). The last program (the ticket) ranks them by one all-pairs
+comparison and writes each selected one at its rank (`_half_rank`; no histogram, no cumsum); past `HALF16_RANK`
+candidates (many equal FP16 keys) it falls back to half8-ticket's radix loops over the buffer or the score row. The
+16-bit histogram needs no memset: each program zeroes its grid-stride share of the 65536 bins but b1's 256 (the others
+may still read them), the last program b1's, the 256-bin histogram and the counters. Its H200 figures are pending
+(`benchmarks/kernels/h200_kernels.py`, rows "half16-ticket").
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
-dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket): each launches
-with programmatic dependent launch where the GPU has it (sm_90 and newer, `common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
+dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket and
+half16-ticket): each launches with programmatic dependent launch where the GPU has it (sm_90 and newer,
+`common.pdl_enabled`; https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#programmatic-dependent-launch-and-synchronization),
 scheduled while the one before finishes and waiting in `gdc_wait` before its first load of the scores, histograms
 or keys (radix8-carry's later passes: of the histograms), so the chain's launch gaps overlap; `USE_GDC=False`
 compiles the kernels as before.
@@ -114,14 +131,47 @@ HALF8_INTS = DIGIT_BINS + 3
 #: of 4096, larger ones over the whole score row (exact, slow).
 HALF_CANDIDATES = 8192
 HALF_FINISH_BLOCK = 4096
-#: Warps of each `half8-ticket` select program: the finishing program's 4096 candidates are 16 a thread.
+#: Warps of each `half8-ticket` (and `half16-ticket`) select program: the finishing program's 4096 candidates are
+#: 16 a thread.
 HALF_WARPS = 8
+#: `half16-ticket`'s workspace per row: the scoring kernel's 256-bin histogram of the FP16 key's top byte (as
+#: half8-ticket's), its histogram of the whole 16-bit FP16 key (65536 bins, per-element atomics), then the three
+#: counters as half8-ticket's and one int unused, so each row starts 16-byte aligned (the zeroing's vector stores).
+HALF16_BINS = 1 << 16
+HALF16_AT = DIGIT_BINS
+HALF16_ABOVE_AT = HALF16_AT + HALF16_BINS
+HALF16_CAND_AT = HALF16_ABOVE_AT + 1
+HALF16_TICKET_AT = HALF16_ABOVE_AT + 2
+HALF16_INTS = HALF16_ABOVE_AT + 4
+#: `half16-ticket`'s candidates (the scores whose 16-bit FP16 key is the threshold's): the 16-bit bin is 256 times
+#: finer than half8-ticket's 8-bit one (10 mantissa bits against 2), so where half8-ticket's bin held 6712 scores at
+#: 128K on an H200 (random q and keys) this one holds ~26, at 4K under one. Up to `HALF16_RANK` the finishing
+#: program ranks them by one all-pairs comparison (no histogram; 10× the expected count at 128K), in chunks of
+#: `HALF16_RANK_CHUNK` candidates (a [256, 64] comparison: 64 values a thread of `HALF_WARPS` warps). More arise
+#: only from many equal FP16 keys (ties, scores past FP16's range): half8-ticket's radix loops over the buffer in
+#: blocks of `HALF16_FINISH_BLOCK` (registers a thread: a `tl.histogram` costs per lane), past its capacity over the
+#: score row. The capacity is half half8-ticket's: counts past a few hundred are ties, which fill any buffer.
+HALF16_CANDIDATES = 4096
+HALF16_RANK = 256
+HALF16_RANK_CHUNK = 64
+HALF16_FINISH_BLOCK = 1024
+#: Entries of the 16-bit histogram each select program zeroes per store (a grid-stride loop over the 65536): 4 a
+#: thread of `HALF_WARPS` warps, one 16-byte store.
+HALF16_ZERO_BLOCK = 1024
 #: The digit schemes, the default first.
-SCHEMES = ("radix8-carry", "half8-ticket", "radix8", "radix11")
+SCHEMES = ("radix8-carry", "half16-ticket", "half8-ticket", "radix8", "radix11")
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
-SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket"})
+SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket", "half16-ticket"})
+#: The schemes with a candidate buffer (`DsaWorkspace.candidates`), with its capacity per row.
+HALF_SCHEMES = ("half8-ticket", "half16-ticket")
 #: Ints per row of each scheme's workspace.
-SCHEME_INTS = {"radix8": WORK8_INTS, "radix11": WORK_INTS, "radix8-carry": CARRY8_INTS, "half8-ticket": HALF8_INTS}
+SCHEME_INTS = {
+    "radix8": WORK8_INTS,
+    "radix11": WORK_INTS,
+    "radix8-carry": CARRY8_INTS,
+    "half8-ticket": HALF8_INTS,
+    "half16-ticket": HALF16_INTS,
+}
 #: Scoring programs wanted per SM and their loop's pipeline stages: the fastest of 72 launch shapes at GLM-5's indexer
 #: on an H200 (`benchmarks/kernels/dsa_scores_sweep.py`; docs/benchmarks.md, "Kernels, seventh round": 13.0 µs at
 #: 128K against 14.8 for 2 per SM and 3 stages, the same at 32K).
@@ -133,6 +183,11 @@ if HAVE_TRITON:
     _HALF_ABOVE_AT = tl.constexpr(HALF_ABOVE_AT)
     _HALF_CAND_AT = tl.constexpr(HALF_CAND_AT)
     _HALF_TICKET_AT = tl.constexpr(HALF_TICKET_AT)
+    _HALF16_AT = tl.constexpr(HALF16_AT)
+    _HALF16_BINS = tl.constexpr(HALF16_BINS)
+    _HALF16_ABOVE_AT = tl.constexpr(HALF16_ABOVE_AT)
+    _HALF16_CAND_AT = tl.constexpr(HALF16_CAND_AT)
+    _HALF16_TICKET_AT = tl.constexpr(HALF16_TICKET_AT)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _key_of(score):  # type: ignore[no-untyped-def,unused-ignore]
@@ -142,14 +197,19 @@ if HAVE_TRITON:
         return bits ^ flip
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _half_digit(score):  # type: ignore[no-untyped-def,unused-ignore]
-        """fp32 → the top 8 bits (sign, 5 exponent, 2 mantissa bits: 4 bins per octave) of its FP16 form's
-        order-preserving key, as `_key_of` flips 32 bits. The conversion rounds to nearest even (Triton's default
-        downcast; numpy's under the interpreter) and saturates at ±inf, so the digit never decreases as the score
-        grows: every score of a higher digit is larger than every score of a lower one."""
+    def _half_key(score):  # type: ignore[no-untyped-def,unused-ignore]
+        """fp32 → its FP16 form's 16-bit order-preserving key (int32 in [0, 65536)), as `_key_of` flips 32 bits.
+        The conversion rounds to nearest even (Triton's default downcast; numpy's under the interpreter) and
+        saturates at ±inf, so the key never decreases as the score grows: every score of a higher key is larger
+        than every score of a lower one."""
         bits = score.to(tl.float16).to(tl.uint16, bitcast=True)
         flip = tl.where((bits >> 15) == 1, 0xFFFF, 0x8000).to(tl.uint16)
-        return ((bits ^ flip) >> 8).to(tl.int32)
+        return (bits ^ flip).to(tl.int32)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_digit(score):  # type: ignore[no-untyped-def,unused-ignore]
+        """fp32 → the top 8 bits (sign, 5 exponent, 2 mantissa bits: 4 bins per octave) of `_half_key`."""
+        return _half_key(score) >> 8
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _bin_of(h, k_rem, NB: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -212,12 +272,15 @@ if HAVE_TRITON:
         TRANS: tl.constexpr = False,
         Q8: tl.constexpr = False,
         HALF: tl.constexpr = False,
+        HALF16: tl.constexpr = False,
     ):
         """TRANS: the product as keys · qᵀ (the key tile the MMA's M operand, [BLOCK, HP]) instead of q · keysᵀ.
         Q8: q quantized to FP8 E4M3 per head (scale max|q_h| / 448, folded into the head's weight) and the product
         FP8 × FP8, as DeepSeek-V3.2's own indexer runs it; under the interpreter (F32_DOT) the FP8 values in fp32.
         HALF: the histogram's digit is the FP16 key's top 8 bits (`_half_digit`, `half8-ticket`), not the fp32
-        key's top bits."""
+        key's top bits. HALF16 (with HALF, `half16-ticket`): also the whole 16-bit key's histogram, by one relaxed
+        global atomic per score into the workspace's 65536 bins (a 65536-bin `tl.histogram` would cost per bin; see
+        the module docstring)."""
         pid = tl.program_id(0)
         row = tl.program_id(1)
         batch = row // q_len
@@ -249,7 +312,14 @@ if HAVE_TRITON:
                 score = tl.sum(tl.maximum(logits, 0.0) * w[:, None], 0)
             tl.store(score_ptr + row * length + offs_l, score, mask=mask_l)
             if HIST:
-                digit = _half_digit(score) if HALF else (_key_of(score) >> SHIFT1).to(tl.int32)
+                if HALF:
+                    key16 = _half_key(score)
+                    digit = key16 >> 8
+                    if HALF16:
+                        hist16 = work_ptr + row * WORK + _HALF16_AT
+                        tl.atomic_add(hist16 + key16, 1, mask=mask_l, sem="relaxed")
+                else:
+                    digit = (_key_of(score) >> SHIFT1).to(tl.int32)
                 hist += tl.histogram(digit, BINS1, mask=mask_l)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
@@ -520,10 +590,13 @@ if HAVE_TRITON:
             tl.store(base + 4 * 256 + tail, tl.zeros([TAIL], tl.int32), mask=tail < WORK - 4 * 256)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _half_candidates(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr, cand, row, length, n, b1, start, FIN: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr
+    ):
         """(fp32 keys, positions, valid) of the `FIN` candidates from `start`: the buffer's (`n` of them, positions
-        then keys), or where the buffer overflowed (`n` > `CAP`) the score row's whose FP16 digit is `b1`. Loads
-        through L2 (`.cg`): the other programs' stores are not in this SM's L1."""
+        then keys), or where the buffer overflowed (`n` > `CAP`) the score row's whose FP16 key shifted right by
+        `SHIFT` (8: half8-ticket's digit; 0: half16-ticket's whole key) is `b1`. Loads through L2 (`.cg`): the other
+        programs' stores are not in this SM's L1."""
         offs = start + tl.arange(0, FIN)
         in_row = offs < tl.where(n > CAP, length, 0)  # bounds, not a scalar & a block: Triton 3.9's interpreter
         in_buf = offs < tl.where(n > CAP, 0, n)  # leaves that int32, which a load refuses as a mask
@@ -532,7 +605,7 @@ if HAVE_TRITON:
         key = tl.load(cand + CAP + offs, mask=in_buf, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
         key = tl.where(in_row, _key_of(score), key)
         pos = tl.where(in_row, offs, pos)
-        return key, pos, in_buf | (in_row & (_half_digit(score) == b1))
+        return key, pos, in_buf | (in_row & ((_half_key(score) >> SHIFT) == b1))
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _digit_hist(key, valid, prefix, LEVEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -554,16 +627,18 @@ if HAVE_TRITON:
         return o_over + tl.sum(over, 0), o_at + tl.sum(at, 0)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _half_finish(score_ptr, cand, out, row, length, need, n, b1, FIN: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _half_finish(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr, cand, out, row, length, need, n, b1, FIN: tl.constexpr, CAP: tl.constexpr, SHIFT: tl.constexpr
+    ):
         """Writes at `out` the positions of the `need` largest fp32 keys among the `n` candidates (ties at the last
         threshold: any of them): a radix select of four 8-bit digits. Up to `FIN` candidates are held in registers
         (one load, four histograms); more are looped over in blocks of `FIN` for each pass, from the buffer, or
-        from the score row where the buffer overflowed."""
+        from the score row where the buffer overflowed (its scores whose FP16 key >> `SHIFT` is `b1`)."""
         prefix = tl.full([], 0, tl.uint32)
         rem = need
         none = tl.full([], 0, tl.int32)
         if n <= FIN:
-            key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, 0, FIN, CAP)
+            key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, 0, FIN, CAP, SHIFT)
             for level in tl.static_range(4):
                 b, up = _bin_of(_digit_hist(key, valid, prefix, level), rem, 256)
                 prefix = (prefix << 8) | b.to(tl.uint32)
@@ -574,7 +649,7 @@ if HAVE_TRITON:
             for level in tl.static_range(4):
                 h = tl.zeros([256], tl.int32)
                 for start in range(0, total, FIN):
-                    key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP)
+                    key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP, SHIFT)
                     h += _digit_hist(key, valid, prefix, level)
                 b, up = _bin_of(h, rem, 256)
                 prefix = (prefix << 8) | b.to(tl.uint32)
@@ -582,7 +657,7 @@ if HAVE_TRITON:
             o_over = none
             o_at = none
             for start in range(0, total, FIN):
-                key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP)
+                key, pos, valid = _half_candidates(score_ptr, cand, row, length, n, b1, start, FIN, CAP, SHIFT)
                 o_over, o_at = _half_write(out, key, pos, valid, prefix, need - rem, rem, o_over, o_at)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
@@ -632,10 +707,99 @@ if HAVE_TRITON:
         done = tl.atomic_add(base + _HALF_TICKET_AT, 1, sem="acq_rel")
         if done == tl.num_programs(0) - 1:  # every other program has stored its candidates and read the histogram
             n = tl.sum(tl.where(bins == b1, hist, 0), 0)  # the candidates: the histogram's count in bin b1
-            _half_finish(score_ptr, cand, idx_ptr + row * k + above1, row, length, k - above1, n, b1, FIN, CAP)
+            _half_finish(score_ptr, cand, idx_ptr + row * k + above1, row, length, k - above1, n, b1, FIN, CAP, 8)
             tl.store(base + bins, tl.zeros([256], tl.int32))
             tail = tl.arange(0, 4)
             tl.store(base + _HALF_ABOVE_AT + tail, tl.zeros([4], tl.int32), mask=tail < 3)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half_rank(cand, out, n, need, RANK: tl.constexpr, CHUNK: tl.constexpr, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Writes at `out` the positions of the `need` largest fp32 keys among the buffer's `n` ≤ `RANK`
+        candidates, each at its rank: rank_i = #{j : key_j > key_i, or key_j = key_i and j < i} (a permutation of
+        0..n − 1, ties broken by buffer place), counted over the candidates `CHUNK` at a time; exactly `need`
+        stores, no histogram, no cumsum."""
+        i = tl.arange(0, RANK)
+        mine = i < n
+        pos = tl.load(cand + i, mask=mine, other=0, cache_modifier=".cg")
+        key = tl.load(cand + CAP + i, mask=mine, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+        rank = tl.zeros([RANK], tl.int32)
+        for start in range(0, n, CHUNK):
+            j = start + tl.arange(0, CHUNK)
+            theirs = j < n
+            other = tl.load(cand + CAP + j, mask=theirs, other=0, cache_modifier=".cg").to(tl.uint32, bitcast=True)
+            ahead = (other[None, :] > key[:, None]) | ((other[None, :] == key[:, None]) & (j[None, :] < i[:, None]))
+            rank += tl.sum((ahead & theirs[None, :]).to(tl.int32), 1)
+        tl.store(out + rank, pos, mask=mine & (rank < need))
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _half16_select_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr,
+        work_ptr,
+        cand_ptr,
+        idx_ptr,
+        length,
+        k,
+        WORK: tl.constexpr,
+        BLOCK: tl.constexpr,
+        RANK: tl.constexpr,
+        CHUNK: tl.constexpr,
+        FIN: tl.constexpr,
+        CAP: tl.constexpr,
+        ZERO: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`half16-ticket`'s whole selection after the scoring kernel's two histograms, in one launch: each program
+        finds the threshold's 16-bit FP16 key t16 (its top byte b1 from the 256-bin histogram, its low byte from
+        the 256 bins of the 16-bit histogram under b1), writes its scores above t16 straight to the output and
+        appends those at it to the candidate buffer, and zeroes its share of the 16-bit histogram but b1's 256
+        bins (which the others still read); the last program to finish (the ticket) ranks the candidates
+        (`_half_rank`; past `RANK` of them half8-ticket's radix loops, `_half_finish`) and zeroes b1's bins, the
+        256-bin histogram and the counters, so the workspace is zero for the next step."""
+        pid = tl.program_id(0)
+        row = tl.program_id(1)
+        base = work_ptr + row * WORK
+        hist16 = base + _HALF16_AT
+        cand = cand_ptr + row * 2 * CAP
+        if USE_GDC:  # the histograms and the scores are the scoring kernel's, the grid before
+            tl.extra.cuda.gdc_wait()
+        bins = tl.arange(0, 256)
+        b1, above1 = _bin_of(tl.load(base + bins), k, 256)
+        low = tl.load(hist16 + b1 * 256 + bins)
+        b2, above2 = _bin_of(low, k - above1, 256)
+        t16 = b1 * 256 + b2
+        n_over = above1 + above2
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        valid = offs < length
+        score = tl.load(score_ptr + row * length + offs, mask=valid, other=0.0)
+        key16 = _half_key(score)
+        over = (valid & (key16 > t16)).to(tl.int32)
+        at = (valid & (key16 == t16)).to(tl.int32)
+        if USE_GDC:
+            tl.extra.cuda.gdc_launch_dependents()
+        start_over = tl.atomic_add(base + _HALF16_ABOVE_AT, tl.sum(over, 0))
+        start_at = tl.atomic_add(base + _HALF16_CAND_AT, tl.sum(at, 0))
+        p_over = start_over + tl.cumsum(over, 0) - 1
+        p_at = start_at + tl.cumsum(at, 0) - 1
+        tl.store(idx_ptr + row * k + p_over, offs, mask=(over == 1) & (p_over < n_over))
+        stored = (at == 1) & (p_at < CAP)
+        tl.store(cand + p_at, offs, mask=stored)
+        tl.store(cand + CAP + p_at, _key_of(score).to(tl.int32, bitcast=True), mask=stored)
+        tl.debug_barrier()  # every thread's stores before the ticket's release (a grid sync's pattern)
+        done = tl.atomic_add(base + _HALF16_TICKET_AT, 1, sem="acq_rel")
+        if done == tl.num_programs(0) - 1:  # every other program has stored its candidates and read the histograms
+            n = tl.sum(tl.where(bins == b2, low, 0), 0)  # the candidates: the 16-bit histogram's count at t16
+            out = idx_ptr + row * k + n_over
+            if n <= RANK:
+                _half_rank(cand, out, n, k - n_over, RANK, CHUNK, CAP)
+            else:
+                _half_finish(score_ptr, cand, out, row, length, k - n_over, n, t16, FIN, CAP, 0)
+            tl.store(hist16 + b1 * 256 + bins, tl.zeros([256], tl.int32))
+            tl.store(base + bins, tl.zeros([256], tl.int32))
+            tail = tl.arange(0, 4)
+            tl.store(base + _HALF16_ABOVE_AT + tail, tl.zeros([4], tl.int32), mask=tail < 3)
+        zero = tl.arange(0, ZERO)
+        for start in range(pid * ZERO, _HALF16_BINS, tl.num_programs(0) * ZERO):  # b1's bins: the last program's
+            tl.store(hist16 + start + zero, tl.zeros([ZERO], tl.int32), mask=((start + zero) >> 8) != b1)
 
 
 @dataclass(frozen=True)
@@ -671,8 +835,14 @@ class DsaWorkspace:
     On an H200 at GLM-5's indexer: 9.6 µs at 128K against 13.0 for the FP16 product (docs/benchmarks.md, "Kernels,
     seventh round"). False: the FP16 (or BF16, `f16`) product."""
     candidates: torch.Tensor | None = None
-    """`half8-ticket`'s candidate buffer, [rows, 2 × HALF_CANDIDATES] int32 (positions, then fp32 keys); only the
-    places below a step's count are read, so it needs no zeroing. None for the other schemes."""
+    """`half8-ticket`'s and `half16-ticket`'s candidate buffer, [rows, 2 × capacity] int32 (positions, then fp32
+    keys; the capacity `HALF_CANDIDATES`, `HALF16_CANDIDATES`); only the places below a step's count are read, so it
+    needs no zeroing. None for the other schemes."""
+
+
+def half_capacity(scheme: str) -> int:
+    """The candidate buffer's capacity per row of a `HALF_SCHEMES` scheme (read when called: tests shrink it)."""
+    return HALF16_CANDIDATES if scheme == "half16-ticket" else HALF_CANDIDATES
 
 
 def auto_select_block(rows: int, length: int, sms: int) -> int:
@@ -722,8 +892,8 @@ def dsa_workspace(
         select_block or auto_select_block(rows, length, sms),
         f16,
         q8 and fp8_mma_supported(device),
-        torch.empty(rows, 2 * HALF_CANDIDATES, device=device, dtype=torch.int32)
-        if scheme == "half8-ticket" and selects
+        torch.empty(rows, 2 * half_capacity(scheme), device=device, dtype=torch.int32)
+        if scheme in HALF_SCHEMES and selects
         else None,
     )
 
@@ -747,7 +917,7 @@ def dsa_scores(
     if kdim != dim or rows != batch * q_len or next_pow2(dim) != dim or tuple(weights.shape) != (rows, heads):
         raise ValueError(f"DSA shapes disagree: q {tuple(q.shape)}, keys {tuple(keys.shape)}, {q_len=}")
     radix8 = work.scheme != "radix11"
-    half = work.scheme == "half8-ticket"
+    half = work.scheme in HALF_SCHEMES
     launch(
         _score_kernel,
         (work.score_programs, rows),
@@ -775,6 +945,7 @@ def dsa_scores(
         TRANS=work.q8,
         Q8=work.q8,
         HALF=half,
+        HALF16=work.scheme == "half16-ticket",
         num_stages=SCORE_STAGES,
         pdl=True,
     )
@@ -791,7 +962,7 @@ def dsa_prepare(work: DsaWorkspace) -> None:
 def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     """The top-`topk` token positions of each row of `work.scores` into `work.indices` (after `dsa_scores`):
     `DIGITS` − 1 more histogram passes and the compaction for `radix8` and `radix8-carry`, two and the compaction
-    for `radix11`, one launch for `half8-ticket`."""
+    for `radix11`, one launch for `half8-ticket` and `half16-ticket`."""
     rows, length = work.scores.shape
     if not work.selects:
         return work.indices
@@ -815,6 +986,16 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
         launch(
             _half8_select_kernel, grid, work.scores, work.work, work.candidates, work.indices, length, topk,
             WORK=HALF8_INTS, BLOCK=block, FIN=min(HALF_FINISH_BLOCK, cap), CAP=cap, num_warps=HALF_WARPS, pdl=True,
+        )  # fmt: skip
+        return work.indices
+    if work.scheme == "half16-ticket":
+        if work.candidates is None:
+            raise ValueError("a half16-ticket workspace without its candidate buffer")
+        cap = work.candidates.shape[1] // 2
+        launch(
+            _half16_select_kernel, grid, work.scores, work.work, work.candidates, work.indices, length, topk,
+            WORK=HALF16_INTS, BLOCK=block, RANK=min(HALF16_RANK, cap), CHUNK=min(HALF16_RANK_CHUNK, HALF16_RANK, cap),
+            FIN=min(HALF16_FINISH_BLOCK, cap), CAP=cap, ZERO=HALF16_ZERO_BLOCK, num_warps=HALF_WARPS, pdl=True,
         )  # fmt: skip
         return work.indices
     if work.scheme == "radix8-carry":
@@ -853,11 +1034,16 @@ def dsa_topk(
     return dsa_select(work, topk)
 
 
-def half_digits(scores: torch.Tensor) -> torch.Tensor:
-    """The torch form of the kernels' `_half_digit`: each fp32 score's FP16 form (round to nearest even, ±inf past
-    its range) as its order-preserving 16-bit key's top 8 bits, int64 in [0, 256)."""
+def half_keys(scores: torch.Tensor) -> torch.Tensor:
+    """The torch form of the kernels' `_half_key`: each fp32 score's FP16 form (round to nearest even, ±inf past
+    its range) as its order-preserving 16-bit key, int64 in [0, 65536)."""
     bits = scores.float().half().view(torch.int16).long() & 0xFFFF
-    return torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits ^ 0x8000) >> 8
+    return torch.where(bits >= 0x8000, bits ^ 0xFFFF, bits ^ 0x8000)
+
+
+def half_digits(scores: torch.Tensor) -> torch.Tensor:
+    """The torch form of the kernels' `_half_digit`: `half_keys`' top 8 bits, int64 in [0, 256)."""
+    return half_keys(scores) >> 8
 
 
 def half_histogram(scores: torch.Tensor) -> torch.Tensor:
@@ -877,6 +1063,25 @@ def half_candidates(scores: torch.Tensor, topk: int) -> torch.Tensor:
     at_or_above = hist.flip(1).cumsum(1).flip(1)  # non-increasing: the bins holding the topk-th come first
     b1 = (at_or_above >= min(topk, scores.shape[1])).sum(1, keepdim=True) - 1
     return hist.gather(1, b1).squeeze(1)
+
+
+def half16_histogram(scores: torch.Tensor) -> torch.Tensor:
+    """[rows, 65536] int32: the histogram of `half_keys` per row, the torch form of the 16-bit histogram the
+    scoring kernel adds to a `half16-ticket` workspace (after `half_histogram`'s 256 bins)."""
+    keys = half_keys(scores)
+    hist = torch.zeros(scores.shape[0], HALF16_BINS, dtype=torch.int64, device=scores.device)
+    hist.scatter_add_(1, keys, torch.ones_like(keys))
+    return hist.int()
+
+
+def half16_candidates(scores: torch.Tensor, topk: int) -> torch.Tensor:
+    """[rows] int64: how many scores of each row share the 16-bit FP16 key of its `topk`-th largest, the candidates
+    `half16-ticket`'s finishing program selects among (at most HALF16_RANK: ranked; more: half8-ticket's radix
+    loops, over the buffer up to HALF16_CANDIDATES, else over the score row). The key never decreases as the score
+    grows, so the `topk`-th largest score's key is the threshold's."""
+    keys = half_keys(scores)
+    kth = scores.topk(min(topk, scores.shape[1]), dim=1).values[:, -1:]
+    return (keys == half_keys(kth)).sum(1)
 
 
 def quantize_query(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
