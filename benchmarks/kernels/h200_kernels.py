@@ -196,6 +196,7 @@ NEW = AttentionVariant()
 INDEXER_FP16 = AttentionVariant(dsa_q8=False)
 HALF_TICKET = AttentionVariant(dsa_scheme="half8-ticket")
 HALF16_TICKET = AttentionVariant(dsa_scheme="half16-ticket")
+CARRY = AttentionVariant(dsa_scheme="radix8-carry")
 MEMSET = AttentionVariant(dsa_scheme="radix8", dsa_q8=False)
 
 
@@ -212,14 +213,15 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     gqa_sweep = [("default: by context", NEW), *((f"split {c.label}", AttentionVariant(gqa=c)) for c in gqa_configs)]
     mla_sweep = [(f"split {c.label}", AttentionVariant(mla=c)) for c in dict.fromkeys([mla.DEFAULT, *mla.SWEEP])]
     dsa_pair = [
-        ("default: radix8-carry, select auto, indexer fp8", NEW),
+        ("default: top-k by context, select auto, indexer fp8", NEW),
+        ("radix8-carry, select auto, indexer fp8", CARRY),
         ("half16-ticket, select auto, indexer fp8", HALF16_TICKET),
         ("half8-ticket, select auto, indexer fp8", HALF_TICKET),
         ("radix8-carry, select auto, indexer fp16", INDEXER_FP16),
         ("radix8 (memset), select auto, indexer fp16", MEMSET),
     ]
     return [
-        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 4096, 32768, 131072)), dsa_pair),
+        ("GLM-5 TP8 MLA+DSA", "mla+dsa", glm, contexts((0, 4096, 32768, 65536, 131072)), dsa_pair),
         ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768, 65536, 131072, 4096)), gqa_sweep),
         ("Llama-70B GQA fp8", "gqa", {**llama, "kv_dtype": "fp8"}, contexts((32768,)), [("torch", "torch")]),
         (

@@ -315,8 +315,26 @@ def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero
         work.work.fill_(3)
         dsa.dsa_prepare(work)
         assert bool(work.work.any()) == (scheme in dsa.SELF_ZEROING), scheme
-    assert dsa.SCHEMES[0] == "radix8-carry"  # the default: faster than radix8 on an H200 at 4K–128K
-    assert dsa.SCHEMES[1:3] == ("half16-ticket", "half8-ticket")  # the one-launch selections, H200 figures pending
+    assert dsa.SCHEMES[0] == "radix8-carry"  # faster than radix8 on an H200 at 4K–128K
+    assert dsa.SCHEMES[1:3] == ("half16-ticket", "half8-ticket")  # the one-launch selections
+
+
+def test_the_dsa_scheme_goes_by_context_unless_one_is_named() -> None:
+    """half16-ticket's one select launch below `LONG_SCHEME_FROM` tokens, radix8-carry from there (the H200's
+    figures, docs/benchmarks.md "Kernels, eighth round"); a named scheme is kept, and the probe's note says which
+    ran."""
+    cpu = torch.device("cpu")
+    short = dsa.dsa_workspace(1, dsa.LONG_SCHEME_FROM - 1, 2048, cpu, sms=4)
+    long = dsa.dsa_workspace(1, dsa.LONG_SCHEME_FROM, 2048, cpu, sms=4)
+    named = dsa.dsa_workspace(1, 4097, 2048, cpu, sms=4, scheme="radix8")
+    assert (short.scheme, long.scheme, named.scheme) == ("half16-ticket", "radix8-carry", "radix8")
+    assert short.work.shape[1] == dsa.SCHEME_INTS["half16-ticket"] and long.work.shape[1] == dsa.CARRY8_INTS
+    variant = attention.AttentionVariant()
+    assert variant.label("mla+dsa", "half16-ticket").startswith("top-k half16-ticket, ")
+    assert variant.label("mla+dsa").startswith("top-k by context, ")
+    assert attention.AttentionVariant(dsa_scheme="radix8").label("mla+dsa", "half16-ticket").startswith("top-k radix8,")
+    with pytest.raises(ValueError, match="not one of"):
+        dsa.dsa_workspace(1, 4097, 2048, cpu, sms=4, scheme="radix9")
 
 
 @pytest.fixture

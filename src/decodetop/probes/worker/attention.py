@@ -66,8 +66,8 @@ class AttentionVariant:
     """The sparse MLA over the DSA top-k (before `mla`: that field's name hides the module below it)."""
     mla: mla.MlaConfig = mla.DEFAULT
     """Dense MLA."""
-    dsa_scheme: str = dsa.SCHEMES[0]
-    """The DSA top-k's radix digits (`dsa.SCHEMES`)."""
+    dsa_scheme: str = dsa.BY_CONTEXT
+    """The DSA top-k's scheme (`dsa.SCHEMES`; `dsa.BY_CONTEXT`: `dsa.default_scheme` of the context)."""
     dsa_select_block: int = 0
     """Scores per program of the DSA selection passes (0: `dsa.auto_select_block`)."""
     dsa_f16: bool = True
@@ -75,14 +75,16 @@ class AttentionVariant:
     dsa_q8: bool = True
     """The DSA indexer's product FP8 × FP8, q quantized per head (`dsa.DsaWorkspace.q8`, the engines' form)."""
 
-    def label(self, kind: str) -> str:
-        """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16'."""
+    def label(self, kind: str, dsa_scheme: str = "") -> str:
+        """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16' (`dsa_scheme`: the
+        top-k scheme a by-context variant resolved to)."""
         if kind == "gqa":
             return f"split {self.gqa.label}" if self.gqa else "split by context"
         text = f"split {(self.dsa_mla if kind == 'mla+dsa' else self.mla).label}"
         select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
         product = "" if self.dsa_q8 else (", indexer fp16" if self.dsa_f16 else ", indexer bf16")
-        return f"top-k {self.dsa_scheme}{select}{product}, {text}" if kind == "mla+dsa" else text
+        scheme = self.dsa_scheme or dsa_scheme or "by context"
+        return f"top-k {scheme}{select}{product}, {text}" if kind == "mla+dsa" else text
 
 
 def _cache(shape: tuple[int, ...], fp8: bool, device: torch.device) -> torch.Tensor:
@@ -378,6 +380,7 @@ def triton_attention_runner(
         indexer = "FP8 × FP8 (q quantized per head)" if dwork is not None and dwork.q8 else "over FP8 keys"
         name = f"DSA indexer {indexer} + radix top-k, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind)
+    shapes = variant.label(key.kind, dwork.scheme if dwork is not None else "")
     moved = m.kv_bytes + m.q.numel() * 2 * 2
     kernel = triton_kernel(name, pdl=pdl_enabled(ctx.device))
     return OpRunner(run, moved, m.flops, len(m.caches), shapes, kv_bytes=m.kv_bytes, kernel=kernel)

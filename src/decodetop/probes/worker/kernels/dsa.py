@@ -15,14 +15,14 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Five digit schemes (`SCHEMES`): `radix8-carry` (below; the default), `half16-ticket` and `half8-ticket` (below),
-`radix8`, four 8-bit digits
-of 256 bins, and `radix11`, three digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins)
-warp ballots per element plus, per element, a popcount for each of bins/32 bins a thread owns, so a pass costs in
-proportion to its bins: on an H200 each 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin
-histogram ~14 µs even at one token (docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one
-pass more. radix8's whole selection in one launch (grid barriers between its passes, no histogram in the scoring kernel)
-was slower on an H200 at every context (docs/benchmarks.md, "Kernels, fourth round").
+Five digit schemes (`SCHEMES`): `radix8-carry` (below; the default from `LONG_SCHEME_FROM` tokens), `half16-ticket`
+(below; the default under it) and `half8-ticket` (below), `radix8`, four 8-bit digits of 256 bins, and `radix11`, three
+digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
+element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200 each
+2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
+(docs/benchmarks.md, "Kernels"); 256 bins cost an eighth of that per pass, for one pass more. radix8's whole selection
+in one launch (grid barriers between its passes, no histogram in the scoring kernel) was slower on an H200 at every
+context (docs/benchmarks.md, "Kernels, fourth round").
 
 `radix8-carry` runs radix8's passes without the workspace's memset and without each pass searching every histogram
 before its own: a pass leaves the threshold's digits so far and the count above them in the workspace for the next
@@ -59,8 +59,12 @@ mantissa bits: a bin 256 times finer than half8-ticket's). The last program (the
 comparison and writes each selected one at its rank (`_half_rank`; no histogram, no cumsum); past `HALF16_RANK`
 candidates (many equal FP16 keys) it falls back to half8-ticket's radix loops over the buffer or the score row. The
 16-bit histogram needs no memset: each program zeroes its grid-stride share of the 65536 bins but b1's 256 (the others
-may still read them), the last program b1's, the 256-bin histogram and the counters. Its H200 figures are pending
-(`benchmarks/kernels/h200_kernels.py`, rows "half16-ticket").
+may still read them), the last program b1's, the 256-bin histogram and the counters. On an H200 (GLM-5 TP-8, one
+row, top-k 2048) its whole MLA+DSA step took 20.4 µs at 4K, 24.4 at 32K and 36.5 at 128K against radix8-carry's 21.7,
+26.7 and 35.5 (7 and 17 candidates, the rank path): the per-score atomics add 1.4 µs to the scoring kernel at 32K and
+4.0 at 128K, where the one select launch and its finish took 13.8 µs against the four passes' 14.5
+(docs/benchmarks.md, "Kernels, eighth round"). So the probe runs it below `LONG_SCHEME_FROM` tokens and radix8-carry
+from there (`default_scheme`).
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
 dependent launches (six, plus the workspace's memset but for radix8-carry; four for half8-ticket and
@@ -160,6 +164,16 @@ HALF16_FINISH_BLOCK = 1024
 HALF16_ZERO_BLOCK = 1024
 #: The digit schemes, the default first.
 SCHEMES = ("radix8-carry", "half16-ticket", "half8-ticket", "radix8", "radix11")
+#: The scheme the probe runs by context (`default_scheme`): `half16-ticket` below `LONG_SCHEME_FROM` tokens, its
+#: one select launch after the scoring kernel (on an H200 at GLM-5's TP-8 shard the whole MLA + DSA step 20.4 µs at 4K
+#: and 24.4 at 32K against radix8-carry's 21.7 and 26.7), `radix8-carry` from there, where the scoring kernel's
+#: 16-bit histogram atomics cost more than the passes they save (36.5 µs at 128K against 35.5): docs/benchmarks.md,
+#: "Kernels, eighth round".
+SHORT_SCHEME = "half16-ticket"
+LONG_SCHEME = "radix8-carry"
+LONG_SCHEME_FROM = 65536
+#: `dsa_workspace`'s scheme argument for "by context" (`default_scheme`).
+BY_CONTEXT = ""
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
 SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket", "half16-ticket"})
 #: The schemes with a candidate buffer (`DsaWorkspace.candidates`), with its capacity per row.
@@ -852,6 +866,11 @@ def auto_select_block(rows: int, length: int, sms: int) -> int:
     return min(SELECT_BLOCK, max(MIN_SELECT_BLOCK, next_pow2(want)))
 
 
+def default_scheme(length: int) -> str:
+    """The top-k scheme the probe runs over a context of `length` tokens (`SHORT_SCHEME`, `LONG_SCHEME`)."""
+    return LONG_SCHEME if length >= LONG_SCHEME_FROM else SHORT_SCHEME
+
+
 def dsa_workspace(
     rows: int,
     length: int,
@@ -859,14 +878,15 @@ def dsa_workspace(
     device: torch.device,
     sms: int | None = None,
     *,
-    scheme: str = SCHEMES[0],
+    scheme: str = BY_CONTEXT,
     select_block: int = 0,
     f16: bool = True,
     q8: bool = True,
 ) -> DsaWorkspace:
-    """Buffers for `rows` query rows over a context of `length` tokens selecting `topk`; `select_block` scores per
-    selection program (a power of two; 0: `auto_select_block`). `q8` holds only where the device multiplies FP8
-    (`fp8_mma_supported`); elsewhere the product is FP16 (or BF16)."""
+    """Buffers for `rows` query rows over a context of `length` tokens selecting `topk` by `scheme` (`BY_CONTEXT`:
+    `default_scheme`); `select_block` scores per selection program (a power of two; 0: `auto_select_block`). `q8`
+    holds only where the device multiplies FP8 (`fp8_mma_supported`); elsewhere the product is FP16 (or BF16)."""
+    scheme = scheme or default_scheme(length)
     if scheme not in SCHEMES:
         raise ValueError(f"DSA radix scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
     if select_block and (select_block < 16 or next_pow2(select_block) != select_block):
