@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from gqa_split_rules import copy_gbps  # this directory's: the same copy the GQA sweeps measure
 
-from decodetop.probes.worker.kernels import common, dsa
+from decodetop.probes.worker.kernels import common, dsa, dsa_keys
 from decodetop.probes.worker.timing import capture_graph, time_events
 
 HEADS, DIM = 32, 128
@@ -88,8 +88,8 @@ def launch(x: Inputs, i: int, shape: tuple[int, int, int, int], sms: int, form: 
         HP=HEADS,
         D=DIM,
         BLOCK=block,
-        BINS1=dsa.DIGIT_BINS,
-        SHIFT1=32 - dsa.DIGIT_BITS,
+        BINS1=dsa_keys.DIGIT_BINS,
+        SHIFT1=32 - dsa_keys.DIGIT_BITS,
         F32_DOT=False,
         F16=True,
         HIST=True,

@@ -54,7 +54,7 @@ from decodetop.probes.worker import attention, kvcast  # noqa: E402
 from decodetop.probes.worker import fused_moe as fm  # noqa: E402
 from decodetop.probes.worker.attention import AttentionVariant  # noqa: E402
 from decodetop.probes.worker.context import ProbeContext  # noqa: E402
-from decodetop.probes.worker.kernels import common, dsa, gqa, mla  # noqa: E402
+from decodetop.probes.worker.kernels import common, dsa, dsa_ticket, gqa, mla  # noqa: E402
 from decodetop.probes.worker.kernels import norms as fnorms  # noqa: E402
 from decodetop.probes.worker.kernels import rope as frope  # noqa: E402
 from decodetop.probes.worker.kernels import tiles as tile_store  # noqa: E402
@@ -340,16 +340,24 @@ def dsa_parts(m: Any, work: dsa.DsaWorkspace, context: int, copy: float, rows: l
 
 def half_path(work: dsa.DsaWorkspace, topk: int) -> dict[str, Any]:
     """Which path `half8-ticket`'s or `half16-ticket`'s finishing program took on the last scores timed: the
-    candidates at the threshold (`dsa.half_candidates`, `dsa.half16_candidates`) against its rank select (half16),
-    its register block and its buffer."""
+    candidates at the threshold (`dsa_ticket.half_candidates`, `dsa_ticket.half16_candidates`) against its rank
+    select (half16), its register block and its buffer."""
     if work.scheme == "half16-ticket":
-        n = int(dsa.half16_candidates(work.scores, topk).max())
-        cap = dsa.HALF16_CANDIDATES
-        fin = "rank" if n <= dsa.HALF16_RANK else ("registers" if n <= dsa.HALF16_FINISH_BLOCK else "buffer loop")
+        n = int(dsa_ticket.half16_candidates(work.scores, topk).max())
+        cap = dsa_ticket.HALF16_CANDIDATES
+        fin = (
+            "rank"
+            if n <= dsa_ticket.HALF16_RANK
+            else ("registers" if n <= dsa_ticket.HALF16_FINISH_BLOCK else "buffer loop")
+        )
         path = fin if n <= cap else "score row"
         return {"half_candidates": n, "half_path": path, "variant_note": f"{n} candidates: {path}"}
-    n = int(dsa.half_candidates(work.scores, topk).max())
-    path = "registers" if n <= dsa.HALF_FINISH_BLOCK else ("buffer" if n <= dsa.HALF_CANDIDATES else "score row")
+    n = int(dsa_ticket.half_candidates(work.scores, topk).max())
+    path = (
+        "registers"
+        if n <= dsa_ticket.HALF_FINISH_BLOCK
+        else ("buffer" if n <= dsa_ticket.HALF_CANDIDATES else "score row")
+    )
     return {"half_candidates": n, "half_path": path, "variant_note": f"{n} candidates: {path}"}
 
 

@@ -10,12 +10,14 @@ trigger moved before the loads: 42–93 % off, right with the zeroing off), whic
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import torch
 
 from decodetop.probes.worker import fused_moe as fm
 from decodetop.probes.worker.kernels.common import launch, pdl_disabled
+from decodetop.probes.worker.kernels.moe_gemv import _combine_kernel
 from decodetop.probes.worker.kernels.tiles import Tiles
 
 
@@ -35,7 +37,7 @@ def one(
     grid = fm.grid_for(tokens, top_k, hidden, inter, 132 if d.type == "cuda" else 1, gate_up=up, down=down)
     fm.launch_gate_up(x, w13, ids, h, grid, early=flags[0])
     fm.launch_down(h, w2, ids, wts, ys, grid, early=flags[1])
-    launch(fm._combine_kernel, grid.combine, ys, out, h, hidden, top_k * 2 * inter, top_k=top_k,
+    launch(_combine_kernel, grid.combine, ys, out, h, hidden, top_k * 2 * inter, top_k=top_k,
            block=fm.COMBINE_BLOCK, zero=zero, EARLY=flags[2], pdl=True)  # fmt: skip
     torch.cuda.synchronize() if d.type == "cuda" else None
     want = fm.reference_moe(x, w13, w2, ids, wts).float()
@@ -45,7 +47,8 @@ def one(
     return err, ys_err
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     shapes = {"DeepSeek": ((1, 7168, 256, 8), Tiles(8, 512, 4, 0, 2), Tiles(16, 256)),
               "Qwen3": ((1, 4096, 1536, 8), Tiles(8, 256), Tiles(16, 256))}  # fmt: skip
     for name, (shape, up, down) in shapes.items():

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from decodetop.probes.worker import fused_moe
-from decodetop.probes.worker.kernels import dsa, gqa, mla, norms, rope, tiles
+from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket, gqa, mla, norms, rope, tiles
 from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
 from decodetop.probes.worker.kernels.mla import LOG2E
 
@@ -130,7 +130,7 @@ def check_half_paths(d: torch.device) -> None:
     a candidate), 6000 of them (half8-ticket: looped over the candidate buffer; half16-ticket: past its buffer),
     9000 past both buffers over the score row, 500 of 700 (half16-ticket: past its rank select, radix over the
     buffer); then random scores (half8-ticket: in registers; half16-ticket: ranked). Their histograms from the torch
-    forms (`dsa.half_histogram`, `dsa.half16_histogram`), as the scoring kernel would leave them."""
+    forms (`dsa_ticket.half_histogram`, `dsa_ticket.half16_histogram`), as the scoring kernel would leave them."""
     for scheme in dsa.HALF_SCHEMES:
         for length, value in ((6000, 2.5), (9000, 0.0), (3000, -1.0), (9000, None)):
             scores = torch.full((2, length), value, device=d) if value is not None else torch.randn(2, length, device=d)
@@ -140,9 +140,11 @@ def check_half_paths(d: torch.device) -> None:
             work = dsa.dsa_workspace(2, length, topk, d, scheme=scheme)
             for step in range(2):
                 work.scores.copy_(scores)
-                work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(scores)
+                work.work[:, : dsa_keys.DIGIT_BINS] = dsa_ticket.half_histogram(scores)
                 if scheme == "half16-ticket":
-                    work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS] = dsa.half16_histogram(scores)
+                    work.work[:, dsa_ticket.HALF16_AT : dsa_ticket.HALF16_AT + dsa_ticket.HALF16_BINS] = (
+                        dsa_ticket.half16_histogram(scores)
+                    )
                 work.indices.fill_(-7)
                 idx = dsa.dsa_select(work, topk).long()
                 what = f"dsa {scheme} {length=} {value=} {step=}"

@@ -177,20 +177,21 @@ HALF = textwrap.dedent(
 
     def path(scores, topk):
         if sixteen:
-            n = int(dsa.half16_candidates(scores, topk).max())
-            cap = dsa.HALF16_CANDIDATES
-            if n <= min(dsa.HALF16_RANK, cap):
+            n = int(dsa_ticket.half16_candidates(scores, topk).max())
+            cap = dsa_ticket.HALF16_CANDIDATES
+            if n <= min(dsa_ticket.HALF16_RANK, cap):
                 return "rank"
-            return "registers" if n <= min(dsa.HALF16_FINISH_BLOCK, cap) else ("buffer" if n <= cap else "row")
-        n = int(dsa.half_candidates(scores, topk).max())
-        return "registers" if n <= min(dsa.HALF_FINISH_BLOCK, dsa.HALF_CANDIDATES) else (
-            "buffer" if n <= dsa.HALF_CANDIDATES else "row")
+            return "registers" if n <= min(dsa_ticket.HALF16_FINISH_BLOCK, cap) else ("buffer" if n <= cap else "row")
+        n = int(dsa_ticket.half_candidates(scores, topk).max())
+        return "registers" if n <= min(dsa_ticket.HALF_FINISH_BLOCK, dsa_ticket.HALF_CANDIDATES) else (
+            "buffer" if n <= dsa_ticket.HALF_CANDIDATES else "row")
 
     def histograms(work):
         # the scoring kernel's, in torch
-        work.work[:, : dsa.DIGIT_BINS] = dsa.half_histogram(work.scores)
+        work.work[:, : dsa_keys.DIGIT_BINS] = dsa_ticket.half_histogram(work.scores)
         if sixteen:
-            work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS] = dsa.half16_histogram(work.scores)
+            at = dsa_ticket.HALF16_AT
+            work.work[:, at : at + dsa_ticket.HALF16_BINS] = dsa_ticket.half16_histogram(work.scores)
 
     def select(name, scores, topk):
         rows, length = scores.shape
@@ -232,14 +233,14 @@ HALF = textwrap.dedent(
     cases()
     # small: every path of the finishing program
     if sixteen:
-        dsa.HALF16_CANDIDATES, dsa.HALF16_RANK, dsa.HALF16_FINISH_BLOCK = 512, 64, 128
+        dsa_ticket.HALF16_CANDIDATES, dsa_ticket.HALF16_RANK, dsa_ticket.HALF16_FINISH_BLOCK = 512, 64, 128
     else:
-        dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 512, 256
+        dsa_ticket.HALF_CANDIDATES, dsa_ticket.HALF_FINISH_BLOCK = 512, 256
     cases()
     if sixteen:
-        dsa.HALF16_CANDIDATES, dsa.HALF16_RANK, dsa.HALF16_FINISH_BLOCK = 4096, 256, 1024
+        dsa_ticket.HALF16_CANDIDATES, dsa_ticket.HALF16_RANK, dsa_ticket.HALF16_FINISH_BLOCK = 4096, 256, 1024
     else:
-        dsa.HALF_CANDIDATES, dsa.HALF_FINISH_BLOCK = 8192, 4096
+        dsa_ticket.HALF_CANDIDATES, dsa_ticket.HALF_FINISH_BLOCK = 8192, 4096
     # the scoring kernel's histograms, exactly the torch forms'; the whole step through dsa_topk
     for rows, q_len, length, topk in ((1, 2, 4096, 2048), (1, 1, 20000, 2048)):
         work = dsa.dsa_workspace(rows * q_len, length, topk, torch.device("cpu"), scheme=scheme)
@@ -249,10 +250,10 @@ HALF = textwrap.dedent(
             keys = (torch.randn(rows, length, 64) * 2).to(torch.float8_e4m3fn)
             ks = torch.rand(rows, length) + 0.5
             dsa.dsa_scores(q, w, keys, ks, work, q_len=q_len)
-            same_hist = torch.equal(work.work[:, : dsa.DIGIT_BINS], dsa.half_histogram(work.scores))
+            same_hist = torch.equal(work.work[:, : dsa_keys.DIGIT_BINS], dsa_ticket.half_histogram(work.scores))
             if sixteen:
-                hist16 = work.work[:, dsa.HALF16_AT : dsa.HALF16_AT + dsa.HALF16_BINS]
-                same_hist = same_hist and torch.equal(hist16, dsa.half16_histogram(work.scores))
+                hist16 = work.work[:, dsa_ticket.HALF16_AT : dsa_ticket.HALF16_AT + dsa_ticket.HALF16_BINS]
+                same_hist = same_hist and torch.equal(hist16, dsa_ticket.half16_histogram(work.scores))
             work.indices.fill_(-7)
             idx = dsa.dsa_select(work, topk).long()
             chosen = torch.gather(work.scores, 1, idx).sort(dim=-1).values
@@ -264,11 +265,11 @@ HALF = textwrap.dedent(
 
 
 def test_the_half_ticket_top_k_selects_exactly_in_one_launch_on_every_path(tmp_path: Path) -> None:
-    """`half8-ticket` (`dsa._half8_select_kernel`): torch.topk's set (as sorted values: ties may pick any) over
+    """`half8-ticket` (`dsa_ticket._half8_select_kernel`): torch.topk's set (as sorted values: ties may pick any) over
     lengths just above k to 32K, negative, mixed, tied, all-equal, beyond FP16's range and infinite scores, two
     steps on one workspace left zero after each; with small capacities every path of the finishing program runs
     (candidates in registers, looped over the buffer, the overflow fallback over the score row); the scoring
-    kernel's FP16-digit histogram equals the torch form's (`dsa.half_histogram`)."""
+    kernel's FP16-digit histogram equals the torch form's (`dsa_ticket.half_histogram`)."""
     require_module("triton", WHY)
     got = json.loads(
         _python(HALF.replace("SCHEME", repr("half8-ticket")), [], _env(tmp_path, interpret=True))
@@ -285,11 +286,11 @@ def test_the_half_ticket_top_k_selects_exactly_in_one_launch_on_every_path(tmp_p
 
 
 def test_the_half16_ticket_top_k_ranks_its_candidates_and_leaves_every_bin_zero(tmp_path: Path) -> None:
-    """`half16-ticket` (`dsa._half16_select_kernel`), on half8-ticket's cases: torch.topk's set, two steps on one
+    """`half16-ticket` (`dsa_ticket._half16_select_kernel`), on half8-ticket's cases: torch.topk's set, two steps on one
     workspace left all zero after each (the 16-bit histogram's 65536 bins included: each program zeroes its share,
-    the last one the threshold's top byte's); random scores rank their few candidates (`dsa._half_rank`), many
+    the last one the threshold's top byte's); random scores rank their few candidates (`dsa_ticket._half_rank`), many
     equal ones fall back to the radix loops over the buffer or the score row; the scoring kernel's 16-bit
-    histogram by per-element atomics equals the torch form's (`dsa.half16_histogram`)."""
+    histogram by per-element atomics equals the torch form's (`dsa_ticket.half16_histogram`)."""
     require_module("triton", WHY)
     got = json.loads(
         _python(HALF.replace("SCHEME", repr("half16-ticket")), [], _env(tmp_path, interpret=True))

@@ -61,7 +61,9 @@ draws the last writes the block to the output and zeroes it and its counter, and
 lets the last reader of that part of h zero it (`_fold_into_out`; the CUDA cooperative-groups grid-sync pattern),
 so it too needs no memsets. Unlike the top-k sum tried before (slower at Mixtral's top-k 2, above), the three-kernel
 forms stay selectable. The tuner times each form as a whole step (all launches of a call in one graph) and stores
-the fastest with its tiles (`tiles.TileChoice.form`); H200 figures pending (benchmarks/kernels/moe_forms.py).
+the fastest with its tiles (`tiles.TileChoice.form`). On an H200 (benchmarks/kernels/moe_forms.py; docs/benchmarks.md,
+"Kernels, eighth round") neither helps DeepSeek-V3's TP-8 slice (29.0 µs late, 30.0 early, 34.2 fold: the fold's
+fp32 atomics), and each takes 1–3 % off Mixtral's or Qwen3's where the tuner picks it.
 
 Triton ships with torch's Linux CUDA wheels; where it is missing, or on CPU ranks, the variant is `unsupported`
 with the reason. Triton's interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the
@@ -83,6 +85,7 @@ from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.kernels import tiles as tile_store
 from decodetop.probes.worker.kernels.common import (
+    HAVE_TRITON,
     interpreted,
     launch,
     pdl_enabled,
@@ -94,14 +97,6 @@ from decodetop.probes.worker.kernels.tiles import FORM_EARLY, FORM_FOLD, FORM_LA
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, sm_tag
 from decodetop.probes.worker.timing import Rotation
-
-try:
-    import triton  # type: ignore[import-not-found,unused-ignore]
-    import triton.language as tl  # type: ignore[import-not-found,unused-ignore]
-
-    HAVE_TRITON = True
-except ImportError:  # CPU-only torch wheels ship no Triton
-    HAVE_TRITON = False
 
 #: Output rows per program, from the largest down: the largest that still gives every SM `PROGRAMS_PER_SM` programs
 #: (a batch-1 layer is a weight stream: enough programs in flight keep HBM busy; fewer, larger blocks cost less
@@ -123,307 +118,12 @@ CHECK_RTOL = 0.05
 KERNEL_DTYPES = ("bf16", "fp16", "fp32", "fp8")
 
 if HAVE_TRITON:
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _gate_up_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
-        x_ptr,
-        w13_ptr,
-        ids_ptr,
-        h_ptr,
-        hidden,
-        inter,
-        k_chunk,
-        stride_we,
-        stride_wn,
-        top_k: tl.constexpr,
-        block_n: tl.constexpr,
-        block_k: tl.constexpr,
-        split: tl.constexpr,
-        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
-        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
-    ):
-        slot = tl.program_id(0)  # token · top_k + k
-        nb = tl.program_id(1)
-        ks = tl.program_id(2)
-        token = slot // top_k
-        if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
-            tl.extra.cuda.gdc_wait()
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        _trigger(USE_GDC, EARLY)
-        offs_n = nb * block_n + tl.arange(0, block_n)
-        mask_n = offs_n < inter
-        w_gate = w13_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        w_up = w_gate + inter * stride_wn
-        acc_g = tl.zeros([block_n], dtype=tl.float32)
-        acc_u = tl.zeros([block_n], dtype=tl.float32)
-        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
-        for k0 in range(ks * k_chunk, k_end, block_k):
-            offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < k_end
-            xv = tl.load(x_ptr + token * hidden + offs_k, mask=mask_k, other=0.0).to(tl.float32)
-            mask = mask_n[:, None] & mask_k[None, :]
-            wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-            wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc_g += tl.sum(wg * xv[None, :], axis=1)
-            acc_u += tl.sum(wu * xv[None, :], axis=1)
-        _trigger(USE_GDC, not EARLY)
-        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, acc_g, acc_u, split)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _trigger(USE_GDC: tl.constexpr, HERE: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]  # noqa: N803
-        """`gdc_launch_dependents` where this placement is the form's (HERE) and the launch uses PDL: where it sits
-        decides only how early the next grid's programs become resident, never what they read (their `gdc_wait`
-        still waits for this grid's completion and memory flush)."""
-        if USE_GDC and HERE:
-            tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _store_gate_up(row, inter, offs_n, mask_n, g, u, split: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917
-        """A slot's gate and up block into its h row (gate then up, `inter` apart); added where the reduction is
-        split over programs."""
-        if split:
-            tl.atomic_add(row + offs_n, g, mask=mask_n)
-            tl.atomic_add(row + inter + offs_n, u, mask=mask_n)
-        else:
-            tl.store(row + offs_n, g, mask=mask_n)
-            tl.store(row + inter + offs_n, u, mask=mask_n)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _gate_up_mma_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
-        x_ptr,
-        w13_ptr,
-        ids_ptr,
-        h_ptr,
-        hidden,
-        inter,
-        k_chunk,
-        stride_we,
-        stride_wn,
-        top_k: tl.constexpr,
-        block_n: tl.constexpr,
-        block_k: tl.constexpr,
-        split: tl.constexpr,
-        even_k: tl.constexpr,
-        MMA_M: tl.constexpr,  # noqa: N803 - tl.dot's rows, as the other dot kernels name their block shapes
-        F32_DOT: tl.constexpr,  # noqa: N803 - `kernels.common.interpreted`: the interpreter's dots in fp32
-        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
-        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
-    ):
-        """`_gate_up_kernel` with its products taken by `tl.dot`: the slot's token is row 0 of MMA_M rows (the
-        rest zero), so Triton pipelines the weight tiles' loads through shared memory (`num_stages`)."""
-        slot = tl.program_id(0)  # token · top_k + k
-        nb = tl.program_id(1)
-        ks = tl.program_id(2)
-        token = slot // top_k
-        if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
-            tl.extra.cuda.gdc_wait()
-        expert = tl.load(ids_ptr + slot).to(tl.int64)
-        _trigger(USE_GDC, EARLY)
-        offs_n = nb * block_n + tl.arange(0, block_n)
-        mask_n = offs_n < inter
-        rows = tl.arange(0, MMA_M)[:, None]
-        first = rows == 0  # the token's row; the padding rows load nothing
-        w_gate = w13_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        w_up = w_gate + inter * stride_wn
-        acc_g = tl.zeros([MMA_M, block_n], dtype=tl.float32)
-        acc_u = tl.zeros([MMA_M, block_n], dtype=tl.float32)
-        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
-        for k0 in range(ks * k_chunk, k_end, block_k):
-            offs_k = k0 + tl.arange(0, block_k)
-            x_rows = x_ptr + token * hidden + offs_k[None, :] + 0 * rows
-            if even_k:  # masks constant along k: whole vectors, which Triton's pipeliner needs to stage a load
-                xv = tl.load(x_rows, mask=first, other=0.0)
-                wg = tl.load(w_gate + offs_k[None, :], mask=mask_n[:, None], other=0.0)
-                wu = tl.load(w_up + offs_k[None, :], mask=mask_n[:, None], other=0.0)
-            else:
-                mask_k = offs_k < k_end
-                xv = tl.load(x_rows, mask=first & mask_k[None, :], other=0.0)
-                mask = mask_n[:, None] & mask_k[None, :]
-                wg = tl.load(w_gate + offs_k[None, :], mask=mask, other=0.0)
-                wu = tl.load(w_up + offs_k[None, :], mask=mask, other=0.0)
-            if F32_DOT:
-                xv = xv.to(tl.float32)
-                wg = wg.to(tl.float32)
-                wu = wu.to(tl.float32)
-            else:  # fp8 / fp16 weights against a bf16 token: the dot's operands share the token's type
-                wg = wg.to(xv.dtype)
-                wu = wu.to(xv.dtype)
-            acc_g = tl.dot(xv, tl.trans(wg), acc_g)
-            acc_u = tl.dot(xv, tl.trans(wu), acc_u)
-        _trigger(USE_GDC, not EARLY)
-        g = tl.sum(acc_g, axis=0)  # row 0: the padding rows are zero
-        u = tl.sum(acc_u, axis=0)
-        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, g, u, split)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _down_part(h_row, inter, offs_k, mask_k, w):  # type: ignore[no-untyped-def,unused-ignore]
-        """One k-step of the down projection: SiLU(gate) · up at `offs_k` from the slot's h row, times the loaded
-        weight tile `w` [block_n, block_k], summed over k (fp32)."""
-        g = tl.load(h_row + offs_k, mask=mask_k, other=0.0)
-        u = tl.load(h_row + inter + offs_k, mask=mask_k, other=0.0)
-        av = g / (1.0 + tl.exp(-g)) * u
-        return tl.sum(w.to(tl.float32) * av[None, :], axis=1)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _down_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, strides
-        h_ptr,
-        w2_ptr,
-        ids_ptr,
-        wts_ptr,
-        ys_ptr,
-        out_ptr,
-        tickets_ptr,
-        hidden,
-        inter,
-        k_chunk,
-        stride_we,
-        stride_wn,
-        top_k: tl.constexpr,
-        block_n: tl.constexpr,
-        block_k: tl.constexpr,
-        split: tl.constexpr,
-        EARLY: tl.constexpr,  # noqa: N803 - the form's prefetch and trigger placement (`FORM_EARLY`)
-        FOLD: tl.constexpr,  # noqa: N803 - the combine folded in by tickets (`FORM_FOLD`)
-        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
-    ):
-        """EARLY: the expert id, the router weight and the first k-step's weight tile (the whole slice where one
-        step covers the program's part of I) loaded before `gdc_wait`, and the trigger right after it. The router
-        wrote the ids and weights two grids back: the gate_up grid could let this one start only once each of its
-        programs had passed its own `gdc_wait` on the router, so they are complete and flushed (the argument of
-        `dsa._carry_keys`' EARLY loads; read through L2, `.cg`); the expert weights no kernel writes. FOLD: the
-        combine done here (`_fold_into_out`); out_ptr and tickets_ptr are read only then."""
-        slot = tl.program_id(0)
-        nb = tl.program_id(1)
-        ks = tl.program_id(2)
-        offs_n = nb * block_n + tl.arange(0, block_n)
-        mask_n = offs_n < hidden
-        h_row = h_ptr + slot * 2 * inter
-        k_start = ks * k_chunk
-        k_end = tl.minimum(inter, (ks + 1) * k_chunk)
-        if EARLY:
-            expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
-            weight = tl.load(wts_ptr + slot, cache_modifier=".cg").to(tl.float32)
-            w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-            offs_k = k_start + tl.arange(0, block_k)
-            mask_k = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            if USE_GDC:  # h is the gate_up kernel's
-                tl.extra.cuda.gdc_wait()
-                tl.extra.cuda.gdc_launch_dependents()
-            acc = _down_part(h_row, inter, offs_k, mask_k, w)
-            k_next = k_start + block_k
-        else:
-            if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
-                tl.extra.cuda.gdc_wait()
-            expert = tl.load(ids_ptr + slot).to(tl.int64)
-            weight = tl.load(wts_ptr + slot).to(tl.float32)
-            w_rows = w2_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-            acc = tl.zeros([block_n], dtype=tl.float32)
-            k_next = k_start
-        for k0 in range(k_next, k_end, block_k):
-            offs_k = k0 + tl.arange(0, block_k)
-            mask_k = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += _down_part(h_row, inter, offs_k, mask_k, w)
-        _trigger(USE_GDC, not EARLY)
-        if FOLD:
-            _fold_into_out(ys_ptr, out_ptr, tickets_ptr, h_row, hidden, inter, k_start, k_end, offs_n, mask_n,
-                           weight * acc, top_k, block_n, block_k)  # fmt: skip
-        elif split:
-            tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
-        else:
-            tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _fold_into_out(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - the program's state
-        ys_ptr,
-        out_ptr,
-        tickets_ptr,
-        h_row,
-        hidden,
-        inter,
-        k_start,
-        k_end,
-        offs_n,
-        mask_n,
-        part,
-        top_k: tl.constexpr,
-        block_n: tl.constexpr,
-        block_k: tl.constexpr,
-    ):
-        """This program's weighted rows `part` added into its token's fp32 row (row `token` of ys), then a ticket
-        per (token, hidden block): the program that draws the last (top_k · splits programs add into the block)
-        writes the block to out in out's dtype and zeroes the fp32 block and the counter. A second ticket per
-        (slot, k part): the last of the hidden blocks' programs to have read that part of the slot's h row zeroes
-        it and the counter, so the next call's split reductions add onto zeros (no memsets). The tickets are the
-        CUDA cooperative-groups grid-sync pattern: every thread's adds before a barrier, then one acq_rel atomic
-        (https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#grid-synchronization); tickets_ptr holds
-        tokens · blocks counters, then slots · splits (`ticket_count`), all zero between calls."""
-        slot = tl.program_id(0)
-        nb = tl.program_id(1)
-        ks = tl.program_id(2)
-        blocks = tl.num_programs(1)
-        splits = tl.num_programs(2)
-        token = slot // top_k
-        row = ys_ptr + token * hidden + offs_n
-        tl.atomic_add(row, part, mask=mask_n, sem="relaxed")
-        tl.debug_barrier()  # every thread's adds (and its h loads, consumed in part) before the ticket
-        block_count = tickets_ptr + token * blocks + nb
-        if tl.atomic_add(block_count, 1, sem="acq_rel") == top_k * splits - 1:
-            tl.debug_barrier()
-            total = tl.load(row, mask=mask_n, other=0.0, cache_modifier=".cg")
-            tl.store(out_ptr + token * hidden + offs_n, total.to(out_ptr.dtype.element_ty), mask=mask_n)
-            tl.debug_barrier()  # the block's loads performed before its zeros are stored (`_combine_kernel`)
-            tl.store(row, tl.zeros([block_n], dtype=tl.float32), mask=mask_n)
-            tl.store(block_count, 0)
-        h_count = tickets_ptr + (tl.num_programs(0) // top_k) * blocks + slot * splits + ks
-        if tl.atomic_add(h_count, 1, sem="acq_rel") == blocks - 1:
-            empty = tl.zeros([block_k], dtype=tl.float32)
-            for k0 in range(k_start, k_end, block_k):
-                offs_k = k0 + tl.arange(0, block_k)
-                mask_k = offs_k < k_end
-                tl.store(h_row + offs_k, empty, mask=mask_k)
-                tl.store(h_row + inter + offs_k, empty, mask=mask_k)
-            tl.store(h_count, 0)
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0917 - pointers, sizes
-        ys_ptr,
-        out_ptr,
-        h_ptr,
-        hidden,
-        h_row,
-        top_k: tl.constexpr,
-        block: tl.constexpr,
-        zero: tl.constexpr,
-        EARLY: tl.constexpr,  # noqa: N803 - the form's trigger placement (`FORM_EARLY`)
-        USE_GDC: tl.constexpr,  # noqa: N803 - the name `kernels.common.launch` passes
-    ):
-        """Each token's top-k rows of ys summed into out; with `zero`, the ys elements it read and its share of the
-        token's h rows (`h_row` = top_k · 2I elements, read by the down kernel, done before this one) are set to
-        zero, so the next step's split reductions add onto zeros without a memset."""
-        token = tl.program_id(0)
-        offs = tl.program_id(1) * block + tl.arange(0, block)
-        mask = offs < hidden
-        acc = tl.zeros([block], dtype=tl.float32)
-        if USE_GDC:  # ys is the down kernel's (and h, zeroed here, its input)
-            tl.extra.cuda.gdc_wait()
-        _trigger(USE_GDC, EARLY)
-        for j in tl.static_range(top_k):
-            acc += tl.load(ys_ptr + (token * top_k + j) * hidden + offs, mask=mask, other=0.0)
-        _trigger(USE_GDC, not EARLY)
-        tl.store(out_ptr + token * hidden + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-        if zero:
-            # Every load of ys performed before its zeros are stored: on an H200 without this barrier the zeros
-            # overtook the loads wherever no other instruction sat between them (the late form's trigger did),
-            # e.g. with PDL off: DeepSeek-V3's TP-8 slice off by 77 % (benchmarks/kernels/moe_early_probe.py).
-            tl.debug_barrier()
-            empty = tl.zeros([block], dtype=tl.float32)
-            for j in tl.static_range(top_k):
-                tl.store(ys_ptr + (token * top_k + j) * hidden + offs, empty, mask=mask)
-            for h0 in range(tl.program_id(1) * block, h_row, tl.num_programs(1) * block):
-                h_offs = h0 + tl.arange(0, block)
-                tl.store(h_ptr + token * h_row + h_offs, empty, mask=h_offs < h_row)
+    from decodetop.probes.worker.kernels.moe_gemv import (
+        _combine_kernel,
+        _down_kernel,
+        _gate_up_kernel,
+        _gate_up_mma_kernel,
+    )
 
 
 def triton_unavailable(device: torch.device) -> str:
