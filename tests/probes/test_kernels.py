@@ -169,7 +169,7 @@ def test_the_carry_top_k_selects_the_top_k_twice_on_one_workspace_and_leaves_it_
 HALF = textwrap.dedent(
     """
     import json, sys, torch
-    from decodetop.probes.worker.kernels import dsa
+    from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket
     torch.manual_seed(11)
     scheme = SCHEME
     sixteen = scheme == "half16-ticket"
