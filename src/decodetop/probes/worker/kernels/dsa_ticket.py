@@ -91,13 +91,9 @@ HALF16_ZERO_BLOCK = 1024
 
 if HAVE_TRITON:
     _HALF_ABOVE_AT = tl.constexpr(HALF_ABOVE_AT)
-    _HALF_CAND_AT = tl.constexpr(HALF_CAND_AT)
-    _HALF_TICKET_AT = tl.constexpr(HALF_TICKET_AT)
     _HALF16_AT = tl.constexpr(HALF16_AT)
     _HALF16_BINS = tl.constexpr(HALF16_BINS)
     _HALF16_ABOVE_AT = tl.constexpr(HALF16_ABOVE_AT)
-    _HALF16_CAND_AT = tl.constexpr(HALF16_CAND_AT)
-    _HALF16_TICKET_AT = tl.constexpr(HALF16_TICKET_AT)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _half_candidates(  # type: ignore[no-untyped-def,unused-ignore]
@@ -171,6 +167,24 @@ if HAVE_TRITON:
                 o_over, o_at = _half_write(out, key, pos, valid, prefix, need - rem, rem, o_over, o_at)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _place_and_append(counters, out, cand, offs, score, over, at, n_over, CAP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """A select program's share of both one-launch schemes: the positions of its scores above the threshold
+        (`over`) into `out` below `n_over`, those at it (`at`) with their fp32 keys appended to the candidate buffer
+        `cand` below CAP, places from the counters at `counters` (above, candidates: `HALF_ABOVE_AT`,
+        `HALF_CAND_AT`); then, after a CTA barrier, the ticket at `counters` + 2 (`HALF_TICKET_AT`; a grid sync's
+        pattern): returns the programs done before this one."""
+        start_over = tl.atomic_add(counters, tl.sum(over, 0))
+        start_at = tl.atomic_add(counters + 1, tl.sum(at, 0))
+        p_over = start_over + tl.cumsum(over, 0) - 1
+        p_at = start_at + tl.cumsum(at, 0) - 1
+        tl.store(out + p_over, offs, mask=(over == 1) & (p_over < n_over))
+        stored = (at == 1) & (p_at < CAP)
+        tl.store(cand + p_at, offs, mask=stored)
+        tl.store(cand + CAP + p_at, _key_of(score).to(tl.int32, bitcast=True), mask=stored)
+        tl.debug_barrier()  # every thread's stores before the ticket's release
+        return tl.atomic_add(counters + 2, 1, sem="acq_rel")
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _half8_select_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         score_ptr,
         work_ptr,
@@ -205,16 +219,7 @@ if HAVE_TRITON:
         at = (valid & (digit == b1)).to(tl.int32)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
-        start_over = tl.atomic_add(base + _HALF_ABOVE_AT, tl.sum(over, 0))
-        start_at = tl.atomic_add(base + _HALF_CAND_AT, tl.sum(at, 0))
-        p_over = start_over + tl.cumsum(over, 0) - 1
-        p_at = start_at + tl.cumsum(at, 0) - 1
-        tl.store(idx_ptr + row * k + p_over, offs, mask=(over == 1) & (p_over < above1))
-        stored = (at == 1) & (p_at < CAP)
-        tl.store(cand + p_at, offs, mask=stored)
-        tl.store(cand + CAP + p_at, _key_of(score).to(tl.int32, bitcast=True), mask=stored)
-        tl.debug_barrier()  # every thread's stores before the ticket's release (a grid sync's pattern)
-        done = tl.atomic_add(base + _HALF_TICKET_AT, 1, sem="acq_rel")
+        done = _place_and_append(base + _HALF_ABOVE_AT, idx_ptr + row * k, cand, offs, score, over, at, above1, CAP)
         if done == tl.num_programs(0) - 1:  # every other program has stored its candidates and read the histogram
             n = tl.sum(tl.where(bins == b1, hist, 0), 0)  # the candidates: the histogram's count in bin b1
             _half_finish(score_ptr, cand, idx_ptr + row * k + above1, row, length, k - above1, n, b1, FIN, CAP, 8)
@@ -286,16 +291,7 @@ if HAVE_TRITON:
         at = (valid & (key16 == t16)).to(tl.int32)
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
-        start_over = tl.atomic_add(base + _HALF16_ABOVE_AT, tl.sum(over, 0))
-        start_at = tl.atomic_add(base + _HALF16_CAND_AT, tl.sum(at, 0))
-        p_over = start_over + tl.cumsum(over, 0) - 1
-        p_at = start_at + tl.cumsum(at, 0) - 1
-        tl.store(idx_ptr + row * k + p_over, offs, mask=(over == 1) & (p_over < n_over))
-        stored = (at == 1) & (p_at < CAP)
-        tl.store(cand + p_at, offs, mask=stored)
-        tl.store(cand + CAP + p_at, _key_of(score).to(tl.int32, bitcast=True), mask=stored)
-        tl.debug_barrier()  # every thread's stores before the ticket's release (a grid sync's pattern)
-        done = tl.atomic_add(base + _HALF16_TICKET_AT, 1, sem="acq_rel")
+        done = _place_and_append(base + _HALF16_ABOVE_AT, idx_ptr + row * k, cand, offs, score, over, at, n_over, CAP)
         if done == tl.num_programs(0) - 1:  # every other program has stored its candidates and read the histograms
             n = tl.sum(tl.where(bins == b2, low, 0), 0)  # the candidates: the 16-bit histogram's count at t16
             out = idx_ptr + row * k + n_over
