@@ -48,6 +48,18 @@ def test_malformed_entries_are_not_read(tmp_path: Path, stored: object) -> None:
     assert tile_store.lookup(GPU, SHAPE, path) is None
 
 
+@pytest.mark.parametrize("field", ["gate_up_us", "down_us", "step_us"])
+@pytest.mark.parametrize("value", ["12", True, -1.0, "NaN", 10**400, None, [1.0]])
+def test_a_crafted_time_is_not_read(tmp_path: Path, field: str, value: object) -> None:
+    """A time that is no finite number ≥ 0 (a 400-digit integer, past float's range, included) leaves the entry
+    unread rather than raising."""
+    path = tmp_path / tile_store.STORE_NAME
+    entry = {"gate_up": [16, 256, 4], "down": [16, 256, 4], "gate_up_us": 12.5, "down_us": 9.0, "tried": 29}
+    entry[field] = float("nan") if value == "NaN" else value
+    path.write_text(json.dumps({GPU: {SHAPE: entry}}))
+    assert tile_store.lookup(GPU, SHAPE, path) is None
+
+
 def test_writes_have_six_numbers_and_read_back_the_same(tmp_path: Path) -> None:
     path = tmp_path / tile_store.STORE_NAME
     choice = TileChoice(Tiles(32, 256, 4, 3, 1, mma=True), Tiles(16, 256, 4, 0, 4), 14.0, 8.5, 29, False)

@@ -240,16 +240,26 @@ def lookup(gpu: str, shape: str, path: Path | None = None) -> TileChoice | None:
     if not isinstance(found, dict):
         return None
     up, down = _tiles(found.get("gate_up")), _tiles(found.get("down"))
-    up_us, down_us = found.get("gate_up_us"), found.get("down_us")
-    if up is None or down is None or not isinstance(up_us, (int, float)) or not isinstance(down_us, (int, float)):
+    up_us, down_us = _micros(found.get("gate_up_us")), _micros(found.get("down_us"))
+    form = found.get("form", FORM_LATE)  # an entry without one was chosen for the late form
+    step_us = _micros(found.get("step_us", 0.0))
+    if up is None or down is None or up_us is None or down_us is None or step_us is None or form not in FORMS:
         return None
     tried = found.get("tried")
-    form = found.get("form", FORM_LATE)  # an entry without one was chosen for the late form
-    step_us = found.get("step_us", 0.0)
-    if form not in FORMS or not isinstance(step_us, (int, float)):
+    tried_n = tried if isinstance(tried, int) and not isinstance(tried, bool) else 0
+    return TileChoice(up, down, up_us, down_us, tried_n, True, form, step_us)
+
+
+def _micros(value: object) -> float | None:
+    """A stored time in µs: a finite number ≥ 0 (None for anything else, a bool, or an integer past float's
+    range, as a crafted store may hold)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    tried_n = tried if isinstance(tried, int) else 0
-    return TileChoice(up, down, float(up_us), float(down_us), tried_n, True, form, float(step_us))
+    try:
+        out = float(value)
+    except OverflowError:
+        return None
+    return out if math.isfinite(out) and out >= 0 else None
 
 
 @contextlib.contextmanager
