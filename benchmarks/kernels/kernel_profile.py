@@ -43,6 +43,7 @@ from decodetop.probes.worker import attention
 from decodetop.probes.worker import fused_moe as fm
 from decodetop.probes.worker.attention import AttentionVariant
 from decodetop.probes.worker.context import ProbeContext
+from decodetop.probes.worker.kernels import mla
 from decodetop.probes.worker.ops import OpRunner
 from decodetop.probes.worker.timing import capture_graph
 
@@ -94,6 +95,10 @@ def components(smoke: bool) -> list[Component]:
             key = att_key("mla+dsa", context, **GLM5)
             variant = AttentionVariant(dsa_scheme=scheme)
             out.append(attention_component(f"GLM-5 TP8 MLA+DSA {context} {scheme}", key, variant))
+    for config in mla.SWEEP[1:]:  # the sparse MLA's launch shapes after the top-k (the default is SWEEP[0])
+        variant = AttentionVariant(dsa_scheme="radix8-carry", dsa_mla=config)
+        label = f"GLM-5 TP8 MLA+DSA 131072 radix8-carry sparse {config.label}"
+        out.append(attention_component(label, att_key("mla+dsa", 131072, **GLM5), variant))
     for context in (32768, 131072):
         out.append(attention_component(f"Llama-70B GQA fp8 {context}", att_key("gqa", context, **LLAMA70)))
     out.append(attention_component("DeepSeek-V3 TP8 MLA 131072", att_key("mla", 131072, heads=16)))
