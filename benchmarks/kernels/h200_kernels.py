@@ -197,6 +197,7 @@ INDEXER_FP16 = AttentionVariant(dsa_q8=False)
 HALF_TICKET = AttentionVariant(dsa_scheme="half8-ticket")
 HALF16_TICKET = AttentionVariant(dsa_scheme="half16-ticket")
 CARRY = AttentionVariant(dsa_scheme="radix8-carry")
+FUSED = AttentionVariant(dsa_scheme="radix8-fused")
 MEMSET = AttentionVariant(dsa_scheme="radix8", dsa_q8=False)
 
 
@@ -215,6 +216,7 @@ def attention_shapes() -> list[tuple[str, str, dict[str, Any], tuple[int, ...], 
     dsa_pair = [
         ("default: top-k by context, select auto, indexer fp8", NEW),
         ("radix8-carry, select auto, indexer fp8", CARRY),
+        ("radix8-fused, select auto, indexer fp8", FUSED),
         ("half16-ticket, select auto, indexer fp8", HALF16_TICKET),
         ("half8-ticket, select auto, indexer fp8", HALF_TICKET),
         ("radix8-carry, select auto, indexer fp16", INDEXER_FP16),

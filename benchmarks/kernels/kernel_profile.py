@@ -80,25 +80,36 @@ def attention_component(label: str, key: AttentionKey, variant: AttentionVariant
     return Component(label, build)
 
 
-def components(smoke: bool) -> list[Component]:
-    """The components whose figures miss or sit at their acceptance lines, and a dense one beside them."""
+#: The DSA schemes profiled at long contexts: the compaction's and the selecting MLA's.
+FUSED = ("radix8-carry", "radix8-fused")
+
+
+def components(smoke: bool, sweep: bool = False) -> list[Component]:
+    """The components whose figures miss or sit at their acceptance lines, and a dense one beside them (`sweep`:
+    and the sparse MLA's launch shapes)."""
     if smoke:
         glm = {**GLM5, "index_topk": 128}
         return [
             attention_component("GLM-5 TP8 MLA+DSA 300", att_key("mla+dsa", 300, **glm)),
+            attention_component(
+                "GLM-5 TP8 MLA+DSA 300 radix8-fused",
+                att_key("mla+dsa", 300, **glm),
+                AttentionVariant(dsa_scheme="radix8-fused"),
+            ),
             attention_component("Llama-70B GQA fp8 300", att_key("gqa", 300, **LLAMA70)),
             Component("MoE tiny", partial(fm.fused_moe_runner, MoeKey(1, 2, 8, 2, 256, 128, "bf16", 0), rotate=True)),
         ]
     out = []
-    for context in (4096, 131072):
-        for scheme in ("radix8-carry", "half16-ticket"):
+    for context, schemes in ((4096, ("radix8-carry", "half16-ticket")), (65536, FUSED), (131072, FUSED)):
+        for scheme in schemes:
             key = att_key("mla+dsa", context, **GLM5)
             variant = AttentionVariant(dsa_scheme=scheme)
             out.append(attention_component(f"GLM-5 TP8 MLA+DSA {context} {scheme}", key, variant))
-    for config in mla.SWEEP[1:]:  # the sparse MLA's launch shapes after the top-k (the default is SWEEP[0])
-        variant = AttentionVariant(dsa_scheme="radix8-carry", dsa_mla=config)
-        label = f"GLM-5 TP8 MLA+DSA 131072 radix8-carry sparse {config.label}"
-        out.append(attention_component(label, att_key("mla+dsa", 131072, **GLM5), variant))
+    if sweep:
+        for config in mla.SWEEP[1:]:  # the sparse MLA's launch shapes after the top-k (the default is SWEEP[0])
+            variant = AttentionVariant(dsa_scheme="radix8-carry", dsa_mla=config)
+            label = f"GLM-5 TP8 MLA+DSA 131072 radix8-carry sparse {config.label}"
+            out.append(attention_component(label, att_key("mla+dsa", 131072, **GLM5), variant))
     for context in (32768, 131072):
         out.append(attention_component(f"Llama-70B GQA fp8 {context}", att_key("gqa", context, **LLAMA70)))
     out.append(attention_component("DeepSeek-V3 TP8 MLA 131072", att_key("mla", 131072, heads=16)))
@@ -188,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, required=True, help="write the rows here as each component finishes")
     ap.add_argument("--only", default="", help="comma-separated parts of component labels: only those")
     ap.add_argument("--calls", type=int, default=CALLS, help=f"calls in the profiled graph (default {CALLS})")
+    ap.add_argument("--sweep", action="store_true", help="also the sparse MLA's launch shapes at 128K")
     ap.add_argument("--smoke", action="store_true", help="CPU tensors under TRITON_INTERPRET=1: the paths only")
     args = ap.parse_args(argv)
     only = tuple(filter(None, args.only.split(",")))
     device = torch.device("cpu") if args.smoke else torch.device("cuda", 0)
     ctx = ProbeContext(rank=0, world_size=1, device=device, backend="gloo" if args.smoke else "nccl")
     rows: list[dict[str, Any]] = []
-    for comp in components(args.smoke):
+    for comp in components(args.smoke, args.sweep):
         if only and not any(part in comp.label for part in only):
             continue
         row: dict[str, Any] = {"component": comp.label}

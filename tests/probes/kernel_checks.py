@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 
 from decodetop.probes.worker import fused_moe
-from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket, gqa, mla, norms, rope, tiles
+from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket, gqa, mla, mla_select, norms, rope, tiles
 from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
 from decodetop.probes.worker.kernels.mla import LOG2E
 
@@ -80,7 +80,8 @@ def check_dsa(big: bool = False) -> None:
     if big:
         cases += [(1, 1, 32, 131072, 2048), (4, 1, 32, 32768, 2048)]
     products = [(dsa.SCHEMES[0], 0, True, False), (dsa.SCHEMES[0], 0, False, False)]  # FP16, BF16 products
-    for scheme, block, f16, q8 in [*((s, b, True, True) for s in dsa.SCHEMES for b in (0, 256)), *products]:
+    schemes = [s for s in dsa.SCHEMES if s != dsa.FUSED_SCHEME]  # it selects inside the MLA: check_mla_select
+    for scheme, block, f16, q8 in [*((s, b, True, True) for s in schemes for b in (0, 256)), *products]:
         for batch, q_len, heads, length, topk in [*cases, (1, 1, 16, 3000, 1500)]:
             tie = length == 3000 and topk == 1500
             work = dsa.dsa_workspace(batch * q_len, length, topk, d, scheme=scheme, select_block=block, f16=f16, q8=q8)
@@ -123,6 +124,62 @@ def check_dsa(big: bool = False) -> None:
         assert idx.tolist() == [list(range(100))]
         assert not small.work.any(), f"dsa {scheme}: a histogram taken with no selection to read it"
     check_half_paths(d)
+
+
+def check_mla_select(big: bool = False) -> None:
+    """`radix8-fused`: the split kernel's own selection exactly a top-k set of the kernel's scores (ties at the
+    threshold: the earliest, the same in every head block), every chunk's count written, the attention over that set
+    against the torch form, BF16 and FP8 latent caches, one and two head blocks, one and two new tokens, twice on
+    one workspace, which each step must leave zero; the chunks as for 132 SMs (one a chunk of the context)."""
+    d = _dev()
+    lora, rope_dim, dim = (512, 64, 128) if big else (64, 16, 64)
+    cases = [(1, 1, 8, 3000, 1000, "random", False), (2, 1, 20, 2000, 700, "random", True)]
+    cases += [(1, 2, 8, 2100, 500, "random", False), (1, 1, 8, 2000, 1000, "relu zeros", True)]
+    cases += [(1, 1, 20, 1500, 600, "all equal", False)]
+    if big:
+        cases = [(b, q, h, n * 20, k, kind, f) for b, q, h, n, k, kind, f in cases]
+        cases += [(1, 1, 8, 131072, 2048, "random", f) for f in (False, True)]
+    for batch, q_len, heads, length, topk, kind, fp8 in cases:
+        rows = batch * q_len
+        dwork = dsa.dsa_workspace(rows, length, topk, d, scheme=dsa.FUSED_SCHEME)
+        swork = mla_select.select_workspace(rows, heads, length, d, lora=lora, sms=132 if not big else None)
+        for step in range(2):
+            qi = torch.randn(rows, 16, dim, device=d).to(BF16)
+            w = torch.rand(rows, 16, device=d)
+            keys = torch.randn(batch, length, dim, device=d) * 2
+            if kind == "relu zeros":  # most scores exactly 0: tied at the threshold, all of them needed or not
+                qi = qi.abs()
+                keys[:, 200:] = -keys[:, 200:].abs()
+            if kind == "all equal":
+                keys = torch.zeros_like(keys)
+            keys8 = keys.clamp(-448, 448).to(FP8)
+            ks = torch.rand(batch, length, device=d) + 0.5
+            q = torch.randn(rows, heads, lora + rope_dim, device=d).to(BF16)
+            raw = torch.randn(batch, length, lora + rope_dim, device=d)
+            scale = torch.tensor([0.25], device=d) if fp8 else None
+            cache = _fp8(raw, 0.25) if fp8 else raw.to(BF16)
+            swork.mla.out.fill_(float("nan"))
+            swork.counts.fill_(-1)
+            dsa.dsa_prepare(dwork)
+            dsa.dsa_scores(qi, w, keys8, ks, dwork, q_len=q_len)
+            dsa.dsa_passes(dwork, topk)
+            got = mla_select.mla_decode_selected(
+                q, cache, dwork, swork, lora=lora, sm_scale=0.1, topk=topk, q_len=q_len, cache_scale=scale
+            )
+            what = f"mla_select {kind} {rows=} {heads=} {length=} {topk=} {fp8=} {step=}"
+            assert int(swork.counts.min()) >= 0, f"{what}: a chunk's count unwritten"
+            idx = mla_select.selected_indices(swork)
+            assert idx.shape == (rows, topk), f"{what}: {tuple(idx.shape)} selected"
+            for row in idx:
+                assert row.unique().numel() == topk and int(row.min()) >= 0, f"{what}: an index twice or unset"
+            chosen = torch.gather(dwork.scores, 1, idx.long()).sort(dim=-1).values
+            best = dwork.scores.topk(topk, dim=-1).values.sort(dim=-1).values
+            assert torch.equal(chosen, best), f"{what}: not a top-{topk} set"
+            if kind == "all equal":  # the earliest tied positions
+                assert idx.sort(dim=-1).values.tolist() == [list(range(topk))] * rows, f"{what}: not the earliest"
+            want = mla.reference_mla(q, cache, lora=lora, sm_scale=0.1, q_len=q_len, indices=idx, cache_scale=scale)
+            check_close(got, want, what)
+            assert not dwork.work.any(), f"{what}: the DSA workspace is not left zero"
 
 
 def check_half_paths(d: torch.device) -> None:
@@ -369,6 +426,7 @@ CHECKS: dict[str, Callable[[bool], None]] = {
     "norms": check_norms,
     "rope": check_rope,
     "moe": check_moe,
+    "mla_select": check_mla_select,
 }
 
 

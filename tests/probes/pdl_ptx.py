@@ -35,6 +35,7 @@ PDL_KERNELS = {
     "_gqa_combine_kernel",
     "_mla_split_kernel",
     "_mla_combine_kernel",
+    "_mla_select_split_kernel",
     "_score_kernel",
     "_radix8_kernel",
     "_compact8_kernel",
@@ -49,9 +50,10 @@ PDL_KERNELS = {
     "_down_kernel",
     "_combine_kernel",
 }
-#: The PDL kernels whose first global access may be a load of the scores before the wait (written at least two grids
-#: back, `kernels.dsa._carry_keys`): their first store or atomic still comes after it.
-EARLY_LOADS = {"_compact8_carry_kernel"}
+#: The PDL kernels whose first global access may be a load before the wait of what was written at least two grids
+#: back (the scores, `kernels.dsa._carry_keys`; the query, `kernels.mla_select`): their first store or atomic still
+#: comes after it.
+EARLY_LOADS = {"_compact8_carry_kernel", "_mla_select_split_kernel"}
 POINTERS = {"bfloat16": "*bf16", "float8_e4m3fn": "*fp8e4nv", "float32": "*fp32", "int32": "*i32", "int64": "*i64"}
 OPTIONS = ("num_warps", "num_stages", "launch_pdl")
 GLOBAL_ACCESS = re.compile(r"\b(ld|st|red|atom)(\.[a-z0-9]+)*\.global|\bcp\.async\.")
@@ -73,7 +75,7 @@ def requests(pdl: bool) -> dict[str, common.CompileRequest]:
         for scheme in dsa.SCHEMES:  # launch_triton_once above ran the one its context takes
             variant = attention.AttentionVariant(dsa_scheme=scheme)
             inputs = attention._mla_inputs(dsa_key, ctx, 4097, rotate=False)
-            run, _ = attention._mla_triton(inputs, ctx.device, variant)
+            run, _, _ = attention._mla_triton(inputs, ctx.device, variant)
             run()
         fused_moe.launch_triton_once(moe_key, "no GPU", ctx)
     one: dict[str, common.CompileRequest] = {}

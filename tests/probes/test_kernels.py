@@ -65,7 +65,7 @@ def _python(code_or_file: str | Path, args: list[str], env: dict[str, str]) -> s
     return done.stdout
 
 
-@pytest.mark.parametrize("check", ["mla", "dsa", "gqa", "norms", "rope", "moe"])
+@pytest.mark.parametrize("check", ["mla", "dsa", "mla_select", "gqa", "norms", "rope", "moe"])
 def test_triton_kernel_matches_its_torch_form_under_the_interpreter(check: str, tmp_path: Path) -> None:
     require_module("triton", WHY)
     out = _python(CHECKS, [check], _env(tmp_path, interpret=True))

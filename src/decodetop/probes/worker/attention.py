@@ -37,7 +37,7 @@ from decodetop.budget.gqa_launch import GqaLaunch, launch_metrics
 from decodetop.budget.keys import AttentionKey, parse_key_id
 from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
-from decodetop.probes.worker.kernels import dsa, engines, gqa, mla
+from decodetop.probes.worker.kernels import dsa, engines, gqa, mla, mla_select
 from decodetop.probes.worker.kernels.common import (
     best_runner,
     check_close,
@@ -248,9 +248,10 @@ def _mla_torch(m: _Mla) -> Callable[[], torch.Tensor]:
 
 def _mla_triton(
     m: _Mla, device: torch.device, variant: AttentionVariant
-) -> tuple[Callable[[], torch.Tensor], dsa.DsaWorkspace | None]:
-    """DSA scores + radix top-k (for mla+dsa), then the split-K MLA kernel, every buffer preallocated; the DSA
-    workspace is returned for the check."""
+) -> tuple[Callable[[], torch.Tensor], dsa.DsaWorkspace | None, Callable[[], torch.Tensor] | None]:
+    """DSA scores + radix top-k (for mla+dsa), then the split-K MLA kernel, every buffer preallocated (the
+    `radix8-fused` scheme: the passes, then the MLA that selects); the DSA workspace and, for radix8-fused, a reader
+    of the positions the last call selected are returned for the check."""
     key, rows = m.key, m.q.shape[0]
     length = m.caches.items[0][0].shape[1]
     dsa_on = m.caches.items[0][1] is not None
@@ -269,6 +270,10 @@ def _mla_triton(
             q8=variant.dsa_q8,
         )
 
+    swork = None
+    if dwork is not None and dwork.scheme == dsa.FUSED_SCHEME and dwork.selects:
+        swork = mla_select.select_workspace(rows, key.heads, length, device, lora=m.lora)
+
     def run() -> torch.Tensor:
         cache, index_keys, key_scales = m.caches.next()
         idx = None
@@ -276,6 +281,12 @@ def _mla_triton(
             assert m.q_idx is not None and m.w_idx is not None
             dsa.dsa_prepare(dwork)  # the memset, except where the scheme leaves the workspace zero
             dsa.dsa_scores(m.q_idx, m.w_idx, index_keys, key_scales, dwork, q_len=key.q_len)
+            if swork is not None:  # the split kernel selects: no index list
+                dsa.dsa_passes(dwork, m.attended)
+                return mla_select.mla_decode_selected(
+                    m.q, cache, dwork, swork, lora=m.lora, sm_scale=m.sm_scale, topk=m.attended, q_len=key.q_len,
+                    cache_scale=m.cache_scale,
+                )  # fmt: skip
             idx = dsa.dsa_select(dwork, m.attended)
         return mla.mla_decode(
             m.q,
@@ -288,10 +299,17 @@ def _mla_triton(
             work=work,
         )
 
-    return run, dwork
+    selected = (lambda: mla_select.selected_indices(swork)) if swork is not None else None
+    return run, dwork, selected
 
 
-def _check_mla(m: _Mla, run: Callable[[], torch.Tensor], dwork: dsa.DsaWorkspace | None, what: str) -> None:
+def _check_mla(
+    m: _Mla,
+    run: Callable[[], torch.Tensor],
+    dwork: dsa.DsaWorkspace | None,
+    what: str,
+    selected: Callable[[], torch.Tensor] | None = None,
+) -> None:
     """The fast form against the torch form on the first rotation copy. DSA: the scores against the torch form's,
     the selection exactly a top-k set of the kernel's own scores, and the attention over that set against the torch
     form over the same set (so near-ties between two score roundings cannot make the check flaky)."""
@@ -304,7 +322,7 @@ def _check_mla(m: _Mla, run: Callable[[], torch.Tensor], dwork: dsa.DsaWorkspace
         assert m.q_idx is not None and m.w_idx is not None
         ref = dsa.reference_scores(m.q_idx, m.w_idx, index_keys, key_scales, q_len=m.key.q_len, q8=dwork.q8)
         check_close(dwork.scores, ref, what + " indexer scores")
-        idx = dwork.indices.clone()
+        idx = selected() if selected is not None else dwork.indices.clone()
         chosen = torch.gather(dwork.scores, 1, idx.long()).sort(dim=-1).values
         best = dwork.scores.topk(idx.shape[1], dim=-1).values.sort(dim=-1).values
         if not torch.equal(chosen, best):
@@ -374,12 +392,12 @@ def triton_attention_runner(
         check_close(got, gqa.reference_gqa(g.q, k0, v0, sm_scale=g.sm_scale, scales=g.scales), "Triton GQA decode")
         return _gqa_runner(g, split_k, f"split {work.config.label}", f"GQA decode split-K{fp8}", ctx, work.launch)
     m = _mla_inputs(key, ctx, length, rotate=rotate)
-    run, dwork = _mla_triton(m, ctx.device, variant)
+    run, dwork, selected = _mla_triton(m, ctx.device, variant)
     name = f"MLA decode split-K over the latent cache read once{fp8}"
     if key.kind == "mla+dsa":
         indexer = "FP8 × FP8 (q quantized per head)" if dwork is not None and dwork.q8 else "over FP8 keys"
         name = f"DSA indexer {indexer} + radix top-k, sparse {name}"
-    _check_mla(m, run, dwork, "Triton " + key.kind)
+    _check_mla(m, run, dwork, "Triton " + key.kind, selected)
     shapes = variant.label(key.kind, dwork.scheme if dwork is not None else "")
     moved = m.kv_bytes + m.q.numel() * 2 * 2
     kernel = triton_kernel(name, pdl=pdl_enabled(ctx.device))
@@ -419,7 +437,7 @@ def launch_triton_once(key: AttentionKey, length: int, ctx: ProbeContext) -> Non
         k, v = g.caches.next()
         gqa.gqa_decode(g.q, k, v, sm_scale=g.sm_scale, scales=g.scales, work=work)
     elif key.kind in ("mla", "mla+dsa"):
-        run, _ = _mla_triton(_mla_inputs(key, ctx, length, rotate=False), ctx.device, AttentionVariant())
+        run, _, _ = _mla_triton(_mla_inputs(key, ctx, length, rotate=False), ctx.device, AttentionVariant())
         run()
 
 

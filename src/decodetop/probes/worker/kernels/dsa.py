@@ -102,7 +102,10 @@ TICKET_AT = DIGITS * DIGIT_BINS + 2
 CARRY_AT = TICKET_AT + 1
 CARRY8_INTS = CARRY_AT + 2 * (DIGITS - 1)
 #: The digit schemes, the default first.
-SCHEMES = ("radix8-carry", "half16-ticket", "half8-ticket", "radix8", "radix11")
+SCHEMES = ("radix8-carry", "half16-ticket", "half8-ticket", "radix8", "radix11", "radix8-fused")
+#: The scheme whose selection the sparse MLA's split kernel makes (`kernels.mla_select`): radix8-carry's passes, no
+#: compaction, no index list.
+FUSED_SCHEME = "radix8-fused"
 #: The scheme the probe runs by context (`default_scheme`): `half16-ticket` below `LONG_SCHEME_FROM` tokens, its
 #: one select launch after the scoring kernel (on an H200 at GLM-5's TP-8 shard the whole MLA + DSA step 20.4 µs at 4K
 #: and 24.4 at 32K against radix8-carry's 21.7 and 26.7), `radix8-carry` from there, where the scoring kernel's
@@ -114,7 +117,7 @@ LONG_SCHEME_FROM = 65536
 #: `dsa_workspace`'s scheme argument for "by context" (`default_scheme`).
 BY_CONTEXT = ""
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
-SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket", "half16-ticket"})
+SELF_ZEROING = frozenset({"radix8-carry", "half8-ticket", "half16-ticket", FUSED_SCHEME})
 #: The schemes with a candidate buffer (`DsaWorkspace.candidates`), with its capacity per row.
 HALF_SCHEMES = ("half8-ticket", "half16-ticket")
 #: Ints per row of each scheme's workspace.
@@ -122,6 +125,7 @@ SCHEME_INTS = {
     "radix8": WORK8_INTS,
     "radix11": WORK_INTS,
     "radix8-carry": CARRY8_INTS,
+    FUSED_SCHEME: CARRY8_INTS,
     "half8-ticket": HALF8_INTS,
     "half16-ticket": HALF16_INTS,
 }
@@ -699,12 +703,10 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
             FIN=min(HALF16_FINISH_BLOCK, cap), CAP=cap, ZERO=HALF16_ZERO_BLOCK, num_warps=HALF_WARPS, pdl=True,
         )  # fmt: skip
         return work.indices
+    if work.scheme == FUSED_SCHEME:
+        raise ValueError("radix8-fused selects inside the sparse MLA (mla_select.mla_decode_selected after dsa_passes)")
     if work.scheme == "radix8-carry":
-        for level in range(2, DIGITS + 1):
-            launch(
-                _carry8_kernel, grid, work.scores, work.work, length, topk, WORK=CARRY8_INTS, LEVEL=level,
-                BLOCK=block, pdl=True,
-            )  # fmt: skip
+        dsa_passes(work, topk)
         launch(
             _compact8_carry_kernel, grid, work.scores, work.work, work.indices, length, topk, WORK=CARRY8_INTS,
             BLOCK=block, TAIL=next_pow2(CARRY8_INTS - DIGITS * DIGIT_BINS), pdl=True,
@@ -715,6 +717,20 @@ def dsa_select(work: DsaWorkspace, topk: int) -> torch.Tensor:
     launch(_radix_pass_kernel, grid, work.scores, work.work, length, topk, LEVEL=3, pdl=True, **sizes)
     launch(_compact_kernel, grid, work.scores, work.work, work.indices, length, topk, pdl=True, **sizes)
     return work.indices
+
+
+def dsa_passes(work: DsaWorkspace, topk: int) -> None:
+    """radix8-carry's histogram passes after the scoring kernel's, leaving the threshold in `work.work` (for
+    `radix8-carry` and `radix8-fused`; the selection after them is the compaction or the selecting MLA)."""
+    rows, length = work.scores.shape
+    if work.scheme not in ("radix8-carry", FUSED_SCHEME):
+        raise ValueError(f"no carried passes in the {work.scheme} scheme")
+    grid = (-(-length // work.select_block), rows)
+    for level in range(2, DIGITS + 1):
+        launch(
+            _carry8_kernel, grid, work.scores, work.work, length, topk, WORK=CARRY8_INTS, LEVEL=level,
+            BLOCK=work.select_block, pdl=True,
+        )  # fmt: skip
 
 
 def dsa_topk(

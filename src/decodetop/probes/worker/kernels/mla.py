@@ -55,10 +55,14 @@ TILE_CHOICES = ((64, 2), (32, 2), (16, 1))
 BLOCK_H = 16
 #: Programs per SM wanted for the split (more chunks: more memory streams, more partial results to combine).
 PROGRAMS_PER_SM = 2
-#: Output columns per combine program.
-COMBINE_BLOCK_D = 128
-#: Split partials per combine step.
-COMBINE_BLOCK_S = 16
+#: Output columns per combine program: 32 give GLM-5's TP-8 sparse combine 128 programs (8 heads × 16 blocks of its
+#: 512 columns), a 64 × 32 fp32 tile of partials each (16 values a thread of 4 warps).
+COMBINE_BLOCK_D = 32
+#: Split partials per combine step, at most: one step (one round trip to L2) for up to 64 splits. On an H200 the
+#: two-pass combine of 16 partials a step took 12.8 µs after DeepSeek-V3's TP-8 split at 128K (264 splits) and 3.1 µs
+#: after GLM-5's sparse one (32): latency, not bytes (benchmarks/kernels/kernel_profile.py; docs/benchmarks.md,
+#: "Kernels, ninth round").
+COMBINE_BLOCK_S = 64
 LOG2E = 1.4426950408889634
 
 
@@ -197,6 +201,8 @@ if HAVE_TRITON:
         acc_ptr,
         ml_ptr,
         out_ptr,
+        zero_ptr,
+        zero_from,
         heads,
         n_splits,
         stride_or,
@@ -204,8 +210,13 @@ if HAVE_TRITON:
         D: tl.constexpr,
         BLOCK_S: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        ZERO: tl.constexpr,
+        ZERO_ROW: tl.constexpr,
         USE_GDC: tl.constexpr,
     ):
+        """One (row, head)'s `BLOCK_D` output lanes from every split's partials, in one pass (the running max
+        rescales what is summed so far, as the split's tiles do). ZERO: the first program of each row zeroes
+        `zero_ptr`'s ints [zero_from, ZERO_ROW) of that row (a workspace every split program read)."""
         rh = tl.program_id(0)
         db = tl.program_id(1)
         row = rh // heads
@@ -214,29 +225,30 @@ if HAVE_TRITON:
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         if USE_GDC:  # the partials are the split kernel's
             tl.extra.cuda.gdc_wait()
-        m_v = tl.full([BLOCK_S], float("-inf"), tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
-            ss = s0 + offs_s
-            part = (row * n_splits + ss) * heads + h
-            m_v = tl.maximum(m_v, tl.load(ml_ptr + part * 2, mask=ss < n_splits, other=float("-inf")))
-        m_all = tl.max(m_v, 0)
-        m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
-        l_v = tl.zeros([BLOCK_S], tl.float32)
+        m_run = tl.full([], float("-inf"), tl.float32)
+        l_run = tl.full([], 0.0, tl.float32)
         acc = tl.zeros([BLOCK_D], tl.float32)
-        for s0 in range(0, n_splits, BLOCK_S):
+        for s0 in range(0, n_splits, BLOCK_S):  # one step where BLOCK_S covers the splits: one round trip
             ss = s0 + offs_s
             valid = ss < n_splits
             part = (row * n_splits + ss) * heads + h
             m_s = tl.load(ml_ptr + part * 2, mask=valid, other=float("-inf"))
             l_s = tl.load(ml_ptr + part * 2 + 1, mask=valid, other=0.0)
-            w = tl.exp2(m_s - m_use)
-            l_v += w * l_s
             a = tl.load(acc_ptr + part[:, None] * D + offs_d[None, :], mask=valid[:, None], other=0.0)
-            acc += tl.sum(w[:, None] * a, 0)
+            m_new = tl.maximum(m_run, tl.max(m_s, 0))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_run - m_use)
+            w = tl.exp2(m_s - m_use)
+            l_run = l_run * alpha + tl.sum(w * l_s, 0)
+            acc = acc * alpha + tl.sum(w[:, None] * a, 0)
+            m_run = m_new
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
-        l_all = tl.sum(l_v, 0)
-        l_all = tl.where(l_all == 0.0, 1.0, l_all)
+        if ZERO > 0:  # noqa: SIM102 - a constexpr branch around a runtime one
+            if h == 0 and db == 0:
+                zs = zero_from + tl.arange(0, ZERO)
+                tl.store(zero_ptr + row * ZERO_ROW + zs, tl.zeros([ZERO], tl.int32), mask=zs < ZERO_ROW)
+        l_all = tl.where(l_run == 0.0, 1.0, l_run)
         tl.store(out_ptr + row * stride_or + h * stride_oh + offs_d, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
@@ -328,21 +340,34 @@ def mla_decode(
         {"SPARSE": indices is not None, "FP8": fp8, "BLOCK_H": BLOCK_H, "D_NOPE": lora, "D_ROPE": rope},
         work.config,
     )
+    return launch_combine(work, rows, heads, lora)
+
+
+def launch_combine(
+    work: MlaWorkspace, rows: int, heads: int, lora: int, *, zero: tuple[torch.Tensor, int, int] | None = None
+) -> torch.Tensor:
+    """The combine over `work`'s partials into `work.out`; `zero` = (an int32 workspace of rows × n ints, from, n):
+    each row's ints [from, n) zeroed after every split program read them."""
     out = work.out
     block_d = min(COMBINE_BLOCK_D, lora)
+    zero_ptr, zero_from, zero_row = zero if zero is not None else (work.ml, 0, 0)
     launch(
         _mla_combine_kernel,
         (rows * heads, lora // block_d),
         work.acc,
         work.ml,
         out,
+        zero_ptr,
+        zero_from,
         heads,
         work.splits,
         out.stride(0),
         out.stride(1),
         D=lora,
-        BLOCK_S=COMBINE_BLOCK_S,
+        BLOCK_S=min(COMBINE_BLOCK_S, next_pow2(work.splits)),
         BLOCK_D=block_d,
+        ZERO=next_pow2(zero_row - zero_from) if zero is not None else 0,
+        ZERO_ROW=zero_row,
         pdl=True,
     )
     return out
