@@ -4,10 +4,10 @@ them, per call under CUDA-graph replay, read from the profiler's kernel records.
 A timed component (h200_kernels.py) is one figure per call; this script splits it. It builds the probe's own runner
 (the Triton kernels, checked against their torch forms by the runner), captures a graph of `--calls` calls with the
 inputs rotated (as the probe times them), replays it under `torch.profiler` and groups the kernel records by call:
-per kernel (in launch order within a call) its median device time and its start and end within the call, then per
-call the sum of the kernels' times ("busy"), the span from the first kernel's start to the last one's end, and
-span − busy ("gaps": launch latency and dependency waits a kernel cannot hide; negative where kernels overlap under
-programmatic dependent launch). Kernels that overlap under PDL count their waiting in `gdc_wait` as device time, so
+per kernel (in launch order within a call) its median (and longest) device time and its start and end within the
+call, then per call the sum of the kernels' times ("busy"), the span from the first kernel's start to the last
+one's end, and span − busy ("gaps": launch latency and dependency waits a kernel cannot hide; negative where kernels
+overlap under programmatic dependent launch). Kernels that overlap under PDL count their waiting in `gdc_wait` as device time, so
 a kernel's time is its own work plus the wait for the one before; the span is what the step pays, and the starts
 and ends show the critical path.
 
@@ -105,6 +105,15 @@ def components(smoke: bool, sweep: bool = False) -> list[Component]:
             key = att_key("mla+dsa", context, **GLM5)
             variant = AttentionVariant(dsa_scheme=scheme)
             out.append(attention_component(f"GLM-5 TP8 MLA+DSA {context} {scheme}", key, variant))
+    for chunks in (0.5, 2.0):  # the selecting split's chunks per SM beside the default (1)
+        variant = AttentionVariant(dsa_scheme="radix8-fused", dsa_chunks_per_sm=chunks)
+        out.append(
+            attention_component(
+                f"GLM-5 TP8 MLA+DSA 131072 radix8-fused {chunks:g} chunks per SM",
+                att_key("mla+dsa", 131072, **GLM5),
+                variant,
+            )
+        )
     if sweep:
         for config in mla.SWEEP[1:]:  # the sparse MLA's launch shapes after the top-k (the default is SWEEP[0])
             variant = AttentionVariant(dsa_scheme="radix8-carry", dsa_mla=config)
@@ -159,6 +168,7 @@ def profile(runner: OpRunner, calls: int) -> dict[str, Any]:
         {
             "kernel": name[:90],
             "us": statistics.median(call[i][2] for call in per_call),
+            "max_us": max(call[i][2] for call in per_call),
             "start_us": statistics.median(call[i][1] - call[0][1] for call in per_call),
             "end_us": statistics.median(call[i][1] + call[i][2] - call[0][1] for call in per_call),
         }
@@ -173,20 +183,21 @@ def profile(runner: OpRunner, calls: int) -> dict[str, Any]:
         "busy_us": statistics.median(busy),
         "span_us": statistics.median(span),
         "period_us": period,
+        "periods_us": [round(b - a, 2) for a, b in itertools.pairwise(starts)],
         "gaps_us": statistics.median(s - b for s, b in zip(span, busy, strict=True)),
         "calls": len(per_call),
     }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| component | kernel | µs | from → to µs in the call |", "|---|---|---|---|"]
+    lines = ["| component | kernel | µs (max) | from → to µs in the call |", "|---|---|---|---|"]
     for row in rows:
         if "error" in row:
             lines.append(f"| {row['component']} | error: {row['error'][:80]} | | |")
             continue
         for k in row["kernels"]:
             when = f"{k['start_us']:.1f} → {k['end_us']:.1f}"
-            lines.append(f"| {row['component']} | {k['kernel'][:60]} | {k['us']:.2f} | {when} |")
+            lines.append(f"| {row['component']} | {k['kernel'][:60]} | {k['us']:.2f} ({k['max_us']:.1f}) | {when} |")
         lines.append(
             f"| {row['component']} | busy / span / period a call (gaps) | {row['busy_us']:.1f} / {row['span_us']:.1f}"
             f" / {row['period_us']:.1f} ({row['gaps_us']:+.1f}) | |"

@@ -139,10 +139,13 @@ def check_mla_select(big: bool = False) -> None:
     if big:
         cases = [(b, q, h, n * 20, k, kind, f) for b, q, h, n, k, kind, f in cases]
         cases += [(1, 1, 8, 131072, 2048, "random", f) for f in (False, True)]
-    for batch, q_len, heads, length, topk, kind, fp8 in cases:
+    for i, (batch, q_len, heads, length, topk, kind, fp8) in enumerate(cases):
         rows = batch * q_len
         dwork = dsa.dsa_workspace(rows, length, topk, d, scheme=dsa.FUSED_SCHEME)
-        swork = mla_select.select_workspace(rows, heads, length, d, lora=lora, sms=132 if not big else None)
+        # chunks of one key block (132 SMs) and of several (few SMs: the positions' round trip)
+        sms = (132 if i % 2 == 0 else 1) if not big else (None if i % 2 == 0 else 16)
+        swork = mla_select.select_workspace(rows, heads, length, d, lora=lora, sms=sms)
+        assert (swork.chunk <= swork.sel_block) == (i % 2 == 0), (i, swork.chunk, swork.sel_block)
         for step in range(2):
             qi = torch.randn(rows, 16, dim, device=d).to(BF16)
             w = torch.rand(rows, 16, device=d)

@@ -74,6 +74,8 @@ class AttentionVariant:
     """The DSA indexer's product in FP16 (`dsa.DsaWorkspace.f16`; False: in BF16, the first form) where not `dsa_q8`."""
     dsa_q8: bool = True
     """The DSA indexer's product FP8 × FP8, q quantized per head (`dsa.DsaWorkspace.q8`, the engines' form)."""
+    dsa_chunks_per_sm: float = mla_select.CHUNKS_PER_SM
+    """Context chunks per SM of the selecting sparse MLA (`radix8-fused`: `mla_select.select_workspace`)."""
 
     def label(self, kind: str, dsa_scheme: str = "") -> str:
         """The shapes that apply to attention of `kind`: 'split 64 tok/4w/3st/8 per SM, fp16' (`dsa_scheme`: the
@@ -84,6 +86,8 @@ class AttentionVariant:
         select = f" select {self.dsa_select_block}" if self.dsa_select_block else ""
         product = "" if self.dsa_q8 else (", indexer fp16" if self.dsa_f16 else ", indexer bf16")
         scheme = self.dsa_scheme or dsa_scheme or "by context"
+        if scheme == dsa.FUSED_SCHEME:  # the selecting split's chunks, not the list split's tiles
+            text = f"selecting split, {self.dsa_chunks_per_sm:g} chunks per SM"
         return f"top-k {scheme}{select}{product}, {text}" if kind == "mla+dsa" else text
 
 
@@ -272,7 +276,9 @@ def _mla_triton(
 
     swork = None
     if dwork is not None and dwork.scheme == dsa.FUSED_SCHEME and dwork.selects:
-        swork = mla_select.select_workspace(rows, key.heads, length, device, lora=m.lora)
+        swork = mla_select.select_workspace(
+            rows, key.heads, length, device, lora=m.lora, chunks_per_sm=variant.dsa_chunks_per_sm
+        )
 
     def run() -> torch.Tensor:
         cache, index_keys, key_scales = m.caches.next()

@@ -46,8 +46,8 @@ from decodetop.probes.worker.kernels.mla import BLOCK_H, MlaWorkspace, launch_co
 SEL_BLOCK = 1024
 #: Selected tokens per attention tile: the top-k's 2048 over ~132 chunks are ~16 a chunk at random scores.
 BLOCK_N = 16
-#: Chunks per SM: one program per SM takes a chunk of every head block.
-PROGRAMS_PER_SM = 1
+#: Chunks per SM: one program per SM takes a chunk of every head block (`select_workspace`'s `chunks_per_sm`).
+CHUNKS_PER_SM = 1.0
 
 if HAVE_TRITON:
     from decodetop.probes.worker.kernels.dsa import _carried
@@ -68,39 +68,79 @@ if HAVE_TRITON:
         return n
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _select_chunk(  # type: ignore[no-untyped-def,unused-ignore]
-        score_ptr, work_row, pos_row, row, length, k, start, end, SEL: tl.constexpr
-    ):
-        """This chunk's selected positions into `pos_row` (its own places); returns how many."""
+    def _threshold(score_ptr, work_row, row, length, k, start, SEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """(threshold key, tied keys wanted, tied keys before `start`): the radix passes' threshold, k − above it,
+        and, only where more are tied than wanted (equal scores), the row's tied keys before this chunk."""
         threshold, n_above = _carried(work_row, k, 5)
         tied = tl.load(work_row + _LAST_HIST + (threshold & (_BINS - 1)).to(tl.int32))
         need = k - n_above
         before = tl.full([], 0, tl.int32)
         if tied > need:  # equal scores: the earliest tied positions, the same in every program
             before = _ties_before(score_ptr, row, length, start, threshold, SEL)
+        return threshold, need, before
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _keep(key, valid, threshold, need, before):  # type: ignore[no-untyped-def,unused-ignore]
+        """(kept, tied in this block): the keys above the threshold and the tied ones ranked below `need` in the row
+        (`before` tied ones ahead of this block)."""
+        at = valid & (key == threshold)
+        at_i = at.to(tl.int32)
+        rank = before + tl.cumsum(at_i, 0) - at_i
+        return (valid & (key > threshold)) | (at & (rank < need)), tl.sum(at_i, 0)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _select_chunk(  # type: ignore[no-untyped-def,unused-ignore]
+        score_ptr, pos_row, row, length, start, end, threshold, need, before, SEL: tl.constexpr
+    ):
+        """This chunk's selected positions into `pos_row` (its own places), block by block; returns how many."""
         count = tl.full([], 0, tl.int32)
         for b0 in range(start, end, SEL):
             offs = b0 + tl.arange(0, SEL)
             valid = offs < end
             key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0, cache_modifier=".cg"))
-            at = valid & (key == threshold)
-            at_i = at.to(tl.int32)
-            rank = before + tl.cumsum(at_i, 0) - at_i  # tied keys before this one in the row
-            keep = (valid & (key > threshold)) | (at & (rank < need))
+            keep, n_at = _keep(key, valid, threshold, need, before)
             keep_i = keep.to(tl.int32)
             tl.store(pos_row + count + tl.cumsum(keep_i, 0) - 1, offs, mask=keep)
             count += tl.sum(keep_i, 0)
-            before += tl.sum(at_i, 0)
+            before += n_at
         return count
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _attend(  # type: ignore[no-untyped-def,unused-ignore]
+        q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
+        FP8: tl.constexpr, D_NOPE: tl.constexpr, F32_DOT: tl.constexpr,
+    ):  # fmt: skip
+        """One tile's online-softmax step over the latent rows of tokens `tok` (as `mla._mla_split_kernel`'s)."""
+        rows = c_base + tok.to(tl.int64)[:, None] * stride_ct
+        c_nope = tl.load(rows + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        c_rope = tl.load(rows + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+        if F32_DOT:
+            c_nope = c_nope.to(tl.float32)
+            c_rope = c_rope.to(tl.float32)
+        elif FP8:
+            c_nope = c_nope.to(tl.bfloat16)
+            c_rope = c_rope.to(tl.bfloat16)
+        s = tl.dot(q_nope, tl.trans(c_nope)) + tl.dot(q_rope, tl.trans(c_rope))
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
+        return m_new, l_i, acc
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _mla_select_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
         q_ptr, c_ptr, score_ptr, work_ptr, scale_ptr, pos_ptr, count_ptr, acc_ptr, ml_ptr,
         heads, length, k, chunk, n_splits, q_len, stride_qr, stride_qh, stride_cb, stride_ct, sm_scale,
         WORK: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, SEL: tl.constexpr,
-        D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, F32_DOT: tl.constexpr, USE_GDC: tl.constexpr,
+        ONE_BLOCK: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr, F32_DOT: tl.constexpr,
+        USE_GDC: tl.constexpr,
     ):  # fmt: skip
-        """One head block's attention over the top-k tokens of one chunk of one row's context."""
+        """One head block's attention over the top-k tokens of one chunk of one row's context. ONE_BLOCK (a chunk
+        of at most SEL tokens): the chunk's keys loaded before the wait, each tile's tokens found in registers (the
+        j-th kept position): no round trip through the positions, still written for `selected_indices`."""
         hb = tl.program_id(0)
         split = tl.program_id(1)
         row = tl.program_id(2)
@@ -118,44 +158,47 @@ if HAVE_TRITON:
         cache_scale = 1.0
         if FP8:
             cache_scale = tl.load(scale_ptr)
-        if USE_GDC:  # the last radix pass's histogram and carries
-            tl.extra.cuda.gdc_wait()
         start = split * chunk
         end = tl.minimum(start + chunk, length)
+        if ONE_BLOCK:  # the scores are four grids back: loaded before the wait
+            offs = start + tl.arange(0, SEL)
+            valid = offs < end
+            key = _key_of(tl.load(score_ptr + row * length + offs, mask=valid, other=0.0, cache_modifier=".cg"))
+        if USE_GDC:  # the last radix pass's histogram and carries
+            tl.extra.cuda.gdc_wait()
         work_row = work_ptr + row * WORK
         pos_row = pos_ptr + (row * n_splits + split) * chunk
         if hb == 0 and split == 0:  # the third histogram: read only by the last pass, which is complete
             tl.store(work_row + 2 * _BINS + tl.arange(0, _BINS), tl.zeros([_BINS], tl.int32))
-        count = _select_chunk(score_ptr, work_row, pos_row, row, length, k, start, end, SEL)
+        threshold, need, before = _threshold(score_ptr, work_row, row, length, k, start, SEL)
+        if ONE_BLOCK:
+            keep, _n_at = _keep(key, valid, threshold, need, before)
+            keep_i = keep.to(tl.int32)
+            place = tl.cumsum(keep_i, 0) - 1
+            count = tl.sum(keep_i, 0)
+            tl.store(pos_row + place, offs, mask=keep)
+        else:
+            count = _select_chunk(score_ptr, pos_row, row, length, start, end, threshold, need, before, SEL)
+            tl.debug_barrier()  # the positions this program's threads wrote, read back by others of it
         if hb == 0:
             tl.store(count_ptr + row * n_splits + split, count)
-        tl.debug_barrier()  # the positions this program's threads wrote, read back by others of it
         qk_scale = sm_scale * cache_scale
         m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_H], tl.float32)
         acc = tl.zeros([BLOCK_H, D_NOPE], tl.float32)
+        c_base = c_ptr + batch * stride_cb
         for n0 in range(0, count, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < count
-            tok = tl.load(pos_row + offs_n, mask=mask_n, other=0)
-            rows = c_ptr + batch * stride_cb + tok.to(tl.int64)[:, None] * stride_ct
-            c_nope = tl.load(rows + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            c_rope = tl.load(rows + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-            if F32_DOT:
-                c_nope = c_nope.to(tl.float32)
-                c_rope = c_rope.to(tl.float32)
-            elif FP8:
-                c_nope = c_nope.to(tl.bfloat16)
-                c_rope = c_rope.to(tl.bfloat16)
-            s = tl.dot(q_nope, tl.trans(c_nope)) + tl.dot(q_rope, tl.trans(c_rope))
-            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
-            m_i = m_new
+            slot = n0 + tl.arange(0, BLOCK_N)
+            mask_n = slot < count
+            if ONE_BLOCK:  # the slot-th kept position of the chunk
+                hit = keep[None, :] & (place[None, :] == slot[:, None])
+                tok = tl.sum(tl.where(hit, offs[None, :], 0), 1)
+            else:
+                tok = tl.load(pos_row + slot, mask=mask_n, other=0)
+            m_i, l_i, acc = _attend(
+                q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
+                FP8, D_NOPE, F32_DOT,
+            )  # fmt: skip
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         part = (row * n_splits + split) * heads + offs_h
@@ -180,11 +223,18 @@ class SelectWorkspace:
 
 
 def select_workspace(
-    rows: int, heads: int, length: int, device: torch.device, *, lora: int = 512, sms: int | None = None
+    rows: int,
+    heads: int,
+    length: int,
+    device: torch.device,
+    *,
+    lora: int = 512,
+    sms: int | None = None,
+    chunks_per_sm: float = CHUNKS_PER_SM,
 ) -> SelectWorkspace:
-    """Buffers for `rows` query rows over a context of `length` tokens: about `PROGRAMS_PER_SM` chunks per SM."""
+    """Buffers for `rows` query rows over a context of `length` tokens: about `chunks_per_sm` chunks per SM."""
     sms = sms or sm_count(device)
-    wanted = max(1, PROGRAMS_PER_SM * sms // rows)
+    wanted = max(1, int(chunks_per_sm * sms) // rows)
     sel = min(SEL_BLOCK, next_pow2(max(16, -(-length // wanted))))
     chunk = sel * -(-length // (wanted * sel))
     splits = -(-length // chunk)
@@ -235,7 +285,8 @@ def mla_decode_selected(
         q, cache, dwork.scores, dwork.work, scale, work.positions, work.counts, m.acc, m.ml,
         heads, length, min(length, topk), work.chunk, m.splits, q_len, q.stride(0), q.stride(1), cache.stride(0),
         cache.stride(1), sm_scale * 1.4426950408889634,
-        WORK=CARRY8_INTS, FP8=fp8, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, SEL=work.sel_block, D_NOPE=lora, D_ROPE=rope,
+        WORK=CARRY8_INTS, FP8=fp8, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, SEL=work.sel_block,
+        ONE_BLOCK=work.chunk <= work.sel_block, D_NOPE=lora, D_ROPE=rope,
         F32_DOT=interpreted(), num_warps=4, num_stages=1, pdl=True,
     )  # fmt: skip
     zero_from = (DIGITS - 1) * DIGIT_BINS  # the fourth histogram, the counters and the carries: every program read them
