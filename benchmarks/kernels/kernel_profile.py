@@ -7,9 +7,9 @@ inputs rotated (as the probe times them), replays it under `torch.profiler` and 
 per kernel (in launch order within a call) its median (and longest) device time and its start and end within the
 call, then per call the sum of the kernels' times ("busy"), the span from the first kernel's start to the last
 one's end, and span − busy ("gaps": launch latency and dependency waits a kernel cannot hide; negative where kernels
-overlap under programmatic dependent launch). Kernels that overlap under PDL count their waiting in `gdc_wait` as device time, so
-a kernel's time is its own work plus the wait for the one before; the span is what the step pays, and the starts
-and ends show the critical path.
+overlap under programmatic dependent launch). Kernels that overlap under PDL count their waiting in `gdc_wait` as
+device time, so a kernel's time is its own work plus the wait for the one before; the span is what the step pays,
+and the starts and ends show the critical path.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 \
         PYTHONPATH=src python3 benchmarks/kernels/kernel_profile.py --json $OUT/profile.json
