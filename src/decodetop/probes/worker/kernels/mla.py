@@ -56,13 +56,13 @@ BLOCK_H = 16
 #: Programs per SM wanted for the split (more chunks: more memory streams, more partial results to combine).
 PROGRAMS_PER_SM = 2
 #: Output columns per combine program: 32 give GLM-5's TP-8 sparse combine 128 programs (8 heads × 16 blocks of its
-#: 512 columns), a 64 × 32 fp32 tile of partials each (16 values a thread of 4 warps).
+#: 512 columns), a tile of up to 128 × 32 fp32 partials each (32 values a thread of 4 warps).
 COMBINE_BLOCK_D = 32
-#: Split partials per combine step, at most: one step (one round trip to L2) for up to 64 splits. On an H200 the
+#: Split partials per combine step, at most: one step (one round trip to L2) for up to 128 splits. On an H200 the
 #: two-pass combine of 16 partials a step took 12.8 µs after DeepSeek-V3's TP-8 split at 128K (264 splits) and 3.1 µs
 #: after GLM-5's sparse one (32): latency, not bytes (benchmarks/kernels/kernel_profile.py; docs/benchmarks.md,
 #: "Kernels, ninth round").
-COMBINE_BLOCK_S = 64
+COMBINE_BLOCK_S = 128
 LOG2E = 1.4426950408889634
 
 

@@ -5,9 +5,10 @@ the indexer's scores and the radix passes' threshold itself, so no compaction ke
 for the places), and the sparse MLA's split grid reads that list: on an H200 at GLM-5's TP-8 shard and 128K the
 compaction ended 4.3 µs after the last radix pass and the split 7.7 µs after the compaction, of a 32.5 µs step
 (benchmarks/kernels/kernel_profile.py; docs/benchmarks.md, "Kernels, ninth round"). Here each split program takes a
-chunk of the context instead of a chunk of the list: it finds the threshold from the last pass's histogram
-(`dsa._carried`, as the compaction does), keeps its chunk's scores above it and the tied ones the count needs, writes
-their positions to its own row of a scratch buffer (no atomics: its places are its own), and attends over them
+chunk of the context instead of a chunk of the list: it finds the threshold from the last pass's histogram (as the
+compaction's `dsa._carried` does, the bin's count kept from the same load), keeps its chunk's scores above it and
+the tied ones the count needs, writes their positions to its own row of a scratch buffer (no atomics: its places
+are its own), and attends over them
 gathered from the latent cache, as `mla._mla_split_kernel` does over a list; `mla._mla_combine_kernel` merges the
 chunks and zeroes what the passes left in the DSA workspace (read by every split program, so only after the grid).
 
@@ -38,7 +39,7 @@ from decodetop.probes.worker.kernels.common import (
     triton,
     triton_unavailable,
 )
-from decodetop.probes.worker.kernels.dsa import CARRY8_INTS, DsaWorkspace
+from decodetop.probes.worker.kernels.dsa import CARRY8_INTS, CARRY_AT, DsaWorkspace
 from decodetop.probes.worker.kernels.dsa_keys import DIGIT_BINS, DIGITS
 from decodetop.probes.worker.kernels.mla import BLOCK_H, MlaWorkspace, launch_combine
 
@@ -50,8 +51,9 @@ BLOCK_N = 16
 CHUNKS_PER_SM = 1.0
 
 if HAVE_TRITON:
-    from decodetop.probes.worker.kernels.dsa import _carried
-    from decodetop.probes.worker.kernels.dsa_keys import _key_of
+    from decodetop.probes.worker.kernels.dsa_keys import _bin_of, _key_of
+
+    _LAST_CARRY = tl.constexpr(CARRY_AT + 2 * (DIGITS - 2))  # the fourth pass's carry: prefix, count above it
 
     _BINS = tl.constexpr(DIGIT_BINS)
     _LAST_HIST = tl.constexpr((DIGITS - 1) * DIGIT_BINS)  # the fourth histogram's first int in a row
@@ -71,9 +73,14 @@ if HAVE_TRITON:
     def _threshold(score_ptr, work_row, row, length, k, start, SEL: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
         """(threshold key, tied keys wanted, tied keys before `start`): the radix passes' threshold, k − above it,
         and, only where more are tied than wanted (equal scores), the row's tied keys before this chunk."""
-        threshold, n_above = _carried(work_row, k, 5)
-        tied = tl.load(work_row + _LAST_HIST + (threshold & (_BINS - 1)).to(tl.int32))
-        need = k - n_above
+        prefix = tl.load(work_row + _LAST_CARRY).to(tl.uint32)
+        above = tl.load(work_row + _LAST_CARRY + 1)
+        bins = tl.arange(0, _BINS)
+        h = tl.load(work_row + _LAST_HIST + bins)  # with the carry: one round trip
+        b, up = _bin_of(h, k - above, _BINS)
+        threshold = (prefix << 8) | b.to(tl.uint32)
+        tied = tl.sum(tl.where(bins == b, h, 0), 0)  # from registers: no second round trip
+        need = k - above - up
         before = tl.full([], 0, tl.int32)
         if tied > need:  # equal scores: the earliest tied positions, the same in every program
             before = _ties_before(score_ptr, row, length, start, threshold, SEL)
@@ -139,8 +146,9 @@ if HAVE_TRITON:
         USE_GDC: tl.constexpr,
     ):  # fmt: skip
         """One head block's attention over the top-k tokens of one chunk of one row's context. ONE_BLOCK (a chunk
-        of at most SEL tokens): the chunk's keys loaded before the wait, each tile's tokens found in registers (the
-        j-th kept position): no round trip through the positions, still written for `selected_indices`."""
+        of at most SEL tokens): the chunk's keys loaded before the wait. (Finding each tile's tokens in registers, the
+        j-th kept position by a [16, 1024] comparison, instead of the positions' round trip through L2 took 2.2 µs
+        more on an H200 at GLM-5's 128K: docs/benchmarks.md, "Kernels, ninth round".)"""
         hb = tl.program_id(0)
         split = tl.program_id(1)
         row = tl.program_id(2)
@@ -174,12 +182,11 @@ if HAVE_TRITON:
         if ONE_BLOCK:
             keep, _n_at = _keep(key, valid, threshold, need, before)
             keep_i = keep.to(tl.int32)
-            place = tl.cumsum(keep_i, 0) - 1
             count = tl.sum(keep_i, 0)
-            tl.store(pos_row + place, offs, mask=keep)
+            tl.store(pos_row + tl.cumsum(keep_i, 0) - 1, offs, mask=keep)
         else:
             count = _select_chunk(score_ptr, pos_row, row, length, start, end, threshold, need, before, SEL)
-            tl.debug_barrier()  # the positions this program's threads wrote, read back by others of it
+        tl.debug_barrier()  # the positions this program's threads wrote, read back by others of it
         if hb == 0:
             tl.store(count_ptr + row * n_splits + split, count)
         qk_scale = sm_scale * cache_scale
@@ -190,11 +197,7 @@ if HAVE_TRITON:
         for n0 in range(0, count, BLOCK_N):
             slot = n0 + tl.arange(0, BLOCK_N)
             mask_n = slot < count
-            if ONE_BLOCK:  # the slot-th kept position of the chunk
-                hit = keep[None, :] & (place[None, :] == slot[:, None])
-                tok = tl.sum(tl.where(hit, offs[None, :], 0), 1)
-            else:
-                tok = tl.load(pos_row + slot, mask=mask_n, other=0)
+            tok = tl.load(pos_row + slot, mask=mask_n, other=0)
             m_i, l_i, acc = _attend(
                 q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
                 FP8, D_NOPE, F32_DOT,
