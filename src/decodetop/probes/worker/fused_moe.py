@@ -255,12 +255,7 @@ def fused_moe(
             f"fused MoE shapes disagree: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
             f"ids {tuple(ids.shape)}, weights {tuple(weights.shape)}"
         )
-    if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
-        raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
-    if _fp4_format(w13) != _fp4_format(w2):
-        raise ValueError(
-            f"fused MoE weights disagree: w13 {_fp4_format(w13) or 'plain'}, w2 {_fp4_format(w2) or 'plain'}"
-        )
+    _check_layout(x, w13, w2, ids)
     if h is None:
         h = torch.zeros(tokens * top_k, 2 * inter, device=x.device, dtype=torch.float32)
     if ys is None:
@@ -294,6 +289,17 @@ def fused_moe(
         pdl=True,
     )
     return out
+
+
+def _check_layout(x: torch.Tensor, w13: Experts, w2: Experts, ids: torch.Tensor) -> None:
+    """The kernels address x, the weights and ids by unit strides along their last dimension, and read both
+    projections in one format."""
+    if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
+        raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
+    if _fp4_format(w13) != _fp4_format(w2):
+        raise ValueError(
+            f"fused MoE weights disagree: w13 {_fp4_format(w13) or 'plain'}, w2 {_fp4_format(w2) or 'plain'}"
+        )
 
 
 def _fp4_format(w: Experts) -> str:
