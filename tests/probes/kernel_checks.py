@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from decodetop.probes.worker import fused_moe
+from decodetop.probes.worker import fp4, fused_moe
 from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket, gqa, mla, mla_select, norms, rope, tiles
 from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
 from decodetop.probes.worker.kernels.mla import LOG2E
@@ -391,7 +391,8 @@ def check_rope(big: bool = False) -> None:
 def check_moe(big: bool = False) -> None:
     """The fused-MoE kernels with every tile the tuner tries (split reductions, tails and gate_up's `tl.dot` form
     included; `fused_moe._candidate_pairs`) in every form (`tiles.FORMS`), BF16 and FP8 experts, against the torch
-    reference: two steps on the same workspaces, zero after each (no memsets), then the earlier form with memsets."""
+    reference: two steps on the same workspaces, zero after each (no memsets), then the earlier form with memsets.
+    Then FP4 experts (MXFP4, NVFP4: `check_moe_fp4`)."""
     d = _dev()
     shapes = [(1, 300, 80, 6, 2)]
     if big:
@@ -403,23 +404,58 @@ def check_moe(big: bool = False) -> None:
             w2 = (torch.randn(n_exp, hidden, inter, device=d) * 0.05).to(dtype)
             ids = fused_moe.routed_ids(tokens, top_k, n_exp, d)
             wts = torch.rand(tokens, top_k, device=d) + 0.1
-            want = fused_moe.reference_moe(x, w13, w2, ids, wts).float()
-            h = torch.zeros(tokens * top_k, 2 * inter, device=d)
-            ys = torch.zeros(tokens * top_k, hidden, device=d)
-            for (up, down), form in [(p, f) for f in tiles.FORMS for p in fused_moe._candidate_pairs()]:
-                for step in range(2):
-                    out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
-                    got = fused_moe.fused_moe(
-                        x, w13, w2, ids, wts, h=h, ys=ys, out=out, tiles=(up, down), form=form
-                    ).float()
-                    err = float((got - want).abs().max())
-                    what = f"moe {up.text} / {down.text} {form} {dtype} {hidden=} {inter=} step {step}"
-                    assert err <= 0.02 * float(want.abs().max()), f"{what}: {err:.3g}"
-                    assert not h.any() and not ys.any(), f"{what}: workspaces not zero after the step"
-            split = tiles.Tiles(16, 256, 4, 0, 2)
-            got = fused_moe.fused_moe(x, w13, w2, ids, wts, tiles=(split, split), memsets=True).float()
+            _check_moe_layer((x, w13, w2, ids, wts), fused_moe._candidate_pairs(), f"{dtype} {hidden=} {inter=}")
+    check_moe_fp4(big)
+
+
+def check_moe_fp4(big: bool = False) -> None:
+    """FP4 experts (random packed bytes and scales, `fp4.random_fp4`) through the FP4 kernels against the
+    reference on the dequantised experts: on a GPU (`big`) gpt-oss-120b's TP-2 slice (hidden 2880, intermediate
+    2880 / 2, 128 experts, top-4; 2880 is no whole number of most steps: tails masked) with every FP4 candidate
+    tile in every form; on the CPU a small layer with two tile pairs."""
+    d = _dev()
+    shapes = [(1, 2880, 1440, 128, 4), (4, 2880, 1440, 128, 4)] if big else [(1, 200, 48, 4, 2)]
+    pairs = fused_moe._candidate_pairs(tiles.FP4_CANDIDATES)
+    if not big:  # the interpreter runs each program in Python: one step, and several split in two
+        pairs = [
+            (tiles.Tiles(32, 256), tiles.Tiles(32, 256)),
+            (tiles.Tiles(32, 64, 4, 0, 2), tiles.Tiles(32, 32, 4, 0, 2)),
+        ]
+    for tokens, hidden, inter, n_exp, top_k in shapes:
+        for fmt in fp4.GROUP:
+            x = torch.randn(tokens, hidden, device=d).to(BF16)
+            w13 = fp4.random_fp4((n_exp, 2 * inter, hidden), fmt, d)
+            w2 = fp4.random_fp4((n_exp, hidden, inter), fmt, d)
+            ids = fused_moe.routed_ids(tokens, top_k, n_exp, d)
+            wts = torch.rand(tokens, top_k, device=d) + 0.1
+            _check_moe_layer((x, w13, w2, ids, wts), pairs, f"{fmt} {tokens=} {hidden=} {inter=}")
+
+
+def _check_moe_layer(
+    args: tuple[torch.Tensor, fused_moe.Experts, fused_moe.Experts, torch.Tensor, torch.Tensor],
+    pairs: list[tuple[tiles.Tiles, tiles.Tiles]],
+    what: str,
+) -> None:
+    """One layer with each (gate_up, down) tile pair in every form, two steps each on the same workspaces (zero
+    after each), then the memsets form of a split pair."""
+    x, w13, w2, ids, wts = args
+    d, (tokens, hidden), top_k = x.device, x.shape, ids.shape[1]
+    inter = w2.shape[2]
+    want = fused_moe.reference_moe(x, w13, w2, ids, wts).float()
+    h = torch.zeros(tokens * top_k, 2 * inter, device=d)
+    ys = torch.zeros(tokens * top_k, hidden, device=d)
+    for (up, down), form in [(p, f) for f in tiles.FORMS for p in pairs]:
+        for step in range(2):
+            out = torch.full((tokens, hidden), float("nan"), device=d, dtype=BF16)
+            got = fused_moe.fused_moe(x, w13, w2, ids, wts, h=h, ys=ys, out=out, tiles=(up, down), form=form).float()
             err = float((got - want).abs().max())
-            assert err <= 0.02 * float(want.abs().max()), f"moe with memsets {dtype} {hidden=} {inter=}: {err:.3g}"
+            where = f"moe {up.text} / {down.text} {form} {what} step {step}"
+            assert err <= 0.02 * float(want.abs().max()), f"{where}: {err:.3g}"
+            assert not h.any() and not ys.any(), f"{where}: workspaces not zero after the step"
+    split = tiles.Tiles(16, 256, 4, 0, 2)
+    got = fused_moe.fused_moe(x, w13, w2, ids, wts, tiles=(split, split), memsets=True).float()
+    err = float((got - want).abs().max())
+    assert err <= 0.02 * float(want.abs().max()), f"moe with memsets {what}: {err:.3g}"
 
 
 CHECKS: dict[str, Callable[[bool], None]] = {

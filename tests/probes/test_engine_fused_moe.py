@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,9 @@ from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import (
     HAVE_TRITON,
+    _candidate_pairs,
+    candidates_for,
+    engine_moe_runner,
     fused_moe_runner,
     grid_for,
     pick_block_n,
@@ -24,6 +28,16 @@ from decodetop.probes.worker.fused_moe import (
     routed_ids,
     triton_unavailable,
 )
+from decodetop.probes.worker.kernels.tiles import (
+    FORM_FOLD,
+    FP4_CANDIDATES,
+    TILE_CANDIDATES,
+    TileChoice,
+    lookup,
+    remember,
+    shape_id,
+)
+from decodetop.probes.worker.moe import moe_runner
 from tests.conftest import require_module
 from tests.helpers.env import subprocess_env
 
@@ -116,12 +130,38 @@ def test_cpu_rank_says_why_the_fused_variant_cannot_run() -> None:
             fused_moe_runner(key, _cpu_ctx(), rotate=False)
 
 
-def test_nvfp4_experts_are_unsupported_with_the_formats_named() -> None:
-    key = MoeKey(
-        tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=64, intermediate=32, dtype="nvfp4", bias=0
-    )
-    with pytest.raises(UnsupportedError, match="bf16, fp16, fp32, fp8"):
+def test_experts_of_a_format_the_kernels_do_not_read_are_unsupported_with_the_formats_named() -> None:
+    key = MoeKey(tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=64, intermediate=32, dtype="int4", bias=0)
+    with pytest.raises(UnsupportedError, match="bf16, fp16, fp32, fp8, mxfp4, nvfp4"):
         fused_moe_runner(key, _cpu_ctx(), rotate=False)
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_experts_on_a_cpu_rank_say_why_no_variant_runs(fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    key = MoeKey(tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=64, intermediate=32, dtype=fmt, bias=0)
+    with pytest.raises(UnsupportedError, match=r"CUDA GPU|Triton is not installed"):
+        fused_moe_runner(key, _cpu_ctx(), rotate=False)
+    for variant in ("grouped", "loop"):
+        with pytest.raises(UnsupportedError, match=f"{fmt} expert GEMMs have no torch kernel on cpu"):
+            moe_runner(key, _cpu_ctx(), rotate=False, variant=variant)
+    with pytest.raises(UnsupportedError, match="bf16/fp16"):
+        engine_moe_runner(key, _cpu_ctx(), rotate=False)
+
+
+def test_fp4_tiles_are_whole_scale_blocks_in_the_reduction_form() -> None:
+    assert FP4_CANDIDATES and all(t.block_k % 32 == 0 and not t.mma for t in FP4_CANDIDATES)
+    assert candidates_for("mxfp4") == candidates_for("nvfp4") == FP4_CANDIDATES
+    assert candidates_for("bf16") == TILE_CANDIDATES
+    assert all(not up.mma and not down.mma for up, down in _candidate_pairs(FP4_CANDIDATES))
+
+
+def test_the_tile_store_keeps_fp4_shapes_apart(tmp_path: Path) -> None:
+    store = tmp_path / "kernel_tiles.json"
+    choice = TileChoice(FP4_CANDIDATES[-1], FP4_CANDIDATES[0], 2.0, 1.0, len(FP4_CANDIDATES), False, FORM_FOLD, 3.0)
+    remember("H200", shape_id(1, 4, 2880, 1440, "mxfp4"), choice, store)
+    assert lookup("H200", shape_id(1, 4, 2880, 1440, "mxfp4"), store) == replace(choice, cached=True)
+    assert lookup("H200", shape_id(1, 4, 2880, 1440, "nvfp4"), store) is None
 
 
 INTERPRETED = textwrap.dedent(
@@ -264,6 +304,72 @@ MMA = LAYER + textwrap.dedent(
 
 def test_the_gate_up_dot_form_matches_the_reference() -> None:
     _interpreted(MMA)
+
+
+FP4 = textwrap.dedent(
+    """
+    import torch
+    from decodetop.probes.worker import fused_moe as fm
+    from decodetop.probes.worker.fp4 import fp4_nbytes, random_fp4
+    from decodetop.probes.worker.kernels.tiles import MMA_CANDIDATES, Tiles
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+
+    def layer(tokens, hidden, inter, n_exp, top_k, fmt):
+        x = torch.randn(tokens, hidden).to(torch.bfloat16)
+        w13 = random_fp4((n_exp, 2 * inter, hidden), fmt, cpu)
+        w2 = random_fp4((n_exp, hidden, inter), fmt, cpu)
+        ids = fm.routed_ids(tokens, top_k, n_exp, cpu)
+        wts = torch.rand(tokens, top_k) + 0.1
+        return (x, w13, w2, ids, wts), fm.reference_moe(x, w13, w2, ids, wts).float()
+
+    ONE = (Tiles(32, 256), Tiles(32, 64))  # each reduction one step (hidden 256, intermediate 64)
+    SPLIT = (Tiles(32, 64, 4, 0, 2), Tiles(32, 32, 4, 0, 2))  # several steps, in two parts added with atomics
+    # (shape, tiles, steps): 200 = 6·32 + 8 and 48 = 32 + 16 are no whole number of steps (nor of MXFP4 blocks)
+    CASES = [((1, 256, 64, 4, 2), ONE, 1), ((2, 200, 48, 6, 4), SPLIT, 2)]
+    for fmt in ("mxfp4", "nvfp4"):
+        for shape, tiles, steps in CASES:
+            args, want = layer(*shape, fmt)
+            tokens, hidden, inter, _, top_k = shape
+            for form in fm.FORMS:
+                h = torch.zeros(tokens * top_k, 2 * inter)
+                ys = torch.zeros(tokens * top_k, hidden)
+                tickets = torch.zeros(fm.ticket_count(tokens, top_k, hidden), dtype=torch.int32)
+                for step in range(steps):  # a second step adds onto what the first left: zeros
+                    out = torch.full((tokens, hidden), float("nan"), dtype=torch.bfloat16)
+                    got = fm.fused_moe(*args, h=h, ys=ys, out=out, tiles=tiles, form=form, tickets=tickets).float()
+                    err = (got - want).abs().max().item()
+                    what = (fmt, shape, form, step, err)
+                    assert err <= fm.CHECK_RTOL * want.abs().max().item() and want.abs().max() > 0, what
+                    assert not h.any() and not ys.any() and not tickets.any(), what
+    (x, w13, w2, ids, wts), _ = layer(1, 256, 64, 4, 2, "mxfp4")
+    plain = torch.zeros(4, 256, 64, dtype=torch.bfloat16)
+    for bad, words in [({"tiles": (MMA_CANDIDATES[0], ONE[1])}, "no tl.dot form"),
+                       ({"tiles": (Tiles(32, 16), ONE[1])}, "not whole 32-value scale blocks"),
+                       ({"w2": plain}, "w13 mxfp4, w2 plain")]:
+        try:
+            fm.fused_moe(x, bad.get("w13", w13), bad.get("w2", w2), ids, wts, tiles=bad.get("tiles"))
+        except ValueError as exc:
+            assert words in str(exc), exc
+        else:
+            raise AssertionError(f"{words}: ran")
+    # The probe's runner end to end (its own check against the reference included), on CPU tensors.
+    from decodetop.budget.keys import MoeKey
+    from decodetop.probes.worker.context import ProbeContext
+    ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
+    for fmt, words in [("mxfp4", "MXFP4: E2M1 + E8M0 scale per 32"), ("nvfp4", "NVFP4: E2M1 + E4M3 scale per 16")]:
+        key = MoeKey(tokens=1, top_k=2, experts_local=8, experts_active=2, hidden=128, intermediate=64, dtype=fmt,
+                     bias=0)
+        runner = fm.fused_moe_runner(key, ctx, rotate=False)
+        assert runner.fn().shape == (1, 128) and words in runner.note and "w4a16" in runner.note
+        assert runner.weight_bytes == fp4_nbytes((2, 128, 128), fmt) + fp4_nbytes((2, 128, 64), fmt)
+    print("ok")
+    """
+)
+
+
+def test_fp4_experts_match_the_reference_on_their_dequantised_weights_in_every_form() -> None:
+    _interpreted(FP4)
 
 
 @pytest.mark.gpu

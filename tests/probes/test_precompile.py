@@ -148,3 +148,21 @@ def test_a_pool_past_its_deadline_is_stopped_and_its_requests_count_as_failed() 
         assert not pool.children
     finally:
         pool.stop()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4"])
+def test_fp4_moe_collects_the_fp4_kernels_over_the_fp4_tiles(fmt: str) -> None:
+    key = parse_key_id(MOE.format(t=2, a=4).replace("intermediate=2048,dtype=bf16", f"intermediate=4096,dtype={fmt}"))
+    assert isinstance(key, MoeKey) and key.dtype == fmt
+    got, unbuilt = precompile.collect(_cpu(), [partial(fused_moe.launch_triton_once, key, "Test GPU")])
+    assert unbuilt == 0
+    by_kernel: dict[str, int] = {}
+    for r in got:
+        by_kernel[r.name] = by_kernel.get(r.name, 0) + 1
+    plain = len(tile_store.FP4_CANDIDATES)  # no tl.dot form: each its own specialization at these widths
+    forms, triggers = len(tile_store.FORMS), 2
+    assert by_kernel == {"_gate_up_fp4_kernel": plain * triggers, "_down_fp4_kernel": plain * forms,
+                         "_combine_kernel": triggers}  # fmt: skip
+    fp4 = [r for r in got if "fp4" in r.name]
+    assert all(dict(r.kwargs)["NVFP4"] == (fmt == "nvfp4") for r in fp4)
+    assert all(common.TensorArg("uint8") in r.args for r in fp4)  # the packed values (and scales, as bytes)

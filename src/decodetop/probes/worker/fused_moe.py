@@ -65,6 +65,17 @@ the fastest with its tiles (`tiles.TileChoice.form`). On an H200 (benchmarks/ker
 "Kernels, eighth round") neither helps DeepSeek-V3's TP-8 slice (29.0 µs late, 30.0 early, 34.2 fold: the fold's
 fp32 atomics), and each takes 1–3 % off Mixtral's or Qwen3's where the tuner picks it.
 
+FP4 experts (MXFP4 and NVFP4, `decodetop.probes.worker.fp4`: E2M1 values two a byte along k, a block scale per
+32 or 16 of them, NVFP4's fp32 scale per expert) have a gate_up and a down kernel of their own in the reduction
+form (`_gate_up_fp4_kernel`, `_down_fp4_kernel`: the same grid, splits, forms and PDL placements), as engines run
+them on Hopper, whose tensor cores multiply no FP4: weight-only (w4a16, vLLM's Marlin MXFP4/NVFP4 kernels and
+triton_kernels' matmul_ogs for gpt-oss), the packed bytes and scales streamed from memory and dequantised in
+registers. At decode batch the layer is a weight stream, so the 4.25 (MXFP4) or 4.5 (NVFP4) bits a weight are what
+it moves. Each k-step loads a [rows, step/2] byte tile and its scales, multiplies the low nibbles by the even and
+the high by the odd activations in fp32, and scales each block's sum. They have no `tl.dot` form (tiles that say
+`mma` are refused; the tuner offers `tiles.FP4_CANDIDATES`), and the reference dequantises the routed experts in
+torch (`fp4.dequant_fp4`) before the same computation.
+
 Triton ships with torch's Linux CUDA wheels; where it is missing, or on CPU ranks, the variant is `unsupported`
 with the reason. Triton's interpreter (`TRITON_INTERPRET=1`) runs the same kernels on CPU tensors, which the
 tests use where Triton is installed.
@@ -83,6 +94,7 @@ import torch.nn.functional as F  # noqa: N812 - the conventional name
 from decodetop.budget.kernels import KernelClass
 from decodetop.budget.keys import MoeKey
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
+from decodetop.probes.worker.fp4 import GROUP, NVFP4, Fp4Weights, fp4_nbytes, random_fp4
 from decodetop.probes.worker.kernels import tiles as tile_store
 from decodetop.probes.worker.kernels.common import (
     HAVE_TRITON,
@@ -114,13 +126,26 @@ PROGRAMS_PER_SM = 4
 #: Relative tolerance of the one-time check against `reference_moe` (bf16 output: 8 significant bits ≈ 0.4 %;
 #: fp32 accumulation order differs from torch's, so allow a few ulps over the output's scale).
 CHECK_RTOL = 0.05
-#: Weight formats the kernel reads (fp8 E4M3 weights are dequantised in registers: weight-only, w8a16).
-KERNEL_DTYPES = ("bf16", "fp16", "fp32", "fp8")
+#: FP4 weight formats (`decodetop.probes.worker.fp4`), read by the FP4 kernels (weight-only, w4a16).
+FP4_DTYPES = tuple(GROUP)
+#: Weight formats the kernels read (fp8 E4M3 and FP4 weights are dequantised in registers: weight-only, w8a16 and
+#: w4a16).
+KERNEL_DTYPES = ("bf16", "fp16", "fp32", "fp8", *FP4_DTYPES)
+#: What the probe's note says of each quantized weight format.
+WEIGHT_NOTES = {
+    "fp8": "fp8 weights dequantised in registers (w8a16)",
+    "mxfp4": "fp4 weights (MXFP4: E2M1 + E8M0 scale per 32) dequantised in registers (w4a16)",
+    "nvfp4": "fp4 weights (NVFP4: E2M1 + E4M3 scale per 16, fp32 scale per expert) dequantised in registers (w4a16)",
+}
+#: One projection's expert weights: a plain tensor [E, N, K] or packed FP4 (`fp4.Fp4Weights`).
+Experts = torch.Tensor | Fp4Weights
 
 if HAVE_TRITON:
     from decodetop.probes.worker.kernels.moe_gemv import (
         _combine_kernel,
+        _down_fp4_kernel,
         _down_kernel,
+        _gate_up_fp4_kernel,
         _gate_up_kernel,
         _gate_up_mma_kernel,
     )
@@ -189,8 +214,8 @@ def grid_for(
 
 def fused_moe(
     x: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: Experts,
+    w2: Experts,
     ids: torch.Tensor,
     weights: torch.Tensor,
     *,
@@ -205,7 +230,8 @@ def fused_moe(
 ) -> torch.Tensor:
     """Routed experts of `x` [T, H]: Σ_k weights[t, k] · down_e(SiLU(gate_e(x_t)) · up_e(x_t)), e = ids[t, k].
 
-    w13 [E, 2I, H], w2 [E, H, I] (contiguous); ids [T, K] int32/int64 and weights [T, K] on x's device. `h`
+    w13 [E, 2I, H], w2 [E, H, I] (contiguous; both plain tensors or both FP4 of one format, `fp4.Fp4Weights`,
+    whose tiles' steps must be whole scale blocks); ids [T, K] int32/int64 and weights [T, K] on x's device. `h`
     [T·K, 2I] fp32 (the gate and up sums), `ys` [T·K, H] fp32 and `out` [T, H] may be passed preallocated so a
     captured graph allocates nothing; `h` and `ys` must then hold zeros (`torch.zeros`), and the combine kernel
     leaves them zero again for the next call. `sms`: the SM count the launch shape is sized for (default: the
@@ -229,8 +255,7 @@ def fused_moe(
             f"fused MoE shapes disagree: x {tuple(x.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}, "
             f"ids {tuple(ids.shape)}, weights {tuple(weights.shape)}"
         )
-    if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
-        raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
+    _check_layout(x, w13, w2, ids)
     if h is None:
         h = torch.zeros(tokens * top_k, 2 * inter, device=x.device, dtype=torch.float32)
     if ys is None:
@@ -266,11 +291,28 @@ def fused_moe(
     return out
 
 
+def _check_layout(x: torch.Tensor, w13: Experts, w2: Experts, ids: torch.Tensor) -> None:
+    """The kernels address x, the weights and ids by unit strides along their last dimension, and read both
+    projections in one format."""
+    if not (x.is_contiguous() and w13.is_contiguous() and w2.is_contiguous() and ids.is_contiguous()):
+        raise ValueError("fused MoE needs contiguous x, w13, w2 and ids")
+    if _fp4_format(w13) != _fp4_format(w2):
+        raise ValueError(
+            f"fused MoE weights disagree: w13 {_fp4_format(w13) or 'plain'}, w2 {_fp4_format(w2) or 'plain'}"
+        )
+
+
+def _fp4_format(w: Experts) -> str:
+    """'mxfp4' / 'nvfp4' for FP4 weights, '' for a plain tensor."""
+    return w.fmt if isinstance(w, Fp4Weights) else ""
+
+
 def ticket_count(tokens: int, top_k: int, hidden: int) -> int:
     """Counters the fold form needs at most over the tuner's tiles: one per (token, hidden block) at the fewest rows
     per program, one per (slot, k part) at the most parts."""
-    rows = min(*(t.block_n for t in tile_store.TILE_CANDIDATES), *BLOCK_N_CHOICES)
-    parts = max(t.split_k for t in tile_store.TILE_CANDIDATES)
+    tried = (*tile_store.TILE_CANDIDATES, *tile_store.FP4_CANDIDATES)
+    rows = min(*(t.block_n for t in tried), *BLOCK_N_CHOICES)
+    parts = max(t.split_k for t in tried)
     return tokens * -(-hidden // rows) + tokens * top_k * parts
 
 
@@ -287,9 +329,24 @@ def _launch_options(tiles: Tiles) -> dict[str, int]:
     return options
 
 
+def _weight_args(w: Experts, tiles: Tiles) -> tuple[tuple[torch.Tensor, ...], tuple[int, ...], dict[str, object]]:
+    """A projection's arguments to its kernel: the weight tensors, their (expert, row) strides and the format's
+    constexprs (FP4: values, scales and NVFP4's expert scales; steps of whole scale blocks, no `tl.dot` form)."""
+    if not isinstance(w, Fp4Weights):
+        return (w,), (w.stride(0), w.stride(1)), {}
+    if tiles.mma:
+        raise ValueError(f"the FP4 kernels have no tl.dot form: tiles {tiles.text}")
+    if tiles.block_k % w.group:
+        raise ValueError(f"{w.fmt} weights: a step of {tiles.block_k} is not whole {w.group}-value scale blocks")
+    values, scales = w.values, w.scales.view(torch.uint8)  # E4M3 scales decoded from their bits in the kernel
+    gs = w.global_scale if w.global_scale is not None else scales  # unread for MXFP4
+    strides = (values.stride(0), values.stride(1), scales.stride(0), scales.stride(1))
+    return (values, scales, gs), strides, {"GROUP": w.group, "NVFP4": w.fmt == NVFP4}
+
+
 def launch_gate_up(
     x: torch.Tensor,
-    w13: torch.Tensor,
+    w13: Experts,
     ids: torch.Tensor,
     h: torch.Tensor,
     grid: Grid,
@@ -297,9 +354,9 @@ def launch_gate_up(
     memset: bool = False,
     early: bool = False,
 ) -> None:
-    """The gate_up kernel alone (the tuner times it by itself), in its `tl.dot` form where the tiles say `mma`; a
-    split reduction adds onto `h`, which holds zeros (`memset`: zeroed here first). `early`: its trigger right
-    after its wait and the id load (`tiles.FORM_EARLY`)."""
+    """The gate_up kernel alone (the tuner times it by itself), in its `tl.dot` form where the tiles say `mma`
+    (FP4 weights: the FP4 kernel, which has none); a split reduction adds onto `h`, which holds zeros (`memset`:
+    zeroed here first). `early`: its trigger right after its wait and the id load (`tiles.FORM_EARLY`)."""
     tiles = grid.gate_up_tiles or Tiles(grid.gate_up_block_n)
     hidden = x.shape[1]
     chunk = _k_chunk(hidden, tiles)
@@ -307,25 +364,27 @@ def launch_gate_up(
     if splits > 1 and memset:
         h.zero_()
     programs = (*grid.gate_up, splits)
+    tensors, strides, fmt = _weight_args(w13, tiles)
     even_k = hidden % tiles.block_k == 0  # every split's end then a whole step (`_k_chunk`)
     mma = {"even_k": even_k, "MMA_M": MMA_M, "F32_DOT": interpreted()} if tiles.mma else {}
+    kernel = _gate_up_fp4_kernel if fmt else _gate_up_mma_kernel if tiles.mma else _gate_up_kernel
     launch(
-        _gate_up_mma_kernel if tiles.mma else _gate_up_kernel,
+        kernel,
         programs,
         x,
-        w13,
+        *tensors,
         ids,
         h,
         hidden,
         w13.shape[1] // 2,
         chunk,
-        w13.stride(0),
-        w13.stride(1),
+        *strides,
         top_k=ids.shape[1],
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
         **mma,
+        **fmt,
         EARLY=early,
         pdl=True,
         **_launch_options(tiles),
@@ -334,7 +393,7 @@ def launch_gate_up(
 
 def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     h: torch.Tensor,
-    w2: torch.Tensor,
+    w2: Experts,
     ids: torch.Tensor,
     weights: torch.Tensor,
     ys: torch.Tensor,
@@ -347,7 +406,7 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     """The down kernel alone (the tuner times it by itself); a split reduction adds onto `ys`, which holds zeros
     (`memset`: zeroed here first). It has no `tl.dot` form: tiles that say `mma` are refused. `early`: its id,
     router weight and first weight tile loaded before its wait, its trigger right after it (`tiles.FORM_EARLY`).
-    `fold`: (out, tickets), the combine folded in (`tiles.FORM_FOLD`)."""
+    `fold`: (out, tickets), the combine folded in (`tiles.FORM_FOLD`). FP4 weights: the FP4 down kernel."""
     tiles = grid.down_tiles or Tiles(grid.down_block_n)
     if tiles.mma:
         raise ValueError(f"the down kernel has no tl.dot form: tiles {tiles.text}")
@@ -360,11 +419,12 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     out, tickets = fold if fold is not None else (ys, ids)  # unread unless folding
     if fold is not None and tickets.numel() < programs[0] // ids.shape[1] * programs[1] + programs[0] * splits:
         raise ValueError(f"fused MoE fold form: {tickets.numel()} tickets are too few for the launch {programs}")
+    tensors, strides, fmt = _weight_args(w2, tiles)
     launch(
-        _down_kernel,
+        _down_fp4_kernel if fmt else _down_kernel,
         programs,
         h,
-        w2,
+        *tensors,
         ids,
         weights,
         ys,
@@ -373,12 +433,12 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
         w2.shape[1],
         inter,
         chunk,
-        w2.stride(0),
-        w2.stride(1),
+        *strides,
         top_k=ids.shape[1],
         block_n=tiles.block_n,
         block_k=tiles.block_k,
         split=splits > 1,
+        **fmt,
         EARLY=early,
         FOLD=fold is not None,
         pdl=True,
@@ -386,11 +446,10 @@ def launch_down(  # noqa: PLR0917 - the kernel's tensors, in its order
     )
 
 
-def reference_moe(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor
-) -> torch.Tensor:
+def reference_moe(x: torch.Tensor, w13: Experts, w2: Experts, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """The same computation in plain torch, slot by slot: fp32 accumulation, the SiLU-and-mul in fp32 (as the
-    kernel computes it from the fp32 gate and up sums), the weighted sum in fp32, the output in x's dtype."""
+    kernel computes it from the fp32 gate and up sums), the weighted sum in fp32, the output in x's dtype. FP4
+    experts are dequantised one routed expert at a time (`fp4.dequant_fp4`)."""
     tokens, _hidden = x.shape
     inter = w13.shape[1] // 2
     out = torch.zeros(tokens, w2.shape[1], dtype=torch.float32, device=x.device)
@@ -398,10 +457,15 @@ def reference_moe(
         xt = x[t].float()
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
-            h = w13[e].float() @ xt
+            h = _expert(w13, e) @ xt
             a = F.silu(h[:inter]) * h[inter:]
-            out[t] += float(weights[t, j]) * (w2[e].float() @ a)
+            out[t] += float(weights[t, j]) * (_expert(w2, e) @ a)
     return out.to(x.dtype)
+
+
+def _expert(w: Experts, e: int) -> torch.Tensor:
+    """Expert e's weights [N, K] in fp32."""
+    return w.expert(e) if isinstance(w, Fp4Weights) else w[e].float()
 
 
 def routed_ids(tokens: int, top_k: int, experts: int, device: torch.device) -> torch.Tensor:
@@ -412,7 +476,7 @@ def routed_ids(tokens: int, top_k: int, experts: int, device: torch.device) -> t
 
 
 def _tile_choice(
-    key: MoeKey, ctx: ProbeContext, experts: Rotation[tuple[torch.Tensor, torch.Tensor]], bufs: _Buffers
+    key: MoeKey, ctx: ProbeContext, experts: Rotation[tuple[Experts, Experts]], bufs: _Buffers
 ) -> tile_store.TileChoice | None:
     """The tiles and form of this shape on this GPU: from the tile store, else tuned now (each kernel alone, no
     memsets, as the default path runs; then whole steps in each form) and stored (None on CPU tensors)."""
@@ -450,7 +514,7 @@ def _tile_choice(
     gpu = torch.cuda.get_device_name(ctx.device)
     shape = tile_store.shape_id(t, k_top, h, inter, key.dtype)
     try:
-        return tile_store.choose(gpu, shape, gate_up, down, step)
+        return tile_store.choose(gpu, shape, gate_up, down, step, candidates_for(key.dtype))
     finally:  # each kernel was timed alone, its split reductions adding onto the last call's sums: zeros again
         bufs.h.zero_()
         bufs.ys.zero_()
@@ -468,7 +532,7 @@ def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
     if found is not None:
         runs = [((found.gate_up, found.down), found.form)]
     else:
-        runs = [(pair, form) for form in FORMS for pair in _candidate_pairs()]
+        runs = [(pair, form) for form in FORMS for pair in _candidate_pairs(candidates_for(key.dtype))]
     w13, w2 = experts.next()
     for tiles, form in runs:
         fused_moe(
@@ -487,11 +551,16 @@ def launch_triton_once(key: MoeKey, gpu: str, ctx: ProbeContext) -> None:
         )
 
 
-def _candidate_pairs() -> list[tuple[Tiles, Tiles]]:
+def candidates_for(dtype: str) -> tuple[Tiles, ...]:
+    """The tiles the tuner tries for experts of `dtype` (FP4: `tiles.FP4_CANDIDATES`, no `tl.dot` form)."""
+    return tile_store.FP4_CANDIDATES if dtype in FP4_DTYPES else tile_store.TILE_CANDIDATES
+
+
+def _candidate_pairs(candidates: tuple[Tiles, ...] = tile_store.TILE_CANDIDATES) -> list[tuple[Tiles, Tiles]]:
     """(gate_up, down) tiles that launch every candidate of each kernel once: each reduction-form candidate for
     both, each `mma` one for gate_up beside the first reduction-form down tile (the down kernel has no dot form)."""
-    plain = [t for t in tile_store.TILE_CANDIDATES if not t.mma]
-    return [(t, t) for t in plain] + [(t, plain[0]) for t in tile_store.TILE_CANDIDATES if t.mma]
+    plain = [t for t in candidates if not t.mma]
+    return [(t, t) for t in plain] + [(t, plain[0]) for t in candidates if t.mma]
 
 
 @dataclass
@@ -550,8 +619,8 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
     rows = key.tokens * key.top_k
     moved = w_bytes + key.tokens * key.hidden * 2 * 2 + rows * key.intermediate * 2 * 2
     note = "Triton grouped GEMV over the routed experts (expert ids read on the device)"
-    if key.dtype == "fp8":
-        note += "; fp8 weights dequantised in registers (w8a16)"
+    if key.dtype in WEIGHT_NOTES:
+        note += "; " + WEIGHT_NOTES[key.dtype]
     if choice is not None:
         note += "; " + choice.text
     tuned = " (tiles tuned per shape)" if choice is not None else ""
@@ -560,24 +629,45 @@ def fused_moe_runner(key: MoeKey, ctx: ProbeContext, *, rotate: bool) -> OpRunne
     return OpRunner(fused, moved, flops, len(experts), note, weight_bytes=w_bytes, kernel=kernel)
 
 
+def _expert_shapes(key: MoeKey, active: int) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The active experts' gate_up [E, 2I, H] and down [E, H, I] shapes."""
+    return (active, 2 * key.intermediate, key.hidden), (active, key.hidden, key.intermediate)
+
+
+def _expert_pair(key: MoeKey, active: int, device: torch.device) -> tuple[Experts, Experts]:
+    """One copy of the active experts' random weights (gate_up, down) in the key's format."""
+    w13_shape, w2_shape = _expert_shapes(key, active)
+    if key.dtype in FP4_DTYPES:
+        return random_fp4(w13_shape, key.dtype, device), random_fp4(w2_shape, key.dtype, device)
+    wdtype = _plain_dtype(key.dtype)
+    return randn(w13_shape, wdtype, device), randn(w2_shape, wdtype, device)
+
+
+def _plain_dtype(dtype: str) -> torch.dtype:
+    return torch.float8_e4m3fn if dtype == "fp8" else DTYPES.get(dtype, torch.bfloat16)
+
+
+def _expert_bytes(key: MoeKey, active: int) -> int:
+    """Bytes of one copy of the active experts' weights (FP4: packed values, block and expert scales)."""
+    w13_shape, w2_shape = _expert_shapes(key, active)
+    if key.dtype in FP4_DTYPES:
+        return fp4_nbytes(w13_shape, key.dtype) + fp4_nbytes(w2_shape, key.dtype)
+    return active * 3 * key.intermediate * key.hidden * _plain_dtype(key.dtype).itemsize
+
+
 def _moe_tensors(
     key: MoeKey, ctx: ProbeContext, *, rotate: bool
-) -> tuple[Rotation[tuple[torch.Tensor, torch.Tensor]], _Buffers, float]:
-    """The active experts' weights (× rotation copies), the token, its routing and the output buffers."""
+) -> tuple[Rotation[tuple[Experts, Experts]], _Buffers, float]:
+    """The active experts' weights (× rotation copies; FP4: the packed values, block and expert scales), the
+    token, its routing and the output buffers."""
     device = ctx.device
     t, k_top, h, inter = key.tokens, key.top_k, key.hidden, key.intermediate
     active = max(1, min(key.experts_active, key.experts_local, t * k_top))
-    wdtype = torch.float8_e4m3fn if key.dtype == "fp8" else DTYPES.get(key.dtype, torch.bfloat16)
-    w_bytes = active * 3 * inter * h * wdtype.itemsize
+    w_bytes = _expert_bytes(key, active)
     copies = copies_for(ctx, w_bytes, rotate)
     require_free(ctx, copies * w_bytes * 1.05, f"MoE expert weights {key.key_id}")  # +5 %: activations
-    experts = Rotation(
-        [
-            (randn((active, 2 * inter, h), wdtype, device), randn((active, h, inter), wdtype, device))
-            for _ in range(copies)
-        ]
-    )
-    adtype = torch.bfloat16 if wdtype.itemsize <= 2 else torch.float32
+    experts = Rotation([_expert_pair(key, active, device) for _ in range(copies)])
+    adtype = torch.float32 if key.dtype == "fp32" else torch.bfloat16
     bufs = _Buffers(
         randn((t, h), adtype, device, std=1.0),
         routed_ids(t, k_top, active, device),

@@ -10,7 +10,8 @@ weighted combine — two ways, both reported:
 - `fused`: decodetop's Triton grouped GEMV over the routed experts (three kernels, expert ids read on the device), the
   class of kernel serving engines run at decode (`decodetop.probes.worker.fused_moe`; GPUs with Triton only), with
   its tiles tuned once per GPU and shape and kept in the tile store under the state dir (`kernels.tiles`; the
-  point's note names the tiles);
+  point's note names the tiles); the one variant that runs FP4 experts (MXFP4, NVFP4: weight-only, dequantised in
+  registers, as engines run them on Hopper), which the torch paths have no kernel for;
 - `engine`: vLLM's or SGLang's `fused_experts` where importable in the probe rank (`kernels.engines`).
 
 Every point carries its kernel class (engine, decodetop Triton, torch, CPU).

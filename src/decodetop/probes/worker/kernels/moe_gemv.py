@@ -309,3 +309,209 @@ if HAVE_TRITON:
             for h0 in range(tl.program_id(1) * block, h_row, tl.num_programs(1) * block):
                 h_offs = h0 + tl.arange(0, block)
                 tl.store(h_ptr + token * h_row + h_offs, empty, mask=h_offs < h_row)
+
+    # FP4 expert weights (weight-only, w4a16), `decodetop.probes.worker.fp4` says the layout: each row's E2M1 codes
+    # two to a byte along k (the even element in the low nibble), one block scale per GROUP elements along k
+    # (MXFP4: E8M0 per 32; NVFP4: E4M3 per 16, and an fp32 scale per expert). A k-step's bytes are loaded as a
+    # [block_n, block_k / GROUP, GROUP / 2] tile (a scale block per middle index), so each block's products are
+    # summed before its scale multiplies them; the activation is loaded as its even and odd elements (two strided
+    # loads of a few hundred bytes, cached), which multiply the low and high nibbles.
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _e2m1(q):  # type: ignore[no-untyped-def,unused-ignore]
+        """FP4 E2M1 codes (int32, 0–15) as fp32 (the FP4 element type of the OCP Microscaling Formats spec v1.0:
+        https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf): bit 3 the sign,
+        bits 2–1 the exponent e (bias 1), bit 0 the mantissa m; magnitude (1 + m/2) · 2^(e−1) for e ≥ 1 (the fp32
+        with exponent field e + 126 and m as its top mantissa bit), m/2 for e == 0: 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
+        e = (q >> 1) & 3
+        m = q & 1
+        normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
+        mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
+        return tl.where((q & 8) != 0, -mag, mag)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _block_scale(s, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Block-scale bytes (int32) as fp32. MXFP4: E8M0, 2^(s − 127), the fp32 whose exponent field is s (the OCP MX
+        spec's scale type; s = 0, 2^-127, reads as 0 and the NaN code 255 as inf: random weights use neither).
+        NVFP4: FP8 E4M3 (sign, 4 exponent bits of bias 7, 3 mantissa bits: the fp32 with exponent field e + 120
+        and the mantissa's top bits, or m · 2^-9 for e == 0; the NaN code reads as 480), decoded from its bits so
+        that no FP8 conversion is needed (https://docs.nvidia.com/cuda/cublas/#d-block-scaling-factors-layout)."""
+        if NVFP4:
+            e = (s >> 3) & 15
+            m = s & 7
+            normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+            mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # 2^-9
+            return tl.where((s & 128) != 0, -mag, mag)
+        return (s << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _fp4_evens(k0, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """The even elements' k of the step at k0 as [block_k / GROUP, GROUP / 2]: row g is scale block g's, so
+        byte ke / 2 of a row holds elements ke (low nibble) and ke + 1 (high)."""
+        g = tl.arange(0, block_k // GROUP)[:, None]
+        j = tl.arange(0, GROUP // 2)[None, :]
+        return k0 + g * GROUP + 2 * j
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _fp4_load(w_rows, s_rows, k0, k_end, mask_n, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """One k-step's packed bytes [block_n, block_k / GROUP, GROUP / 2] and block-scale bytes [block_n,
+        block_k / GROUP] of the rows `w_rows` [block_n, 1, 1] / `s_rows` [block_n, 1], as int32 (zeros past
+        k_end: a zero code is 0.0, a zero scale 0)."""
+        ke = _fp4_evens(k0, block_k, GROUP)
+        q = tl.load(w_rows + (ke // 2)[None, :, :], mask=mask_n[:, None, None] & (ke < k_end)[None, :, :], other=0)
+        kg = k0 // GROUP + tl.arange(0, block_k // GROUP)
+        s = tl.load(s_rows + kg[None, :], mask=mask_n[:, None] & (kg * GROUP < k_end)[None, :], other=0)
+        return q.to(tl.int32), s.to(tl.int32)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _fp4_part(q, s, xe, xo, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Σ_k w[n, k] · x[k] over one loaded k-step (`_fp4_load`): the low nibbles times the even elements `xe`,
+        the high times the odd `xo` (both [block_k / GROUP, GROUP / 2] fp32), each scale block's sum times its
+        scale (fp32 throughout)."""
+        blocks = tl.sum(_e2m1(q & 15) * xe[None, :, :] + _e2m1(q >> 4) * xo[None, :, :], axis=2)
+        return tl.sum(blocks * _block_scale(s, NVFP4), axis=1)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _expert_scale(gs_ptr, expert, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """NVFP4's fp32 scale of the expert (1.0 for MXFP4, which has none)."""
+        if NVFP4:
+            return tl.load(gs_ptr + expert).to(tl.float32)
+        return 1.0
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gate_up_fp4_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        x_ptr,
+        w13_ptr,
+        s13_ptr,
+        gs_ptr,
+        ids_ptr,
+        h_ptr,
+        hidden,
+        inter,
+        k_chunk,
+        stride_we,
+        stride_wn,
+        stride_se,
+        stride_sn,
+        top_k: tl.constexpr,
+        block_n: tl.constexpr,
+        block_k: tl.constexpr,
+        split: tl.constexpr,
+        GROUP: tl.constexpr,
+        NVFP4: tl.constexpr,
+        EARLY: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`_gate_up_kernel` over FP4 weights: packed bytes w13 [E, 2I, H/2], block scales s13 [E, 2I, ⌈H/GROUP⌉],
+        NVFP4's expert scales gs [E] (unread for MXFP4), dequantised in registers."""
+        slot = tl.program_id(0)  # token · top_k + k
+        nb = tl.program_id(1)
+        ks = tl.program_id(2)
+        token = slot // top_k
+        if USE_GDC:  # the expert ids (the router's) address the weights, and x is the layer's input: nothing before
+            tl.extra.cuda.gdc_wait()
+        expert = tl.load(ids_ptr + slot).to(tl.int64)
+        _trigger(USE_GDC, EARLY)
+        offs_n = nb * block_n + tl.arange(0, block_n)
+        mask_n = offs_n < inter
+        rows = offs_n.to(tl.int64)
+        w_gate = w13_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+        s_gate = s13_ptr + expert * stride_se + rows[:, None] * stride_sn
+        acc_g = tl.zeros([block_n], dtype=tl.float32)
+        acc_u = tl.zeros([block_n], dtype=tl.float32)
+        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
+        for k0 in range(ks * k_chunk, k_end, block_k):
+            ke = _fp4_evens(k0, block_k, GROUP)
+            x_even = x_ptr + token * hidden + ke
+            xe = tl.load(x_even, mask=ke < k_end, other=0.0).to(tl.float32)
+            xo = tl.load(x_even + 1, mask=ke < k_end, other=0.0).to(tl.float32)
+            qg, sg = _fp4_load(w_gate, s_gate, k0, k_end, mask_n, block_k, GROUP)
+            qu, su = _fp4_load(w_gate + inter * stride_wn, s_gate + inter * stride_sn, k0, k_end, mask_n, block_k,
+                               GROUP)  # fmt: skip
+            acc_g += _fp4_part(qg, sg, xe, xo, NVFP4)
+            acc_u += _fp4_part(qu, su, xe, xo, NVFP4)
+        _trigger(USE_GDC, not EARLY)
+        gs = _expert_scale(gs_ptr, expert, NVFP4)
+        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, acc_g * gs, acc_u * gs, split)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _down_fp4_part(h_row, inter, k0, k_end, q, s, block_k: tl.constexpr, GROUP: tl.constexpr, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """`_down_part` over one loaded FP4 k-step: SiLU(gate) · up at its even and odd elements, times the
+        nibbles (`_fp4_part`)."""
+        ke = _fp4_evens(k0, block_k, GROUP)
+        mask = ke < k_end
+        ge = tl.load(h_row + ke, mask=mask, other=0.0)
+        go = tl.load(h_row + ke + 1, mask=mask, other=0.0)
+        ae = ge / (1.0 + tl.exp(-ge)) * tl.load(h_row + inter + ke, mask=mask, other=0.0)
+        ao = go / (1.0 + tl.exp(-go)) * tl.load(h_row + inter + ke + 1, mask=mask, other=0.0)
+        return _fp4_part(q, s, ae, ao, NVFP4)
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _down_fp4_kernel(  # type: ignore[no-untyped-def,unused-ignore]
+        h_ptr,
+        w2_ptr,
+        s2_ptr,
+        gs_ptr,
+        ids_ptr,
+        wts_ptr,
+        ys_ptr,
+        out_ptr,
+        tickets_ptr,
+        hidden,
+        inter,
+        k_chunk,
+        stride_we,
+        stride_wn,
+        stride_se,
+        stride_sn,
+        top_k: tl.constexpr,
+        block_n: tl.constexpr,
+        block_k: tl.constexpr,
+        split: tl.constexpr,
+        GROUP: tl.constexpr,
+        NVFP4: tl.constexpr,
+        EARLY: tl.constexpr,
+        FOLD: tl.constexpr,
+        USE_GDC: tl.constexpr,
+    ):
+        """`_down_kernel` over FP4 weights: packed bytes w2 [E, H, I/2], block scales s2 [E, H, ⌈I/GROUP⌉], NVFP4's
+        expert scales gs [E]. EARLY: the first k-step's bytes and scales (and the expert scale) loaded before
+        `gdc_wait`, as the bf16 kernel loads its first tile."""
+        slot = tl.program_id(0)
+        offs_n = tl.program_id(1) * block_n + tl.arange(0, block_n)
+        mask_n = offs_n < hidden
+        rows = offs_n.to(tl.int64)
+        h_row = h_ptr + slot * 2 * inter
+        k_start = tl.program_id(2) * k_chunk
+        k_end = tl.minimum(inter, k_start + k_chunk)
+        if EARLY:
+            expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
+            weight = tl.load(wts_ptr + slot, cache_modifier=".cg").to(tl.float32) * _expert_scale(gs_ptr, expert, NVFP4)
+            w_rows = w2_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+            s_rows = s2_ptr + expert * stride_se + rows[:, None] * stride_sn
+            q, s = _fp4_load(w_rows, s_rows, k_start, k_end, mask_n, block_k, GROUP)
+            if USE_GDC:  # h is the gate_up kernel's
+                tl.extra.cuda.gdc_wait()
+                tl.extra.cuda.gdc_launch_dependents()
+            acc = _down_fp4_part(h_row, inter, k_start, k_end, q, s, block_k, GROUP, NVFP4)
+            k_next = k_start + block_k
+        else:
+            if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
+                tl.extra.cuda.gdc_wait()
+            expert = tl.load(ids_ptr + slot).to(tl.int64)
+            weight = tl.load(wts_ptr + slot).to(tl.float32) * _expert_scale(gs_ptr, expert, NVFP4)
+            w_rows = w2_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+            s_rows = s2_ptr + expert * stride_se + rows[:, None] * stride_sn
+            acc = tl.zeros([block_n], dtype=tl.float32)
+            k_next = k_start
+        for k0 in range(k_next, k_end, block_k):
+            q, s = _fp4_load(w_rows, s_rows, k0, k_end, mask_n, block_k, GROUP)
+            acc += _down_fp4_part(h_row, inter, k0, k_end, q, s, block_k, GROUP, NVFP4)
+        _trigger(USE_GDC, not EARLY)
+        if FOLD:
+            _fold_into_out(ys_ptr, out_ptr, tickets_ptr, h_row, hidden, inter, k_start, k_end, offs_n, mask_n,
+                           weight * acc, top_k, block_n, block_k)  # fmt: skip
+        elif split:
+            tl.atomic_add(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)
+        else:
+            tl.store(ys_ptr + slot * hidden + offs_n, weight * acc, mask=mask_n)

@@ -124,6 +124,17 @@ TILE_CANDIDATES = (
     *MMA_CANDIDATES,
 )
 
+#: Tiles the tuner tries over FP4 experts (`decodetop.probes.worker.fp4`): the reduction-form candidates, every step
+#: a whole number of MXFP4's 32-value and NVFP4's 16-value scale blocks (the FP4 kernels read no `tl.dot` form),
+#: then 2048 values per step: a 4-bit row moves a quarter of a bf16 row's bytes a value, so these move per step
+#: what the 512-wide bf16 ones do (and hold as many decoded values per thread as the 1024-wide ones).
+FP4_CANDIDATES = (
+    *(t for t in TILE_CANDIDATES if not t.mma),
+    Tiles(8, 2048),
+    Tiles(16, 2048, 8),
+    Tiles(8, 2048, 4, 0, 2),
+)
+
 
 #: How the kernels of one step meet (the tuner times each whole and keeps the fastest per shape): `late`, the form
 #: measured on the H200 through the fourth round (each kernel's `gdc_launch_dependents` after its loop, the down
@@ -368,13 +379,14 @@ def choose(
     launch_gate_up: Callable[[Tiles], Callable[[], None]],
     launch_down: Callable[[Tiles], Callable[[], None]],
     launch_step: StepLauncher | None = None,
+    candidates: Sequence[Tiles] = TILE_CANDIDATES,
 ) -> TileChoice:
-    """The stored choice, else a fresh `tune` that is then stored (a store that cannot be written only loses the
-    memory of it: the choice is still used)."""
+    """The stored choice, else a fresh `tune` over `candidates` that is then stored (a store that cannot be written
+    only loses the memory of it: the choice is still used)."""
     found = lookup(gpu, shape)
     if found is not None:
         return found
-    choice = tune(launch_gate_up, launch_down, launch_step=launch_step)
+    choice = tune(launch_gate_up, launch_down, candidates, launch_step=launch_step)
     with contextlib.suppress(OSError):
         remember(gpu, shape, choice)
     return choice
