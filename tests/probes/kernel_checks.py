@@ -466,6 +466,7 @@ CHECKS: dict[str, Callable[[bool], None]] = {
     "rope": check_rope,
     "moe": check_moe,
     "mla_select": check_mla_select,
+    "moe_fp4": check_moe_fp4,
 }
 
 
