@@ -19,6 +19,7 @@ from tests.helpers.interpreter import interpreted_call
 torch = pytest.importorskip("torch")
 
 from decodetop.probes.worker.kernels import gqa  # noqa: E402 - after the torch check
+from decodetop.probes.worker.kernels.common import CHECK_REL_ERR  # noqa: E402
 
 WHY = "the test extra installs Triton; its interpreter runs the kernels on the CPU"
 META = torch.device("meta")
@@ -83,6 +84,8 @@ def padded_errors() -> dict[str, float]:
         for dims, fp8 in (((96, 96), True), ((80, 80), False), ((192, 128), True)):
             for length in LENGTHS:
                 got[f"{name} {dims} length {length} fp8 {fp8}"] = _one(dims, 7, length, fp8, config)
+    for dims in DIMS:  # 16 rows fill the padded group: the last partial row's lanes past the V dim end the buffer
+        got[f"{dims} group 16 length 200 fp8 True"] = _one(dims, 16, 200, True)
     # 66 splits of one 64-token tile: the combine's 96 lanes in two blocks of 64, the last one's upper half padded
     got["combine lanes in blocks (96, 96)"] = _one((96, 96), 7, 4200, True, gqa.FIRST, sms=132)
     got["q8 (96, 96)"] = _one((96, 96), 7, 200, True, q8=True)
@@ -92,8 +95,8 @@ def padded_errors() -> dict[str, float]:
 def test_the_kernel_takes_head_dims_that_are_not_powers_of_two() -> None:
     require_module("triton", WHY)
     got = interpreted_call(Path(__file__), "padded_errors()")
-    assert len(got) == 3 * 3 * 2 * 2 + len(gqa.LOOP_FORMS) * 3 * 2 + 2, sorted(got)
-    bad = {name: err for name, err in got.items() if not err < 2e-2}  # noqa: PLR2004 - common.CHECK_REL_ERR
+    assert len(got) == 3 * 3 * 2 * 2 + len(gqa.LOOP_FORMS) * 3 * 2 + 3 + 2, sorted(got)
+    bad = {name: err for name, err in got.items() if not err < CHECK_REL_ERR}
     assert not bad, bad
 
 

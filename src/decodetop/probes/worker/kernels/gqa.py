@@ -185,6 +185,23 @@ if HAVE_TRITON:
         return tile
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _load_rows(ptrs, rows, offs, N: tl.constexpr, NP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """[rows, NP] values at `ptrs`: rows where `rows`, lanes `offs` past N zero where NP pads N (else 0)."""
+        if N != NP:  # one return at the end (see `_kv_tile`)
+            x = tl.load(ptrs, mask=rows[:, None] & (offs < N)[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None], other=0.0)
+        return x
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _store_rows(ptrs, x, rows, offs, N: tl.constexpr, NP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Stores the [rows, NP] `x` at `ptrs`: rows where `rows`, lanes `offs` below N where NP pads N."""
+        if N != NP:
+            tl.store(ptrs, x, mask=rows[:, None] & (offs < N)[None, :])
+        else:
+            tl.store(ptrs, x, mask=rows[:, None])
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_tile(  # type: ignore[no-untyped-def,unused-ignore]
         q,
         k_src,
@@ -309,11 +326,9 @@ if HAVE_TRITON:
             if EARLY_TRIGGER:  # the combine's gdc_wait still waits for this grid's completion and flush
                 tl.extra.cuda.gdc_launch_dependents()
         # q rows of this kv head: [b, h · group_rows + g, D]
+        # lanes past D zero: they add nothing to q · kᵀ (nor to a Q8 row's max)
         q_ptrs = q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :]
-        if D != DP:  # lanes past D zero: they add nothing to q · kᵀ (nor to a Q8 row's max)
-            q = tl.load(q_ptrs, mask=mask_g[:, None] & (offs_d < D)[None, :], other=0.0)
-        else:
-            q = tl.load(q_ptrs, mask=mask_g[:, None], other=0.0)
+        q = _load_rows(q_ptrs, mask_g, offs_d, D, DP)
         k_scale = 1.0
         v_scale = 1.0
         if FP8:
@@ -367,11 +382,7 @@ if HAVE_TRITON:
         part = (bh * n_splits + split) * GP + offs_g
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
-        acc_ptrs = acc_ptr + part[:, None] * DV + offs_dv[None, :]
-        if DV != DVP:
-            tl.store(acc_ptrs, acc * v_scale, mask=mask_g[:, None] & (offs_dv < DV)[None, :])
-        else:
-            tl.store(acc_ptrs, acc * v_scale, mask=mask_g[:, None])
+        _store_rows(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask_g, offs_dv, DV, DVP)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -494,7 +505,7 @@ def _check_shapes(
     v_dim = v.shape[-1]
     if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
         raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if not (MIN_HEAD_DIM <= min(dim, v_dim) and max(dim, v_dim) <= MAX_HEAD_DIM):
+    if min(dim, v_dim) < MIN_HEAD_DIM or max(dim, v_dim) > MAX_HEAD_DIM:
         raise ValueError(f"GQA head dims must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] (got {dim}, {v_dim})")
     if k.dtype == torch.float8_e4m3fn and scales is None:
         raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
