@@ -186,7 +186,7 @@ if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _load_rows(ptrs, rows, offs, N: tl.constexpr, NP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """[rows, NP] values at `ptrs`: rows where `rows`, lanes `offs` past N zero where NP pads N (else 0)."""
+        """[rows, NP] values at `ptrs`: zero in the rows off in `rows`, and in lanes `offs` past N where NP pads N."""
         if N != NP:  # one return at the end (see `_kv_tile`)
             x = tl.load(ptrs, mask=rows[:, None] & (offs < N)[None, :], other=0.0)
         else:
