@@ -215,13 +215,19 @@ def check_half_paths(d: torch.device) -> None:
 
 
 def check_gqa(big: bool = False) -> None:
-    """BF16 and FP8 caches, one and two new tokens, groups of 1, 4 and 8 query heads, tails of a tile; every launch
-    shape of the sweep on FP8 caches (`gqa.SWEEP`), the first and the defaults of both dtypes on BF16 ones."""
+    """BF16 and FP8 caches, one and two new tokens, groups of 1, 4, 7 and 8 query heads, tails of a tile, head dims
+    that are not powers of two (96: Phi-3's, 80); every launch shape of the sweep on FP8 caches (`gqa.SWEEP`), the
+    first and the defaults of both dtypes on BF16 ones."""
     d = _dev()
     cases = [(1, 8, 2, 1, 300, 64, False), (2, 8, 8, 1, 100, 32, False), (1, 8, 2, 2, 500, 64, True)]
-    cases += [(1, 16, 2, 1, 1000, 128, True)]
+    cases += [(1, 16, 2, 1, 1000, 128, True), (1, 14, 2, 1, 300, 96, True), (1, 8, 8, 1, 200, 80, False)]
     if big:
         cases = [(1, 64, 8, 1, 32768, 128, True), (8, 64, 8, 1, 4096, 128, False), (1, 32, 8, 2, 65536, 128, True)]
+        cases += [
+            (1, 32, 32, 1, 32768, 96, True),
+            (8, 32, 32, 1, 4096, 96, False),
+            (1, 32, 8, 1, 16384 + 100, 80, True),
+        ]
     for config in dict.fromkeys([gqa.SHORT, gqa.LONG, gqa.LONG_BF16, *gqa.SWEEP]):
         for batch, heads, kv_heads, q_len, length, dim, fp8 in cases:
             if not fp8 and config not in (gqa.FIRST, gqa.SHORT, gqa.LONG, gqa.LONG_BF16):
@@ -279,8 +285,10 @@ def _check_gqa_loop_forms(d: torch.device, big: bool) -> None:
     rescales) by at most its threshold and pass the split's first tile's (it fired)."""
     cases = [(1, 8, 8, 1, 300, 64, True), (1, 8, 2, 2, 512, 64, False), (1, 16, 2, 1, 1000, 128, True)]
     cases += [(1, 8, 1, 1, 1024, 64, False), (2, 8, 2, 1, 384, 32, True)]
+    cases += [(1, 14, 2, 1, 256, 96, True)]  # a padded d axis: masked lanes in every form, TMA's padded block
     if big:
         cases = [(1, 64, 8, 1, 32768, 128, True), (1, 64, 8, 1, 4096 + 100, 128, False)]
+        cases += [(1, 32, 32, 1, 32768, 96, True)]
     forms = [dataclasses.replace(gqa.LONG, **form) for form in gqa.LOOP_FORMS.values()]
     forms += [dataclasses.replace(gqa.LONG, block_n=256, num_warps=4, programs_per_sm=1, **gqa.LOOP_FORMS["all"])]
     for config in forms:

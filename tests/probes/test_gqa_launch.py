@@ -90,6 +90,7 @@ def _old_launches(q: Any, k: Any, v: Any, sms: int, config: _OldConfig | None, r
         "Q8": False,  # the FP8 × FP8 q · kᵀ: a diagnostic form, off in every launch the probe makes
         "FOLD": cfg.fold_scale, "UNMASKED": cfg.unmasked, "LAZY": cfg.lazy_rescale, "TAU": 8.0, "TMA": cfg.tma,
         "EARLY_TRIGGER": cfg.early_trigger,  # the loop forms: each its config field's, off in the defaults
+        "DP": dim, "DVP": v_dim,  # the padded d axes: the dims themselves at powers of two (no mask compiled)
     }  # fmt: skip
     block_s = min(cfg.combine_block or 1024, _old_next_pow2(splits))
     lanes = max(8, min(v_dim, 8192 // block_s))

@@ -214,9 +214,10 @@ class GqaLaunch:
 
     @property
     def combine_lanes(self) -> int:
-        """The combine kernel's value lanes per program (its DV_BLOCK constexpr): as many as `COMBINE_ELEMS`
-        partials allow beside the step's splits."""
-        return max(MIN_COMBINE_LANES, min(self.v_dim, COMBINE_ELEMS // self.combine_block))
+        """The combine kernel's value lanes per program (its DV_BLOCK constexpr, a power of two: the V head dim
+        padded to one, the last block's lanes past it masked): as many as `COMBINE_ELEMS` partials allow beside the
+        step's splits."""
+        return max(MIN_COMBINE_LANES, min(next_pow2(self.v_dim), COMBINE_ELEMS // self.combine_block))
 
     @property
     def split_grid(self) -> tuple[int, int]:

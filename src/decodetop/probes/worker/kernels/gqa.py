@@ -7,6 +7,13 @@ combines the chunks (the split-K "flash-decoding" of FlashAttention's decode pat
 An FP8 cache moves 1 byte per value from memory and is converted in registers, so its bytes halve against BF16.
 `reference_gqa` is the torch form: SDPA with enable_gqa over the cache (an FP8 cache cast to BF16 first).
 
+Head dims need not be powers of two (Phi-3's 96, 80, 192 over 128; `MIN_HEAD_DIM` to `MAX_HEAD_DIM`): the tiles'
+d axes are padded to the next power of two (the split kernel's DP and DVP) and every q, K and V load masks the lanes
+past the dim to zero (never the next row's bytes: an FP8 byte there may be NaN, and 0 × NaN = NaN), the rows stay
+packed at their real dims, as do the partials and the output; the combine's value lanes past DV are masked, and
+TMA's descriptors take the padded block, the copy zero-filling past the row. Where a dim is a power of two no mask
+is added (constexpr branches): the kernel compiles as before.
+
 The launch shape is a `GqaConfig`; the grid and constexprs of every launch come from `decodetop.budget.gqa_launch`
 (`gqa_launch`, a pure function of the shape and the SM count: the curve engine tells the kernel's launch regimes
 apart with the same function). On an H200 the first version (`FIRST`: the query group as the MMA's 16-row M
@@ -136,6 +143,13 @@ LOOP_FORMS: dict[str, dict[str, bool]] = {
     "all": dict.fromkeys(LOOP_OPTIONS, True),
 }
 
+#: The head dims the kernel takes (K's and V's alike, padded to powers of two on the tiles' d axes): from the k of
+#: a 16-row MMA (`tl.dot` needs ≥ 16 along the reduced axis) to 256, the largest FlashAttention's and FlashInfer's
+#: decode kernels take (64, 80, 96, 112, 128, 192, 256; https://github.com/Dao-AILab/flash-attention README: "all
+#: head dimensions up to 256").
+MIN_HEAD_DIM = 16
+MAX_HEAD_DIM = 256
+
 #: Warps of one combine program (`decodetop.budget.gqa_launch.COMBINE_ELEMS` partials over 256 threads).
 COMBINE_WARPS = 8
 
@@ -143,17 +157,49 @@ if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _kv_tile(  # type: ignore[no-untyped-def,unused-ignore]
-        src, n0, end, offs_d, ROW: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr, TMA: tl.constexpr
+        src,
+        n0,
+        end,
+        offs_d,
+        ROW: tl.constexpr,
+        ROW_PAD: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        MASKED: tl.constexpr,
+        TMA: tl.constexpr,
     ):
-        """One [BLOCK_N, ROW] tile of K or V from token n0: through its tensor descriptor (TMA: rows past the
-        context's end read as zeros), else by pointers from `src`, masked past `end` where MASKED."""
+        """One [BLOCK_N, ROW_PAD] tile of K or V from token n0 (rows of ROW values, lanes past ROW read as zeros):
+        through its tensor descriptor (TMA: rows past the context's end and lanes past ROW read as zeros), else by
+        pointers from `src`, masked past `end` where MASKED and past ROW where ROW_PAD pads it."""
         if TMA:  # one return at the end: Triton 3.6 compiles the code after an early return in a constexpr branch
             tile = src.load([n0, 0])
         else:
             offs_n = n0 + tl.arange(0, BLOCK_N)
             ptrs = src + offs_n[:, None] * ROW + offs_d[None, :]
-            tile = tl.load(ptrs, mask=(offs_n < end)[:, None], other=0.0) if MASKED else tl.load(ptrs)
+            if ROW != ROW_PAD:  # zeros, never the next row's bytes (an FP8 byte may be NaN: 0 × NaN = NaN)
+                in_row = (offs_d < ROW)[None, :]
+                tile = tl.load(ptrs, mask=(offs_n < end)[:, None] & in_row if MASKED else in_row, other=0.0)
+            elif MASKED:
+                tile = tl.load(ptrs, mask=(offs_n < end)[:, None], other=0.0)
+            else:
+                tile = tl.load(ptrs)
         return tile
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _load_rows(ptrs, rows, offs, N: tl.constexpr, NP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """[rows, NP] values at `ptrs`: zero in the rows off in `rows`, and in lanes `offs` past N where NP pads N."""
+        if N != NP:  # one return at the end (see `_kv_tile`)
+            x = tl.load(ptrs, mask=rows[:, None] & (offs < N)[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows[:, None], other=0.0)
+        return x
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _store_rows(ptrs, x, rows, offs, N: tl.constexpr, NP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """Stores the [rows, NP] `x` at `ptrs`: rows where `rows`, lanes `offs` below N where NP pads N."""
+        if N != NP:
+            tl.store(ptrs, x, mask=rows[:, None] & (offs < N)[None, :])
+        else:
+            tl.store(ptrs, x, mask=rows[:, None])
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_tile(  # type: ignore[no-untyped-def,unused-ignore]
@@ -172,6 +218,8 @@ if HAVE_TRITON:
         FP8: tl.constexpr,
         D: tl.constexpr,
         DV: tl.constexpr,
+        DP: tl.constexpr,
+        DVP: tl.constexpr,
         BLOCK_N: tl.constexpr,
         F16: tl.constexpr,
         F32_DOT: tl.constexpr,
@@ -184,8 +232,8 @@ if HAVE_TRITON:
     ):
         """One tile's online-softmax step: (m_i, l_i, acc) after the tile of tokens from n0. With every form off
         (MASKED, no FOLD, LAZY or TMA) it is the loop body the kernel ran before the forms."""
-        kt = _kv_tile(k_src, n0, end, offs_d, D, BLOCK_N, MASKED, TMA)
-        vt = _kv_tile(v_src, n0, end, offs_dv, DV, BLOCK_N, MASKED, TMA)
+        kt = _kv_tile(k_src, n0, end, offs_d, D, DP, BLOCK_N, MASKED, TMA)
+        vt = _kv_tile(v_src, n0, end, offs_dv, DV, DVP, BLOCK_N, MASKED, TMA)
         if F32_DOT:
             kt = kt.to(tl.float32)
             vt = vt.to(tl.float32)
@@ -246,6 +294,8 @@ if HAVE_TRITON:
         GP: tl.constexpr,
         D: tl.constexpr,
         DV: tl.constexpr,
+        DP: tl.constexpr,
+        DVP: tl.constexpr,
         BLOCK_N: tl.constexpr,
         F16: tl.constexpr,
         F32_DOT: tl.constexpr,
@@ -262,25 +312,23 @@ if HAVE_TRITON:
         into the row's score scale), as FlashAttention-3's FP8 path multiplies; p · v stays FP16. The loop forms
         (`GqaConfig`'s): FOLD the score scale into q (with Q8 into the row scales), UNMASKED whole tiles and one
         masked tail, LAZY rescale past TAU (log2 units), TMA descriptors for K and V, EARLY_TRIGGER the
-        dependents' launch before the loop."""
+        dependents' launch before the loop. DP and DVP: D and DV padded to powers of two (the tiles' d axes)."""
         bh = tl.program_id(0)
         split = tl.program_id(1)
         b = bh // kv_heads
         h = bh % kv_heads
         offs_g = tl.arange(0, GP)
         mask_g = offs_g < group_rows
-        offs_d = tl.arange(0, D)
-        offs_dv = tl.arange(0, DV)
+        offs_d = tl.arange(0, DP)
+        offs_dv = tl.arange(0, DVP)
         if USE_GDC:  # q and the KV cache (the new token's row) are written by the kernels before this one
             tl.extra.cuda.gdc_wait()
             if EARLY_TRIGGER:  # the combine's gdc_wait still waits for this grid's completion and flush
                 tl.extra.cuda.gdc_launch_dependents()
         # q rows of this kv head: [b, h · group_rows + g, D]
-        q = tl.load(
-            q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :],
-            mask=mask_g[:, None],
-            other=0.0,
-        )
+        # lanes past D zero: they add nothing to q · kᵀ (nor to a Q8 row's max)
+        q_ptrs = q_ptr + b * stride_qb + (h * group_rows + offs_g)[:, None] * D + offs_d[None, :]
+        q = _load_rows(q_ptrs, mask_g, offs_d, D, DP)
         k_scale = 1.0
         v_scale = 1.0
         if FP8:
@@ -300,14 +348,14 @@ if HAVE_TRITON:
             q = q.to(tl.float16)
         m_i = tl.full([GP], float("-inf"), tl.float32)
         l_i = tl.zeros([GP], tl.float32)
-        acc = tl.zeros([GP, DV], tl.float32)
+        acc = tl.zeros([GP, DVP], tl.float32)
         start = split * chunk
         end = tl.minimum(start + chunk, length)
         k_base = k_ptr + b * stride_kb + h * stride_kh
         v_base = v_ptr + b * stride_vb + h * stride_vh
-        if TMA:  # the pair's [length, D] rows; the context's end zero-filled by the copy
-            k_src = tl.make_tensor_descriptor(k_base, shape=[length, D], strides=[D, 1], block_shape=[BLOCK_N, D])
-            v_src = tl.make_tensor_descriptor(v_base, shape=[length, DV], strides=[DV, 1], block_shape=[BLOCK_N, DV])
+        if TMA:  # the pair's [length, D] rows; the context's end and lanes past D zero-filled by the copy
+            k_src = tl.make_tensor_descriptor(k_base, shape=[length, D], strides=[D, 1], block_shape=[BLOCK_N, DP])
+            v_src = tl.make_tensor_descriptor(v_base, shape=[length, DV], strides=[DV, 1], block_shape=[BLOCK_N, DVP])
         else:
             k_src = k_base
             v_src = v_base
@@ -316,25 +364,25 @@ if HAVE_TRITON:
             for n0 in range(start, main_end, BLOCK_N):
                 m_i, l_i, acc = _gqa_tile(
                     q, k_src, v_src, n0, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
-                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, False, FOLD, LAZY, TAU, TMA,
+                    FP8, D, DV, DP, DVP, BLOCK_N, F16, F32_DOT, Q8, False, FOLD, LAZY, TAU, TMA,
                 )  # fmt: skip
             if main_end < end:
                 m_i, l_i, acc = _gqa_tile(
                     q, k_src, v_src, main_end, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
-                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
+                    FP8, D, DV, DP, DVP, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
                 )  # fmt: skip
         else:
             for n0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _gqa_tile(
                     q, k_src, v_src, n0, end, m_i, l_i, acc, q_scale, qk_scale, offs_d, offs_dv,
-                    FP8, D, DV, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
+                    FP8, D, DV, DP, DVP, BLOCK_N, F16, F32_DOT, Q8, True, FOLD, LAZY, TAU, TMA,
                 )  # fmt: skip
         if USE_GDC and not EARLY_TRIGGER:
             tl.extra.cuda.gdc_launch_dependents()
         part = (bh * n_splits + split) * GP + offs_g
         tl.store(ml_ptr + part * 2, m_i, mask=mask_g)
         tl.store(ml_ptr + part * 2 + 1, l_i, mask=mask_g)
-        tl.store(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask=mask_g[:, None])
+        _store_rows(acc_ptr + part[:, None] * DV + offs_dv[None, :], acc * v_scale, mask_g, offs_dv, DV, DVP)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gqa_combine_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -369,7 +417,11 @@ if HAVE_TRITON:
             part = (bh * n_splits + ss) * GP + g
             m_s = tl.load(ml_ptr + part * 2, mask=valid, other=float("-inf"))
             l_s = tl.load(ml_ptr + part * 2 + 1, mask=valid, other=0.0)
-            a = tl.load(acc_ptr + part[:, None] * DV + lanes[None, :], mask=valid[:, None], other=0.0)
+            a_ptrs = acc_ptr + part[:, None] * DV + lanes[None, :]
+            if DV % DV_BLOCK != 0:  # a padded DV: the last block's lanes past DV are no partial's
+                a = tl.load(a_ptrs, mask=valid[:, None] & (lanes < DV)[None, :], other=0.0)
+            else:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
             m_new = tl.maximum(m_run, tl.max(m_s, 0))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
             alpha = tl.exp2(m_run - m_use)
@@ -381,7 +433,10 @@ if HAVE_TRITON:
             tl.extra.cuda.gdc_launch_dependents()
         l_all = tl.where(l_run == 0.0, 1.0, l_run)
         out = out_ptr + b * stride_ob + (h * group_rows + g) * DV + lanes
-        tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
+        if DV % DV_BLOCK != 0:
+            tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty), mask=lanes < DV)
+        else:
+            tl.store(out, (acc / l_all).to(out_ptr.dtype.element_ty))
 
 
 @dataclass
@@ -443,15 +498,15 @@ def gqa_workspace(
 def _check_shapes(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scales: torch.Tensor | None, q8: bool = False
 ) -> None:
-    """ValueError unless q, k and v are one GQA shape with power-of-two head dims, an FP8 cache with its scales
-    (and an FP8 cache where `q8` asks for the FP8 × FP8 q · kᵀ)."""
+    """ValueError unless q, k and v are one GQA shape with head dims in [`MIN_HEAD_DIM`, `MAX_HEAD_DIM`], an FP8
+    cache with its scales (and an FP8 cache where `q8` asks for the FP8 × FP8 q · kᵀ)."""
     batch, heads, _q_len, dim = q.shape
     _, kv_heads, length, kdim = k.shape
     v_dim = v.shape[-1]
     if kdim != dim or heads % kv_heads or tuple(v.shape[:3]) != (batch, kv_heads, length):
         raise ValueError(f"GQA shapes disagree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if next_pow2(dim) != dim or next_pow2(v_dim) != v_dim:
-        raise ValueError(f"GQA head dims must be powers of two (got {dim}, {v_dim})")
+    if min(dim, v_dim) < MIN_HEAD_DIM or max(dim, v_dim) > MAX_HEAD_DIM:
+        raise ValueError(f"GQA head dims must be in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}] (got {dim}, {v_dim})")
     if k.dtype == torch.float8_e4m3fn and scales is None:
         raise ValueError("an FP8 K/V cache needs its [k_scale, v_scale]")
     if q8 and k.dtype != torch.float8_e4m3fn:
@@ -552,6 +607,8 @@ def gqa_decode(
         GP=geo.group_pad_rows,
         D=dim,
         DV=v_dim,
+        DP=next_pow2(dim),
+        DVP=next_pow2(v_dim),
         BLOCK_N=cfg.block_n,
         F16=cfg.f16 and fp8,
         F32_DOT=interpreted() and (q8 or not (cfg.f16 and fp8)),  # fp16 dots run right under the interpreter
