@@ -320,15 +320,22 @@ def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero
     assert dsa.SCHEMES[1:3] == ("half16-ticket", "half8-ticket")  # the one-launch selections
 
 
+def variant_label_fused() -> str:
+    return attention.AttentionVariant().label("mla+dsa", "radix8-fused")
+
+
 def test_the_dsa_scheme_goes_by_context_unless_one_is_named() -> None:
-    """half16-ticket's one select launch below `LONG_SCHEME_FROM` tokens, radix8-carry from there (the H200's
-    figures, docs/benchmarks.md "Kernels, eighth round"); a named scheme is kept, and the probe's note says which
-    ran."""
+    """half16-ticket's one select launch below `LONG_SCHEME_FROM` tokens, radix8-fused from there (the H200's
+    figures, docs/benchmarks.md "Kernels, ninth round"); a named scheme is kept, and the probe's note says which
+    ran; where one list of positions is wanted (`dsa_topk`) radix8-carry stands in for radix8-fused."""
     cpu = torch.device("cpu")
     short = dsa.dsa_workspace(1, dsa.LONG_SCHEME_FROM - 1, 2048, cpu, sms=4)
     long = dsa.dsa_workspace(1, dsa.LONG_SCHEME_FROM, 2048, cpu, sms=4)
     named = dsa.dsa_workspace(1, 4097, 2048, cpu, sms=4, scheme="radix8")
-    assert (short.scheme, long.scheme, named.scheme) == ("half16-ticket", "radix8-carry", "radix8")
+    assert (short.scheme, long.scheme, named.scheme) == ("half16-ticket", "radix8-fused", "radix8")
+    assert variant_label_fused().startswith("top-k radix8-fused, selecting split, 1 chunks per SM")
+    with pytest.raises(ValueError, match="selects inside the sparse MLA"):
+        dsa.dsa_select(long, 2048)
     assert short.work.shape[1] == dsa.SCHEME_INTS["half16-ticket"] and long.work.shape[1] == dsa.CARRY8_INTS
     variant = attention.AttentionVariant()
     assert variant.label("mla+dsa", "half16-ticket").startswith("top-k half16-ticket, ")

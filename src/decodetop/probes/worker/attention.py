@@ -402,7 +402,10 @@ def triton_attention_runner(
     name = f"MLA decode split-K over the latent cache read once{fp8}"
     if key.kind == "mla+dsa":
         indexer = "FP8 × FP8 (q quantized per head)" if dwork is not None and dwork.q8 else "over FP8 keys"
-        name = f"DSA indexer {indexer} + radix top-k, sparse {name}"
+        where = (
+            " (selected in the sparse MLA's split)" if dwork is not None and dwork.scheme == dsa.FUSED_SCHEME else ""
+        )
+        name = f"DSA indexer {indexer} + radix top-k{where}, sparse {name}"
     _check_mla(m, run, dwork, "Triton " + key.kind, selected)
     shapes = variant.label(key.kind, dwork.scheme if dwork is not None else "")
     moved = m.kv_bytes + m.q.numel() * 2 * 2

@@ -15,8 +15,9 @@ threshold and as many tied at it as the count needs. The first histogram is take
 no host sync; the selected set equals torch.topk's (the order inside it does not matter to attention). Where the
 context holds no more than `topk` tokens every token is selected (as `min(context, topk)` in the torch form).
 
-Five digit schemes (`SCHEMES`): `radix8-carry` (below; the default from `LONG_SCHEME_FROM` tokens), `half16-ticket`
-(below; the default under it) and `half8-ticket` (below), `radix8`, four 8-bit digits of 256 bins, and `radix11`, three
+Six digit schemes (`SCHEMES`): `radix8-carry` (below), `radix8-fused` (its passes, then the sparse MLA selects its own
+top-k: `kernels.mla_select`; the default from `LONG_SCHEME_FROM` tokens), `half16-ticket` (below; the default under
+it) and `half8-ticket` (below), `radix8`, four 8-bit digits of 256 bins, and `radix11`, three
 digits of 11 + 11 + 10 bits (2048 bins). Triton lowers `tl.histogram` to log2(bins) warp ballots per element plus, per
 element, a popcount for each of bins/32 bins a thread owns, so a pass costs in proportion to its bins: on an H200 each
 2048-bin pass took ~13 µs at 4K tokens and the scoring kernel's 2048-bin histogram ~14 µs even at one token
@@ -34,7 +35,7 @@ last program the fourth, the counters and the carries), so a step leaves the wor
 22.5, 32.8 → 27.9, 43.7 → 38.9 µs; docs/benchmarks.md, "Kernels, seventh round"), so it is the default.
 
 `half16-ticket` and `half8-ticket` select in one launch after the scoring kernel (`kernels.dsa_ticket`, whose
-docstring tells their H200 figures); the probe runs half16-ticket below `LONG_SCHEME_FROM` tokens and radix8-carry
+docstring tells their H200 figures); the probe runs half16-ticket below `LONG_SCHEME_FROM` tokens and radix8-fused
 from there (`default_scheme`).
 
 The scoring kernel, the histogram passes and the compaction, and the sparse MLA after them, are a chain of short
@@ -108,12 +109,14 @@ SCHEMES = ("radix8-carry", "half16-ticket", "half8-ticket", "radix8", "radix11",
 FUSED_SCHEME = "radix8-fused"
 #: The scheme the probe runs by context (`default_scheme`): `half16-ticket` below `LONG_SCHEME_FROM` tokens, its
 #: one select launch after the scoring kernel (on an H200 at GLM-5's TP-8 shard the whole MLA + DSA step 20.4 µs at 4K
-#: and 24.4 at 32K against radix8-carry's 21.7 and 26.7), `radix8-carry` from there, where the scoring kernel's
-#: 16-bit histogram atomics cost more than the passes they save (36.5 µs at 128K against 35.5): docs/benchmarks.md,
-#: "Kernels, eighth round".
+#: against radix8-carry's 21.7: docs/benchmarks.md, "Kernels, eighth round"), `radix8-fused` from there, whose
+#: sparse MLA selects its own top-k (21.6 µs at 32K, 24.3 at 64K, 30.1 at 128K against half16-ticket's 23.0 at 32K
+#: and radix8-carry's 27.7 and 33.4: "Kernels, ninth round").
 SHORT_SCHEME = "half16-ticket"
-LONG_SCHEME = "radix8-carry"
-LONG_SCHEME_FROM = 65536
+LONG_SCHEME = FUSED_SCHEME
+#: Where radix8-carry's list is wanted (`dsa_topk`: the positions as one list), it stands in for radix8-fused.
+LIST_SCHEME = "radix8-carry"
+LONG_SCHEME_FROM = 32768
 #: `dsa_workspace`'s scheme argument for "by context" (`default_scheme`).
 BY_CONTEXT = ""
 #: The schemes whose passes leave their workspace zero for the next step (no memset: `dsa_prepare`).
@@ -745,7 +748,9 @@ def dsa_topk(
 ) -> torch.Tensor:
     """Scores and selection in one call: [R, min(L, topk)] int32 token positions (`dsa_prepare` first)."""
     if work is None:
-        work = dsa_workspace(q.shape[0], keys.shape[1], topk, q.device)
+        scheme = default_scheme(keys.shape[1])
+        scheme = LIST_SCHEME if scheme == FUSED_SCHEME else scheme
+        work = dsa_workspace(q.shape[0], keys.shape[1], topk, q.device, scheme=scheme)
     dsa_prepare(work)
     dsa_scores(q, weights, keys, key_scales, work, q_len=q_len)
     return dsa_select(work, topk)

@@ -33,8 +33,8 @@ may still read them), the last program b1's, the 256-bin histogram and the count
 row, top-k 2048) its whole MLA+DSA step took 20.4 µs at 4K, 24.4 at 32K and 36.5 at 128K against radix8-carry's 21.7,
 26.7 and 35.5 (7 and 17 candidates, the rank path): the per-score atomics add 1.4 µs to the scoring kernel at 32K and
 4.0 at 128K, where the one select launch and its finish took 13.8 µs against the four passes' 14.5
-(docs/benchmarks.md, "Kernels, eighth round"). So the probe runs it below `dsa.LONG_SCHEME_FROM` tokens and radix8-carry
-from there (`dsa.default_scheme`).
+(docs/benchmarks.md, "Kernels, eighth round"). So the probe runs it below `dsa.LONG_SCHEME_FROM` tokens and
+radix8-fused from there (`dsa.default_scheme`).
 """
 
 from __future__ import annotations
