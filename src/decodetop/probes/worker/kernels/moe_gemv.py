@@ -345,31 +345,44 @@ if HAVE_TRITON:
         return (s << 23).to(tl.float32, bitcast=True)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _fp4_evens(k0, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """The even elements' k of the step at k0 as [block_k / GROUP, GROUP / 2]: row g is scale block g's, so
-        byte ke / 2 of a row holds elements ke (low nibble) and ke + 1 (high)."""
+    def _fp4_bytes(k0, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+        """The step at k0's byte offsets in a row as [block_k / GROUP, GROUP / 2]: row g is scale block g's bytes,
+        byte b holding elements 2b (low nibble) and 2b + 1 (high). Built from aranges, not halved element
+        indices, so Triton sees each block's GROUP / 2 bytes as contiguous (vector loads)."""
         g = tl.arange(0, block_k // GROUP)[:, None]
         j = tl.arange(0, GROUP // 2)[None, :]
-        return k0 + g * GROUP + 2 * j
+        # k0 is a whole number of steps into a chunk of whole steps (each ≥ 32 values), so its byte is 16-aligned:
+        # said to Triton, which cannot see it through the halving (without the hint sm_90 got one-byte loads)
+        return tl.multiple_of(k0 // 2, 16) + g * (GROUP // 2) + j
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _fp4_load(w_rows, s_rows, k0, k_end, mask_n, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _fp4_load(  # type: ignore[no-untyped-def,unused-ignore]
+        w_rows, s_rows, k0, k_end, mask_n, block_k: tl.constexpr, GROUP: tl.constexpr, MASK_K: tl.constexpr
+    ):
         """One k-step's packed bytes [block_n, block_k / GROUP, GROUP / 2] and block-scale bytes [block_n,
-        block_k / GROUP] of the rows `w_rows` [block_n, 1, 1] / `s_rows` [block_n, 1], as int32 (zeros past
-        k_end: a zero code is 0.0, a zero scale 0)."""
-        ke = _fp4_evens(k0, block_k, GROUP)
-        q = tl.load(w_rows + (ke // 2)[None, :, :], mask=mask_n[:, None, None] & (ke < k_end)[None, :, :], other=0)
+        block_k / GROUP] of the rows `w_rows` / `s_rows` [block_n, 1], as int32 (MASK_K, the step the reduction
+        ends in: zeros past k_end, a zero code is 0.0, a zero scale 0). Whole steps load unmasked along k, so the
+        bytes load as vectors: on sm_90 the masked form compiled to one-byte loads, ~10 % of copy bandwidth at
+        gpt-oss-120b's TP-2 experts on an H200 (docs/benchmarks.md, "Kernels, ninth round")."""
+        kb = _fp4_bytes(k0, block_k, GROUP)
         kg = k0 // GROUP + tl.arange(0, block_k // GROUP)
-        s = tl.load(s_rows + kg[None, :], mask=mask_n[:, None] & (kg * GROUP < k_end)[None, :], other=0)
+        if MASK_K:
+            q = tl.load(
+                w_rows[:, :, None] + kb[None, :, :], mask=mask_n[:, None, None] & (2 * kb < k_end)[None, :, :], other=0
+            )
+            s = tl.load(s_rows + kg[None, :], mask=mask_n[:, None] & (kg * GROUP < k_end)[None, :], other=0)
+        else:
+            q = tl.load(w_rows[:, :, None] + kb[None, :, :], mask=mask_n[:, None, None], other=0)
+            s = tl.load(s_rows + kg[None, :], mask=mask_n[:, None], other=0)
         return q.to(tl.int32), s.to(tl.int32)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _fp4_part(q, s, xe, xo, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """Σ_k w[n, k] · x[k] over one loaded k-step (`_fp4_load`): the low nibbles times the even elements `xe`,
-        the high times the odd `xo` (both [block_k / GROUP, GROUP / 2] fp32), each scale block's sum times its
-        scale (fp32 throughout)."""
+        """Σ w[n, k] · x[k] per scale block of one loaded k-step (`_fp4_load`), [block_n, block_k / GROUP] (summed
+        over the blocks after the loop): the low nibbles times the even elements `xe`, the high times the odd `xo`
+        (both [block_k / GROUP, GROUP / 2] fp32), each block's sum times its scale (fp32 throughout)."""
         blocks = tl.sum(_e2m1(q & 15) * xe[None, :, :] + _e2m1(q >> 4) * xo[None, :, :], axis=2)
-        return tl.sum(blocks * _block_scale(s, NVFP4), axis=1)
+        return blocks * _block_scale(s, NVFP4)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _expert_scale(gs_ptr, expert, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
@@ -377,6 +390,23 @@ if HAVE_TRITON:
         if NVFP4:
             return tl.load(gs_ptr + expert).to(tl.float32)
         return 1.0
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _gate_up_fp4_step(  # type: ignore[no-untyped-def,unused-ignore]
+        x_row, w_gate, s_gate, w_up, s_up, k0, k_end, mask_n,
+        block_k: tl.constexpr, GROUP: tl.constexpr, NVFP4: tl.constexpr, MASK_K: tl.constexpr,
+    ):  # fmt: skip
+        """One k-step of the gate and up rows against the token: their per-block sums (`_fp4_part`)."""
+        ke = 2 * _fp4_bytes(k0, block_k, GROUP)
+        if MASK_K:
+            xe = tl.load(x_row + ke, mask=ke < k_end, other=0.0).to(tl.float32)
+            xo = tl.load(x_row + ke + 1, mask=ke < k_end, other=0.0).to(tl.float32)
+        else:
+            xe = tl.load(x_row + ke).to(tl.float32)
+            xo = tl.load(x_row + ke + 1).to(tl.float32)
+        qg, sg = _fp4_load(w_gate, s_gate, k0, k_end, mask_n, block_k, GROUP, MASK_K)
+        qu, su = _fp4_load(w_up, s_up, k0, k_end, mask_n, block_k, GROUP, MASK_K)
+        return _fp4_part(qg, sg, xe, xo, NVFP4), _fp4_part(qu, su, xe, xo, NVFP4)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _gate_up_fp4_kernel(  # type: ignore[no-untyped-def,unused-ignore]
@@ -415,31 +445,43 @@ if HAVE_TRITON:
         offs_n = nb * block_n + tl.arange(0, block_n)
         mask_n = offs_n < inter
         rows = offs_n.to(tl.int64)
-        w_gate = w13_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+        w_gate = w13_ptr + expert * stride_we + rows[:, None] * stride_wn
         s_gate = s13_ptr + expert * stride_se + rows[:, None] * stride_sn
-        acc_g = tl.zeros([block_n], dtype=tl.float32)
-        acc_u = tl.zeros([block_n], dtype=tl.float32)
-        k_end = tl.minimum(hidden, (ks + 1) * k_chunk)
-        for k0 in range(ks * k_chunk, k_end, block_k):
-            ke = _fp4_evens(k0, block_k, GROUP)
-            x_even = x_ptr + token * hidden + ke
-            xe = tl.load(x_even, mask=ke < k_end, other=0.0).to(tl.float32)
-            xo = tl.load(x_even + 1, mask=ke < k_end, other=0.0).to(tl.float32)
-            qg, sg = _fp4_load(w_gate, s_gate, k0, k_end, mask_n, block_k, GROUP)
-            qu, su = _fp4_load(w_gate + inter * stride_wn, s_gate + inter * stride_sn, k0, k_end, mask_n, block_k,
-                               GROUP)  # fmt: skip
-            acc_g += _fp4_part(qg, sg, xe, xo, NVFP4)
-            acc_u += _fp4_part(qu, su, xe, xo, NVFP4)
+        acc_g = tl.zeros([block_n, block_k // GROUP], dtype=tl.float32)
+        acc_u = tl.zeros([block_n, block_k // GROUP], dtype=tl.float32)
+        k_start = ks * k_chunk
+        k_end = tl.minimum(hidden, k_start + k_chunk)
+        main_end = k_start + (k_end - k_start) // block_k * block_k  # whole steps: unmasked along k
+        x_row = x_ptr + token * hidden
+        w_up = w_gate + inter * stride_wn
+        s_up = s_gate + inter * stride_sn
+        for k0 in range(k_start, main_end, block_k):
+            pg, pu = _gate_up_fp4_step(
+                x_row, w_gate, s_gate, w_up, s_up, k0, k_end, mask_n, block_k, GROUP, NVFP4, False
+            )
+            acc_g += pg
+            acc_u += pu
+        if main_end < k_end:
+            pg, pu = _gate_up_fp4_step(
+                x_row, w_gate, s_gate, w_up, s_up, main_end, k_end, mask_n, block_k, GROUP, NVFP4, True
+            )
+            acc_g += pg
+            acc_u += pu
         _trigger(USE_GDC, not EARLY)
         gs = _expert_scale(gs_ptr, expert, NVFP4)
-        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, acc_g * gs, acc_u * gs, split)
+        g = tl.sum(acc_g, axis=1) * gs
+        u = tl.sum(acc_u, axis=1) * gs
+        _store_gate_up(h_ptr + slot * 2 * inter, inter, offs_n, mask_n, g, u, split)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _down_fp4_part(h_row, inter, k0, k_end, q, s, block_k: tl.constexpr, GROUP: tl.constexpr, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    def _down_fp4_part(  # type: ignore[no-untyped-def,unused-ignore]
+        h_row, inter, k0, k_end, q, s, block_k: tl.constexpr, GROUP: tl.constexpr, NVFP4: tl.constexpr,
+        MASK_K: tl.constexpr,
+    ):  # fmt: skip
         """`_down_part` over one loaded FP4 k-step: SiLU(gate) · up at its even and odd elements, times the
         nibbles (`_fp4_part`)."""
-        ke = _fp4_evens(k0, block_k, GROUP)
-        mask = ke < k_end
+        ke = 2 * _fp4_bytes(k0, block_k, GROUP)
+        mask = ke < k_end if MASK_K else ke >= 0
         ge = tl.load(h_row + ke, mask=mask, other=0.0)
         go = tl.load(h_row + ke + 1, mask=mask, other=0.0)
         ae = ge / (1.0 + tl.exp(-ge)) * tl.load(h_row + inter + ke, mask=mask, other=0.0)
@@ -487,26 +529,31 @@ if HAVE_TRITON:
         if EARLY:
             expert = tl.load(ids_ptr + slot, cache_modifier=".cg").to(tl.int64)
             weight = tl.load(wts_ptr + slot, cache_modifier=".cg").to(tl.float32) * _expert_scale(gs_ptr, expert, NVFP4)
-            w_rows = w2_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+            w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
             s_rows = s2_ptr + expert * stride_se + rows[:, None] * stride_sn
-            q, s = _fp4_load(w_rows, s_rows, k_start, k_end, mask_n, block_k, GROUP)
+            q, s = _fp4_load(w_rows, s_rows, k_start, k_end, mask_n, block_k, GROUP, True)
             if USE_GDC:  # h is the gate_up kernel's
                 tl.extra.cuda.gdc_wait()
                 tl.extra.cuda.gdc_launch_dependents()
-            acc = _down_fp4_part(h_row, inter, k_start, k_end, q, s, block_k, GROUP, NVFP4)
+            acc = _down_fp4_part(h_row, inter, k_start, k_end, q, s, block_k, GROUP, NVFP4, True)
             k_next = k_start + block_k
         else:
             if USE_GDC:  # h is the gate_up kernel's, the expert ids and weights the router's
                 tl.extra.cuda.gdc_wait()
             expert = tl.load(ids_ptr + slot).to(tl.int64)
             weight = tl.load(wts_ptr + slot).to(tl.float32) * _expert_scale(gs_ptr, expert, NVFP4)
-            w_rows = w2_ptr + expert * stride_we + rows[:, None, None] * stride_wn
+            w_rows = w2_ptr + expert * stride_we + rows[:, None] * stride_wn
             s_rows = s2_ptr + expert * stride_se + rows[:, None] * stride_sn
-            acc = tl.zeros([block_n], dtype=tl.float32)
+            acc = tl.zeros([block_n, block_k // GROUP], dtype=tl.float32)
             k_next = k_start
-        for k0 in range(k_next, k_end, block_k):
-            q, s = _fp4_load(w_rows, s_rows, k0, k_end, mask_n, block_k, GROUP)
-            acc += _down_fp4_part(h_row, inter, k0, k_end, q, s, block_k, GROUP, NVFP4)
+        main_end = k_next + tl.maximum(k_end - k_next, 0) // block_k * block_k  # whole steps: unmasked along k
+        for k0 in range(k_next, main_end, block_k):
+            q, s = _fp4_load(w_rows, s_rows, k0, k_end, mask_n, block_k, GROUP, False)
+            acc += _down_fp4_part(h_row, inter, k0, k_end, q, s, block_k, GROUP, NVFP4, False)
+        if main_end < k_end:
+            q, s = _fp4_load(w_rows, s_rows, main_end, k_end, mask_n, block_k, GROUP, True)
+            acc += _down_fp4_part(h_row, inter, main_end, k_end, q, s, block_k, GROUP, NVFP4, True)
+        acc = tl.sum(acc, axis=1)
         _trigger(USE_GDC, not EARLY)
         if FOLD:
             _fold_into_out(ys_ptr, out_ptr, tickets_ptr, h_row, hidden, inter, k_start, k_end, offs_n, mask_n,
