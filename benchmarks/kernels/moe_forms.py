@@ -2,12 +2,13 @@
 through the fourth round), `early` (the triggers right after each wait, the down kernel's ids, router weight and
 first weight tile loaded before its wait) and `fold` (early, with the combine folded into the down kernel by
 tickets: two launches), each at its best over a small tile list per shape, for DeepSeek-V3 TP-8, Qwen3-235B-A22B
-TP-1 and Mixtral-8x7B TP-2 and TP-1 at one token. Each (form, tiles) is checked once against `reference_moe`, then
-timed: a CUDA graph of `OPS` calls (all launches of each step; experts rotated above 2× L2 by `copies_for`), events,
-the median of `SAMPLES` replays; beside the routed weights' bytes over the copy bandwidth (`gqa_split_rules.copy_gbps`).
-Prints each row as it is timed and a short table last; `--json` gets everything. `--no-pdl` times every form without
-programmatic dependent launch (where the forms should not differ). `--smoke`: CPU tensors under Triton's
-interpreter, tiny shapes, one call each (the script's paths, no timings).
+TP-1, Mixtral-8x7B TP-2 and TP-1 and gpt-oss-120b TP-2 (MXFP4 and NVFP4 experts) at one token (`--forms`: only
+some). Each (form, tiles) is checked once against `reference_moe`, then timed: a CUDA graph of `OPS` calls (all
+launches of each step; experts rotated above 2× L2 by `copies_for`), events, the median of `SAMPLES` replays; beside
+the routed weights' bytes over the copy bandwidth (`gqa_split_rules.copy_gbps`). Prints each row as it is timed and
+a short table last; `--json` gets everything. `--no-pdl` times every form without programmatic dependent launch
+(where the forms should not differ). `--smoke`: CPU tensors under Triton's interpreter, tiny shapes, one call each
+(the script's paths, no timings).
 
     PYTHONPATH=src python3 benchmarks/kernels/moe_forms.py --json $OUT/moe_forms.json
     TRITON_INTERPRET=1 PYTHONPATH=src python3 benchmarks/kernels/moe_forms.py --smoke --json /tmp/moe_forms.json
@@ -64,11 +65,23 @@ SHAPES: dict[str, tuple[MoeKey, tuple[Tiles, ...], tuple[Tiles, ...]]] = {
         (Tiles(16, 512),),
         (Tiles(16, 1024), Tiles(128, 256, 8)),
     ),
+    # FP4 experts (weight-only): gpt-oss-120b's TP-2 slice, the tuner's pick of the first FP4 kernels first
+    "gpt-oss-120b TP2 mxfp4": (
+        MoeKey(1, 4, 128, 4, 2880, 1440, "mxfp4", 0),
+        (Tiles(8, 256), Tiles(16, 512), Tiles(8, 1024), Tiles(8, 2048), Tiles(16, 2048, 8)),
+        (Tiles(8, 512, 4, 0, 2), Tiles(16, 512), Tiles(16, 1024)),
+    ),
+    "gpt-oss-120b TP2 nvfp4": (
+        MoeKey(1, 4, 128, 4, 2880, 1440, "nvfp4", 0),
+        (Tiles(8, 256), Tiles(8, 1024), Tiles(16, 2048, 8)),
+        (Tiles(8, 512, 4, 0, 2), Tiles(16, 1024)),
+    ),
 }
 SMOKE_SHAPES = {
     "tiny top-2": (MoeKey(1, 2, 8, 2, 300, 80, "bf16", 0), (Tiles(16, 128, 4, 0, 2),),
                    (Tiles(16, 128), Tiles(128, 32, 8))),
     "tiny top-8 split": (MoeKey(1, 8, 8, 8, 200, 48, "bf16", 0), (Tiles(8, 64),), (Tiles(16, 32, 4, 0, 2),)),
+    "tiny mxfp4": (MoeKey(1, 2, 4, 2, 200, 48, "mxfp4", 0), (Tiles(8, 64),), (Tiles(16, 32, 4, 0, 2),)),
 }  # fmt: skip
 
 
@@ -124,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU tensors under Triton's interpreter, tiny shapes")
     ap.add_argument("--no-pdl", action="store_true", help="every form without programmatic dependent launch")
     ap.add_argument("--only", default="", help="comma-separated parts of the shape labels to keep")
+    ap.add_argument("--forms", default=",".join(tile_store.FORMS), help="comma-separated forms to time")
     args = ap.parse_args(argv)
     stop = time.monotonic() + args.deadline
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"shape": label, "error": "skipped: the run's deadline"})
                 continue
             pairs = [(u, d) for u in ups for d in downs]
-            for form in tile_store.FORMS:
+            for form in [f for f in tile_store.FORMS if f in args.forms.split(",")]:
                 try:
                     row = {"shape": label, **time_form(key, ctx, pairs, form, args.smoke)}
                 except Exception as exc:
