@@ -107,7 +107,7 @@ def run_case(case: Case, device: str) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| case | points by kernel class | not ok |", "|---|---|---|"]
+    lines = ["| case | points by kernel class | unsupported or failed |", "|---|---|---|"]
     for row in rows:
         if "error" in row:
             lines.append(f"| {row['case']} | error: {row['error'][:100]} | |")
