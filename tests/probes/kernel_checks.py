@@ -332,7 +332,9 @@ def _check_lazy_max(
 
 
 def check_norms(big: bool = False) -> None:
-    """RMSNorm and residual-add + RMSNorm, widths with and without a tail, one and several tokens."""
+    """RMSNorm and residual-add + RMSNorm, widths with and without a tail, one and several tokens; then
+    SiLU-and-mul."""
+    _check_silu_mul(big)
     d = _dev()
     widths = [4096, 6144, 7168, 8192] if big else [64, 1000, 4096]
     for width in widths:
@@ -350,6 +352,24 @@ def check_norms(big: bool = False) -> None:
             out.fill_(float("nan"))
             norms.rmsnorm(x, w, 1e-6, out=out)
             check_close(out, norms.reference_rmsnorm(x, w, 1e-6)[0], f"rmsnorm {width=}")
+
+
+def _check_silu_mul(big: bool) -> None:
+    """SiLU-and-mul against its torch form in BF16 and FP16: Llama-3.1-8B's I = 14336 (whole column blocks), 300 (a
+    masked tail), on a GPU also Llama-3.1-405B TP-1's 53248; one and several tokens (on a GPU a batch that needs no
+    narrower blocks), the column block the launch picks and, at 14336, the narrowest (many blocks a row)."""
+    d = _dev()
+    widths = [300, 14336, 53248] if big else [300, 14336]
+    for dtype in (BF16, torch.float16):
+        for width in widths:
+            for tokens in (1, 7, 512) if big else (1, 7):
+                x = torch.randn(tokens, 2 * width, device=d).to(dtype)
+                want = norms.reference_silu_mul(x)
+                blocks = [None, norms.SILU_MIN_BLOCK] if width == 14336 else [None]
+                for block in blocks:
+                    out = torch.full((tokens, width), float("nan"), device=d, dtype=dtype)
+                    norms.silu_and_mul(x, out=out, block=block)
+                    check_close(out, want, f"silu_mul {dtype} {width=} {tokens=} {block=}")
 
 
 def check_rope(big: bool = False) -> None:

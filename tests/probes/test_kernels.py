@@ -31,6 +31,7 @@ from decodetop.probes.results import MeasurementStatus, ProbeStatus, results_fro
 from decodetop.probes.worker import attention, kvcast, norms
 from decodetop.probes.worker.context import ProbeContext
 from decodetop.probes.worker.kernels import dsa, engines
+from decodetop.probes.worker.kernels import norms as fused_norms
 from tests.conftest import require_module
 from tests.helpers.env import subprocess_env
 
@@ -92,7 +93,7 @@ RUNNERS = textwrap.dedent(
     for op in ("rmsnorm", "add_rmsnorm", "rotary", "silu_mul"):
         r = norms.norm_runner(NormKey(op, 2, 256, "bf16"), ctx)
         r.fn()
-        got[op] = [r.kernel.kind, r.kernel.text]
+        got[op] = [r.kernel.kind, r.kernel.text, r.moved_bytes]
     r = kvcast.kvcast_write_runner(KvcastKey("dsa_index", 1, 128, 64, "fp8"), ctx)
     r.fn()
     got["kv_write"] = [r.kernel.kind, r.kernel.text]
@@ -106,7 +107,7 @@ RUNNERS = textwrap.dedent(
 def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path) -> None:
     require_module("triton", WHY)
     got = json.loads(_python(RUNNERS, [], _env(tmp_path, interpret=True)).strip().splitlines()[-1])
-    for name in ("gqa_fp8", "mla", "dsa", "rmsnorm", "add_rmsnorm", "rotary", "kv_write", "moe"):
+    for name in ("gqa_fp8", "mla", "dsa", "rmsnorm", "add_rmsnorm", "rotary", "silu_mul", "kv_write", "moe"):
         assert got[name][0] == "triton", (name, got[name])
         assert got[name][1].startswith("decodetop Triton: ")
     assert "FP8 cache read as FP8" in got["gqa_fp8"][1]
@@ -116,7 +117,8 @@ def test_probe_runners_pick_the_triton_kernels_where_triton_runs(tmp_path: Path)
     assert facts is not None and facts.sm_count == 1 and facts.config == default_config(201, "fp8")
     assert not got["mla"][3] and not got["dsa"][3]
     assert "radix top-k" in got["dsa"][1] and "read once" in got["mla"][1]
-    assert got["silu_mul"][0] == "cpu"  # no fused kernel for it: the torch form, labelled CPU
+    assert got["silu_mul"][1] == "decodetop Triton: SiLU-and-mul (one launch)"
+    assert got["silu_mul"][2] == 2 * (2 * 256 + 256) * 2  # 2 tokens: the gate_up row read once, the output written
 
 
 CARRY = textwrap.dedent(
@@ -309,6 +311,39 @@ def test_the_half16_ticket_top_k_ranks_its_candidates_and_leaves_every_bin_zero(
     assert got["hist"] and all(h[2] and h[3] and not h[4] for h in got["hist"]), got["hist"]
 
 
+def test_silu_mul_column_blocks_fill_the_gpu_and_stay_in_their_range() -> None:
+    """One decode token's row splits into the narrowest blocks (a 1-token row is otherwise a handful of programs);
+    a batch keeps the widest; a narrow row never takes a block wider than itself, nor one below the narrowest."""
+    sms = 132  # an H200's
+    assert fused_norms.silu_mul_block(1, 14336, sms) == fused_norms.SILU_MIN_BLOCK
+    assert fused_norms.silu_mul_block(1, 53248, sms) == fused_norms.SILU_MIN_BLOCK
+    assert fused_norms.silu_mul_block(256, 14336, sms) == fused_norms.SILU_MAX_BLOCK
+    # 8 tokens: 8 × 14336 / 512 = 224 programs < 4 per SM, 8 × 14336 / 256 = 448 still fewer: the narrowest
+    assert fused_norms.silu_mul_block(8, 14336, sms) == fused_norms.SILU_MIN_BLOCK
+    # 64 tokens: 64 × 14336 / 1024 = 896 programs ≥ 528, 2048 would give 448
+    assert fused_norms.silu_mul_block(64, 14336, sms) == 1024
+    assert fused_norms.silu_mul_block(4096, 300, sms) == 512  # no wider than the row's power of two
+    assert fused_norms.silu_mul_block(1, 3, 1) == fused_norms.SILU_MIN_BLOCK
+    for tokens, width in ((1, 300), (7, 14336), (1, 53248)):  # the grid covers every column
+        block = fused_norms.silu_mul_block(tokens, width, sms)
+        assert block & (block - 1) == 0 and -(-width // block) * block >= width
+
+
+def test_silu_and_mul_refuses_shapes_it_would_misread() -> None:
+    require_module("triton", WHY)
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"\[tokens, 2 × width\]"):
+        fused_norms.silu_and_mul(torch.zeros(2, 7, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="writes \\[2, 4\\]"):
+        fused_norms.silu_and_mul(x, out=torch.zeros(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="writes"):
+        fused_norms.silu_and_mul(x, out=torch.zeros(2, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="contiguous"):
+        fused_norms.silu_and_mul(torch.zeros(8, 2, dtype=torch.bfloat16).t())
+    with pytest.raises(ValueError, match="power of two"):
+        fused_norms.silu_and_mul(x, block=384)
+
+
 def test_dsa_prepare_zeroes_the_workspace_except_where_the_scheme_leaves_it_zero() -> None:
     for scheme in dsa.SCHEMES:
         work = dsa.dsa_workspace(1, 4096, 2048, torch.device("cpu"), sms=4, scheme=scheme)
@@ -359,6 +394,7 @@ def test_cpu_ranks_time_the_torch_form_labelled_cpu(cpu_ctx: ProbeContext) -> No
     for runner in (
         attention.attention_runner(gqa, cpu_ctx, rotate=False),
         norms.norm_runner(NormKey("add_rmsnorm", 1, 64, "bf16"), cpu_ctx),
+        norms.norm_runner(NormKey("silu_mul", 3, 64, "bf16"), cpu_ctx),
         kvcast.kvcast_write_runner(KvcastKey("gqa", 1, 64, 16, "bf16"), cpu_ctx),
     ):
         assert runner.kernel is not None and runner.kernel.kind == "cpu"
@@ -383,15 +419,77 @@ FAKE_NORM = textwrap.dedent(
     '''
 )
 
+SILU_AND_MUL = textwrap.dedent(
+    """
+    import torch
+
+
+    def _silu_and_mul(input):
+        d = input.shape[-1] // 2
+        return torch.nn.functional.silu(input[..., :d]) * input[..., d:]
+    """
+)
+
+#: Fake engine packages, file → text: each the real one's function names and argument order, in plain torch.
+FAKE_ENGINES: dict[str, dict[str, str]] = {
+    "flashinfer": {
+        "__init__.py": '__version__ = "0.0.1+fake"\n',
+        "norm.py": FAKE_NORM,
+        "activation.py": SILU_AND_MUL
+        + textwrap.dedent(
+            """
+
+            def silu_and_mul(input, out=None, enable_pdl=None):
+                out = torch.empty_like(input[..., : input.shape[-1] // 2]) if out is None else out
+                return out.copy_(_silu_and_mul(input))
+            """
+        ),
+    },
+    "sgl_kernel": {
+        "__init__.py": '__version__ = "0.0.2+fake"\n'
+        + SILU_AND_MUL
+        + textwrap.dedent(
+            """
+
+            def silu_and_mul(input, out=None):
+                out = torch.empty_like(input[..., : input.shape[-1] // 2]) if out is None else out
+                return out.copy_(_silu_and_mul(input))
+            """
+        ),
+    },
+    "vllm": {  # importing vllm._C registers the custom op torch.ops._C.silu_and_mul(out, input)
+        "__init__.py": '__version__ = "0.0.3+fake"\n',
+        "_C.py": SILU_AND_MUL
+        + textwrap.dedent(
+            """
+            _LIB = torch.library.Library("_C", "FRAGMENT")
+            _LIB.define("silu_and_mul(Tensor(a!) out, Tensor input) -> ()")
+
+
+            def silu_and_mul(out, input):
+                out.copy_(_silu_and_mul(input))
+
+
+            _LIB.impl("silu_and_mul", silu_and_mul, "CompositeExplicitAutograd")
+            """
+        ),
+    },
+}
+
+
+def _fake_engine(root: Path, package: str) -> Path:
+    """A folder holding the fake `package` alone (the first importable candidate of each op it has)."""
+    pkg = root / f"fake_{package}" / package
+    pkg.mkdir(parents=True)
+    for name, text in FAKE_ENGINES[package].items():
+        (pkg / name).write_text(text)
+    return pkg.parent
+
 
 @pytest.fixture
 def fake_engine(tmp_path: Path) -> Path:
-    """A fake `flashinfer` package (version 0.0.1+fake) with `flashinfer.norm`."""
-    pkg = tmp_path / "fake_engine" / "flashinfer"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('__version__ = "0.0.1+fake"\n')
-    (pkg / "norm.py").write_text(FAKE_NORM)
-    return pkg.parent
+    """A fake `flashinfer` package (version 0.0.1+fake) with `flashinfer.norm` and `flashinfer.activation`."""
+    return _fake_engine(tmp_path, "flashinfer")
 
 
 PICK = textwrap.dedent(
@@ -401,31 +499,45 @@ PICK = textwrap.dedent(
     from decodetop.probes.worker import norms
     from decodetop.probes.worker.context import ProbeContext
     ctx = ProbeContext(rank=0, world_size=1, device=torch.device("cpu"), backend="gloo")
-    r = norms.norm_runner(NormKey("add_rmsnorm", 2, 256, "bf16"), ctx)
+    r = norms.norm_runner(NormKey(KEY_OP, 2, 256, "bf16"), ctx)
     r.fn()
     print(json.dumps(r.kernel.to_dict()))
     """
 )
 
 
-def test_an_importable_engine_kernel_is_picked_and_labelled(fake_engine: Path, tmp_path: Path) -> None:
-    with_fake = json.loads(_python(PICK, [], _env(tmp_path, interpret=False, extra_path=fake_engine)).strip())
-    assert KernelClass.from_dict(with_fake).text == (
-        "engine kernel: flashinfer 0.0.1+fake flashinfer.norm.fused_add_rmsnorm"
+def _pick(op: str, env: dict[str, str]) -> KernelClass:
+    """The kernel class of the norms runner of `op` in a fresh rank process with `env`."""
+    return KernelClass.from_dict(
+        json.loads(_python(PICK.replace("KEY_OP", repr(op)), [], env).strip().splitlines()[-1])
     )
-    without = KernelClass.from_dict(json.loads(_python(PICK, [], _env(tmp_path, interpret=False)).strip()))
-    assert without.kind == "cpu"  # no engine, no Triton on a CPU rank: the torch form
-    off = _env(tmp_path, interpret=False, extra_path=fake_engine)
+
+
+@pytest.mark.parametrize(
+    ("package", "op", "label"),
+    [
+        ("flashinfer", "add_rmsnorm", "flashinfer 0.0.1+fake flashinfer.norm.fused_add_rmsnorm"),
+        ("flashinfer", "silu_mul", "flashinfer 0.0.1+fake flashinfer.activation.silu_and_mul"),
+        ("sgl_kernel", "silu_mul", "sgl_kernel 0.0.2+fake sgl_kernel.silu_and_mul"),
+        ("vllm", "silu_mul", "vllm 0.0.3+fake torch.ops._C.silu_and_mul"),
+    ],
+)
+def test_an_importable_engine_kernel_is_picked_and_labelled(package: str, op: str, label: str, tmp_path: Path) -> None:
+    """Each engine's kernel is called as its package publishes it: the runner checks its output (NaN-poisoned where
+    it is written out of place) against the torch form before the class is returned."""
+    fake = _fake_engine(tmp_path, package)
+    assert _pick(op, _env(tmp_path, interpret=False, extra_path=fake)).text == f"engine kernel: {label}"
+    assert _pick(op, _env(tmp_path, interpret=False)).kind == "cpu"  # no engine, no Triton on a CPU rank
+    off = _env(tmp_path, interpret=False, extra_path=fake)
     off["DECODETOP_ENGINE_KERNELS"] = "0"
-    assert KernelClass.from_dict(json.loads(_python(PICK, [], off).strip())).kind == "cpu"
+    assert _pick(op, off).kind == "cpu"
 
 
-def test_without_an_engine_the_triton_kernel_is_picked(fake_engine: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("op", ["add_rmsnorm", "silu_mul"])
+def test_without_an_engine_the_triton_kernel_is_picked(op: str, fake_engine: Path, tmp_path: Path) -> None:
     require_module("triton", WHY)
-    env = _env(tmp_path, interpret=True)
-    assert KernelClass.from_dict(json.loads(_python(PICK, [], env).strip().splitlines()[-1])).kind == "triton"
-    env = _env(tmp_path, interpret=True, extra_path=fake_engine)  # the engine still comes first
-    assert KernelClass.from_dict(json.loads(_python(PICK, [], env).strip().splitlines()[-1])).kind == "engine"
+    assert _pick(op, _env(tmp_path, interpret=True)).kind == "triton"
+    assert _pick(op, _env(tmp_path, interpret=True, extra_path=fake_engine)).kind == "engine"  # the engine first
 
 
 @pytest.mark.slow

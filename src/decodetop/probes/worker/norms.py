@@ -3,15 +3,17 @@
 Per key (`norms:op=…,tokens=…,width=…,dtype=…`): RMSNorm, residual add + RMSNorm, LayerNorm, SiLU-and-mul (width
 = the output width), rotary embedding (width = heads × rotary dims) and the embedding lookup. Each key's budget
 point times the best kernel this rank runs (`kernels.common.best_runner`): the engine's own kernel where one is
-importable (FlashInfer, SGLang or vLLM RMSNorm and fused add + RMSNorm), else decodetop's fused Triton kernel
-(`kernels.norms` for RMSNorm and add + RMSNorm in one launch, `kernels.rope` for rotary on the query and key
-heads in place), else the torch form (`torch.nn.functional`, several small kernels where engines launch one). Where
+importable (FlashInfer, SGLang or vLLM RMSNorm, fused add + RMSNorm and SiLU-and-mul), else decodetop's fused Triton
+kernel (`kernels.norms` for RMSNorm, add + RMSNorm and SiLU-and-mul in one launch, `kernels.rope` for rotary on the
+query and key heads in place), else the torch form (`torch.nn.functional`, several small kernels where engines
+launch one). Where
 the best is not the torch form, the torch form is timed too, as an `alternative` point of the same key ("torch ops
 would take X µs"). Each point carries its kernel class.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -58,8 +60,8 @@ _TORCH_OPS = {
 
 
 def norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
-    """The best kernel of the key's op this rank runs: the engine's (RMSNorm, add + RMSNorm), else decodetop's
-    Triton kernel (RMSNorm, add + RMSNorm, rotary), else the torch form."""
+    """The best kernel of the key's op this rank runs: the engine's (RMSNorm, add + RMSNorm, SiLU-and-mul), else
+    decodetop's Triton kernel (RMSNorm, add + RMSNorm, SiLU-and-mul, rotary), else the torch form."""
     return best_runner(
         [
             ("engine kernel", lambda: engine_norm_runner(key, ctx)),
@@ -70,10 +72,13 @@ def norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
 
 
 def engine_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
-    """RMSNorm or add + RMSNorm through the engine's kernel (in place on fresh copies; checked once)."""
-    if key.op not in ("rmsnorm", "add_rmsnorm"):
+    """RMSNorm, add + RMSNorm (in place on fresh copies) or SiLU-and-mul through the engine's kernel (checked
+    once)."""
+    if key.op not in ("rmsnorm", "add_rmsnorm", "silu_mul"):
         raise UnsupportedError(f"no engine kernel is looked for {key.op}")
     found = engines.find(key.op)
+    if key.op == "silu_mul":
+        return _engine_silu_mul(key, ctx, found)
     dt = DTYPES.get(key.dtype, torch.bfloat16)
     t, w = key.tokens, key.width
     x = randn((t, w), dt, ctx.device, std=1.0)
@@ -107,16 +112,36 @@ def engine_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
     return OpRunner(rms, 2 * io + w * 2, 4.0 * t * w, kernel=found.kernel)
 
 
+def _engine_silu_mul(key: NormKey, ctx: ProbeContext, found: engines.EngineKernel) -> OpRunner:
+    """SiLU-and-mul of [tokens, 2 × width] into [tokens, width] through the engine's kernel, called as its package
+    publishes it (`kernels.engines`: vLLM's op takes the output first)."""
+    dt = DTYPES.get(key.dtype, torch.bfloat16)
+    t, w = key.tokens, key.width
+    gate_up = randn((t, 2 * w), dt, ctx.device, std=1.0)
+    out = torch.full((t, w), float("nan"), dtype=dt, device=ctx.device)
+    calls: dict[str, Callable[[], object]] = {
+        "vllm": lambda: found.fn(out, gate_up),  # torch.ops._C.silu_and_mul(out, input)
+        "sgl_kernel": lambda: found.fn(gate_up, out),  # sgl_kernel.silu_and_mul(input, out)
+        "flashinfer": lambda: found.fn(gate_up, out=out),  # flashinfer.activation.silu_and_mul(input, out=...)
+    }
+    silu_mul = calls[found.kernel.package]
+    silu_mul()
+    check_close(out, fused_norms.reference_silu_mul(gate_up), found.kernel.text)
+    return OpRunner(silu_mul, 3 * t * w * dt.itemsize, 5.0 * t * w, kernel=found.kernel)
+
+
 def triton_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
-    """decodetop's fused Triton kernel of the op (RMSNorm, add + RMSNorm, rotary), checked once against the torch
-    form; UnsupportedError for the other ops or where Triton does not run."""
-    if key.op not in ("rmsnorm", "add_rmsnorm", "rotary"):
+    """decodetop's fused Triton kernel of the op (RMSNorm, add + RMSNorm, SiLU-and-mul, rotary), checked once
+    against the torch form; UnsupportedError for the other ops or where Triton does not run."""
+    if key.op not in ("rmsnorm", "add_rmsnorm", "silu_mul", "rotary"):
         raise UnsupportedError(f"no fused kernel for {key.op}")
     reason = triton_unavailable(ctx.device)
     if reason:
         raise UnsupportedError(reason)
     if key.op == "rotary":
         return _triton_rotary(key, ctx)
+    if key.op == "silu_mul":
+        return _triton_silu_mul(key, ctx)
     dt = DTYPES.get(key.dtype, torch.bfloat16)
     t, w = key.tokens, key.width
     x = randn((t, w), dt, ctx.device, std=1.0)
@@ -135,6 +160,23 @@ def triton_norm_runner(key: NormKey, ctx: ProbeContext) -> OpRunner:
     name = "fused add + RMSNorm (one launch)" if res is not None else "RMSNorm (one launch)"
     moved = (4 if res is not None else 2) * io + w * 2
     return OpRunner(run_norm, moved, 5.0 * t * w, kernel=triton_kernel(name))
+
+
+def _triton_silu_mul(key: NormKey, ctx: ProbeContext) -> OpRunner:
+    """SiLU-and-mul of [tokens, 2 × width] into [tokens, width] in one launch (checked once against the torch
+    form): moves the gate_up row once and the output once, 3 × width values a token."""
+    dt = DTYPES.get(key.dtype, torch.bfloat16)
+    t, w = key.tokens, key.width
+    gate_up = randn((t, 2 * w), dt, ctx.device, std=1.0)
+    out = torch.full((t, w), float("nan"), dtype=dt, device=ctx.device)
+    fused_norms.silu_and_mul(gate_up, out=out)
+    check_close(out, fused_norms.reference_silu_mul(gate_up), "Triton silu_mul")
+
+    def silu_mul() -> torch.Tensor:
+        return fused_norms.silu_and_mul(gate_up, out=out)
+
+    moved = (2 * w + w) * t * dt.itemsize
+    return OpRunner(silu_mul, moved, 5.0 * t * w, kernel=triton_kernel("SiLU-and-mul (one launch)"))
 
 
 def _triton_rotary(key: NormKey, ctx: ProbeContext) -> OpRunner:
@@ -193,7 +235,7 @@ def _torch_norm(key: NormKey, ctx: ProbeContext) -> OpRunner:
         return OpRunner(lambda: F.layer_norm(x, (w,), weight, bias, eps), 2 * io, 6.0 * t * w)
     if key.op == "silu_mul":
         gate_up = randn((t, 2 * w), dt, device, std=1.0)
-        return OpRunner(lambda: F.silu(gate_up[:, :w]) * gate_up[:, w:], 3 * io, 5.0 * t * w)
+        return OpRunner(lambda: fused_norms.reference_silu_mul(gate_up), 3 * io, 5.0 * t * w)
     if key.op == "rotary":
         half = max(1, w // 2)
         xr = randn((t, 2 * half), dt, device, std=1.0)
