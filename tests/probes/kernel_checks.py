@@ -374,7 +374,9 @@ def _check_silu_mul(big: bool) -> None:
 
 def check_rope(big: bool = False) -> None:
     """Rope on queries in place and keys, then the cache write: GQA BF16 and FP8 (K and V), partial rotary, MLA's
-    latent row (rope on its last 64 dims, no V), DSA index keys (FP8, a dynamic scale per row)."""
+    latent row (rope on its last 64 dims, no V), DSA index keys (FP8, a dynamic scale per row), and rows that are not
+    powers of two (Phi-3's 96 of 96, partial 48 of 96 into FP8, heads of 80). The caches are NaN: every slot not
+    written must stay so."""
     d = _dev()
     heads = 64 if big else 8
     cases = [
@@ -382,6 +384,9 @@ def check_rope(big: bool = False) -> None:
         (1, heads, 128, 8, 128, 128, 128, 0, 0, FP8, False),
         (1, heads // 4, 64, 1, 576, 0, 64, 0, 512, BF16, False),
         (1, 0, 1, 1, 128, 0, 0, 0, 0, FP8, True),
+        (3, heads // 2, 96, 8, 96, 96, 96, 0, 0, BF16, False),
+        (2, heads // 2, 96, 8, 96, 96, 48, 0, 0, FP8, False),
+        (3, heads // 2, 80, 8, 80, 80, 80, 0, 0, BF16, False),
     ]
     for tokens, q_heads, qd, kv_heads, kd, vd, rot, off_q, off_k, dtype, dyn in cases:
         slots_n, positions = 64, 128
@@ -392,8 +397,8 @@ def check_rope(big: bool = False) -> None:
         cos, sin = torch.rand(positions, half, device=d), torch.rand(positions, half, device=d)
         pos = torch.randint(0, positions, (tokens,), device=d)
         slots = torch.randperm(slots_n, device=d)[:tokens]
-        k_cache = torch.randn(slots_n, kv_heads, kd, device=d).to(dtype)
-        v_cache = torch.randn(slots_n, kv_heads, vd, device=d).to(dtype) if vd else None
+        k_cache = torch.full((slots_n, kv_heads, kd), float("nan"), device=d).to(dtype)
+        v_cache = torch.full((slots_n, kv_heads, vd), float("nan"), device=d).to(dtype) if vd else None
         scales: torch.Tensor | None = None
         if dtype == FP8:
             scales = torch.rand(slots_n, kv_heads, device=d) if dyn else torch.tensor([0.05, 0.04], device=d)
@@ -404,7 +409,7 @@ def check_rope(big: bool = False) -> None:
             k_cache=k_cache, v_cache=v_cache, scales=scales, dynamic_scale=dyn,
         )  # fmt: skip
         rope.reference_rope_kv_write(ref[0], k, v, spec, cos, sin, pos, slots, ref[1], ref[2], ref[3], dyn)
-        what = f"rope+kv {kd=} {dtype} {dyn=}"
+        what = f"rope+kv {kd=} {rot=} {dtype} {dyn=}"
         if q is not None and ref[0] is not None:
             check_close(q, ref[0], what + " q")
         assert ref[1] is not None
@@ -414,6 +419,11 @@ def check_rope(big: bool = False) -> None:
             same(v_cache[slots], ref[2][slots], what + " v")
         if dyn and scales is not None and ref[3] is not None:
             check_close(scales[slots], ref[3][slots], what + " scales", rel=1e-5)
+        others = torch.ones(slots_n, dtype=torch.bool, device=d)
+        others[slots] = False
+        for cache in (k_cache, v_cache):
+            if cache is not None and not cache[others].float().isnan().all():
+                raise AssertionError(f"{what}: a slot that was not written to changed")
 
 
 def check_moe(big: bool = False) -> None:

@@ -183,8 +183,8 @@ def _triton_rotary(key: NormKey, ctx: ProbeContext) -> OpRunner:
     """Rotary on the key's heads × rotary dims in place (one launch; checked once against the torch form)."""
     dt = DTYPES.get(key.dtype, torch.bfloat16)
     rot = ROPE_HEAD_DIMS if key.width % ROPE_HEAD_DIMS == 0 else key.width
-    if rot % 2 or rot & (rot - 1):
-        raise UnsupportedError(f"rotary over rows of {key.width}: not a whole number of 64-dim heads")
+    if rot % 2:  # rotate-half pairs dim i with i + rot / 2 (`kernels.rope.check_rope`)
+        raise UnsupportedError(f"rotary over rows of {key.width}: odd, not 64-dim heads nor rotate-half pairs")
     heads = key.width // rot
     q = randn((key.tokens, heads, rot), dt, ctx.device, std=1.0)
     cos = torch.rand(ROPE_POSITIONS, rot // 2, device=ctx.device)

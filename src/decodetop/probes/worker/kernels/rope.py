@@ -8,6 +8,14 @@ scale per head row as DSA's index keys are stored) and written to `cache[slot]`,
 is the NeoX form (rotate-half) over `rot` dims starting at a per-tensor offset: 0 for GQA heads, `kv_lora_rank` for
 MLA's latent row `[c_kv | k_pe]`. The same kernel with no query heads is the plain KV write, and with no KV heads
 the plain rotary.
+
+`rot` is any even number of dims that fits in its row, as the engines' kernels take (vLLM's rotary_embedding,
+FlashInfer's apply_rope): Phi-3's 96 of 96, heads of 80, partial rotary (GLM-4.5's partial_rotary_factor 0.5: 64 of
+128, docs/reference/models.md). A program's lanes are its row padded to the next power of two (Triton's blocks
+are): lanes past the row load 0 and are never stored, and which lanes rotate, with which partner `rot / 2` away,
+is a comparison against the constexpr `rot` — nothing rounds `rot` itself up, so the rotary half needs no padding of
+its own and a power-of-two row compiles as it always has. Odd `rot` and rotary dims past the row are refused with
+one line (`check_rope`).
 """
 
 from __future__ import annotations
@@ -132,6 +140,23 @@ class RopeSpec:
     offset_k: int = 0
 
 
+def check_rope(rope: RopeSpec, q_dim: int, k_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """ValueError, one line, where `rope_kv_write` cannot take `rope` over query heads of `q_dim` and key rows of
+    `k_dim` values (0: none): odd or negative rotary dims (rotate-half pairs dim i with i + rot / 2), rotary dims
+    past the row, or cos/sin tables that are not [positions, rot / 2]."""
+    rot = rope.rot
+    if rot < 0 or rot % 2:
+        raise ValueError(f"rotary dims must be even and not negative (rotate-half pairs), got {rot}")
+    if rot == 0:
+        return
+    for what, dim, offset in (("query head", q_dim, rope.offset_q), ("key row", k_dim, rope.offset_k)):
+        if dim and (offset < 0 or offset + rot > dim):
+            raise ValueError(f"rotary dims [{offset}, {offset + rot}) do not fit in a {what} of {dim} values")
+    if cos.dim() != 2 or cos.shape[1] != rot // 2 or sin.shape != cos.shape:
+        got = f"{tuple(cos.shape)} and {tuple(sin.shape)}"
+        raise ValueError(f"cos/sin tables must be [positions, {rot // 2}] for {rot} rotary dims, got {got}")
+
+
 def rope_kv_write(
     q: torch.Tensor | None,
     k: torch.Tensor | None,
@@ -161,8 +186,7 @@ def rope_kv_write(
     vd = v.shape[2] if v is not None else 0
     if k is not None and (k_cache is None or slots is None):
         raise ValueError("keys need a cache and slots to be written to")
-    if rope.rot % 2 or (rope.rot and next_pow2(rope.rot) != rope.rot):
-        raise ValueError(f"rotary dims must be an even power of two, got {rope.rot}")
+    check_rope(rope, qd if q is not None else 0, kd if k is not None else 0, cos, sin)
     fp8 = k_cache is not None and k_cache.dtype == torch.float8_e4m3fn
     mode = (2 if dynamic_scale else 1) if fp8 else 0
     if mode and scales is None:
