@@ -253,6 +253,10 @@ def test_layer_parts_whole_and_composition(controller: ProbeController) -> None:
         assert got["layer_us"] == pytest.approx(layer_stats.median)
         assert got["error_pct"] == pytest.approx(100 * (parts_us - layer_stats.median) / layer_stats.median)
     assert _by(res, what="composition", layer="moe")[0].status is MeasurementStatus.OK
+    # the layer's experts take the best kernel that runs (engine, fused Triton, torch): CPU ranks' grouped GEMM
+    experts = [m for m in _by(res, what="part", layer="moe") if str(m.params["key"]).startswith("moe:")]
+    assert len(experts) == 1 and experts[0].kernel is not None
+    assert experts[0].kernel.kind == "cpu" and "grouped_mm" in experts[0].kernel.function
 
 
 def test_plan_run_end_to_end_on_a_tiny_moe_model(controller: ProbeController, tmp_path: Path) -> None:

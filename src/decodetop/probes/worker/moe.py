@@ -36,6 +36,7 @@ from decodetop.probes.results import RankMeasurement, RankOutput
 from decodetop.probes.worker import fused_moe
 from decodetop.probes.worker.context import ProbeContext, UnsupportedError
 from decodetop.probes.worker.fused_moe import engine_moe_runner, fused_moe_runner, torch_moe_kernel
+from decodetop.probes.worker.kernels.common import best_runner
 from decodetop.probes.worker.ops import OpRunner, TimingOptions, each_key, key_list, measure
 from decodetop.probes.worker.precompile import compile_ahead
 from decodetop.probes.worker.tensors import DTYPES, copies_for, first_line, randn, require_free, scaled_mm, sm_tag
@@ -214,13 +215,19 @@ def _loop(experts: _Experts, ctx: ProbeContext) -> Callable[[], torch.Tensor]:
 
 
 def op_runner(key_id: str, ctx: ProbeContext, *, rotate: bool) -> OpRunner:
-    """A layer's routed experts: the grouped GEMM where torch has one here, else the per-expert loop."""
+    """A layer's routed experts with the kernel the probe's budget row takes where it runs (the engine's fused
+    experts, else decodetop's fused Triton MoE: the fastest at decode batches), else torch's grouped GEMM, else the
+    per-expert loop. FP4 experts, which torch cannot multiply on sm_90, so get a layer point."""
     key = parse_key_id(key_id)
     assert isinstance(key, MoeKey)
-    try:
-        return moe_runner(key, ctx, rotate=rotate, variant="grouped")
-    except UnsupportedError:
-        return moe_runner(key, ctx, rotate=rotate, variant="loop")
+    return best_runner(
+        [
+            ("engine kernel", lambda: engine_moe_runner(key, ctx, rotate=rotate)),
+            ("decodetop Triton", lambda: fused_moe_runner(key, ctx, rotate=rotate)),
+            ("torch grouped GEMM", lambda: moe_runner(key, ctx, rotate=rotate, variant="grouped")),
+            ("torch per-expert loop", lambda: moe_runner(key, ctx, rotate=rotate, variant="loop")),
+        ]
+    ).runner
 
 
 def run(ctx: ProbeContext, params: dict[str, Any]) -> RankOutput:
