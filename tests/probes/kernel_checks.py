@@ -18,8 +18,19 @@ from collections.abc import Callable
 import torch
 
 from decodetop.probes.worker import fp4, fused_moe
-from decodetop.probes.worker.kernels import dsa, dsa_keys, dsa_ticket, gqa, mla, mla_select, norms, rope, tiles
-from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled
+from decodetop.probes.worker.kernels import (
+    dsa,
+    dsa_keys,
+    dsa_ticket,
+    gqa,
+    mla,
+    mla_select,
+    moe_gemv,
+    norms,
+    rope,
+    tiles,
+)
+from decodetop.probes.worker.kernels.common import check_close, check_fp8_close, pdl_disabled, pdl_enabled, tl, triton
 from decodetop.probes.worker.kernels.mla import LOG2E
 
 BF16 = torch.bfloat16
@@ -446,12 +457,43 @@ def check_moe(big: bool = False) -> None:
     check_moe_fp4(big)
 
 
+@triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+def _decode_kernel(code_ptr, scale_ptr, out_ptr, nvfp4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
+    """Each of the 16 E2M1 codes times each of 16 block-scale bytes, through the FP4 kernels' own decoders."""
+    i = tl.arange(0, 16)
+    q = tl.load(code_ptr + i).to(tl.int32)
+    s = tl.load(scale_ptr + i).to(tl.int32)
+    got = moe_gemv._e2m1(q)[:, None] * moe_gemv._block_scale(s, nvfp4)[None, :]
+    tl.store(out_ptr + i[:, None] * 16 + i[None, :], got)
+
+
+def check_fp4_decode(d: torch.device) -> None:
+    """The FP4 kernels' decoders against the formats' tables: every E2M1 code (0, ±0.5, …, ±6) times E8M0 scales
+    2^-7 … 2^8 and times E4M3 scales (normal and subnormal, both signs), exactly."""
+    codes = torch.arange(16, device=d, dtype=torch.uint8)
+    e2m1 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], device=d)
+    want_codes = torch.cat([e2m1, -e2m1])
+    for nvfp4 in (False, True):
+        if nvfp4:
+            scales = torch.tensor([1, 5, 7, 8, 0x38, 0x3F, 0x40, 0x50, 0x6E, 0x77, 0x81, 0x88, 0xB8, 0xC0, 0x30, 0x00],
+                                  device=d, dtype=torch.uint8)  # fmt: skip
+            want_scales = scales.view(FP8).float()
+        else:
+            scales = torch.arange(120, 136, device=d, dtype=torch.uint8)
+            want_scales = torch.exp2(scales.float() - 127)
+        out = torch.full((16, 16), float("nan"), device=d)
+        _decode_kernel[(1,)](codes, scales, out, nvfp4=nvfp4)
+        want = want_codes[:, None] * want_scales[None, :]
+        assert torch.equal(out, want), f"FP4 decode ({'NVFP4' if nvfp4 else 'MXFP4'}): {(out - want).abs().max()}"
+
+
 def check_moe_fp4(big: bool = False) -> None:
     """FP4 experts (random packed bytes and scales, `fp4.random_fp4`) through the FP4 kernels against the
     reference on the dequantised experts: on a GPU (`big`) gpt-oss-120b's TP-2 slice (hidden 2880, intermediate
     2880 / 2, 128 experts, top-4; 2880 is no whole number of most steps: tails masked) with every FP4 candidate
     tile in every form; on the CPU a small layer with two tile pairs."""
     d = _dev()
+    check_fp4_decode(d)
     shapes = [(1, 2880, 1440, 128, 4), (4, 2880, 1440, 128, 4)] if big else [(1, 200, 48, 4, 2)]
     pairs = fused_moe._candidate_pairs(tiles.FP4_CANDIDATES)
     if not big:  # the interpreter runs each program in Python: one step, and several split in two

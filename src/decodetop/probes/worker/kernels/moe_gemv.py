@@ -319,30 +319,32 @@ if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _e2m1(q):  # type: ignore[no-untyped-def,unused-ignore]
-        """FP4 E2M1 codes (int32, 0–15) as fp32 (the FP4 element type of the OCP Microscaling Formats spec v1.0:
-        https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf): bit 3 the sign,
-        bits 2–1 the exponent e (bias 1), bit 0 the mantissa m; magnitude (1 + m/2) · 2^(e−1) for e ≥ 1 (the fp32
-        with exponent field e + 126 and m as its top mantissa bit), m/2 for e == 0: 0, 0.5, 1, 1.5, 2, 3, 4, 6."""
-        e = (q >> 1) & 3
-        m = q & 1
-        normal = (((e + 126) << 23) | (m << 22)).to(tl.float32, bitcast=True)
-        mag = tl.where(e == 0, m.to(tl.float32) * 0.5, normal)
-        return tl.where((q & 8) != 0, -mag, mag)
+        """FP4 E2M1 codes (int32, 0–15) as fp32 values × 2^-14 (the FP4 element type of the OCP Microscaling Formats
+        spec v1.0: https://www.opencompute.org/documents/ocp-microscaling-formats-mx-v1-0-spec-final-pdf): bit 3 the
+        sign, bits 2–1 the exponent e (bias 1), bit 0 the mantissa m; magnitude (1 + m/2) · 2^(e−1) for e ≥ 1, m/2 for
+        e == 0: 0, 0.5, 1, 1.5, 2, 3, 4, 6. The code's bits go straight into an FP16's (the sign to bit 15, e and m
+        to its exponent's two low bits and its mantissa's top bit), which reads as the value × 2^-14, e == 0 as an FP16
+        subnormal; `_block_scale` folds the 2^14 back in. A few integer operations a value: on sm_90 the decode by
+        exponent fields and selects took ~26 instructions a value, and bounded the kernel (docs/benchmarks.md,
+        "Kernels, ninth round")."""
+        bits = ((q & 7) << 9) | ((q & 8) << 12)
+        return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _block_scale(s, NVFP4: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
-        """Block-scale bytes (int32) as fp32. MXFP4: E8M0, 2^(s − 127), the fp32 whose exponent field is s (the OCP MX
-        spec's scale type; s = 0, 2^-127, reads as 0 and the NaN code 255 as inf: random weights use neither).
+        """Block-scale bytes (int32) as fp32, times 2^14 (the scale of `_e2m1`'s values). MXFP4: E8M0, 2^(s − 127),
+        the fp32 whose exponent field is s + 14 (the OCP MX spec's scale type; past 240, the NaN code 255 included,
+        it reads as inf, and s = 0 as 2^-113: random weights use none of them).
         NVFP4: FP8 E4M3 (sign, 4 exponent bits of bias 7, 3 mantissa bits: the fp32 with exponent field e + 120
         and the mantissa's top bits, or m · 2^-9 for e == 0; the NaN code reads as 480), decoded from its bits so
         that no FP8 conversion is needed (https://docs.nvidia.com/cuda/cublas/#d-block-scaling-factors-layout)."""
-        if NVFP4:
+        if NVFP4:  # × 2^14, `_e2m1`'s codes' scale
             e = (s >> 3) & 15
             m = s & 7
-            normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
-            mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # 2^-9
+            normal = (((e + 134) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+            mag = tl.where(e == 0, m.to(tl.float32) * 32.0, normal)  # 2^-9 · 2^14
             return tl.where((s & 128) != 0, -mag, mag)
-        return (s << 23).to(tl.float32, bitcast=True)
+        return (tl.minimum(s + 14, 255) << 23).to(tl.float32, bitcast=True)  # 2^(s − 127) · 2^14
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _fp4_bytes(k0, block_k: tl.constexpr, GROUP: tl.constexpr):  # type: ignore[no-untyped-def,unused-ignore]
