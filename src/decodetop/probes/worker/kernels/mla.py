@@ -110,7 +110,34 @@ SWEEP = (
 if HAVE_TRITON:
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _mla_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
+    def _latent_tile(  # type: ignore[no-untyped-def,unused-ignore]
+        q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
+        FP8: tl.constexpr, D_NOPE: tl.constexpr, F32_DOT: tl.constexpr,
+    ):  # fmt: skip
+        """One tile's online-softmax step over the latent rows of tokens `tok` (masked by `mask_n`): the split
+        kernels' loop body, over a chunk of the context, a chunk of a DSA list or a chunk's own selection
+        (`kernels.mla_select`)."""
+        rows = c_base + tok.to(tl.int64)[:, None] * stride_ct
+        c_nope = tl.load(rows + offs_d[None, :], mask=mask_n[:, None], other=0.0)
+        c_rope = tl.load(rows + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
+        if F32_DOT:
+            c_nope = c_nope.to(tl.float32)
+            c_rope = c_rope.to(tl.float32)
+        elif FP8:
+            c_nope = c_nope.to(tl.bfloat16)
+            c_rope = c_rope.to(tl.bfloat16)
+        s = tl.dot(q_nope, tl.trans(c_nope)) + tl.dot(q_rope, tl.trans(c_rope))
+        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
+        return m_new, l_i, acc
+
+    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
+    def _mla_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]
         q_ptr,
         c_ptr,
         idx_ptr,
@@ -171,24 +198,10 @@ if HAVE_TRITON:
                 tok = tl.where(mask_n, tok, 0)
             else:
                 tok = offs_n
-            rows = c_ptr + batch * stride_cb + tok.to(tl.int64)[:, None] * stride_ct
-            c_nope = tl.load(rows + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-            c_rope = tl.load(rows + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-            if F32_DOT:
-                c_nope = c_nope.to(tl.float32)
-                c_rope = c_rope.to(tl.float32)
-            elif FP8:
-                c_nope = c_nope.to(tl.bfloat16)
-                c_rope = c_rope.to(tl.bfloat16)
-            s = tl.dot(q_nope, tl.trans(c_nope)) + tl.dot(q_rope, tl.trans(c_rope))
-            s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_use)
-            p = tl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
-            m_i = m_new
+            m_i, l_i, acc = _latent_tile(
+                q_nope, q_rope, c_ptr + batch * stride_cb, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d,
+                offs_r, FP8, D_NOPE, F32_DOT,
+            )  # fmt: skip
         if USE_GDC:
             tl.extra.cuda.gdc_launch_dependents()
         part = (row * n_splits + split) * heads + offs_h

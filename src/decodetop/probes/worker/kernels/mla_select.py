@@ -8,9 +8,9 @@ compaction ended 4.3 µs after the last radix pass and the split 7.7 µs after t
 chunk of the context instead of a chunk of the list: it finds the threshold from the last pass's histogram (as the
 compaction's `dsa._carried` does, the bin's count kept from the same load), keeps its chunk's scores above it and
 the tied ones the count needs, writes their positions to its own row of a scratch buffer (no atomics: its places
-are its own), and attends over them
-gathered from the latent cache, as `mla._mla_split_kernel` does over a list; `mla._mla_combine_kernel` merges the
-chunks and zeroes what the passes left in the DSA workspace (read by every split program, so only after the grid).
+are its own), and attends over them gathered from the latent cache, as `mla._mla_split_kernel` does over a list (the
+same tile step, `mla._latent_tile`); `mla._mla_combine_kernel` merges the chunks and zeroes what the passes left in
+the DSA workspace (read by every split program, so only after the grid).
 
 Ties at the threshold (keys equal in all 32 bits): the fourth histogram's bin at the threshold counts them. Where the
 top-k needs all of them (always but for equal scores) each program keeps its own; otherwise the earliest positions
@@ -41,7 +41,7 @@ from decodetop.probes.worker.kernels.common import (
 )
 from decodetop.probes.worker.kernels.dsa import CARRY8_INTS, CARRY_AT, DsaWorkspace
 from decodetop.probes.worker.kernels.dsa_keys import DIGIT_BINS, DIGITS
-from decodetop.probes.worker.kernels.mla import BLOCK_H, MlaWorkspace, launch_combine
+from decodetop.probes.worker.kernels.mla import BLOCK_H, LOG2E, MlaWorkspace, launch_combine
 
 #: Scores a program keys at once (a chunk is a whole number of these).
 SEL_BLOCK = 1024
@@ -52,6 +52,7 @@ CHUNKS_PER_SM = 1.0
 
 if HAVE_TRITON:
     from decodetop.probes.worker.kernels.dsa_keys import _bin_of, _key_of
+    from decodetop.probes.worker.kernels.mla import _latent_tile
 
     _LAST_CARRY = tl.constexpr(CARRY_AT + 2 * (DIGITS - 2))  # the fourth pass's carry: prefix, count above it
 
@@ -111,31 +112,6 @@ if HAVE_TRITON:
             count += tl.sum(keep_i, 0)
             before += n_at
         return count
-
-    @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
-    def _attend(  # type: ignore[no-untyped-def,unused-ignore]
-        q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
-        FP8: tl.constexpr, D_NOPE: tl.constexpr, F32_DOT: tl.constexpr,
-    ):  # fmt: skip
-        """One tile's online-softmax step over the latent rows of tokens `tok` (as `mla._mla_split_kernel`'s)."""
-        rows = c_base + tok.to(tl.int64)[:, None] * stride_ct
-        c_nope = tl.load(rows + offs_d[None, :], mask=mask_n[:, None], other=0.0)
-        c_rope = tl.load(rows + D_NOPE + offs_r[None, :], mask=mask_n[:, None], other=0.0)
-        if F32_DOT:
-            c_nope = c_nope.to(tl.float32)
-            c_rope = c_rope.to(tl.float32)
-        elif FP8:
-            c_nope = c_nope.to(tl.bfloat16)
-            c_rope = c_rope.to(tl.bfloat16)
-        s = tl.dot(q_nope, tl.trans(c_nope)) + tl.dot(q_rope, tl.trans(c_rope))
-        s = tl.where(mask_n[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c_nope.dtype), c_nope)
-        return m_new, l_i, acc
 
     @triton.jit  # type: ignore[misc,untyped-decorator,unused-ignore]
     def _mla_select_split_kernel(  # type: ignore[no-untyped-def,unused-ignore]  # noqa: PLR0915 - pointers, strides
@@ -198,7 +174,7 @@ if HAVE_TRITON:
             slot = n0 + tl.arange(0, BLOCK_N)
             mask_n = slot < count
             tok = tl.load(pos_row + slot, mask=mask_n, other=0)
-            m_i, l_i, acc = _attend(
+            m_i, l_i, acc = _latent_tile(
                 q_nope, q_rope, c_base, stride_ct, tok, mask_n, m_i, l_i, acc, qk_scale, offs_d, offs_r,
                 FP8, D_NOPE, F32_DOT,
             )  # fmt: skip
@@ -287,7 +263,7 @@ def mla_decode_selected(
         (-(-heads // BLOCK_H), m.splits, rows),
         q, cache, dwork.scores, dwork.work, scale, work.positions, work.counts, m.acc, m.ml,
         heads, length, min(length, topk), work.chunk, m.splits, q_len, q.stride(0), q.stride(1), cache.stride(0),
-        cache.stride(1), sm_scale * 1.4426950408889634,
+        cache.stride(1), sm_scale * LOG2E,
         WORK=CARRY8_INTS, FP8=fp8, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, SEL=work.sel_block,
         ONE_BLOCK=work.chunk <= work.sel_block, D_NOPE=lora, D_ROPE=rope,
         F32_DOT=interpreted(), num_warps=4, num_stages=1, pdl=True,
